@@ -1,0 +1,68 @@
+// FP8 1x32 activation quantisation with E8M0 scales (v41-flash.md 10.1).
+// Layout: x [rows, k] bf16; q [rows, k] e4m3; scale [rows, ceil(k/32)] e8m0.
+//
+// act_quant_fp8_vec8: k % 32 == 0. Each thread loads 8 consecutive values
+// (16 B), four lanes cover one 32-block and share the amax by two xor
+// shuffles; lane 0 of the four writes the scale. Grid-stride over 8-groups.
+// act_quant_fp8_tail: any k. One warp per 32-block, one value per lane.
+#include <cuda_bf16.h>
+#include "deepinfer/numerics.cuh"
+#include "deepinfer/params.h"
+
+using namespace deepinfer;
+
+namespace {
+constexpr float kInvE4M3Max = 1.0f / 448.0f;
+constexpr float kAmaxFloor = 1e-4f;
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(256)
+    act_quant_fp8_vec8(const __grid_constant__ di_act_quant_params p) {
+    const int64_t groups = p.rows * int64_t(p.k / 8);
+    // All lanes of a warp iterate together so the 4-lane shuffles stay in step.
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < groups; base += stride) {
+        const int64_t g = base + threadIdx.x;
+        const bool live = g < groups;
+        __nv_bfloat16 v[8];
+        float amax = kAmaxFloor;
+        if (live) {
+            *reinterpret_cast<uint4 *>(v) = reinterpret_cast<const uint4 *>(p.x)[g];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(v[i])));
+        }
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        if (!live) continue;
+        const int e = ceil_pow2_exponent(amax, kInvE4M3Max);
+        const float inv = exp2_neg(e);
+        uint8_t q[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = f32_to_e4m3(__bfloat162float(v[i]) * inv);
+        reinterpret_cast<uint2 *>(p.q)[g] = *reinterpret_cast<uint2 *>(q);
+        if ((g & 3) == 0) static_cast<uint8_t *>(p.scale)[g >> 2] = uint8_t(e + 127);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    act_quant_fp8_tail(const __grid_constant__ di_act_quant_params p) {
+    const int lane = threadIdx.x & 31;
+    const int64_t blocks_per_row = (p.k + 31) / 32;
+    const int64_t blocks = p.rows * blocks_per_row;
+    const int64_t warp0 = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const int64_t warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+    for (int64_t b = warp0; b < blocks; b += warps) {
+        const int64_t row = b / blocks_per_row;
+        const int col = int(b % blocks_per_row) * 32 + lane;
+        const bool live = col < p.k;
+        const int64_t at = row * p.k + col;
+        const float x =
+            live ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p.x)[at]) : 0.0f;
+        float amax = fmaxf(kAmaxFloor, fabsf(x));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const int e = ceil_pow2_exponent(amax, kInvE4M3Max);
+        if (live) static_cast<uint8_t *>(p.q)[at] = f32_to_e4m3(x * exp2_neg(e));
+        if (lane == 0) static_cast<uint8_t *>(p.scale)[b] = uint8_t(e + 127);
+    }
+}

@@ -1,0 +1,9 @@
+//! The CPU reference backend: plain, single-threaded Rust that states each
+//! op's numerics as directly as possible. It is the oracle every GPU kernel
+//! is tested against, so clarity beats speed here.
+
+mod act_quant;
+mod rms_norm;
+
+pub use act_quant::act_quant_fp8;
+pub use rms_norm::rms_norm;

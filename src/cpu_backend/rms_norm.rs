@@ -1,0 +1,19 @@
+//! RMSNorm reference. The sum of squares is accumulated in fp32 in index
+//! order; the inverse RMS is `1 / sqrt(mean + eps)` with IEEE sqrt and division.
+
+use half::bf16;
+
+/// `x` is `[rows, dim]`, `weight` is `[dim]`; returns `[rows, dim]`.
+pub fn rms_norm(x: &[bf16], weight: &[bf16], rows: usize, dim: usize, eps: f32) -> Vec<bf16> {
+    let mut out = Vec::with_capacity(rows * dim);
+    for row in x.chunks_exact(dim).take(rows) {
+        let sum_sq: f32 = row.iter().map(|v| v.to_f32() * v.to_f32()).sum();
+        let inv_rms = 1.0 / (sum_sq / dim as f32 + eps).sqrt();
+        out.extend(
+            row.iter()
+                .zip(weight)
+                .map(|(v, w)| bf16::from_f32(w.to_f32() * (v.to_f32() * inv_rms))),
+        );
+    }
+    out
+}

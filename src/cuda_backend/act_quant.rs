@@ -1,0 +1,67 @@
+//! FP8 1×32 activation quantiser launch: the 8-wide vector kernel when
+//! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel.
+
+use super::{grid_for, launch, params::di_act_quant_params, read_ptr, write_ptr};
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::ops::ActQuantImpl;
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+
+const THREADS: usize = 256;
+
+pub fn act_quant_fp8(
+    dev: &CudaDevice,
+    x: &Tensor,
+    rows: usize,
+    k: usize,
+    scale_shape: &[usize],
+    imp: ActQuantImpl,
+) -> Result<(Tensor, Tensor)> {
+    if imp == ActQuantImpl::TileLang && k % 32 != 0 {
+        return Err(Error::Shape {
+            op: "act_quant_fp8 (TileLang)",
+            tensor: "x",
+            got: x.shape().to_vec(),
+            expected: "a last dimension that is a multiple of 32".into(),
+        });
+    }
+    let blocks = rows * k.div_ceil(32);
+    let mut q = dev.alloc(rows * k)?;
+    let mut s = dev.alloc(blocks)?;
+    if rows > 0 {
+        let xb = x.cuda().expect("validated: x is on this device");
+        let (xp, _gx) = read_ptr(xb, dev);
+        let (qp, _gq) = write_ptr(&mut q, dev);
+        let (sp, _gs) = write_ptr(&mut s, dev);
+        let p = di_act_quant_params {
+            x: xp,
+            q: qp,
+            scale: sp,
+            rows: rows as i64,
+            k: k as i32,
+        };
+        match imp {
+            ActQuantImpl::Cuda => {
+                let (kernel, work, per_cta) = if k % 32 == 0 {
+                    (kernels::quant::ACT_QUANT_FP8_VEC8, rows * k / 8, THREADS)
+                } else {
+                    (kernels::quant::ACT_QUANT_FP8_TAIL, blocks, THREADS / 32)
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (grid_for(work, per_cta), 1, 1),
+                    block_dim: (THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                launch(dev, kernel, cfg, &p)?;
+            }
+            ActQuantImpl::TileLang => super::tilelang::act_quant_fp8(dev, &p)?,
+        }
+    }
+    Ok((
+        Tensor::from_cuda(q, DType::F8E4M3, x.shape()),
+        Tensor::from_cuda(s, DType::E8M0, scale_shape),
+    ))
+}

@@ -1,0 +1,77 @@
+//! Kernel launches for the CUDA backend (built with DEEPINFER_ACCELERATOR=nvidia).
+//! Each launch fills the op's parameter struct (bound from
+//! `kernels-cuda/include/deepinfer/params.h` by bindgen) and passes it by value.
+//! Callers are the validated wrappers of [`crate::ops`]: shapes and dtypes are
+//! already checked when these functions run.
+
+mod act_quant;
+mod rms_norm;
+mod tilelang;
+
+pub use act_quant::act_quant_fp8;
+pub use rms_norm::rms_norm;
+
+use crate::device::{CudaBuffer, CudaDevice};
+use crate::error::{Error, Result};
+use crate::kernels::KernelRef;
+use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// The parameter structs, generated from the C header.
+#[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
+pub mod params {
+    include!(concat!(env!("OUT_DIR"), "/params.rs"));
+}
+
+// SAFETY: the structs are `#[repr(C)]` plain data generated from the same
+// header the kernels include (bindgen's layout tests assert size and
+// alignment), and contain only integers, floats and raw device addresses.
+unsafe impl cudarc::driver::DeviceRepr for params::di_rms_norm_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_params {}
+
+/// Device address of a buffer's first byte, for a kernel that reads it.
+/// The returned guard must outlive the launch that uses the address.
+fn read_ptr<'a>(
+    buf: &'a CudaBuffer,
+    dev: &'a CudaDevice,
+) -> (*const std::ffi::c_void, impl Drop + 'a) {
+    let (p, guard) = buf.slice().device_ptr(dev.raw_stream());
+    (p as usize as *const std::ffi::c_void, guard)
+}
+
+/// Device address of a buffer's first byte, for a kernel that writes it.
+fn write_ptr<'a>(
+    buf: &'a mut CudaBuffer,
+    dev: &'a CudaDevice,
+) -> (*mut std::ffi::c_void, impl Drop + 'a) {
+    let stream = dev.raw_stream().clone();
+    let (p, guard) = buf.slice_mut().device_ptr_mut(&stream);
+    (p as usize as *mut std::ffi::c_void, guard)
+}
+
+/// Launches `kernel` with one by-value parameter struct.
+fn launch<P: cudarc::driver::DeviceRepr>(
+    dev: &CudaDevice,
+    kernel: KernelRef,
+    cfg: LaunchConfig,
+    params: &P,
+) -> Result<()> {
+    let func = dev.function(kernel)?;
+    let mut builder = dev.raw_stream().launch_builder(&func);
+    builder.arg(params);
+    // SAFETY: `params` is the exact struct the kernel's single argument is
+    // declared with; its device addresses come from live buffers whose guards
+    // the caller holds across this call, and the caller has checked that the
+    // sizes in `params` fit those buffers.
+    unsafe { builder.launch(cfg) }.map_err(|source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    })?;
+    Ok(())
+}
+
+/// A grid for a grid-stride kernel: enough CTAs to cover `work` items of
+/// `per_cta`, capped so huge inputs loop instead of overflowing the grid.
+fn grid_for(work: usize, per_cta: usize) -> u32 {
+    work.div_ceil(per_cta).clamp(1, 132 * 64) as u32
+}

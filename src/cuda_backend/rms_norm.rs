@@ -1,0 +1,48 @@
+//! RMSNorm launch: one CTA per row; the 16-byte vector kernel when the row
+//! length allows it, else the scalar kernel.
+
+use super::{grid_for, launch, params::di_rms_norm_params, read_ptr, write_ptr};
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::kernels;
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+
+pub fn rms_norm(
+    dev: &CudaDevice,
+    x: &Tensor,
+    weight: &Tensor,
+    rows: usize,
+    dim: usize,
+    eps: f32,
+) -> Result<Tensor> {
+    let mut out = dev.alloc(DType::BF16.storage_bytes(rows * dim))?;
+    if rows > 0 {
+        let (xb, wb) = (x.cuda().expect("on cuda"), weight.cuda().expect("on cuda"));
+        let (kernel, groups) = if dim % 8 == 0 {
+            (kernels::norm::RMS_NORM_BF16_VEC8, dim / 8)
+        } else {
+            (kernels::norm::RMS_NORM_BF16_SCALAR, dim)
+        };
+        let threads = groups.div_ceil(32).clamp(1, 32) as u32 * 32;
+        let (xp, _gx) = read_ptr(xb, dev);
+        let (wp, _gw) = read_ptr(wb, dev);
+        let (op, _go) = write_ptr(&mut out, dev);
+        let p = di_rms_norm_params {
+            x: xp,
+            weight: wp,
+            out: op,
+            rows: rows as i64,
+            dim: dim as i32,
+            eps,
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(rows, 1), 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(dev, kernel, cfg, &p)?;
+    }
+    Ok(Tensor::from_cuda(out, DType::BF16, x.shape()))
+}

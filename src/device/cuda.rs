@@ -1,0 +1,283 @@
+//! The CUDA side of the runtime: context, streams, events, device memory and
+//! the per-context cache of loaded kernel families. cudarc panics when
+//! `libcuda` is missing, so every entry point probes for it first with
+//! `libloading` and turns its absence into an error value.
+
+use crate::device::fatbin;
+use crate::error::{Error, Result};
+use crate::kernels::{Family, KernelRef};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, sys};
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock, Mutex};
+
+const LIBCUDA_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so", "nvcuda.dll"];
+
+/// Whether the CUDA driver library can be loaded on this machine (cached).
+pub fn cuda_driver_present() -> bool {
+    static PRESENT: LazyLock<bool> = LazyLock::new(|| {
+        LIBCUDA_NAMES.iter().any(|name| {
+            // SAFETY: loading libcuda runs only its ELF initialisers, which have
+            // no preconditions; the handle is dropped (unloaded) at once.
+            unsafe { libloading::Library::new(name) }.is_ok()
+        })
+    });
+    *PRESENT
+}
+
+fn driver(during: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> Error {
+    let during = during.into();
+    move |source| Error::Driver { during, source }
+}
+
+/// One CUDA device: its primary context, the stream ops are issued on, and
+/// the loaded kernel modules. Cloning is cheap and shares all three.
+#[derive(Clone)]
+pub struct CudaDevice {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
+    poison: bool,
+}
+
+impl fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaDevice({})", self.ordinal)
+    }
+}
+
+impl fmt::Display for CudaDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cuda:{}", self.ordinal)
+    }
+}
+
+impl CudaDevice {
+    /// Opens device `ordinal`. Errors (never panics) when libcuda is absent,
+    /// the driver fails to initialise, or the ordinal is out of range.
+    pub fn new(ordinal: usize) -> Result<CudaDevice> {
+        let name = format!("cuda:{ordinal}");
+        if !cuda_driver_present() {
+            return Err(Error::DeviceUnavailable {
+                device: name,
+                why: "the CUDA driver library (libcuda.so.1) is not installed on this machine"
+                    .into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(driver("cuDeviceGetCount"))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(Error::DeviceUnavailable {
+                device: name,
+                why: format!("this machine has {count} CUDA device(s)"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(driver("creating the CUDA context"))?;
+        let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        Ok(CudaDevice {
+            ordinal,
+            ctx,
+            stream,
+            modules: Arc::default(),
+            poison: false,
+        })
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    /// The device's marketing name, e.g. "NVIDIA H200".
+    pub fn name(&self) -> Result<String> {
+        self.ctx.name().map_err(driver("cuDeviceGetName"))
+    }
+
+    /// (major, minor) compute capability.
+    pub fn compute_capability(&self) -> Result<(i32, i32)> {
+        self.ctx
+            .compute_capability()
+            .map_err(driver("cuDeviceGetAttribute"))
+    }
+
+    /// The stream every op of this device handle is issued on.
+    pub fn stream(&self) -> Stream {
+        Stream(self.stream.clone())
+    }
+
+    /// A handle to the same device whose ops go to a fresh stream.
+    pub fn with_new_stream(&self) -> Result<CudaDevice> {
+        let stream = self.ctx.new_stream().map_err(driver("creating a stream"))?;
+        Ok(CudaDevice {
+            stream,
+            ..self.clone()
+        })
+    }
+
+    /// Blocks until all work on this handle's stream is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(driver("cuStreamSynchronize"))
+    }
+
+    /// A handle to the same device whose allocations are filled with 0xFF
+    /// bytes (NaN in f32, BF16 and e4m3), so tests can prove that a kernel
+    /// wrote every element of its outputs.
+    pub fn with_poisoned_allocations(&self) -> CudaDevice {
+        CudaDevice {
+            poison: true,
+            ..self.clone()
+        }
+    }
+
+    /// Allocates `bytes` of device memory, uninitialised unless this handle
+    /// poisons allocations.
+    pub fn alloc(&self, bytes: usize) -> Result<CudaBuffer> {
+        if self.poison {
+            return self.upload(&vec![0xFF; bytes]);
+        }
+        // SAFETY: the memory is uninitialised; every op that allocates an output
+        // writes all of it before anyone reads it, and tests poison outputs to
+        // prove it. A zero-byte request is served by cudarc without a driver call.
+        let slice = unsafe { self.stream.alloc::<u8>(bytes) }
+            .map_err(driver(format!("allocating {bytes} bytes")))?;
+        Ok(CudaBuffer {
+            device: self.clone(),
+            slice,
+        })
+    }
+
+    /// Copies host bytes into new device memory.
+    pub fn upload(&self, bytes: &[u8]) -> Result<CudaBuffer> {
+        let slice = self
+            .stream
+            .clone_htod(bytes)
+            .map_err(driver(format!("copying {} bytes to the device", bytes.len())))?;
+        Ok(CudaBuffer {
+            device: self.clone(),
+            slice,
+        })
+    }
+
+    /// A loaded kernel function. The family's image is validated and loaded on
+    /// first use and cached per device.
+    pub fn function(&self, kernel: KernelRef) -> Result<CudaFunction> {
+        let module = self.module(kernel.family)?;
+        module
+            .load_function(kernel.name)
+            .map_err(|_| Error::KernelNotFound {
+                family: kernel.family.name.into(),
+                kernel: kernel.name.into(),
+            })
+    }
+
+    /// Loads (once) the module of `family`, after checking its image.
+    pub fn module(&self, family: &'static Family) -> Result<Arc<CudaModule>> {
+        let mut modules = self.modules.lock().expect("module cache lock poisoned");
+        if let Some(m) = modules.get(family.name) {
+            return Ok(m.clone());
+        }
+        let module = self.load_image(family.name, family.image)?;
+        modules.insert(family.name, module.clone());
+        Ok(module)
+    }
+
+    /// Validates an image with [`fatbin::validate`] and hands it to the driver.
+    /// Public so that tests can feed deliberately broken images.
+    pub fn load_image(&self, family: &str, image: &[u8]) -> Result<Arc<CudaModule>> {
+        fatbin::validate(image).map_err(|why| Error::BadKernelImage {
+            family: family.into(),
+            why,
+        })?;
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))
+            .map_err(|e| Error::BadKernelImage {
+                family: family.into(),
+                why: format!("the driver refused it: {e}"),
+            })
+    }
+
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    pub(crate) fn raw_stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Creates a timing event.
+    pub fn event(&self) -> Result<Event> {
+        let ev = self
+            .ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(driver("cuEventCreate"))?;
+        Ok(Event(ev))
+    }
+}
+
+/// A CUDA stream handle.
+#[derive(Clone, Debug)]
+pub struct Stream(Arc<CudaStream>);
+
+impl Stream {
+    pub fn synchronize(&self) -> Result<()> {
+        self.0.synchronize().map_err(driver("cuStreamSynchronize"))
+    }
+}
+
+/// A CUDA event with timing enabled.
+pub struct Event(cudarc::driver::CudaEvent);
+
+impl Event {
+    /// Records the stream's current work.
+    pub fn record(&self, stream: &Stream) -> Result<()> {
+        self.0.record(&stream.0).map_err(driver("cuEventRecord"))
+    }
+
+    /// Milliseconds from `self` to `end` (waits for both).
+    pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
+        self.0.elapsed_ms(&end.0).map_err(driver("cuEventElapsedTime"))
+    }
+}
+
+/// Device memory owned by a tensor, with the device it lives on.
+#[derive(Clone)]
+pub struct CudaBuffer {
+    device: CudaDevice,
+    slice: CudaSlice<u8>,
+}
+
+impl fmt::Debug for CudaBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CudaBuffer({} bytes on {})", self.slice.len(), self.device)
+    }
+}
+
+impl CudaBuffer {
+    pub fn device(&self) -> &CudaDevice {
+        &self.device
+    }
+
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+
+    /// Copies the whole buffer back to the host (synchronises the stream).
+    pub fn download(&self) -> Result<Vec<u8>> {
+        self.device
+            .stream
+            .clone_dtoh(&self.slice)
+            .map_err(driver(format!("copying {} bytes to the host", self.slice.len())))
+    }
+
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    pub(crate) fn slice(&self) -> &CudaSlice<u8> {
+        &self.slice
+    }
+
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    pub(crate) fn slice_mut(&mut self) -> &mut CudaSlice<u8> {
+        &mut self.slice
+    }
+}

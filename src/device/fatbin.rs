@@ -1,0 +1,101 @@
+//! Structural check of an embedded CUDA fatbin before it reaches the driver.
+//! The driver's own loader may crash on an empty or truncated image, so every
+//! image is walked here first: outer header, then each entry's header and
+//! bounds. Layout (little-endian):
+//!
+//! - outer header, 16 B: magic `0xBA55ED50` (u32), version (u16), header size
+//!   (u16, 16), payload size (u64); entries fill the payload exactly;
+//! - each entry: kind (u16; 1 = PTX, 2 = ELF cubin), version (u16), entry
+//!   header size (u32), payload size (u64), …, SM arch (u32 at offset 28),
+//!   then the payload. An uncompressed cubin payload starts with `\x7fELF`.
+
+const MAGIC: u32 = 0xBA55_ED50;
+const OUTER_HEADER: usize = 16;
+const MIN_ENTRY_HEADER: usize = 32;
+
+/// One entry of a fatbin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// 1 = PTX, 2 = cubin.
+    pub kind: u16,
+    /// SM version, e.g. 90 for sm_90a.
+    pub arch: u32,
+    pub payload_bytes: u64,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+/// Walks `image` and returns its entries, or a sentence saying what is wrong.
+pub fn validate(image: &[u8]) -> Result<Vec<Entry>, String> {
+    if image.len() < OUTER_HEADER {
+        return Err(format!(
+            "{} bytes is shorter than the 16-byte fatbin header",
+            image.len()
+        ));
+    }
+    if u32_at(image, 0) != MAGIC {
+        return Err(format!("bad magic {:#010x}", u32_at(image, 0)));
+    }
+    let header = u16_at(image, 6) as usize;
+    let payload = u64_at(image, 8);
+    if header != OUTER_HEADER {
+        return Err(format!("unexpected header size {header}"));
+    }
+    let end = (header as u64)
+        .checked_add(payload)
+        .filter(|&e| e <= image.len() as u64)
+        .ok_or_else(|| {
+            format!(
+                "truncated: header announces {payload} payload bytes, only {} present",
+                image.len() - header
+            )
+        })? as usize;
+    let mut entries = Vec::new();
+    let mut at = header;
+    while at < end {
+        if end - at < MIN_ENTRY_HEADER {
+            return Err(format!("entry header at byte {at} runs past the payload"));
+        }
+        let kind = u16_at(image, at);
+        let entry_header = u32_at(image, at + 4) as usize;
+        let size = u64_at(image, at + 8);
+        let arch = u32_at(image, at + 28);
+        if entry_header < MIN_ENTRY_HEADER {
+            return Err(format!("entry at byte {at} has header size {entry_header}"));
+        }
+        let next = (at as u64)
+            .checked_add(entry_header as u64)
+            .and_then(|x| x.checked_add(size))
+            .filter(|&n| n <= end as u64)
+            .ok_or_else(|| format!("entry at byte {at} (sm_{arch}) runs past the payload"))?
+            as usize;
+        if !matches!(kind, 1 | 2) {
+            return Err(format!("entry at byte {at} has unknown kind {kind}"));
+        }
+        let compressed = u32_at(image, at + 16) != 0;
+        let body = &image[at + entry_header..next];
+        if kind == 2 && !compressed && !body.starts_with(b"\x7fELF") {
+            return Err(format!("cubin entry at byte {at} (sm_{arch}) is not an ELF image"));
+        }
+        entries.push(Entry {
+            kind,
+            arch,
+            payload_bytes: size,
+        });
+        at = next;
+    }
+    if entries.is_empty() {
+        return Err("the image holds no entries".into());
+    }
+    Ok(entries)
+}

@@ -1,0 +1,83 @@
+//! Devices: the CPU reference backend, CUDA (through cudarc, loaded at run
+//! time) and, later, Ascend. Asking for a device that this machine or this
+//! build cannot provide returns [`Error::DeviceUnavailable`]; nothing panics.
+
+mod cuda;
+pub mod fatbin;
+
+pub use cuda::{CudaBuffer, CudaDevice, Event, Stream, cuda_driver_present};
+
+use crate::error::{Error, Result};
+use std::fmt;
+use std::str::FromStr;
+
+/// Where a tensor lives and an op runs.
+#[derive(Clone, Debug)]
+pub enum Device {
+    Cpu,
+    Cuda(CudaDevice),
+}
+
+impl Device {
+    /// The CUDA device `ordinal`, or an error when there is no driver or GPU.
+    pub fn cuda(ordinal: usize) -> Result<Device> {
+        Ok(Device::Cuda(CudaDevice::new(ordinal)?))
+    }
+
+    /// Ascend NPUs: the kernels under `kernels-ascend/` build with CANN, but no
+    /// runtime binding exists yet, so this always returns an error naming why.
+    pub fn ascend(ordinal: usize) -> Result<Device> {
+        Err(Error::DeviceUnavailable {
+            device: format!("ascend:{ordinal}"),
+            why: "no Ascend runtime binding in this crate yet (kernels-ascend/README.md)".into(),
+        })
+    }
+
+    /// Same physical device (CUDA: same ordinal).
+    pub fn same_as(&self, other: &Device) -> bool {
+        match (self, other) {
+            (Device::Cpu, Device::Cpu) => true,
+            (Device::Cuda(a), Device::Cuda(b)) => a.ordinal() == b.ordinal(),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Device::Cpu => f.write_str("cpu"),
+            Device::Cuda(d) => write!(f, "{d}"),
+        }
+    }
+}
+
+/// Parses `cpu`, `cuda`, `cuda:N`, `ascend:N`, opening the device.
+impl FromStr for Device {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Device> {
+        let (kind, ordinal) = match s.split_once(':') {
+            Some((k, n)) => (
+                k,
+                n.parse::<usize>().map_err(|_| Error::Argument {
+                    op: "Device::from_str",
+                    arg: "device",
+                    value: s.into(),
+                    why: "the ordinal after ':' must be a non-negative integer",
+                })?,
+            ),
+            None => (s, 0),
+        };
+        match kind {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Device::cuda(ordinal),
+            "ascend" => Device::ascend(ordinal),
+            _ => Err(Error::Argument {
+                op: "Device::from_str",
+                arg: "device",
+                value: s.into(),
+                why: "expected cpu, cuda[:N] or ascend[:N]",
+            }),
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Element types and their storage. Sub-byte and 8-bit float formats are
+//! stored as raw bytes (newtypes over `u8`); [`crate::numerics`] holds the
+//! bit-exact conversions. Packed FP4 stores two e2m1 values per byte, the even
+//! element in the low nibble, so an FP4 tensor's last dimension must be even.
+
+use half::bf16;
+use std::fmt;
+
+/// An FP8 e4m3 ("fn" flavour: no infinities, NaN = 0x7F/0xFF, max 448).
+/// Also the storage of E4M3 block scales (the FP4 global-KV format).
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct E4M3(pub u8);
+
+/// An E8M0 scale: 2^(byte − 127), 0xFF is NaN, no zero.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct E8M0(pub u8);
+
+/// Two FP4 e2m1 values in one byte: element 2i in bits 0..4, 2i+1 in bits 4..8.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Fp4x2(pub u8);
+
+/// The dtype tag of a [`crate::Tensor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    BF16,
+    /// FP8 e4m3 values or E4M3 block scales.
+    F8E4M3,
+    /// E8M0 power-of-two scales.
+    E8M0,
+    /// Packed FP4 e2m1, two per byte.
+    F4E2M1x2,
+    I32,
+    I64,
+}
+
+impl DType {
+    /// Bytes needed for `numel` logical elements (FP4 rounds up to whole bytes).
+    pub fn storage_bytes(self, numel: usize) -> usize {
+        match self {
+            DType::F32 | DType::I32 => numel * 4,
+            DType::BF16 => numel * 2,
+            DType::F8E4M3 | DType::E8M0 => numel,
+            DType::F4E2M1x2 => numel.div_ceil(2),
+            DType::I64 => numel * 8,
+        }
+    }
+
+    /// The name used in checkpoints (safetensors dtype strings) where one exists.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::BF16 => "BF16",
+            DType::F8E4M3 => "F8_E4M3",
+            DType::E8M0 => "F8_E8M0",
+            DType::F4E2M1x2 => "F4_E2M1x2",
+            DType::I32 => "I32",
+            DType::I64 => "I64",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Host element types a tensor can hold. `Storage` of one element type is a
+/// `Vec<Self>`; the byte encoding is little-endian, as on every GPU we target.
+pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
+    const DTYPE: DType;
+    /// Number of logical elements one storage unit holds (2 for packed FP4).
+    const PER_UNIT: usize = 1;
+    fn wrap(v: Vec<Self>) -> HostStorage;
+    fn view(s: &HostStorage) -> Option<&[Self]>;
+    fn put_le(self, out: &mut Vec<u8>);
+    fn get_le(bytes: &[u8]) -> Self;
+}
+
+/// Typed host storage; the variant is the dtype.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostStorage {
+    F32(Vec<f32>),
+    BF16(Vec<bf16>),
+    F8E4M3(Vec<E4M3>),
+    E8M0(Vec<E8M0>),
+    F4E2M1x2(Vec<Fp4x2>),
+    I32(Vec<i32>),
+    I64(Vec<i64>),
+}
+
+impl HostStorage {
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostStorage::F32(_) => DType::F32,
+            HostStorage::BF16(_) => DType::BF16,
+            HostStorage::F8E4M3(_) => DType::F8E4M3,
+            HostStorage::E8M0(_) => DType::E8M0,
+            HostStorage::F4E2M1x2(_) => DType::F4E2M1x2,
+            HostStorage::I32(_) => DType::I32,
+            HostStorage::I64(_) => DType::I64,
+        }
+    }
+
+    /// Number of storage units (bytes for the 8-bit and packed types).
+    pub fn units(&self) -> usize {
+        match self {
+            HostStorage::F32(v) => v.len(),
+            HostStorage::BF16(v) => v.len(),
+            HostStorage::F8E4M3(v) => v.len(),
+            HostStorage::E8M0(v) => v.len(),
+            HostStorage::F4E2M1x2(v) => v.len(),
+            HostStorage::I32(v) => v.len(),
+            HostStorage::I64(v) => v.len(),
+        }
+    }
+
+    /// Little-endian bytes of the storage, as a device copy expects them.
+    pub fn to_le_bytes(&self) -> Vec<u8> {
+        fn enc<T: Element>(v: &[T]) -> Vec<u8> {
+            let mut out = Vec::with_capacity(std::mem::size_of_val(v));
+            v.iter().for_each(|x| x.put_le(&mut out));
+            out
+        }
+        match self {
+            HostStorage::F32(v) => enc(v),
+            HostStorage::BF16(v) => enc(v),
+            HostStorage::F8E4M3(v) => enc(v),
+            HostStorage::E8M0(v) => enc(v),
+            HostStorage::F4E2M1x2(v) => enc(v),
+            HostStorage::I32(v) => enc(v),
+            HostStorage::I64(v) => enc(v),
+        }
+    }
+
+    /// Rebuilds typed storage of `dtype` from little-endian bytes.
+    pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> HostStorage {
+        fn dec<T: Element>(b: &[u8]) -> Vec<T> {
+            b.chunks_exact(std::mem::size_of::<T>())
+                .map(T::get_le)
+                .collect()
+        }
+        match dtype {
+            DType::F32 => HostStorage::F32(dec(bytes)),
+            DType::BF16 => HostStorage::BF16(dec(bytes)),
+            DType::F8E4M3 => HostStorage::F8E4M3(dec(bytes)),
+            DType::E8M0 => HostStorage::E8M0(dec(bytes)),
+            DType::F4E2M1x2 => HostStorage::F4E2M1x2(dec(bytes)),
+            DType::I32 => HostStorage::I32(dec(bytes)),
+            DType::I64 => HostStorage::I64(dec(bytes)),
+        }
+    }
+}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($t:ty, $variant:ident, $per:expr, |$x:ident| $enc:expr, |$b:ident| $dec:expr) => {
+        impl private::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$variant;
+            const PER_UNIT: usize = $per;
+            fn wrap(v: Vec<Self>) -> HostStorage {
+                HostStorage::$variant(v)
+            }
+            fn view(s: &HostStorage) -> Option<&[Self]> {
+                match s {
+                    HostStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn put_le(self, out: &mut Vec<u8>) {
+                let $x = self;
+                out.extend_from_slice(&$enc);
+            }
+            fn get_le($b: &[u8]) -> Self {
+                $dec
+            }
+        }
+    };
+}
+
+element!(f32, F32, 1, |x| x.to_le_bytes(), |b| f32::from_le_bytes([
+    b[0], b[1], b[2], b[3]
+]));
+element!(bf16, BF16, 1, |x| x.to_bits().to_le_bytes(), |b| {
+    bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+});
+element!(E4M3, F8E4M3, 1, |x| [x.0], |b| E4M3(b[0]));
+element!(E8M0, E8M0, 1, |x| [x.0], |b| E8M0(b[0]));
+element!(Fp4x2, F4E2M1x2, 2, |x| [x.0], |b| Fp4x2(b[0]));
+element!(i32, I32, 1, |x| x.to_le_bytes(), |b| i32::from_le_bytes([
+    b[0], b[1], b[2], b[3]
+]));
+element!(i64, I64, 1, |x| x.to_le_bytes(), |b| {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[..8]);
+    i64::from_le_bytes(a)
+});

@@ -1,0 +1,76 @@
+//! The crate's one error type. Every fallible public function returns
+//! [`Result`]; bad input never panics. Each variant names the offending
+//! tensor, shape, dtype, kernel or device so the message alone locates it.
+
+use crate::dtype::DType;
+
+/// Errors returned by every public deepinfer API.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor had the wrong dtype for the op.
+    #[error("{op}: tensor `{tensor}` has dtype {got}, expected {expected}")]
+    DType {
+        op: &'static str,
+        tensor: &'static str,
+        got: DType,
+        expected: DType,
+    },
+    /// A tensor had the wrong shape for the op.
+    #[error("{op}: tensor `{tensor}` has shape {got:?}, expected {expected}")]
+    Shape {
+        op: &'static str,
+        tensor: &'static str,
+        got: Vec<usize>,
+        expected: String,
+    },
+    /// Element count and data length disagree when building a tensor.
+    #[error("tensor of dtype {dtype} and shape {shape:?} needs {expected} elements, got {got}")]
+    DataLength {
+        dtype: DType,
+        shape: Vec<usize>,
+        expected: usize,
+        got: usize,
+    },
+    /// Operands of one op live on different devices.
+    #[error("{op}: tensor `{tensor}` is on {got}, the op runs on {expected}")]
+    DeviceMismatch {
+        op: &'static str,
+        tensor: &'static str,
+        got: String,
+        expected: String,
+    },
+    /// A scalar argument is outside its valid range.
+    #[error("{op}: argument `{arg}` = {value} is invalid: {why}")]
+    Argument {
+        op: &'static str,
+        arg: &'static str,
+        value: String,
+        why: &'static str,
+    },
+    /// The requested backend is not usable on this machine or in this build.
+    #[error("device {device} unavailable: {why}")]
+    DeviceUnavailable { device: String, why: String },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error during {during}: {source}")]
+    Driver {
+        during: String,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+    /// An embedded kernel image failed validation before it reached the driver.
+    #[error("kernel image of family `{family}` is invalid: {why}")]
+    BadKernelImage { family: String, why: String },
+    /// A kernel name is absent from its family's module.
+    #[error("kernel `{kernel}` not found in family `{family}`")]
+    KernelNotFound { family: String, kernel: String },
+    /// A pointer handed to a kernel breaks the kernel's alignment contract.
+    #[error("{op}: tensor `{tensor}` is not {align}-byte aligned")]
+    Misaligned {
+        op: &'static str,
+        tensor: &'static str,
+        align: usize,
+    },
+}
+
+/// Shorthand used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

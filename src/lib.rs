@@ -1,0 +1,28 @@
+//! deepinfer: high-performance kernels and a thin model runner for
+//! DeepSeek-V4.1-Flash.
+//!
+//! Layers, bottom up: the build system (`build.rs`) compiles the kernel
+//! families of `kernels-cuda/` and `tilelang/` into the [`kernels`] registry;
+//! [`device`] is the runtime (CPU, CUDA; Ascend later); [`cpu_backend`] holds
+//! the reference implementation of every op and `cuda_backend` the launches;
+//! [`ops`] is the safe API that validates its inputs and dispatches on the
+//! tensors' device. [`numerics`] holds the bit-exact conversions.
+
+pub mod cpu_backend;
+#[cfg(deepinfer_cuda)]
+pub mod cuda_backend;
+pub mod device;
+pub mod dtype;
+pub mod error;
+pub mod kernels;
+pub mod numerics;
+pub mod ops;
+pub mod tensor;
+
+pub use device::Device;
+pub use dtype::{DType, E4M3, E8M0, Fp4x2};
+pub use error::{Error, Result};
+pub use tensor::Tensor;
+
+/// The accelerator this crate was built for (`cpu`, `nvidia` or `ascend`).
+pub const ACCELERATOR: &str = kernels::ACCELERATOR;

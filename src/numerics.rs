@@ -1,0 +1,186 @@
+//! Bit-exact scalar conversions and block quantisers, following
+//! `shared/spec/v41-flash.md` §10. These are the CPU reference numerics that
+//! every GPU kernel is compared with bit for bit; they never approximate.
+//!
+//! Invariants a caller can rely on:
+//! - e4m3 encoding saturates to ±448 (the clamp precedes the rounding), rounds
+//!   to nearest even, and maps NaN to 0x7F.
+//! - E8M0 scales produced here are always finite powers of two.
+//! - e2m1 rounding breaks ties towards the even *code*.
+
+use crate::dtype::{E4M3, E8M0, Fp4x2};
+use half::bf16;
+
+/// Largest finite e4m3 magnitude.
+pub const E4M3_MAX: f32 = 448.0;
+/// Largest e2m1 magnitude.
+pub const E2M1_MAX: f32 = 6.0;
+/// FP8 activation amax floor (§10.1).
+pub const FP8_AMAX_FLOOR: f32 = 1e-4;
+/// FP4/E8M0 amax floor: 6 · 2^−126 (§10.3).
+pub const FP4_E8M0_AMAX_FLOOR: f32 = 6.0 * f32::MIN_POSITIVE;
+/// FP4/E4M3 amax floor: 6 · 2^−9 (§10.3).
+pub const FP4_E4M3_AMAX_FLOOR: f32 = 6.0 / 512.0;
+
+/// BF16 → f32 (exact).
+#[inline]
+pub fn bf16_to_f32(x: bf16) -> f32 {
+    x.to_f32()
+}
+
+/// f32 → BF16, round to nearest even (identical to `__float2bfloat16`).
+#[inline]
+pub fn f32_to_bf16(x: f32) -> bf16 {
+    bf16::from_f32(x)
+}
+
+/// e4m3 → f32 (exact).
+#[inline]
+pub fn e4m3_to_f32(x: E4M3) -> f32 {
+    float8::F8E4M3::from_bits(x.0).to_f32()
+}
+
+/// f32 → e4m3 with saturation to ±448, nearest even, NaN → 0x7F
+/// (identical to CUDA `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)`).
+#[inline]
+pub fn f32_to_e4m3(x: f32) -> E4M3 {
+    if x.is_nan() {
+        return E4M3(0x7F);
+    }
+    E4M3(float8::F8E4M3::from_f32(x.clamp(-E4M3_MAX, E4M3_MAX)).to_bits())
+}
+
+/// E8M0 → f32: 2^(byte − 127); 0xFF is NaN. Bytes 0 and 1 (2^−127, 2^−126)
+/// are f32 subnormal/normal and exact.
+#[inline]
+pub fn e8m0_to_f32(x: E8M0) -> f32 {
+    match x.0 {
+        0xFF => f32::NAN,
+        0 => f32::from_bits(0x0040_0000),
+        b => f32::from_bits((b as u32) << 23),
+    }
+}
+
+/// The power-of-two scale 2^⌈log2(amax · inv_max)⌉ of §10.1, with the product
+/// in fp32 and the ceiling taken on the bit pattern (exponent, plus one when
+/// the mantissa is nonzero). `amax` must already be floored (positive, normal
+/// product). Returns the E8M0 byte.
+#[inline]
+pub fn ceil_pow2_scale(amax: f32, inv_max: f32) -> E8M0 {
+    let bits = (amax * inv_max).to_bits();
+    let exp = ((bits >> 23) & 0xFF) as i32;
+    let mant = bits & 0x7F_FFFF;
+    let e = exp - 127 + i32::from(mant != 0);
+    E8M0((e + 127).clamp(0, 254) as u8)
+}
+
+/// e2m1 magnitudes by 3-bit code.
+pub const E2M1_VALUES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// e2m1 nibble → f32 (exact).
+#[inline]
+pub fn e2m1_to_f32(nibble: u8) -> f32 {
+    let m = E2M1_VALUES[(nibble & 7) as usize];
+    if nibble & 8 != 0 { -m } else { m }
+}
+
+/// f32 → e2m1 nibble: saturate to ±6, round to nearest, ties to the even code
+/// (0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4).
+/// NaN maps to +6 like the saturating clamp of the reference quantiser.
+#[inline]
+pub fn f32_to_e2m1(x: f32) -> u8 {
+    let sign = if x.is_sign_negative() { 8u8 } else { 0 };
+    let a = x.abs();
+    // Midpoints between consecutive codes; at a midpoint take the even code.
+    let code = if a.is_nan() {
+        7
+    } else if a <= 0.25 {
+        0
+    } else if a < 0.75 {
+        1
+    } else if a <= 1.25 {
+        2
+    } else if a < 1.75 {
+        3
+    } else if a <= 2.5 {
+        4
+    } else if a < 3.5 {
+        5
+    } else if a <= 5.0 {
+        6
+    } else {
+        7
+    };
+    sign | code
+}
+
+/// Packs two e2m1 nibbles: `even` in the low nibble.
+#[inline]
+pub fn pack_fp4(even: u8, odd: u8) -> Fp4x2 {
+    Fp4x2((even & 0xF) | (odd << 4))
+}
+
+/// Splits a packed byte into (even, odd) nibbles.
+#[inline]
+pub fn unpack_fp4(p: Fp4x2) -> (u8, u8) {
+    (p.0 & 0xF, p.0 >> 4)
+}
+
+fn block_amax(block: &[bf16], floor: f32) -> f32 {
+    block.iter().fold(floor, |m, v| m.max(v.to_f32().abs()))
+}
+
+/// FP8 1×`block.len()` activation quantisation of one block (§10.1): writes
+/// e4m3 codes into `q` and returns the E8M0 scale. A tail block shorter than
+/// 32 uses the same rule over its own elements.
+pub fn act_quant_block(block: &[bf16], q: &mut [E4M3]) -> E8M0 {
+    let scale = ceil_pow2_scale(block_amax(block, FP8_AMAX_FLOOR), 1.0 / E4M3_MAX);
+    let inv = 1.0 / e8m0_to_f32(scale);
+    for (o, v) in q.iter_mut().zip(block) {
+        // x / 2^e is exact, so the reciprocal multiply equals the division.
+        *o = f32_to_e4m3(v.to_f32() * inv);
+    }
+    scale
+}
+
+/// FP4 e2m1 quantisation with one E8M0 scale per block of 32 (§10.3, index
+/// keys and queries). Returns the scale; `nibbles[i]` receives element i.
+pub fn fp4_e8m0_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E8M0 {
+    let scale = ceil_pow2_scale(
+        block_amax(block, FP4_E8M0_AMAX_FLOOR),
+        1.0 / E2M1_MAX,
+    );
+    let s = e8m0_to_f32(scale);
+    for (o, v) in nibbles.iter_mut().zip(block) {
+        *o = f32_to_e2m1((v.to_f32() / s).clamp(-E2M1_MAX, E2M1_MAX));
+    }
+    scale
+}
+
+/// FP4 e2m1 quantisation with one E4M3 scale per block of 16 (§10.3, the
+/// compressed main KV). The scale is e4m3(amax / 6) and values use a true
+/// fp32 division by it.
+pub fn fp4_e4m3_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E4M3 {
+    let scale = f32_to_e4m3(block_amax(block, FP4_E4M3_AMAX_FLOOR) / E2M1_MAX);
+    let s = e4m3_to_f32(scale);
+    for (o, v) in nibbles.iter_mut().zip(block) {
+        *o = f32_to_e2m1((v.to_f32() / s).clamp(-E2M1_MAX, E2M1_MAX));
+    }
+    scale
+}
+
+/// DeepGEMM's `calc_diff`: 1 − 2·Σxy / (Σx² + Σy²) in fp64. 0 for identical
+/// inputs; behaves like 1 − cosine similarity when the norms match.
+pub fn calc_diff(x: &[f64], y: &[f64]) -> f64 {
+    let (mut xy, mut xx, mut yy) = (0.0f64, 0.0f64, 0.0f64);
+    for (a, b) in x.iter().zip(y) {
+        xy += a * b;
+        xx += a * a;
+        yy += b * b;
+    }
+    let denom = xx + yy;
+    if denom == 0.0 {
+        return 0.0;
+    }
+    1.0 - 2.0 * xy / denom
+}

@@ -1,0 +1,54 @@
+//! The safe op API. Each op validates dtypes, shapes, arguments and devices,
+//! returning a typed [`crate::Error`] that names the offending tensor, then
+//! runs the CPU reference or the CUDA kernel for the device the inputs live on.
+//! Outputs are allocated by the op on that same device.
+
+mod act_quant;
+mod rms_norm;
+
+pub use act_quant::{ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_with};
+pub use rms_norm::rms_norm;
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+
+/// The device shared by every named tensor of `op`, or a mismatch error.
+fn common_device(op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Result<Device> {
+    let device = tensors[0].1.device();
+    for (name, t) in &tensors[1..] {
+        let d = t.device();
+        if !d.same_as(&device) {
+            return Err(Error::DeviceMismatch {
+                op,
+                tensor: name,
+                got: d.to_string(),
+                expected: device.to_string(),
+            });
+        }
+    }
+    Ok(device)
+}
+
+/// Splits a shape into (rows, last dim), rejecting rank 0 and an empty last dim.
+fn rows_and_last(op: &'static str, name: &'static str, t: &Tensor) -> Result<(usize, usize)> {
+    match t.shape().split_last() {
+        Some((&last, lead)) if last > 0 => Ok((lead.iter().product(), last)),
+        _ => Err(Error::Shape {
+            op,
+            tensor: name,
+            got: t.shape().to_vec(),
+            expected: "rank >= 1 with a non-empty last dimension".into(),
+        }),
+    }
+}
+
+#[cfg(not(deepinfer_cuda))]
+fn kernels_not_built(op: &'static str, device: &Device) -> Error {
+    Error::DeviceUnavailable {
+        device: device.to_string(),
+        why: format!(
+            "{op} has no CUDA kernels in this build; rebuild with DEEPINFER_ACCELERATOR=nvidia"
+        ),
+    }
+}

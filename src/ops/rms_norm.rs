@@ -1,0 +1,52 @@
+//! RMSNorm: y = weight · x · rsqrt(mean(x²) + eps), fp32 math, BF16 in and out
+//! (`v41-flash.md` §10.6). V4.1 uses eps = 1e-20 everywhere in the text model.
+
+use super::{common_device, rows_and_last};
+use crate::cpu_backend;
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+const OP: &str = "rms_norm";
+
+/// RMSNorm over the last dimension of `x` (BF16, any leading shape) with a
+/// BF16 `weight` of shape `[dim]`.
+pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    x.expect_dtype(OP, "x", DType::BF16)?;
+    weight.expect_dtype(OP, "weight", DType::BF16)?;
+    let (rows, dim) = rows_and_last(OP, "x", x)?;
+    if weight.shape() != [dim] {
+        return Err(Error::Shape {
+            op: OP,
+            tensor: "weight",
+            got: weight.shape().to_vec(),
+            expected: format!("[{dim}] (the last dimension of x)"),
+        });
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "eps",
+            value: eps.to_string(),
+            why: "must be finite and non-negative",
+        });
+    }
+    match common_device(OP, &[("x", x), ("weight", weight)])? {
+        Device::Cpu => {
+            let out = cpu_backend::rms_norm(
+                x.as_slice::<bf16>()?,
+                weight.as_slice::<bf16>()?,
+                rows,
+                dim,
+                eps,
+            );
+            Tensor::from_vec(out, x.shape())
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::rms_norm(&dev, x, weight, rows, dim, eps),
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(OP, &d)),
+    }
+}

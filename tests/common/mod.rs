@@ -1,0 +1,63 @@
+//! Helpers shared by the integration tests: fresh random inputs (seeded from
+//! the clock and printed, so a failure can be replayed with DEEPINFER_SEED),
+//! and comparison metrics.
+#![allow(dead_code)]
+
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A fresh RNG per test run; DEEPINFER_SEED=<n> replays one.
+pub fn rng(test: &str) -> StdRng {
+    let seed = std::env::var("DEEPINFER_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("{test}: DEEPINFER_SEED={seed}");
+    StdRng::seed_from_u64(seed)
+}
+
+/// BF16 values spread over many binades (magnitudes 2^-20 .. 2^12), both
+/// signs, with occasional exact zeros and a few large outliers per row.
+pub fn random_bf16(rng: &mut StdRng, n: usize) -> Vec<bf16> {
+    (0..n)
+        .map(|_| {
+            let r: f32 = rng.random();
+            if r < 0.01 {
+                bf16::ZERO
+            } else {
+                let mag = 2f32.powf(rng.random_range(-20.0..12.0));
+                let sign = if rng.random::<bool>() { 1.0 } else { -1.0 };
+                bf16::from_f32(sign * mag * rng.random_range(1.0..2.0))
+            }
+        })
+        .collect()
+}
+
+/// BF16 values of a typical activation: normal-ish around 0 with scale `s`.
+pub fn random_activations(rng: &mut StdRng, n: usize, s: f32) -> Vec<bf16> {
+    (0..n)
+        .map(|_| {
+            let u: f32 = (0..4).map(|_| rng.random::<f32>()).sum::<f32>() - 2.0;
+            bf16::from_f32(u * s)
+        })
+        .collect()
+}
+
+/// Distance in units in the last place between two finite BF16 values.
+pub fn bf16_ulps(a: bf16, b: bf16) -> u32 {
+    let key = |x: bf16| {
+        let b = x.to_bits() as i32;
+        if b & 0x8000 != 0 { -(b & 0x7FFF) } else { b }
+    };
+    (key(a) - key(b)).unsigned_abs()
+}
+
+pub fn to_f64(v: &[bf16]) -> Vec<f64> {
+    v.iter().map(|x| x.to_f64()).collect()
+}

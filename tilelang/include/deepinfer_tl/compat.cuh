@@ -1,0 +1,112 @@
+// deepinfer's minimal stand-in for the TileLang CUDA runtime headers.
+//
+// tilelang/generate.py replaces the `#include <tl_templates/cuda/...>` lines
+// of TileLang-emitted kernels with this one header, so the generated sources
+// build with the CUDA toolkit alone (no TileLang wheel, no CUTLASS/CuTe).
+// It defines only the types and device functions our generated kernels use;
+// a kernel that needs more fails to compile and the missing name shows up in
+// the nvcc error (add it here, written from its documented meaning).
+//
+// Numerics: every function is exact IEEE fp32 (no approximations). Compile
+// the kernels WITHOUT --use_fast_math / -ftz=true: the E8M0 quantisers rely
+// on fp32 subnormals surviving (2^-127 for +-inf inputs).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#define DEEPINFER_TL_DEVICE __device__ __forceinline__
+
+// ---- scalar and vector storage types named by the emitted code -----------
+
+typedef unsigned char uchar;
+typedef unsigned int uint;
+
+typedef __nv_bfloat16 bfloat16_t;
+typedef __nv_fp8_e4m3 fp8_e4_t;
+typedef __nv_fp8_e5m2 fp8_e5_t;
+
+// Packed fp8 vectors: plain byte storage with the alignment of their width.
+// The emitted code only copies them whole and writes their bytes through
+// __nv_fp8x2_storage_t pointers (element i at byte i).
+struct alignas(2) fp8_e4_2_t { __nv_fp8_storage_t v[2]; };
+struct alignas(4) fp8_e4_4_t { __nv_fp8_storage_t v[4]; };
+struct alignas(8) fp8_e4_8_t { __nv_fp8_storage_t v[8]; };
+struct alignas(16) fp8_e4_16_t { __nv_fp8_storage_t v[16]; };
+
+static_assert(sizeof(fp8_e4_t) == 1, "fp8_e4_t must be one byte");
+static_assert(sizeof(fp8_e4_4_t) == 4 && sizeof(fp8_e4_8_t) == 8 &&
+                  sizeof(fp8_e4_16_t) == 16,
+              "fp8 vector sizes");
+
+// Two bf16 bit patterns packed into one 32-bit word, x in the low half.
+DEEPINFER_TL_DEVICE unsigned __pack_nv_bfloat162(const bfloat16_t x, const bfloat16_t y) {
+    const unsigned lo = __bfloat16_as_ushort(x);
+    const unsigned hi = __bfloat16_as_ushort(y);
+    return (hi << 16) | lo;
+}
+
+namespace tl {
+
+// ---- element-wise helpers --------------------------------------------------
+
+// Clamp that lets NaN through (x NaN -> x; NaN bounds -> that bound), so a
+// following satfinite fp8 conversion maps NaN inputs to the NaN code.
+DEEPINFER_TL_DEVICE float clamp(float x, float lo, float hi) {
+    if (x != x) return x;
+    if (lo != lo) return lo;
+    if (hi != hi) return hi;
+    return fminf(fmaxf(x, lo), hi);
+}
+
+// Packed fp32x2 forms used by TileLang's sm_100 vectoriser. Per-lane IEEE
+// round-to-nearest, identical to the scalar ops.
+DEEPINFER_TL_DEVICE float2 mul2(float2 a, float2 b) {
+    return make_float2(__fmul_rn(a.x, b.x), __fmul_rn(a.y, b.y));
+}
+DEEPINFER_TL_DEVICE float2 add2(float2 a, float2 b) {
+    return make_float2(__fadd_rn(a.x, b.x), __fadd_rn(a.y, b.y));
+}
+DEEPINFER_TL_DEVICE float2 max2(float2 a, float2 b) {
+    return make_float2(fmaxf(a.x, b.x), fmaxf(a.y, b.y));
+}
+DEEPINFER_TL_DEVICE float2 min2(float2 a, float2 b) {
+    return make_float2(fminf(a.x, b.x), fminf(a.y, b.y));
+}
+DEEPINFER_TL_DEVICE float2 abs2(float2 a) { return make_float2(fabsf(a.x), fabsf(a.y)); }
+
+// ---- cross-lane reduction ----------------------------------------------------
+
+// Max that ignores NaN operands (fmaxf), like the CPU reference's f32::max.
+struct MaxOp {
+    DEEPINFER_TL_DEVICE float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+    DEEPINFER_TL_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+
+// Block barrier tag; only needed by reductions wider than a warp, which this
+// header does not provide.
+template <int kThreads> struct NamedBarrier {};
+
+// AllReduce<Op, kThreads, kScale, kOffset, Barrier>::run(v): combine v over
+// the kThreads / kScale lanes whose lane ids differ only in the bits from
+// kScale up to kThreads (xor butterfly, every lane ends with the result).
+// Warp-local only: kThreads <= 32. All 32 lanes of the warp must call it.
+template <class Op, int kThreads, int kScale, int kOffset, class Barrier>
+struct AllReduce {
+    static_assert(kThreads <= 32, "deepinfer_tl::AllReduce is warp-local only");
+    static_assert((kThreads & (kThreads - 1)) == 0 && (kScale & (kScale - 1)) == 0 &&
+                      kScale >= 1 && kScale <= kThreads,
+                  "AllReduce widths must be powers of two");
+    template <class V> static DEEPINFER_TL_DEVICE V run(V v, V* = nullptr) {
+#pragma unroll
+        for (int off = kThreads / 2; off >= kScale; off /= 2) {
+            v = Op()(v, __shfl_xor_sync(0xffffffffu, v, off));
+        }
+        return v;
+    }
+};
+
+}  // namespace tl
