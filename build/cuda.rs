@@ -128,7 +128,9 @@ pub fn entry_points(src: &str) -> Vec<String> {
             continue;
         }
         if let Some(name) = head.split(|c: char| !(c.is_alphanumeric() || c == '_')).rfind(|t| !t.is_empty()) {
-            names.push(name.to_string());
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
         }
     }
     names

@@ -77,6 +77,7 @@ pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
     const PER_UNIT: usize = 1;
     fn wrap(v: Vec<Self>) -> HostStorage;
     fn view(s: &HostStorage) -> Option<&[Self]>;
+    fn view_mut(s: &mut HostStorage) -> Option<&mut [Self]>;
     fn put_le(self, out: &mut Vec<u8>);
     fn get_le(bytes: &[u8]) -> Self;
 }
@@ -170,6 +171,12 @@ macro_rules! element {
                 HostStorage::$variant(v)
             }
             fn view(s: &HostStorage) -> Option<&[Self]> {
+                match s {
+                    HostStorage::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+            fn view_mut(s: &mut HostStorage) -> Option<&mut [Self]> {
                 match s {
                     HostStorage::$variant(v) => Some(v),
                     _ => None,

@@ -66,13 +66,21 @@ impl Tensor {
         })
     }
 
-    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
-    pub(crate) fn from_cuda(buf: CudaBuffer, dtype: DType, shape: &[usize]) -> Tensor {
-        Tensor {
+    /// A tensor on `device` whose contents are unspecified (zeros on the CPU;
+    /// uninitialised, or 0xFF when the CUDA handle poisons, on a GPU). Used for
+    /// outputs that an op's `_into` variant overwrites completely.
+    pub fn empty(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        check_fp4_shape(dtype, shape)?;
+        let bytes = dtype.storage_bytes(shape.iter().product());
+        let storage = match device {
+            Device::Cpu => Storage::Host(HostStorage::from_le_bytes(dtype, &vec![0; bytes])),
+            Device::Cuda(d) => Storage::Cuda(d.alloc(bytes)?),
+        };
+        Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
-            storage: Storage::Cuda(buf),
-        }
+            storage,
+        })
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -122,6 +130,27 @@ impl Tensor {
         }
     }
 
+    /// Mutable typed view of a host tensor.
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        if self.dtype != T::DTYPE {
+            return Err(Error::DType {
+                op: "Tensor::as_mut_slice",
+                tensor: "self",
+                got: self.dtype,
+                expected: T::DTYPE,
+            });
+        }
+        match &mut self.storage {
+            Storage::Host(h) => Ok(T::view_mut(h).expect("host storage variant matches dtype")),
+            Storage::Cuda(b) => Err(Error::DeviceMismatch {
+                op: "Tensor::as_mut_slice",
+                tensor: "self",
+                got: b.device().to_string(),
+                expected: "cpu".into(),
+            }),
+        }
+    }
+
     /// Typed copy of the data, from any device.
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         Ok(self.to_device(&Device::Cpu)?.as_slice::<T>()?.to_vec())
@@ -133,6 +162,28 @@ impl Tensor {
             Storage::Cuda(b) => Some(b),
             Storage::Host(_) => None,
         }
+    }
+
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    pub(crate) fn cuda_mut(&mut self) -> Option<&mut CudaBuffer> {
+        match &mut self.storage {
+            Storage::Cuda(b) => Some(b),
+            Storage::Host(_) => None,
+        }
+    }
+
+    /// Checks that `self` is an output of `dtype` and `shape` for op `op`.
+    pub fn expect_output(&self, op: &'static str, name: &'static str, dtype: DType, shape: &[usize]) -> Result<()> {
+        self.expect_dtype(op, name, dtype)?;
+        if self.shape != shape {
+            return Err(Error::Shape {
+                op,
+                tensor: name,
+                got: self.shape.clone(),
+                expected: format!("{shape:?}"),
+            });
+        }
+        Ok(())
     }
 
     /// Copies the tensor to `device` (a clone when it is already there).

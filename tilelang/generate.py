@@ -148,6 +148,7 @@ def generate(arch_filter=None) -> dict[str, tuple[str, list]]:
     """Return {file name: (text, entry points)} for all programs and archs."""
     import tilelang
 
+    sys.dont_write_bytecode = True  # keep tilelang/ free of __pycache__
     sys.path.insert(0, str(HERE))
     files: dict[str, tuple[str, list]] = {}
     for prog in PROGRAMS:

@@ -3,7 +3,6 @@
 
 use super::{grid_for, launch, params::di_act_quant_params, read_ptr, write_ptr};
 use crate::device::CudaDevice;
-use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::ops::ActQuantImpl;
@@ -15,11 +14,12 @@ const THREADS: usize = 256;
 pub fn act_quant_fp8(
     dev: &CudaDevice,
     x: &Tensor,
+    q: &mut Tensor,
+    scale: &mut Tensor,
     rows: usize,
     k: usize,
-    scale_shape: &[usize],
     imp: ActQuantImpl,
-) -> Result<(Tensor, Tensor)> {
+) -> Result<()> {
     if imp == ActQuantImpl::TileLang && k % 32 != 0 {
         return Err(Error::Shape {
             op: "act_quant_fp8 (TileLang)",
@@ -29,13 +29,11 @@ pub fn act_quant_fp8(
         });
     }
     let blocks = rows * k.div_ceil(32);
-    let mut q = dev.alloc(rows * k)?;
-    let mut s = dev.alloc(blocks)?;
     if rows > 0 {
         let xb = x.cuda().expect("validated: x is on this device");
         let (xp, _gx) = read_ptr(xb, dev);
-        let (qp, _gq) = write_ptr(&mut q, dev);
-        let (sp, _gs) = write_ptr(&mut s, dev);
+        let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
+        let (sp, _gs) = write_ptr(scale.cuda_mut().expect("validated: scale is on this device"), dev);
         let p = di_act_quant_params {
             x: xp,
             q: qp,
@@ -60,8 +58,5 @@ pub fn act_quant_fp8(
             ActQuantImpl::TileLang => super::tilelang::act_quant_fp8(dev, &p)?,
         }
     }
-    Ok((
-        Tensor::from_cuda(q, DType::F8E4M3, x.shape()),
-        Tensor::from_cuda(s, DType::E8M0, scale_shape),
-    ))
+    Ok(())
 }

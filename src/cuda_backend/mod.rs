@@ -44,8 +44,7 @@ fn write_ptr<'a>(
     buf: &'a mut CudaBuffer,
     dev: &'a CudaDevice,
 ) -> (*mut std::ffi::c_void, impl Drop + 'a) {
-    let stream = dev.raw_stream().clone();
-    let (p, guard) = buf.slice_mut().device_ptr_mut(&stream);
+    let (p, guard) = buf.slice_mut().device_ptr_mut(dev.raw_stream());
     (p as usize as *mut std::ffi::c_void, guard)
 }
 

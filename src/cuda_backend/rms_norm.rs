@@ -3,7 +3,6 @@
 
 use super::{grid_for, launch, params::di_rms_norm_params, read_ptr, write_ptr};
 use crate::device::CudaDevice;
-use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
@@ -13,13 +12,13 @@ pub fn rms_norm(
     dev: &CudaDevice,
     x: &Tensor,
     weight: &Tensor,
+    out: &mut Tensor,
     rows: usize,
     dim: usize,
     eps: f32,
-) -> Result<Tensor> {
-    let mut out = dev.alloc(DType::BF16.storage_bytes(rows * dim))?;
+) -> Result<()> {
     if rows > 0 {
-        let (xb, wb) = (x.cuda().expect("on cuda"), weight.cuda().expect("on cuda"));
+        let (xb, wb) = (x.cuda().expect("validated"), weight.cuda().expect("validated"));
         let (kernel, groups) = if dim % 8 == 0 {
             (kernels::norm::RMS_NORM_BF16_VEC8, dim / 8)
         } else {
@@ -28,7 +27,7 @@ pub fn rms_norm(
         let threads = groups.div_ceil(32).clamp(1, 32) as u32 * 32;
         let (xp, _gx) = read_ptr(xb, dev);
         let (wp, _gw) = read_ptr(wb, dev);
-        let (op, _go) = write_ptr(&mut out, dev);
+        let (op, _go) = write_ptr(out.cuda_mut().expect("validated: out is on this device"), dev);
         let p = di_rms_norm_params {
             x: xp,
             weight: wp,
@@ -44,5 +43,5 @@ pub fn rms_norm(
         };
         launch(dev, kernel, cfg, &p)?;
     }
-    Ok(Tensor::from_cuda(out, DType::BF16, x.shape()))
+    Ok(())
 }

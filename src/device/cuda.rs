@@ -263,6 +263,22 @@ impl CudaBuffer {
         self.slice.len() == 0
     }
 
+    /// Copies `src` into the start of this buffer on this buffer's stream.
+    pub fn copy_from(&mut self, src: &CudaBuffer) -> Result<()> {
+        if src.len() > self.len() {
+            return Err(Error::Argument {
+                op: "CudaBuffer::copy_from",
+                arg: "src",
+                value: format!("{} bytes", src.len()),
+                why: "longer than the destination",
+            });
+        }
+        let stream = self.device.stream.clone();
+        stream
+            .memcpy_dtod(&src.slice, &mut self.slice)
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
     /// Copies the whole buffer back to the host (synchronises the stream).
     pub fn download(&self) -> Result<Vec<u8>> {
         self.device

@@ -6,8 +6,10 @@
 mod act_quant;
 mod rms_norm;
 
-pub use act_quant::{ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_with};
-pub use rms_norm::rms_norm;
+pub use act_quant::{
+    ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with,
+};
+pub use rms_norm::{rms_norm, rms_norm_into};
 
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -41,6 +43,19 @@ fn rows_and_last(op: &'static str, name: &'static str, t: &Tensor) -> Result<(us
             expected: "rank >= 1 with a non-empty last dimension".into(),
         }),
     }
+}
+
+/// Kernels index rows with 32-bit ints: a last dimension must fit.
+fn check_i32(op: &'static str, name: &'static str, t: &Tensor, last: usize) -> Result<()> {
+    if i32::try_from(last).is_err() {
+        return Err(Error::Shape {
+            op,
+            tensor: name,
+            got: t.shape().to_vec(),
+            expected: "a last dimension below 2^31".into(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(not(deepinfer_cuda))]

@@ -1,7 +1,7 @@
 //! RMSNorm: y = weight · x · rsqrt(mean(x²) + eps), fp32 math, BF16 in and out
 //! (`v41-flash.md` §10.6). V4.1 uses eps = 1e-20 everywhere in the text model.
 
-use super::{common_device, rows_and_last};
+use super::{check_i32, common_device, rows_and_last};
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::DType;
@@ -12,11 +12,43 @@ use half::bf16;
 const OP: &str = "rms_norm";
 
 /// RMSNorm over the last dimension of `x` (BF16, any leading shape) with a
-/// BF16 `weight` of shape `[dim]`.
+/// BF16 `weight` of shape `[dim]`; returns a new tensor on x's device.
 pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
+    let device = validate(x, weight, eps)?;
+    let mut out = Tensor::empty(&device, DType::BF16, x.shape())?;
+    rms_norm_into(x, weight, eps, &mut out)?;
+    Ok(out)
+}
+
+/// [`rms_norm`] into a preallocated BF16 `out` of x's shape, on x's device.
+pub fn rms_norm_into(x: &Tensor, weight: &Tensor, eps: f32, out: &mut Tensor) -> Result<()> {
+    validate(x, weight, eps)?;
+    out.expect_output(OP, "out", DType::BF16, x.shape())?;
+    let (rows, dim) = rows_and_last(OP, "x", x)?;
+    match common_device(OP, &[("x", x), ("weight", weight), ("out", out)])? {
+        Device::Cpu => {
+            let y = cpu_backend::rms_norm(
+                x.as_slice::<bf16>()?,
+                weight.as_slice::<bf16>()?,
+                rows,
+                dim,
+                eps,
+            );
+            out.as_mut_slice::<bf16>()?.copy_from_slice(&y);
+            Ok(())
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::rms_norm(&dev, x, weight, out, rows, dim, eps),
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(OP, &d)),
+    }
+}
+
+fn validate(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Device> {
     x.expect_dtype(OP, "x", DType::BF16)?;
     weight.expect_dtype(OP, "weight", DType::BF16)?;
-    let (rows, dim) = rows_and_last(OP, "x", x)?;
+    let (_, dim) = rows_and_last(OP, "x", x)?;
+    check_i32(OP, "x", x, dim)?;
     if weight.shape() != [dim] {
         return Err(Error::Shape {
             op: OP,
@@ -33,20 +65,5 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Tensor> {
             why: "must be finite and non-negative",
         });
     }
-    match common_device(OP, &[("x", x), ("weight", weight)])? {
-        Device::Cpu => {
-            let out = cpu_backend::rms_norm(
-                x.as_slice::<bf16>()?,
-                weight.as_slice::<bf16>()?,
-                rows,
-                dim,
-                eps,
-            );
-            Tensor::from_vec(out, x.shape())
-        }
-        #[cfg(deepinfer_cuda)]
-        Device::Cuda(dev) => crate::cuda_backend::rms_norm(&dev, x, weight, rows, dim, eps),
-        #[cfg(not(deepinfer_cuda))]
-        d @ Device::Cuda(_) => Err(super::kernels_not_built(OP, &d)),
-    }
+    common_device(OP, &[("x", x), ("weight", weight)])
 }

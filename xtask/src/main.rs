@@ -1,7 +1,81 @@
-//! Project tasks. `cargo xtask gpu-bundle` builds the test and bench binaries
-//! for the nvidia accelerator and gathers them with a run script into
-//! `gpu-bundle/` (git-ignored), ready to carry to the GPU machine.
+//! Project tasks.
+//!
+//! `cargo xtask gpu-bundle`: builds every test and bench binary with
+//! `DEEPINFER_ACCELERATOR=nvidia` and gathers them, the torch scripts and
+//! `scripts/gpu-bundle-run.sh` (as `run.sh`) into `gpu-bundle/` (git-ignored),
+//! ready to carry to the GPU machine. There, `bash gpu-bundle/run.sh` runs
+//! every test, the compute-sanitizer passes and the benches, writes logs and
+//! the benchmark JSON under `$OUT`, and prints a one-line summary last.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(root)
+        .env("DEEPINFER_ACCELERATOR", "nvidia")
+        .args(args)
+        .args(["--no-run", "--package", "deepinfer", "--message-format=json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("running cargo");
+    if !out.status.success() {
+        eprintln!("cargo {args:?} failed");
+        std::process::exit(1);
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            let exe = v["executable"].as_str()?;
+            let kind = v["target"]["kind"][0].as_str()?;
+            let name = v["target"]["name"].as_str()?;
+            let tag = if kind == "lib" { "lib".into() } else { name.to_string() };
+            Some((tag, PathBuf::from(exe)))
+        })
+        .collect()
+}
+
+fn copy(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+    std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
+}
+
+fn gpu_bundle(root: &Path) {
+    let dir = root.join("gpu-bundle");
+    let _ = std::fs::remove_dir_all(&dir);
+    for (sub, args) in [("tests", &["test"][..]), ("benches", &["bench", "--bench", "slice_gpu"][..])] {
+        for (name, exe) in cargo_executables(root, args) {
+            if sub == "benches" && name != "slice_gpu" {
+                continue;
+            }
+            let dst = dir.join(sub).join(&name);
+            copy(&exe, &dst);
+            // Debug info only inflates the carry; symbols stay for backtraces.
+            let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
+        }
+    }
+    copy(&root.join("scripts/gpu-bundle-run.sh"), &dir.join("run.sh"));
+    copy(&root.join("benches/peers/slice_torch.py"), &dir.join("peers/slice_torch.py"));
+    copy(&root.join("tests/torch/check_slice.py"), &dir.join("torch/check_slice.py"));
+    let commit = Command::new("git")
+        .current_dir(root)
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    std::fs::write(dir.join("COMMIT"), commit).expect("write COMMIT");
+    println!("gpu bundle ready in {}", dir.display());
+}
+
 fn main() {
-    eprintln!("usage: cargo xtask gpu-bundle");
-    std::process::exit(2);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+    match std::env::args().nth(1).as_deref() {
+        Some("gpu-bundle") => gpu_bundle(&root),
+        _ => {
+            eprintln!("usage: cargo xtask gpu-bundle");
+            std::process::exit(2);
+        }
+    }
 }

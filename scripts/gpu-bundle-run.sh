@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine from the bundle folder that `cargo xtask gpu-bundle`
+# made: every test binary, the torch cross-check, compute-sanitizer memcheck
+# and racecheck over the CUDA tests, the torch peers and the benchmark. Logs
+# and JSON go under $OUT (default ./out). The last line is the summary.
+set -u
+B="$(cd "$(dirname "$0")" && pwd)"
+OUT="${OUT:-$B/out}"
+mkdir -p "$OUT/logs" "$OUT/dump"
+export LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+PY="${PYTHON:-python3}"
+DATE="$(date -u +%F)"
+COMMIT="$(cat "$B/COMMIT" 2>/dev/null)"
+passed=0; failed=0; bins_failed=""
+
+for t in "$B"/tests/*; do
+  name="$(basename "$t")"
+  DEEPINFER_DUMP_DIR="$OUT/dump" "$t" --test-threads=1 > "$OUT/logs/test-$name.log" 2>&1
+  rc=$?
+  p=$(grep -Eo '[0-9]+ passed' "$OUT/logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
+  f=$(grep -Eo '[0-9]+ failed' "$OUT/logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
+  passed=$((passed + p)); failed=$((failed + f))
+  if [ $rc -ne 0 ]; then bins_failed="$bins_failed $name"; [ "$f" = 0 ] && failed=$((failed + 1)); fi
+  echo "test $name: rc=$rc passed=$p failed=$f"
+done
+
+"$PY" "$B/torch/check_slice.py" "$OUT/dump" > "$OUT/logs/torch-check.log" 2>&1
+torch_line="$(tail -n 1 "$OUT/logs/torch-check.log")"
+echo "$torch_line"
+
+san=""
+for tool in memcheck racecheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 99 "$B/tests/cuda_slice" --test-threads=1 \
+    > "$OUT/logs/sanitizer-$tool.log" 2>&1
+  rc=$?
+  summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/sanitizer-$tool.log" | tail -n 1)"
+  echo "compute-sanitizer $tool: rc=$rc $summary"
+  san="$san $tool:rc=$rc(${summary:-no summary})"
+done
+
+"$PY" "$B/peers/slice_torch.py" > "$OUT/peers-slice.json" 2> "$OUT/logs/peers.log"
+DEEPINFER_PEERS_JSON="$OUT/peers-slice.json" DEEPINFER_BENCH_DATE="$DATE" DEEPINFER_COMMIT="$COMMIT" \
+  DEEPINFER_BENCH_JSON="$OUT/$DATE-h200-slice.json" "$B/benches/slice_gpu" --bench \
+  > "$OUT/logs/bench-slice.log" 2>&1
+bench_rc=$?
+cat "$OUT/logs/bench-slice.log"
+
+echo "gpu-bundle $COMMIT: tests $passed passed, $failed failed${bins_failed:+ (failing:$bins_failed)}; $torch_line; sanitizer$san; bench rc=$bench_rc"
