@@ -59,7 +59,10 @@ mod gpu {
                 let v: Vec<bf16> = (0..rows * dim)
                     .map(|i| bf16::from_f32(((i * 7919 + c * 104729) % 2001) as f32 / 500.0 - 2.0))
                     .collect();
-                Tensor::from_vec(v, &[rows, dim]).unwrap().to_device(dev).unwrap()
+                Tensor::from_vec(v, &[rows, dim])
+                    .unwrap()
+                    .to_device(dev)
+                    .unwrap()
             })
             .collect()
     }
@@ -91,20 +94,51 @@ mod gpu {
         let copy = copy_gbps(&cuda);
         let mut records = Vec::new();
         let dim = 5120;
-        let w = Tensor::from_vec(vec![bf16::ONE; dim], &[dim]).unwrap().to_device(&dev).unwrap();
-        println!("{:<22} {:>6} {:>6} {:>10} {:>9} {:>8}  peers (us)", "op", "rows", "dim", "ours_us", "GB/s", "%copy");
+        let w = Tensor::from_vec(vec![bf16::ONE; dim], &[dim])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        println!(
+            "{:<22} {:>6} {:>6} {:>10} {:>9} {:>8}  peers (us)",
+            "op", "rows", "dim", "ours_us", "GB/s", "%copy"
+        );
         for rows in [1usize, 64, 256, 4096, 16384] {
             let xs = inputs(&dev, rows, dim);
             let mut y = Tensor::empty(&dev, DType::BF16, &[rows, dim]).unwrap();
-            let us = time_us(&cuda, |i| ops::rms_norm_into(&xs[i % xs.len()], &w, 1e-20, &mut y).unwrap());
+            let us = time_us(&cuda, |i| {
+                ops::rms_norm_into(&xs[i % xs.len()], &w, 1e-20, &mut y).unwrap()
+            });
             let bytes = 4 * rows * dim + 2 * dim;
-            records.push(record("rms_norm_bf16", rows, dim, us, bytes, "4*rows*dim + 2*dim (x read, y written, weight)", peer(&peers, "rms_norm", rows, dim), copy));
-            for (name, imp) in [("act_quant_fp8", ActQuantImpl::Cuda), ("act_quant_fp8_tilelang", ActQuantImpl::TileLang)] {
+            records.push(record(
+                "rms_norm_bf16",
+                rows,
+                dim,
+                us,
+                bytes,
+                "4*rows*dim + 2*dim (x read, y written, weight)",
+                peer(&peers, "rms_norm", rows, dim),
+                copy,
+            ));
+            for (name, imp) in [
+                ("act_quant_fp8", ActQuantImpl::Cuda),
+                ("act_quant_fp8_tilelang", ActQuantImpl::TileLang),
+            ] {
                 let mut q = Tensor::empty(&dev, DType::F8E4M3, &[rows, dim]).unwrap();
                 let mut s = Tensor::empty(&dev, DType::E8M0, &[rows, dim / 32]).unwrap();
-                let us = time_us(&cuda, |i| ops::act_quant_fp8_into(&xs[i % xs.len()], &mut q, &mut s, imp).unwrap());
+                let us = time_us(&cuda, |i| {
+                    ops::act_quant_fp8_into(&xs[i % xs.len()], &mut q, &mut s, imp).unwrap()
+                });
                 let bytes = 3 * rows * dim + rows * dim / 32;
-                records.push(record(name, rows, dim, us, bytes, "2*rows*k (x) + rows*k (q) + rows*k/32 (scales)", peer(&peers, "act_quant_fp8", rows, dim), copy));
+                records.push(record(
+                    name,
+                    rows,
+                    dim,
+                    us,
+                    bytes,
+                    "2*rows*k (x) + rows*k (q) + rows*k/32 (scales)",
+                    peer(&peers, "act_quant_fp8", rows, dim),
+                    copy,
+                ));
             }
         }
         let out = json!({
@@ -123,10 +157,32 @@ mod gpu {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record(op: &str, rows: usize, dim: usize, us: f64, bytes: usize, formula: &str, peers: Vec<Value>, copy: f64) -> Value {
+    fn record(
+        op: &str,
+        rows: usize,
+        dim: usize,
+        us: f64,
+        bytes: usize,
+        formula: &str,
+        peers: Vec<Value>,
+        copy: f64,
+    ) -> Value {
         let gbps = bytes as f64 / (us * 1e-6) / 1e9;
-        let peer_us: Vec<String> = peers.iter().map(|p| format!("{}={:.2}", p["name"].as_str().unwrap_or("?"), p["us"].as_f64().unwrap_or(f64::NAN))).collect();
-        println!("{op:<22} {rows:>6} {dim:>6} {us:>10.2} {gbps:>9.0} {:>7.1}%  {}", 100.0 * gbps / copy, peer_us.join(" "));
+        let peer_us: Vec<String> = peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}={:.2}",
+                    p["name"].as_str().unwrap_or("?"),
+                    p["us"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!(
+            "{op:<22} {rows:>6} {dim:>6} {us:>10.2} {gbps:>9.0} {:>7.1}%  {}",
+            100.0 * gbps / copy,
+            peer_us.join(" ")
+        );
         json!({
             "op": op, "shape": { "rows": rows, "dim": dim },
             "ours_us": us, "tflops": Value::Null, "gbps": gbps,

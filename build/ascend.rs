@@ -11,16 +11,33 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const INCLUDE_DIRS: &[&str] = &[
-    "asc", "asc/include", "asc/include/adv_api", "asc/include/basic_api",
-    "asc/include/aicpu_api", "asc/include/c_api", "asc/include/basic_api/reg_compute",
-    "asc/include/simt_api", "asc/include/utils", "asc/impl/adv_api", "asc/impl/basic_api",
-    "asc/impl/c_api", "asc/impl/basic_api/reg_compute", "asc/impl/simt_api", "asc/impl/utils",
-    "tikcpp/tikcfw", "tikcpp/tikcfw/interface", "tikcpp/tikcfw/impl",
+    "asc",
+    "asc/include",
+    "asc/include/adv_api",
+    "asc/include/basic_api",
+    "asc/include/aicpu_api",
+    "asc/include/c_api",
+    "asc/include/basic_api/reg_compute",
+    "asc/include/simt_api",
+    "asc/include/utils",
+    "asc/impl/adv_api",
+    "asc/impl/basic_api",
+    "asc/impl/c_api",
+    "asc/impl/basic_api/reg_compute",
+    "asc/impl/simt_api",
+    "asc/impl/utils",
+    "tikcpp/tikcfw",
+    "tikcpp/tikcfw/interface",
+    "tikcpp/tikcfw/impl",
 ];
 
 /// (devkit root, compiler) of the first install layout that exists.
 fn find_compiler(home: &Path) -> Option<(PathBuf, PathBuf)> {
-    let host = if cfg!(target_arch = "aarch64") { "aarch64" } else { "x86_64" };
+    let host = if cfg!(target_arch = "aarch64") {
+        "aarch64"
+    } else {
+        "x86_64"
+    };
     let roots = [
         home.join(format!("{host}-linux")),
         home.join("tools"),
@@ -39,9 +56,15 @@ fn find_compiler(home: &Path) -> Option<(PathBuf, PathBuf)> {
 fn arch_flags() -> Vec<String> {
     let arch = std::env::var("DEEPINFER_ASCEND_ARCH").unwrap_or_else(|_| "dav-3510".into());
     let mut flags: Vec<String> = match arch.as_str() {
-        "dav-3510" => ["--cce-aicore-arch=dav-c310-vec", "-D__DAV_C310__", "--cce-mask-opt", "-mllvm", "-cce-aicore-jump-expand=true"]
-            .map(String::from)
-            .to_vec(),
+        "dav-3510" => [
+            "--cce-aicore-arch=dav-c310-vec",
+            "-D__DAV_C310__",
+            "--cce-mask-opt",
+            "-mllvm",
+            "-cce-aicore-jump-expand=true",
+        ]
+        .map(String::from)
+        .to_vec(),
         "dav-2201" => vec!["--cce-aicore-arch=dav-c220-vec".into()],
         a if a.starts_with("dav-c") => vec![format!("--cce-aicore-arch={a}")],
         a => fail(&format!(
@@ -55,14 +78,23 @@ fn arch_flags() -> Vec<String> {
 }
 
 fn run(cmd: &mut Command, what: &str) {
-    let out = cmd.output().unwrap_or_else(|e| fail(&format!("{what}: cannot start: {e}")));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| fail(&format!("{what}: cannot start: {e}")));
     if !out.status.success() {
-        fail(&format!("{what} failed:\n{}", String::from_utf8_lossy(&out.stderr)));
+        fail(&format!(
+            "{what} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
     }
 }
 
 pub fn build(root: &Path, out: &Path) {
-    for var in ["ASCEND_HOME_PATH", "DEEPINFER_ASCEND_ARCH", "DEEPINFER_ASCEND_FP8_NATIVE"] {
+    for var in [
+        "ASCEND_HOME_PATH",
+        "DEEPINFER_ASCEND_ARCH",
+        "DEEPINFER_ASCEND_FP8_NATIVE",
+    ] {
         println!("cargo::rerun-if-env-changed={var}");
     }
     let kdir = root.join("kernels-ascend");
@@ -87,8 +119,14 @@ to a directory.\nInstall CANN (Ascend-cann-toolkit) and `source <install>/ascend
         .chain([home.join("include"), kdir.join("include")])
         .filter(|p| p.is_dir())
         .collect();
-    if !includes.iter().any(|d| d.join("kernel_operator.h").is_file()) {
-        fail(&format!("no kernel_operator.h under {}: the AscendC headers are missing", devkit.display()));
+    if !includes
+        .iter()
+        .any(|d| d.join("kernel_operator.h").is_file())
+    {
+        fail(&format!(
+            "no kernel_operator.h under {}: the AscendC headers are missing",
+            devkit.display()
+        ));
     }
     let linker = cc.with_file_name("ld.lld");
     let flags = arch_flags();
@@ -116,13 +154,37 @@ to a directory.\nInstall CANN (Ascend-cann-toolkit) and `source <install>/ascend
         std::fs::create_dir_all(&dst).ok();
         let mut objects = Vec::new();
         for src in sources {
-            let obj = dst.join(format!("{}.o", src.file_stem().expect("file").to_string_lossy()));
+            let obj = dst.join(format!(
+                "{}.o",
+                src.file_stem().expect("file").to_string_lossy()
+            ));
             let mut cmd = Command::new(&cc);
-            cmd.args(["-c", "-O3", "-std=c++17", "--cce-aicore-lang", "--cce-aicore-only", "--cce-auto-sync"])
-                .args(&flags)
-                .args(["-mllvm", "-cce-aicore-stack-size=0x8000", "-mllvm", "-cce-aicore-function-stack-size=0x8000"])
-                .args(["-mllvm", "-cce-aicore-record-overflow=true", "-mllvm", "-cce-aicore-addr-transform"])
-                .args(["-mllvm", "-cce-aicore-dcci-insert-for-scalar=false", "-DTILING_KEY_VAR=0"]);
+            cmd.args([
+                "-c",
+                "-O3",
+                "-std=c++17",
+                "--cce-aicore-lang",
+                "--cce-aicore-only",
+                "--cce-auto-sync",
+            ])
+            .args(&flags)
+            .args([
+                "-mllvm",
+                "-cce-aicore-stack-size=0x8000",
+                "-mllvm",
+                "-cce-aicore-function-stack-size=0x8000",
+            ])
+            .args([
+                "-mllvm",
+                "-cce-aicore-record-overflow=true",
+                "-mllvm",
+                "-cce-aicore-addr-transform",
+            ])
+            .args([
+                "-mllvm",
+                "-cce-aicore-dcci-insert-for-scalar=false",
+                "-DTILING_KEY_VAR=0",
+            ]);
             for inc in &includes {
                 cmd.arg(format!("-I{}", inc.display()));
             }

@@ -13,6 +13,13 @@ pub struct BuiltFamily {
     pub archs: Vec<String>,
 }
 
+/// FNV-1a 64 over the image; must equal `src/device/fatbin.rs::checksum`.
+fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 fn rust_ident(name: &str) -> String {
     name.to_ascii_uppercase()
 }
@@ -22,18 +29,27 @@ pub fn write(out: &Path, accelerator: &str, families: &[BuiltFamily]) {
     writeln!(s, "/// The accelerator this build targets.").unwrap();
     writeln!(s, "pub const ACCELERATOR: &str = {accelerator:?};").unwrap();
     writeln!(s, "/// Every kernel family in this build.").unwrap();
-    let list: Vec<String> = families.iter().map(|f| format!("&{}", rust_ident(&f.name))).collect();
-    writeln!(s, "pub static FAMILIES: &[&Family] = &[{}];", list.join(", ")).unwrap();
+    let list: Vec<String> = families
+        .iter()
+        .map(|f| format!("&{}", rust_ident(&f.name)))
+        .collect();
+    writeln!(
+        s,
+        "pub static FAMILIES: &[&Family] = &[{}];",
+        list.join(", ")
+    )
+    .unwrap();
     for f in families {
         let id = rust_ident(&f.name);
         writeln!(s, "/// Kernel family `{}`.", f.name).unwrap();
         writeln!(
             s,
-            "pub static {id}: Family = Family {{ name: {:?}, image: include_bytes!({:?}), kernels: &{:?}, archs: &{:?} }};",
+            "pub static {id}: Family = Family {{ name: {:?}, image: include_bytes!({:?}), kernels: &{:?}, archs: &{:?}, checksum: {:#018x} }};",
             f.name,
             f.fatbin.display().to_string(),
             f.kernels,
-            f.archs
+            f.archs,
+            checksum(&std::fs::read(&f.fatbin).unwrap_or_else(|e| crate::fail(&format!("reading {}: {e}", f.fatbin.display()))))
         )
         .unwrap();
         writeln!(s, "/// Entry points of family `{}`.", f.name).unwrap();
@@ -50,6 +66,7 @@ pub fn write(out: &Path, accelerator: &str, families: &[BuiltFamily]) {
     }
     let path = out.join("kernel_registry.rs");
     if std::fs::read_to_string(&path).ok().as_deref() != Some(s.as_str()) {
-        std::fs::write(&path, s).unwrap_or_else(|e| crate::fail(&format!("writing {}: {e}", path.display())));
+        std::fs::write(&path, s)
+            .unwrap_or_else(|e| crate::fail(&format!("writing {}: {e}", path.display())));
     }
 }

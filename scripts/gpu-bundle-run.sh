@@ -12,6 +12,10 @@ PY="${PYTHON:-python3}"
 DATE="$(date -u +%F)"
 COMMIT="$(cat "$B/COMMIT" 2>/dev/null)"
 passed=0; failed=0; bins_failed=""
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/logs/nvidia-smi.log" 2>&1
+"$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
+"$B/bin/deepinfer" run --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
+echo "main job on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
 
 for t in "$B"/tests/*; do
   name="$(basename "$t")"
@@ -27,6 +31,7 @@ done
 "$PY" "$B/torch/check_slice.py" "$OUT/dump" > "$OUT/logs/torch-check.log" 2>&1
 torch_line="$(tail -n 1 "$OUT/logs/torch-check.log")"
 echo "$torch_line"
+rm -rf "$OUT/dump"
 
 san=""
 for tool in memcheck racecheck; do

@@ -14,6 +14,8 @@ pub struct Family {
     pub kernels: &'static [&'static str],
     /// SM targets the image was built for, e.g. `["90a", "100a"]`.
     pub archs: &'static [&'static str],
+    /// [`crate::device::fatbin::checksum`] of `image`, computed by the build.
+    pub checksum: u64,
 }
 
 /// A kernel entry point: its family and its symbol name.

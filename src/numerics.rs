@@ -146,10 +146,7 @@ pub fn act_quant_block(block: &[bf16], q: &mut [E4M3]) -> E8M0 {
 /// FP4 e2m1 quantisation with one E8M0 scale per block of 32 (§10.3, index
 /// keys and queries). Returns the scale; `nibbles[i]` receives element i.
 pub fn fp4_e8m0_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E8M0 {
-    let scale = ceil_pow2_scale(
-        block_amax(block, FP4_E8M0_AMAX_FLOOR),
-        1.0 / E2M1_MAX,
-    );
+    let scale = ceil_pow2_scale(block_amax(block, FP4_E8M0_AMAX_FLOOR), 1.0 / E2M1_MAX);
     let s = e8m0_to_f32(scale);
     for (o, v) in nibbles.iter_mut().zip(block) {
         *o = f32_to_e2m1((v.to_f32() / s).clamp(-E2M1_MAX, E2M1_MAX));

@@ -173,7 +173,13 @@ impl Tensor {
     }
 
     /// Checks that `self` is an output of `dtype` and `shape` for op `op`.
-    pub fn expect_output(&self, op: &'static str, name: &'static str, dtype: DType, shape: &[usize]) -> Result<()> {
+    pub fn expect_output(
+        &self,
+        op: &'static str,
+        name: &'static str,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<()> {
         self.expect_dtype(op, name, dtype)?;
         if self.shape != shape {
             return Err(Error::Shape {
@@ -194,9 +200,7 @@ impl Tensor {
             (Storage::Cuda(b), Device::Cpu) => {
                 Storage::Host(HostStorage::from_le_bytes(self.dtype, &b.download()?))
             }
-            (Storage::Cuda(b), Device::Cuda(d)) => {
-                Storage::Cuda(d.upload(&b.download()?)?)
-            }
+            (Storage::Cuda(b), Device::Cuda(d)) => Storage::Cuda(d.upload(&b.download()?)?),
         };
         Ok(Tensor {
             shape: self.shape.clone(),

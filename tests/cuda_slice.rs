@@ -24,9 +24,24 @@ fn dump(name: &str, t: &Tensor) {
     if let Ok(dir) = std::env::var("DEEPINFER_DUMP_DIR") {
         let host = t.to_device(&Device::Cpu).unwrap();
         let bytes = match host.dtype() {
-            deepinfer::DType::BF16 => host.as_slice::<bf16>().unwrap().iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
-            deepinfer::DType::F8E4M3 => host.as_slice::<E4M3>().unwrap().iter().map(|v| v.0).collect(),
-            deepinfer::DType::E8M0 => host.as_slice::<E8M0>().unwrap().iter().map(|v| v.0).collect::<Vec<u8>>(),
+            deepinfer::DType::BF16 => host
+                .as_slice::<bf16>()
+                .unwrap()
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect(),
+            deepinfer::DType::F8E4M3 => host
+                .as_slice::<E4M3>()
+                .unwrap()
+                .iter()
+                .map(|v| v.0)
+                .collect(),
+            deepinfer::DType::E8M0 => host
+                .as_slice::<E8M0>()
+                .unwrap()
+                .iter()
+                .map(|v| v.0)
+                .collect::<Vec<u8>>(),
             d => panic!("no dump format for {d}"),
         };
         let shape: Vec<String> = t.shape().iter().map(|d| d.to_string()).collect();
@@ -36,8 +51,18 @@ fn dump(name: &str, t: &Tensor) {
 }
 
 const QUANT_SHAPES: &[(usize, usize)] = &[
-    (1, 5120), (3, 5120), (64, 1280), (257, 4096), (5, 32), (2, 64),
-    (7, 33), (3, 7), (1, 1), (129, 2304), (16, 8192), (0, 64),
+    (1, 5120),
+    (3, 5120),
+    (64, 1280),
+    (257, 4096),
+    (5, 32),
+    (2, 64),
+    (7, 33),
+    (3, 7),
+    (1, 1),
+    (129, 2304),
+    (16, 8192),
+    (0, 64),
 ];
 
 #[test]
@@ -55,8 +80,16 @@ fn act_quant_is_bitwise_equal_to_the_cpu_reference() {
                 continue;
             }
             let (q, s) = ops::act_quant_fp8_with(&xd, imp).unwrap();
-            assert_eq!(q.to_vec::<E4M3>().unwrap(), q_ref.to_vec::<E4M3>().unwrap(), "{imp:?} q {rows}x{k}");
-            assert_eq!(s.to_vec::<E8M0>().unwrap(), s_ref.to_vec::<E8M0>().unwrap(), "{imp:?} scale {rows}x{k}");
+            assert_eq!(
+                q.to_vec::<E4M3>().unwrap(),
+                q_ref.to_vec::<E4M3>().unwrap(),
+                "{imp:?} q {rows}x{k}"
+            );
+            assert_eq!(
+                s.to_vec::<E8M0>().unwrap(),
+                s_ref.to_vec::<E8M0>().unwrap(),
+                "{imp:?} scale {rows}x{k}"
+            );
             if imp == ActQuantImpl::Cuda && rows > 0 {
                 dump(&format!("act_quant_{rows}x{k}_x"), &x);
                 dump(&format!("act_quant_{rows}x{k}_q"), &q);
@@ -70,17 +103,43 @@ fn act_quant_is_bitwise_equal_to_the_cpu_reference() {
 fn rms_norm_matches_the_cpu_reference_within_one_ulp() {
     let dev = gpu();
     let mut rng = common::rng("rms_norm_cuda");
-    for &(rows, dim) in &[(1, 5120), (7, 5120), (64, 512), (129, 1280), (3, 33), (2, 4104), (1, 1), (300, 4096), (0, 64)] {
+    for &(rows, dim) in &[
+        (1, 5120),
+        (7, 5120),
+        (64, 512),
+        (129, 1280),
+        (3, 33),
+        (2, 4104),
+        (1, 1),
+        (300, 4096),
+        (0, 64),
+    ] {
         for eps in [1e-20f32, 1e-6] {
-            let x = Tensor::from_vec(common::random_activations(&mut rng, rows * dim, 3.0), &[rows, dim]).unwrap();
-            let w = Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim]).unwrap();
-            let want = ops::rms_norm(&x, &w, eps).unwrap().to_vec::<bf16>().unwrap();
-            let y = ops::rms_norm(&x.to_device(&dev).unwrap(), &w.to_device(&dev).unwrap(), eps).unwrap();
+            let x = Tensor::from_vec(
+                common::random_activations(&mut rng, rows * dim, 3.0),
+                &[rows, dim],
+            )
+            .unwrap();
+            let w =
+                Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim]).unwrap();
+            let want = ops::rms_norm(&x, &w, eps)
+                .unwrap()
+                .to_vec::<bf16>()
+                .unwrap();
+            let y = ops::rms_norm(
+                &x.to_device(&dev).unwrap(),
+                &w.to_device(&dev).unwrap(),
+                eps,
+            )
+            .unwrap();
             let got = y.to_vec::<bf16>().unwrap();
             // Only the fp32 summation order differs: at most one BF16 ulp.
             for (i, (g, r)) in got.iter().zip(&want).enumerate() {
                 assert!(!g.is_nan(), "{rows}x{dim}: element {i} not written");
-                assert!(common::bf16_ulps(*g, *r) <= 1, "{rows}x{dim} eps {eps}: element {i}: {g} vs {r}");
+                assert!(
+                    common::bf16_ulps(*g, *r) <= 1,
+                    "{rows}x{dim} eps {eps}: element {i}: {g} vs {r}"
+                );
             }
             if rows > 0 {
                 assert!(calc_diff(&common::to_f64(&got), &common::to_f64(&want)) < 1e-6);
@@ -100,14 +159,30 @@ fn rms_norm_rows_do_not_depend_on_the_batch() {
     let mut rng = common::rng("rms_norm_batch_invariance");
     let dim = 5120;
     let x = common::random_activations(&mut rng, 64 * dim, 3.0);
-    let w = Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim]).unwrap().to_device(&dev).unwrap();
-    let all = ops::rms_norm(&Tensor::from_vec(x.clone(), &[64, dim]).unwrap().to_device(&dev).unwrap(), &w, 1e-20)
+    let w = Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim])
         .unwrap()
-        .to_vec::<bf16>()
+        .to_device(&dev)
         .unwrap();
+    let all = ops::rms_norm(
+        &Tensor::from_vec(x.clone(), &[64, dim])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap(),
+        &w,
+        1e-20,
+    )
+    .unwrap()
+    .to_vec::<bf16>()
+    .unwrap();
     for r in [0usize, 17, 63] {
-        let one = Tensor::from_vec(x[r * dim..(r + 1) * dim].to_vec(), &[1, dim]).unwrap().to_device(&dev).unwrap();
-        let got = ops::rms_norm(&one, &w, 1e-20).unwrap().to_vec::<bf16>().unwrap();
+        let one = Tensor::from_vec(x[r * dim..(r + 1) * dim].to_vec(), &[1, dim])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let got = ops::rms_norm(&one, &w, 1e-20)
+            .unwrap()
+            .to_vec::<bf16>()
+            .unwrap();
         assert_eq!(got, all[r * dim..(r + 1) * dim], "row {r}");
     }
 }
@@ -115,37 +190,69 @@ fn rms_norm_rows_do_not_depend_on_the_batch() {
 #[test]
 fn into_variants_check_their_outputs() {
     let dev = gpu();
-    let x = Tensor::from_vec(vec![bf16::ONE; 64], &[2, 32]).unwrap().to_device(&dev).unwrap();
+    let x = Tensor::from_vec(vec![bf16::ONE; 64], &[2, 32])
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
     let mut bad_q = Tensor::empty(&dev, deepinfer::DType::F8E4M3, &[2, 31]).unwrap();
     let mut s = Tensor::empty(&dev, deepinfer::DType::E8M0, &[2, 1]).unwrap();
     let e = ops::act_quant_fp8_into(&x, &mut bad_q, &mut s, ActQuantImpl::Cuda).unwrap_err();
     assert!(matches!(e, Error::Shape { tensor: "q", .. }), "{e}");
     let mut host_q = Tensor::empty(&Device::Cpu, deepinfer::DType::F8E4M3, &[2, 32]).unwrap();
     let e = ops::act_quant_fp8_into(&x, &mut host_q, &mut s, ActQuantImpl::Cuda).unwrap_err();
-    assert!(matches!(e, Error::DeviceMismatch { tensor: "q", .. }), "{e}");
+    assert!(
+        matches!(e, Error::DeviceMismatch { tensor: "q", .. }),
+        "{e}"
+    );
     let w = Tensor::from_vec(vec![bf16::ONE; 32], &[32]).unwrap();
     let e = ops::rms_norm(&x, &w, 1e-20).unwrap_err();
-    assert!(matches!(e, Error::DeviceMismatch { tensor: "weight", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                tensor: "weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn a_missing_kernel_name_is_a_typed_error() {
-    let Device::Cuda(dev) = gpu() else { unreachable!() };
-    let bogus = KernelRef { family: &kernels::NORM, name: "no_such_kernel" };
+    let Device::Cuda(dev) = gpu() else {
+        unreachable!()
+    };
+    let bogus = KernelRef {
+        family: &kernels::NORM,
+        name: "no_such_kernel",
+    };
     let e = dev.function(bogus).unwrap_err();
-    assert!(matches!(&e, Error::KernelNotFound { family, kernel } if family == "norm" && kernel == "no_such_kernel"), "{e}");
+    assert!(
+        matches!(&e, Error::KernelNotFound { family, kernel } if family == "norm" && kernel == "no_such_kernel"),
+        "{e}"
+    );
     assert!(dev.function(kernels::norm::RMS_NORM_BF16_VEC8).is_ok());
 }
 
 #[test]
 fn truncated_or_corrupt_images_are_refused_before_or_by_the_driver() {
-    let Device::Cuda(dev) = gpu() else { unreachable!() };
+    let Device::Cuda(dev) = gpu() else {
+        unreachable!()
+    };
     let image = kernels::QUANT.image;
-    for (what, bytes) in [("empty", &image[..0]), ("truncated", &image[..image.len() / 2]), ("header only", &image[..16])] {
+    for (what, bytes) in [
+        ("empty", &image[..0]),
+        ("truncated", &image[..image.len() / 2]),
+        ("header only", &image[..16]),
+    ] {
         let e = dev.load_image("quant", bytes).unwrap_err();
-        assert!(matches!(&e, Error::BadKernelImage { family, .. } if family == "quant"), "{what}: {e}");
+        assert!(
+            matches!(&e, Error::BadKernelImage { family, .. } if family == "quant"),
+            "{what}: {e}"
+        );
     }
-    // Framing intact, ELF headers of every cubin destroyed: the driver must refuse it.
+    // Framing intact, ELF header of every cubin destroyed: refused before the driver.
     let mut corrupt = image.to_vec();
     let entries = deepinfer::device::fatbin::validate(image).unwrap();
     let mut at = 16;
@@ -155,5 +262,21 @@ fn truncated_or_corrupt_images_are_refused_before_or_by_the_driver() {
         at += header + e.payload_bytes as usize;
     }
     let e = dev.load_image("quant", &corrupt).unwrap_err();
-    assert!(e.to_string().contains("driver refused"), "{e}");
+    assert!(e.to_string().contains("64-bit little-endian"), "{e}");
+    // Deep corruption with every header intact: the registry checksum catches it.
+    let mut deep = image.to_vec();
+    let mid = deep.len() / 2;
+    deep[mid] ^= 0x5A;
+    let family: &'static kernels::Family = Box::leak(Box::new(kernels::Family {
+        name: "quant_corrupt",
+        image: Box::leak(deep.into_boxed_slice()),
+        kernels: kernels::QUANT.kernels,
+        archs: kernels::QUANT.archs,
+        checksum: kernels::QUANT.checksum,
+    }));
+    let e = dev.module(family).unwrap_err();
+    assert!(
+        matches!(&e, Error::BadKernelImage { why, .. } if why.contains("checksum")),
+        "{e}"
+    );
 }

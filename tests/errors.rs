@@ -14,22 +14,52 @@ fn bf16s(shape: &[usize]) -> Tensor {
 fn wrong_dtype_names_the_tensor() {
     let x = Tensor::from_vec(vec![1.0f32; 64], &[2, 32]).unwrap();
     let e = ops::rms_norm(&x, &bf16s(&[32]), 1e-20).unwrap_err();
-    assert!(matches!(e, Error::DType { tensor: "x", got: DType::F32, expected: DType::BF16, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                tensor: "x",
+                got: DType::F32,
+                expected: DType::BF16,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let w = Tensor::from_vec(vec![E4M3(0); 32], &[32]).unwrap();
     let e = ops::rms_norm(&bf16s(&[2, 32]), &w, 1e-20).unwrap_err();
     assert!(e.to_string().contains("`weight` has dtype F8_E4M3"), "{e}");
     let e = ops::act_quant_fp8(&x).unwrap_err();
-    assert!(matches!(e, Error::DType { op: "act_quant_fp8", tensor: "x", .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                op: "act_quant_fp8",
+                tensor: "x",
+                ..
+            }
+        ),
+        "{e}"
+    );
 }
 
 #[test]
 fn wrong_shape_names_the_tensor_and_shape() {
     let e = ops::rms_norm(&bf16s(&[2, 32]), &bf16s(&[31]), 1e-20).unwrap_err();
-    assert!(matches!(&e, Error::Shape { tensor: "weight", got, .. } if got == &vec![31]), "{e}");
+    assert!(
+        matches!(&e, Error::Shape { tensor: "weight", got, .. } if got == &vec![31]),
+        "{e}"
+    );
     assert!(e.to_string().contains("[32]"), "{e}");
     let scalar = Tensor::from_vec(vec![bf16::ONE], &[]).unwrap();
-    assert!(matches!(ops::act_quant_fp8(&scalar), Err(Error::Shape { tensor: "x", .. })));
-    assert!(matches!(ops::rms_norm(&bf16s(&[4, 0]), &bf16s(&[0]), 1e-20), Err(Error::Shape { .. })));
+    assert!(matches!(
+        ops::act_quant_fp8(&scalar),
+        Err(Error::Shape { tensor: "x", .. })
+    ));
+    assert!(matches!(
+        ops::rms_norm(&bf16s(&[4, 0]), &bf16s(&[0]), 1e-20),
+        Err(Error::Shape { .. })
+    ));
 }
 
 #[test]
@@ -43,7 +73,17 @@ fn invalid_eps_is_rejected_with_its_value() {
 #[test]
 fn data_length_and_fp4_parity_are_checked() {
     let e = Tensor::from_vec(vec![0.0f32; 5], &[2, 3]).unwrap_err();
-    assert!(matches!(e, Error::DataLength { expected: 6, got: 5, .. }), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::DataLength {
+                expected: 6,
+                got: 5,
+                ..
+            }
+        ),
+        "{e}"
+    );
     let e = Tensor::from_vec(vec![Fp4x2(0); 3], &[2, 3]).unwrap_err();
     assert!(e.to_string().contains("even last dimension"), "{e}");
     let t = Tensor::from_vec(vec![Fp4x2(0x21); 3], &[3, 2]).unwrap();
@@ -54,10 +94,19 @@ fn data_length_and_fp4_parity_are_checked() {
 #[test]
 fn device_strings_are_parsed_or_rejected() {
     assert!(matches!("cpu".parse::<Device>(), Ok(Device::Cpu)));
-    assert!(matches!("tpu:0".parse::<Device>(), Err(Error::Argument { .. })));
-    assert!(matches!("cuda:x".parse::<Device>(), Err(Error::Argument { .. })));
+    assert!(matches!(
+        "tpu:0".parse::<Device>(),
+        Err(Error::Argument { .. })
+    ));
+    assert!(matches!(
+        "cuda:x".parse::<Device>(),
+        Err(Error::Argument { .. })
+    ));
     let e = "ascend:0".parse::<Device>().unwrap_err();
-    assert!(matches!(&e, Error::DeviceUnavailable { device, .. } if device == "ascend:0"), "{e}");
+    assert!(
+        matches!(&e, Error::DeviceUnavailable { device, .. } if device == "ascend:0"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -68,14 +117,24 @@ fn asking_for_a_missing_cuda_device_is_an_error() {
         assert!(e.to_string().contains("CUDA device(s)"), "{e}");
     } else {
         let e = Device::cuda(0).unwrap_err();
-        assert!(matches!(&e, Error::DeviceUnavailable { device, why } if device == "cuda:0" && why.contains("libcuda")), "{e}");
+        assert!(
+            matches!(&e, Error::DeviceUnavailable { device, why } if device == "cuda:0" && why.contains("libcuda")),
+            "{e}"
+        );
         assert!("cuda".parse::<Device>().is_err());
     }
 }
 
 /// A well-formed fatbin with one (fake) sm_90 ELF entry, built by hand.
 fn synthetic_fatbin() -> Vec<u8> {
-    let payload = b"\x7fELF-not-a-real-cubin-but-framed".to_vec();
+    // A bare 64-bit little-endian ELF header for EM_CUDA with no sections.
+    let mut payload = vec![0u8; 64];
+    payload[..4].copy_from_slice(b"\x7fELF");
+    payload[4] = 2;
+    payload[5] = 1;
+    payload[18..20].copy_from_slice(&190u16.to_le_bytes());
+    payload[40..48].copy_from_slice(&64u64.to_le_bytes());
+    payload[58..60].copy_from_slice(&64u16.to_le_bytes());
     let mut entry = Vec::new();
     entry.extend(2u16.to_le_bytes());
     entry.extend(0x0101u16.to_le_bytes());
@@ -101,17 +160,44 @@ fn fatbin_validation_rejects_empty_truncated_and_corrupt_images() {
     assert_eq!(entries.len(), 1);
     assert_eq!(entries[0].arch, 90);
     assert!(fatbin::validate(&[]).unwrap_err().contains("shorter"));
-    assert!(fatbin::validate(&good[..good.len() - 1]).unwrap_err().contains("truncated"));
+    assert!(
+        fatbin::validate(&good[..good.len() - 1])
+            .unwrap_err()
+            .contains("truncated")
+    );
     let mut bad_magic = good.clone();
     bad_magic[0] ^= 0xFF;
     assert!(fatbin::validate(&bad_magic).unwrap_err().contains("magic"));
     let mut not_elf = good.clone();
     let at = 16 + 64;
     not_elf[at] = 0;
-    assert!(fatbin::validate(&not_elf).unwrap_err().contains("not an ELF"));
+    assert!(
+        fatbin::validate(&not_elf)
+            .unwrap_err()
+            .contains("not an ELF")
+    );
+    let mut wrong_machine = good.clone();
+    wrong_machine[at + 18] = 62;
+    assert!(
+        fatbin::validate(&wrong_machine)
+            .unwrap_err()
+            .contains("EM_CUDA"),
+        "x86-64 ELF accepted"
+    );
+    let mut bad_sections = good.clone();
+    bad_sections[at + 60] = 9;
+    assert!(
+        fatbin::validate(&bad_sections)
+            .unwrap_err()
+            .contains("section header table")
+    );
     let mut overrun = good.clone();
     overrun[16 + 8] = 0xFF;
-    assert!(fatbin::validate(&overrun).unwrap_err().contains("runs past"));
+    assert!(
+        fatbin::validate(&overrun)
+            .unwrap_err()
+            .contains("runs past")
+    );
 }
 
 #[test]
@@ -121,15 +207,35 @@ fn embedded_families_are_well_formed() {
         assert_eq!(entries.len(), f.archs.len(), "family {}", f.name);
         assert!(!f.kernels.is_empty());
     }
-    assert_eq!(deepinfer::kernels::FAMILIES.is_empty(), deepinfer::ACCELERATOR != "nvidia");
+    assert_eq!(
+        deepinfer::kernels::FAMILIES.is_empty(),
+        deepinfer::ACCELERATOR != "nvidia"
+    );
 }
 
-static TEST_FAMILY: Family = Family { name: "test", image: &[], kernels: &["present"], archs: &[] };
+static TEST_FAMILY: Family = Family {
+    name: "test",
+    image: &[],
+    kernels: &["present"],
+    archs: &[],
+    checksum: 0,
+};
+
+#[test]
+fn embedded_images_match_their_build_checksums() {
+    for f in deepinfer::kernels::FAMILIES {
+        assert_eq!(fatbin::checksum(f.image), f.checksum, "family {}", f.name);
+    }
+    assert_ne!(fatbin::checksum(b"a"), fatbin::checksum(b"b"));
+}
 
 #[test]
 fn a_kernel_missing_from_its_family_is_named() {
     assert_eq!(TEST_FAMILY.kernel("present").unwrap().name, "present");
     let e = TEST_FAMILY.kernel("absent").unwrap_err();
-    assert!(matches!(&e, Error::KernelNotFound { family, kernel } if family == "test" && kernel == "absent"), "{e}");
+    assert!(
+        matches!(&e, Error::KernelNotFound { family, kernel } if family == "test" && kernel == "absent"),
+        "{e}"
+    );
     assert!(deepinfer::kernels::family("no_such_family").is_err());
 }

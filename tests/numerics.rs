@@ -78,7 +78,11 @@ fn e4m3_encode_is_saturating_nearest_even() {
 #[test]
 fn e8m0_decodes_every_byte() {
     for b in 0..=254u8 {
-        assert_eq!(e8m0_to_f32(E8M0(b)) as f64, 2f64.powi(b as i32 - 127), "byte {b}");
+        assert_eq!(
+            e8m0_to_f32(E8M0(b)) as f64,
+            2f64.powi(b as i32 - 127),
+            "byte {b}"
+        );
     }
     assert!(e8m0_to_f32(E8M0(0xFF)).is_nan());
 }
@@ -102,12 +106,20 @@ fn ceil_pow2_scale_is_the_smallest_power_of_two_covering_the_product() {
     // Exact powers of two times 448 and their neighbours: the ceiling's edge.
     for e in -10..100 {
         let p = 448.0 * 2f32.powi(e);
-        amaxes.extend([p, f32::from_bits(p.to_bits() + 1), f32::from_bits(p.to_bits() - 1)]);
+        amaxes.extend([
+            p,
+            f32::from_bits(p.to_bits() + 1),
+            f32::from_bits(p.to_bits() - 1),
+        ]);
     }
     for amax in amaxes {
         let p = amax * (1.0f32 / 448.0);
         let want = smallest_pow2_at_least(p);
-        assert_eq!(ceil_pow2_scale(amax, 1.0 / 448.0).0 as i32 - 127, want, "amax {amax:e}");
+        assert_eq!(
+            ceil_pow2_scale(amax, 1.0 / 448.0).0 as i32 - 127,
+            want,
+            "amax {amax:e}"
+        );
     }
 }
 
@@ -115,14 +127,26 @@ fn ceil_pow2_scale_is_the_smallest_power_of_two_covering_the_product() {
 fn e2m1_nearest_code(x: f32) -> u8 {
     let d = |c: u8| (E2M1_VALUES[c as usize] - x.abs()).abs();
     (0..8u8).fold(0, |best, c| {
-        if d(c) < d(best) || (d(c) == d(best) && c % 2 == 0) { c } else { best }
+        if d(c) < d(best) || (d(c) == d(best) && c % 2 == 0) {
+            c
+        } else {
+            best
+        }
     })
 }
 
 #[test]
 fn e2m1_rounds_to_nearest_with_ties_to_the_even_code() {
     // The spec's own examples (v41-flash.md §10.3).
-    for (x, v) in [(0.25, 0.0), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0), (3.5, 4.0), (5.0, 4.0)] {
+    for (x, v) in [
+        (0.25, 0.0),
+        (0.75, 1.0),
+        (1.25, 1.0),
+        (1.75, 2.0),
+        (2.5, 2.0),
+        (3.5, 4.0),
+        (5.0, 4.0),
+    ] {
         assert_eq!(e2m1_to_f32(f32_to_e2m1(x)), v, "x = {x}");
         assert_eq!(e2m1_to_f32(f32_to_e2m1(-x)), -v, "x = -{x}");
     }
@@ -168,8 +192,13 @@ fn fp4_quantisers_follow_their_floors_and_scales() {
         let block = common::random_bf16(&mut rng, 32);
         let mut n = [0u8; 32];
         let s = fp4_e8m0_quant_block(&block, &mut n);
-        let amax = block.iter().fold(6.0 * f32::MIN_POSITIVE, |m, v| m.max(v.to_f32().abs()));
-        assert_eq!(s.0 as i32 - 127, smallest_pow2_at_least(amax * (1.0f32 / 6.0)));
+        let amax = block
+            .iter()
+            .fold(6.0 * f32::MIN_POSITIVE, |m, v| m.max(v.to_f32().abs()));
+        assert_eq!(
+            s.0 as i32 - 127,
+            smallest_pow2_at_least(amax * (1.0f32 / 6.0))
+        );
         let sc = 2f64.powi(s.0 as i32 - 127);
         for (x, c) in block.iter().zip(n) {
             let v = (x.to_f64() / sc).clamp(-6.0, 6.0) as f32;
@@ -177,7 +206,9 @@ fn fp4_quantisers_follow_their_floors_and_scales() {
         }
         let mut n16 = [0u8; 16];
         let s16 = fp4_e4m3_quant_block(&block[..16], &mut n16);
-        let amax16 = block[..16].iter().fold(6.0 / 512.0, |m: f32, v| m.max(v.to_f32().abs()));
+        let amax16 = block[..16]
+            .iter()
+            .fold(6.0 / 512.0, |m: f32, v| m.max(v.to_f32().abs()));
         assert_eq!(s16.0, e4m3_nearest(amax16 / 6.0));
         for (x, c) in block[..16].iter().zip(n16) {
             let v = (x.to_f32() / e4m3_to_f32(s16)).clamp(-6.0, 6.0);
@@ -194,8 +225,16 @@ fn bf16_conversion_rounds_to_nearest_even() {
         let lo = f32::from_bits(x.to_bits() & 0xFFFF_0000);
         let hi = f32::from_bits((x.to_bits() & 0xFFFF_0000) + 0x1_0000);
         let (dl, dh) = ((x as f64 - lo as f64).abs(), (hi as f64 - x as f64).abs());
-        let want = if dl < dh || (dl == dh && (lo.to_bits() >> 16) % 2 == 0) { lo } else { hi };
-        assert_eq!(f32_to_bf16(x).to_f32().to_bits(), want.to_bits(), "x = {x:e}");
+        let want = if dl < dh || (dl == dh && (lo.to_bits() >> 16) % 2 == 0) {
+            lo
+        } else {
+            hi
+        };
+        assert_eq!(
+            f32_to_bf16(x).to_f32().to_bits(),
+            want.to_bits(),
+            "x = {x:e}"
+        );
     }
     assert_eq!(bf16_to_f32(bf16::from_bits(0x3F80)), 1.0);
 }

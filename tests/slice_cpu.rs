@@ -45,7 +45,10 @@ fn rms_norm_matches_f64_within_one_bf16_rounding() {
             // One bf16 rounding of an fp32 result whose own error is a few
             // fp32 ulps: within 1 bf16 ulp of the exact value, relative 2^-8.
             let tol = r.abs() * 2f64.powi(-8) + 1e-30;
-            assert!((g.to_f64() - *r).abs() <= tol, "rows {rows} dim {dim} elem {i}: {g} vs {r}");
+            assert!(
+                (g.to_f64() - *r).abs() <= tol,
+                "rows {rows} dim {dim} elem {i}: {g} vs {r}"
+            );
         }
         if rows > 0 {
             assert!(calc_diff(&common::to_f64(&y), &want) < 1e-5);
@@ -57,7 +60,9 @@ fn rms_norm_matches_f64_within_one_bf16_rounding() {
 fn rms_norm_with_eps_1e20_keeps_tiny_rows_finite() {
     // mean(x^2) ~ 1e-16: an eps of 1e-6 would dominate it, 1e-20 must not.
     let dim = 64;
-    let x: Vec<bf16> = (0..dim).map(|i| bf16::from_f32(1e-8 * (1.0 + i as f32 / 64.0))).collect();
+    let x: Vec<bf16> = (0..dim)
+        .map(|i| bf16::from_f32(1e-8 * (1.0 + i as f32 / 64.0)))
+        .collect();
     let w = vec![bf16::ONE; dim];
     let y = ops::rms_norm(
         &Tensor::from_vec(x.clone(), &[1, dim]).unwrap(),
@@ -68,14 +73,24 @@ fn rms_norm_with_eps_1e20_keeps_tiny_rows_finite() {
     .to_vec::<bf16>()
     .unwrap();
     let want = rms_norm_f64(&x, &w, dim, 1e-20);
-    assert!(want.iter().all(|v| v.abs() > 0.5), "normalised values are O(1)");
+    assert!(
+        want.iter().all(|v| v.abs() > 0.5),
+        "normalised values are O(1)"
+    );
     assert!(calc_diff(&common::to_f64(&y), &want) < 1e-5);
 }
 
 #[test]
 fn act_quant_dequantises_within_e4m3_precision_on_odd_shapes() {
     let mut rng = common::rng("act_quant_cpu");
-    for (shape, k) in [(vec![4, 5120], 5120usize), (vec![2, 3, 64], 64), (vec![3, 33], 33), (vec![5, 7], 7), (vec![1, 1], 1), (vec![0, 32], 32)] {
+    for (shape, k) in [
+        (vec![4, 5120], 5120usize),
+        (vec![2, 3, 64], 64),
+        (vec![3, 33], 33),
+        (vec![5, 7], 7),
+        (vec![1, 1], 1),
+        (vec![0, 32], 32),
+    ] {
         let n: usize = shape.iter().product();
         let x = common::random_bf16(&mut rng, n);
         let (q, s) = ops::act_quant_fp8(&Tensor::from_vec(x.clone(), &shape).unwrap()).unwrap();
@@ -93,7 +108,10 @@ fn act_quant_dequantises_within_e4m3_precision_on_odd_shapes() {
             // e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for normals,
             // absolute <= 2^-10 * scale in the subnormal range.
             let tol = x.to_f64().abs() * 2f64.powi(-4) + scale * 2f64.powi(-10);
-            assert!((deq - x.to_f64()).abs() <= tol, "{shape:?} elem {i}: {x} -> {deq}");
+            assert!(
+                (deq - x.to_f64()).abs() <= tol,
+                "{shape:?} elem {i}: {x} -> {deq}"
+            );
         }
     }
 }

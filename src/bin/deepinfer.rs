@@ -43,8 +43,12 @@ fn input(rows: usize, dim: usize) -> (Tensor, Tensor) {
         state ^= state << 17;
         (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
     };
-    let x: Vec<bf16> = (0..rows * dim).map(|_| bf16::from_f32(next() * 3.0)).collect();
-    let w: Vec<bf16> = (0..dim).map(|_| bf16::from_f32(1.0 + 0.1 * next())).collect();
+    let x: Vec<bf16> = (0..rows * dim)
+        .map(|_| bf16::from_f32(next() * 3.0))
+        .collect();
+    let w: Vec<bf16> = (0..dim)
+        .map(|_| bf16::from_f32(1.0 + 0.1 * next()))
+        .collect();
     (
         Tensor::from_vec(x, &[rows, dim]).expect("shape matches"),
         Tensor::from_vec(w, &[dim]).expect("shape matches"),

@@ -33,7 +33,12 @@ pub fn act_quant_fp8(
         let xb = x.cuda().expect("validated: x is on this device");
         let (xp, _gx) = read_ptr(xb, dev);
         let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
-        let (sp, _gs) = write_ptr(scale.cuda_mut().expect("validated: scale is on this device"), dev);
+        let (sp, _gs) = write_ptr(
+            scale
+                .cuda_mut()
+                .expect("validated: scale is on this device"),
+            dev,
+        );
         let p = di_act_quant_params {
             x: xp,
             q: qp,

@@ -17,7 +17,12 @@ use crate::kernels::KernelRef;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 
 /// The parameter structs, generated from the C header.
-#[allow(non_camel_case_types, non_snake_case, non_upper_case_globals, dead_code)]
+#[allow(
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    dead_code
+)]
 pub mod params {
     include!(concat!(env!("OUT_DIR"), "/params.rs"));
 }

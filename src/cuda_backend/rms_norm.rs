@@ -1,5 +1,5 @@
-//! RMSNorm launch: one CTA per row; the 16-byte vector kernel when the row
-//! length allows it, else the scalar kernel.
+//! RMSNorm launch: one CTA per row; the register-cached 16-byte vector kernel
+//! when dim % 8 == 0 and dim <= 32768, else the scalar kernel.
 
 use super::{grid_for, launch, params::di_rms_norm_params, read_ptr, write_ptr};
 use crate::device::CudaDevice;
@@ -18,16 +18,30 @@ pub fn rms_norm(
     eps: f32,
 ) -> Result<()> {
     if rows > 0 {
-        let (xb, wb) = (x.cuda().expect("validated"), weight.cuda().expect("validated"));
-        let (kernel, groups) = if dim % 8 == 0 {
-            (kernels::norm::RMS_NORM_BF16_VEC8, dim / 8)
+        let (xb, wb) = (
+            x.cuda().expect("validated"),
+            weight.cuda().expect("validated"),
+        );
+        // Thread count from dim alone, so every row reduces the same way at
+        // any batch size. The vector kernel caches 4 groups of 8 per thread.
+        let (kernel, threads) = if dim % 8 == 0 && dim <= 8 * 4 * 1024 {
+            (
+                kernels::norm::RMS_NORM_BF16_VEC8,
+                (dim / 8).div_ceil(4).div_ceil(32) * 32,
+            )
         } else {
-            (kernels::norm::RMS_NORM_BF16_SCALAR, dim)
+            (
+                kernels::norm::RMS_NORM_BF16_SCALAR,
+                dim.div_ceil(32).clamp(1, 16) * 32,
+            )
         };
-        let threads = groups.div_ceil(32).clamp(1, 32) as u32 * 32;
+        let threads = threads as u32;
         let (xp, _gx) = read_ptr(xb, dev);
         let (wp, _gw) = read_ptr(wb, dev);
-        let (op, _go) = write_ptr(out.cuda_mut().expect("validated: out is on this device"), dev);
+        let (op, _go) = write_ptr(
+            out.cuda_mut().expect("validated: out is on this device"),
+            dev,
+        );
         let p = di_rms_norm_params {
             x: xp,
             weight: wp,

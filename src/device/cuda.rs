@@ -149,10 +149,10 @@ impl CudaDevice {
 
     /// Copies host bytes into new device memory.
     pub fn upload(&self, bytes: &[u8]) -> Result<CudaBuffer> {
-        let slice = self
-            .stream
-            .clone_htod(bytes)
-            .map_err(driver(format!("copying {} bytes to the device", bytes.len())))?;
+        let slice = self.stream.clone_htod(bytes).map_err(driver(format!(
+            "copying {} bytes to the device",
+            bytes.len()
+        )))?;
         Ok(CudaBuffer {
             device: self.clone(),
             slice,
@@ -162,6 +162,9 @@ impl CudaDevice {
     /// A loaded kernel function. The family's image is validated and loaded on
     /// first use and cached per device.
     pub fn function(&self, kernel: KernelRef) -> Result<CudaFunction> {
+        // Names outside the registry never reach the driver (whose lookup error
+        // would also show up in compute-sanitizer logs).
+        kernel.family.kernel(kernel.name)?;
         let module = self.module(kernel.family)?;
         module
             .load_function(kernel.name)
@@ -177,13 +180,25 @@ impl CudaDevice {
         if let Some(m) = modules.get(family.name) {
             return Ok(m.clone());
         }
+        let sum = fatbin::checksum(family.image);
+        if sum != family.checksum {
+            return Err(Error::BadKernelImage {
+                family: family.name.into(),
+                why: format!(
+                    "checksum {sum:#018x} differs from the build's {:#018x}: the embedded image is corrupt",
+                    family.checksum
+                ),
+            });
+        }
         let module = self.load_image(family.name, family.image)?;
         modules.insert(family.name, module.clone());
         Ok(module)
     }
 
-    /// Validates an image with [`fatbin::validate`] and hands it to the driver.
-    /// Public so that tests can feed deliberately broken images.
+    /// Validates an image with [`fatbin::validate`] (framing and every cubin's
+    /// ELF header and section table) and hands it to the driver. Corruption
+    /// deeper inside a cubin is caught only for registry images, by their
+    /// checksum in [`CudaDevice::module`].
     pub fn load_image(&self, family: &str, image: &[u8]) -> Result<Arc<CudaModule>> {
         fatbin::validate(image).map_err(|why| Error::BadKernelImage {
             family: family.into(),
@@ -233,7 +248,9 @@ impl Event {
 
     /// Milliseconds from `self` to `end` (waits for both).
     pub fn elapsed_ms(&self, end: &Event) -> Result<f32> {
-        self.0.elapsed_ms(&end.0).map_err(driver("cuEventElapsedTime"))
+        self.0
+            .elapsed_ms(&end.0)
+            .map_err(driver("cuEventElapsedTime"))
     }
 }
 
@@ -246,7 +263,12 @@ pub struct CudaBuffer {
 
 impl fmt::Debug for CudaBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CudaBuffer({} bytes on {})", self.slice.len(), self.device)
+        write!(
+            f,
+            "CudaBuffer({} bytes on {})",
+            self.slice.len(),
+            self.device
+        )
     }
 }
 
@@ -284,7 +306,10 @@ impl CudaBuffer {
         self.device
             .stream
             .clone_dtoh(&self.slice)
-            .map_err(driver(format!("copying {} bytes to the host", self.slice.len())))
+            .map_err(driver(format!(
+                "copying {} bytes to the host",
+                self.slice.len()
+            )))
     }
 
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]

@@ -7,7 +7,43 @@
 //!   (u16, 16), payload size (u64); entries fill the payload exactly;
 //! - each entry: kind (u16; 1 = PTX, 2 = ELF cubin), version (u16), entry
 //!   header size (u32), payload size (u64), …, SM arch (u32 at offset 28),
-//!   then the payload. An uncompressed cubin payload starts with `\x7fELF`.
+//!   then the payload. An uncompressed cubin payload is a 64-bit ELF for
+//!   EM_CUDA whose section header table lies inside the payload.
+
+/// FNV-1a 64 of an image; `build.rs` stores it in the registry so that any
+/// later corruption of the embedded bytes is caught before the driver sees them.
+pub fn checksum(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Checks a cubin's ELF header: 64-bit little-endian, machine EM_CUDA (190),
+/// and a section header table inside the payload.
+fn check_cubin(body: &[u8]) -> Result<(), String> {
+    if body.len() < 64 || !body.starts_with(b"\x7fELF") {
+        return Err("is not an ELF image".into());
+    }
+    if body[4] != 2 || body[5] != 1 {
+        return Err("is not a 64-bit little-endian ELF".into());
+    }
+    if u16_at(body, 18) != 190 {
+        return Err(format!(
+            "has ELF machine {} instead of EM_CUDA (190)",
+            u16_at(body, 18)
+        ));
+    }
+    let shoff = u64_at(body, 40);
+    let (shentsize, shnum) = (u16_at(body, 58) as u64, u16_at(body, 60) as u64);
+    if shentsize != 64
+        || shoff
+            .checked_add(shentsize * shnum)
+            .is_none_or(|e| e > body.len() as u64)
+    {
+        return Err("has a section header table outside the image".into());
+    }
+    Ok(())
+}
 
 const MAGIC: u32 = 0xBA55_ED50;
 const OUTER_HEADER: usize = 16;
@@ -84,8 +120,9 @@ pub fn validate(image: &[u8]) -> Result<Vec<Entry>, String> {
         }
         let compressed = u32_at(image, at + 16) != 0;
         let body = &image[at + entry_header..next];
-        if kind == 2 && !compressed && !body.starts_with(b"\x7fELF") {
-            return Err(format!("cubin entry at byte {at} (sm_{arch}) is not an ELF image"));
+        if kind == 2 && !compressed {
+            check_cubin(body)
+                .map_err(|why| format!("cubin entry at byte {at} (sm_{arch}) {why}"))?;
         }
         entries.push(Entry {
             kind,

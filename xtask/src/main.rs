@@ -16,7 +16,12 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
         .current_dir(root)
         .env("DEEPINFER_ACCELERATOR", "nvidia")
         .args(args)
-        .args(["--no-run", "--package", "deepinfer", "--message-format=json-render-diagnostics"])
+        .args([
+            "--no-run",
+            "--package",
+            "deepinfer",
+            "--message-format=json-render-diagnostics",
+        ])
         .stderr(Stdio::inherit())
         .output()
         .expect("running cargo");
@@ -31,7 +36,13 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
             let exe = v["executable"].as_str()?;
             let kind = v["target"]["kind"][0].as_str()?;
             let name = v["target"]["name"].as_str()?;
-            let tag = if kind == "lib" { "lib".into() } else { name.to_string() };
+            // A test/bench harness has profile.test; the plain `deepinfer` binary
+            // (built for the integration tests) does not.
+            let tag = match (kind, v["profile"]["test"].as_bool()) {
+                ("bin", Some(false)) => "bin".to_string(),
+                ("lib", _) => "lib".to_string(),
+                _ => name.to_string(),
+            };
             Some((tag, PathBuf::from(exe)))
         })
         .collect()
@@ -39,26 +50,46 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
 
 fn copy(from: &Path, to: &Path) {
     std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
-    std::fs::copy(from, to).unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
+    std::fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
 }
 
 fn gpu_bundle(root: &Path) {
     let dir = root.join("gpu-bundle");
     let _ = std::fs::remove_dir_all(&dir);
-    for (sub, args) in [("tests", &["test"][..]), ("benches", &["bench", "--bench", "slice_gpu"][..])] {
+    for (sub, args) in [
+        ("tests", &["test"][..]),
+        ("benches", &["bench", "--bench", "slice_gpu"][..]),
+    ] {
         for (name, exe) in cargo_executables(root, args) {
-            if sub == "benches" && name != "slice_gpu" {
-                continue;
-            }
+            let sub = match (sub, name.as_str()) {
+                (_, "bin") => "bin",
+                ("benches", n) if n != "slice_gpu" => continue,
+                _ => sub,
+            };
+            let name = if sub == "bin" {
+                "deepinfer".to_string()
+            } else {
+                name
+            };
             let dst = dir.join(sub).join(&name);
             copy(&exe, &dst);
             // Debug info only inflates the carry; symbols stay for backtraces.
-            let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
+            let _ = Command::new("strip")
+                .arg("--strip-debug")
+                .arg(&dst)
+                .status();
         }
     }
     copy(&root.join("scripts/gpu-bundle-run.sh"), &dir.join("run.sh"));
-    copy(&root.join("benches/peers/slice_torch.py"), &dir.join("peers/slice_torch.py"));
-    copy(&root.join("tests/torch/check_slice.py"), &dir.join("torch/check_slice.py"));
+    copy(
+        &root.join("benches/peers/slice_torch.py"),
+        &dir.join("peers/slice_torch.py"),
+    );
+    copy(
+        &root.join("tests/torch/check_slice.py"),
+        &dir.join("torch/check_slice.py"),
+    );
     let commit = Command::new("git")
         .current_dir(root)
         .args(["rev-parse", "--short", "HEAD"])
@@ -70,7 +101,10 @@ fn gpu_bundle(root: &Path) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf();
     match std::env::args().nth(1).as_deref() {
         Some("gpu-bundle") => gpu_bundle(&root),
         _ => {
