@@ -71,13 +71,12 @@ fn find_nvcc() -> PathBuf {
             return p;
         }
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        if let Some(p) = std::env::split_paths(&path)
+    if let Some(p) = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
             .map(|d| d.join("nvcc"))
             .find(|p| p.is_file())
-        {
-            return p;
-        }
+    }) {
+        return p;
     }
     if let Some(root) = pip_toolchain_root() {
         return root.join("bin/nvcc");
@@ -147,13 +146,11 @@ pub fn entry_points(src: &str) -> Vec<String> {
         if !head.contains("__global__") {
             continue;
         }
-        if let Some(name) = head
+        let name = head
             .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .rfind(|t| !t.is_empty())
-        {
-            if !names.iter().any(|n| n == name) {
-                names.push(name.to_string());
-            }
+            .rfind(|t| !t.is_empty());
+        if let Some(name) = name.filter(|n| !names.iter().any(|m| m == n)) {
+            names.push(name.to_string());
         }
     }
     names

@@ -225,7 +225,7 @@ fn bf16_conversion_rounds_to_nearest_even() {
         let lo = f32::from_bits(x.to_bits() & 0xFFFF_0000);
         let hi = f32::from_bits((x.to_bits() & 0xFFFF_0000) + 0x1_0000);
         let (dl, dh) = ((x as f64 - lo as f64).abs(), (hi as f64 - x as f64).abs());
-        let want = if dl < dh || (dl == dh && (lo.to_bits() >> 16) % 2 == 0) {
+        let want = if dl < dh || (dl == dh && (lo.to_bits() >> 16).is_multiple_of(2)) {
             lo
         } else {
             hi

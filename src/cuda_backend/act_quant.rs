@@ -20,7 +20,7 @@ pub fn act_quant_fp8(
     k: usize,
     imp: ActQuantImpl,
 ) -> Result<()> {
-    if imp == ActQuantImpl::TileLang && k % 32 != 0 {
+    if imp == ActQuantImpl::TileLang && !k.is_multiple_of(32) {
         return Err(Error::Shape {
             op: "act_quant_fp8 (TileLang)",
             tensor: "x",
@@ -48,7 +48,7 @@ pub fn act_quant_fp8(
         };
         match imp {
             ActQuantImpl::Cuda => {
-                let (kernel, work, per_cta) = if k % 32 == 0 {
+                let (kernel, work, per_cta) = if k.is_multiple_of(32) {
                     (kernels::quant::ACT_QUANT_FP8_VEC8, rows * k / 8, THREADS)
                 } else {
                     (kernels::quant::ACT_QUANT_FP8_TAIL, blocks, THREADS / 32)

@@ -24,7 +24,7 @@ pub fn rms_norm(
         );
         // Thread count from dim alone, so every row reduces the same way at
         // any batch size. The vector kernel caches 4 groups of 8 per thread.
-        let (kernel, threads) = if dim % 8 == 0 && dim <= 8 * 4 * 1024 {
+        let (kernel, threads) = if dim.is_multiple_of(8) && dim <= 8 * 4 * 1024 {
             (
                 kernels::norm::RMS_NORM_BF16_VEC8,
                 (dim / 8).div_ceil(4).div_ceil(32) * 32,
