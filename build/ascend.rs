@@ -6,6 +6,7 @@
 //! kernels-ascend/README.md, and are unverified. Without CANN the build stops
 //! with a message; there is no silent fallback.
 
+use crate::cuda::run;
 use crate::fail;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -75,18 +76,6 @@ fn arch_flags() -> Vec<String> {
         flags.push("-DDEEPINFER_ASCEND_FP8_NATIVE=1".into());
     }
     flags
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| fail(&format!("{what}: cannot start: {e}")));
-    if !out.status.success() {
-        fail(&format!(
-            "{what} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
 }
 
 pub fn build(root: &Path, out: &Path) {

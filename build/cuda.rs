@@ -280,7 +280,8 @@ fn fingerprint(spec: &FamilySpec, nvcc_version: &str) -> String {
     format!("{:016x}", h.finish())
 }
 
-fn run(cmd: &mut Command, what: &str) {
+/// Runs `cmd`, stopping the build with its output when it fails.
+pub fn run(cmd: &mut Command, what: &str) {
     let out = cmd
         .output()
         .unwrap_or_else(|e| fail(&format!("{what}: cannot start: {e}")));
