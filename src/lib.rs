@@ -15,6 +15,7 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod kernels;
+pub mod model;
 pub mod numerics;
 pub mod ops;
 pub mod tensor;

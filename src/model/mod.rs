@@ -1,0 +1,4 @@
+//! The DeepSeek-V4.1-Flash model on top of the op API: its configuration,
+//! checkpoint format and (later) layers and runner. See
+//! `shared/spec/v41-flash.md`; every structural fact is derived from the
+//! config, never hard-coded, so small configs of the same shape work.
