@@ -3,6 +3,8 @@
 //! is tested against, so clarity beats speed here.
 
 mod act_quant;
+pub mod mhc;
+pub mod moe;
 mod rms_norm;
 
 pub use act_quant::act_quant_fp8;
