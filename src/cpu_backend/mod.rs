@@ -6,6 +6,7 @@ mod act_quant;
 pub mod mhc;
 pub mod moe;
 mod rms_norm;
+pub mod sparse_attention;
 
 pub use act_quant::act_quant_fp8;
 pub use rms_norm::rms_norm;
