@@ -3,6 +3,7 @@
 //! is tested against, so clarity beats speed here.
 
 mod act_quant;
+pub mod indexer;
 pub mod mhc;
 pub mod moe;
 mod rms_norm;
