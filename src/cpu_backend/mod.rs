@@ -4,6 +4,7 @@
 
 mod act_quant;
 pub mod indexer;
+pub mod kv_format;
 pub mod mhc;
 pub mod moe;
 mod rms_norm;
