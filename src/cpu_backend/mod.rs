@@ -3,10 +3,13 @@
 //! is tested against, so clarity beats speed here.
 
 mod act_quant;
+pub mod compressor;
+pub mod engram;
 pub mod indexer;
 pub mod kv_format;
 pub mod mhc;
 pub mod moe;
+pub mod numpy_rng;
 mod rms_norm;
 pub mod sparse_attention;
 
