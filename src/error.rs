@@ -70,6 +70,9 @@ pub enum Error {
         tensor: &'static str,
         align: usize,
     },
+    /// A model configuration is unreadable or inconsistent.
+    #[error("model config: {0}")]
+    Config(#[from] crate::model::config::ConfigError),
 }
 
 /// Shorthand used throughout the crate.

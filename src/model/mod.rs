@@ -2,3 +2,5 @@
 //! checkpoint format and (later) layers and runner. See
 //! `shared/spec/v41-flash.md`; every structural fact is derived from the
 //! config, never hard-coded, so small configs of the same shape work.
+
+pub mod config;
