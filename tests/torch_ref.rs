@@ -8,30 +8,10 @@
 
 mod common;
 
+use common::torch::{bf16_to_torch, bytes, from_torch_bf16};
 use deepinfer::{E4M3, E8M0, Tensor, ops};
 use half::bf16;
-use tch::{Kind, Tensor as TT};
-
-fn to_torch(v: &[bf16], shape: &[i64]) -> TT {
-    let f: Vec<f32> = v.iter().map(|x| x.to_f32()).collect();
-    TT::from_slice(&f).reshape(shape).to_kind(Kind::BFloat16)
-}
-
-fn from_torch_bf16(t: &TT) -> Vec<bf16> {
-    let bits = t.contiguous().view_dtype(Kind::Int16).reshape([-1]);
-    let n = bits.numel();
-    let mut out = vec![0i16; n];
-    bits.copy_data(&mut out, n);
-    out.into_iter().map(|b| bf16::from_bits(b as u16)).collect()
-}
-
-fn bytes(t: &TT) -> Vec<u8> {
-    let t = t.contiguous().view_dtype(Kind::Uint8).reshape([-1]);
-    let n = t.numel();
-    let mut out = vec![0u8; n];
-    t.copy_data_u8(&mut out, n);
-    out
-}
+use tch::Kind;
 
 #[test]
 fn rms_norm_matches_torch() {
@@ -48,10 +28,11 @@ fn rms_norm_matches_torch() {
             .unwrap()
             .to_vec::<bf16>()
             .unwrap();
-            let xf = to_torch(&x, &[rows as i64, dim as i64]).to_kind(Kind::Float);
+            let xf = bf16_to_torch(&x, &[rows as i64, dim as i64]).to_kind(Kind::Float);
             let ms = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
-            let y = (to_torch(&w, &[dim as i64]).to_kind(Kind::Float) * (xf * (ms + eps).rsqrt()))
-                .to_kind(Kind::BFloat16);
+            let y = (bf16_to_torch(&w, &[dim as i64]).to_kind(Kind::Float)
+                * (xf * (ms + eps).rsqrt()))
+            .to_kind(Kind::BFloat16);
             let theirs = from_torch_bf16(&y);
             for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
                 assert!(
@@ -73,7 +54,7 @@ fn act_quant_is_bitwise_equal_to_torch() {
         let s: Vec<u8> = s.to_vec::<E8M0>().unwrap().iter().map(|v| v.0).collect();
 
         let blocks = (k / 32) as i64;
-        let xf = to_torch(&x, &[rows as i64, blocks, 32]).to_kind(Kind::Float);
+        let xf = bf16_to_torch(&x, &[rows as i64, blocks, 32]).to_kind(Kind::Float);
         let amax = xf.abs().amax([-1i64].as_slice(), true).clamp_min(1e-4);
         let bits = (amax * f64::from(1.0f32 / 448.0)).view_dtype(Kind::Int);
         let e = bits.bitwise_right_shift_tensor_scalar(23).bitwise_and(0xFF) - 127

@@ -13,6 +13,7 @@
 
 mod common;
 
+use common::torch::{bf16_to_torch, from_torch_bf16, from_torch_f32};
 use deepinfer::cpu_backend::{
     RopeParams, Yarn, fp4_gemm, fp4_gemm_f32, fp8_gemm, fp8_gemm_f32, inverse_rope, rope,
     rope_freqs,
@@ -23,29 +24,6 @@ use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
 use tch::{Device, Kind, Tensor as TT};
-
-fn from_torch_bf16(t: &TT) -> Vec<bf16> {
-    let bits = t.contiguous().view_dtype(Kind::Int16).reshape([-1]);
-    let n = bits.numel();
-    let mut out = vec![0i16; n];
-    bits.copy_data(&mut out, n);
-    out.into_iter().map(|b| bf16::from_bits(b as u16)).collect()
-}
-
-fn from_torch_f32(t: &TT) -> Vec<f32> {
-    let t = t.contiguous().reshape([-1]);
-    let n = t.numel();
-    let mut out = vec![0f32; n];
-    t.copy_data(&mut out, n);
-    out
-}
-
-fn bf16_to_torch(v: &[bf16], shape: &[i64]) -> TT {
-    let bits: Vec<i16> = v.iter().map(|x| x.to_bits() as i16).collect();
-    TT::from_slice(&bits)
-        .view_dtype(Kind::BFloat16)
-        .reshape(shape)
-}
 
 fn bytes_to_torch(v: &[u8], rows: usize, cols: usize) -> TT {
     TT::from_slice(v).reshape([rows as i64, cols as i64])

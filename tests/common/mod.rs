@@ -3,6 +3,9 @@
 //! and comparison metrics.
 #![allow(dead_code)]
 
+#[cfg(feature = "torch-ref")]
+pub mod torch;
+
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
