@@ -1,0 +1,242 @@
+//! Validation of a whole config: [`ModelConfig::validate`] and the value
+//! checks it runs (non-zero sizes, block multiples, dims, floats, token ids,
+//! weight formats, expert counts) before the Engram and layer-role checks.
+//!
+//! Invariant: checks run in a fixed order and the first failure is returned,
+//! so one config always yields the same error.
+
+use super::error::ConfigError;
+use super::keys;
+use super::types::{BLOCK, ModelConfig, WeightFormat};
+
+impl ModelConfig {
+    /// Checks every value and the layer roles; the loaders call it.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_nonzero()?;
+        self.check_block_multiples()?;
+        self.check_dims()?;
+        self.check_floats()?;
+        self.check_tokens()?;
+        self.check_quant()?;
+        self.check_experts()?;
+        self.engram.check(self.vocab_size)?;
+        self.layer_plans().map(drop)
+    }
+
+    fn check_nonzero(&self) -> Result<(), ConfigError> {
+        let a = &self.attention;
+        let mut sizes = vec![
+            (keys::VOCAB_SIZE, self.vocab_size),
+            (keys::HIDDEN_SIZE, self.hidden_size),
+            (keys::N_LAYERS, self.n_layers),
+            (keys::N_HEADS, a.n_heads),
+            (keys::HEAD_DIM, a.head_dim),
+            (keys::ROPE_HEAD_DIM, a.rope_head_dim),
+            (keys::Q_LORA_RANK, a.q_lora_rank),
+            (keys::O_GROUPS, a.o_groups),
+            (keys::O_LORA_RANK, a.o_lora_rank),
+            (keys::WINDOW, a.window),
+            (keys::INDEX_N_HEADS, self.indexer.n_heads),
+            (keys::INDEX_HEAD_DIM, self.indexer.head_dim),
+            (keys::INDEX_TOPK, self.indexer.topk),
+            (keys::HC_MULT, self.mhc.mult),
+            (keys::HC_SINKHORN_ITERS, self.mhc.sinkhorn_iters),
+            (keys::N_ROUTED_EXPERTS, self.moe.n_routed_experts),
+            (keys::N_ACTIVATED_EXPERTS, self.moe.n_activated_experts),
+            (keys::MOE_INTER_DIM, self.moe.inter_dim),
+            (keys::ENGRAM_N_HEADS, self.engram.n_heads),
+            (keys::ENGRAM_HEAD_DIM, self.engram.head_dim),
+            (keys::ENGRAM_COMPRESSED_VOCAB, self.engram.compressed_vocab),
+            (keys::DSPARK_BLOCK_SIZE, self.dspark.block_size),
+            (keys::DSPARK_MARKOV_RANK, self.dspark.markov_rank),
+            (keys::DSPARK_N_ROUTED_EXPERTS, self.dspark.n_routed_experts),
+            (
+                keys::DSPARK_N_ACTIVATED_EXPERTS,
+                self.dspark.n_activated_experts,
+            ),
+        ];
+        if let Some(c) = self.candidate {
+            sizes.push((keys::CANDIDATE_TOPK_BLOCKS, c.topk_blocks));
+            sizes.push((keys::CANDIDATE_BLOCK_SIZE, c.block_size));
+        }
+        match sizes.into_iter().find(|&(_, size)| size == 0) {
+            Some((key, _)) => Err(ConfigError::Zero { key }),
+            None => Ok(()),
+        }
+    }
+
+    /// Widths along which FP8 activations, FP8 weight blocks, FP4 groups or
+    /// the FP8 window KV are blocked by 32.
+    fn check_block_multiples(&self) -> Result<(), ConfigError> {
+        let widths = [
+            (keys::HIDDEN_SIZE, self.hidden_size),
+            (keys::HEAD_DIM, self.attention.head_dim),
+            (keys::Q_LORA_RANK, self.attention.q_lora_rank),
+            (keys::O_LORA_RANK, self.attention.o_lora_rank),
+            (keys::INDEX_HEAD_DIM, self.indexer.head_dim),
+            (keys::MOE_INTER_DIM, self.moe.inter_dim),
+            (keys::ENGRAM_HEAD_DIM, self.engram.head_dim),
+        ];
+        match widths
+            .into_iter()
+            .find(|&(_, width)| !width.is_multiple_of(BLOCK))
+        {
+            Some((key, value)) => Err(ConfigError::NotMultiple {
+                key,
+                value,
+                of: format!("{BLOCK}, the FP8/FP4 block width"),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_dims(&self) -> Result<(), ConfigError> {
+        let a = &self.attention;
+        if !a.rope_head_dim.is_multiple_of(2) {
+            return Err(ConfigError::NotMultiple {
+                key: keys::ROPE_HEAD_DIM,
+                value: a.rope_head_dim,
+                of: "2: RoPE rotates pairs".into(),
+            });
+        }
+        for (limit_key, limit) in [
+            (keys::HEAD_DIM, a.head_dim),
+            (keys::INDEX_HEAD_DIM, self.indexer.head_dim),
+        ] {
+            if a.rope_head_dim > limit {
+                return Err(ConfigError::Exceeds {
+                    key: keys::ROPE_HEAD_DIM,
+                    value: a.rope_head_dim,
+                    limit_key,
+                    limit,
+                });
+            }
+        }
+        if !a.n_heads.is_multiple_of(a.o_groups) {
+            return Err(ConfigError::NotMultiple {
+                key: keys::N_HEADS,
+                value: a.n_heads,
+                of: format!("{} = {}", keys::O_GROUPS, a.o_groups),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_floats(&self) -> Result<(), ConfigError> {
+        let y = &self.rope.yarn;
+        let values = [
+            (keys::NORM_EPS, self.norm_eps),
+            (keys::ROPE_THETA, self.rope.theta),
+            (keys::COMPRESS_ROPE_THETA, self.rope.compress_theta),
+            (keys::YARN_FACTOR, y.factor),
+            (keys::BETA_FAST, y.beta_fast),
+            (keys::BETA_SLOW, y.beta_slow),
+            (keys::HC_EPS, self.mhc.eps),
+            (keys::ROUTE_SCALE, self.moe.route_scale),
+            (keys::GATE_TEMP, self.moe.gate_temp),
+            (keys::SWIGLU_LIMIT, self.moe.swiglu_limit),
+        ];
+        if let Some((key, value)) = values
+            .into_iter()
+            .find(|&(_, v)| !(v.is_finite() && v > 0.0))
+        {
+            return Err(ConfigError::BadValue {
+                key,
+                value: value.to_string(),
+                why: "must be positive and finite".into(),
+            });
+        }
+        if y.beta_fast <= y.beta_slow {
+            return Err(ConfigError::BadValue {
+                key: keys::BETA_FAST,
+                value: y.beta_fast.to_string(),
+                why: format!("must exceed {} = {}", keys::BETA_SLOW, y.beta_slow),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_tokens(&self) -> Result<(), ConfigError> {
+        let t = &self.tokens;
+        let mut ids = vec![
+            (keys::BOS, t.bos),
+            (keys::EOS, t.eos),
+            (keys::PAD, t.pad),
+            (keys::DSPARK_NOISE_TOKEN, self.dspark.noise_token_id),
+            (keys::ENGRAM_PAD_ID, self.engram.pad_id),
+        ];
+        ids.extend(t.image.map(|id| (keys::IMAGE, id)));
+        match ids
+            .into_iter()
+            .find(|&(_, id)| !usize::try_from(id).is_ok_and(|id| id < self.vocab_size))
+        {
+            Some((key, id)) => Err(ConfigError::TokenOutOfRange {
+                key,
+                id,
+                vocab: self.vocab_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn check_quant(&self) -> Result<(), ConfigError> {
+        let q = &self.quant;
+        if q.weights == WeightFormat::Fp4 {
+            return Err(ConfigError::Unsupported {
+                key: keys::WEIGHT_DTYPE,
+                value: "fp4".into(),
+                why: "dense weights are FP8 or BF16; only routed experts are FP4",
+            });
+        }
+        if q.weight_block != [BLOCK, BLOCK] {
+            return Err(ConfigError::Unsupported {
+                key: keys::WEIGHT_BLOCK,
+                value: format!("{:?}", q.weight_block),
+                why: "V4.1 scales weights per 32×32 block and activations per 1×32 \
+                      (a 128×128 grid is V4-style)",
+            });
+        }
+        Ok(())
+    }
+
+    fn check_experts(&self) -> Result<(), ConfigError> {
+        if self.moe.n_shared_experts != 1 {
+            return Err(ConfigError::Unsupported {
+                key: keys::N_SHARED_EXPERTS,
+                value: self.moe.n_shared_experts.to_string(),
+                why: "the reference has exactly one shared expert",
+            });
+        }
+        for (key, value, limit_key, limit) in [
+            (
+                keys::N_ACTIVATED_EXPERTS,
+                self.moe.n_activated_experts,
+                keys::N_ROUTED_EXPERTS,
+                self.moe.n_routed_experts,
+            ),
+            (
+                keys::DSPARK_N_ACTIVATED_EXPERTS,
+                self.dspark.n_activated_experts,
+                keys::DSPARK_N_ROUTED_EXPERTS,
+                self.dspark.n_routed_experts,
+            ),
+        ] {
+            if value > limit {
+                return Err(ConfigError::Exceeds {
+                    key,
+                    value,
+                    limit_key,
+                    limit,
+                });
+            }
+        }
+        if self.dspark.n_stages > 0 && self.dspark.target_layers.is_empty() {
+            return Err(ConfigError::BadValue {
+                key: keys::DSPARK_TARGETS,
+                value: "[]".into(),
+                why: format!("{} DSpark stages need target layers", self.dspark.n_stages),
+            });
+        }
+        Ok(())
+    }
+}
