@@ -9,7 +9,7 @@
 
 use half::bf16;
 
-/// e[c] = Σ_t softmax_t(score_t[c]) · kv_t[c] over the two tokens t of a
+/// `e[c] = Σ_t softmax_t(score_t[c]) · kv_t[c]` over the two tokens t of a
 /// group, max-subtracted, all fp32, rounded to BF16.
 pub fn pool_ratio2(kv: [&[f32]; 2], score: [&[f32]; 2]) -> Vec<bf16> {
     (0..kv[0].len())

@@ -86,7 +86,7 @@ pub fn gather_rows(table: &[u8], rows: &[u64], row_dim: usize) -> Vec<bf16> {
 }
 
 /// Gate of one stream: σ(sign(dot) · √max(|dot|, 1e-6)) with
-/// dot = Σ_d S[d]·qk[d]·key[d] · rsqrt(mean(S²)+eps) · rsqrt(mean(key²)+eps) · D^−½,
+/// `dot = Σ_d S[d]·qk[d]·key[d] · rsqrt(mean(S²)+eps) · rsqrt(mean(key²)+eps) · D^−½`,
 /// where qk = q_weight ⊙ k_weight in fp32. All fp32, sums in index order.
 pub fn gate(stream: &[bf16], key: &[bf16], q_weight: &[bf16], k_weight: &[bf16], eps: f32) -> f32 {
     let d = stream.len() as f32;
