@@ -123,7 +123,7 @@ pub fn hc_collapse(streams: &[bf16], pre: &[f32; HC_STREAMS]) -> Vec<bf16> {
         .collect()
 }
 
-/// S'_k = post_k · F + Σ_j comb[j][k] · S_j in fp32 (the post term first, then
+/// `S'_k = post_k · F + Σ_j comb[j][k] · S_j` in fp32 (the post term first, then
 /// j ascending), rounded to BF16 once per element.
 pub fn hc_expand(streams: &[bf16], f_out: &[bf16], split: &HcSplit) -> Vec<bf16> {
     let d = f_out.len();
