@@ -73,6 +73,9 @@ pub enum Error {
     /// A model configuration is unreadable or inconsistent.
     #[error("model config: {0}")]
     Config(#[from] crate::model::config::ConfigError),
+    /// A checkpoint is unreadable, inconsistent with its config, or unwritable.
+    #[error("checkpoint: {0}")]
+    Checkpoint(#[from] crate::model::checkpoint::CheckpointError),
 }
 
 /// Shorthand used throughout the crate.

@@ -1,12 +1,15 @@
 //! The deepinfer command line. Until the V4.1 model runner lands, `run`
 //! executes the first vertical slice (RMSNorm with eps 1e-20, then the FP8
 //! 1×32 activation quantiser) on a small deterministic input, on the CPU by
-//! default, and `info` reports the build and the devices.
+//! default, `info` reports the build and the devices, and `gen-weights`
+//! writes a deterministic random-weight checkpoint for a model config.
 
 use clap::{Parser, Subcommand};
+use deepinfer::model::checkpoint::{GenerateOptions, generate_from_dir};
 use deepinfer::numerics::{e4m3_to_f32, e8m0_to_f32};
 use deepinfer::{Device, E4M3, E8M0, Tensor, ops};
 use half::bf16;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -32,6 +35,21 @@ enum Cmd {
     },
     /// Print the build's accelerator, kernel families and visible devices.
     Info,
+    /// Write a deterministic random-weight checkpoint (official format) for
+    /// the config in a model directory, with its config files beside it.
+    GenWeights {
+        /// Directory holding config.json and/or inference-config.json.
+        #[arg(long)]
+        config: PathBuf,
+        /// Output directory (created; must hold no *.safetensors yet).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Shard size limit in MiB.
+        #[arg(long, default_value_t = 4096)]
+        shard_mib: u64,
+    },
 }
 
 fn input(rows: usize, dim: usize) -> (Tensor, Tensor) {
@@ -86,6 +104,22 @@ fn run(device: &str, rows: usize, dim: usize) -> deepinfer::Result<()> {
     Ok(())
 }
 
+fn gen_weights(config: &Path, out: &Path, seed: u64, shard_mib: u64) -> deepinfer::Result<()> {
+    let options = GenerateOptions {
+        seed,
+        shard_bytes: shard_mib.saturating_mul(1 << 20),
+    };
+    let generated = generate_from_dir(config, out, &options)?;
+    println!(
+        "wrote {} tensors ({} bytes) in {} shard(s) to {}",
+        generated.tensors,
+        generated.bytes,
+        generated.shards.len(),
+        out.display()
+    );
+    Ok(())
+}
+
 fn info() {
     println!("accelerator: {}", deepinfer::ACCELERATOR);
     for f in deepinfer::kernels::FAMILIES {
@@ -128,5 +162,17 @@ fn main() -> ExitCode {
             info();
             ExitCode::SUCCESS
         }
+        Cmd::GenWeights {
+            config,
+            out,
+            seed,
+            shard_mib,
+        } => match gen_weights(&config, &out, seed, shard_mib) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

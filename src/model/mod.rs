@@ -3,4 +3,5 @@
 //! `shared/spec/v41-flash.md`; every structural fact is derived from the
 //! config, never hard-coded, so small configs of the same shape work.
 
+pub mod checkpoint;
 pub mod config;

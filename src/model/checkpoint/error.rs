@@ -1,0 +1,208 @@
+//! [`CheckpointError`]: every way a checkpoint is rejected or cannot be
+//! written. Invariant: each message names the file, directory or tensor at
+//! fault; a structural mismatch lists every problem found, not only the first.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use safetensors::SafeTensorError;
+
+use super::param::CheckpointDType;
+use crate::model::config::ConfigError;
+
+/// Why a checkpoint could not be loaded, read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot access {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("no *.safetensors shard in {}", .dir.display())]
+    NoShards { dir: PathBuf },
+    /// The safetensors header or data layout is invalid: a header length
+    /// beyond the file, data offsets beyond the buffer, unparsable JSON, ...
+    #[error("shard {} is truncated or corrupt: {source}", .path.display())]
+    CorruptShard {
+        path: PathBuf,
+        #[source]
+        source: SafeTensorError,
+    },
+    /// The shards do not match the manifest; `problems` lists all of them.
+    #[error("{}", invalid_message(.dir, .problems))]
+    Invalid {
+        dir: PathBuf,
+        problems: Vec<TensorProblem>,
+    },
+    /// The opt-in finiteness check found NaN or ±Inf values.
+    #[error("{}", non_finite_message(.0))]
+    NonFinite(Vec<NonFiniteValue>),
+    #[error("tensor `{name}` is not in the checkpoint")]
+    UnknownTensor { name: String },
+    #[error("tensor `{name}` is {found}, not {expected}")]
+    WrongDType {
+        name: String,
+        expected: CheckpointDType,
+        found: CheckpointDType,
+    },
+    /// A derived dimension or byte count does not fit in `usize`.
+    #[error("{what} of this config overflows the address space")]
+    TooLarge { what: String },
+    #[error("cannot write shard {}: {source}", .path.display())]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: SafeTensorError,
+    },
+    #[error(
+        "{} already holds *.safetensors shards; write a new checkpoint into an \
+         empty directory",
+        .dir.display()
+    )]
+    OutputNotEmpty { dir: PathBuf },
+    #[error("model config: {0}")]
+    Config(#[from] ConfigError),
+}
+
+/// One way a checkpoint's tensors differ from the manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TensorProblem {
+    /// An expected tensor is in no shard.
+    Missing {
+        name: String,
+        dtype: CheckpointDType,
+        shape: Vec<usize>,
+    },
+    /// A tensor that is neither expected nor ignorable.
+    Unexpected { name: String, file: PathBuf },
+    /// An expected tensor stored with another dtype (`found` is the
+    /// safetensors dtype name).
+    WrongDType {
+        name: String,
+        expected: CheckpointDType,
+        found: String,
+        file: PathBuf,
+    },
+    WrongShape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+        file: PathBuf,
+    },
+    /// The same name in two shards.
+    Duplicate {
+        name: String,
+        first: PathBuf,
+        second: PathBuf,
+    },
+}
+
+impl TensorProblem {
+    /// The tensor the problem is about.
+    pub fn name(&self) -> &str {
+        match self {
+            TensorProblem::Missing { name, .. }
+            | TensorProblem::Unexpected { name, .. }
+            | TensorProblem::WrongDType { name, .. }
+            | TensorProblem::WrongShape { name, .. }
+            | TensorProblem::Duplicate { name, .. } => name,
+        }
+    }
+}
+
+impl fmt::Display for TensorProblem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TensorProblem::Missing { name, dtype, shape } => {
+                write!(f, "missing `{name}` ({dtype} {shape:?})")
+            }
+            TensorProblem::Unexpected { name, file } => {
+                write!(f, "unexpected `{name}` in {}", file.display())
+            }
+            TensorProblem::WrongDType {
+                name,
+                expected,
+                found,
+                file,
+            } => write!(
+                f,
+                "`{name}` in {} is {found}, expected {expected}",
+                file.display()
+            ),
+            TensorProblem::WrongShape {
+                name,
+                expected,
+                found,
+                file,
+            } => write!(
+                f,
+                "`{name}` in {} has shape {found:?}, expected {expected:?}",
+                file.display()
+            ),
+            TensorProblem::Duplicate {
+                name,
+                first,
+                second,
+            } => write!(
+                f,
+                "`{name}` is in both {} and {}",
+                first.display(),
+                second.display()
+            ),
+        }
+    }
+}
+
+/// The first NaN or infinite element of one tensor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NonFiniteValue {
+    pub name: String,
+    pub file: PathBuf,
+    /// Row-major element index.
+    pub index: usize,
+    /// The same index per dimension.
+    pub position: Vec<usize>,
+}
+
+impl fmt::Display for NonFiniteValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "`{}` in {} is not finite at index {} (position {:?})",
+            self.name,
+            self.file.display(),
+            self.index,
+            self.position
+        )
+    }
+}
+
+fn invalid_message(dir: &std::path::Path, problems: &[TensorProblem]) -> String {
+    let count = |pick: fn(&TensorProblem) -> bool| problems.iter().filter(|p| pick(p)).count();
+    let mut message = format!(
+        "checkpoint {} does not match the config: {} problem(s) ({} missing, {} unexpected, \
+         {} wrong dtype, {} wrong shape, {} duplicated)",
+        dir.display(),
+        problems.len(),
+        count(|p| matches!(p, TensorProblem::Missing { .. })),
+        count(|p| matches!(p, TensorProblem::Unexpected { .. })),
+        count(|p| matches!(p, TensorProblem::WrongDType { .. })),
+        count(|p| matches!(p, TensorProblem::WrongShape { .. })),
+        count(|p| matches!(p, TensorProblem::Duplicate { .. })),
+    );
+    for problem in problems {
+        message.push_str("\n  - ");
+        message.push_str(&problem.to_string());
+    }
+    message
+}
+
+fn non_finite_message(values: &[NonFiniteValue]) -> String {
+    let mut message = format!("{} tensor(s) hold NaN or infinite values", values.len());
+    for value in values {
+        message.push_str("\n  - ");
+        message.push_str(&value.to_string());
+    }
+    message
+}

@@ -1,0 +1,254 @@
+//! A deterministic random-weight checkpoint for any [`ModelConfig`], in the
+//! official format: every [`Manifest`] tensor with its dtype and shape,
+//! written through the safetensors crate into `model-0000i-of-0000n` shards,
+//! plus `model.safetensors.index.json` (the Hugging Face weight map; the
+//! loader does not need it).
+//!
+//! Determinism: each parameter draws from its own splitmix64 stream, seeded
+//! from the run seed and an FNV-1a hash of its name, so its bytes depend on
+//! nothing else (not on shard boundaries or the order of writing). Normal
+//! variates are Irwin–Hall sums of four uniforms rescaled to unit variance,
+//! and standard deviations use `sqrt`; only IEEE-exact operations (+, ×, ÷,
+//! √) are involved, never `ln`/`sin`, so the bytes are the same on every
+//! platform.
+//!
+//! Scaling, chosen so activations stay in a realistic range (no NaN, logits
+//! that are not flat) with g a unit normal variate:
+//!
+//! | role | value |
+//! | --- | --- |
+//! | RMSNorm weights, Engram `q_weight`/`k_weight` | 1 + 0.05 g |
+//! | linear weights with fan-in n (dense, experts, gate, head, heads) | g / √n |
+//! | embeddings, Markov embedding, Engram table rows | g |
+//! | `attn_sink` | 0.1 g |
+//! | `hc_*_fn` over m·D stream values | 0.5 g / √(m·D): mixes of std ≈ 0.5 |
+//! | `hc_*_base` | 0.1 g, so pre ≈ σ(0), post ≈ 2σ(0) = 1, comb ≈ uniform |
+//! | `hc_*_scale` | 1 + 0.05 g |
+//! | `gate.bias`, `gate.bias_vl` | 0.01 g |
+//!
+//! g / √n keeps a linear's output at the RMS of its (normed) input, so the
+//! residual grows only like a random walk over the layers and the head's
+//! logits have a standard deviation near 1. Quantised formats then go
+//! through the real quantisers (see `encode`): FP8 with E8M0 block scales,
+//! FP4 with per-32 E8M0 scales. Each parameter is generated in memory, one
+//! shard at a time.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value, json};
+
+use super::encode::encode;
+use super::error::CheckpointError;
+use super::manifest::Manifest;
+use super::param::{Param, Role, TensorSpec};
+use crate::model::config::ModelConfig;
+
+/// Config files copied next to the shards by [`generate_from_dir`].
+const CONFIG_FILES: [&str; 2] = ["config.json", "inference-config.json"];
+
+/// Options of [`generate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GenerateOptions {
+    pub seed: u64,
+    /// A shard is closed before it would exceed this many bytes; a parameter
+    /// larger than that gets a shard of its own, and a weight always shares
+    /// its shard with its scale.
+    pub shard_bytes: u64,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            seed: 0,
+            shard_bytes: 4 << 30,
+        }
+    }
+}
+
+/// What [`generate`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Generated {
+    pub shards: Vec<PathBuf>,
+    pub tensors: usize,
+    /// Tensor bytes, without the safetensors headers.
+    pub bytes: u64,
+}
+
+/// Writes the checkpoint of `config` into `out` (created if needed; it must
+/// not already hold `*.safetensors` files).
+pub fn generate(
+    config: &ModelConfig,
+    out: &Path,
+    options: &GenerateOptions,
+) -> Result<Generated, CheckpointError> {
+    let manifest = Manifest::new(config)?;
+    std::fs::create_dir_all(out).map_err(io_at(out))?;
+    for entry in std::fs::read_dir(out).map_err(io_at(out))? {
+        if entry.map_err(io_at(out))?.path().extension() == Some("safetensors".as_ref()) {
+            return Err(CheckpointError::OutputNotEmpty {
+                dir: out.to_path_buf(),
+            });
+        }
+    }
+    let plan = plan_shards(manifest.params(), options.shard_bytes);
+    let mut shards = Vec::with_capacity(plan.len());
+    let mut weight_map = Map::new();
+    for (i, params) in plan.iter().enumerate() {
+        let file = format!("model-{:05}-of-{:05}.safetensors", i + 1, plan.len());
+        let path = out.join(&file);
+        let tensors = write_shard(&path, params, options.seed)?;
+        weight_map.extend(tensors.into_iter().map(|t| (t, Value::from(file.clone()))));
+        shards.push(path);
+    }
+    let index = json!({
+        "metadata": { "total_size": manifest.total_bytes() },
+        "weight_map": weight_map,
+    });
+    let index_path = out.join("model.safetensors.index.json");
+    std::fs::write(&index_path, format!("{index:#}\n")).map_err(io_at(&index_path))?;
+    // safetensors writes through a private (0600) temporary file; give the
+    // shards the permissions of an ordinarily created file, the index's.
+    let permissions = std::fs::metadata(&index_path)
+        .map_err(io_at(&index_path))?
+        .permissions();
+    for shard in &shards {
+        std::fs::set_permissions(shard, permissions.clone()).map_err(io_at(shard))?;
+    }
+    Ok(Generated {
+        shards,
+        tensors: manifest.len(),
+        bytes: manifest.total_bytes(),
+    })
+}
+
+/// Reads the config in `config_dir` ([`ModelConfig::from_dir`]), writes its
+/// checkpoint into `out` and copies `config.json` and
+/// `inference-config.json` (those present) beside the shards, so `out` is a
+/// complete model directory.
+pub fn generate_from_dir(
+    config_dir: &Path,
+    out: &Path,
+    options: &GenerateOptions,
+) -> Result<Generated, CheckpointError> {
+    let config = ModelConfig::from_dir(config_dir)?;
+    let generated = generate(&config, out, options)?;
+    let same_dir = match (config_dir.canonicalize(), out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    for name in CONFIG_FILES.iter().filter(|_| !same_dir) {
+        let from = config_dir.join(name);
+        if from.is_file() {
+            std::fs::copy(&from, out.join(name)).map_err(io_at(&from))?;
+        }
+    }
+    Ok(generated)
+}
+
+/// The stored bytes of one parameter for `seed`: one vector per entry of
+/// [`Param::tensors`], exactly what [`generate`] writes.
+pub fn param_bytes(param: &Param, seed: u64) -> Vec<Vec<u8>> {
+    encode(param, &param_values(param, seed))
+}
+
+fn io_at(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Groups consecutive parameters into shards of at most `limit` bytes.
+fn plan_shards(params: &[Param], limit: u64) -> Vec<Vec<&Param>> {
+    let mut shards: Vec<Vec<&Param>> = Vec::new();
+    let mut current = Vec::new();
+    let mut bytes = 0u64;
+    for param in params {
+        let size: u64 = param.tensors().iter().map(|t| t.bytes() as u64).sum();
+        if !current.is_empty() && bytes.saturating_add(size) > limit {
+            shards.push(std::mem::take(&mut current));
+            bytes = 0;
+        }
+        current.push(param);
+        bytes = bytes.saturating_add(size);
+    }
+    if !current.is_empty() {
+        shards.push(current);
+    }
+    shards
+}
+
+/// Generates and writes one shard; returns its tensor names.
+fn write_shard(path: &Path, params: &[&Param], seed: u64) -> Result<Vec<String>, CheckpointError> {
+    let write_error = |source| CheckpointError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let data: Vec<(TensorSpec, Vec<u8>)> = params
+        .iter()
+        .flat_map(|param| param.tensors().into_iter().zip(param_bytes(param, seed)))
+        .collect();
+    let views = data
+        .iter()
+        .map(|(spec, bytes)| {
+            let dtype = spec.dtype.to_safetensors();
+            safetensors::tensor::TensorView::new(dtype, spec.shape.clone(), bytes)
+                .map(|view| (spec.name.clone(), view))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(write_error)?;
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), path).map_err(write_error)?;
+    Ok(data.into_iter().map(|(spec, _)| spec.name).collect())
+}
+
+/// The f32 values of `param` for `seed`, row-major over its logical shape.
+fn param_values(param: &Param, seed: u64) -> Vec<f32> {
+    let mut rng = SplitMix64::new(seed, &param.name);
+    let n: usize = param.shape.iter().product();
+    let (mean, std) = match param.role {
+        Role::Norm | Role::HcScale => (1.0, 0.05),
+        Role::Linear { fan_in } => (0.0, 1.0 / (fan_in.max(1) as f64).sqrt()),
+        Role::Embedding => (0.0, 1.0),
+        Role::AttnSink | Role::HcBase => (0.0, 0.1),
+        Role::HcFn { fan_in } => (0.0, 0.5 / (fan_in.max(1) as f64).sqrt()),
+        Role::GateBias => (0.0, 0.01),
+    };
+    (0..n).map(|_| (mean + std * rng.normal()) as f32).collect()
+}
+
+/// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a
+/// bijective mixer.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    /// A stream for one tensor: the run seed mixed with FNV-1a of `name`.
+    fn new(seed: u64, name: &str) -> SplitMix64 {
+        let fnv = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        let mut mixer = SplitMix64(seed);
+        SplitMix64(mixer.next_u64() ^ fnv)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    fn uniform(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Mean 0, variance 1: the sum of four uniforms (variance 4/12),
+    /// centred and scaled by √3; bounded by ±2√3.
+    fn normal(&mut self) -> f64 {
+        let sum: f64 = (0..4).map(|_| self.uniform()).sum();
+        (sum - 2.0) * 3f64.sqrt()
+    }
+}

@@ -1,0 +1,33 @@
+//! The V4.1 checkpoint format (spec §12): which tensors a model of a given
+//! [`ModelConfig`](crate::model::config::ModelConfig) has, loading a directory
+//! of safetensors shards against that list, and writing random weights in the
+//! same format for any config.
+//!
+//! - [`manifest`]: the expected tensors (name, dtype, shape), every dim
+//!   derived from the config and its layer plans; `param` defines how one
+//!   parameter is stored ([`Param`], [`CheckpointDType`]).
+//! - [`loader`]: memory-maps `*.safetensors` shards, validates them against
+//!   the manifest (every problem reported in one [`CheckpointError`]) and hands
+//!   out typed [`TensorView`]s (`view`).
+//! - [`generate`](mod@generate): a seeded, platform-independent random-weight generator
+//!   writing every manifest tensor with the real quantisers.
+//!
+//! Invariant: a [`Checkpoint`] exists only for a directory whose tensors match
+//! the manifest exactly (names, dtypes, shapes, no duplicates), apart from the
+//! tensors the manifest declares ignorable; every view it hands out lies inside
+//! its shard's mapping.
+
+mod encode;
+mod error;
+pub mod generate;
+pub mod loader;
+pub mod manifest;
+mod param;
+mod view;
+
+pub use error::{CheckpointError, NonFiniteValue, TensorProblem};
+pub use generate::{GenerateOptions, Generated, generate, generate_from_dir, param_bytes};
+pub use loader::{Checkpoint, LoadOptions, PROGRESS_THRESHOLD, Progress};
+pub use manifest::Manifest;
+pub use param::{CheckpointDType, Format, Param, Role, TensorSpec};
+pub use view::TensorView;

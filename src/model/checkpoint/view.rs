@@ -1,0 +1,114 @@
+//! [`TensorView`]: one tensor of a loaded checkpoint, borrowed from its
+//! shard's mapping, with typed copies into the crate's element types.
+//!
+//! Invariant: `bytes` holds exactly `numel × dtype size` bytes of the stored
+//! dtype (the loader validated the header against the manifest), so the
+//! typed conversions never see a partial element.
+
+use std::path::Path;
+
+use half::bf16;
+
+use super::error::CheckpointError;
+use super::param::CheckpointDType;
+use crate::dtype::{E4M3, E8M0, Fp4x2};
+use crate::tensor::Tensor;
+
+/// One tensor of a [`Checkpoint`](super::Checkpoint): its stored dtype,
+/// shape and bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub(super) name: &'a str,
+    pub(super) dtype: CheckpointDType,
+    pub(super) shape: &'a [usize],
+    pub(super) bytes: &'a [u8],
+    pub(super) file: &'a Path,
+}
+
+impl<'a> TensorView<'a> {
+    pub fn name(&self) -> &'a str {
+        self.name
+    }
+
+    pub fn dtype(&self) -> CheckpointDType {
+        self.dtype
+    }
+
+    /// The stored shape (I8 packed FP4 counts bytes).
+    pub fn shape(&self) -> &'a [usize] {
+        self.shape
+    }
+
+    /// The raw little-endian bytes, straight from the mapping.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The shard holding the tensor.
+    pub fn file(&self) -> &'a Path {
+        self.file
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    fn expect(&self, expected: CheckpointDType) -> Result<(), CheckpointError> {
+        if self.dtype == expected {
+            Ok(())
+        } else {
+            Err(CheckpointError::WrongDType {
+                name: self.name.to_string(),
+                expected,
+                found: self.dtype,
+            })
+        }
+    }
+
+    pub fn to_bf16(&self) -> Result<Vec<bf16>, CheckpointError> {
+        self.expect(CheckpointDType::BF16)?;
+        let value = |b: &[u8]| bf16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+        Ok(self.bytes.chunks_exact(2).map(value).collect())
+    }
+
+    pub fn to_f32(&self) -> Result<Vec<f32>, CheckpointError> {
+        self.expect(CheckpointDType::F32)?;
+        let value = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        Ok(self.bytes.chunks_exact(4).map(value).collect())
+    }
+
+    pub fn to_e4m3(&self) -> Result<Vec<E4M3>, CheckpointError> {
+        self.expect(CheckpointDType::F8E4M3)?;
+        Ok(self.bytes.iter().map(|&b| E4M3(b)).collect())
+    }
+
+    pub fn to_e8m0(&self) -> Result<Vec<E8M0>, CheckpointError> {
+        self.expect(CheckpointDType::F8E8M0)?;
+        Ok(self.bytes.iter().map(|&b| E8M0(b)).collect())
+    }
+
+    /// The I8 bytes as packed e2m1 pairs (even element in the low nibble).
+    pub fn to_fp4x2(&self) -> Result<Vec<Fp4x2>, CheckpointError> {
+        self.expect(CheckpointDType::I8)?;
+        Ok(self.bytes.iter().map(|&b| Fp4x2(b)).collect())
+    }
+
+    /// A host [`Tensor`] of [`CheckpointDType::tensor_dtype`]; an I8 tensor
+    /// becomes packed FP4 with its last dim counted in e2m1 values (twice the
+    /// stored width).
+    pub fn to_tensor(&self) -> crate::Result<Tensor> {
+        let mut shape = self.shape.to_vec();
+        match self.dtype {
+            CheckpointDType::BF16 => Tensor::from_vec(self.to_bf16()?, &shape),
+            CheckpointDType::F32 => Tensor::from_vec(self.to_f32()?, &shape),
+            CheckpointDType::F8E4M3 => Tensor::from_vec(self.to_e4m3()?, &shape),
+            CheckpointDType::F8E8M0 => Tensor::from_vec(self.to_e8m0()?, &shape),
+            CheckpointDType::I8 => {
+                if let Some(last) = shape.last_mut() {
+                    *last *= 2;
+                }
+                Tensor::from_vec(self.to_fp4x2()?, &shape)
+            }
+        }
+    }
+}
