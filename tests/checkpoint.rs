@@ -6,8 +6,10 @@
 //! truncated shard, a NaN found by the opt-in check, a duplicate across
 //! shards, an empty directory.
 
+mod common;
+
+use common::TempDir;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use deepinfer::dtype::DType;
 use deepinfer::model::checkpoint::{
@@ -31,33 +33,6 @@ fn tiny() -> ModelConfig {
 
 fn official() -> ModelConfig {
     ModelConfig::from_dir(&repo("models/deepseek-v4.1-flash")).unwrap()
-}
-
-/// A fresh directory under the system temp dir, removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(label: &str) -> TempDir {
-        static COUNTER: AtomicUsize = AtomicUsize::new(0);
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!(
-            "deepinfer-checkpoint-{}-{n}-{label}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Small shards, so every load crosses several files.
