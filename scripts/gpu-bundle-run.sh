@@ -14,8 +14,8 @@ COMMIT="$(cat "$B/COMMIT" 2>/dev/null)"
 passed=0; failed=0; bins_failed=""
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/logs/nvidia-smi.log" 2>&1
 "$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
-"$B/bin/deepinfer" run --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
-echo "main job on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
+"$B/bin/deepinfer" slice --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
+echo "slice on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
 
 for t in "$B"/tests/*; do
   name="$(basename "$t")"

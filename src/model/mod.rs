@@ -10,5 +10,6 @@ pub mod dspark;
 pub mod ffn;
 pub mod forward;
 pub mod load;
+pub mod runner;
 pub mod state;
 pub mod weights;

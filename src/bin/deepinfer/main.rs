@@ -1,0 +1,176 @@
+//! The deepinfer command line. `run` (the default) is offline inference on
+//! the CPU reference model — the embedded tiny default unless `--model`
+//! names a directory with a config and safetensors shards; `slice` runs the
+//! first kernel slice on any device; `info` reports the build and devices;
+//! `gen-weights` writes a deterministic random-weight checkpoint.
+
+mod slice;
+
+use clap::{Parser, Subcommand};
+use deepinfer::model::checkpoint::{GenerateOptions, generate_from_dir};
+use deepinfer::model::runner::{default_model, default_model_dir, generate_greedy, load_model};
+use deepinfer::{Device, Error};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(version, about = "deepinfer: DeepSeek-V4.1-Flash kernels and runner")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+}
+
+/// The default prompt: BOS then a fixed run of token ids.
+const DEFAULT_PROMPT: &str = "0,17,42,7,99,3,250,11,64,5,128,31";
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Offline greedy generation on the CPU reference model.
+    Run {
+        /// Model directory (config + shards); default: the embedded tiny model.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Comma-separated prompt token ids.
+        #[arg(long, default_value = DEFAULT_PROMPT)]
+        prompt: String,
+        /// Tokens to generate.
+        #[arg(long, default_value_t = 32)]
+        max_new: usize,
+    },
+    /// Run the RMSNorm → FP8 quantiser slice on a small input.
+    Slice {
+        /// cpu, cuda[:N] or ascend[:N].
+        #[arg(long, default_value = "cpu")]
+        device: String,
+        /// Rows (tokens).
+        #[arg(long, default_value_t = 4)]
+        rows: usize,
+        /// Hidden width (V4.1: 5120).
+        #[arg(long, default_value_t = 5120)]
+        dim: usize,
+    },
+    /// Print the build's accelerator, kernel families and visible devices.
+    Info,
+    /// Write a deterministic random-weight checkpoint (official format) for
+    /// the config in a model directory, with its config files beside it.
+    GenWeights {
+        /// Directory holding config.json and/or inference-config.json.
+        #[arg(long)]
+        config: PathBuf,
+        /// Output directory (created; must hold no *.safetensors yet).
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Shard size limit in MiB.
+        #[arg(long, default_value_t = 4096)]
+        shard_mib: u64,
+    },
+}
+
+fn run(model: Option<&Path>, prompt: &str, max_new: usize) -> deepinfer::Result<()> {
+    let prompt: Vec<u32> = prompt
+        .split(',')
+        .map(|t| {
+            t.trim().parse().map_err(|_| Error::Argument {
+                op: "run",
+                arg: "prompt",
+                value: t.into(),
+                why: "expected comma-separated token ids",
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let model = match model {
+        Some(dir) => load_model(dir)?,
+        None => {
+            eprintln!(
+                "model: embedded tiny default ({})",
+                default_model_dir().display()
+            );
+            default_model()?
+        }
+    };
+    let out = generate_greedy(&model, &prompt, max_new, Some(model.cfg.tokens.eos))?;
+    let secs = |d: std::time::Duration| d.as_secs_f64().max(1e-9);
+    println!("prompt ({} tokens): {prompt:?}", prompt.len());
+    println!("generated ({} tokens): {:?}", out.tokens.len(), out.tokens);
+    println!(
+        "prefill {:.1} tokens/s, decode {:.1} tokens/s (CPU reference backend)",
+        prompt.len() as f64 / secs(out.prefill),
+        out.tokens.len().saturating_sub(1) as f64 / secs(out.decode)
+    );
+    Ok(())
+}
+
+fn gen_weights(config: &Path, out: &Path, seed: u64, shard_mib: u64) -> deepinfer::Result<()> {
+    let options = GenerateOptions {
+        seed,
+        shard_bytes: shard_mib.saturating_mul(1 << 20),
+    };
+    let generated = generate_from_dir(config, out, &options)?;
+    println!(
+        "wrote {} tensors ({} bytes) in {} shard(s) to {}",
+        generated.tensors,
+        generated.bytes,
+        generated.shards.len(),
+        out.display()
+    );
+    Ok(())
+}
+
+fn info() {
+    println!("accelerator: {}", deepinfer::ACCELERATOR);
+    for f in deepinfer::kernels::FAMILIES {
+        println!(
+            "family {}: {} bytes, archs {:?}, kernels {:?}",
+            f.name,
+            f.image.len(),
+            f.archs,
+            f.kernels
+        );
+    }
+    match Device::cuda(0) {
+        Ok(Device::Cuda(d)) => println!(
+            "cuda:0: {} (sm_{:?})",
+            d.name().unwrap_or_default(),
+            d.compute_capability().ok()
+        ),
+        Ok(_) => {}
+        Err(e) => println!("cuda: {e}"),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let result = match Cli::parse().cmd.unwrap_or(Cmd::Run {
+        model: None,
+        prompt: DEFAULT_PROMPT.into(),
+        max_new: 32,
+    }) {
+        Cmd::Run {
+            model,
+            prompt,
+            max_new,
+        } => run(model.as_deref(), &prompt, max_new),
+        Cmd::Slice { device, rows, dim } => slice::run(&device, rows, dim),
+        Cmd::Info => {
+            info();
+            Ok(())
+        }
+        Cmd::GenWeights {
+            config,
+            out,
+            seed,
+            shard_mib,
+        } => gen_weights(&config, &out, seed, shard_mib),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,59 @@
+//! `deepinfer slice`: the first vertical slice (RMSNorm with eps 1e-20, then
+//! the FP8 1×32 activation quantiser) on a small deterministic input, on any
+//! device; the GPU bundle runs it on the H200.
+
+use deepinfer::numerics::{e4m3_to_f32, e8m0_to_f32};
+use deepinfer::{Device, E4M3, E8M0, Tensor, ops};
+use half::bf16;
+
+fn input(rows: usize, dim: usize) -> (Tensor, Tensor) {
+    // A fixed pseudo-random input so the main job's output is reproducible.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    };
+    let x: Vec<bf16> = (0..rows * dim)
+        .map(|_| bf16::from_f32(next() * 3.0))
+        .collect();
+    let w: Vec<bf16> = (0..dim)
+        .map(|_| bf16::from_f32(1.0 + 0.1 * next()))
+        .collect();
+    (
+        Tensor::from_vec(x, &[rows, dim]).expect("shape matches"),
+        Tensor::from_vec(w, &[dim]).expect("shape matches"),
+    )
+}
+
+pub fn run(device: &str, rows: usize, dim: usize) -> deepinfer::Result<()> {
+    let device: Device = device.parse()?;
+    let (x, w) = input(rows, dim);
+    let (x, w) = (x.to_device(&device)?, w.to_device(&device)?);
+    let y = ops::rms_norm(&x, &w, 1e-20)?;
+    let (q, s) = ops::act_quant_fp8(&y)?;
+    let y = y.to_vec::<bf16>()?;
+    let q = q.to_vec::<E4M3>()?;
+    let s = s.to_vec::<E8M0>()?;
+    println!("deepinfer slice on {device}: rms_norm(eps=1e-20) -> act_quant_fp8, {rows}x{dim}");
+    let blocks = dim.div_ceil(32);
+    for r in 0..rows {
+        let yr = &y[r * dim..(r + 1) * dim];
+        let ms: f64 = yr.iter().map(|v| (v.to_f64()).powi(2)).sum::<f64>() / dim as f64;
+        let err = (0..dim)
+            .map(|i| {
+                let deq = e4m3_to_f32(q[r * dim + i]) * e8m0_to_f32(s[r * blocks + i / 32]);
+                (deq - yr[i].to_f32()).abs() / yr[i].to_f32().abs().max(1e-3)
+            })
+            .fold(0.0f32, f32::max);
+        println!(
+            "row {r}: mean(y^2) = {ms:.4}, first scales = 2^{:?}, max rel dequant error = {err:.4}",
+            s[r * blocks..r * blocks + blocks.min(4)]
+                .iter()
+                .map(|e| e.0 as i32 - 127)
+                .collect::<Vec<_>>()
+        );
+    }
+    Ok(())
+}
