@@ -1,7 +1,8 @@
 //! Project tasks.
 //!
-//! `cargo xtask gpu-bundle`: builds every test and bench binary with
-//! `DEEPINFER_ACCELERATOR=nvidia` and gathers them, the torch scripts and
+//! `cargo xtask gpu-bundle`: builds the test and bench binaries with
+//! `DEEPINFER_ACCELERATOR=nvidia` and gathers the GPU ones (tests/cuda_*.rs,
+//! errors.rs, the slice_gpu bench and the `deepinfer` binary), the torch scripts and
 //! `scripts/gpu-bundle-run.sh` (as `run.sh`) into `gpu-bundle/` (git-ignored),
 //! ready to carry to the GPU machine. There, `bash gpu-bundle/run.sh` runs
 //! every test, the compute-sanitizer passes and the benches, writes logs and
@@ -65,9 +66,10 @@ fn gpu_bundle(root: &Path) {
             let sub = match (sub, name.as_str()) {
                 (_, "bin") => "bin",
                 ("benches", n) if n != "slice_gpu" => continue,
-                // Checks of the development machine (TileLang codegen, CPU
-                // torch) that need its virtualenv, which the GPU machine lacks.
-                ("tests", "tilelang_generated" | "torch_ref") => continue,
+                // The GPU machine runs the CUDA tests (tests/cuda_*.rs) and the
+                // image/registry checks of errors.rs; the others are CPU-only
+                // and read repository files or the dev machine's virtualenv.
+                ("tests", n) if !(n.starts_with("cuda_") || n == "errors") => continue,
                 _ => sub,
             };
             let name = if sub == "bin" {
