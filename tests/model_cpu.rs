@@ -143,3 +143,37 @@ fn the_drafter_produces_greedy_drafts_with_confidences() {
     let again = model.dspark_draft(&dw, &out.features[11 * width..], 11, next, &mut ds);
     assert_eq!(draft, again, "drafting is deterministic");
 }
+
+#[test]
+fn a_config_that_contradicts_the_checkpoint_is_rejected_by_name() {
+    let cfg =
+        ModelConfig::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny")).unwrap();
+    let dir = TempDir::new("model-mismatch");
+    generate(
+        &cfg,
+        dir.path(),
+        &GenerateOptions {
+            seed: 3,
+            shard_bytes: 4 << 20,
+        },
+    )
+    .unwrap();
+    let mut other = cfg.clone();
+    other.moe.n_routed_experts += 2;
+    other.moe.inter_dim += 32;
+    let e = Checkpoint::load(dir.path(), &other, &LoadOptions::default())
+        .map(|_| ())
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!(
+            "layers.0.ffn.experts.{}.w1.weight",
+            cfg.moe.n_routed_experts
+        )),
+        "missing expert named: {msg}"
+    );
+    assert!(
+        msg.contains("layers.0.ffn.experts.0.w1.weight"),
+        "wrong expert shape named: {msg}"
+    );
+}
