@@ -166,6 +166,32 @@ pub fn fp4_e4m3_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E4M3 {
     scale
 }
 
+/// e^x as the correctly rounded fp32 value (evaluated in f64, rounded
+/// once). The spec leaves the last ulp of transcendentals open; fixing it to
+/// the correctly rounded value makes every implementation that does the same
+/// (the torch reference model included) agree bit for bit.
+#[inline]
+pub fn exp(x: f32) -> f32 {
+    (x as f64).exp() as f32
+}
+
+/// σ(x) = 1 / (1 + e^−x) in fp32 with [`exp`].
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// torch's softplus with β = 1 and threshold 20: x above 20, else
+/// ln(1 + e^x) evaluated in f64 and rounded once.
+#[inline]
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        (x as f64).exp().ln_1p() as f32
+    }
+}
+
 /// DeepGEMM's `calc_diff`: 1 − 2·Σxy / (Σx² + Σy²) in fp64. 0 for identical
 /// inputs; behaves like 1 − cosine similarity when the norms match.
 pub fn calc_diff(x: &[f64], y: &[f64]) -> f64 {

@@ -7,6 +7,7 @@
 //! Invariant: tokens are pushed in position order; entry j covers positions
 //! 2j and 2j + 1 and becomes visible once both were pushed.
 
+use crate::numerics::exp;
 use half::bf16;
 
 /// `e[c] = Σ_t softmax_t(score_t[c]) · kv_t[c]` over the two tokens t of a
@@ -15,7 +16,7 @@ pub fn pool_ratio2(kv: [&[f32]; 2], score: [&[f32]; 2]) -> Vec<bf16> {
     (0..kv[0].len())
         .map(|c| {
             let m = score[0][c].max(score[1][c]);
-            let (e0, e1) = ((score[0][c] - m).exp(), (score[1][c] - m).exp());
+            let (e0, e1) = (exp(score[0][c] - m), exp(score[1][c] - m));
             let sum = e0 + e1;
             bf16::from_f32(e0 / sum * kv[0][c] + e1 / sum * kv[1][c])
         })

@@ -8,7 +8,7 @@
 //! `row_dim / 32` E8M0 scales.
 
 use crate::dtype::{E4M3, E8M0};
-use crate::numerics::{e4m3_to_f32, e8m0_to_f32};
+use crate::numerics::{e4m3_to_f32, e8m0_to_f32, sigmoid};
 use half::bf16;
 
 /// N-gram orders looked up (the unigram hash is never used).
@@ -98,9 +98,12 @@ pub fn gate(stream: &[bf16], key: &[bf16], q_weight: &[bf16], k_weight: &[bf16],
         ss += s * s;
         kk += k * k;
     }
-    let dot = dot / (ss / d + eps).sqrt() / (kk / d + eps).sqrt() / d.sqrt();
+    let dot = dot
+        * (1.0 / (ss / d + eps).sqrt())
+        * (1.0 / (kk / d + eps).sqrt())
+        * (d as f64).powf(-0.5) as f32;
     let x = dot.signum() * dot.abs().max(1e-6).sqrt();
-    1.0 / (1.0 + (-x).exp())
+    sigmoid(x)
 }
 
 /// S ← BF16(S + gate · value), in fp32.

@@ -7,6 +7,7 @@
 //! Invariant: `streams` is stream-major (stream 0's D values, then stream
 //! 1's, …), `hc_fn` is `[24, 4·D]` row-major fp32.
 
+use crate::numerics::{exp, sigmoid};
 use half::bf16;
 
 /// Number of residual streams (`hc_mult`).
@@ -39,10 +40,6 @@ pub fn hc_mixes(streams: &[bf16], hc_fn: &[f32], eps: f32) -> [f32; HC_MIXES] {
         *mi = dot * inv_rms;
     }
     m
-}
-
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
 }
 
 /// Splits the mixes with `scale` (3) and `base` (24), then runs Sinkhorn on comb.
@@ -83,7 +80,7 @@ pub fn sinkhorn(
         let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
         for v in row.iter_mut() {
-            *v = (*v - max).exp();
+            *v = exp(*v - max);
             sum += *v;
         }
         for v in row.iter_mut() {
@@ -123,16 +120,18 @@ pub fn hc_collapse(streams: &[bf16], pre: &[f32; HC_STREAMS]) -> Vec<bf16> {
         .collect()
 }
 
-/// `S'_k = post_k · F + Σ_j comb[j][k] · S_j` in fp32 (the post term first, then
-/// j ascending), rounded to BF16 once per element.
+/// `S'_k = post_k · F + Σ_j comb[j][k] · S_j` in fp32: the stream mix is
+/// summed first (j ascending, as the reference's matrix product), then added
+/// to the post term; rounded to BF16 once per element.
 pub fn hc_expand(streams: &[bf16], f_out: &[bf16], split: &HcSplit) -> Vec<bf16> {
     let d = f_out.len();
     let mut out = Vec::with_capacity(HC_STREAMS * d);
     for k in 0..HC_STREAMS {
         out.extend((0..d).map(|x| {
-            let acc = (0..HC_STREAMS).fold(split.post[k] * f_out[x].to_f32(), |acc, j| {
+            let mix = (1..HC_STREAMS).fold(split.comb[0][k] * streams[x].to_f32(), |acc, j| {
                 acc + split.comb[j][k] * streams[j * d + x].to_f32()
             });
+            let acc = split.post[k] * f_out[x].to_f32() + mix;
             bf16::from_f32(acc)
         }));
     }

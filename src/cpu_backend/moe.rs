@@ -6,12 +6,8 @@
 //! expert id is selected first. Selected experts are returned in ascending id,
 //! the order the combine adds them in.
 
+use crate::numerics::{sigmoid, softplus};
 use half::bf16;
-
-/// torch's softplus with β = 1, threshold 20: z for z > 20, else ln(1 + e^z).
-pub fn softplus(z: f32) -> f32 {
-    if z > 20.0 { z } else { z.exp().ln_1p() }
-}
 
 /// One token's routing decision.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,10 +28,12 @@ pub fn route(logits: &[f32], bias: &[f32], k: usize, route_scale: f32) -> Routin
         let (sa, sb) = (scores[a] + bias[a], scores[b] + bias[b]);
         sb.total_cmp(&sa).then(a.cmp(&b))
     });
-    let mut experts: Vec<usize> = order.into_iter().take(k).collect();
+    order.truncate(k);
+    // The normaliser sums the selected scores in selection (rank) order, as
+    // the reference sums its top-k output.
+    let denom = order.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+    let mut experts = order;
     experts.sort_unstable();
-    // The normaliser sums in selection-independent ascending-id order.
-    let denom = experts.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
     let weights = experts
         .iter()
         .map(|&e| scores[e] / denom * route_scale)
@@ -51,7 +49,7 @@ pub fn swiglu(g: &[bf16], u: &[bf16], weight: f32, limit: f32) -> Vec<bf16> {
         .map(|(g, u)| {
             let g = g.to_f32().min(limit);
             let u = u.to_f32().clamp(-limit, limit);
-            let silu = g * (1.0 / (1.0 + (-g).exp()));
+            let silu = g * sigmoid(g);
             bf16::from_f32(silu * u * weight)
         })
         .collect()

@@ -9,6 +9,7 @@
 //! every index is −1 (no row) or < the number of rows (callers validate);
 //! a query whose list is all −1 outputs zeros.
 
+use crate::numerics::exp;
 use half::bf16;
 
 /// Entries per block of the online softmax (the reference kernel's tile).
@@ -66,23 +67,27 @@ pub fn sparse_mqa(q: &[bf16], rows: &[bf16], indices: &[i32], sink: &[f32], dim:
                 })
                 .collect();
             let m_new = logits.iter().copied().fold(m, f32::max);
-            let alpha = (m - m_new).exp();
+            let alpha = exp(m - m_new);
             for (pj, s) in p.iter_mut().zip(&logits) {
-                *pj = (s - m_new).exp();
+                *pj = exp(s - m_new);
             }
             l = l * alpha + p[..block.len()].iter().sum::<f32>();
-            acc.iter_mut().for_each(|a| *a *= alpha);
+            // acc ← acc·α + Σ_j BF16(p_j)·v_j: the block's sum first, in list order.
+            let mut pv = vec![0.0f32; dim];
             for (&i, pj) in block.iter().zip(&p) {
                 if let Some(v) = row(rows, i, dim) {
                     let pb = bf16::from_f32(*pj).to_f32();
-                    acc.iter_mut()
+                    pv.iter_mut()
                         .zip(v)
                         .for_each(|(a, x)| *a += pb * x.to_f32());
                 }
             }
+            acc.iter_mut()
+                .zip(&pv)
+                .for_each(|(a, s)| *a = *a * alpha + s);
             m = m_new;
         }
-        l += (sink[h] - m).exp();
+        l += exp(sink[h] - m);
         out.extend(acc.iter().map(|a| bf16::from_f32(a / l)));
         lse.push(l.ln() + m);
     }

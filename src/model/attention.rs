@@ -191,7 +191,8 @@ fn index(
 }
 
 /// Attention of layer `plan.layer` for the call's inputs `x` (`[len, D]`,
-/// the `attn_norm` output); returns `[len, D]`.
+/// the `attn_norm` output); returns `[len, D]` and each query's compressed
+/// index list (window offset included; empty for window-only layers).
 pub fn attention(
     cfg: &ModelConfig,
     plan: &LayerPlan,
@@ -200,7 +201,7 @@ pub fn attention(
     call: Call,
     states: &mut [LayerState],
     published: &mut Published,
-) -> Vec<bf16> {
+) -> (Vec<bf16>, Vec<Vec<i32>>) {
     let a = cfg.attention;
     let (h, hd, rd) = (a.n_heads, a.head_dim, a.rope_head_dim);
     let eps = cfg.norm_eps as f32;
@@ -286,7 +287,7 @@ pub fn attention(
         o.extend(sparse_mqa(&q[i * h * hd..(i + 1) * h * hd], &rows, &list, &w.sink, hd).out);
     }
     let o = inverse_rope(&o, &positions, h, hd, rd, &rope_p);
-    output_projection(cfg, w, &o, call.len)
+    (output_projection(cfg, w, &o, call.len), compressed_lists)
 }
 
 /// Grouped `wo_a` (block-diagonal BF16 × BF16 per group) then `wo_b`:

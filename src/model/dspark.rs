@@ -171,7 +171,7 @@ impl Model {
             super::forward::expand(&mut streams, &f, &splits, d);
             let (splits, x) =
                 self.sublayer_input(&stage.hc_ffn, &stage.ffn_norm, &streams, &mut pre);
-            let f = moe(cfg, &stage.ffn, cfg.dspark.n_activated_experts, &x, n);
+            let (f, _) = moe(cfg, &stage.ffn, cfg.dspark.n_activated_experts, &x, n);
             super::forward::expand(&mut streams, &f, &splits, d);
         }
         let hidden: Vec<bf16> = streams

@@ -7,14 +7,22 @@ use super::weights::MoeWeights;
 use crate::cpu_backend::moe::{moe_combine, route, swiglu};
 use half::bf16;
 
-/// `x` is `[len, D]` (the `ffn_norm` output); returns `[len, D]`.
-pub fn moe(cfg: &ModelConfig, w: &MoeWeights, top_k: usize, x: &[bf16], len: usize) -> Vec<bf16> {
+/// `x` is `[len, D]` (the `ffn_norm` output); returns `[len, D]` and each
+/// token's selected experts (ascending).
+pub fn moe(
+    cfg: &ModelConfig,
+    w: &MoeWeights,
+    top_k: usize,
+    x: &[bf16],
+    len: usize,
+) -> (Vec<bf16>, Vec<Vec<usize>>) {
     let d = cfg.hidden_size;
     let m = cfg.moe;
     let (limit, temp) = (m.swiglu_limit as f32, m.gate_temp as f32);
     let logits = w.gate.forward_f32(x, len);
     let n_experts = w.gate.out_dim;
     let mut out = Vec::with_capacity(len * d);
+    let mut selected = Vec::with_capacity(len);
     for t in 0..len {
         let xt = &x[t * d..(t + 1) * d];
         let z: Vec<f32> = logits[t * n_experts..(t + 1) * n_experts]
@@ -39,6 +47,7 @@ pub fn moe(cfg: &ModelConfig, w: &MoeWeights, top_k: usize, x: &[bf16], len: usi
         );
         let refs: Vec<&[bf16]> = routed.iter().map(|v| v.as_slice()).collect();
         out.extend(moe_combine(&refs, &shared));
+        selected.push(r.experts);
     }
-    out
+    (out, selected)
 }

@@ -29,6 +29,11 @@ pub struct ForwardOutput {
     /// `[len, targets · D]` DSpark target features: the streams entering
     /// each target layer, averaged over the 4 streams (BF16).
     pub features: Vec<bf16>,
+    /// Per backbone layer, each token's selected experts (ascending).
+    pub routing: Vec<Vec<Vec<usize>>>,
+    /// Per backbone layer, each token's compressed index list (with the
+    /// window offset; empty for window-only layers).
+    pub index_lists: Vec<Vec<Vec<i32>>>,
 }
 
 /// A loaded model: its config, derived layer plans and weights.
@@ -152,6 +157,7 @@ impl Model {
         let mut published = Published::default();
         let n_targets = cfg.dspark.target_layers.len();
         let mut features = vec![bf16::ZERO; len * n_targets * d];
+        let (mut routing, mut index_lists) = (Vec::new(), Vec::new());
         for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
             if let Some(e) = &block.engram {
                 self.engram(e, call, &mut streams, &state.engram_history);
@@ -165,25 +171,65 @@ impl Model {
                     }
                 }
             }
-            let x = self.sublayer_input(&block.hc_attn, &block.attn_norm, &streams, &mut pre);
-            let f = attention(
+            let (splits, x) =
+                self.sublayer_input(&block.hc_attn, &block.attn_norm, &streams, &mut pre);
+            let (f, lists) = attention(
                 cfg,
                 plan,
                 &block.attn,
-                &x.1,
+                &x,
                 call,
                 &mut state.layers,
                 &mut published,
             );
-            expand(&mut streams, &f, &x.0, d);
-            let x = self.sublayer_input(&block.hc_ffn, &block.ffn_norm, &streams, &mut pre);
-            let f = moe(cfg, &block.ffn, cfg.moe.n_activated_experts, &x.1, len);
-            expand(&mut streams, &f, &x.0, d);
+            if std::env::var("TRACE").is_ok() {
+                eprintln!(
+                    "T {} attn_in {} attn_out {} apost {:?}",
+                    plan.layer,
+                    x[(len - 1) * d..]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| v.to_f64() * (i + 1) as f64)
+                        .sum::<f64>(),
+                    f[(len - 1) * d..]
+                        .iter()
+                        .enumerate()
+                        .map(|(i, v)| v.to_f64() * (i + 1) as f64)
+                        .sum::<f64>(),
+                    splits[len - 1].post
+                );
+            }
+            expand(&mut streams, &f, &splits, d);
+            index_lists.push(lists);
+            let (splits, x) =
+                self.sublayer_input(&block.hc_ffn, &block.ffn_norm, &streams, &mut pre);
+            let (f, selected) = moe(cfg, &block.ffn, cfg.moe.n_activated_experts, &x, len);
+            if std::env::var("TRACE").is_ok() {
+                eprintln!(
+                    "T {} ffn_in {} ffn_out {}",
+                    plan.layer,
+                    x[(len - 1) * d..].iter().map(|v| v.to_f64()).sum::<f64>(),
+                    f[(len - 1) * d..].iter().map(|v| v.to_f64()).sum::<f64>()
+                );
+            }
+            expand(&mut streams, &f, &splits, d);
+            if std::env::var("TRACE").is_ok() {
+                eprintln!(
+                    "T {} streams {} pre {:?} postc {:?}",
+                    plan.layer,
+                    streams[len - 1].iter().map(|v| v.to_f64()).sum::<f64>(),
+                    pre[len - 1],
+                    splits[len - 1].post
+                );
+            }
+            routing.push(selected);
         }
         state.pos += len;
         Ok(ForwardOutput {
             logits: self.head(&streams, &pre),
             features,
+            routing,
+            index_lists,
         })
     }
 
