@@ -1,5 +1,6 @@
 //! GPU benchmark of the first slice (RMSNorm, FP8 1×32 quantiser: CUDA and
-//! TileLang) with the copy-bandwidth ceiling measured in the same run. Writes
+//! TileLang, and the fused TileLang RMSNorm + quantiser) with the
+//! copy-bandwidth ceiling measured in the same run. Writes
 //! the JSON of shared/gpu.md to $DEEPINFER_BENCH_JSON (default: stdout only),
 //! merging torch peer timings from $DEEPINFER_PEERS_JSON when given
 //! (benches/peers/slice_torch.py writes them). Times are medians over batches
@@ -99,7 +100,7 @@ mod gpu {
             .to_device(&dev)
             .unwrap();
         println!(
-            "{:<22} {:>6} {:>6} {:>10} {:>9} {:>8}  peers (us)",
+            "{:<32} {:>6} {:>6} {:>10} {:>9} {:>8}  peers (us)",
             "op", "rows", "dim", "ours_us", "GB/s", "%copy"
         );
         for rows in [1usize, 64, 256, 4096, 16384] {
@@ -140,6 +141,31 @@ mod gpu {
                     copy,
                 ));
             }
+            let mut y = Tensor::empty(&dev, DType::BF16, &[rows, dim]).unwrap();
+            let mut q = Tensor::empty(&dev, DType::F8E4M3, &[rows, dim]).unwrap();
+            let mut s = Tensor::empty(&dev, DType::E8M0, &[rows, dim / 32]).unwrap();
+            let us = time_us(&cuda, |i| {
+                ops::rms_norm_act_quant_fp8_into(
+                    &xs[i % xs.len()],
+                    &w,
+                    1e-20,
+                    &mut y,
+                    &mut q,
+                    &mut s,
+                )
+                .unwrap()
+            });
+            let bytes = 2 * rows * dim + 2 * rows * dim + rows * dim + rows * dim / 32 + 2 * dim;
+            records.push(record(
+                "rms_norm_act_quant_fp8_tilelang",
+                rows,
+                dim,
+                us,
+                bytes,
+                "2*rows*dim (x) + 2*rows*dim (y) + rows*dim (q) + rows*dim/32 (scales) + 2*dim (weight)",
+                peer(&peers, "rms_norm_act_quant_fp8", rows, dim),
+                copy,
+            ));
         }
         let out = json!({
             "device": cuda.name().unwrap_or_default(),
@@ -179,7 +205,7 @@ mod gpu {
             })
             .collect();
         println!(
-            "{op:<22} {rows:>6} {dim:>6} {us:>10.2} {gbps:>9.0} {:>7.1}%  {}",
+            "{op:<32} {rows:>6} {dim:>6} {us:>10.2} {gbps:>9.0} {:>7.1}%  {}",
             100.0 * gbps / copy,
             peer_us.join(" ")
         );

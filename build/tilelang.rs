@@ -100,6 +100,19 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
         }
         None => committed.clone(),
     };
+    // The generated sources include these headers: a change to them must
+    // recompile every TileLang family.
+    let headers: Vec<PathBuf> = std::fs::read_dir(tdir.join("include/deepinfer_tl"))
+        .map(|rd| {
+            let mut v: Vec<PathBuf> = rd
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|e| e == "cuh" || e == "h"))
+                .collect();
+            v.sort();
+            v
+        })
+        .unwrap_or_default();
     let names: Vec<String> = programs
         .iter()
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
@@ -126,7 +139,11 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
             );
             FamilySpec {
                 name: format!("tilelang_{name}"),
-                deps: sources.iter().map(|(_, f)| f.clone()).collect(),
+                deps: sources
+                    .iter()
+                    .map(|(_, f)| f.clone())
+                    .chain(headers.iter().cloned())
+                    .collect(),
                 sources,
                 kernels,
                 include_dirs: vec![tdir.join("include")],

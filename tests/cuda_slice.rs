@@ -1,7 +1,8 @@
 //! The first vertical slice on the GPU, against the CPU reference: the FP8
 //! quantiser (hand-written and TileLang) bitwise, RMSNorm within one BF16 ulp
-//! per element and `calc_diff` < 1e-6. Outputs are NaN-poisoned before the
-//! kernels run. Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU
+//! per element and `calc_diff` < 1e-6, and the fused TileLang RMSNorm + FP8
+//! quantiser (y as RMSNorm, q and scale bitwise the quantiser of its own y).
+//! Outputs are NaN-poisoned before the kernels run. Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU
 //! (run it through the GPU bundle). With DEEPINFER_DUMP_DIR set, inputs and
 //! outputs are written there for `tests/torch/check_slice.py`.
 #![cfg(deepinfer_cuda)]
@@ -185,6 +186,181 @@ fn rms_norm_rows_do_not_depend_on_the_batch() {
             .unwrap();
         assert_eq!(got, all[r * dim..(r + 1) * dim], "row {r}");
     }
+}
+
+/// V4.1's norm widths, then the smallest and an odd multiple of 32.
+const FUSED_DIMS: &[usize] = &[5120, 1280, 512, 4096, 8192, 32, 96];
+const FUSED_ROWS: &[usize] = &[1, 3, 64, 257];
+
+/// Random activations with, from 3 rows on, an all-zero row 1 (y = 0, the
+/// amax floor) and a row 2 so small that eps dominates the mean square.
+fn fused_input(rng: &mut rand::rngs::StdRng, rows: usize, dim: usize) -> Tensor {
+    let mut x = common::random_activations(rng, rows * dim, 3.0);
+    if rows >= 3 {
+        x[dim..2 * dim].fill(bf16::ZERO);
+        for v in &mut x[2 * dim..3 * dim] {
+            *v = bf16::from_f32(v.to_f32() * 2f32.powi(-60));
+        }
+    }
+    Tensor::from_vec(x, &[rows, dim]).unwrap()
+}
+
+#[test]
+fn rms_norm_act_quant_matches_the_cpu_reference() {
+    let dev = gpu();
+    let mut rng = common::rng("rms_norm_act_quant_cuda");
+    for &rows in FUSED_ROWS {
+        for &dim in FUSED_DIMS {
+            for eps in [1e-20f32, 1e-6] {
+                let x = fused_input(&mut rng, rows, dim);
+                let w = Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim])
+                    .unwrap();
+                let (y_ref, _, _) = ops::rms_norm_act_quant_fp8(&x, &w, eps).unwrap();
+                let want = y_ref.to_vec::<bf16>().unwrap();
+                let (y, q, s) = ops::rms_norm_act_quant_fp8(
+                    &x.to_device(&dev).unwrap(),
+                    &w.to_device(&dev).unwrap(),
+                    eps,
+                )
+                .unwrap();
+                let case = format!("{rows}x{dim} eps {eps}");
+                assert_eq!(y.shape(), &[rows, dim], "{case}");
+                assert_eq!(s.shape(), &[rows, dim / 32], "{case}");
+                let got = y.to_vec::<bf16>().unwrap();
+                // Only the fp32 summation order differs: at most one BF16 ulp.
+                for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                    assert!(!g.is_nan(), "{case}: y element {i} not written");
+                    assert!(
+                        common::bf16_ulps(*g, *r) <= 1,
+                        "{case}: y element {i}: {g} vs {r}"
+                    );
+                }
+                assert!(
+                    calc_diff(&common::to_f64(&got), &common::to_f64(&want)) < 1e-6,
+                    "{case}"
+                );
+                // q and scale: bitwise the CPU quantiser of the GPU's own y,
+                // so a one-ulp difference in y cannot fail them.
+                let (q_ref, s_ref) =
+                    ops::act_quant_fp8(&Tensor::from_vec(got, &[rows, dim]).unwrap()).unwrap();
+                let (qv, sv) = (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
+                // 0x7F/0xFF are e4m3's NaN codes and 0xFF E8M0's: the poison.
+                if let Some(i) = qv.iter().position(|v| v.0 & 0x7F == 0x7F) {
+                    panic!("{case}: q element {i} not written ({:#04x})", qv[i].0);
+                }
+                if let Some(i) = sv.iter().position(|v| v.0 == 0xFF) {
+                    panic!("{case}: scale element {i} not written");
+                }
+                assert_eq!(qv, q_ref.to_vec::<E4M3>().unwrap(), "{case}: q");
+                assert_eq!(sv, s_ref.to_vec::<E8M0>().unwrap(), "{case}: scale");
+                if eps == 1e-20 && rows <= 64 {
+                    let name = format!("rms_norm_act_quant_{rows}x{dim}");
+                    dump(&format!("{name}_x"), &x);
+                    dump(&format!("{name}_w"), &w);
+                    dump(&format!("{name}_y"), &y);
+                    dump(&format!("{name}_q"), &q);
+                    dump(&format!("{name}_s"), &s);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_act_quant_rows_do_not_depend_on_the_batch() {
+    let dev = gpu();
+    let mut rng = common::rng("rms_norm_act_quant_batch_invariance");
+    let (rows, dim) = (64, 5120);
+    let x = common::random_activations(&mut rng, rows * dim, 3.0);
+    let w = Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim])
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let to_dev = |v: &[bf16], r: usize| {
+        Tensor::from_vec(v.to_vec(), &[r, dim])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap()
+    };
+    let (y, q, s) = ops::rms_norm_act_quant_fp8(&to_dev(&x, rows), &w, 1e-20).unwrap();
+    let (y, q, s) = (
+        y.to_vec::<bf16>().unwrap(),
+        q.to_vec::<E4M3>().unwrap(),
+        s.to_vec::<E8M0>().unwrap(),
+    );
+    for r in [0usize, 17, 63] {
+        let (y1, q1, s1) =
+            ops::rms_norm_act_quant_fp8(&to_dev(&x[r * dim..(r + 1) * dim], 1), &w, 1e-20).unwrap();
+        assert_eq!(
+            y1.to_vec::<bf16>().unwrap(),
+            y[r * dim..(r + 1) * dim],
+            "y row {r}"
+        );
+        assert_eq!(
+            q1.to_vec::<E4M3>().unwrap(),
+            q[r * dim..(r + 1) * dim],
+            "q row {r}"
+        );
+        let sb = dim / 32;
+        assert_eq!(
+            s1.to_vec::<E8M0>().unwrap(),
+            s[r * sb..(r + 1) * sb],
+            "scale row {r}"
+        );
+    }
+}
+
+#[test]
+fn rms_norm_act_quant_into_checks_its_outputs() {
+    let dev = gpu();
+    let x = Tensor::from_vec(vec![bf16::ONE; 128], &[2, 64])
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let w = Tensor::from_vec(vec![bf16::ONE; 64], &[64])
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let mut y = Tensor::empty(&dev, deepinfer::DType::BF16, &[2, 64]).unwrap();
+    let mut q = Tensor::empty(&dev, deepinfer::DType::F8E4M3, &[2, 64]).unwrap();
+    let mut s = Tensor::empty(&dev, deepinfer::DType::E8M0, &[2, 2]).unwrap();
+    let mut host_q = Tensor::empty(&Device::Cpu, deepinfer::DType::F8E4M3, &[2, 64]).unwrap();
+    let e =
+        ops::rms_norm_act_quant_fp8_into(&x, &w, 1e-20, &mut y, &mut host_q, &mut s).unwrap_err();
+    assert!(
+        matches!(e, Error::DeviceMismatch { tensor: "q", .. }),
+        "{e}"
+    );
+    let mut bad_s = Tensor::empty(&dev, deepinfer::DType::E8M0, &[2, 64]).unwrap();
+    let e =
+        ops::rms_norm_act_quant_fp8_into(&x, &w, 1e-20, &mut y, &mut q, &mut bad_s).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                tensor: "scale",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let host_w = Tensor::from_vec(vec![bf16::ONE; 64], &[64]).unwrap();
+    let e = ops::rms_norm_act_quant_fp8(&x, &host_w, 1e-20).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                tensor: "weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    ops::rms_norm_act_quant_fp8_into(&x, &w, 1e-20, &mut y, &mut q, &mut s).unwrap();
+    // x = w = 1: y = 1, amax 1 -> e = ceil(log2(1/448)) = -8, q = 256 (0x78).
+    assert!(y.to_vec::<bf16>().unwrap().iter().all(|v| *v == bf16::ONE));
+    assert!(q.to_vec::<E4M3>().unwrap().iter().all(|v| v.0 == 0x78));
+    assert!(s.to_vec::<E8M0>().unwrap().iter().all(|v| v.0 == 127 - 8));
 }
 
 #[test]

@@ -63,6 +63,58 @@ fn wrong_shape_names_the_tensor_and_shape() {
 }
 
 #[test]
+fn rms_norm_act_quant_rejects_widths_the_kernel_cannot_take() {
+    let max = ops::RMS_NORM_ACT_QUANT_MAX_DIM;
+    for dim in [33, 48, max + 32, 7] {
+        let e = ops::rms_norm_act_quant_fp8(&bf16s(&[2, dim]), &bf16s(&[dim]), 1e-20).unwrap_err();
+        assert!(
+            matches!(&e, Error::Shape { op: "rms_norm_act_quant_fp8", tensor: "x", got, .. } if got == &vec![2, dim]),
+            "{e}"
+        );
+        assert!(e.to_string().contains("multiple of 32"), "{e}");
+    }
+    let e = ops::rms_norm_act_quant_fp8(&bf16s(&[2, 64]), &bf16s(&[32]), 1e-20).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                tensor: "weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = ops::rms_norm_act_quant_fp8(&bf16s(&[2, 64]), &bf16s(&[64]), f32::NAN).unwrap_err();
+    assert!(matches!(e, Error::Argument { arg: "eps", .. }), "{e}");
+    let x = Tensor::from_vec(vec![1.0f32; 64], &[2, 32]).unwrap();
+    let e = ops::rms_norm_act_quant_fp8(&x, &bf16s(&[32]), 1e-20).unwrap_err();
+    assert!(matches!(e, Error::DType { tensor: "x", .. }), "{e}");
+    let (x, w) = (bf16s(&[2, 64]), bf16s(&[64]));
+    let mut y = Tensor::empty(&Device::Cpu, DType::BF16, &[2, 64]).unwrap();
+    let mut q = Tensor::empty(&Device::Cpu, DType::F8E4M3, &[2, 64]).unwrap();
+    let mut s = Tensor::empty(&Device::Cpu, DType::E8M0, &[2, 2]).unwrap();
+    let mut bad_y = Tensor::empty(&Device::Cpu, DType::F32, &[2, 64]).unwrap();
+    let e =
+        ops::rms_norm_act_quant_fp8_into(&x, &w, 1e-20, &mut bad_y, &mut q, &mut s).unwrap_err();
+    assert!(matches!(e, Error::DType { tensor: "y", .. }), "{e}");
+    let mut bad_s = Tensor::empty(&Device::Cpu, DType::E8M0, &[2, 3]).unwrap();
+    let e =
+        ops::rms_norm_act_quant_fp8_into(&x, &w, 1e-20, &mut y, &mut q, &mut bad_s).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                tensor: "scale",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    // The widest V4.1 width is accepted.
+    assert!(ops::rms_norm_act_quant_fp8(&bf16s(&[1, max]), &bf16s(&[max]), 1e-20).is_ok());
+}
+
+#[test]
 fn invalid_eps_is_rejected_with_its_value() {
     for eps in [f32::NAN, -1.0, f32::INFINITY] {
         let e = ops::rms_norm(&bf16s(&[1, 8]), &bf16s(&[8]), eps).unwrap_err();

@@ -1,6 +1,7 @@
 //! The first vertical slice on the CPU backend, against independent f64
 //! formulations written here: RMSNorm (eps from the config, 1e-20 included)
-//! and the FP8 1×32 quantiser, over real and odd shapes.
+//! and the FP8 1×32 quantiser, over real and odd shapes; the fused RMSNorm +
+//! quantiser is the composition of the two ops.
 
 mod common;
 
@@ -113,6 +114,41 @@ fn act_quant_dequantises_within_e4m3_precision_on_odd_shapes() {
                 "{shape:?} elem {i}: {x} -> {deq}"
             );
         }
+    }
+}
+
+#[test]
+fn rms_norm_act_quant_is_rms_norm_then_act_quant() {
+    let mut rng = common::rng("rms_norm_act_quant_cpu");
+    for (shape, eps) in [
+        (vec![3, 5120], 1e-20f32),
+        (vec![2, 4, 512], 1e-6),
+        (vec![5, 1280], 1e-20),
+        (vec![1, 8192], 1e-20),
+        (vec![7, 32], 1e-6),
+        (vec![0, 96], 1e-20),
+    ] {
+        let n: usize = shape.iter().product();
+        let dim = *shape.last().unwrap();
+        let x = Tensor::from_vec(common::random_activations(&mut rng, n, 3.0), &shape).unwrap();
+        let w = Tensor::from_vec(common::random_activations(&mut rng, dim, 1.0), &[dim]).unwrap();
+        let y_two = ops::rms_norm(&x, &w, eps).unwrap();
+        let (q_two, s_two) = ops::act_quant_fp8(&y_two).unwrap();
+        let (y, q, s) = ops::rms_norm_act_quant_fp8(&x, &w, eps).unwrap();
+        assert_eq!(y.shape(), &shape[..]);
+        assert_eq!(q.shape(), &shape[..]);
+        assert_eq!(s.shape(), s_two.shape());
+        assert_eq!(y.to_vec::<bf16>().unwrap(), y_two.to_vec::<bf16>().unwrap());
+        assert_eq!(q.to_vec::<E4M3>().unwrap(), q_two.to_vec::<E4M3>().unwrap());
+        assert_eq!(s.to_vec::<E8M0>().unwrap(), s_two.to_vec::<E8M0>().unwrap());
+        // The _into variant overwrites whatever its outputs held.
+        let mut yi = Tensor::filled_bytes(DType::BF16, &shape, 0xFF).unwrap();
+        let mut qi = Tensor::filled_bytes(DType::F8E4M3, &shape, 0xFF).unwrap();
+        let mut si = Tensor::filled_bytes(DType::E8M0, s.shape(), 0xFF).unwrap();
+        ops::rms_norm_act_quant_fp8_into(&x, &w, eps, &mut yi, &mut qi, &mut si).unwrap();
+        assert_eq!(yi.to_vec::<bf16>().unwrap(), y.to_vec::<bf16>().unwrap());
+        assert_eq!(qi.to_vec::<E4M3>().unwrap(), q.to_vec::<E4M3>().unwrap());
+        assert_eq!(si.to_vec::<E8M0>().unwrap(), s.to_vec::<E8M0>().unwrap());
     }
 }
 

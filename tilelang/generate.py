@@ -58,11 +58,17 @@ class Program:
 
 PROGRAMS = (
     Program("act_quant_fp8", "act_quant_fp8", "act_quant_fp8"),
+    Program("rms_norm_act_quant_fp8", "rms_norm_act_quant_fp8", "rms_norm_act_quant_fp8"),
 )
 
 
 def lower_to_cuda(prim_func, arch: str) -> str:
     """Lower with TileLang, device compile off (works without a GPU/driver)."""
+    return lower(prim_func, arch)[0]
+
+
+def lower(prim_func, arch: str) -> tuple[str, int]:
+    """(CUDA source, dynamic shared memory bytes the kernel needs at launch)."""
     import tilelang
     from tvm.target import Target
 
@@ -73,7 +79,11 @@ def lower_to_cuda(prim_func, arch: str) -> str:
     source = str(artifact.kernel_source or "")
     if not source.strip():
         raise RuntimeError("TileLang produced empty kernel source")
-    return source
+    dyn_smem = 0
+    for _, func in artifact.device_mod.functions.items():
+        if func.attrs is not None and "dyn_shared_memory_buf" in func.attrs:
+            dyn_smem = max(dyn_smem, int(func.attrs["dyn_shared_memory_buf"]))
+    return source, dyn_smem
 
 
 _TL_INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]tl_templates/[^>"]+[>"]\s*$')
@@ -158,7 +168,16 @@ def generate(arch_filter=None) -> dict[str, tuple[str, list]]:
             if arch_filter and arch not in arch_filter:
                 continue
             prim_func = getattr(mod, prog.builder)()
-            body = rewrite_includes(lower_to_cuda(prim_func, arch))
+            source, dyn_smem = lower(prim_func, arch)
+            # Our launchers pass the dynamic shared memory size by hand (there
+            # is no TileLang host code): the program must state it correctly.
+            stated = launch.get("dynamic_smem_bytes", 0)
+            if dyn_smem != stated:
+                raise RuntimeError(
+                    f"{prog.module}: the kernel needs {dyn_smem} bytes of dynamic shared memory at "
+                    f"{arch}, launch_info() states {stated} (dynamic_smem_bytes)"
+                )
+            body = rewrite_includes(source)
             entries = entry_points(body)
             text = header(prog, arch, tilelang.__version__, entries, launch) + body
             files[f"{prog.name}.{arch}.cu"] = (text, entries)

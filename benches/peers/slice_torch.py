@@ -1,6 +1,7 @@
 """Torch peers for the slice benchmark, run on the GPU machine in the same
-bundle run as our kernels: RMSNorm (eager fp32 formula and F.rms_norm) and the
-FP8 1x32 quantiser written as torch ops, timed like benches/slice_gpu.rs
+bundle run as our kernels: RMSNorm (eager fp32 formula and F.rms_norm), the
+FP8 1x32 quantiser written as torch ops, and the two in sequence (the peer of
+the fused RMSNorm + quantiser), timed like benches/slice_gpu.rs
 (CUDA events, median of batches, inputs rotated over >= 512 MiB). Also
 measures the BF16 GEMM ceiling. Prints JSON on stdout."""
 import json
@@ -47,6 +48,13 @@ def act_quant_torch(x):
     return q, (e + 127).to(torch.uint8).view(rows, k // 32)
 
 
+def rms_norm_act_quant_torch(x, w, eps, norm=rms_norm_eager):
+    """The unfused peer of the fused kernel: RMSNorm (BF16 out), then the quantiser."""
+    y = norm(x, w, eps)
+    q, s = act_quant_torch(y)
+    return y, q, s
+
+
 def main():
     dev = torch.device("cuda")
     recs = []
@@ -62,6 +70,12 @@ def main():
             recs.append({"op": "rms_norm", "rows": rows, "dim": dim, "name": name, "us": time_us(fn)})
         recs.append({"op": "act_quant_fp8", "rows": rows, "dim": dim, "name": "torch_ops",
                      "us": time_us(lambda i: act_quant_torch(xs[i % copies]))})
+        for name, norm in [
+            ("torch_eager", rms_norm_eager),
+            ("torch_F.rms_norm+ops", lambda x, w, eps: F.rms_norm(x, (dim,), w, eps)),
+        ]:
+            recs.append({"op": "rms_norm_act_quant_fp8", "rows": rows, "dim": dim, "name": name,
+                         "us": time_us(lambda i: rms_norm_act_quant_torch(xs[i % copies], w, 1e-20, norm))})
         del xs
     a = torch.randn(8192, 8192, device=dev).bfloat16()
     us = time_us(lambda i: a @ a)

@@ -10,6 +10,7 @@ mod tilelang;
 
 pub use act_quant::act_quant_fp8;
 pub use rms_norm::rms_norm;
+pub use tilelang::rms_norm_act_quant_fp8;
 
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::error::{Error, Result};

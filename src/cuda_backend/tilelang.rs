@@ -4,9 +4,12 @@
 //! matches, and the registry constant makes a renamed kernel a compile error.
 
 use super::params::di_act_quant_params;
+use super::{read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
+use crate::ops::RMS_NORM_ACT_QUANT_MAX_DIM;
+use crate::tensor::Tensor;
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// `deepinfer_act_quant_fp8_kernel(fp8_e4_t* q, uchar* scale,
@@ -34,6 +37,100 @@ pub fn act_quant_fp8(dev: &CudaDevice, p: &di_act_quant_params) -> Result<()> {
     // order and size (three 8-byte device addresses, one int); the addresses
     // come from buffers of rows*k, rows*k/32 and rows*k*2 bytes whose guards the
     // caller holds across the launch, and the grid covers exactly n_groups.
+    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Threads per CTA of the fused RMSNorm + quantiser (`THREADS` in
+/// `tilelang/rms_norm_act_quant_fp8.py`).
+const RMS_NORM_ACT_QUANT_THREADS: u32 = 256;
+/// Its dynamic shared memory: one fp32 per thread for the cross-warp sum
+/// (`WORKSPACE_BYTES`; generate.py checks it against the lowered kernel).
+const RMS_NORM_ACT_QUANT_SMEM: u32 = 4 * RMS_NORM_ACT_QUANT_THREADS;
+
+/// `deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* q, uchar* scale,
+/// const bfloat16_t* weight, const bfloat16_t* x, bfloat16_t* y, float eps,
+/// int n_blocks, int n_rows)` with `n_blocks = dim / 32`: one CTA of 256
+/// threads per row, 1024 bytes of dynamic shared memory. Needs
+/// `dim % 32 == 0` and `dim <= RMS_NORM_ACT_QUANT_MAX_DIM` (checked by the
+/// caller, and again here because a wider row would be left half done).
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_act_quant_fp8(
+    dev: &CudaDevice,
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+    y: &mut Tensor,
+    q: &mut Tensor,
+    scale: &mut Tensor,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    const OP: &str = "rms_norm_act_quant_fp8 (TileLang)";
+    let kernel = kernels::tilelang_rms_norm_act_quant_fp8::DEEPINFER_RMS_NORM_ACT_QUANT_FP8_KERNEL;
+    if dim == 0 || !dim.is_multiple_of(32) || dim > RMS_NORM_ACT_QUANT_MAX_DIM {
+        return Err(Error::Shape {
+            op: OP,
+            tensor: "x",
+            got: x.shape().to_vec(),
+            expected: format!(
+                "a last dimension that is a multiple of 32 and at most {RMS_NORM_ACT_QUANT_MAX_DIM}"
+            ),
+        });
+    }
+    let n_rows = i32::try_from(rows).map_err(|_| Error::Argument {
+        op: OP,
+        arg: "rows",
+        value: rows.to_string(),
+        why: "the generated kernel takes the row count (its grid) as a 32-bit int",
+    })?;
+    if rows == 0 {
+        return Ok(());
+    }
+    let n_blocks = (dim / 32) as i32;
+    let (xp, _gx) = read_ptr(x.cuda().expect("validated: x is on this device"), dev);
+    let (wp, _gw) = read_ptr(
+        weight.cuda().expect("validated: weight is on this device"),
+        dev,
+    );
+    let (yp, _gy) = write_ptr(y.cuda_mut().expect("validated: y is on this device"), dev);
+    let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
+    let (sp, _gs) = write_ptr(
+        scale
+            .cuda_mut()
+            .expect("validated: scale is on this device"),
+        dev,
+    );
+    let (q, scale, weight, x, y) = (qp as u64, sp as u64, wp as u64, xp as u64, yp as u64);
+    let func = dev.function(kernel)?;
+    let mut b = dev.raw_stream().launch_builder(&func);
+    b.arg(&q)
+        .arg(&scale)
+        .arg(&weight)
+        .arg(&x)
+        .arg(&y)
+        .arg(&eps)
+        .arg(&n_blocks)
+        .arg(&n_rows);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (RMS_NORM_ACT_QUANT_THREADS, 1, 1),
+        shared_mem_bytes: RMS_NORM_ACT_QUANT_SMEM,
+    };
+    // SAFETY: the argument list matches the generated signature above in
+    // order and size (five 8-byte device addresses, one float, two ints).
+    // The addresses come from whole allocations (256-byte aligned, so the
+    // kernel's 16- and 8-byte vector accesses are aligned: rows are dim*2 and
+    // dim bytes with dim % 32 == 0) of rows*dim*2 (x, y), dim*2 (weight),
+    // rows*dim (q) and rows*dim/32 (scale) bytes, as the caller validated;
+    // their guards live until after the launch, x and weight are only read
+    // and y, q, scale are distinct buffers (&mut). The grid is exactly
+    // n_rows CTAs, each touching only its own row, n_blocks <= 256 blocks of
+    // it (the kernel's register tile), with the dynamic shared memory its
+    // reduction workspace needs.
     unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
         during: format!("launching {}::{}", kernel.family.name, kernel.name),
         source,

@@ -2,7 +2,9 @@
 tests/cuda_slice.rs (with DEEPINFER_DUMP_DIR) dumps each case's inputs and our
 GPU outputs; this recomputes them with torch on the GPU:
   act_quant: bitwise (values and scales), rms_norm: <= 1 BF16 ulp per element
-  and calc_diff < 1e-6. Prints 'torch check: N passed, M failed' last."""
+  and calc_diff < 1e-6, rms_norm_act_quant: y as rms_norm, q and scales
+  bitwise the torch quantiser of our y. Prints 'torch check: N passed, M
+  failed' last."""
 import glob
 import os
 import sys
@@ -36,6 +38,15 @@ def calc_diff(x, y):
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
 
 
+def rms_norm_ref(x, w, eps=1e-20):
+    xf = x.float()
+    return (w.float() * (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).bfloat16()
+
+
+def close_bf16(ref, y):
+    return bool(ulps(ref, y).max() <= 1) and calc_diff(ref.float(), y.float()) < 1e-6
+
+
 def main(d):
     t = dict(load(p) for p in glob.glob(os.path.join(d, "*.bin")))
     passed = failed = 0
@@ -51,11 +62,15 @@ def main(d):
                 continue
             q, s = xq
             ok = torch.equal(q.view(torch.uint8), t[key + "_q"].view(torch.uint8)) and torch.equal(s, t[key + "_s"])
+        elif key.startswith("rms_norm_act_quant"):
+            x, w, y = t[key + "_x"], t[key + "_w"], t[key + "_y"]
+            q, s = act_quant_torch(y)
+            ok = (close_bf16(rms_norm_ref(x, w), y)
+                  and torch.equal(q.view(torch.uint8), t[key + "_q"].view(torch.uint8))
+                  and torch.equal(s, t[key + "_s"]))
         else:
             x, w, y = t[key + "_x"], t[key + "_w"], t[key + "_y"]
-            xf = x.float()
-            ref = (w.float() * (xf / torch.sqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-20))).bfloat16()
-            ok = bool(ulps(ref, y).max() <= 1) and calc_diff(ref.float(), y.float()) < 1e-6
+            ok = close_bf16(rms_norm_ref(x, w), y)
         print(f"{key}: {'ok' if ok else 'MISMATCH'}")
         passed += ok
         failed += not ok

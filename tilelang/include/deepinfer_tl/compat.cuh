@@ -86,24 +86,49 @@ struct SumOp {
     DEEPINFER_TL_DEVICE float operator()(float a, float b) const { return a + b; }
 };
 
-// Block barrier tag; only needed by reductions wider than a warp, which this
-// header does not provide.
-template <int kThreads> struct NamedBarrier {};
+// Barrier over the first kThreads threads of the block (PTX `bar.sync id, n`;
+// kThreads a multiple of 32). Reductions wider than a warp use ids 1 and 2;
+// __syncthreads() keeps id 0.
+template <int kThreads> struct NamedBarrier {
+    static_assert(kThreads % 32 == 0 && kThreads <= 1024, "bar.sync counts whole warps");
+    template <int kId = 1> static DEEPINFER_TL_DEVICE void sync() {
+        asm volatile("bar.sync %0, %1;" ::"n"(kId), "n"(kThreads) : "memory");
+    }
+};
 
-// AllReduce<Op, kThreads, kScale, kOffset, Barrier>::run(v): combine v over
-// the kThreads / kScale lanes whose lane ids differ only in the bits from
-// kScale up to kThreads (xor butterfly, every lane ends with the result).
-// Warp-local only: kThreads <= 32. All 32 lanes of the warp must call it.
+// AllReduce<Op, kThreads, kScale, kOffset, Barrier>::run(v, red_buf): combine
+// v over the kThreads / kScale threads whose index t = threadIdx.x - kOffset
+// differs only in the bits from kScale up to kThreads; every one of them gets
+// the same result. The order is fixed by the template arguments alone:
+//   1. inside a warp, xor butterfly from offset min(kThreads, 32)/2 down to kScale;
+//   2. when kThreads > 32, each thread writes its value to red_buf[t] (shared,
+//      at least kThreads elements per group) and then folds the values of the
+//      group's kThreads / max(kScale, 32) participants in increasing t order.
+// Every thread of the group must call it (the barriers count them all).
 template <class Op, int kThreads, int kScale, int kOffset, class Barrier>
 struct AllReduce {
-    static_assert(kThreads <= 32, "deepinfer_tl::AllReduce is warp-local only");
     static_assert((kThreads & (kThreads - 1)) == 0 && (kScale & (kScale - 1)) == 0 &&
                       kScale >= 1 && kScale <= kThreads,
                   "AllReduce widths must be powers of two");
-    template <class V> static DEEPINFER_TL_DEVICE V run(V v, V* = nullptr) {
+    static constexpr int kWarpSpan = kThreads < 32 ? kThreads : 32;
+    static constexpr int kStride = kScale > 32 ? kScale : 32;
+
+    template <class V> static DEEPINFER_TL_DEVICE V run(V v, V* red_buf = nullptr) {
 #pragma unroll
-        for (int off = kThreads / 2; off >= kScale; off /= 2) {
+        for (int off = kWarpSpan / 2; off >= kScale; off /= 2) {
             v = Op()(v, __shfl_xor_sync(0xffffffffu, v, off));
+        }
+        if constexpr (kThreads > 32) {
+            const int t = int(threadIdx.x) - kOffset;
+            const V* group = red_buf + (t & ~(kThreads - 1)) + (t & (kStride - 1));
+            Barrier::template sync<1>();  // red_buf may still be read by a previous call
+            red_buf[t] = v;
+            Barrier::template sync<2>();
+            v = group[0];
+#pragma unroll
+            for (int k = 1; k < kThreads / kStride; ++k) {
+                v = Op()(v, group[k * kStride]);
+            }
         }
         return v;
     }
