@@ -63,13 +63,6 @@ pub enum Error {
     /// A kernel name is absent from its family's module.
     #[error("kernel `{kernel}` not found in family `{family}`")]
     KernelNotFound { family: String, kernel: String },
-    /// A pointer handed to a kernel breaks the kernel's alignment contract.
-    #[error("{op}: tensor `{tensor}` is not {align}-byte aligned")]
-    Misaligned {
-        op: &'static str,
-        tensor: &'static str,
-        align: usize,
-    },
     /// A model configuration is unreadable or inconsistent.
     #[error("model config: {0}")]
     Config(#[from] crate::model::config::ConfigError),
