@@ -35,19 +35,32 @@ rm -rf "$OUT/dump"
 
 san=""
 for tool in memcheck racecheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 99 "$B/tests/cuda_slice" --test-threads=1 \
-    > "$OUT/logs/sanitizer-$tool.log" 2>&1
-  rc=$?
-  summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/sanitizer-$tool.log" | tail -n 1)"
-  echo "compute-sanitizer $tool: rc=$rc $summary"
-  san="$san $tool:rc=$rc(${summary:-no summary})"
+  worst=0; summaries=""
+  for t in "$B"/tests/cuda_*; do
+    name="$(basename "$t")"
+    compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
+      > "$OUT/logs/sanitizer-$tool-$name.log" 2>&1
+    rc=$?
+    [ $rc -gt $worst ] && worst=$rc
+    summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/logs/sanitizer-$tool-$name.log" | tail -n 1)"
+    echo "compute-sanitizer $tool $name: rc=$rc $summary"
+    summaries="$summaries ${summary:-no summary}"
+  done
+  san="$san $tool:rc=$worst(${summaries# })"
 done
 
-"$PY" "$B/peers/slice_torch.py" > "$OUT/peers-slice.json" 2> "$OUT/logs/peers.log"
-DEEPINFER_PEERS_JSON="$OUT/peers-slice.json" DEEPINFER_BENCH_DATE="$DATE" DEEPINFER_COMMIT="$COMMIT" \
-  DEEPINFER_BENCH_JSON="$OUT/$DATE-h200-slice.json" "$B/benches/slice_gpu" --bench \
-  > "$OUT/logs/bench-slice.log" 2>&1
-bench_rc=$?
-cat "$OUT/logs/bench-slice.log"
+# Every benches/<family>_gpu binary: its torch peers (benches/peers/<family>_torch.py)
+# first, then ours with the peers merged, one JSON per family.
+bench_rc=0
+for b in "$B"/benches/*_gpu; do
+  fam="$(basename "$b" _gpu)"
+  peers="$OUT/peers-$fam.json"
+  "$PY" "$B/peers/${fam}_torch.py" > "$peers" 2> "$OUT/logs/peers-$fam.log" || echo '{}' > "$peers"
+  DEEPINFER_PEERS_JSON="$peers" DEEPINFER_BENCH_DATE="$DATE" DEEPINFER_COMMIT="$COMMIT" \
+    DEEPINFER_BENCH_JSON="$OUT/$DATE-h200-$fam.json" "$b" --bench > "$OUT/logs/bench-$fam.log" 2>&1
+  rc=$?
+  [ $rc -ne 0 ] && bench_rc=$rc
+  cat "$OUT/logs/bench-$fam.log"
+done
 
 echo "gpu-bundle $COMMIT: tests $passed passed, $failed failed${bins_failed:+ (failing:$bins_failed)}; $torch_line; sanitizer$san; bench rc=$bench_rc"

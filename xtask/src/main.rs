@@ -2,7 +2,8 @@
 //!
 //! `cargo xtask gpu-bundle`: builds the test and bench binaries with
 //! `DEEPINFER_ACCELERATOR=nvidia` and gathers the GPU ones (tests/cuda_*.rs,
-//! errors.rs, the slice_gpu bench and the `deepinfer` binary), the torch scripts and
+//! errors.rs, the benches/*_gpu.rs benches with their torch peers in
+//! benches/peers/, and the `deepinfer` binary), the torch scripts and
 //! `scripts/gpu-bundle-run.sh` (as `run.sh`) into `gpu-bundle/` (git-ignored),
 //! ready to carry to the GPU machine. There, `bash gpu-bundle/run.sh` runs
 //! every test, the compute-sanitizer passes and the benches, writes logs and
@@ -65,7 +66,7 @@ fn gpu_bundle(root: &Path) {
         for (name, exe) in cargo_executables(root, args) {
             let sub = match (sub, name.as_str()) {
                 (_, "bin") => "bin",
-                ("benches", n) if n != "slice_gpu" => continue,
+                ("benches", n) if !n.ends_with("_gpu") => continue,
                 // The GPU machine runs the CUDA tests (tests/cuda_*.rs) and the
                 // image/registry checks of errors.rs; the others are CPU-only
                 // and read repository files or the dev machine's virtualenv.
