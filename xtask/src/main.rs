@@ -61,7 +61,7 @@ fn gpu_bundle(root: &Path) {
     let _ = std::fs::remove_dir_all(&dir);
     for (sub, args) in [
         ("tests", &["test"][..]),
-        ("benches", &["bench", "--bench", "slice_gpu"][..]),
+        ("benches", &["bench", "--benches"][..]),
     ] {
         for (name, exe) in cargo_executables(root, args) {
             let sub = match (sub, name.as_str()) {
@@ -88,10 +88,13 @@ fn gpu_bundle(root: &Path) {
         }
     }
     copy(&root.join("scripts/gpu-bundle-run.sh"), &dir.join("run.sh"));
-    copy(
-        &root.join("benches/peers/slice_torch.py"),
-        &dir.join("peers/slice_torch.py"),
-    );
+    for entry in std::fs::read_dir(root.join("benches/peers")).expect("benches/peers exists") {
+        let path = entry.expect("readable dir entry").path();
+        copy(
+            &path,
+            &dir.join("peers").join(path.file_name().expect("a file")),
+        );
+    }
     copy(
         &root.join("tests/torch/check_slice.py"),
         &dir.join("torch/check_slice.py"),
