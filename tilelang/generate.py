@@ -59,6 +59,8 @@ class Program:
 PROGRAMS = (
     Program("act_quant_fp8", "act_quant_fp8", "act_quant_fp8"),
     Program("rms_norm_act_quant_fp8", "rms_norm_act_quant_fp8", "rms_norm_act_quant_fp8"),
+    Program("swiglu_act_quant_fp8", "swiglu_act_quant_fp8", "swiglu_act_quant_fp8"),
+    Program("rope", "rope", "rope"),
 )
 
 

@@ -7,10 +7,14 @@
 mod act_quant;
 mod rms_norm;
 mod tilelang;
+mod tilelang_rope;
+mod tilelang_swiglu;
 
 pub use act_quant::act_quant_fp8;
 pub use rms_norm::rms_norm;
 pub use tilelang::rms_norm_act_quant_fp8;
+pub use tilelang_rope::rope;
+pub use tilelang_swiglu::swiglu_act_quant_fp8;
 
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::error::{Error, Result};

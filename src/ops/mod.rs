@@ -6,6 +6,8 @@
 mod act_quant;
 mod rms_norm;
 mod rms_norm_act_quant;
+mod rope;
+mod swiglu;
 
 pub use act_quant::{
     ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with,
@@ -14,6 +16,8 @@ pub use rms_norm::{rms_norm, rms_norm_into};
 pub use rms_norm_act_quant::{
     RMS_NORM_ACT_QUANT_MAX_DIM, rms_norm_act_quant_fp8, rms_norm_act_quant_fp8_into,
 };
+pub use rope::{inverse_rope, inverse_rope_into, rope, rope_into};
+pub use swiglu::{swiglu_act_quant_fp8, swiglu_act_quant_fp8_into};
 
 use crate::device::Device;
 use crate::error::{Error, Result};

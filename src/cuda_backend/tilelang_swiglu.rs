@@ -1,0 +1,115 @@
+//! Launch of the TileLang-generated fused SwiGLU + FP8 1×32 quantiser
+//! (`tilelang/swiglu_act_quant_fp8.py`, generated into
+//! `tilelang/generated/swiglu_act_quant_fp8.sm_*.cu`). Like the launchers in
+//! `tilelang.rs`, it passes raw device addresses and scalars in the order
+//! TileLang emits (its parameters sorted: buffers by name, then scalars by
+//! name), not the program's order.
+
+use super::{read_ptr, write_ptr};
+use crate::device::CudaDevice;
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::tensor::Tensor;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Threads per CTA (`THREADS` in `tilelang/swiglu_act_quant_fp8.py`).
+const THREADS: u32 = 128;
+/// 32-groups per CTA (`GROUPS_PER_CTA`: 4 lanes per group, 2 passes).
+const GROUPS_PER_CTA: usize = 64;
+
+/// `deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* g, fp8_e4_t* q,
+/// uchar* scale, const bfloat16_t* u, const float* weight, float limit,
+/// int n_blocks, int n_groups, int n_rows)` with `n_blocks = inter / 32` and
+/// `n_groups = rows * inter / 32`: 64 groups of 32 per CTA of 128 threads,
+/// `ceil(n_groups / 64)` CTAs, no dynamic shared memory, launch bounds
+/// (128, 1). Needs `inter % 32 == 0` (checked by the caller, and again here
+/// because a partial group would be read past its row) and
+/// `n_groups + 64 < 2^31` (the kernel's 32-bit group index).
+#[allow(clippy::too_many_arguments)]
+pub fn swiglu_act_quant_fp8(
+    dev: &CudaDevice,
+    g: &Tensor,
+    u: &Tensor,
+    weight: &Tensor,
+    limit: f32,
+    q: &mut Tensor,
+    scale: &mut Tensor,
+    rows: usize,
+    inter: usize,
+) -> Result<()> {
+    const OP: &str = "swiglu_act_quant_fp8 (TileLang)";
+    let kernel = kernels::tilelang_swiglu_act_quant_fp8::DEEPINFER_SWIGLU_ACT_QUANT_FP8_KERNEL;
+    if inter == 0 || !inter.is_multiple_of(32) {
+        return Err(Error::Shape {
+            op: OP,
+            tensor: "g",
+            got: g.shape().to_vec(),
+            expected: "a last dimension that is a multiple of 32".into(),
+        });
+    }
+    let groups = rows.checked_mul(inter / 32);
+    let fits = |n: usize| i32::try_from(n + GROUPS_PER_CTA).is_ok();
+    let (Some(groups), Ok(n_rows), Ok(n_blocks)) = (
+        groups.filter(|&n| fits(n)),
+        i32::try_from(rows),
+        i32::try_from(inter / 32),
+    ) else {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "rows * inter / 32",
+            value: format!("{rows} * {inter} / 32"),
+            why: "the generated kernel indexes 32-groups (plus one CTA's worth) with a 32-bit int",
+        });
+    };
+    if rows == 0 {
+        return Ok(());
+    }
+    let n_groups = groups as i32;
+    let (gp, _gg) = read_ptr(g.cuda().expect("validated: g is on this device"), dev);
+    let (up, _gu) = read_ptr(u.cuda().expect("validated: u is on this device"), dev);
+    let (wp, _gw) = read_ptr(
+        weight.cuda().expect("validated: weight is on this device"),
+        dev,
+    );
+    let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
+    let (sp, _gs) = write_ptr(
+        scale
+            .cuda_mut()
+            .expect("validated: scale is on this device"),
+        dev,
+    );
+    let (g, q, scale, u, weight) = (gp as u64, qp as u64, sp as u64, up as u64, wp as u64);
+    let func = dev.function(kernel)?;
+    let mut b = dev.raw_stream().launch_builder(&func);
+    b.arg(&g)
+        .arg(&q)
+        .arg(&scale)
+        .arg(&u)
+        .arg(&weight)
+        .arg(&limit)
+        .arg(&n_blocks)
+        .arg(&n_groups)
+        .arg(&n_rows);
+    let cfg = LaunchConfig {
+        grid_dim: (groups.div_ceil(GROUPS_PER_CTA) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the argument list matches the generated signature above in
+    // order and size (five 8-byte device addresses, one float, three ints).
+    // The addresses come from whole allocations (256-byte aligned, so the
+    // kernel's 16-byte loads of g and u and 8-byte stores of q are aligned:
+    // a group is 64 and 32 bytes) of rows*inter*2 (g, u), rows*4 (weight),
+    // rows*inter (q) and rows*inter/32 (scale) bytes, as the caller validated
+    // (u has g's shape, weight is [rows]); their guards live until after the
+    // launch, g, u and weight are only read and q, scale are distinct
+    // buffers (&mut). The grid is ceil(n_groups / 64) CTAs: every group below
+    // n_groups is written exactly once, the ones past it are masked, and the
+    // weight index group / n_blocks stays below n_rows (the kernel checks it
+    // too). n_groups + 64 fits in an int, so no group index overflows.
+    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    })?;
+    Ok(())
+}

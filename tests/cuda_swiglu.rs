@@ -1,0 +1,204 @@
+//! The fused TileLang SwiGLU + FP8 1×32 quantiser on the GPU against the CPU
+//! reference, bitwise: q and scale of BF16(SiLU(min(g, L)) · clamp(u, −L, L)
+//! · weight) for fresh random inputs (values beyond ±L, far-negative g whose
+//! e^−g overflows fp32, many binades), random and unit routing weights, at
+//! V4.1's intermediate width and others. Outputs are NaN-poisoned before the
+//! kernel runs, so every element must be written. Built only for
+//! DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through the GPU bundle).
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use deepinfer::device::CudaDevice;
+use deepinfer::{DType, Device, E4M3, E8M0, Error, Tensor, ops};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+const LIMIT: f32 = 10.0;
+
+fn gpu() -> Device {
+    let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
+    Device::Cuda(dev.with_poisoned_allocations())
+}
+
+/// W1/W3-output-like BF16 values: mostly activations of scale 4, with values
+/// beyond ±L, exactly ±L, zeros, far-negative values (e^−g overflows fp32
+/// below −88.7) and magnitudes over many binades.
+fn swiglu_input(rng: &mut StdRng, n: usize) -> Vec<bf16> {
+    let acts = common::random_activations(rng, n, 4.0);
+    let wide = common::random_bf16(rng, n);
+    (0..n)
+        .map(|i| {
+            let r: f32 = rng.random();
+            let sign = if rng.random::<bool>() { 1.0 } else { -1.0 };
+            match r {
+                r if r < 0.10 => bf16::from_f32(sign * rng.random_range(LIMIT..64.0)),
+                r if r < 0.15 => bf16::from_f32(-rng.random_range(64.0..400.0)),
+                r if r < 0.17 => bf16::from_f32(sign * LIMIT),
+                r if r < 0.18 => bf16::ZERO,
+                r if r < 0.28 => wide[i],
+                _ => acts[i],
+            }
+        })
+        .collect()
+}
+
+/// V4.1's intermediate width, then the smallest, a typical and a wide one.
+const INTERS: &[usize] = &[2304, 512, 4096, 32];
+const ROWS: &[usize] = &[1, 3, 64, 257];
+
+#[test]
+fn swiglu_act_quant_is_bitwise_equal_to_the_cpu_reference() {
+    let dev = gpu();
+    let mut rng = common::rng("swiglu_act_quant_cuda");
+    for &rows in ROWS {
+        for &inter in INTERS {
+            for ones in [false, true] {
+                let g = swiglu_input(&mut rng, rows * inter);
+                let u = swiglu_input(&mut rng, rows * inter);
+                let w: Vec<f32> = (0..rows)
+                    .map(|_| {
+                        if ones {
+                            1.0
+                        } else {
+                            rng.random_range(0.0..2.5)
+                        }
+                    })
+                    .collect();
+                let g = Tensor::from_vec(g, &[rows, inter]).unwrap();
+                let u = Tensor::from_vec(u, &[rows, inter]).unwrap();
+                let w = Tensor::from_vec(w, &[rows]).unwrap();
+                let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(&g, &u, &w, LIMIT).unwrap();
+                let (q, s) = ops::swiglu_act_quant_fp8(
+                    &g.to_device(&dev).unwrap(),
+                    &u.to_device(&dev).unwrap(),
+                    &w.to_device(&dev).unwrap(),
+                    LIMIT,
+                )
+                .unwrap();
+                let case = format!("{rows}x{inter} unit weights {ones}");
+                assert_eq!(q.shape(), &[rows, inter], "{case}");
+                assert_eq!(s.shape(), &[rows, inter / 32], "{case}");
+                let (qv, sv) = (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
+                // 0x7F/0xFF are e4m3's NaN codes and 0xFF E8M0's: the poison.
+                // Finite inputs never produce them (NaN h needs an infinite g or u).
+                if let Some(i) = qv.iter().position(|v| v.0 & 0x7F == 0x7F) {
+                    panic!("{case}: q element {i} not written ({:#04x})", qv[i].0);
+                }
+                if let Some(i) = sv.iter().position(|v| v.0 == 0xFF) {
+                    panic!("{case}: scale element {i} not written");
+                }
+                let (qr, sr) = (
+                    q_ref.to_vec::<E4M3>().unwrap(),
+                    s_ref.to_vec::<E8M0>().unwrap(),
+                );
+                if let Some(i) = (0..qv.len()).find(|&i| qv[i] != qr[i]) {
+                    panic!(
+                        "{case}: q element {i} (row {}, col {}): gpu {:#04x}, cpu {:#04x}; \
+                         g {}, u {}",
+                        i / inter,
+                        i % inter,
+                        qv[i].0,
+                        qr[i].0,
+                        g.as_slice::<bf16>().unwrap()[i],
+                        u.as_slice::<bf16>().unwrap()[i],
+                    );
+                }
+                assert_eq!(sv, sr, "{case}: scale");
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_do_not_depend_on_the_batch() {
+    let dev = gpu();
+    let mut rng = common::rng("swiglu_act_quant_batch_invariance");
+    let (rows, inter) = (64, 2304);
+    let g = swiglu_input(&mut rng, rows * inter);
+    let u = swiglu_input(&mut rng, rows * inter);
+    let w: Vec<f32> = (0..rows).map(|_| rng.random_range(0.0..2.5)).collect();
+    let run = |r0: usize, n: usize| {
+        let to_dev = |v: &[bf16]| {
+            Tensor::from_vec(v[r0 * inter..(r0 + n) * inter].to_vec(), &[n, inter])
+                .unwrap()
+                .to_device(&dev)
+                .unwrap()
+        };
+        let wt = Tensor::from_vec(w[r0..r0 + n].to_vec(), &[n])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let (q, s) = ops::swiglu_act_quant_fp8(&to_dev(&g), &to_dev(&u), &wt, LIMIT).unwrap();
+        (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap())
+    };
+    let (q, s) = run(0, rows);
+    let sb = inter / 32;
+    for r in [0usize, 17, 63] {
+        let (q1, s1) = run(r, 1);
+        assert_eq!(q1, q[r * inter..(r + 1) * inter], "q row {r}");
+        assert_eq!(s1, s[r * sb..(r + 1) * sb], "scale row {r}");
+    }
+}
+
+#[test]
+fn into_checks_its_outputs_and_inputs() {
+    let dev = gpu();
+    let on = |t: Tensor| t.to_device(&dev).unwrap();
+    let g = on(Tensor::from_vec(vec![bf16::ONE; 128], &[2, 64]).unwrap());
+    let u = on(Tensor::from_vec(vec![bf16::ONE; 128], &[2, 64]).unwrap());
+    let w = on(Tensor::from_vec(vec![1.0f32; 2], &[2]).unwrap());
+    let mut q = Tensor::empty(&dev, DType::F8E4M3, &[2, 64]).unwrap();
+    let mut s = Tensor::empty(&dev, DType::E8M0, &[2, 2]).unwrap();
+    let mut host_q = Tensor::empty(&Device::Cpu, DType::F8E4M3, &[2, 64]).unwrap();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut host_q, &mut s).unwrap_err();
+    assert!(
+        matches!(e, Error::DeviceMismatch { tensor: "q", .. }),
+        "{e}"
+    );
+    let host_w = Tensor::from_vec(vec![1.0f32; 2], &[2]).unwrap();
+    let e = ops::swiglu_act_quant_fp8(&g, &u, &host_w, LIMIT).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                tensor: "weight",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut bad_s = Tensor::empty(&dev, DType::E8M0, &[2, 64]).unwrap();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                tensor: "scale",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut s).unwrap();
+    let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(
+        &g.to_device(&Device::Cpu).unwrap(),
+        &u.to_device(&Device::Cpu).unwrap(),
+        &w.to_device(&Device::Cpu).unwrap(),
+        LIMIT,
+    )
+    .unwrap();
+    assert_eq!(q.to_vec::<E4M3>().unwrap(), q_ref.to_vec::<E4M3>().unwrap());
+    assert_eq!(s.to_vec::<E8M0>().unwrap(), s_ref.to_vec::<E8M0>().unwrap());
+    // No rows: nothing to launch, empty outputs.
+    let empty = |dt, shape: &[usize]| Tensor::empty(&dev, dt, shape).unwrap();
+    let (q0, s0) = ops::swiglu_act_quant_fp8(
+        &empty(DType::BF16, &[0, 2304]),
+        &empty(DType::BF16, &[0, 2304]),
+        &empty(DType::F32, &[0]),
+        LIMIT,
+    )
+    .unwrap();
+    assert_eq!((q0.shape(), s0.shape()), (&[0, 2304][..], &[0, 72][..]));
+}
