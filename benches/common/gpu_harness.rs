@@ -1,0 +1,154 @@
+//! The measuring harness shared by the GPU benches (`benches/*_gpu.rs`):
+//! CUDA-event timing (median over batches of launches, after warm-up), the
+//! copy-bandwidth ceiling measured in the same run, the rotation count that
+//! keeps inputs out of L2, torch peers merged from $DEEPINFER_PEERS_JSON, and
+//! the shared/gpu.md JSON written to $DEEPINFER_BENCH_JSON.
+
+use deepinfer::Device;
+use deepinfer::device::{CudaBuffer, CudaDevice};
+use serde_json::{Value, json};
+
+/// Inputs are rotated over at least this many bytes so L2 holds none of them.
+pub const ROTATE_BYTES: usize = 512 << 20;
+const BATCH: usize = 20;
+const REPEATS: usize = 15;
+
+/// One bench run on cuda:0.
+pub struct Harness {
+    pub cuda: CudaDevice,
+    pub dev: Device,
+    peers: Value,
+    copy_gbps: f64,
+    records: Vec<Value>,
+}
+
+impl Harness {
+    /// Opens cuda:0, reads the peers and measures the copy ceiling; `None`
+    /// (after saying why) when there is no GPU.
+    pub fn open(bench: &str) -> Option<Harness> {
+        let cuda = match CudaDevice::new(0) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("{bench}: {e}; nothing to measure");
+                return None;
+            }
+        };
+        let peers = std::env::var("DEEPINFER_PEERS_JSON")
+            .ok()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or(Value::Null);
+        let mut h = Harness {
+            dev: Device::Cuda(cuda.clone()),
+            cuda,
+            peers,
+            copy_gbps: 0.0,
+            records: Vec::new(),
+        };
+        let bytes = 1usize << 31;
+        let src = h.cuda.alloc(bytes).unwrap();
+        let mut dst: CudaBuffer = h.cuda.alloc(bytes).unwrap();
+        let us = h.time_us(|_| dst.copy_from(&src).unwrap());
+        h.copy_gbps = 2.0 * bytes as f64 / (us * 1e-6) / 1e9;
+        println!(
+            "{:<34} {:>6} {:>6} {:>10} {:>9} {:>8}  peers (us)",
+            "op", "rows", "dim", "ours_us", "GB/s", "%copy"
+        );
+        Some(h)
+    }
+
+    /// How many rotating copies of an input of `bytes` to keep.
+    pub fn copies(bytes: usize) -> usize {
+        ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(2, 256)
+    }
+
+    /// Median µs per call of `f(i)` over batches of launches (i counts up).
+    pub fn time_us(&self, mut f: impl FnMut(usize)) -> f64 {
+        for i in 0..BATCH {
+            f(i);
+        }
+        let stream = self.cuda.stream();
+        let mut samples = Vec::with_capacity(REPEATS);
+        let mut i = 0;
+        for _ in 0..REPEATS {
+            let (a, b) = (self.cuda.event().unwrap(), self.cuda.event().unwrap());
+            a.record(&stream).unwrap();
+            for _ in 0..BATCH {
+                f(i);
+                i += 1;
+            }
+            b.record(&stream).unwrap();
+            samples.push(a.elapsed_ms(&b).unwrap() as f64 * 1e3 / BATCH as f64);
+        }
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        samples[samples.len() / 2]
+    }
+
+    /// Records one measurement (memory-bound: GB/s over `bytes`, described by
+    /// `formula`), with the peers the torch script reported for `peer_op`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record(
+        &mut self,
+        op: &str,
+        peer_op: &str,
+        rows: usize,
+        dim: usize,
+        us: f64,
+        bytes: usize,
+        formula: &str,
+    ) {
+        let peers: Vec<Value> = self.peers["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["op"] == peer_op && r["rows"] == rows && r["dim"] == dim)
+            .map(|r| json!({ "name": r["name"], "us": r["us"] }))
+            .collect();
+        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        let pct = 100.0 * gbps / self.copy_gbps;
+        let shown: Vec<String> = peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}={:.2}",
+                    p["name"].as_str().unwrap_or("?"),
+                    p["us"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!(
+            "{op:<34} {rows:>6} {dim:>6} {us:>10.2} {gbps:>9.0} {pct:>7.1}%  {}",
+            shown.join(" ")
+        );
+        self.records.push(json!({
+            "op": op, "shape": { "rows": rows, "dim": dim },
+            "ours_us": us, "tflops": Value::Null, "gbps": gbps,
+            "flop_formula": "memory-bound; not reported", "bytes_formula": formula,
+            "pct_of_copy": pct, "peers": peers,
+        }));
+    }
+
+    /// Writes the JSON (when $DEEPINFER_BENCH_JSON names a file) and the ceiling line.
+    pub fn finish(self) {
+        let out = json!({
+            "device": self.cuda.name().unwrap_or_default(),
+            "driver": self.peers["driver"].clone(),
+            "date": std::env::var("DEEPINFER_BENCH_DATE").unwrap_or_default(),
+            "commit": std::env::var("DEEPINFER_COMMIT").unwrap_or_default(),
+            "ceilings": {
+                "copy_gbps": self.copy_gbps,
+                "bf16_tflops": self.peers["ceilings"]["bf16_tflops"].clone(),
+                "fp8_tflops": Value::Null,
+            },
+            "records": self.records,
+        });
+        if let Ok(path) = std::env::var("DEEPINFER_BENCH_JSON") {
+            std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap()).unwrap();
+            println!("wrote {path}");
+        }
+        println!(
+            "copy ceiling: {:.0} GB/s (2 GiB device-to-device, read + write)",
+            self.copy_gbps
+        );
+    }
+}
