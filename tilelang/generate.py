@@ -61,6 +61,10 @@ PROGRAMS = (
     Program("rms_norm_act_quant_fp8", "rms_norm_act_quant_fp8", "rms_norm_act_quant_fp8"),
     Program("swiglu_act_quant_fp8", "swiglu_act_quant_fp8", "swiglu_act_quant_fp8"),
     Program("rope", "rope", "rope"),
+    Program("moe_route", "moe_route", "moe_route"),
+    Program("moe_layout", "moe_layout", "moe_layout"),
+    Program("mhc", "mhc", "mhc_expand"),
+    Program("mhc_pre", "mhc_pre", "mhc_pre"),
 )
 
 

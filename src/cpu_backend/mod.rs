@@ -10,6 +10,7 @@ pub mod indexer;
 pub mod kv_format;
 pub mod mhc;
 pub mod moe;
+pub mod moe_layout;
 pub mod numpy_rng;
 mod rms_norm;
 mod rope;

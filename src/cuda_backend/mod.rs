@@ -7,12 +7,16 @@
 mod act_quant;
 mod rms_norm;
 mod tilelang;
+mod tilelang_mhc;
+mod tilelang_moe_route;
 mod tilelang_rope;
 mod tilelang_swiglu;
 
 pub use act_quant::act_quant_fp8;
 pub use rms_norm::rms_norm;
 pub use tilelang::rms_norm_act_quant_fp8;
+pub use tilelang_mhc::{mhc_expand, mhc_pre};
+pub use tilelang_moe_route::{moe_layout, moe_route};
 pub use tilelang_rope::rope;
 pub use tilelang_swiglu::swiglu_act_quant_fp8;
 

@@ -4,6 +4,8 @@
 //! Outputs are allocated by the op on that same device.
 
 mod act_quant;
+mod mhc;
+mod moe_route;
 mod rms_norm;
 mod rms_norm_act_quant;
 mod rope;
@@ -11,6 +13,11 @@ mod swiglu;
 
 pub use act_quant::{
     ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with,
+};
+pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
+pub use moe_route::{
+    MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,
+    moe_route_into,
 };
 pub use rms_norm::{rms_norm, rms_norm_into};
 pub use rms_norm_act_quant::{

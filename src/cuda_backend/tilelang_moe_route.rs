@@ -1,0 +1,195 @@
+//! Launches of the TileLang-generated MoE routing and layout kernels
+//! (`tilelang/moe_route.py`, `tilelang/moe_layout.py`, generated into
+//! `tilelang/generated/moe_{route,layout}.sm_*.cu`). Like the other TileLang
+//! launchers it passes raw device addresses and scalars in the order
+//! TileLang emits (buffers by name, then scalars by name), not the
+//! program's order.
+
+use super::{read_ptr, write_ptr};
+use crate::device::CudaDevice;
+use crate::error::{Error, Result};
+use crate::kernels;
+use crate::tensor::Tensor;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+/// Tokens per CTA (`WARPS` in `tilelang/moe_route.py`): one warp each.
+const TOKENS_PER_CTA: usize = 4;
+/// Threads per CTA (`THREADS`).
+const THREADS: u32 = 128;
+/// `MAX_EXPERTS` and `MAX_TOP_K` of the program.
+const MAX_EXPERTS: usize = 1024;
+const MAX_TOP_K: usize = 16;
+
+/// `deepinfer_moe_route_kernel(const float* bias, int* ids, const float*
+/// logits, float* weights, int n_experts, int n_tokens, float route_scale,
+/// int top_k)`: one warp per token, 4 tokens per CTA of 128 threads,
+/// `ceil(tokens / 4)` CTAs, no dynamic shared memory, launch bounds (128, 1).
+/// Needs experts ≤ 1024, 1 ≤ top_k ≤ min(experts, 16) (checked by the caller
+/// and again here: the kernel's register arrays are sized for them) and
+/// `tokens + 4 < 2^31`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_route(
+    dev: &CudaDevice,
+    logits: &Tensor,
+    bias: &Tensor,
+    route_scale: f32,
+    ids: &mut Tensor,
+    weights: &mut Tensor,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+) -> Result<()> {
+    const OP: &str = "moe_route (TileLang)";
+    let kernel = kernels::tilelang_moe_route::DEEPINFER_MOE_ROUTE_KERNEL;
+    if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts.min(MAX_TOP_K) {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "experts, top_k",
+            value: format!("{experts}, {top_k}"),
+            why: "the kernel handles 1 <= top_k <= min(experts, 16) and experts <= 1024",
+        });
+    }
+    let Ok(n_tokens) = i32::try_from(tokens + TOKENS_PER_CTA).map(|_| tokens as i32) else {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "tokens",
+            value: tokens.to_string(),
+            why: "the generated kernel indexes tokens (plus one CTA's worth) with a 32-bit int",
+        });
+    };
+    if tokens == 0 {
+        return Ok(());
+    }
+    let (n_experts, k) = (experts as i32, top_k as i32);
+    let (lp, _gl) = read_ptr(
+        logits.cuda().expect("validated: logits is on this device"),
+        dev,
+    );
+    let (bp, _gb) = read_ptr(bias.cuda().expect("validated: bias is on this device"), dev);
+    let (ip, _gi) = write_ptr(
+        ids.cuda_mut().expect("validated: ids is on this device"),
+        dev,
+    );
+    let (wp, _gw) = write_ptr(
+        weights
+            .cuda_mut()
+            .expect("validated: weights is on this device"),
+        dev,
+    );
+    let (bias, ids, logits, weights) = (bp as u64, ip as u64, lp as u64, wp as u64);
+    let func = dev.function(kernel)?;
+    let mut b = dev.raw_stream().launch_builder(&func);
+    b.arg(&bias)
+        .arg(&ids)
+        .arg(&logits)
+        .arg(&weights)
+        .arg(&n_experts)
+        .arg(&n_tokens)
+        .arg(&route_scale)
+        .arg(&k);
+    let cfg = LaunchConfig {
+        grid_dim: (tokens.div_ceil(TOKENS_PER_CTA) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the argument list matches the generated signature above in
+    // order and size (four 8-byte device addresses, two ints, one float, one
+    // int). The addresses come from whole allocations of tokens*experts*4
+    // (logits), experts*4 (bias) and tokens*top_k*4 (ids, weights) bytes, as
+    // the caller validated; their guards live until after the launch, logits
+    // and bias are only read and ids, weights are distinct buffers (&mut).
+    // Warps of tokens at or past n_tokens do nothing; a token's warp reads
+    // experts < n_experts only and lane r < top_k writes position p < top_k
+    // of its token's row (p counts the other selected ids below its own).
+    // experts <= 1024 and top_k <= 16 fit the kernel's register arrays.
+    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Threads per CTA of the layout kernel (`THREADS` in `tilelang/moe_layout.py`).
+const LAYOUT_THREADS: u32 = 512;
+/// Its dynamic shared memory (16 warps × 2 int32 slots).
+const LAYOUT_SMEM: u32 = 128;
+
+/// `deepinfer_moe_layout_kernel(int* counts, const int* ids, int* offsets,
+/// int* perm, int n_entries, int n_experts)`: one CTA of 512 threads per
+/// expert (grid = n_experts), 128 bytes of dynamic shared memory, launch
+/// bounds (512, 1). Needs `entries + 512 < 2^31` and every id in
+/// `0..experts` (an id out of range is counted nowhere and leaves
+/// permutation elements unwritten; the kernel never writes out of bounds).
+pub fn moe_layout(
+    dev: &CudaDevice,
+    ids: &Tensor,
+    counts: &mut Tensor,
+    offsets: &mut Tensor,
+    perm: &mut Tensor,
+    entries: usize,
+    experts: usize,
+) -> Result<()> {
+    const OP: &str = "moe_layout (TileLang)";
+    let kernel = kernels::tilelang_moe_layout::DEEPINFER_MOE_LAYOUT_KERNEL;
+    let (Ok(n_entries), Ok(n_experts), Ok(_)) = (
+        i32::try_from(entries),
+        i32::try_from(experts),
+        i32::try_from(entries + LAYOUT_THREADS as usize),
+    ) else {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "entries, experts",
+            value: format!("{entries}, {experts}"),
+            why: "the generated kernel indexes entries (plus one tile) and experts with 32-bit ints",
+        });
+    };
+    if experts == 0 {
+        return Ok(());
+    }
+    let (ip, _gi) = read_ptr(ids.cuda().expect("validated: ids is on this device"), dev);
+    let (cp, _gc) = write_ptr(
+        counts
+            .cuda_mut()
+            .expect("validated: counts is on this device"),
+        dev,
+    );
+    let (op, _go) = write_ptr(
+        offsets
+            .cuda_mut()
+            .expect("validated: offsets is on this device"),
+        dev,
+    );
+    let (pp, _gp) = write_ptr(
+        perm.cuda_mut()
+            .expect("validated: permutation is on this device"),
+        dev,
+    );
+    let (counts, ids, offsets, perm) = (cp as u64, ip as u64, op as u64, pp as u64);
+    let func = dev.function(kernel)?;
+    let mut b = dev.raw_stream().launch_builder(&func);
+    b.arg(&counts)
+        .arg(&ids)
+        .arg(&offsets)
+        .arg(&perm)
+        .arg(&n_entries)
+        .arg(&n_experts);
+    let cfg = LaunchConfig {
+        grid_dim: (experts as u32, 1, 1),
+        block_dim: (LAYOUT_THREADS, 1, 1),
+        shared_mem_bytes: LAYOUT_SMEM,
+    };
+    // SAFETY: the argument list matches the generated signature above in
+    // order and size (four 8-byte device addresses, two ints). The addresses
+    // come from whole allocations of entries*4 (ids, perm), experts*4
+    // (counts) and (experts+1)*4 (offsets) bytes, as the caller validated;
+    // their guards live until after the launch, ids is only read and the
+    // outputs are distinct buffers (&mut). CTA e reads ids[0..n_entries),
+    // writes counts[e], offsets[e] (and offsets[n_experts] in the last CTA),
+    // and permutation elements whose index the kernel checks against
+    // n_entries; the 128 bytes of dynamic shared memory are its 2 × 16 slots.
+    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    })?;
+    Ok(())
+}
