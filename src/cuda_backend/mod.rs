@@ -83,6 +83,64 @@ fn launch<P: cudarc::driver::DeviceRepr>(
     Ok(())
 }
 
+/// One argument of a generated (TileLang) kernel, whose entry points take raw
+/// device addresses and scalars rather than a parameter struct.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
+impl From<u64> for Arg {
+    fn from(p: u64) -> Arg {
+        Arg::Ptr(p)
+    }
+}
+
+impl From<i32> for Arg {
+    fn from(v: i32) -> Arg {
+        Arg::I32(v)
+    }
+}
+
+impl From<f32> for Arg {
+    fn from(v: f32) -> Arg {
+        Arg::F32(v)
+    }
+}
+
+/// Launches `kernel` with `args` in order.
+///
+/// # Safety
+/// `args` must match the kernel's parameter list in order and size, every
+/// address must point into a live buffer (whose guard the caller holds across
+/// the call) large enough for everything the kernel touches under `cfg`, and
+/// buffers the kernel writes must not alias buffers it reads unless the
+/// kernel allows it.
+pub(crate) unsafe fn launch_raw(
+    dev: &CudaDevice,
+    kernel: KernelRef,
+    cfg: LaunchConfig,
+    args: &[Arg],
+) -> Result<()> {
+    let func = dev.function(kernel)?;
+    let mut builder = dev.raw_stream().launch_builder(&func);
+    for arg in args {
+        match arg {
+            Arg::Ptr(p) => builder.arg(p),
+            Arg::I32(v) => builder.arg(v),
+            Arg::F32(v) => builder.arg(v),
+        };
+    }
+    // SAFETY: this function's contract, which the caller upholds.
+    unsafe { builder.launch(cfg) }.map_err(|source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    })?;
+    Ok(())
+}
+
 /// A grid for a grid-stride kernel: enough CTAs to cover `work` items of
 /// `per_cta`, capped so huge inputs loop instead of overflowing the grid.
 fn grid_for(work: usize, per_cta: usize) -> u32 {

@@ -4,13 +4,13 @@
 //! matches, and the registry constant makes a renamed kernel a compile error.
 
 use super::params::di_act_quant_params;
-use super::{read_ptr, write_ptr};
+use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::ops::RMS_NORM_ACT_QUANT_MAX_DIM;
 use crate::tensor::Tensor;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// `deepinfer_act_quant_fp8_kernel(fp8_e4_t* q, uchar* scale,
 /// const bfloat16_t* x, int n_groups)`: one 32-block per group,
@@ -25,9 +25,6 @@ pub fn act_quant_fp8(dev: &CudaDevice, p: &di_act_quant_params) -> Result<()> {
         why: "the generated kernel indexes 32-blocks with a 32-bit int",
     })?;
     let (q, scale, x) = (p.q as u64, p.scale as u64, p.x as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&q).arg(&scale).arg(&x).arg(&n_groups);
     let cfg = LaunchConfig {
         grid_dim: ((groups as u64).div_ceil(128) as u32, 1, 1),
         block_dim: (128, 1, 1),
@@ -37,10 +34,14 @@ pub fn act_quant_fp8(dev: &CudaDevice, p: &di_act_quant_params) -> Result<()> {
     // order and size (three 8-byte device addresses, one int); the addresses
     // come from buffers of rows*k, rows*k/32 and rows*k*2 bytes whose guards the
     // caller holds across the launch, and the grid covers exactly n_groups.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[q.into(), scale.into(), x.into(), n_groups.into()],
+        )
+    }?;
     Ok(())
 }
 
@@ -105,16 +106,6 @@ pub fn rms_norm_act_quant_fp8(
         dev,
     );
     let (q, scale, weight, x, y) = (qp as u64, sp as u64, wp as u64, xp as u64, yp as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&q)
-        .arg(&scale)
-        .arg(&weight)
-        .arg(&x)
-        .arg(&y)
-        .arg(&eps)
-        .arg(&n_blocks)
-        .arg(&n_rows);
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (RMS_NORM_ACT_QUANT_THREADS, 1, 1),
@@ -131,9 +122,22 @@ pub fn rms_norm_act_quant_fp8(
     // n_rows CTAs, each touching only its own row, n_blocks <= 256 blocks of
     // it (the kernel's register tile), with the dynamic shared memory its
     // reduction workspace needs.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[
+                q.into(),
+                scale.into(),
+                weight.into(),
+                x.into(),
+                y.into(),
+                eps.into(),
+                n_blocks.into(),
+                n_rows.into(),
+            ],
+        )
+    }?;
     Ok(())
 }

@@ -4,13 +4,13 @@
 //! passes raw device addresses and scalars in the order TileLang emits
 //! (buffers by name, then scalars by name), not the program's order.
 
-use super::{read_ptr, write_ptr};
+use super::{Arg, launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::ops::MhcPre;
 use crate::tensor::Tensor;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Threads per CTA (`THREADS` in `tilelang/mhc.py`).
 const THREADS: u32 = 128;
@@ -74,15 +74,6 @@ pub fn mhc_expand(
         dev,
     );
     let (comb, f, out, post, streams) = (cp as u64, fp as u64, op as u64, pp as u64, sp as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&comb)
-        .arg(&f)
-        .arg(&out)
-        .arg(&post)
-        .arg(&streams)
-        .arg(&n_tokens)
-        .arg(&n_vec);
     let cfg = LaunchConfig {
         grid_dim: (tokens as u32, (d / VEC).div_ceil(CHUNK) as u32, 1),
         block_dim: (THREADS, 1, 1),
@@ -98,10 +89,22 @@ pub fn mhc_expand(
     // out is a distinct buffer (&mut). Grid x covers every token once, grid
     // y every vector below n_vec once (the rest are masked); tokens ≤ 2^31
     // fits grid x.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[
+                comb.into(),
+                f.into(),
+                out.into(),
+                post.into(),
+                streams.into(),
+                n_tokens.into(),
+                n_vec.into(),
+            ],
+        )
+    }?;
     Ok(())
 }
 
@@ -173,16 +176,6 @@ pub fn mhc_pre(
         kp as u64, bp as u64, fp as u64, cp as u64, mp as u64, qp as u64, pp as u64, lp as u64,
         sp as u64, up as u64,
     ];
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    for a in &args {
-        b.arg(a);
-    }
-    b.arg(&eps)
-        .arg(&hc_eps)
-        .arg(&iters)
-        .arg(&n_tokens)
-        .arg(&n_vec);
     let cfg = LaunchConfig {
         grid_dim: (tokens as u32, 1, 1),
         block_dim: (PRE_THREADS, 1, 1),
@@ -200,9 +193,23 @@ pub fn mhc_pre(
     // five outputs are distinct buffers (&mut). One CTA per token writes
     // exactly that token's outputs; the 12800 bytes of dynamic shared memory
     // are below the 48 KiB default limit.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &args
+                .iter()
+                .map(|&a| Arg::from(a))
+                .chain([
+                    eps.into(),
+                    hc_eps.into(),
+                    iters.into(),
+                    n_tokens.into(),
+                    n_vec.into(),
+                ])
+                .collect::<Vec<Arg>>(),
+        )
+    }?;
     Ok(())
 }

@@ -5,12 +5,12 @@
 //! TileLang emits (buffers by name, then scalars by name), not the
 //! program's order.
 
-use super::{read_ptr, write_ptr};
+use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Tokens per CTA (`WARPS` in `tilelang/moe_route.py`): one warp each.
 const TOKENS_PER_CTA: usize = 4;
@@ -77,16 +77,6 @@ pub fn moe_route(
         dev,
     );
     let (bias, ids, logits, weights) = (bp as u64, ip as u64, lp as u64, wp as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&bias)
-        .arg(&ids)
-        .arg(&logits)
-        .arg(&weights)
-        .arg(&n_experts)
-        .arg(&n_tokens)
-        .arg(&route_scale)
-        .arg(&k);
     let cfg = LaunchConfig {
         grid_dim: (tokens.div_ceil(TOKENS_PER_CTA) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -102,10 +92,23 @@ pub fn moe_route(
     // experts < n_experts only and lane r < top_k writes position p < top_k
     // of its token's row (p counts the other selected ids below its own).
     // experts <= 1024 and top_k <= 16 fit the kernel's register arrays.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[
+                bias.into(),
+                ids.into(),
+                logits.into(),
+                weights.into(),
+                n_experts.into(),
+                n_tokens.into(),
+                route_scale.into(),
+                k.into(),
+            ],
+        )
+    }?;
     Ok(())
 }
 
@@ -165,14 +168,6 @@ pub fn moe_layout(
         dev,
     );
     let (counts, ids, offsets, perm) = (cp as u64, ip as u64, op as u64, pp as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&counts)
-        .arg(&ids)
-        .arg(&offsets)
-        .arg(&perm)
-        .arg(&n_entries)
-        .arg(&n_experts);
     let cfg = LaunchConfig {
         grid_dim: (experts as u32, 1, 1),
         block_dim: (LAYOUT_THREADS, 1, 1),
@@ -187,9 +182,20 @@ pub fn moe_layout(
     // writes counts[e], offsets[e] (and offsets[n_experts] in the last CTA),
     // and permutation elements whose index the kernel checks against
     // n_entries; the 128 bytes of dynamic shared memory are its 2 × 16 slots.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[
+                counts.into(),
+                ids.into(),
+                offsets.into(),
+                perm.into(),
+                n_entries.into(),
+                n_experts.into(),
+            ],
+        )
+    }?;
     Ok(())
 }

@@ -2,12 +2,12 @@
 //! `tilelang/generated/rope.sm_*.cu`): the forward rotation and its inverse
 //! on BF16 `[T, H, hd]`, one kernel with a sign flag.
 
-use super::{read_ptr, write_ptr};
+use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Threads per CTA (`THREADS` in `tilelang/rope.py`).
 const THREADS: u32 = 256;
@@ -121,17 +121,6 @@ pub fn rope(
         dev,
     );
     let (freq, out, positions, x) = (fp as u64, op_ as u64, pp as u64, xp as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&freq)
-        .arg(&out)
-        .arg(&positions)
-        .arg(&x)
-        .arg(&head_vecs)
-        .arg(&inverse)
-        .arg(&n_tok_vec)
-        .arg(&n_tokens)
-        .arg(&rope_vecs);
     let cfg = LaunchConfig {
         grid_dim: (tokens as u32, chunks as u32, 1),
         block_dim: (THREADS, 1, 1),
@@ -151,9 +140,23 @@ pub fn rope(
     // CTAs by ceil(n_tok_vec / 1024) chunks; vectors past n_tok_vec are
     // masked in the kernel, and rope_vecs <= 32 pairs-of-4 fit the
     // 128-entry shared table given as dynamic shared memory.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[
+                freq.into(),
+                out.into(),
+                positions.into(),
+                x.into(),
+                head_vecs.into(),
+                inverse.into(),
+                n_tok_vec.into(),
+                n_tokens.into(),
+                rope_vecs.into(),
+            ],
+        )
+    }?;
     Ok(())
 }

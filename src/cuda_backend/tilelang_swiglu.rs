@@ -5,12 +5,12 @@
 //! TileLang emits (its parameters sorted: buffers by name, then scalars by
 //! name), not the program's order.
 
-use super::{read_ptr, write_ptr};
+use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::LaunchConfig;
 
 /// Threads per CTA (`THREADS` in `tilelang/swiglu_act_quant_fp8.py`).
 const THREADS: u32 = 128;
@@ -79,17 +79,6 @@ pub fn swiglu_act_quant_fp8(
         dev,
     );
     let (g, q, scale, u, weight) = (gp as u64, qp as u64, sp as u64, up as u64, wp as u64);
-    let func = dev.function(kernel)?;
-    let mut b = dev.raw_stream().launch_builder(&func);
-    b.arg(&g)
-        .arg(&q)
-        .arg(&scale)
-        .arg(&u)
-        .arg(&weight)
-        .arg(&limit)
-        .arg(&n_blocks)
-        .arg(&n_groups)
-        .arg(&n_rows);
     let cfg = LaunchConfig {
         grid_dim: (groups.div_ceil(GROUPS_PER_CTA) as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -107,9 +96,23 @@ pub fn swiglu_act_quant_fp8(
     // n_groups is written exactly once, the ones past it are masked, and the
     // weight index group / n_blocks stays below n_rows (the kernel checks it
     // too). n_groups + 64 fits in an int, so no group index overflows.
-    unsafe { b.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe {
+        launch_raw(
+            dev,
+            kernel,
+            cfg,
+            &[
+                g.into(),
+                q.into(),
+                scale.into(),
+                u.into(),
+                weight.into(),
+                limit.into(),
+                n_blocks.into(),
+                n_groups.into(),
+                n_rows.into(),
+            ],
+        )
+    }?;
     Ok(())
 }
