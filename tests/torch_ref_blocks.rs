@@ -30,9 +30,16 @@ fn sinkhorn_and_mixes_match_torch() {
     let m = mhc::hc_mixes(&streams, &hc_fn, 1e-20);
     let s = bf16_to_torch(&streams, &[4 * d as i64]).to_kind(Kind::Float);
     let w = f32_to_torch(&hc_fn, &[24, 4 * d as i64]);
-    let tm = w.matmul(&s) * (s.square().mean(Kind::Float) + 1e-20).rsqrt();
-    for (a, b) in m.iter().zip(from_torch_f32(&tm)) {
-        assert!(close(*a, b, 1e-5), "mix {a} vs {b}");
+    let rs = (s.square().mean(Kind::Float) + 1e-20).rsqrt();
+    let tm = w.matmul(&s) * &rs;
+    // torch's matmul sums in its own order; a dot product with cancellation
+    // is only accurate relative to Σ|w·s|, so the bound scales with that.
+    let mag = from_torch_f32(&(w.abs().matmul(&s.abs()) * &rs));
+    for ((a, b), scale) in m.iter().zip(from_torch_f32(&tm)).zip(mag) {
+        assert!(
+            (a - b).abs() <= 1e-5 * scale,
+            "mix {a} vs {b} (Σ|w·s| = {scale})"
+        );
     }
 
     let mut c = [[0.0f32; 4]; 4];
@@ -60,6 +67,18 @@ fn routing_matches_torch_topk() {
         let logits: Vec<f32> = (0..n).map(|_| rng.random_range(-6.0..24.0)).collect();
         let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-0.3..0.3)).collect();
         let r = moe::route(&logits, &bias, k as usize, 1.5);
+        // torch's fp32 softplus and sqrt are not correctly rounded (ours are),
+        // so a selection whose k-th and (k+1)-th biased scores lie within a
+        // few ulps may legitimately differ: those draws are skipped.
+        let mut biased: Vec<f64> = logits
+            .iter()
+            .zip(&bias)
+            .map(|(&z, &b)| ((z as f64).exp().ln_1p().sqrt() + b as f64))
+            .collect();
+        biased.sort_by(|a, b| b.total_cmp(a));
+        if biased[k as usize - 1] - biased[k as usize] < 1e-5 * biased[k as usize - 1].abs() {
+            continue;
+        }
         let s = f32_to_torch(&logits, &[n as i64]).softplus().sqrt();
         let (_, idx) = (&s + f32_to_torch(&bias, &[n as i64])).topk(k, -1, true, true);
         let w = s.gather(0, &idx, false);
