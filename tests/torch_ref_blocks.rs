@@ -73,7 +73,7 @@ fn routing_matches_torch_topk() {
         let mut biased: Vec<f64> = logits
             .iter()
             .zip(&bias)
-            .map(|(&z, &b)| ((z as f64).exp().ln_1p().sqrt() + b as f64))
+            .map(|(&z, &b)| (z as f64).exp().ln_1p().sqrt() + b as f64)
             .collect();
         biased.sort_by(|a, b| b.total_cmp(a));
         if biased[k as usize - 1] - biased[k as usize] < 1e-5 * biased[k as usize - 1].abs() {
