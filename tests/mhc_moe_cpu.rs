@@ -56,7 +56,8 @@ fn sinkhorn_follows_the_spec_order_and_ends_column_normalised() {
         let want = sinkhorn_f64(c, 1e-6, 20);
         for (j, (g_row, w_row)) in got.iter().zip(&want).enumerate() {
             for (k, (g, w)) in g_row.iter().zip(w_row).enumerate() {
-                assert!((*g as f64 - w).abs() <= 1e-6 * w.abs() + 1e-7, "[{j}][{k}]");
+                // ~60 dependent fp32 operations per element: a few 1e-6 relative at most.
+                assert!((*g as f64 - w).abs() <= 1e-5 * w.abs() + 1e-7, "[{j}][{k}]");
             }
         }
         for k in 0..4 {
@@ -91,9 +92,17 @@ fn mixes_split_collapse_and_expand_match_f64() {
             .map(|(w, x)| *w as f64 * x)
             .sum::<f64>()
             * inv;
+        // A sequential fp32 dot product of n terms is within n·2^-24·Σ|terms|.
+        let mag: f64 = row
+            .iter()
+            .zip(&s64)
+            .map(|(w, x)| (*w as f64 * x).abs())
+            .sum::<f64>()
+            * inv;
+        let bound = (row.len() as f64 + 4.0) * 2f64.powi(-24) * mag;
         assert!(
-            (m[i] as f64 - want).abs() <= 1e-4 * want.abs().max(1e-2),
-            "mix {i}: {} vs {want}",
+            (m[i] as f64 - want).abs() <= bound,
+            "mix {i}: {} vs {want} (bound {bound})",
             m[i]
         );
     }
@@ -158,6 +167,12 @@ fn routing_selects_by_biased_score_and_weights_by_unbiased_score() {
             .collect();
         let mut by_biased: Vec<usize> = (0..n).collect();
         by_biased.sort_by(|&a, &b| (s[b] + bias[b] as f64).total_cmp(&(s[a] + bias[a] as f64)));
+        // Our scores are fp32: skip draws whose k-th and (k+1)-th biased scores
+        // are closer than fp32 rounding can resolve.
+        let key = |e: usize| s[e] + bias[e] as f64;
+        if key(by_biased[k - 1]) - key(by_biased[k]) < 1e-5 {
+            continue;
+        }
         let mut want: Vec<usize> = by_biased[..k].to_vec();
         want.sort_unstable();
         assert_eq!(r.experts, want);
