@@ -6,13 +6,11 @@ mhc_expand (post * F + comb^T-weighted stream mix, cast to BF16) -- the peers
 of the TileLang kernels. Timed like benches/mhc_gpu.rs (CUDA events, median
 of batches, inputs rotated over >= 512 MiB). Prints JSON on stdout (the
 schema of slice_torch.py)."""
-import json
-import subprocess
 
 import torch
 
 # The bundle puts every peer script in one folder, which is sys.path[0] here.
-from slice_torch import ROTATE, time_us
+from slice_torch import ROTATE, emit, time_us
 
 D = 5120
 EPS = 1e-20
@@ -70,10 +68,7 @@ def main():
                      "us": time_us(lambda i: mhc_expand_torch(xs[i % copies][0], xs[i % copies][2],
                                                               post, comb))})
         del xs
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"driver": driver, "torch": torch.__version__,
-                      "records": recs}))
+    emit(recs, bf16_ceiling=False)
 
 
 if __name__ == "__main__":

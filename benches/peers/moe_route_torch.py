@@ -5,14 +5,12 @@ unbiased scores, renormalise and scale by 1.5, written as a sequence of torch op
 routing kernel, over V4.1's 384 experts. Timed like benches/moe_route_gpu.rs (CUDA
 events, median of batches, inputs rotated over >= 512 MiB). Also measures the BF16
 GEMM ceiling. Prints JSON on stdout (the schema of slice_torch.py)."""
-import json
-import subprocess
 
 import torch
 import torch.nn.functional as F
 
 # The bundle puts every peer script in one folder, which is sys.path[0] here.
-from slice_torch import ROTATE, time_us
+from slice_torch import ROTATE, time_us, emit
 
 EXPERTS = 384
 TOP_K = 6
@@ -38,13 +36,7 @@ def main():
         recs.append({"op": "moe_route", "rows": rows, "dim": EXPERTS, "name": "torch_ops",
                      "us": time_us(lambda i: moe_route_torch(xs[i % copies], bias))})
         del xs
-    a = torch.randn(8192, 8192, device=dev).bfloat16()
-    us = time_us(lambda i: a @ a)
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"driver": driver, "torch": torch.__version__,
-                      "ceilings": {"bf16_tflops": 2 * 8192**3 / (us * 1e-6) / 1e12},
-                      "records": recs}))
+    emit(recs)
 
 
 if __name__ == "__main__":

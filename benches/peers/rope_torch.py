@@ -9,32 +9,13 @@ fp32 frequency table (theta 160000 with YaRN, as the Rust bench), like our
 kernel. Timed like benches/rope_gpu.rs (CUDA events, median of batches,
 inputs rotated over >= 512 MiB). Prints JSON on stdout; records carry
 op/rows/dim/name/us with rows = T and dim = 64 * 512."""
-import json
 import math
-import subprocess
 
 import torch
 
-ROTATE = 512 << 20
-BATCH, REPEATS = 20, 15
+from slice_torch import ROTATE, emit, time_us
+
 HEADS, HEAD_DIM, ROPE_DIM = 64, 512, 64
-
-
-def time_us(fn):
-    for i in range(BATCH):
-        fn(i)
-    samples, i = [], 0
-    for _ in range(REPEATS):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(BATCH):
-            fn(i)
-            i += 1
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / BATCH)
-    samples.sort()
-    return samples[len(samples) // 2]
 
 
 def rope_freqs(theta=160000.0, d=ROPE_DIM, factor=16.0, orig=65536, beta_fast=32.0, beta_slow=1.0):
@@ -92,9 +73,7 @@ def main():
                 us = time_us(lambda i: fn(xs[i % copies], ps[i % copies], freq, inverse))
                 recs.append({"op": op, "rows": tokens, "dim": dim, "name": name, "us": us})
         del xs, ps
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"driver": driver, "torch": torch.__version__, "records": recs}))
+    emit(recs, bf16_ceiling=False)
 
 
 if __name__ == "__main__":

@@ -5,14 +5,12 @@ silu, mul, cast, then the quantiser ops of slice_torch.py) -- the peer of the
 fused TileLang kernel. Timed like benches/swiglu_gpu.rs (CUDA events, median
 of batches, inputs rotated over >= 512 MiB). Also measures the BF16 GEMM
 ceiling. Prints JSON on stdout (the schema of slice_torch.py)."""
-import json
-import subprocess
 
 import torch
 import torch.nn.functional as F
 
 # The bundle puts every peer script in one folder, which is sys.path[0] here.
-from slice_torch import ROTATE, act_quant_torch, time_us
+from slice_torch import ROTATE, act_quant_torch, time_us, emit
 
 INTER = 2304
 LIMIT = 10.0
@@ -42,13 +40,7 @@ def main():
         recs.append({"op": "swiglu_act_quant_fp8", "rows": rows, "dim": INTER, "name": "torch_ops",
                      "us": time_us(lambda i: swiglu_act_quant_torch(*xs[i % copies]))})
         del xs
-    a = torch.randn(8192, 8192, device=dev).bfloat16()
-    us = time_us(lambda i: a @ a)
-    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                            capture_output=True, text=True).stdout.strip()
-    print(json.dumps({"driver": driver, "torch": torch.__version__,
-                      "ceilings": {"bf16_tflops": 2 * 8192**3 / (us * 1e-6) / 1e12},
-                      "records": recs}))
+    emit(recs)
 
 
 if __name__ == "__main__":
