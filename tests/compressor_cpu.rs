@@ -23,10 +23,10 @@ fn pooling_is_a_per_channel_two_token_softmax() {
         let (a, b) = (s0[i] as f64, s1[i] as f64);
         let w0 = 1.0 / (1.0 + (b - a).exp());
         let want = w0 * k0[i] as f64 + (1.0 - w0) * k1[i] as f64;
-        assert!(
-            common::bf16_ulps(e[i], bf16::from_f64(want)) <= 1,
-            "channel {i}"
-        );
+        // The fp32 softmax weights carry a few ulps (exp, division) before the
+        // two products are summed.
+        let terms = (w0 * k0[i] as f64).abs() + ((1.0 - w0) * k1[i] as f64).abs();
+        assert!(common::bf16_close(e[i], want, terms, 8), "channel {i}");
     }
 }
 

@@ -61,6 +61,15 @@ pub fn bf16_ulps(a: bf16, b: bf16) -> u32 {
     (key(a) - key(b)).unsigned_abs()
 }
 
+/// Whether `got`, an fp32 evaluation of a sum of `n_ops` terms rounded once
+/// to BF16, agrees with the exact value `want`: within one BF16 ulp, or, where
+/// the terms cancel, within the fp32 error bound `n_ops·2^-24·Σ|terms|` plus
+/// one BF16 rounding (`|want|·2^-8`). `abs_terms` is `Σ|terms|`.
+pub fn bf16_close(got: bf16, want: f64, abs_terms: f64, n_ops: usize) -> bool {
+    let slack = n_ops as f64 * 2f64.powi(-24) * abs_terms + want.abs() * 2f64.powi(-8);
+    bf16_ulps(got, bf16::from_f64(want)) <= 1 || (got.to_f64() - want).abs() <= slack
+}
+
 pub fn to_f64(v: &[bf16]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }

@@ -1,0 +1,171 @@
+/* Hopper (sm_90a) building blocks shared by the tensor-core kernels: shared
+ * memory addresses, mbarriers, TMA tile loads, wgmma fences and shared-memory
+ * matrix descriptors, register reallocation, and the exact e2m1 -> e4m3
+ * decode used to feed FP4 weights to the FP8 tensor cores.
+ *
+ * Everything here exists only in the sm_90a device pass
+ * (__CUDA_ARCH_FEAT_SM90_ALL); kernels guard their Hopper code with the same
+ * macro. The wgmma wrappers themselves are generated: wgmma_e4m3.cuh.
+ *
+ * Shared-memory operand layout assumed by smem_desc_k128: a tile of R rows,
+ * each row 128 bytes of K (128 e4m3 values), rows contiguous, tile base
+ * 1024-byte aligned, written by TMA with CU_TENSOR_MAP_SWIZZLE_128B (or by
+ * threads applying the same swizzle: 16-byte chunk c of row r lands at chunk
+ * c ^ (r % 8)). One wgmma k-step (32 bytes of K) starts 32 * step bytes into
+ * the row; the hardware applies the swizzle to the resulting addresses. */
+#ifndef DEEPINFER_SM90_CUH
+#define DEEPINFER_SM90_CUH
+
+#include <stdint.h>
+
+#include "wgmma_e4m3.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace deepinfer {
+namespace sm90 {
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+/* ---- mbarriers ---------------------------------------------------------- */
+
+__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals));
+}
+
+/* Makes initialised barriers visible to the async proxy (TMA); follow with a
+ * CTA barrier before any thread uses them. */
+__device__ __forceinline__ void fence_barrier_init() {
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+/* One arrival that also announces `bytes` of TMA traffic to wait for. */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/* Spins until the phase with parity `parity` has completed. */
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n"
+        "}\n" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+/* ---- TMA ------------------------------------------------------------------ */
+
+/* `map` is the address of a CUtensorMap in kernel parameter space (a member
+ * of a __grid_constant__ struct) or global memory. */
+__device__ __forceinline__ void tma_prefetch_map(const void *map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+/* Loads the box at coordinates (c0 innermost, c1) into `dst` and completes
+ * its bytes on `bar`. Out-of-range elements are written as zeros. */
+__device__ __forceinline__ void tma_load_2d(void *dst, const void *map, uint64_t *bar, int32_t c0,
+                                            int32_t c1) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4}], [%2];" ::"r"(smem_u32(dst)),
+        "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+        : "memory");
+}
+
+__device__ __forceinline__ void tma_load_3d(void *dst, const void *map, uint64_t *bar, int32_t c0,
+                                            int32_t c1, int32_t c2) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes "
+        "[%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(dst)),
+        "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+        : "memory");
+}
+
+/* Orders this thread's generic-proxy shared-memory writes before later
+ * async-proxy reads (wgmma operands written by threads, not by TMA). */
+__device__ __forceinline__ void fence_proxy_async_smem() {
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* ---- wgmma ---------------------------------------------------------------- */
+
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+
+/* Waits until at most `N` committed wgmma groups are still in flight. */
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving accesses to an accumulator register across
+ * a wgmma fence, commit or wait. */
+__device__ __forceinline__ void fence_operand(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+template <int N> __device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) fence_operand(d[i]);
+}
+
+/* Descriptor of a K-major operand tile in the 128-byte-swizzled layout
+ * described at the top of this file, starting at `p` (the tile base plus
+ * 32 * k-step bytes). Stride between 8-row groups: 1024 bytes. */
+__device__ __forceinline__ uint64_t smem_desc_k128(const void *p) {
+    const uint64_t addr = smem_u32(p);
+    uint64_t desc = 0;
+    desc |= (addr & 0x3FFFF) >> 4;          /* start address, bits 0-13 */
+    desc |= uint64_t(1) << 16;              /* leading byte offset (unused when swizzled) */
+    desc |= uint64_t(1024 >> 4) << 32;      /* stride byte offset: 8 rows of 128 B */
+    desc |= uint64_t(1) << 62;              /* layout: 128-byte swizzle */
+    return desc;
+}
+
+/* ---- register reallocation between warpgroups ----------------------------- */
+
+template <uint32_t R> __device__ __forceinline__ void regs_dealloc() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+template <uint32_t R> __device__ __forceinline__ void regs_alloc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+
+/* ---- FP4 (e2m1) -> e4m3, exact ---------------------------------------------
+ * Every e2m1 value is an e4m3 value: {0, 0.5, 1, 1.5, 2, 3, 4, 6} encode as
+ * {0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C}, the sign moves from nibble
+ * bit 3 to byte bit 7. `packed` holds 4 nibbles (element i in bits 4i..4i+3,
+ * even element in the low nibble as the checkpoint stores them); the result
+ * holds the 4 e4m3 bytes, element i in byte i. */
+__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t packed) {
+    /* Spread nibble i to byte i. */
+    const uint32_t n = (packed & 0xFu) | ((packed & 0xF0u) << 4) | ((packed & 0xF00u) << 8) |
+                       ((packed & 0xF000u) << 12);
+    const uint32_t mag = n & 0x07070707u;
+    const uint32_t sign = (n & 0x08080808u) << 4;
+    uint32_t out;
+    /* Table lookup: byte i of the result is table byte mag_i (0..7). */
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(0x3C383000u), "r"(0x4C484440u),
+        "r"((mag & 0x7u) | ((mag >> 4) & 0x70u) | ((mag >> 8) & 0x700u) | ((mag >> 12) & 0x7000u)));
+    return out | sign;
+}
+
+}  // namespace sm90
+}  // namespace deepinfer
+#endif
+
+#endif
