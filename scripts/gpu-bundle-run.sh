@@ -3,6 +3,12 @@
 # made: every test binary, the torch cross-check, compute-sanitizer memcheck
 # and racecheck over the CUDA tests, the torch peers and the benchmark. Logs
 # and JSON go under $OUT (default ./out). The last line is the summary.
+#
+# DEEPINFER_ONLY="gemm blas" restricts the CUDA tests (tests/cuda_<word>*),
+# the sanitizer passes and the benches (benches/<word>*_gpu) to names that
+# start with one of the words; device time is scarce, so a run after a change
+# to one family need not repeat the others. The sanitizer passes always set
+# DEEPINFER_QUICK=1, which the CUDA tests read to use their small shape lists.
 set -u
 B="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$B/out}"
@@ -12,6 +18,14 @@ PY="${PYTHON:-python3}"
 DATE="$(date -u +%F)"
 COMMIT="$(cat "$B/COMMIT" 2>/dev/null)"
 passed=0; failed=0; bins_failed=""
+ONLY="${DEEPINFER_ONLY:-}"
+# Whether `name` (a test or bench name without its prefix) is selected.
+selected() {
+  [ -z "$ONLY" ] && return 0
+  local w
+  for w in $ONLY; do case "$1" in "$w"*) return 0 ;; esac; done
+  return 1
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/logs/nvidia-smi.log" 2>&1
 "$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
 "$B/bin/deepinfer" slice --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
@@ -19,6 +33,7 @@ echo "slice on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
 
 for t in "$B"/tests/*; do
   name="$(basename "$t")"
+  case "$name" in cuda_*) selected "${name#cuda_}" || continue ;; *) [ -n "$ONLY" ] && [ "$name" != errors ] && continue ;; esac
   DEEPINFER_DUMP_DIR="$OUT/dump" "$t" --test-threads=1 > "$OUT/logs/test-$name.log" 2>&1
   rc=$?
   p=$(grep -Eo '[0-9]+ passed' "$OUT/logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
@@ -28,9 +43,25 @@ for t in "$B"/tests/*; do
   echo "test $name: rc=$rc passed=$p failed=$f"
 done
 
-"$PY" "$B/torch/check_slice.py" "$OUT/dump" > "$OUT/logs/torch-check.log" 2>&1
-torch_line="$(tail -n 1 "$OUT/logs/torch-check.log")"
-echo "$torch_line"
+# SASS of every sm_90a cubin: tensor-core instruction counts per kernel.
+if command -v cuobjdump > /dev/null; then
+  mkdir -p "$OUT/sass"
+  for c in "$B"/cubins/*.cubin; do
+    [ -e "$c" ] || continue
+    fam="$(basename "$c" .sm_90a.cubin)"
+    cuobjdump -sass "$c" > "$OUT/sass/$fam.sass" 2>&1
+    awk '/Function :/ {f=$3} /[QH]GMMA|HMMA|QMMA/ {match($0, /[QH]?[GH]?MMA[.A-Z0-9x]*/); n[f" "substr($0, RSTART, RLENGTH)]++}
+         END {for (k in n) print k, n[k]}' "$OUT/sass/$fam.sass" | sort > "$OUT/sass/$fam.mma.txt"
+    echo "sass $fam: $(awk '{c+=$3} END {print c+0}' "$OUT/sass/$fam.mma.txt") tensor-core instructions ($(cut -d' ' -f2 "$OUT/sass/$fam.mma.txt" | sort -u | tr '\n' ' '))"
+  done
+fi
+
+torch_line="torch check skipped (slice not selected)"
+if selected slice; then
+  "$PY" "$B/torch/check_slice.py" "$OUT/dump" > "$OUT/logs/torch-check.log" 2>&1
+  torch_line="$(tail -n 1 "$OUT/logs/torch-check.log")"
+  echo "$torch_line"
+fi
 rm -rf "$OUT/dump"
 
 san=""
@@ -38,7 +69,8 @@ for tool in memcheck racecheck; do
   worst=0; summaries=""
   for t in "$B"/tests/cuda_*; do
     name="$(basename "$t")"
-    compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
+    selected "${name#cuda_}" || continue
+    DEEPINFER_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
       > "$OUT/logs/sanitizer-$tool-$name.log" 2>&1
     rc=$?
     [ $rc -gt $worst ] && worst=$rc
@@ -54,6 +86,7 @@ done
 bench_rc=0
 for b in "$B"/benches/*_gpu; do
   fam="$(basename "$b" _gpu)"
+  selected "$fam" || continue
   peers="$OUT/peers-$fam.json"
   "$PY" "$B/peers/${fam}_torch.py" > "$peers" 2> "$OUT/logs/peers-$fam.log" || echo '{}' > "$peers"
   DEEPINFER_PEERS_JSON="$peers" DEEPINFER_BENCH_DATE="$DATE" DEEPINFER_COMMIT="$COMMIT" \

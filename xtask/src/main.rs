@@ -12,7 +12,9 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
+/// The executables a cargo build produced, as (tag, path), and the OUT_DIR
+/// of deepinfer's build script (where the kernel cubins are).
+fn cargo_executables(root: &Path, args: &[&str]) -> (Vec<(String, PathBuf)>, Option<PathBuf>) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(root)
@@ -31,9 +33,21 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
         eprintln!("cargo {args:?} failed");
         std::process::exit(1);
     }
-    String::from_utf8_lossy(&out.stdout)
+    let messages: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .collect();
+    let out_dir = messages
+        .iter()
+        .filter(|v| v["reason"] == "build-script-executed")
+        .filter(|v| {
+            v["package_id"]
+                .as_str()
+                .is_some_and(|p| p.contains("deepinfer"))
+        })
+        .find_map(|v| v["out_dir"].as_str().map(PathBuf::from));
+    let exes = messages
+        .iter()
         .filter_map(|v| {
             let exe = v["executable"].as_str()?;
             let kind = v["target"]["kind"][0].as_str()?;
@@ -47,7 +61,8 @@ fn cargo_executables(root: &Path, args: &[&str]) -> Vec<(String, PathBuf)> {
             };
             Some((tag, PathBuf::from(exe)))
         })
-        .collect()
+        .collect();
+    (exes, out_dir)
 }
 
 fn copy(from: &Path, to: &Path) {
@@ -63,7 +78,18 @@ fn gpu_bundle(root: &Path) {
         ("tests", &["test"][..]),
         ("benches", &["bench", "--benches"][..]),
     ] {
-        for (name, exe) in cargo_executables(root, args) {
+        let (exes, out_dir) = cargo_executables(root, args);
+        // The sm_90a cubins, so run.sh can list each kernel's tensor-core
+        // instructions with the GPU machine's cuobjdump.
+        if let Some(cuda) = out_dir.map(|d| d.join("cuda")) {
+            for entry in std::fs::read_dir(&cuda).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.to_string_lossy().ends_with(".sm_90a.cubin") {
+                    copy(&path, &dir.join("cubins").join(entry.file_name()));
+                }
+            }
+        }
+        for (name, exe) in exes {
             let sub = match (sub, name.as_str()) {
                 (_, "bin") => "bin",
                 ("benches", n) if !n.ends_with("_gpu") => continue,
