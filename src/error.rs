@@ -57,6 +57,9 @@ pub enum Error {
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// A cuBLAS or cuBLASLt call failed (the status names the reason).
+    #[error("cuBLAS error during {during}: {status}")]
+    Blas { during: String, status: String },
     /// An embedded kernel image failed validation before it reached the driver.
     #[error("kernel image of family `{family}` is invalid: {why}")]
     BadKernelImage { family: String, why: String },

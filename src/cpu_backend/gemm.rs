@@ -129,6 +129,127 @@ pub fn fp4_gemm_f32(
     )
 }
 
+/// FP4 × FP8 grouped linear over experts in the contiguous layout (MoE
+/// prefill) with a BF16 result: rows `offsets[e]..offsets[e + 1]` of `a`
+/// (`[t, k]` e4m3, `a_s` `[t, ⌈k/32⌉]`) belong to expert e and are multiplied
+/// by its weight, `b[e]` (`[e, n, k]` packed e2m1, `b_s` `[e, n, ⌈k/32⌉]`).
+/// Returns `[t, n]`; each group is exactly [`fp4_gemm`] of its rows, so the
+/// numerics are those of [`fp4_gemm`]. `offsets` has `e + 1` entries,
+/// non-decreasing, from 0 to t (callers validate; a violation panics).
+pub fn fp4_grouped_contiguous(
+    a: &[E4M3],
+    a_s: &[E8M0],
+    b: &[Fp4x2],
+    b_s: &[E8M0],
+    offsets: &[usize],
+    n: usize,
+    k: usize,
+) -> Vec<bf16> {
+    to_bf16(fp4_grouped_contiguous_f32(a, a_s, b, b_s, offsets, n, k))
+}
+
+/// [`fp4_grouped_contiguous`] returning the fp32 accumulators.
+pub fn fp4_grouped_contiguous_f32(
+    a: &[E4M3],
+    a_s: &[E8M0],
+    b: &[Fp4x2],
+    b_s: &[E8M0],
+    offsets: &[usize],
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    let t = offsets.last().copied().unwrap_or(0);
+    let mut out = vec![0.0f32; t * n];
+    for (e, w) in offsets.windows(2).enumerate() {
+        let (r0, r1) = (w[0], w[1]);
+        assert!(r0 <= r1, "offsets must be non-decreasing");
+        if r0 == r1 {
+            continue;
+        }
+        let (wb, ws) = expert_weight(b, b_s, e, n, k);
+        let kb = k.div_ceil(BLOCK);
+        let y = fp4_gemm_f32(
+            &a[r0 * k..r1 * k],
+            &a_s[r0 * kb..r1 * kb],
+            wb,
+            ws,
+            r1 - r0,
+            n,
+            k,
+        );
+        out[r0 * n..r1 * n].copy_from_slice(&y);
+    }
+    out
+}
+
+/// FP4 × FP8 grouped linear over experts in the masked layout (MoE decode)
+/// with a BF16 result: `a` is `[e, max_m, k]` e4m3 (`a_s` `[e, max_m,
+/// ⌈k/32⌉]`), of which the first `counts[e]` rows of expert e are valid;
+/// `b`, `b_s` as in [`fp4_grouped_contiguous`]. Returns `[e, max_m, n]`:
+/// valid rows are [`fp4_gemm`] of the expert's rows, rows at or beyond
+/// `counts[e]` are +0.0 (the op layer leaves them untouched instead). Every
+/// count must be at most `max_m` (callers validate; a violation panics).
+#[allow(clippy::too_many_arguments)]
+pub fn fp4_grouped_masked(
+    a: &[E4M3],
+    a_s: &[E8M0],
+    b: &[Fp4x2],
+    b_s: &[E8M0],
+    counts: &[usize],
+    max_m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<bf16> {
+    to_bf16(fp4_grouped_masked_f32(a, a_s, b, b_s, counts, max_m, n, k))
+}
+
+/// [`fp4_grouped_masked`] returning the fp32 accumulators.
+#[allow(clippy::too_many_arguments)]
+pub fn fp4_grouped_masked_f32(
+    a: &[E4M3],
+    a_s: &[E8M0],
+    b: &[Fp4x2],
+    b_s: &[E8M0],
+    counts: &[usize],
+    max_m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<f32> {
+    let kb = k.div_ceil(BLOCK);
+    let mut out = vec![0.0f32; counts.len() * max_m * n];
+    for (e, &m) in counts.iter().enumerate() {
+        assert!(m <= max_m, "counts[{e}] = {m} exceeds max_m = {max_m}");
+        if m == 0 {
+            continue;
+        }
+        let (wb, ws) = expert_weight(b, b_s, e, n, k);
+        let r0 = e * max_m;
+        let y = fp4_gemm_f32(
+            &a[r0 * k..(r0 + m) * k],
+            &a_s[r0 * kb..(r0 + m) * kb],
+            wb,
+            ws,
+            m,
+            n,
+            k,
+        );
+        out[r0 * n..(r0 + m) * n].copy_from_slice(&y);
+    }
+    out
+}
+
+/// Expert `e`'s packed weight `[n, k]` and its scales `[n, ⌈k/32⌉]`.
+fn expert_weight<'w>(
+    b: &'w [Fp4x2],
+    b_s: &'w [E8M0],
+    e: usize,
+    n: usize,
+    k: usize,
+) -> (&'w [Fp4x2], &'w [E8M0]) {
+    let (wb, sb) = (n * k.div_ceil(2), n * k.div_ceil(BLOCK));
+    (&b[e * wb..(e + 1) * wb], &b_s[e * sb..(e + 1) * sb])
+}
+
 /// BF16 × BF16 linear (ratio-1 compressor, indexer `wk` and `weights_proj`,
 /// the grouped `wo_a`): fp32 accumulation, one BF16 rounding. `a` is
 /// `[m, k]`, `w` is `[n, k]`; returns `[m, n]`. Equal to rounding

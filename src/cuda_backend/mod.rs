@@ -5,6 +5,7 @@
 //! already checked when these functions run.
 
 mod act_quant;
+pub mod blas;
 mod rms_norm;
 mod tilelang;
 mod tilelang_mhc;

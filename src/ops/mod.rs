@@ -4,6 +4,7 @@
 //! Outputs are allocated by the op on that same device.
 
 mod act_quant;
+mod gemm;
 mod mhc;
 mod moe_route;
 mod rms_norm;
@@ -13,6 +14,11 @@ mod swiglu;
 
 pub use act_quant::{
     ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with,
+};
+pub use gemm::{
+    GEMM_BLOCK, GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
+    mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,
+    mxfp8_linear_into,
 };
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
 pub use moe_route::{

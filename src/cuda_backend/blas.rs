@@ -1,0 +1,510 @@
+//! cuBLAS and cuBLASLt through cudarc (both loaded at run time).
+//!
+//! - [`bf16_linear`] serves the model's BF16 linears ([`crate::ops::bf16_linear`]):
+//!   row-major `D[M, N] = A[M, K] · W[N, K]ᵀ` is the column-major product
+//!   `Dᵀ (N × M, ld N) = Wᵀᵀ · Aᵀ`, i.e. `cublasGemmEx(op_A = T, op_B = N,
+//!   m = N, n = M, k = K, A = W (ld K), B = A (ld K), C = D (ld N))`, with
+//!   `CUBLAS_COMPUTE_32F` (no TF32, no reduced-precision split-K reductions)
+//!   and a BF16 or F32 output. One cuBLAS handle per stream of a
+//!   [`CudaDevice`], created on first use, bound to that stream, and kept
+//!   (with the stream) for the life of the process; calls through one handle
+//!   are serialised by a mutex.
+//! - [`Fp8TensorwisePlan`] (and [`cublaslt_fp8_tensorwise`]) is a
+//!   **benchmark peer only**, the `cublaslt_fp8_tensorwise` baseline of the
+//!   GEMM issue and of DeepGEMM's "× cuBLASLt": an FP8 e4m3 × e4m3 GEMM with
+//!   one fp32 scale per tensor, same layout mapping as above (the TN form
+//!   FP8 requires), FP32 compute, BF16 or F32 output. The model never uses
+//!   it: V4.1's 32-element block scales cannot be expressed per tensor.
+//!
+//! cudarc panics when it cannot load a library, so the libraries are probed
+//! first: by soname on the loader's path, then in `$CUDA_HOME/lib64`,
+//! `$CUDA_PATH/lib64` and `/usr/local/cuda/lib64` (a library loaded there by
+//! path satisfies the later load by soname). Their absence is an
+//! [`Error::DeviceUnavailable`]; a failing call is an [`Error::Blas`].
+
+use super::{read_ptr, write_ptr};
+use crate::device::{CudaBuffer, CudaDevice, Device};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use cudarc::cublas::{self, CudaBlas};
+use cudarc::cublaslt::{result as lt, sys as lt_sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
+
+/// Workspace handed to cuBLASLt (NVIDIA's recommendation for Hopper).
+const LT_WORKSPACE_BYTES: usize = 32 << 20;
+
+fn blas_error(during: &'static str) -> impl FnOnce(cublas::result::CublasError) -> Error {
+    move |e| Error::Blas {
+        during: during.into(),
+        status: format!("{:?}", e.0),
+    }
+}
+
+fn lt_error(during: &'static str) -> impl FnOnce(lt::CublasError) -> Error {
+    move |e| Error::Blas {
+        during: during.into(),
+        status: format!("{:?}", e.0),
+    }
+}
+
+/// Makes the CUDA context of `dev` current on this thread (cuBLAS runs on
+/// the thread's current context).
+fn bind(dev: &CudaDevice) -> Result<()> {
+    dev.raw_stream()
+        .context()
+        .bind_to_thread()
+        .map_err(|source| Error::Driver {
+            during: "binding the CUDA context for cuBLAS".into(),
+            source,
+        })
+}
+
+/// Loads libcublasLt and libcublas once, or says why they are unavailable.
+fn ensure_libraries() -> Result<()> {
+    static LOADED: LazyLock<Result<(), String>> = LazyLock::new(load_libraries);
+    LOADED.clone().map_err(|why| Error::DeviceUnavailable {
+        device: "cuBLAS".into(),
+        why,
+    })
+}
+
+fn lt_present() -> bool {
+    // SAFETY: loading libcublasLt runs only its ELF initialisers; the probe
+    // unloads it again.
+    unsafe { lt_sys::is_culib_present() }
+}
+
+fn blas_present() -> bool {
+    // SAFETY: as above, for libcublas.
+    unsafe { cublas::sys::is_culib_present() }
+}
+
+fn load_libraries() -> Result<(), String> {
+    let dirs: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(std::env::var_os)
+        .map(|d| PathBuf::from(d).join("lib64"))
+        .chain([PathBuf::from("/usr/local/cuda/lib64")])
+        .collect();
+    // libcublas links against libcublasLt: load that first.
+    type Probe = fn() -> bool;
+    let libs: [(&str, Probe); 2] = [
+        ("libcublasLt.so.13", lt_present),
+        ("libcublas.so.13", blas_present),
+    ];
+    for (soname, present) in libs {
+        if present() {
+            continue;
+        }
+        for dir in &dirs {
+            // SAFETY: as in `lt_present`; the library stays loaded for the
+            // life of the process (cudarc resolves its symbols later).
+            if let Ok(lib) = unsafe { libloading::Library::new(dir.join(soname)) } {
+                std::mem::forget(lib);
+                break;
+            }
+        }
+        if !present() {
+            return Err(format!(
+                "{soname} is neither on the library path nor in {dirs:?} \
+                 (set LD_LIBRARY_PATH or CUDA_HOME)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+type SharedBlas = Arc<Mutex<CudaBlas>>;
+
+/// The cuBLAS handle bound to `dev`'s stream, created on first use. The key
+/// is the stream's address, which cannot be reused while the cached handle
+/// holds the stream.
+fn blas_handle(dev: &CudaDevice) -> Result<SharedBlas> {
+    static HANDLES: LazyLock<Mutex<HashMap<usize, SharedBlas>>> = LazyLock::new(Mutex::default);
+    ensure_libraries()?;
+    let stream = dev.raw_stream();
+    let key = Arc::as_ptr(stream) as usize;
+    let mut handles = HANDLES.lock().expect("cuBLAS handle cache lock poisoned");
+    if let Some(h) = handles.get(&key) {
+        return Ok(h.clone());
+    }
+    bind(dev)?;
+    let blas = CudaBlas::new(stream.clone()).map_err(blas_error("cublasCreate"))?;
+    // SAFETY: the handle is live (owned by `blas`); the mode is a valid enum
+    // value (CUBLAS_DEFAULT_MATH = 0 with reduced-precision reductions off).
+    unsafe {
+        cublas::sys::cublasSetMathMode(
+            *blas.handle(),
+            cublas::sys::cublasMath_t::CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION,
+        )
+    }
+    .result()
+    .map_err(blas_error("cublasSetMathMode"))?;
+    let h = Arc::new(Mutex::new(blas));
+    handles.insert(key, h.clone());
+    Ok(h)
+}
+
+/// `out[M, N] = a[M, K] · w[N, K]ᵀ` for BF16 `a` and `w`, BF16 or F32 `out`,
+/// through cuBLAS (see the module doc). The caller ([`crate::ops::bf16_linear_into`])
+/// has validated dtypes, shapes (every dimension below 2^31, M, N, K ≥ 1)
+/// and that all three tensors are on `dev`.
+pub fn bf16_linear(
+    dev: &CudaDevice,
+    a: &Tensor,
+    w: &Tensor,
+    out: &mut Tensor,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
+    let out_type = match out.dtype() {
+        DType::F32 => cudaDataType_t::CUDA_R_32F,
+        _ => cudaDataType_t::CUDA_R_16BF,
+    };
+    let handle = blas_handle(dev)?;
+    let blas = handle.lock().expect("cuBLAS handle lock poisoned");
+    bind(dev)?;
+    let (ap, _ga) = read_ptr(a.cuda().expect("validated: a is on this device"), dev);
+    let (wp, _gw) = read_ptr(w.cuda().expect("validated: w is on this device"), dev);
+    let (op, _go) = write_ptr(
+        out.cuda_mut().expect("validated: out is on this device"),
+        dev,
+    );
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: the handle is live and bound to `dev`'s stream, on which the
+    // guards order these buffers. W is N × K and A is M × K BF16, row-major,
+    // so column-major K × N (ld K) and K × M (ld K); D is M × N row-major,
+    // column-major N × M (ld N), of `out_type`: the sizes the validated
+    // shapes give the buffers. alpha and beta are host f32 (the default
+    // pointer mode, FP32 compute), alive across the call; beta = 0 so D is
+    // never read. No buffer aliases another (each tensor owns its storage).
+    unsafe {
+        cublas::result::gemm_ex(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            n as i32,
+            m as i32,
+            k as i32,
+            (&alpha as *const f32).cast(),
+            wp,
+            cudaDataType_t::CUDA_R_16BF,
+            k as i32,
+            ap,
+            cudaDataType_t::CUDA_R_16BF,
+            k as i32,
+            (&beta as *const f32).cast(),
+            op,
+            out_type,
+            n as i32,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(blas_error("cublasGemmEx (bf16_linear)"))
+}
+
+const FP8_OP: &str = "cublaslt_fp8_tensorwise";
+
+struct LtHandle(lt_sys::cublasLtHandle_t);
+
+impl Drop for LtHandle {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtCreate and destroyed only here.
+        let _ = unsafe { lt::destroy_handle(self.0) };
+    }
+}
+
+struct LtDesc(lt_sys::cublasLtMatmulDesc_t);
+
+impl Drop for LtDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatmulDescCreate and destroyed only here.
+        let _ = unsafe { lt::destroy_matmul_desc(self.0) };
+    }
+}
+
+struct LtLayout(lt_sys::cublasLtMatrixLayout_t);
+
+impl Drop for LtLayout {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatrixLayoutCreate, destroyed only here.
+        let _ = unsafe { lt::destroy_matrix_layout(self.0) };
+    }
+}
+
+struct LtPref(lt_sys::cublasLtMatmulPreference_t);
+
+impl Drop for LtPref {
+    fn drop(&mut self) {
+        // SAFETY: created by cublasLtMatmulPreferenceCreate, destroyed only here.
+        let _ = unsafe { lt::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// Sets one cuBLASLt matmul descriptor attribute to `value`.
+fn set_desc<T>(
+    desc: &LtDesc,
+    attr: lt_sys::cublasLtMatmulDescAttributes_t,
+    value: &T,
+) -> Result<()> {
+    // SAFETY: the descriptor is live; `value` is a live `T` whose size is the
+    // one passed, and `T` is the attribute's documented type (an int32 enum
+    // for the transposes, a device pointer for the scale pointers).
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc.0,
+            attr,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>(),
+        )
+    }
+    .map_err(lt_error("cublasLtMatmulDescSetAttribute"))
+}
+
+/// A planned cuBLASLt FP8 per-tensor-scaled GEMM for one (M, N, K, output
+/// dtype): `out[M, N] = (a_scale · w_scale) · a[M, K] · w[N, K]ᵀ`, e4m3
+/// operands, fp32 scales on the device (`[1]` F32 tensors), FP32
+/// accumulation (cuBLASLt's default, not fast accumulation), BF16 or F32
+/// output. The handle, workspace, descriptors and the heuristic's algorithm
+/// are made once here so [`Fp8TensorwisePlan::run`] costs only the launch.
+/// Benchmark peer only (see the module doc).
+pub struct Fp8TensorwisePlan {
+    dev: CudaDevice,
+    m: usize,
+    n: usize,
+    k: usize,
+    out_dtype: DType,
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+    layouts: [LtLayout; 3],
+    desc: LtDesc,
+    workspace: CudaBuffer,
+    handle: LtHandle,
+}
+
+impl Fp8TensorwisePlan {
+    /// Plans the GEMM on `dev`. M, N, K ≥ 1 and below 2^31; K and N
+    /// multiples of 16 (cuBLASLt's FP8 leading-dimension rule); `out_dtype`
+    /// BF16 or F32. Errors when cuBLASLt has no algorithm for the shape.
+    pub fn new(
+        dev: &CudaDevice,
+        m: usize,
+        n: usize,
+        k: usize,
+        out_dtype: DType,
+    ) -> Result<Fp8TensorwisePlan> {
+        use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
+        use lt_sys::cudaDataType_t as T;
+        for (arg, v) in [("m", m), ("n", n), ("k", k)] {
+            if v == 0 || i32::try_from(v).is_err() {
+                return Err(Error::Argument {
+                    op: FP8_OP,
+                    arg,
+                    value: v.to_string(),
+                    why: "must be at least 1 and below 2^31",
+                });
+            }
+        }
+        for (arg, v) in [("n", n), ("k", k)] {
+            if !v.is_multiple_of(16) {
+                return Err(Error::Argument {
+                    op: FP8_OP,
+                    arg,
+                    value: v.to_string(),
+                    why: "cuBLASLt FP8 needs N and K to be multiples of 16",
+                });
+            }
+        }
+        let out_type = match out_dtype {
+            DType::BF16 => T::CUDA_R_16BF,
+            DType::F32 => T::CUDA_R_32F,
+            d => {
+                return Err(Error::Argument {
+                    op: FP8_OP,
+                    arg: "out_dtype",
+                    value: format!("dtype {d}"),
+                    why: "the output dtype must be BF16 or F32",
+                });
+            }
+        };
+        ensure_libraries()?;
+        bind(dev)?;
+        let handle = LtHandle(lt::create_handle().map_err(lt_error("cublasLtCreate"))?);
+        let workspace = dev.alloc(LT_WORKSPACE_BYTES)?;
+        let desc = LtDesc(
+            lt::create_matmul_desc(
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                T::CUDA_R_32F,
+            )
+            .map_err(lt_error("cublasLtMatmulDescCreate"))?,
+        );
+        let (op_t, op_n) = (
+            cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32,
+            cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32,
+        );
+        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
+        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
+        let layout = |ty, rows: usize, cols: usize, ld: usize| -> Result<LtLayout> {
+            Ok(LtLayout(
+                lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64)
+                    .map_err(lt_error("cublasLtMatrixLayoutCreate"))?,
+            ))
+        };
+        // Column-major views: W is K × N (ld K), A is K × M (ld K), D is N × M (ld N).
+        let layouts = [
+            layout(T::CUDA_R_8F_E4M3, k, n, k)?,
+            layout(T::CUDA_R_8F_E4M3, k, m, k)?,
+            layout(out_type, n, m, n)?,
+        ];
+        let pref =
+            LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
+        let ws_bytes = LT_WORKSPACE_BYTES as u64;
+        // SAFETY: the preference is live; the attribute is a uint64 and
+        // `ws_bytes` is one, alive across the call.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&ws_bytes as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        }
+        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute"))?;
+        // SAFETY: every descriptor is live and describes the layouts above.
+        let heuristic = unsafe {
+            lt::get_matmul_algo_heuristic(
+                handle.0,
+                desc.0,
+                layouts[0].0,
+                layouts[1].0,
+                layouts[2].0,
+                layouts[2].0,
+                pref.0,
+            )
+        }
+        .map_err(lt_error(
+            "cublasLtMatmulAlgoGetHeuristic (FP8 e4m3, per-tensor scales)",
+        ))?;
+        Ok(Fp8TensorwisePlan {
+            dev: dev.clone(),
+            m,
+            n,
+            k,
+            out_dtype,
+            algo: heuristic.algo,
+            layouts,
+            desc,
+            workspace,
+            handle,
+        })
+    }
+
+    /// Runs the planned GEMM: `a` `[M, K]` and `w` `[N, K]` e4m3, `a_scale`
+    /// and `w_scale` F32 `[1]`, `out` `[M, N]` of the planned dtype, all on
+    /// the plan's device.
+    pub fn run(
+        &mut self,
+        a: &Tensor,
+        a_scale: &Tensor,
+        w: &Tensor,
+        w_scale: &Tensor,
+        out: &mut Tensor,
+    ) -> Result<()> {
+        use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
+        let (m, n, k) = (self.m, self.n, self.k);
+        a.expect_output(FP8_OP, "a", DType::F8E4M3, &[m, k])?;
+        w.expect_output(FP8_OP, "w", DType::F8E4M3, &[n, k])?;
+        a_scale.expect_output(FP8_OP, "a_scale", DType::F32, &[1])?;
+        w_scale.expect_output(FP8_OP, "w_scale", DType::F32, &[1])?;
+        out.expect_output(FP8_OP, "out", self.out_dtype, &[m, n])?;
+        let here = Device::Cuda(self.dev.clone());
+        for (name, t) in [
+            ("a", a),
+            ("a_scale", a_scale),
+            ("w", w),
+            ("w_scale", w_scale),
+            ("out", &*out),
+        ] {
+            if !t.device().same_as(&here) {
+                return Err(Error::DeviceMismatch {
+                    op: FP8_OP,
+                    tensor: name,
+                    got: t.device().to_string(),
+                    expected: here.to_string(),
+                });
+            }
+        }
+        let dev = &self.dev;
+        bind(dev)?;
+        let (ap, _ga) = read_ptr(a.cuda().expect("checked: on this device"), dev);
+        let (wp, _gw) = read_ptr(w.cuda().expect("checked: on this device"), dev);
+        let (asp, _gas) = read_ptr(a_scale.cuda().expect("checked: on this device"), dev);
+        let (wsp, _gws) = read_ptr(w_scale.cuda().expect("checked: on this device"), dev);
+        let (wsb, _gwb) = write_ptr(&mut self.workspace, dev);
+        let (op, _go) = write_ptr(out.cuda_mut().expect("checked: on this device"), dev);
+        // cuBLASLt's A is our W and its B our A.
+        set_desc(&self.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsp)?;
+        set_desc(&self.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &asp)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: handle, descriptor, layouts and algorithm are live and were
+        // planned for exactly these (M, N, K, dtypes), which the checks above
+        // confirm for every tensor, so each buffer holds what its layout
+        // describes; the scale pointers address one f32 each. The workspace
+        // is the plan's own LT_WORKSPACE_BYTES, the size the heuristic was
+        // allowed. beta = 0, so C (= D) is not read. All work is ordered on
+        // the plan device's stream, which the guards use too.
+        unsafe {
+            lt::matmul(
+                self.handle.0,
+                self.desc.0,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                wp,
+                self.layouts[0].0,
+                ap,
+                self.layouts[1].0,
+                op as *const c_void,
+                self.layouts[2].0,
+                op,
+                self.layouts[2].0,
+                &self.algo,
+                wsb,
+                LT_WORKSPACE_BYTES,
+                dev.raw_stream().cu_stream() as lt_sys::cudaStream_t,
+            )
+        }
+        .map_err(lt_error("cublasLtMatmul (FP8 e4m3, per-tensor scales)"))
+    }
+}
+
+/// One-shot [`Fp8TensorwisePlan`]: plans for the shapes of `a` `[M, K]`,
+/// `w` `[N, K]` and `out`'s dtype on `dev`, then runs. Benchmark peer only.
+pub fn cublaslt_fp8_tensorwise(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_scale: &Tensor,
+    w: &Tensor,
+    w_scale: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    let (&[m, k], &[n, _]) = (a.shape(), w.shape()) else {
+        let (name, t) = if a.shape().len() != 2 {
+            ("a", a)
+        } else {
+            ("w", w)
+        };
+        return Err(Error::Shape {
+            op: FP8_OP,
+            tensor: name,
+            got: t.shape().to_vec(),
+            expected: "rank 2 ([M, K] for a, [N, K] for w)".into(),
+        });
+    };
+    Fp8TensorwisePlan::new(dev, m, n, k, out.dtype())?.run(a, a_scale, w, w_scale, out)
+}
