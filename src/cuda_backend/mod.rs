@@ -5,6 +5,7 @@
 //! already checked when these functions run.
 
 mod act_quant;
+pub mod gemm_skinny;
 pub mod blas;
 mod rms_norm;
 mod tilelang;
@@ -43,6 +44,10 @@ pub mod params {
 unsafe impl cudarc::driver::DeviceRepr for params::di_rms_norm_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_params {}
+// SAFETY: as above (skinny GEMM structs: addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_reduce_params {}
 
 /// Device address of a buffer's first byte, for a kernel that reads it.
 /// The returned guard must outlive the launch that uses the address.

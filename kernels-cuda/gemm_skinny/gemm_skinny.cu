@@ -1,0 +1,547 @@
+// Skinny block-scaled GEMMs for decode (M <= 64 tokens): memory-bound, so the
+// design streams the weights once at full bandwidth and keeps every SM busy.
+//
+//   gemm_skinny_fp8:       out[M, N] = A[M, K] (e4m3, 1x32 E8M0 scales)
+//                          x B[N, K]^T (e4m3, 32x32 E8M0 scales); M in 1..64.
+//   gemm_skinny_fp4_masked: per expert e, out[e, :count_e, N] = A[e, :count_e, K]
+//                          x B[e, N, K]^T (packed e2m1, E8M0 per row per 32).
+//   gemm_skinny_reduce:    out = sum over splits of f32 partials, in split order.
+//
+// Numerics (src/cpu_backend/gemm.rs): each 32-deep K block is one wgmma k-step
+// whose fp32 tile is folded into the master accumulator as
+// acc = fma(tile, a_s * b_s, acc), blocks in increasing K order. With split-K
+// (dense only) each split accumulates its own K range that way and the reduce
+// kernel adds the splits in order 0, 1, ...; the split count depends on N and K
+// only, so results do not depend on M.
+//
+// sm_90a (Hopper): operands are swapped so the weights fill wgmma's M = 64 side
+// (64 output features per CTA) and the tokens its N side (8, 16, 32 or 64,
+// from the row count). One warpgroup per CTA. K is streamed in chunks of 128
+// through kStages shared-memory stages filled by cp.async (16-byte copies into
+// the 128-byte-swizzled K-major layout of sm90.cuh; zero-filled outside the
+// matrix). FP4 weights land raw (8-byte copies) and are decoded e2m1 -> e4m3
+// into one swizzled tile just before their wgmmas. Scales are prefetched a
+// stage ahead into registers and written to shared memory as fp32.
+//
+// Other architectures (sm_100a until tcgen05 block-scaled MMA is written): the
+// same entry points run a SIMT path, one thread per output, that follows the
+// CPU reference order exactly (fp32 products summed in k order per block).
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "deepinfer/params.h"
+#include "deepinfer/sm90.cuh"
+
+namespace {
+
+constexpr int kThreads = 128;     // one warpgroup
+constexpr int kTileN = 64;        // output features per CTA (wgmma M)
+constexpr int kChunkK = 128;      // K per pipeline stage (one 128-byte e4m3 row)
+constexpr int kBlocksPerChunk = kChunkK / 32;
+constexpr int kStages = 5;        // cp.async stages (kStages - 1 chunks in flight)
+
+// Shared-memory layout of one launch, a function of the FP4 flag and the
+// launch's largest token tile only. Host twin: src/cuda_backend/gemm_skinny.rs
+// (smem_bytes). Per stage: weights (FP8: 64 x 128 B swizzled; FP4: 64 x 64 B
+// raw), tokens (nt_max x 128 B swizzled), weight scales f32 [4][64], token
+// scales f32 [4][nt_max]; stages 1024-byte aligned. FP4 adds one decoded
+// 64 x 128 B weight tile after the stages.
+template <bool FP4, int NT_MAX> struct Layout {
+    static constexpr int nt_max = NT_MAX;
+    static constexpr uint32_t x_off = FP4 ? 4096u : 8192u;
+    static constexpr uint32_t scw_off = x_off + uint32_t(NT_MAX) * 128u;
+    static constexpr uint32_t scx_off = scw_off + 4u * kTileN * 4u;
+    static constexpr uint32_t stage_bytes = (scx_off + 16u * uint32_t(NT_MAX) + 1023u) & ~1023u;
+    static constexpr uint32_t dec_off = kStages * stage_bytes;
+    static constexpr uint32_t bytes = 1024u + dec_off + (FP4 ? 8192u : 0u);
+};
+
+// One 64-feature x (up to 64)-token output tile over a range of K chunks.
+struct Tile {
+    const uint8_t *w;   // weight row r at w + r * w_row (e4m3: k bytes, FP4: k / 2)
+    const uint8_t *ws;  // weight scales (dense: [ceil(n/32)][kbs], FP4: [n][kbs])
+    const uint8_t *x;   // token t at x + t * k
+    const uint8_t *xs;  // token t's scales at xs + t * kbs
+    void *out;          // element (t, f) at out[t * n + f]
+    int n0, n, k, kbs;  // first feature, features, K, ceil(K / 32)
+    int rows;           // valid tokens, 1..64
+    int chunk_begin, chunk_end;
+    bool out_f32;
+};
+
+__device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
+    return b == 0xFFu ? __uint_as_float(0x7FC00000u)
+                      : (b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23));
+}
+
+__device__ __forceinline__ int token_tile(int rows) {
+    return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
+__device__ __forceinline__ void store_out(const Tile &t, int tok, int f, float v) {
+    if (tok < t.rows && f < t.n) {
+        const int64_t at = int64_t(tok) * t.n + f;
+        if (t.out_f32) {
+            static_cast<float *>(t.out)[at] = v;
+        } else {
+            static_cast<__nv_bfloat16 *>(t.out)[at] = __float2bfloat16_rn(v);
+        }
+    }
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+using namespace deepinfer::sm90;
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async8(uint32_t dst, const void *src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 8 : 0)
+                 : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// Eight e2m1 nibbles (element i in bits 4i..4i+3) -> eight e4m3 bytes (element
+// i in byte i of the pair), exact; the same mapping as sm90.cuh's
+// e2m1x4_to_e4m3x4 in about a third of the instructions, which matters here:
+// the FP4 decode is the largest ALU cost per weight byte. The magnitude is a
+// prmt table lookup selected by the nibbles' low 3 bits; the sign comes from
+// a prmt in sign-replicate mode (selector bit 3 = the e2m1 sign) over bytes
+// 0x80: 0x80 for + and 0xFF for -, minus 1 leaves bit 7 set exactly for -.
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t p) {
+    constexpr uint32_t kLo = 0x3C383000u, kHi = 0x4C484440u, kSign = 0x80808080u;
+    const uint32_t mag = p & 0x77777777u;
+    const uint32_t lo = prmt(kLo, kHi, mag), hi = prmt(kLo, kHi, mag >> 16);
+    const uint32_t slo = prmt(kSign, kSign, p), shi = prmt(kSign, kSign, p >> 16);
+    return make_uint2(lo | ((slo - 0x01010101u) & 0x80808080u),
+                      hi | ((shi - 0x01010101u) & 0x80808080u));
+}
+
+// Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
+__device__ __forceinline__ uint32_t swz(int r, int c) {
+    return uint32_t(r) * 128u + (uint32_t(c ^ (r & 7)) << 4);
+}
+
+// Issues the cp.async copies of chunk `c` (weights and tokens) into `stage`.
+template <bool FP4, class L>
+__device__ __forceinline__ void issue_stage(const Tile &t, uint8_t *stage, int c, int nt) {
+    const int tid = threadIdx.x;
+    const int k0 = c * kChunkK;
+    const uint32_t s = smem_u32(stage);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int q = tid + kThreads * i;  // 512 pieces: 64 rows x 8
+        const int r = q >> 3, j = q & 7;
+        const int kk = k0 + j * 16;        // first K element of the piece
+        const bool valid = (t.n0 + r < t.n) && kk < t.k;
+        if (FP4) {
+            const uint8_t *src =
+                valid ? t.w + int64_t(t.n0 + r) * (t.k / 2) + kk / 2 : t.w;
+            cp_async8(s + uint32_t(r * 64 + j * 8), src, valid);
+        } else {
+            const uint8_t *src = valid ? t.w + int64_t(t.n0 + r) * t.k + kk : t.w;
+            cp_async16(s + swz(r, j), src, valid);
+        }
+    }
+    for (int q = tid; q < nt * 8; q += kThreads) {
+        const int r = q >> 3, j = q & 7;
+        const int kk = k0 + j * 16;
+        const bool valid = r < t.rows && kk < t.k;
+        const uint8_t *src = valid ? t.x + int64_t(r) * t.k + kk : t.x;
+        cp_async16(s + L::x_off + swz(r, j), src, valid);
+    }
+}
+
+// This thread's four scale bytes of chunk c (threads 0..63: weight row tid;
+// 64..127: token tid - 64), byte j = K block 4c + j; `ok` marks whether the
+// row exists.
+__device__ __forceinline__ uint32_t load_scales(const Tile &t, bool fp4, int c, int nt, bool &ok) {
+    const int tid = threadIdx.x;
+    const uint8_t *row;
+    if (tid < kTileN) {
+        const int f = t.n0 + tid;
+        ok = f < t.n;
+        row = t.ws + (fp4 ? int64_t(f) : int64_t(f / 32)) * t.kbs;
+    } else {
+        const int tok = tid - kTileN;
+        ok = tok < nt && tok < t.rows;
+        row = t.xs + int64_t(tok) * t.kbs;
+    }
+    uint32_t v = 0;
+    if (ok) {
+#pragma unroll
+        for (int j = 0; j < kBlocksPerChunk; ++j) {
+            const int kb = c * kBlocksPerChunk + j;
+            if (kb < t.kbs) v |= uint32_t(__ldg(row + kb)) << (8 * j);
+        }
+    }
+    return v;
+}
+
+template <class L>
+__device__ __forceinline__ void store_scales(uint8_t *stage, uint32_t v, bool ok, int nt,
+                                             int blocks) {
+    const int tid = threadIdx.x;
+    float *dst;
+    int stride;
+    if (tid < kTileN) {
+        dst = reinterpret_cast<float *>(stage + L::scw_off) + tid;
+        stride = kTileN;
+    } else {
+        if (tid - kTileN >= nt) return;
+        dst = reinterpret_cast<float *>(stage + L::scx_off) + (tid - kTileN);
+        stride = L::nt_max;
+    }
+#pragma unroll
+    for (int j = 0; j < kBlocksPerChunk; ++j) {
+        dst[j * stride] = ok && j < blocks ? e8m0_to_f32((v >> (8 * j)) & 0xFFu) : 0.0f;
+    }
+}
+
+// Decodes the raw FP4 weights of `stage` (64 rows x 64 B) into the swizzled
+// e4m3 tile `dec` (64 rows x 128 B).
+__device__ __forceinline__ void decode_fp4(const uint8_t *stage, uint8_t *dec) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int q = tid + kThreads * i;
+        const int r = q >> 3, j = q & 7;
+        const uint2 raw = *reinterpret_cast<const uint2 *>(stage + r * 64 + j * 8);
+        const uint2 a = e2m1x8_to_e4m3x8(raw.x), b = e2m1x8_to_e4m3x8(raw.y);
+        *reinterpret_cast<uint4 *>(dec + swz(r, j)) = make_uint4(a.x, a.y, b.x, b.y);
+    }
+}
+
+// Folds one k32 tile into the master accumulator: acc += tile * (w_s * x_s).
+// Thread layout of the 64 x NT wgmma accumulator: feature 16 * warp + lane / 4
+// (+ 8 for registers 2, 3 of each quad), token 8 * i + 2 * (lane % 4) (+ 1).
+template <int NT>
+__device__ __forceinline__ void promote(float (&acc)[NT / 2], float (&tile)[NT / 2],
+                                        const float *scw, const float *scx) {
+    const int lane = threadIdx.x & 31, f0 = 16 * (threadIdx.x >> 5) + (lane >> 2);
+    const float sw0 = scw[f0], sw1 = scw[f0 + 8];
+#pragma unroll
+    for (int i = 0; i < NT / 8; ++i) {
+        const float2 sx = *reinterpret_cast<const float2 *>(scx + 8 * i + 2 * (lane & 3));
+        acc[4 * i + 0] = fmaf(tile[4 * i + 0], sw0 * sx.x, acc[4 * i + 0]);
+        acc[4 * i + 1] = fmaf(tile[4 * i + 1], sw0 * sx.y, acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(tile[4 * i + 2], sw1 * sx.x, acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(tile[4 * i + 3], sw1 * sx.y, acc[4 * i + 3]);
+    }
+}
+
+template <bool FP4, int NT, int NT_MAX>
+__device__ void tile_mma(const Tile &t, uint8_t *smem) {
+    using L = Layout<FP4, NT_MAX>;
+    using Mma = WgmmaE4M3<NT>;
+    static_assert(L::bytes <= 227u * 1024u, "the layout exceeds the shared memory of an SM");
+    // The previous tile of this CTA may still be reading its last stage.
+    __syncthreads();
+    float acc[NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
+    const int nch = t.chunk_end - t.chunk_begin;
+    // K blocks of chunk c that exist (the rest of its 4 k-steps get scale 0).
+    auto blocks = [&](int c) { return t.kbs - c * kBlocksPerChunk; };
+
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+        if (s < nch) {
+            uint8_t *st = smem + s * L::stage_bytes;
+            const int c = t.chunk_begin + s;
+            issue_stage<FP4, L>(t, st, c, NT);
+            bool ok;
+            const uint32_t v = load_scales(t, FP4, c, NT, ok);
+            store_scales<L>(st, v, ok, NT, blocks(c));
+        }
+        cp_async_commit();
+    }
+
+    uint8_t *dec = smem + L::dec_off;
+    float tile[2][NT / 2];
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) tile[0][i] = tile[1][i] = 0.0f;
+    for (int i = 0; i < nch; ++i) {
+        uint8_t *st = smem + (i % kStages) * L::stage_bytes;
+        cp_async_wait<kStages - 2>();  // this thread's copies of chunk i landed
+        fence_proxy_async_smem();      // ... and are visible to wgmma
+        __syncthreads();               // everyone's copies; chunk i - 1 fully consumed
+
+        const int pf = i + kStages - 1;
+        uint8_t *pst = smem + (pf % kStages) * L::stage_bytes;
+        uint32_t pv = 0;
+        bool pok = false;
+        if (pf < nch) {
+            issue_stage<FP4, L>(t, pst, t.chunk_begin + pf, NT);
+            pv = load_scales(t, FP4, t.chunk_begin + pf, NT, pok);
+        }
+        cp_async_commit();
+
+        const uint8_t *wt = st;
+        if (FP4) {
+            decode_fp4(st, dec);
+            fence_proxy_async_smem();
+            __syncthreads();
+            wt = dec;
+        }
+        const uint64_t da = smem_desc_k128(wt), db = smem_desc_k128(st + L::x_off);
+        const float *scw = reinterpret_cast<const float *>(st + L::scw_off);
+        const float *scx = reinterpret_cast<const float *>(st + L::scx_off);
+
+        // Two fresh tiles alternate: the wgmma of k-step j runs while k-step
+        // j - 1 is promoted. Every chunk runs its 4 k-steps (a K block past
+        // the end is zero data with zero scales, adding exactly +0), so no
+        // wgmma sits on a data-dependent branch. Descriptor addresses count
+        // 16-byte units: one k-step is 32 bytes.
+#pragma unroll
+        for (int j = 0; j < kBlocksPerChunk; ++j) {
+            fence_operands(tile[j & 1]);
+            wgmma_fence();
+            Mma::mma(tile[j & 1], da + 2 * j, db + 2 * j, 0);
+            wgmma_commit();
+            if (j >= 1) {
+                wgmma_wait<1>();
+                fence_operands(tile[(j - 1) & 1]);
+                promote<NT>(acc, tile[(j - 1) & 1], scw + (j - 1) * kTileN,
+                            scx + (j - 1) * NT_MAX);
+            }
+        }
+        wgmma_wait<0>();
+        fence_operands(tile[(kBlocksPerChunk - 1) & 1]);
+        promote<NT>(acc, tile[(kBlocksPerChunk - 1) & 1], scw + (kBlocksPerChunk - 1) * kTileN,
+                    scx + (kBlocksPerChunk - 1) * NT_MAX);
+        if (pf < nch) store_scales<L>(pst, pv, pok, NT, blocks(t.chunk_begin + pf));
+    }
+
+    const int lane = threadIdx.x & 31, f0 = 16 * (threadIdx.x >> 5) + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < NT / 8; ++i) {
+        const int tok = 8 * i + 2 * (lane & 3);
+        store_out(t, tok, t.n0 + f0, acc[4 * i + 0]);
+        store_out(t, tok + 1, t.n0 + f0, acc[4 * i + 1]);
+        store_out(t, tok, t.n0 + f0 + 8, acc[4 * i + 2]);
+        store_out(t, tok + 1, t.n0 + f0 + 8, acc[4 * i + 3]);
+    }
+}
+
+// 1024-byte-aligned start of the dynamic shared memory (the launch adds 1024
+// bytes of slack).
+__device__ __forceinline__ uint8_t *aligned_smem() {
+    extern __shared__ __align__(1024) uint8_t dyn_smem[];
+    const uint32_t a = smem_u32(dyn_smem);
+    return dyn_smem + (((a + 1023u) & ~1023u) - a);
+}
+
+// Runs a tile with the smallest token tile (8, 16, 32, 64; at most NT_MAX)
+// that holds its rows, in the shared-memory layout of NT_MAX.
+template <bool FP4, int NT_MAX> __device__ void run_tile(const Tile &t) {
+    uint8_t *smem = aligned_smem();
+    const int nt = token_tile(t.rows);
+    if constexpr (NT_MAX >= 64) {
+        if (nt == 64) return tile_mma<FP4, 64, NT_MAX>(t, smem);
+    }
+    if constexpr (NT_MAX >= 32) {
+        if (nt == 32) return tile_mma<FP4, 32, NT_MAX>(t, smem);
+    }
+    if constexpr (NT_MAX >= 16) {
+        if (nt == 16) return tile_mma<FP4, 16, NT_MAX>(t, smem);
+    }
+    tile_mma<FP4, 8, NT_MAX>(t, smem);
+}
+
+#else  // SIMT path: one thread per output, the CPU reference's order.
+
+__device__ __forceinline__ float e4m3_to_f32(uint8_t v) {
+    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3)));
+}
+
+__device__ __forceinline__ float e2m1_to_f32(uint8_t packed, int hi) {
+    const uint32_t nib = hi ? packed >> 4 : packed & 0xFu;
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    const float v = mag[nib & 7u];
+    return (nib & 8u) ? -v : v;
+}
+
+template <bool FP4, int NT_MAX> __device__ void run_tile(const Tile &t) {
+    const int kb_end = min(t.kbs, t.chunk_end * kBlocksPerChunk);
+    for (int idx = threadIdx.x; idx < kTileN * t.rows; idx += kThreads) {
+        const int f = t.n0 + idx % kTileN, tok = idx / kTileN;
+        if (f >= t.n) continue;
+        const uint8_t *xr = t.x + int64_t(tok) * t.k;
+        const uint8_t *ws = t.ws + (FP4 ? int64_t(f) : int64_t(f / 32)) * t.kbs;
+        float acc = 0.0f;
+        for (int kb = t.chunk_begin * kBlocksPerChunk; kb < kb_end; ++kb) {
+            float dot = 0.0f;
+            for (int kk = kb * 32; kk < min(kb * 32 + 32, t.k); ++kk) {
+                const float w = FP4 ? e2m1_to_f32(t.w[int64_t(f) * (t.k / 2) + kk / 2], kk & 1)
+                                    : e4m3_to_f32(t.w[int64_t(f) * t.k + kk]);
+                dot = __fadd_rn(dot, __fmul_rn(e4m3_to_f32(xr[kk]), w));
+            }
+            const float s = __fmul_rn(e8m0_to_f32(t.xs[int64_t(tok) * t.kbs + kb]),
+                                      e8m0_to_f32(ws[kb]));
+            acc = __fadd_rn(acc, __fmul_rn(dot, s));
+        }
+        store_out(t, tok, f, acc);
+    }
+}
+
+#endif
+
+// Dense: grid (ceil(n / 64), splits). Split y covers K chunks
+// [y * chunks_per_split, min((y + 1) * chunks_per_split, ceil(k / 128))) and,
+// when there are several splits, writes f32 partials to out + y * m * n.
+template <int NT_MAX> __device__ void dense(const di_gemm_skinny_params &p) {
+    const int nch = (p.k + kChunkK - 1) / kChunkK;
+    Tile t;
+    t.w = static_cast<const uint8_t *>(p.b);
+    t.ws = static_cast<const uint8_t *>(p.b_scale);
+    t.x = static_cast<const uint8_t *>(p.a);
+    t.xs = static_cast<const uint8_t *>(p.a_scale);
+    t.n0 = blockIdx.x * kTileN;
+    t.n = p.n;
+    t.k = p.k;
+    t.kbs = (p.k + 31) / 32;
+    t.rows = min(p.m, NT_MAX);
+    t.chunk_begin = min(nch, int(blockIdx.y) * p.chunks_per_split);
+    t.chunk_end = min(nch, t.chunk_begin + p.chunks_per_split);
+    t.out_f32 = p.out_f32 != 0;
+    t.out = p.out_f32 ? static_cast<void *>(static_cast<float *>(p.out) +
+                                            int64_t(blockIdx.y) * p.m * p.n)
+                      : p.out;
+    run_tile<false, NT_MAX>(t);
+}
+
+// Masked FP4 experts: grid (ceil(n / 64), groups). The experts with a nonzero
+// count (clamped to [0, m]) are ranked in expert order; CTA (x, g) takes those
+// of rank g, g + groups, ..., so empty experts cost one count read per CTA.
+// Each expert's rows are done in blocks of 64 with the token tile sized to
+// the block.
+template <int NT_MAX> __device__ void masked(const di_gemm_skinny_params &p) {
+    __shared__ int list_e[kThreads];
+    __shared__ int list_c[kThreads];
+    __shared__ int warp_active[kThreads / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int groups = gridDim.y, g = blockIdx.y;
+    const int kbs = (p.k + 31) / 32;
+    // Members of this CTA's residue class among ranks [0, r).
+    auto below = [&](int r) { return r > g ? (r - g + groups - 1) / groups : 0; };
+    int seen = 0;
+    for (int e0 = 0; e0 < p.experts; e0 += kThreads) {
+        const int e = e0 + tid;
+        const int c = e < p.experts ? max(0, min(p.m, p.counts[e])) : 0;
+        const unsigned act = __ballot_sync(0xFFFFFFFFu, c > 0);
+        if (lane == 0) warp_active[warp] = __popc(act);
+        __syncthreads();
+        int before = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) {
+            before += w < warp ? warp_active[w] : 0;
+            total += warp_active[w];
+        }
+        const int rank = seen + before + __popc(act & ((1u << lane) - 1u));
+        if (c > 0 && rank >= g && (rank - g) % groups == 0) {
+            const int pos = below(rank) - below(seen);
+            list_e[pos] = e;
+            list_c[pos] = c;
+        }
+        const int len = below(seen + total) - below(seen);
+        __syncthreads();
+        for (int i = 0; i < len; ++i) {
+            const int ex = list_e[i], cnt = list_c[i];
+            for (int r0 = 0; r0 < cnt; r0 += 64) {
+                const int64_t row0 = int64_t(ex) * p.m + r0;
+                Tile t;
+                t.w = static_cast<const uint8_t *>(p.b) + int64_t(ex) * p.n * (p.k / 2);
+                t.ws = static_cast<const uint8_t *>(p.b_scale) + int64_t(ex) * p.n * kbs;
+                t.x = static_cast<const uint8_t *>(p.a) + row0 * p.k;
+                t.xs = static_cast<const uint8_t *>(p.a_scale) + row0 * kbs;
+                t.n0 = blockIdx.x * kTileN;
+                t.n = p.n;
+                t.k = p.k;
+                t.kbs = kbs;
+                t.rows = min(min(64, NT_MAX), cnt - r0);
+                t.chunk_begin = 0;
+                t.chunk_end = (p.k + kChunkK - 1) / kChunkK;
+                t.out_f32 = p.out_f32 != 0;
+                t.out = p.out_f32
+                            ? static_cast<void *>(static_cast<float *>(p.out) + row0 * p.n)
+                            : static_cast<void *>(static_cast<__nv_bfloat16 *>(p.out) + row0 * p.n);
+                run_tile<true, NT_MAX>(t);
+            }
+        }
+        seen += total;
+        __syncthreads();  // list and warp counts are rewritten next round
+    }
+}
+
+}  // namespace
+
+// One entry per token tile: the suffix is the largest tile (and the shared-
+// memory layout) of the launch; __launch_bounds__ follows the CTAs per SM
+// that layout allows. Dense: m in (suffix / 2, suffix] (1..8 for _n8).
+// Masked: min(max_m, 64) in that range; rows beyond 64 go in further blocks.
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
+    gemm_skinny_fp8_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    dense<8>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_fp8_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    dense<16>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_fp8_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    dense<32>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    gemm_skinny_fp8_n64(const __grid_constant__ di_gemm_skinny_params p) {
+    dense<64>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
+    gemm_skinny_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    masked<8>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked<16>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_fp4_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    masked<32>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    gemm_skinny_fp4_masked_n64(const __grid_constant__ di_gemm_skinny_params p) {
+    masked<64>(p);
+}
+
+// out[i] = partials[0][i] + partials[1][i] + ... in split order, from +0.0.
+extern "C" __global__ void __launch_bounds__(256)
+    gemm_skinny_reduce(const __grid_constant__ di_gemm_skinny_reduce_params p) {
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
+        float acc = 0.0f;
+        for (int s = 0; s < p.splits; ++s) acc += p.partials[int64_t(s) * p.count + i];
+        if (p.out_f32) {
+            static_cast<float *>(p.out)[i] = acc;
+        } else {
+            static_cast<__nv_bfloat16 *>(p.out)[i] = __float2bfloat16_rn(acc);
+        }
+    }
+}

@@ -1,0 +1,386 @@
+//! Launches of the skinny (decode-size) block-scaled GEMMs
+//! (`kernels-cuda/gemm_skinny/`): the dense MXFP8 GEMM for M ≤ 64 and the
+//! masked FP8 × FP4 MoE GEMM (per-expert token slots plus a device count).
+//!
+//! Both compute `out[m, n] = Σ_kb (fp32 block sum of a·b over 32 of K) ·
+//! a_s · b_s` with the numerics of `cpu_backend::gemm` up to the in-block
+//! summation order (compare with `calc_diff`). The dense GEMM splits K over
+//! CTAs when N alone gives too few 64-row tiles: each split writes fp32
+//! partials to a workspace and a second kernel adds them in split order. The
+//! split count is a function of N and K only, so a row's result does not
+//! depend on M, and repeated runs are bitwise identical.
+//!
+//! Callers (the ops layer) have validated dtypes, shapes and devices; the
+//! shapes are checked again here (cheaply) because the launch relies on them.
+//! Kernel limits, returned as typed errors before any launch: K % 16 == 0
+//! (16-byte row copies; FP4 rows of K / 2 bytes in 8-byte copies), M ≤ 64 for
+//! the dense GEMM, dimensions that fit the kernels' 32-bit indices.
+
+use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params};
+use super::{launch, read_ptr, write_ptr};
+use crate::device::{CudaBuffer, CudaDevice};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::{self, KernelRef};
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::CUfunction_attribute;
+
+/// Threads per CTA: one warpgroup (the sm_90a kernels issue wgmma on it).
+const THREADS: u32 = 128;
+/// Output features per CTA (wgmma's M side).
+const TILE_N: usize = 64;
+/// K per pipeline stage and per split unit.
+const CHUNK_K: usize = 128;
+/// Pipeline stages (`kStages` in gemm_skinny.cu).
+const STAGES: u32 = 5;
+/// CTAs the dense split-K aims for: two per SM of the H200 (132 SMs). A
+/// constant, not the device's SM count, so the split (and the result bits)
+/// is the same on every device.
+const TARGET_CTAS: usize = 264;
+/// CTAs the masked GEMM aims for: up to four resident per SM.
+const TARGET_CTAS_MASKED: usize = 528;
+/// Largest dense M (the token side of one wgmma).
+pub const MAX_M: usize = 64;
+
+/// Dense `out = A · Bᵀ` for M ≤ 64 with 1×32 activation and 32×32 weight
+/// E8M0 scales: `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]` E8M0, `b` `[N, K]`
+/// e4m3, `b_s` `[⌈N/32⌉, ⌈K/32⌉]` E8M0, `out` `[M, N]` BF16 or F32 (rounded
+/// once from the fp32 accumulator). Errors: K % 16 != 0 or M > 64 (tensor
+/// `a`).
+pub fn mxfp8_gemm_skinny(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    const OP: &str = "mxfp8_gemm_skinny";
+    let (m, k) = dims2(OP, "a", a)?;
+    let n = b.shape().first().copied().unwrap_or(0);
+    let kb = k.div_ceil(32);
+    expect(OP, "a", a, DType::F8E4M3, &[m, k])?;
+    expect(OP, "a_s", a_s, DType::E8M0, &[m, kb])?;
+    expect(OP, "b", b, DType::F8E4M3, &[n, k])?;
+    expect(OP, "b_s", b_s, DType::E8M0, &[n.div_ceil(32), kb])?;
+    let out_f32 = out_kind(OP, out)?;
+    expect(OP, "out", out, out.dtype(), &[m, n])?;
+    check_k(OP, a, k)?;
+    if m > MAX_M {
+        return Err(Error::Shape {
+            op: OP,
+            tensor: "a",
+            got: a.shape().to_vec(),
+            expected: format!("at most {MAX_M} rows (larger M is mxfp8_gemm's)"),
+        });
+    }
+    fit_i32(OP, "b", b, n)?;
+    fit_i32(OP, "a", a, k)?;
+    fit_i32(OP, "out", out, m * n)?;
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let kernel = match m {
+        1..=8 => kernels::gemm_skinny::GEMM_SKINNY_FP8_N8,
+        9..=16 => kernels::gemm_skinny::GEMM_SKINNY_FP8_N16,
+        17..=32 => kernels::gemm_skinny::GEMM_SKINNY_FP8_N32,
+        _ => kernels::gemm_skinny::GEMM_SKINNY_FP8_N64,
+    };
+    let smem = smem_bytes(false, token_tile(m));
+    let (splits, chunks_per_split) = split_k(n, k);
+    let tiles = n.div_ceil(TILE_N);
+
+    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+    let mut params = di_gemm_skinny_params {
+        a: ap,
+        a_scale: asp,
+        b: bp,
+        b_scale: bsp,
+        counts: std::ptr::null(),
+        out: std::ptr::null_mut(),
+        m: m as i32,
+        n: n as i32,
+        k: k as i32,
+        experts: 1,
+        chunks_per_split: chunks_per_split as i32,
+        out_f32: 1,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (tiles as u32, splits as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    allow_smem(dev, kernel, smem)?;
+    let out_buf = buf_mut(OP, "out", out)?;
+    if splits == 1 {
+        let (op, _go) = write_ptr(out_buf, dev);
+        params.out = op;
+        params.out_f32 = out_f32 as i32;
+        return launch(dev, kernel, cfg, &params);
+    }
+    // Split K: fp32 partials [splits, M, N], then their in-order sum.
+    let count = m * n;
+    let mut ws = dev.alloc(splits * count * 4)?;
+    {
+        let (wp, _gw) = write_ptr(&mut ws, dev);
+        params.out = wp;
+        launch(dev, kernel, cfg, &params)?;
+    }
+    let (wp, _gw) = read_ptr(&ws, dev);
+    let (op, _go) = write_ptr(out_buf, dev);
+    let reduce = di_gemm_skinny_reduce_params {
+        partials: wp as *const f32,
+        out: op,
+        count: count as i64,
+        splits: splits as i32,
+        out_f32: out_f32 as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (count.div_ceil(256).clamp(1, 132 * 8) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::gemm_skinny::GEMM_SKINNY_REDUCE, cfg, &reduce)
+}
+
+/// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
+/// every expert e and row r < clamp(counts[e], 0, max_m),
+/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`.
+///
+/// `a` `[E, max_m, K]` e4m3, `a_s` `[E, max_m, ⌈K/32⌉]` E8M0, `b` `[E, N, K]`
+/// packed e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of
+/// K), `counts` `[E]` I32 on the device, `out` `[E, max_m, N]` BF16 or F32.
+/// Rows at or beyond an expert's count are not written (their contents are
+/// unspecified); experts with count 0 cost one count read per CTA. Errors:
+/// K % 16 != 0 (tensor `a`).
+pub fn mxfp4_grouped_masked(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    counts: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    const OP: &str = "mxfp4_grouped_masked";
+    let (e, max_m, k) = match *a.shape() {
+        [e, m, k] => (e, m, k),
+        _ => {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "a",
+                got: a.shape().to_vec(),
+                expected: "[E, max_m, K]".into(),
+            });
+        }
+    };
+    let n = b.shape().get(1).copied().unwrap_or(0);
+    let kb = k.div_ceil(32);
+    expect(OP, "a", a, DType::F8E4M3, &[e, max_m, k])?;
+    expect(OP, "a_s", a_s, DType::E8M0, &[e, max_m, kb])?;
+    expect(OP, "b", b, DType::F4E2M1x2, &[e, n, k])?;
+    expect(OP, "b_s", b_s, DType::E8M0, &[e, n, kb])?;
+    expect(OP, "counts", counts, DType::I32, &[e])?;
+    let out_f32 = out_kind(OP, out)?;
+    expect(OP, "out", out, out.dtype(), &[e, max_m, n])?;
+    check_k(OP, a, k)?;
+    fit_i32(OP, "a", a, e)?;
+    fit_i32(OP, "a", a, max_m)?;
+    fit_i32(OP, "b", b, n)?;
+    fit_i32(OP, "a", a, k)?;
+    if e == 0 || max_m == 0 || n == 0 {
+        return Ok(());
+    }
+    let nt = token_tile(max_m.min(MAX_M));
+    let kernel = match nt {
+        8 => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N8,
+        16 => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N16,
+        32 => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N32,
+        _ => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N64,
+    };
+    let smem = smem_bytes(true, nt);
+    let tiles = n.div_ceil(TILE_N);
+    let groups = TARGET_CTAS_MASKED.div_ceil(tiles).clamp(1, e);
+
+    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+    let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
+    let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
+    let params = di_gemm_skinny_params {
+        a: ap,
+        a_scale: asp,
+        b: bp,
+        b_scale: bsp,
+        counts: cp as *const i32,
+        out: op,
+        m: max_m as i32,
+        n: n as i32,
+        k: k as i32,
+        experts: e as i32,
+        chunks_per_split: 0,
+        out_f32: out_f32 as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (tiles as u32, groups as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    allow_smem(dev, kernel, smem)?;
+    launch(dev, kernel, cfg, &params)
+}
+
+/// The K split of the dense GEMM: `(splits, chunks_per_split)` in 128-deep
+/// chunks, from N and K only. Enough splits for about [`TARGET_CTAS`] CTAs,
+/// at most one per chunk, and no empty split.
+pub fn split_k(n: usize, k: usize) -> (usize, usize) {
+    let chunks = k.div_ceil(CHUNK_K);
+    if chunks == 0 {
+        return (1, 1);
+    }
+    let want = TARGET_CTAS.div_ceil(n.div_ceil(TILE_N).max(1)).clamp(1, chunks);
+    let per = chunks.div_ceil(want);
+    (chunks.div_ceil(per), per)
+}
+
+/// The token tile (wgmma N) holding `rows` rows: 8, 16, 32 or 64.
+fn token_tile(rows: usize) -> u32 {
+    match rows {
+        0..=8 => 8,
+        9..=16 => 16,
+        17..=32 => 32,
+        _ => 64,
+    }
+}
+
+/// Dynamic shared memory of a launch; the host twin of `Layout` in
+/// gemm_skinny.cu: per stage the weight tile (e4m3 64 × 128 B, or raw FP4
+/// 64 × 64 B), the token tile (nt × 128 B) and the fp32 scales (4 × 64 and
+/// 4 × nt), rounded to 1024 bytes; FP4 adds one decoded 64 × 128 B tile;
+/// plus 1024 bytes to align the base.
+fn smem_bytes(fp4: bool, nt: u32) -> u32 {
+    let x_off = if fp4 { 4096 } else { 8192 };
+    let scx_off = x_off + nt * 128 + 4 * TILE_N as u32 * 4;
+    let stage = (scx_off + 16 * nt).next_multiple_of(1024);
+    1024 + STAGES * stage + if fp4 { 8192 } else { 0 }
+}
+
+/// Lets `kernel` take `smem` bytes of dynamic shared memory (above 48 KiB
+/// the driver needs the opt-in).
+fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
+    dev.function(kernel)?
+        .set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|source| Error::Driver {
+            during: format!(
+                "allowing {smem} bytes of shared memory for {}::{}",
+                kernel.family.name, kernel.name
+            ),
+            source,
+        })
+}
+
+fn dims2(op: &'static str, name: &'static str, t: &Tensor) -> Result<(usize, usize)> {
+    match *t.shape() {
+        [r, c] => Ok((r, c)),
+        _ => Err(Error::Shape {
+            op,
+            tensor: name,
+            got: t.shape().to_vec(),
+            expected: "[M, K]".into(),
+        }),
+    }
+}
+
+fn expect(
+    op: &'static str,
+    name: &'static str,
+    t: &Tensor,
+    dtype: DType,
+    shape: &[usize],
+) -> Result<()> {
+    t.expect_dtype(op, name, dtype)?;
+    if t.shape() != shape {
+        return Err(Error::Shape {
+            op,
+            tensor: name,
+            got: t.shape().to_vec(),
+            expected: format!("{shape:?}"),
+        });
+    }
+    Ok(())
+}
+
+fn check_k(op: &'static str, a: &Tensor, k: usize) -> Result<()> {
+    if k % 16 != 0 {
+        return Err(Error::Shape {
+            op,
+            tensor: "a",
+            got: a.shape().to_vec(),
+            expected: "K (the last dimension) a multiple of 16".into(),
+        });
+    }
+    Ok(())
+}
+
+fn fit_i32(op: &'static str, name: &'static str, t: &Tensor, v: usize) -> Result<()> {
+    if v > i32::MAX as usize {
+        return Err(Error::Shape {
+            op,
+            tensor: name,
+            got: t.shape().to_vec(),
+            expected: format!("dimensions whose products stay below 2^31 (got {v})"),
+        });
+    }
+    Ok(())
+}
+
+/// Whether `out` is F32 (else BF16).
+fn out_kind(op: &'static str, out: &Tensor) -> Result<bool> {
+    match out.dtype() {
+        DType::F32 => Ok(true),
+        DType::BF16 => Ok(false),
+        got => Err(Error::DType {
+            op,
+            tensor: "out",
+            got,
+            expected: DType::BF16,
+        }),
+    }
+}
+
+fn buf<'t>(op: &'static str, name: &'static str, t: &'t Tensor) -> Result<&'t CudaBuffer> {
+    t.cuda().ok_or_else(|| not_on_gpu(op, name, t))
+}
+
+fn buf_mut<'t>(
+    op: &'static str,
+    name: &'static str,
+    t: &'t mut Tensor,
+) -> Result<&'t mut CudaBuffer> {
+    if t.cuda().is_none() {
+        return Err(not_on_gpu(op, name, t));
+    }
+    t.cuda_mut().ok_or(Error::DeviceMismatch {
+        op,
+        tensor: name,
+        got: "host memory".into(),
+        expected: "a CUDA device".into(),
+    })
+}
+
+fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
+    Error::DeviceMismatch {
+        op,
+        tensor: name,
+        got: format!("{:?}", t.device()),
+        expected: "a CUDA device".into(),
+    }
+}
