@@ -5,6 +5,7 @@
 //! already checked when these functions run.
 
 mod act_quant;
+pub mod indexer;
 pub mod gemm_skinny;
 pub mod blas;
 mod rms_norm;
@@ -44,6 +45,12 @@ pub mod params {
 unsafe impl cudarc::driver::DeviceRepr for params::di_rms_norm_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_params {}
+// SAFETY: as above (indexer structs: addresses, integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_quant_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_score_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_topk_params {}
 // SAFETY: as above (skinny GEMM structs: addresses and integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_params {}
 // SAFETY: as above.

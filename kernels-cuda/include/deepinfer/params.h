@@ -66,4 +66,91 @@ typedef struct di_gemm_skinny_reduce_params {
     int32_t out_f32;
 } di_gemm_skinny_reduce_params;
 
+/* ---- indexer/: index-key rows, index scores, exact top-k (helper "indexer") */
+
+/* An index-key row (keys and queries): dim / 2 bytes of packed e2m1 (even
+ * element in the low nibble), then dim / 32 E8M0 scale bytes (kv_format). */
+
+/* BF16 rows -> index-key rows, bitwise kv_format::encode_index_key_row. */
+typedef struct di_indexer_quant_params {
+    const void *x; /* bf16 [rows, dim] */
+    void *out;     /* index-key rows [rows, dim / 2 + dim / 32] bytes */
+    int64_t rows;
+    int32_t dim; /* multiple of 32 */
+} di_indexer_quant_params;
+
+/* scores[b, t] = bf16(sum_h bf16(w[b, h] * relu(bf16(q[b, h] . keys[b, t])))),
+ * -inf for t >= visible[b]; bitwise cpu_backend::indexer::index_scores. */
+typedef struct di_indexer_score_params {
+    const void *q;       /* index-key rows [batch, heads] */
+    const void *w;       /* bf16 [batch, heads], already x 2^-6 */
+    const void *keys;    /* index-key rows [n] per batch row, key_batch_stride bytes apart */
+    const int32_t *visible; /* [batch] */
+    void *scores;        /* bf16 [batch, n] */
+    int64_t n;
+    int64_t key_batch_stride; /* bytes; 0 = one key cache shared by every row */
+    int32_t batch;
+    int32_t heads;
+    int32_t dim; /* multiple of 32 */
+} di_indexer_score_params;
+
+/* Most segments a top-k row is split into (the collect pass keeps two
+ * counters per segment in shared memory). */
+#define DI_INDEXER_TOPK_MAX_SEGMENTS 512
+
+/* out[b, :k] = cpu_backend::indexer::select(scores[b], k, visible[b], offset):
+ * the k largest (ties to the lower index), ascending, picks >= visible as -1. */
+typedef struct di_indexer_topk_params {
+    const void *scores;     /* bf16 [batch, n] */
+    const int32_t *visible; /* [batch] */
+    uint32_t *hist_hi;      /* workspace [batch, segments, 256] */
+    uint32_t *hist_lo;      /* workspace [batch, segments, 256] */
+    int32_t *out;           /* [batch, k] */
+    int64_t n;
+    int64_t seg_len;
+    int32_t batch;
+    int32_t k; /* 1 <= k <= n */
+    int32_t segments; /* ceil(n / seg_len) <= DI_INDEXER_TOPK_MAX_SEGMENTS */
+    int32_t offset;
+} di_indexer_topk_params;
+
+/* ---- gemm_skinny/: block-scaled GEMMs for decode, M <= 64 (helper "wgmma-skinny") */
+
+/* out[m, n] = sum over K blocks of 32 of (fp32 block sum of a * b) * a_s * b_s,
+ * BF16 or F32 (kernels-cuda/gemm_skinny/gemm_skinny.cu). k % 16 == 0.
+ *   gemm_skinny_fp8: a [m, k] e4m3 (m in 1..64), a_scale [m, ceil(k/32)] e8m0,
+ *     b [n, k] e4m3, b_scale [ceil(n/32), ceil(k/32)] e8m0; counts null,
+ *     experts 1. Grid (ceil(n/64), splits); with splits > 1, out is an f32
+ *     workspace [splits, m, n] (out_f32 = 1) summed by gemm_skinny_reduce.
+ *   gemm_skinny_fp4_masked: a [experts, m = max_m, k] e4m3, a_scale
+ *     [experts, max_m, ceil(k/32)], b [experts, n, k] packed e2m1 (k/2 bytes a
+ *     row), b_scale [experts, n, ceil(k/32)], counts [experts] int32 (clamped
+ *     to [0, max_m]); out [experts, max_m, n], rows >= count untouched.
+ *     Grid (ceil(n/64), groups); chunks_per_split unused.
+ * Entry points _n8/_n16/_n32/_n64 name the launch's largest token tile, which
+ * sets the dynamic shared memory size (src/cuda_backend/gemm_skinny.rs). */
+typedef struct di_gemm_skinny_params {
+    const void *a;
+    const void *a_scale;
+    const void *b;
+    const void *b_scale;
+    const int32_t *counts;
+    void *out;
+    int32_t m;
+    int32_t n;
+    int32_t k;
+    int32_t experts;
+    int32_t chunks_per_split;
+    int32_t out_f32;
+} di_gemm_skinny_params;
+
+/* out[i] = sum over s in order of partials[s * count + i], BF16 or F32. */
+typedef struct di_gemm_skinny_reduce_params {
+    const float *partials;
+    void *out;
+    int64_t count;
+    int32_t splits;
+    int32_t out_f32;
+} di_gemm_skinny_reduce_params;
+
 #endif

@@ -1,0 +1,135 @@
+//! GPU benchmark of the indexer (issue 5 item 4): index scores of one query
+//! (32 heads × 128, FP4) per batch row against its own FP4 key cache, and the
+//! exact top-512 of those scores, at context {8K, 128K, 1M} × batch {1, 64}
+//! (DEEPINFER_BENCH_QUICK=1: 8K and 128K at batch 1). GB/s over the FP4 key
+//! bytes (scores) and over the BF16 score bytes read once (top-k); peers from
+//! benches/peers/indexer_torch.py (torch score, torch.topk, torch.sort on the
+//! same shapes) through the shared harness.
+
+#[cfg(deepinfer_cuda)]
+#[path = "common/gpu_harness.rs"]
+mod harness;
+
+#[cfg(deepinfer_cuda)]
+mod gpu {
+    use super::harness::{Harness, ROTATE_BYTES};
+    use deepinfer::ops;
+    use deepinfer::{DType, Device, Fp4x2, Tensor};
+    use half::bf16;
+
+    const HEADS: usize = 32;
+    const DIM: usize = 128;
+    const ROW_BYTES: usize = DIM / 2 + DIM / 32;
+    const TOPK: usize = 512;
+
+    fn copies(bytes: usize) -> usize {
+        if bytes >= ROTATE_BYTES {
+            1
+        } else {
+            Harness::copies(bytes)
+        }
+    }
+
+    /// Random index-key rows: any byte is a valid pair of e2m1 nibbles; the
+    /// scale bytes stay near 2^0 (xorshift, cheap at gigabytes).
+    fn key_rows(dev: &Device, lead: &[usize], seed: u64) -> Tensor {
+        let rows: usize = lead.iter().product();
+        let mut s = seed | 1;
+        let mut bytes = Vec::with_capacity(rows * ROW_BYTES);
+        for _ in 0..rows {
+            for _ in 0..(DIM / 2) / 8 {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                bytes.extend(s.to_le_bytes().map(Fp4x2));
+            }
+            bytes.extend((0..DIM / 32).map(|i| Fp4x2(120 + ((s >> (8 * i)) % 10) as u8)));
+        }
+        let mut shape = lead.to_vec();
+        shape.push(2 * ROW_BYTES);
+        Tensor::from_vec(bytes, &shape)
+            .unwrap()
+            .to_device(dev)
+            .unwrap()
+    }
+
+    pub fn main() {
+        let Some(mut h) = Harness::open("indexer_gpu") else {
+            return;
+        };
+        let dev = h.dev.clone();
+        let quick = std::env::var("DEEPINFER_BENCH_QUICK").is_ok_and(|v| v == "1");
+        let contexts: &[usize] = if quick {
+            &[8192, 131072]
+        } else {
+            &[8192, 131072, 1 << 20]
+        };
+        let batches: &[usize] = if quick { &[1] } else { &[1, 64] };
+        for &n in contexts {
+            for &batch in batches {
+                let kbytes = batch * n * ROW_BYTES;
+                let keys: Vec<Tensor> = (0..copies(kbytes))
+                    .map(|c| key_rows(&dev, &[batch, n], 0x9E37_79B9 + c as u64))
+                    .collect();
+                let q = key_rows(&dev, &[batch, HEADS], 7);
+                let w: Vec<bf16> = (0..batch * HEADS)
+                    .map(|i| bf16::from_f32(((i * 37) % 17) as f32 / 256.0 - 0.03))
+                    .collect();
+                let w = Tensor::from_vec(w, &[batch, HEADS])
+                    .unwrap()
+                    .to_device(&dev)
+                    .unwrap();
+                let vis = Tensor::from_vec(vec![n as i32; batch], &[batch])
+                    .unwrap()
+                    .to_device(&dev)
+                    .unwrap();
+                let mut scores = Tensor::empty(&dev, DType::BF16, &[batch, n]).unwrap();
+                let us = h.time_us(|i| {
+                    ops::index_scores_into(&q, &w, &keys[i % keys.len()], &vis, &mut scores)
+                        .unwrap()
+                });
+                h.record(
+                    "index_scores",
+                    "index_scores",
+                    batch,
+                    n,
+                    us,
+                    kbytes,
+                    "batch*n*68 (FP4 key rows read; scores and query not counted)",
+                );
+                drop(keys);
+                let mut out = Tensor::empty(&dev, DType::I32, &[batch, TOPK]).unwrap();
+                let score_copies: Vec<Tensor> = (0..copies(batch * n * 2))
+                    .map(|_| {
+                        scores
+                            .to_device(&Device::Cpu)
+                            .unwrap()
+                            .to_device(&dev)
+                            .unwrap()
+                    })
+                    .collect();
+                let us = h.time_us(|i| {
+                    let s = &score_copies[i % score_copies.len()];
+                    ops::index_topk_into(s, &vis, TOPK, 128, &mut out).unwrap()
+                });
+                h.record(
+                    "index_topk",
+                    "index_topk",
+                    batch,
+                    n,
+                    us,
+                    batch * n * 2,
+                    "batch*n*2 (BF16 scores read once; the kernel reads them 3 times)",
+                );
+            }
+        }
+        h.finish();
+    }
+}
+
+fn main() {
+    #[cfg(deepinfer_cuda)]
+    gpu::main();
+    #[cfg(not(deepinfer_cuda))]
+    eprintln!("indexer_gpu: built without DEEPINFER_ACCELERATOR=nvidia; nothing to measure");
+}

@@ -1,0 +1,166 @@
+//! Indexer launches (`kernels-cuda/indexer/`): the index-key row writer, the
+//! exact index scores and the three-pass exact top-k. Callers are the
+//! validated wrappers of [`crate::ops`] (dtypes, shapes, devices and the
+//! limits documented there are checked before these run); these functions
+//! only size grids and the top-k workspace.
+
+use super::params::{di_indexer_quant_params, di_indexer_score_params, di_indexer_topk_params};
+use super::{grid_for, launch, read_ptr, write_ptr};
+use crate::Device;
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::kernels;
+use crate::ops::ScoreShape;
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+
+/// Threads of the row writer (one warp per 128 values of a row).
+const QUANT_THREADS: usize = 256;
+/// Threads of the score kernel (one key per thread); must match the kernel.
+const SCORE_THREADS: usize = 256;
+/// Threads of every top-k pass; must match the kernel.
+const TOPK_THREADS: u32 = 512;
+/// Shortest top-k segment: a row of n entries is cut into
+/// ceil(n / seg_len) segments, seg_len = max(this, ceil(n / 512)).
+const TOPK_MIN_SEGMENT: usize = 8192;
+/// Most top-k segments per row (`DI_INDEXER_TOPK_MAX_SEGMENTS`).
+const TOPK_MAX_SEGMENTS: usize = 512;
+
+/// BF16 `x` (`rows × dim`) → index-key rows in `out`.
+pub fn index_key_quant(
+    dev: &CudaDevice,
+    x: &Tensor,
+    out: &mut Tensor,
+    rows: usize,
+    dim: usize,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let (xp, _gx) = read_ptr(x.cuda().expect("validated: x is on this device"), dev);
+    let (op, _go) = write_ptr(
+        out.cuda_mut().expect("validated: out is on this device"),
+        dev,
+    );
+    let p = di_indexer_quant_params {
+        x: xp,
+        out: op,
+        rows: rows as i64,
+        dim: dim as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(rows * dim.div_ceil(128), QUANT_THREADS / 32), 1, 1),
+        block_dim: (QUANT_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::indexer::INDEXER_KEY_QUANT, cfg, &p)
+}
+
+/// Shared memory of the score kernel: the decoded query and the weights.
+pub fn score_smem_bytes(heads: usize, dim: usize) -> usize {
+    4 * (heads * dim + heads)
+}
+
+/// Index scores of `q` against `keys` into BF16 `scores` `[batch, n]`.
+pub(crate) fn index_scores(
+    dev: &CudaDevice,
+    q: &Tensor,
+    w: &Tensor,
+    keys: &Tensor,
+    visible: &Tensor,
+    scores: &mut Tensor,
+    s: ScoreShape,
+) -> Result<()> {
+    if s.batch == 0 || s.n == 0 {
+        return Ok(());
+    }
+    let row_bytes = s.dim / 2 + s.dim / 32;
+    let (qp, _gq) = read_ptr(q.cuda().expect("validated"), dev);
+    let (wp, _gw) = read_ptr(w.cuda().expect("validated"), dev);
+    let (kp, _gk) = read_ptr(keys.cuda().expect("validated"), dev);
+    let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
+    let (sp, _gs) = write_ptr(scores.cuda_mut().expect("validated"), dev);
+    let p = di_indexer_score_params {
+        q: qp,
+        w: wp,
+        keys: kp,
+        visible: vp as *const i32,
+        scores: sp,
+        n: s.n as i64,
+        key_batch_stride: if s.per_row_keys {
+            (s.n * row_bytes) as i64
+        } else {
+            0
+        },
+        batch: s.batch as i32,
+        heads: s.heads as i32,
+        dim: s.dim as i32,
+    };
+    // Keys per CTA from n alone (the score of an entry never depends on the
+    // grid); the grid's y is the batch row.
+    let cfg = LaunchConfig {
+        grid_dim: (
+            s.n.div_ceil(SCORE_THREADS).min(1024) as u32,
+            s.batch as u32,
+            1,
+        ),
+        block_dim: (SCORE_THREADS as u32, 1, 1),
+        shared_mem_bytes: score_smem_bytes(s.heads, s.dim) as u32,
+    };
+    launch(dev, kernels::indexer::INDEXER_SCORES_EXACT, cfg, &p)
+}
+
+/// Segment length and count of a top-k row of `n` entries.
+fn topk_segments(n: usize) -> (usize, usize) {
+    let seg_len = TOPK_MIN_SEGMENT.max(n.div_ceil(TOPK_MAX_SEGMENTS));
+    (seg_len, n.div_ceil(seg_len).max(1))
+}
+
+/// `select` of every row of BF16 `scores` `[batch, n]` into I32 `out`
+/// `[batch, k]`, 1 ≤ k ≤ n.
+#[allow(clippy::too_many_arguments)]
+pub fn index_topk(
+    dev: &CudaDevice,
+    scores: &Tensor,
+    visible: &Tensor,
+    out: &mut Tensor,
+    batch: usize,
+    n: usize,
+    k: usize,
+    offset: usize,
+) -> Result<()> {
+    if batch == 0 || k == 0 {
+        return Ok(());
+    }
+    let (seg_len, segments) = topk_segments(n);
+    let device = Device::Cuda(dev.clone());
+    let mut hist_hi = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
+    let mut hist_lo = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
+    let (sp, _gs) = read_ptr(scores.cuda().expect("validated"), dev);
+    let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
+    let (hp, _gh) = write_ptr(hist_hi.cuda_mut().expect("allocated on dev"), dev);
+    let (lp, _gl) = write_ptr(hist_lo.cuda_mut().expect("allocated on dev"), dev);
+    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    let p = di_indexer_topk_params {
+        scores: sp,
+        visible: vp as *const i32,
+        hist_hi: hp as *mut u32,
+        hist_lo: lp as *mut u32,
+        out: op as *mut i32,
+        n: n as i64,
+        seg_len: seg_len as i64,
+        batch: batch as i32,
+        k: k as i32,
+        segments: segments as i32,
+        offset: offset as i32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (segments as u32, batch as u32, 1),
+        block_dim: (TOPK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::indexer::INDEXER_TOPK_HIST_HI, cfg, &p)?;
+    launch(dev, kernels::indexer::INDEXER_TOPK_HIST_LO, cfg, &p)?;
+    launch(dev, kernels::indexer::INDEXER_TOPK_COLLECT, cfg, &p)
+}

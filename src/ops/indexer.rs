@@ -1,0 +1,361 @@
+//! The indexer ops (`v41-flash.md` §3.5): FP4 index-key rows, the BF16 index
+//! scores and the exact top-k selection, on the CPU reference or the CUDA
+//! kernels of `kernels-cuda/indexer/`.
+//!
+//! An index-key row (keys and queries alike) is
+//! [`crate::cpu_backend::kv_format`]'s row: `dim/2` bytes of packed e2m1 then
+//! `dim/32` E8M0 scale bytes. As a tensor it is an `F4E2M1x2` tensor whose last
+//! dimension is `dim + dim/16` nibbles (`17·dim/32` bytes, 68 at dim 128).
+//!
+//! Invariants a caller must know: scores are BF16 and bitwise equal to
+//! [`cpu_backend::indexer::index_scores`] on both devices; the top-k is exact
+//! with ties to the lower entry index and returns exactly
+//! [`cpu_backend::indexer::select`]'s list; `visible` values live on the
+//! inputs' device and are clamped to `[0, n]` (they are not read back for
+//! validation).
+
+use super::common_device;
+use crate::cpu_backend::{self, kv_format};
+use crate::device::Device;
+use crate::dtype::{DType, Fp4x2};
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+/// Values sharing one E8M0 scale in an index-key row.
+pub const INDEX_KEY_GROUP: usize = 32;
+/// Largest `heads × dim` of a score query (its decoded fp32 copy lives in
+/// 48 KiB of shared memory together with the head weights).
+pub const INDEX_SCORE_MAX_HEADS_X_DIM: usize = 11_776;
+
+/// Nibbles (the `F4E2M1x2` last dimension) of an index-key row of `dim` values.
+pub fn index_key_row_nibbles(dim: usize) -> usize {
+    dim + dim / 16
+}
+
+/// `dim` of an index-key row tensor's last dimension, if it is one.
+fn dim_of_row(nibbles: usize) -> Option<usize> {
+    (nibbles > 0 && nibbles.is_multiple_of(34)).then_some(nibbles / 17 * 16)
+}
+
+fn shape_err(op: &'static str, tensor: &'static str, t: &Tensor, expected: String) -> Error {
+    Error::Shape {
+        op,
+        tensor,
+        got: t.shape().to_vec(),
+        expected,
+    }
+}
+
+const QUANT: &str = "index_key_quant";
+
+/// BF16 `x` `[.., dim]` (dim a positive multiple of 32) → index-key rows
+/// `[.., dim + dim/16]` (`F4E2M1x2`), bitwise `kv_format::encode_index_key_row`
+/// per row. Used for the key cache and for the FP4 index queries.
+pub fn index_key_quant(x: &Tensor) -> Result<Tensor> {
+    let (device, dim) = validate_quant(x)?;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank >= 1") = index_key_row_nibbles(dim);
+    let mut out = Tensor::empty(&device, DType::F4E2M1x2, &shape)?;
+    index_key_quant_into(x, &mut out)?;
+    Ok(out)
+}
+
+/// [`index_key_quant`] into a preallocated `out` of the matching shape.
+pub fn index_key_quant_into(x: &Tensor, out: &mut Tensor) -> Result<()> {
+    let (_, dim) = validate_quant(x)?;
+    let mut shape = x.shape().to_vec();
+    *shape.last_mut().expect("rank >= 1") = index_key_row_nibbles(dim);
+    out.expect_output(QUANT, "out", DType::F4E2M1x2, &shape)?;
+    match common_device(QUANT, &[("x", x), ("out", out)])? {
+        Device::Cpu => {
+            let rows_out: Vec<Fp4x2> = x
+                .as_slice::<bf16>()?
+                .chunks_exact(dim)
+                .flat_map(kv_format::encode_index_key_row)
+                .map(Fp4x2)
+                .collect();
+            out.as_mut_slice::<Fp4x2>()?.copy_from_slice(&rows_out);
+            Ok(())
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            crate::cuda_backend::indexer::index_key_quant(&dev, x, out, x.numel() / dim, dim)
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(QUANT, &d)),
+    }
+}
+
+fn validate_quant(x: &Tensor) -> Result<(Device, usize)> {
+    x.expect_dtype(QUANT, "x", DType::BF16)?;
+    let dim = match x.shape().last() {
+        Some(&d) if d > 0 && d.is_multiple_of(INDEX_KEY_GROUP) && d <= i32::MAX as usize => d,
+        _ => {
+            return Err(shape_err(
+                QUANT,
+                "x",
+                x,
+                "rank >= 1 with a last dimension that is a positive multiple of 32".into(),
+            ));
+        }
+    };
+    Ok((x.device(), dim))
+}
+
+const SCORES: &str = "index_scores";
+
+/// Index scores `[batch, n]` (BF16) of FP4 queries `q` `[batch, heads, R]`
+/// against FP4 keys `[n, R]` (one cache shared by every query, as in a
+/// prefill) or `[batch, n, R]` (one cache per query row, as in a batched
+/// decode), with head weights `w` `[batch, heads]` (BF16, already × 2^−6) and
+/// `visible` `[batch]` (I32): s_t = Σ_h bf16(w_h·relu(bf16(q_h·k_t))) in
+/// head order, −∞ for t ≥ visible. `R = dim + dim/16` nibbles, dim a multiple
+/// of 32, heads × dim ≤ [`INDEX_SCORE_MAX_HEADS_X_DIM`].
+pub fn index_scores(q: &Tensor, w: &Tensor, keys: &Tensor, visible: &Tensor) -> Result<Tensor> {
+    let (device, s) = validate_scores(q, w, keys, visible)?;
+    let mut out = Tensor::empty(&device, DType::BF16, &[s.batch, s.n])?;
+    index_scores_into(q, w, keys, visible, &mut out)?;
+    Ok(out)
+}
+
+/// [`index_scores`] into a preallocated BF16 `out` `[batch, n]`.
+pub fn index_scores_into(
+    q: &Tensor,
+    w: &Tensor,
+    keys: &Tensor,
+    visible: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    let (_, s) = validate_scores(q, w, keys, visible)?;
+    out.expect_output(SCORES, "out", DType::BF16, &[s.batch, s.n])?;
+    match common_device(SCORES, &[("q", q), ("out", out)])? {
+        Device::Cpu => {
+            let (qb, wb) = (q.as_slice::<Fp4x2>()?, w.as_slice::<bf16>()?);
+            let (kb, vis) = (keys.as_slice::<Fp4x2>()?, visible.as_slice::<i32>()?);
+            let row = s.dim / 2 + s.dim / 32;
+            let decode = |rows: &[Fp4x2]| -> Vec<bf16> {
+                rows.chunks_exact(row)
+                    .flat_map(|r| {
+                        let bytes: Vec<u8> = r.iter().map(|b| b.0).collect();
+                        kv_format::decode_index_key_row(&bytes, s.dim)
+                    })
+                    .collect()
+            };
+            let shared = (!s.per_row_keys).then(|| decode(kb));
+            let o = out.as_mut_slice::<bf16>()?;
+            for b in 0..s.batch {
+                let qd = decode(&qb[b * s.heads * row..(b + 1) * s.heads * row]);
+                let own;
+                let kd = match &shared {
+                    Some(k) => k,
+                    None => {
+                        own = decode(&kb[b * s.n * row..(b + 1) * s.n * row]);
+                        &own
+                    }
+                };
+                let visible = vis[b].clamp(0, s.n as i32) as usize;
+                let wh = &wb[b * s.heads..(b + 1) * s.heads];
+                let sc = cpu_backend::indexer::index_scores(&qd, kd, wh, s.dim, visible);
+                for (d, v) in o[b * s.n..(b + 1) * s.n].iter_mut().zip(sc) {
+                    *d = bf16::from_f32(v);
+                }
+            }
+            Ok(())
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            crate::cuda_backend::indexer::index_scores(&dev, q, w, keys, visible, out, s)
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(SCORES, &d)),
+    }
+}
+
+/// Shape of a validated index-score call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ScoreShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub dim: usize,
+    /// Key rows per batch row.
+    pub n: usize,
+    /// Whether every batch row has its own `n` keys (else one shared cache).
+    pub per_row_keys: bool,
+}
+
+fn validate_scores(
+    q: &Tensor,
+    w: &Tensor,
+    keys: &Tensor,
+    visible: &Tensor,
+) -> Result<(Device, ScoreShape)> {
+    q.expect_dtype(SCORES, "q", DType::F4E2M1x2)?;
+    w.expect_dtype(SCORES, "w", DType::BF16)?;
+    keys.expect_dtype(SCORES, "keys", DType::F4E2M1x2)?;
+    visible.expect_dtype(SCORES, "visible", DType::I32)?;
+    let device = common_device(
+        SCORES,
+        &[("q", q), ("w", w), ("keys", keys), ("visible", visible)],
+    )?;
+    let row_expect =
+        "an index-key row as last dimension (dim + dim/16 nibbles, dim a positive multiple of 32)";
+    let (batch, heads, nib) = match *q.shape() {
+        [b, h, r] if h > 0 => (b, h, r),
+        _ => {
+            return Err(shape_err(
+                SCORES,
+                "q",
+                q,
+                format!("[batch, heads > 0, R] with R {row_expect}"),
+            ));
+        }
+    };
+    let dim = dim_of_row(nib).ok_or_else(|| {
+        shape_err(
+            SCORES,
+            "q",
+            q,
+            format!("[batch, heads, R] with R {row_expect}"),
+        )
+    })?;
+    if heads * dim > INDEX_SCORE_MAX_HEADS_X_DIM {
+        return Err(shape_err(
+            SCORES,
+            "q",
+            q,
+            format!("heads × dim ≤ {INDEX_SCORE_MAX_HEADS_X_DIM}"),
+        ));
+    }
+    let (n, per_row_keys) = match *keys.shape() {
+        [n, r] if r == nib => (n, false),
+        [b, n, r] if b == batch && r == nib => (n, true),
+        _ => {
+            return Err(shape_err(
+                SCORES,
+                "keys",
+                keys,
+                format!("[n, {nib}] or [{batch}, n, {nib}] (q's batch and row)"),
+            ));
+        }
+    };
+    if n > i32::MAX as usize {
+        return Err(shape_err(
+            SCORES,
+            "keys",
+            keys,
+            "fewer than 2^31 rows".into(),
+        ));
+    }
+    if w.shape() != [batch, heads] {
+        return Err(shape_err(
+            SCORES,
+            "w",
+            w,
+            format!("[{batch}, {heads}] (q's batch and heads)"),
+        ));
+    }
+    if visible.shape() != [batch] {
+        return Err(shape_err(
+            SCORES,
+            "visible",
+            visible,
+            format!("[{batch}] (q's batch)"),
+        ));
+    }
+    Ok((
+        device,
+        ScoreShape {
+            batch,
+            heads,
+            dim,
+            n,
+            per_row_keys,
+        },
+    ))
+}
+
+const TOPK: &str = "index_topk";
+
+/// The published index lists `[batch, k]` (I32) of BF16 `scores`
+/// `[batch, n]`: per row exactly `cpu_backend::indexer::select(row, k,
+/// visible[b], offset)` — the k best entries (ties to the lower index),
+/// ascending, picks ≥ visible replaced by −1 at the end, the others + offset.
+/// Needs k ≤ n and n − 1 + offset < 2^31.
+pub fn index_topk(scores: &Tensor, visible: &Tensor, k: usize, offset: usize) -> Result<Tensor> {
+    let (device, batch, _) = validate_topk(scores, visible, k, offset)?;
+    let mut out = Tensor::empty(&device, DType::I32, &[batch, k])?;
+    index_topk_into(scores, visible, k, offset, &mut out)?;
+    Ok(out)
+}
+
+/// [`index_topk`] into a preallocated I32 `out` `[batch, k]`.
+pub fn index_topk_into(
+    scores: &Tensor,
+    visible: &Tensor,
+    k: usize,
+    offset: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    let (_, batch, n) = validate_topk(scores, visible, k, offset)?;
+    out.expect_output(TOPK, "out", DType::I32, &[batch, k])?;
+    match common_device(TOPK, &[("scores", scores), ("out", out)])? {
+        Device::Cpu => {
+            let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
+            let o = out.as_mut_slice::<i32>()?;
+            for b in 0..batch {
+                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| v.to_f32()).collect();
+                let visible = vis[b].clamp(0, n as i32) as usize;
+                let list = cpu_backend::indexer::select(&row, k, visible, offset);
+                o[b * k..(b + 1) * k].copy_from_slice(&list);
+            }
+            Ok(())
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::indexer::index_topk(
+            &dev, scores, visible, out, batch, n, k, offset,
+        ),
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(TOPK, &d)),
+    }
+}
+
+fn validate_topk(
+    scores: &Tensor,
+    visible: &Tensor,
+    k: usize,
+    offset: usize,
+) -> Result<(Device, usize, usize)> {
+    scores.expect_dtype(TOPK, "scores", DType::BF16)?;
+    visible.expect_dtype(TOPK, "visible", DType::I32)?;
+    let device = common_device(TOPK, &[("scores", scores), ("visible", visible)])?;
+    let (batch, n) = match *scores.shape() {
+        [b, n] => (b, n),
+        _ => return Err(shape_err(TOPK, "scores", scores, "[batch, n]".into())),
+    };
+    if visible.shape() != [batch] {
+        return Err(shape_err(
+            TOPK,
+            "visible",
+            visible,
+            format!("[{batch}] (scores' batch)"),
+        ));
+    }
+    if k > n {
+        return Err(Error::Argument {
+            op: TOPK,
+            arg: "k",
+            value: k.to_string(),
+            why: "must not exceed the number of scored entries n",
+        });
+    }
+    if n.saturating_sub(1).saturating_add(offset) > i32::MAX as usize {
+        return Err(Error::Argument {
+            op: TOPK,
+            arg: "offset",
+            value: offset.to_string(),
+            why: "n - 1 + offset must fit an i32 index",
+        });
+    }
+    Ok((device, batch, n))
+}

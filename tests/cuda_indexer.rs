@@ -1,0 +1,218 @@
+//! The indexer kernels against the CPU reference: index-key rows bitwise
+//! (`kv_format::encode_index_key_row`), index scores bitwise
+//! (`cpu_backend::indexer::index_scores`: the kernel keeps the reference's
+//! dimension and head order with separate fp32 multiplies and adds), and the
+//! top-k list exactly equal to `select` on the SAME scores (the GPU's), on
+//! rows full of ties and −∞, with visible < k, visible = 0 and n not a
+//! multiple of anything. Outputs are poisoned (0xFF bytes) before the kernels
+//! run, so an unwritten element fails the comparison. DEEPINFER_QUICK=1 keeps
+//! to small shapes (the compute-sanitizer pass). Built only for
+//! DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use deepinfer::cpu_backend::kv_format;
+use deepinfer::device::CudaDevice;
+use deepinfer::{Device, Fp4x2, Tensor, ops};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+fn gpu() -> Device {
+    let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
+    Device::Cuda(dev.with_poisoned_allocations())
+}
+
+fn quick() -> bool {
+    std::env::var("DEEPINFER_QUICK").is_ok_and(|v| v == "1")
+}
+
+/// Context lengths of the brief; the quick pass keeps the small ones.
+fn contexts() -> Vec<usize> {
+    let all = [1, 7, 511, 512, 513, 4096, 70001];
+    all.into_iter().filter(|&n| !quick() || n <= 513).collect()
+}
+
+fn fp4_bytes(t: &Tensor) -> Vec<u8> {
+    t.to_vec::<Fp4x2>().unwrap().iter().map(|b| b.0).collect()
+}
+
+#[test]
+fn index_key_rows_are_bitwise_equal_to_the_encoder() {
+    let dev = gpu();
+    let mut rng = common::rng("index_key_quant_cuda");
+    let mut shapes = vec![(1, 128), (7, 32), (5, 96), (3, 256), (0, 128)];
+    shapes.extend(contexts().into_iter().map(|n| (n, 128)));
+    for (rows, dim) in shapes {
+        // Wide-range values (zeros, −0, 2^-20..2^12) and activation-like rows.
+        let mut x = common::random_bf16(&mut rng, rows * dim);
+        if rows > 2 {
+            x[..dim].fill(bf16::NEG_ZERO);
+            x[dim..2 * dim].copy_from_slice(&common::random_activations(&mut rng, dim, 1e-3));
+        }
+        let xt = Tensor::from_vec(x.clone(), &[rows, dim]).unwrap();
+        let got = fp4_bytes(&ops::index_key_quant(&xt.to_device(&dev).unwrap()).unwrap());
+        let want: Vec<u8> = x
+            .chunks_exact(dim)
+            .flat_map(kv_format::encode_index_key_row)
+            .collect();
+        assert_eq!(got.len(), want.len());
+        if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+            let rb = dim / 2 + dim / 32;
+            panic!(
+                "rows {rows} dim {dim}: byte {i} (row {}, byte {}) {:#04x} != {:#04x}",
+                i / rb,
+                i % rb,
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
+/// FP4 rows (CPU-encoded) of activations with per-row scale variety.
+fn fp4_rows(rng: &mut StdRng, rows: usize, dim: usize) -> Tensor {
+    let x: Vec<bf16> = (0..rows)
+        .flat_map(|_| {
+            let s = 2f32.powi(rng.random_range(-6..4));
+            common::random_activations(rng, dim, s)
+        })
+        .collect();
+    ops::index_key_quant(&Tensor::from_vec(x, &[rows, dim]).unwrap()).unwrap()
+}
+
+fn check_bitwise(what: &str, got: &[bf16], want: &[bf16]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "{what}: score {i}: gpu {:?} ({:#06x}) != cpu {:?}",
+            got[i],
+            got[i].to_bits(),
+            want[i]
+        );
+    }
+}
+
+#[test]
+fn index_scores_and_topk_match_the_cpu_reference() {
+    let dev = gpu();
+    let mut rng = common::rng("index_scores_cuda");
+    let (heads, dim) = (32, 128);
+    let r = ops::index_key_row_nibbles(dim);
+    for n in contexts() {
+        for batch in [1, 3] {
+            // The CPU reference costs heads·dim MACs per entry: the largest
+            // context runs with one shared cache at batch 1 only.
+            let per_row = n < 70001;
+            if !per_row && batch > 1 {
+                continue;
+            }
+            let q = fp4_rows(&mut rng, batch * heads, dim);
+            let q = Tensor::from_vec(q.to_vec::<Fp4x2>().unwrap(), &[batch, heads, r]).unwrap();
+            let keys = fp4_rows(&mut rng, if per_row { batch * n } else { n }, dim);
+            let keys = if per_row {
+                Tensor::from_vec(keys.to_vec::<Fp4x2>().unwrap(), &[batch, n, r]).unwrap()
+            } else {
+                keys
+            };
+            let w = Tensor::from_vec(
+                common::random_activations(&mut rng, batch * heads, 0.05),
+                &[batch, heads],
+            )
+            .unwrap();
+            let visible: Vec<i32> = (0..batch)
+                .map(|b| match b {
+                    0 => n as i32,
+                    1 => 0,
+                    _ => rng.random_range(1..=n as i32),
+                })
+                .collect();
+            let vis = Tensor::from_vec(visible.clone(), &[batch]).unwrap();
+            let want = ops::index_scores(&q, &w, &keys, &vis).unwrap();
+            let on = |t: &Tensor| t.to_device(&dev).unwrap();
+            let got = ops::index_scores(&on(&q), &on(&w), &on(&keys), &on(&vis)).unwrap();
+            let got_host = got.to_device(&Device::Cpu).unwrap();
+            let what = format!("n {n} batch {batch}");
+            check_bitwise(
+                &what,
+                got_host.as_slice::<bf16>().unwrap(),
+                want.as_slice::<bf16>().unwrap(),
+            );
+            // Top-k of the GPU's own scores, against select on the same scores.
+            for k in [1, 512, 2048].into_iter().filter(|&k| k <= n) {
+                let offset = rng.random_range(0..1000);
+                let want = ops::index_topk(&got_host, &vis, k, offset).unwrap();
+                let got = ops::index_topk(&got, &on(&vis), k, offset).unwrap();
+                assert_eq!(
+                    got.to_vec::<i32>().unwrap(),
+                    want.to_vec::<i32>().unwrap(),
+                    "{what} k {k}"
+                );
+            }
+        }
+    }
+}
+
+/// Score rows built to stress the tie rule: few distinct values (many exact
+/// ties at the k-th place), −∞ runs, all-equal rows, −0 and +0.
+fn tied_row(rng: &mut StdRng, n: usize, kind: usize) -> Vec<bf16> {
+    let palette = [
+        f32::NEG_INFINITY,
+        -3.0,
+        -0.0,
+        0.0,
+        0.25,
+        1.0,
+        1.0078125,
+        7.0,
+        f32::INFINITY,
+    ];
+    (0..n)
+        .map(|t| match kind {
+            0 => bf16::from_f32(palette[rng.random_range(0..palette.len())]),
+            1 => bf16::ZERO,
+            2 => bf16::NEG_INFINITY,
+            3 if t % 5 == 0 => bf16::from_f32(rng.random_range(-4.0..4.0)),
+            3 => bf16::NEG_INFINITY,
+            _ => bf16::from_bits(rng.random::<u16>() & 0x7F7F | 0x0080),
+        })
+        .collect()
+}
+
+#[test]
+fn index_topk_is_exact_under_the_tie_rule() {
+    let dev = gpu();
+    let mut rng = common::rng("index_topk_cuda");
+    let mut ns = contexts();
+    if !quick() {
+        ns.push(300_007);
+    }
+    for n in ns {
+        for kind in 0..5 {
+            let batch = 3;
+            let s: Vec<bf16> = (0..batch)
+                .flat_map(|_| tied_row(&mut rng, n, kind))
+                .collect();
+            let visible: Vec<i32> = vec![n as i32, rng.random_range(0..=n as i32), (n / 3) as i32];
+            let st = Tensor::from_vec(s, &[batch, n]).unwrap();
+            let vis = Tensor::from_vec(visible, &[batch]).unwrap();
+            for k in [1, 7, 512, 2048, n].into_iter().filter(|&k| k <= n) {
+                let offset = 128;
+                let want = ops::index_topk(&st, &vis, k, offset).unwrap();
+                let got = ops::index_topk(
+                    &st.to_device(&dev).unwrap(),
+                    &vis.to_device(&dev).unwrap(),
+                    k,
+                    offset,
+                )
+                .unwrap();
+                assert_eq!(
+                    got.to_vec::<i32>().unwrap(),
+                    want.to_vec::<i32>().unwrap(),
+                    "n {n} kind {kind} k {k}"
+                );
+            }
+        }
+    }
+}
