@@ -160,6 +160,7 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads)
             for (int j = 0; j < kHeadChunk; ++j) dot[j] = -0.0f;
             for (int d0 = 0; d0 < D; d0 += 32) {
                 const float s = e8m0_to_f32(kr[D / 2 + d0 / 32]);
+#pragma unroll
                 for (int d = d0; d < d0 + 32; d += 8) {
                     /* Byte loads: rows of 17 * dim / 32 bytes are not 4-byte aligned for every dim. */
                     const uint32_t word = uint32_t(kr[d / 2]) | (uint32_t(kr[d / 2 + 1]) << 8) |
