@@ -2,7 +2,9 @@
 //! CUDA-event timing (median over batches of launches, after warm-up), the
 //! copy-bandwidth ceiling measured in the same run, the rotation count that
 //! keeps inputs out of L2, torch peers merged from $DEEPINFER_PEERS_JSON, and
-//! the shared/gpu.md JSON written to $DEEPINFER_BENCH_JSON.
+//! the shared/gpu.md JSON written to $DEEPINFER_BENCH_JSON. Memory-bound ops
+//! use [`Harness::record`]; GEMMs use [`Harness::record_gemm`] (TFLOP/s and
+//! GB/s, peers measured in the bench itself plus the torch ones).
 
 use deepinfer::Device;
 use deepinfer::device::{CudaBuffer, CudaDevice};
@@ -19,6 +21,7 @@ pub struct Harness {
     pub dev: Device,
     peers: Value,
     copy_gbps: f64,
+    fp8_tflops: Value,
     records: Vec<Value>,
 }
 
@@ -43,6 +46,7 @@ impl Harness {
             cuda,
             peers,
             copy_gbps: 0.0,
+            fp8_tflops: Value::Null,
             records: Vec::new(),
         };
         let bytes = 1usize << 31;
@@ -86,7 +90,11 @@ impl Harness {
 
     /// Records one measurement (memory-bound: GB/s over `bytes`, described by
     /// `formula`), with the peers the torch script reported for `peer_op`.
-    #[allow(clippy::too_many_arguments)]
+    #[allow(
+        dead_code,
+        clippy::too_many_arguments,
+        reason = "the GEMM bench records with record_gemm only"
+    )]
     pub fn record(
         &mut self,
         op: &str,
@@ -128,6 +136,87 @@ impl Harness {
         }));
     }
 
+    /// Records one GEMM (or grouped GEMM) measurement: `us` or the error
+    /// that prevented it, TFLOP/s over `flops` (2·M·N·K summed over groups),
+    /// GB/s over `bytes` (described by `bytes_formula`), the peers measured
+    /// by the bench itself (`{name, us}` or `{name, error}`) and the torch
+    /// peers reported for `peer_op` with an equal `shape` object.
+    #[allow(
+        dead_code,
+        clippy::too_many_arguments,
+        reason = "only the GEMM bench records compute-bound shapes"
+    )]
+    pub fn record_gemm(
+        &mut self,
+        op: &str,
+        peer_op: &str,
+        shape: Value,
+        us: Result<f64, String>,
+        flops: f64,
+        bytes: usize,
+        bytes_formula: &str,
+        mut peers: Vec<Value>,
+    ) {
+        peers.extend(
+            self.peers["records"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|r| r["op"] == peer_op && r["shape"] == shape)
+                .map(|r| json!({ "name": r["name"], "us": r["us"], "error": r["error"] })),
+        );
+        let shown: Vec<String> = peers
+            .iter()
+            .map(|p| match p["us"].as_f64() {
+                Some(us) => format!("{}={us:.1}", p["name"].as_str().unwrap_or("?")),
+                None => format!("{}=err", p["name"].as_str().unwrap_or("?")),
+            })
+            .collect();
+        let dims: Vec<String> = shape
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let record = match &us {
+            Ok(us) => {
+                let tflops = flops / (us * 1e-6) / 1e12;
+                let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+                let pct = 100.0 * gbps / self.copy_gbps;
+                println!(
+                    "{op:<34} {:<34} {us:>10.2} {tflops:>8.1} {gbps:>9.0} {pct:>7.1}%  {}",
+                    dims.join(" "),
+                    shown.join(" ")
+                );
+                json!({
+                    "op": op, "shape": shape, "ours_us": us, "tflops": tflops, "gbps": gbps,
+                    "flop_formula": "2*m*n*k (summed over groups)", "bytes_formula": bytes_formula,
+                    "pct_of_copy": pct, "peers": peers,
+                })
+            }
+            Err(e) => {
+                println!(
+                    "{op:<34} {:<34} error: {e}  {}",
+                    dims.join(" "),
+                    shown.join(" ")
+                );
+                json!({
+                    "op": op, "shape": shape, "ours_us": Value::Null, "error": e,
+                    "tflops": Value::Null, "gbps": Value::Null,
+                    "flop_formula": "2*m*n*k (summed over groups)", "bytes_formula": bytes_formula,
+                    "peers": peers,
+                })
+            }
+        };
+        self.records.push(record);
+    }
+
+    /// Sets the FP8 tensor ceiling measured in this run (TFLOP/s).
+    #[allow(dead_code, reason = "only the GEMM bench measures the FP8 ceiling")]
+    pub fn set_fp8_ceiling(&mut self, tflops: f64) {
+        self.fp8_tflops = json!(tflops);
+    }
+
     /// Writes the JSON (when $DEEPINFER_BENCH_JSON names a file) and the ceiling line.
     pub fn finish(self) {
         let out = json!({
@@ -138,7 +227,7 @@ impl Harness {
             "ceilings": {
                 "copy_gbps": self.copy_gbps,
                 "bf16_tflops": self.peers["ceilings"]["bf16_tflops"].clone(),
-                "fp8_tflops": Value::Null,
+                "fp8_tflops": self.fp8_tflops,
             },
             "records": self.records,
         });

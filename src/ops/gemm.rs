@@ -32,13 +32,21 @@
 //! it is never hand-written.
 //!
 //! Batch invariance: within one kernel, each output element depends only on
-//! its row of A and its row of W (no split-K, no reduction across rows), so
-//! a row's result does not change with M or with the other rows. The skinny
-//! and the large kernels sum in different orders, so results on either side
-//! of the [`SKINNY_MAX_M`] threshold agree to `calc_diff`, not bitwise; pin
-//! [`GemmImpl::Large`] or [`GemmImpl::Skinny`] where bitwise batch
-//! invariance across that threshold matters. cuBLAS gives no such promise
-//! for the BF16 linear (its algorithm may change with M).
+//! its row of A and its row of W: no reduction across rows, and where the
+//! skinny kernel splits K over CTAs the split is a function of N and K only
+//! (partials added in split order). A row's result therefore does not change
+//! with M or with the other rows, and repeated runs are bitwise identical.
+//! The skinny and the large kernels sum in different orders, so results on
+//! either side of the [`SKINNY_MAX_M`] threshold agree to `calc_diff`, not
+//! bitwise; pin [`GemmImpl::Large`] (any M) where bitwise batch invariance
+//! across that threshold matters. cuBLAS gives no such promise for the BF16
+//! linear (its algorithm may change with M).
+//!
+//! The CUDA launchers add their kernels' own limits, returned as typed
+//! errors before any launch (`cuda_backend::gemm`, `cuda_backend::gemm_skinny`):
+//! K a multiple of 16 for FP8 operands and of 32 for FP4 expert weights in
+//! the contiguous kernel, 32-bit index ranges. The CPU takes any K (even
+//! for FP4).
 //!
 //! Grouped layouts: `offsets` (contiguous, I32 `[E + 1]`, exclusive prefix
 //! sums: expert e owns rows `offsets[e]..offsets[e + 1]`) and `counts`

@@ -1,0 +1,436 @@
+//! GPU benchmark of the GEMM family through the safe op API and the shared
+//! harness (`benches/common/gpu_harness.rs`: medians of CUDA-event timings,
+//! inputs rotated over ≥ 512 MiB so L2 holds none of them, the copy ceiling,
+//! torch peers from `benches/peers/gemm_torch.py`, the shared/gpu.md JSON).
+//!
+//! - Dense: every V4.1 FP8 projection (`PROJECTIONS`) at M ∈ {1, 8, 32, 64,
+//!   128, 512, 4096, 16384} through `ops::mxfp8_linear_into` with
+//!   `GemmImpl::Auto`, and with both `Large` and `Skinny` where M ≤ 128 to
+//!   show the crossover (Skinny records its typed error above
+//!   `SKINNY_MAX_M`). `wo_a` is 8 groups of 1024 × 4096, timed as 8 dense
+//!   calls (8 inputs, 8 weights) per iteration. Peers measured here on the
+//!   same (M, N, K), through cudarc: cuBLASLt FP8 e4m3 with per-tensor scales
+//!   (`cublaslt_fp8_tensorwise`) and cuBLAS BF16 (`cublas_bf16`), both with
+//!   BF16 output.
+//! - MoE: 384 experts, FP4 weights of w1 (2304 × 5120) and w2 (5120 × 2304):
+//!   masked decode (`ops::mxfp4_grouped_masked_into`, every expert holding
+//!   1, 4, 16 or 64 tokens) and contiguous prefill
+//!   (`ops::mxfp4_grouped_contiguous_into`, 8–32 experts × 128–8192 tokens
+//!   per group).
+//!
+//! Records: `ours_us`, `tflops` = 2·M·N·K (summed over groups) / time,
+//! `gbps` over the bytes that must move once: A (M·K) + its scales
+//! (M·⌈K/32⌉) + B (N·K, or N·K/2 for FP4, per group with tokens) + its
+//! scales + the BF16 output (2·M·N); each record states its formula. A shape
+//! our kernels reject records the error string instead. The FP8 tensor
+//! ceiling is cuBLASLt FP8 at 8192³ in this run; the BF16 ceiling comes from
+//! the torch peers.
+//!
+//! DEEPINFER_BENCH_QUICK=1 runs a small subset (two projections, M ∈ {1,
+//! 64, 4096}, one MoE shape per layout).
+
+#[cfg(deepinfer_cuda)]
+#[path = "common/gpu_harness.rs"]
+mod harness;
+
+#[cfg(deepinfer_cuda)]
+mod gpu {
+    use super::harness::Harness;
+    use deepinfer::cuda_backend::blas::Fp8TensorwisePlan;
+    use deepinfer::dtype::Element;
+    use deepinfer::ops::{self, GemmImpl};
+    use deepinfer::{DType, Device, E4M3, E8M0, Fp4x2, Tensor};
+    use half::bf16;
+    use serde_json::{Value, json};
+
+    /// A dense FP8 projection: `groups` independent [n, k] weights.
+    struct Proj {
+        name: &'static str,
+        n: usize,
+        k: usize,
+        groups: usize,
+    }
+
+    const PROJECTIONS: &[Proj] = &[
+        Proj {
+            name: "wq_a",
+            n: 1280,
+            k: 5120,
+            groups: 1,
+        },
+        Proj {
+            name: "wq_b",
+            n: 32768,
+            k: 1280,
+            groups: 1,
+        },
+        Proj {
+            name: "wkv",
+            n: 512,
+            k: 5120,
+            groups: 1,
+        },
+        Proj {
+            name: "wo_a",
+            n: 1024,
+            k: 4096,
+            groups: 8,
+        },
+        Proj {
+            name: "wo_b",
+            n: 5120,
+            k: 8192,
+            groups: 1,
+        },
+        Proj {
+            name: "shared_w1_w3",
+            n: 2304,
+            k: 5120,
+            groups: 1,
+        },
+        Proj {
+            name: "shared_w2",
+            n: 5120,
+            k: 2304,
+            groups: 1,
+        },
+        Proj {
+            name: "indexer_wq_b",
+            n: 4096,
+            k: 1280,
+            groups: 1,
+        },
+    ];
+    const MS: &[usize] = &[1, 8, 32, 64, 128, 512, 4096, 16384];
+    /// Both dense kernels are timed up to this M.
+    const CROSSOVER_MAX_M: usize = 128;
+
+    /// Routed experts and the two expert shapes (name, N, K).
+    const EXPERTS: usize = 384;
+    const MOE_SHAPES: &[(&str, usize, usize)] = &[("w1", 2304, 5120), ("w2", 5120, 2304)];
+    const MASKED_COUNTS: &[usize] = &[1, 4, 16, 64];
+    /// Contiguous prefill: (experts with tokens, tokens per expert).
+    const CONTIGUOUS: &[(usize, usize)] = &[(32, 128), (32, 512), (16, 2048), (8, 4096), (8, 8192)];
+
+    fn quick() -> bool {
+        std::env::var("DEEPINFER_BENCH_QUICK").is_ok_and(|v| v == "1")
+    }
+
+    /// Deterministic pseudo-random bytes (xorshift64*), mapped by `f`.
+    fn host<T>(n: usize, seed: u64, f: impl Fn(u8) -> T) -> Vec<T> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            for b in r.to_le_bytes() {
+                if out.len() < n {
+                    out.push(f(b));
+                }
+            }
+        }
+        out
+    }
+
+    /// e4m3 of magnitude below 2 (exponent bit 6 cleared: never NaN).
+    fn fp8(b: u8) -> E4M3 {
+        E4M3(b & 0xBF)
+    }
+    /// E8M0 scales in 2^-7 ..= 2^3.
+    fn scale(b: u8) -> E8M0 {
+        E8M0(120 + b % 11)
+    }
+    fn fp4(b: u8) -> Fp4x2 {
+        Fp4x2(b)
+    }
+    fn bf(b: u8) -> bf16 {
+        bf16::from_bits(0x3C00 | ((b as u16 & 0x80) << 8) | (b as u16 & 0x7F))
+    }
+
+    /// `copies` device copies of one host tensor.
+    fn upload<T: Element>(dev: &Device, v: Vec<T>, shape: &[usize], copies: usize) -> Vec<Tensor> {
+        let t = Tensor::from_vec(v, shape).unwrap();
+        (0..copies).map(|_| t.to_device(dev).unwrap()).collect()
+    }
+
+    /// Times `f(i)` with the harness; the first call's error (or a later
+    /// one) is returned instead of a time.
+    fn measure(
+        h: &Harness,
+        mut f: impl FnMut(usize) -> deepinfer::Result<()>,
+    ) -> Result<f64, String> {
+        f(0).map_err(|e| e.to_string())?;
+        h.cuda.synchronize().map_err(|e| e.to_string())?;
+        let mut err = None;
+        let us = h.time_us(|i| {
+            if let Err(e) = f(i) {
+                err.get_or_insert(e.to_string());
+            }
+        });
+        h.cuda.synchronize().map_err(|e| e.to_string())?;
+        match err {
+            Some(e) => Err(e),
+            None => Ok(us),
+        }
+    }
+
+    fn peer(name: &str, r: Result<f64, String>) -> Value {
+        match r {
+            Ok(us) => json!({ "name": name, "us": us }),
+            Err(e) => json!({ "name": name, "error": e }),
+        }
+    }
+
+    /// One projection at every M: ours (Auto, and Large/Skinny up to
+    /// CROSSOVER_MAX_M) and the cudarc peers.
+    fn dense(h: &mut Harness, p: &Proj, ms: &[usize]) {
+        let dev = h.dev.clone();
+        let (n, k, g) = (p.n, p.k, p.groups);
+        let (kb, nb) = (k.div_ceil(32), n.div_ceil(32));
+        // Weight sets (each `g` weights), rotated over >= 512 MiB.
+        let wc = Harness::copies(g * n * k);
+        let w: Vec<Vec<Tensor>> = (0..g)
+            .map(|j| upload(&dev, host(n * k, 11 + j as u64, fp8), &[n, k], wc))
+            .collect();
+        let w_s: Vec<Vec<Tensor>> = (0..g)
+            .map(|j| upload(&dev, host(nb * kb, 21 + j as u64, scale), &[nb, kb], wc))
+            .collect();
+        let wbc = Harness::copies(2 * g * n * k);
+        let w16: Vec<Vec<Tensor>> = (0..g)
+            .map(|j| upload(&dev, host(n * k, 31 + j as u64, bf), &[n, k], wbc))
+            .collect();
+        let one = Tensor::from_vec(vec![1.0f32], &[1])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        for &m in ms {
+            let ac = Harness::copies(g * m * k);
+            let a: Vec<Vec<Tensor>> = (0..g)
+                .map(|j| upload(&dev, host(m * k, 41 + j as u64, fp8), &[m, k], ac))
+                .collect();
+            let a_s: Vec<Vec<Tensor>> = (0..g)
+                .map(|j| upload(&dev, host(m * kb, 51 + j as u64, scale), &[m, kb], ac))
+                .collect();
+            let abc = Harness::copies(2 * g * m * k);
+            let a16: Vec<Vec<Tensor>> = (0..g)
+                .map(|j| upload(&dev, host(m * k, 61 + j as u64, bf), &[m, k], abc))
+                .collect();
+            let mut out: Vec<Tensor> = (0..g)
+                .map(|_| Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap())
+                .collect();
+            let shape = json!({ "m": m, "n": n, "k": k, "groups": g });
+            let flops = 2.0 * (g * m * n * k) as f64;
+            let bytes = g * (m * k + m * kb + n * k + nb * kb + 2 * m * n);
+            let formula = "groups*(m*k (a) + m*ceil(k/32) (a_s) + n*k (w) + ceil(n/32)*ceil(k/32) (w_s) + 2*m*n (bf16 out))";
+
+            // Peers on the same (M, N, K): cuBLASLt FP8 per-tensor, cuBLAS BF16.
+            let fp8_peer = match Fp8TensorwisePlan::new(&h.cuda, m, n, k, DType::BF16) {
+                Ok(mut plan) => measure(h, |i| {
+                    for j in 0..g {
+                        plan.run(&a[j][i % ac], &one, &w[j][i % wc], &one, &mut out[j])?;
+                    }
+                    Ok(())
+                }),
+                Err(e) => Err(e.to_string()),
+            };
+            let bf16_peer = measure(h, |i| {
+                for j in 0..g {
+                    ops::bf16_linear_into(&a16[j][i % abc], &w16[j][i % wbc], &mut out[j])?;
+                }
+                Ok(())
+            });
+            let mut imps = vec![("auto", GemmImpl::Auto)];
+            if m <= CROSSOVER_MAX_M {
+                imps.extend([("large", GemmImpl::Large), ("skinny", GemmImpl::Skinny)]);
+            }
+            for (label, imp) in imps {
+                let us = measure(h, |i| {
+                    for j in 0..g {
+                        ops::mxfp8_linear_into(
+                            &a[j][i % ac],
+                            &a_s[j][i % ac],
+                            &w[j][i % wc],
+                            &w_s[j][i % wc],
+                            &mut out[j],
+                            imp,
+                        )?;
+                    }
+                    Ok(())
+                });
+                let (peer_op, peers) = if imp == GemmImpl::Auto {
+                    (
+                        p.name,
+                        vec![
+                            peer("cublaslt_fp8_tensorwise", fp8_peer.clone()),
+                            peer("cublas_bf16", bf16_peer.clone()),
+                        ],
+                    )
+                } else {
+                    ("", Vec::new())
+                };
+                h.record_gemm(
+                    &format!("mxfp8_linear/{}/{label}", p.name),
+                    peer_op,
+                    shape.clone(),
+                    us,
+                    flops,
+                    bytes,
+                    formula,
+                    peers,
+                );
+            }
+        }
+    }
+
+    /// FP4 expert weights [e, n, k] and their scales, `copies` device copies.
+    fn expert_weights(
+        dev: &Device,
+        e: usize,
+        n: usize,
+        k: usize,
+        copies: usize,
+    ) -> (Vec<Tensor>, Vec<Tensor>) {
+        let kb = k.div_ceil(32);
+        let w = upload(dev, host(e * n * k / 2, 71, fp4), &[e, n, k], copies);
+        let s = upload(dev, host(e * n * kb, 72, scale), &[e, n, kb], copies);
+        (w, s)
+    }
+
+    fn moe_masked(h: &mut Harness, counts: &[usize], shapes: &[(&str, usize, usize)]) {
+        let dev = h.dev.clone();
+        for &(name, n, k) in shapes {
+            let kb = k.div_ceil(32);
+            // A whole layer's experts (2.3 GB) are far larger than L2: one copy.
+            let (w, w_s) = expert_weights(&dev, EXPERTS, n, k, 1);
+            let (w, w_s) = (&w[0], &w_s[0]);
+            for &c in counts {
+                let ac = Harness::copies(EXPERTS * c * k);
+                let a = upload(&dev, host(EXPERTS * c * k, 81, fp8), &[EXPERTS, c, k], ac);
+                let a_s = upload(
+                    &dev,
+                    host(EXPERTS * c * kb, 82, scale),
+                    &[EXPERTS, c, kb],
+                    ac,
+                );
+                let cnt = upload(&dev, vec![c as i32; EXPERTS], &[EXPERTS], 1).remove(0);
+                let mut out = Tensor::empty(&dev, DType::BF16, &[EXPERTS, c, n]).unwrap();
+                let us = measure(h, |i| {
+                    ops::mxfp4_grouped_masked_into(&a[i % ac], &a_s[i % ac], w, w_s, &cnt, &mut out)
+                });
+                let rows = EXPERTS * c;
+                h.record_gemm(
+                    &format!("mxfp4_grouped_masked/{name}"),
+                    &format!("moe_masked/{name}"),
+                    json!({ "experts": EXPERTS, "tokens_per_expert": c, "n": n, "k": k }),
+                    us,
+                    2.0 * (rows * n * k) as f64,
+                    rows * k + rows * kb + EXPERTS * (n * k / 2 + n * kb) + 2 * rows * n,
+                    "E*c*k (a) + E*c*ceil(k/32) (a_s) + E*(n*k/2 (fp4 w) + n*ceil(k/32) (w_s)) + 2*E*c*n (bf16 out); every expert holds c tokens",
+                    Vec::new(),
+                );
+            }
+        }
+    }
+
+    fn moe_contiguous(
+        h: &mut Harness,
+        configs: &[(usize, usize)],
+        shapes: &[(&str, usize, usize)],
+    ) {
+        let dev = h.dev.clone();
+        for &(name, n, k) in shapes {
+            let kb = k.div_ceil(32);
+            for &(e, per) in configs {
+                let t = e * per;
+                let wc = Harness::copies(e * n * k / 2);
+                let (w, w_s) = expert_weights(&dev, e, n, k, wc);
+                let ac = Harness::copies(t * k);
+                let a = upload(&dev, host(t * k, 101, fp8), &[t, k], ac);
+                let a_s = upload(&dev, host(t * kb, 102, scale), &[t, kb], ac);
+                let offsets: Vec<i32> = (0..=e).map(|x| (x * per) as i32).collect();
+                let off = upload(&dev, offsets, &[e + 1], 1).remove(0);
+                let mut out = Tensor::empty(&dev, DType::BF16, &[t, n]).unwrap();
+                let us = measure(h, |i| {
+                    ops::mxfp4_grouped_contiguous_into(
+                        &a[i % ac],
+                        &a_s[i % ac],
+                        &w[i % wc],
+                        &w_s[i % wc],
+                        &off,
+                        &mut out,
+                    )
+                });
+                h.record_gemm(
+                    &format!("mxfp4_grouped_contiguous/{name}"),
+                    &format!("moe_contiguous/{name}"),
+                    json!({ "experts": e, "tokens_per_expert": per, "n": n, "k": k }),
+                    us,
+                    2.0 * (t * n * k) as f64,
+                    t * k + t * kb + e * (n * k / 2 + n * kb) + 2 * t * n,
+                    "T*k (a) + T*ceil(k/32) (a_s) + E*(n*k/2 (fp4 w) + n*ceil(k/32) (w_s)) + 2*T*n (bf16 out); T = E * tokens_per_expert",
+                    Vec::new(),
+                );
+            }
+        }
+    }
+
+    /// cuBLASLt FP8 per-tensor at 8192³, the FP8 tensor ceiling of this run.
+    fn fp8_ceiling(h: &mut Harness) {
+        let dev = h.dev.clone();
+        let s = 8192;
+        let a = upload(&dev, host(s * s, 1, fp8), &[s, s], 1).remove(0);
+        let one = Tensor::from_vec(vec![1.0f32], &[1])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let mut out = Tensor::empty(&dev, DType::BF16, &[s, s]).unwrap();
+        let r = Fp8TensorwisePlan::new(&h.cuda, s, s, s, DType::BF16)
+            .map_err(|e| e.to_string())
+            .and_then(|mut plan| measure(h, |_| plan.run(&a, &one, &a, &one, &mut out)));
+        match r {
+            Ok(us) => {
+                let tflops = 2.0 * (s * s * s) as f64 / (us * 1e-6) / 1e12;
+                println!("fp8 ceiling (cuBLASLt per-tensor, 8192^3): {tflops:.0} TFLOP/s");
+                h.set_fp8_ceiling(tflops);
+            }
+            Err(e) => println!("fp8 ceiling not measured: {e}"),
+        }
+    }
+
+    pub fn main() {
+        let Some(mut h) = Harness::open("gemm_gpu") else {
+            return;
+        };
+        println!(
+            "{:<34} {:<34} {:>10} {:>8} {:>9} {:>8}  peers (us)",
+            "op", "shape", "ours_us", "TFLOP/s", "GB/s", "%copy"
+        );
+        fp8_ceiling(&mut h);
+        if quick() {
+            for p in PROJECTIONS
+                .iter()
+                .filter(|p| p.name == "wq_a" || p.name == "wo_b")
+            {
+                dense(&mut h, p, &[1, 64, 4096]);
+            }
+            moe_masked(&mut h, &[4], &MOE_SHAPES[..1]);
+            moe_contiguous(&mut h, &[(8, 4096)], &MOE_SHAPES[..1]);
+        } else {
+            for p in PROJECTIONS {
+                dense(&mut h, p, MS);
+            }
+            moe_masked(&mut h, MASKED_COUNTS, MOE_SHAPES);
+            moe_contiguous(&mut h, CONTIGUOUS, MOE_SHAPES);
+        }
+        h.finish();
+    }
+}
+
+fn main() {
+    #[cfg(deepinfer_cuda)]
+    gpu::main();
+    #[cfg(not(deepinfer_cuda))]
+    eprintln!("gemm_gpu: built without DEEPINFER_ACCELERATOR=nvidia; nothing to measure");
+}
