@@ -5,6 +5,7 @@
 //! already checked when these functions run.
 
 mod act_quant;
+pub mod gemm;
 pub mod indexer;
 pub mod gemm_skinny;
 pub mod blas;
@@ -14,6 +15,7 @@ mod tilelang_mhc;
 mod tilelang_moe_route;
 mod tilelang_rope;
 mod tilelang_swiglu;
+mod tma;
 
 pub use act_quant::act_quant_fp8;
 pub use rms_norm::rms_norm;
@@ -45,6 +47,10 @@ pub mod params {
 unsafe impl cudarc::driver::DeviceRepr for params::di_rms_norm_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_params {}
+// SAFETY: as above; the two `di_tensor_map` members are opaque byte arrays
+// encoded by `tma::encode_u8` (the driver's CUtensorMap, 64-byte aligned as
+// the header and bindgen's `align(64)` require).
+unsafe impl cudarc::driver::DeviceRepr for params::di_mx_gemm_params {}
 // SAFETY: as above (indexer structs: addresses, integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_quant_params {}
 // SAFETY: as above.

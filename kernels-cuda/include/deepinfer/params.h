@@ -27,44 +27,40 @@ typedef struct di_act_quant_params {
     int32_t k;
 } di_act_quant_params;
 
-/* ---- gemm_skinny/: block-scaled GEMMs for decode, M <= 64 (helper "wgmma-skinny") */
+/* A CUDA tensor map (CUtensorMap) encoded on the host by cuTensorMapEncodeTiled
+ * (src/cuda_backend/tma.rs): opaque, 128 bytes, 64-byte aligned. Kernels pass
+ * its address in parameter space to the TMA instructions. */
+typedef struct __attribute__((aligned(64))) di_tensor_map {
+    uint64_t opaque[16];
+} di_tensor_map;
+
+/* ---- gemm/: block-scaled GEMMs for large M (helper "wgmma-large") --------- */
 
 /* out[m, n] = sum over K blocks of 32 of (fp32 block sum of a * b) * a_s * b_s,
- * BF16 or F32 (kernels-cuda/gemm_skinny/gemm_skinny.cu). k % 16 == 0.
- *   gemm_skinny_fp8: a [m, k] e4m3 (m in 1..64), a_scale [m, ceil(k/32)] e8m0,
- *     b [n, k] e4m3, b_scale [ceil(n/32), ceil(k/32)] e8m0; counts null,
- *     experts 1. Grid (ceil(n/64), splits); with splits > 1, out is an f32
- *     workspace [splits, m, n] (out_f32 = 1) summed by gemm_skinny_reduce.
- *   gemm_skinny_fp4_masked: a [experts, m = max_m, k] e4m3, a_scale
- *     [experts, max_m, ceil(k/32)], b [experts, n, k] packed e2m1 (k/2 bytes a
- *     row), b_scale [experts, n, ceil(k/32)], counts [experts] int32 (clamped
- *     to [0, max_m]); out [experts, max_m, n], rows >= count untouched.
- *     Grid (ceil(n/64), groups); chunks_per_split unused.
- * Entry points _n8/_n16/_n32/_n64 name the launch's largest token tile, which
- * sets the dynamic shared memory size (src/cuda_backend/gemm_skinny.rs). */
-typedef struct di_gemm_skinny_params {
+ * BF16 or F32 (kernels-cuda/gemm/mx_gemm.cu). One struct serves both
+ *   mxfp8_gemm_*: a [m, k] e4m3, a_s [m, ceil(k/32)] e8m0, b [n, k] e4m3,
+ *     b_s [ceil(n/32), ceil(k/32)] e8m0; offsets unused (null), groups = 1;
+ *   mxfp4_grouped_contiguous_*: a [m = T, k] e4m3 rows grouped by expert,
+ *     a_s [T, ceil(k/32)], b [groups, n, k] packed e2m1 (k / 2 bytes a row),
+ *     b_s [groups, n, ceil(k/32)], offsets [groups + 1] int32 on the device.
+ * a_map: a as a 2D uint8 map (k, m), box 128 x 128, 128-byte swizzle.
+ * b_map: dense b as a 2D uint8 map (k, n), box 128 x 128, 128-byte swizzle;
+ *   FP4 b as a 3D uint8 map (k / 2, n, groups), box 64 x 128 x 1, no swizzle.
+ * out [m, n] row-major. */
+typedef struct di_mx_gemm_params {
+    di_tensor_map a_map;
+    di_tensor_map b_map;
     const void *a;
-    const void *a_scale;
+    const void *a_s;
     const void *b;
-    const void *b_scale;
-    const int32_t *counts;
+    const void *b_s;
+    const int32_t *offsets;
     void *out;
     int32_t m;
     int32_t n;
     int32_t k;
-    int32_t experts;
-    int32_t chunks_per_split;
-    int32_t out_f32;
-} di_gemm_skinny_params;
-
-/* out[i] = sum over s in order of partials[s * count + i], BF16 or F32. */
-typedef struct di_gemm_skinny_reduce_params {
-    const float *partials;
-    void *out;
-    int64_t count;
-    int32_t splits;
-    int32_t out_f32;
-} di_gemm_skinny_reduce_params;
+    int32_t groups;
+} di_mx_gemm_params;
 
 /* ---- indexer/: index-key rows, index scores, exact top-k (helper "indexer") */
 

@@ -1,0 +1,531 @@
+// Block-scaled GEMMs for large M (prefill): out[m, n] = sum over K blocks of
+// 32 (in K order) of (fp32 block sum of a * b) * a_s * b_s, BF16 or F32 out.
+//
+//   mxfp8_gemm_{bf16,f32}: A [M, K] e4m3 with 1x32 E8M0 scales [M, ceil(K/32)],
+//     B [N, K] e4m3 with 32x32 E8M0 scales [ceil(N/32), ceil(K/32)].
+//   mxfp4_grouped_contiguous_{bf16,f32}: A [T, K] e4m3 rows grouped by expert
+//     (offsets [E+1], clamped to [0, T] and made monotone on the device), B
+//     [E, N, K] packed e2m1 with one E8M0 scale per output row and 32 of K
+//     [E, N, ceil(K/32)]. A tile never straddles two experts.
+//
+// sm_90a (see README.md for the design and its alternatives): persistent CTAs
+// of 3 warpgroups over 128 x 128 output tiles. Warpgroup 0 produces: one
+// thread issues the TMA loads of the A tile (128 rows x 128 B of K, 128-byte
+// swizzle) and the B tile (dense: e4m3, same layout; FP4: the packed 128 x 64 B
+// tile into a staging buffer), helper warps convert the E8M0 scales of the
+// stage to fp32 in shared memory and, for FP4, decode e2m1 -> e4m3 into the
+// swizzled B tile. Warpgroups 1 and 2 each own 64 rows of the tile and run
+// wgmma m64n128k32 once per 32-deep scale block into a fresh fp32 tile
+// (scale_d = 0), double-buffered so that block k+1 is on the tensor cores
+// while block k is promoted: acc += fresh * (a_s[row] * b_s[col]) on the
+// CUDA cores (E8M0 -> fp32 is exact).
+//
+// Pipeline barriers per stage s: full[s] (TMA bytes landed), ready[s] (helper
+// warps wrote the scales / decoded B), empty[s] (every consumer warp finished
+// reading the stage). Every role walks the same tile sequence and the same
+// stage counter, so parities agree by construction.
+//
+// Other architectures (sm_100a, compile-only here) run a plain SIMT path in
+// the same entry points: one thread per output, K blocks in the CPU
+// reference's order. It is a correct placeholder until the tcgen05
+// block-scaled MMA path exists.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "deepinfer/params.h"
+#include "deepinfer/sm90.cuh"
+
+namespace {
+
+constexpr int kThreads = 384;
+
+__device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
+    // 0xFF is NaN, 0 is 2^-127 (an fp32 subnormal), else 2^(b - 127).
+    return b == 0xFFu ? __uint_as_float(0x7FC00000u)
+                      : b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
+}
+
+
+__device__ __forceinline__ int clamp_i(int v, int lo, int hi) { return min(max(v, lo), hi); }
+
+}  // namespace
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace {
+
+using namespace deepinfer::sm90;
+
+constexpr int kBlockM = 128;  // rows of A per tile (two consumer warpgroups of 64)
+constexpr int kBlockN = 128;  // rows of B (output columns) per tile
+constexpr int kBlockK = 128;  // e4m3 values (bytes) of K per stage
+constexpr int kSteps = kBlockK / 32;  // wgmma k32 steps (= scale blocks) per stage
+
+// One output tile: rows [row0, row0 + 128) of which rows < row_end are valid
+// (row_end is the end of the tile's expert, or M), columns [n0, n0 + 128),
+// expert e (0 for the dense GEMM).
+struct Tile {
+    int row0;
+    int row_end;
+    int n0;
+    int e;
+};
+
+// Maps a tile index to a tile. Dense: n-block outer, m-block inner. Grouped:
+// experts in order, inside an expert n-block outer, m-block inner; an expert
+// with r rows owns ceil(r / 128) * n_blocks consecutive indices, so empty
+// experts own none. The grouped walk keeps a cursor, so a CTA that asks for
+// increasing indices reads each offset once. Group e covers rows
+// [start_e, end_e) with end_{-1} = clamp(offsets[0], 0, T),
+// start_e = end_{e-1}, end_e = clamp(offsets[e+1], start_e, T): in bounds and
+// monotone whatever the offsets hold, and exactly the offsets when they are
+// valid prefix sums.
+struct Scheduler {
+    const int32_t *offsets;
+    int rows;  // M or T
+    int groups;
+    int n_blocks;
+    int m_blocks;  // dense only
+    // Grouped cursor: current expert, its rows, first tile index, tile count.
+    int e;
+    int start;
+    int end;
+    int first;
+    int count;
+
+    __device__ Scheduler(const di_mx_gemm_params &p, bool grouped) {
+        offsets = p.offsets;
+        rows = p.m;
+        groups = p.groups;
+        n_blocks = (p.n + kBlockN - 1) / kBlockN;
+        m_blocks = (p.m + kBlockM - 1) / kBlockM;
+        e = -1;
+        start = 0;
+        end = grouped ? clamp_i(offsets[0], 0, rows) : 0;
+        first = 0;
+        count = 0;
+    }
+
+    __device__ bool dense(int t, Tile &tile) const {
+        if (t >= m_blocks * n_blocks) return false;
+        tile.row0 = (t % m_blocks) * kBlockM;
+        tile.row_end = rows;
+        tile.n0 = (t / m_blocks) * kBlockN;
+        tile.e = 0;
+        return true;
+    }
+
+    __device__ bool grouped(int t, Tile &tile) {
+        while (t >= first + count) {
+            if (e + 1 >= groups) return false;
+            first += count;
+            ++e;
+            start = end;
+            end = clamp_i(offsets[e + 1], start, rows);
+            count = ((end - start + kBlockM - 1) / kBlockM) * n_blocks;
+        }
+        const int local = t - first;
+        const int mb = (end - start + kBlockM - 1) / kBlockM;
+        tile.row0 = start + (local % mb) * kBlockM;
+        tile.row_end = end;
+        tile.n0 = (local / mb) * kBlockN;
+        tile.e = e;
+        return true;
+    }
+};
+
+
+constexpr int kStagesFp8 = 6;
+constexpr int kStagesFp4 = 5;
+constexpr int kATileBytes = kBlockM * kBlockK;          // 16 KiB
+constexpr int kBTileBytes = kBlockN * kBlockK;          // 16 KiB
+constexpr int kPackedTileBytes = kBlockN * kBlockK / 2; // 8 KiB of packed e2m1
+constexpr uint32_t kProducerRegs = 72;
+constexpr uint32_t kConsumerRegs = 216;
+constexpr int kConsumerWarps = 8;
+constexpr int kHelperWarps = 3;
+
+template <bool kFp4> struct Layout {
+    static constexpr int kStages = kFp4 ? kStagesFp4 : kStagesFp8;
+    // fp32 scales per stage: A [kSteps][128 rows]; B [kSteps][128 rows] (FP4,
+    // per output row) or [kSteps][4 n-blocks of 32] (dense 32x32 blocks).
+    static constexpr int kSaFloats = kSteps * kBlockM;
+    static constexpr int kSbFloats = kFp4 ? kSteps * kBlockN : kSteps * (kBlockN / 32);
+    // Byte offsets from the 1024-aligned base.
+    static constexpr int kA = 0;
+    static constexpr int kB = kA + kStages * kATileBytes;
+    static constexpr int kPacked = kB + kStages * kBTileBytes;
+    static constexpr int kSa = kPacked + (kFp4 ? kStages * kPackedTileBytes : 0);
+    static constexpr int kSb = kSa + kStages * kSaFloats * 4;
+    static constexpr int kBars = kSb + kStages * kSbFloats * 4;
+    static constexpr int kEnd = kBars + 3 * kStages * 8;
+    static constexpr int kSmemBytes = kEnd + 1024;  // slack for aligning the base
+};
+// src/cuda_backend/gemm.rs requests these dynamic shared-memory sizes.
+static_assert(Layout<false>::kSmemBytes == 210448, "update SMEM_FP8 in src/cuda_backend/gemm.rs");
+static_assert(Layout<true>::kSmemBytes == 226424, "update SMEM_FP4 in src/cuda_backend/gemm.rs");
+static_assert(Layout<true>::kSmemBytes <= 232448, "over the sm_90 227 KiB opt-in limit");
+
+// The 4 E8M0 scale bytes (K blocks 4 st .. 4 st + 3, byte j = block j) of row
+// `row` of a [rows, kbt] scale matrix. Rows and K blocks out of range read
+// nothing and give byte 0 (2^-127, finite): their fresh tile is exactly 0
+// because TMA zero-filled the operands, so the product stays 0.
+__device__ __forceinline__ uint32_t load_scale_quad(const uint8_t *base, int64_t row, int rows, int kbt,
+                                                    int st) {
+    const int kb0 = st * kSteps;
+    if (row >= rows) return 0;
+    const uint8_t *q = base + row * kbt + kb0;
+    if ((kbt & 3) == 0 && kb0 + 4 <= kbt) {
+        // Aligned: the allocation is 256-byte aligned and (row * kbt + kb0) % 4 == 0.
+        return *reinterpret_cast<const uint32_t *>(q);
+    }
+    uint32_t w = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (kb0 + j < kbt) w |= uint32_t(q[j]) << (8 * j);
+    }
+    return w;
+}
+
+// Stores the 4 scales of `w` as fp32 at dst[j * stride].
+__device__ __forceinline__ void store_quad(float *dst, int stride, uint32_t w) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[j * stride] = e8m0_to_f32((w >> (8 * j)) & 0xFFu);
+}
+
+// One helper warp converts the E8M0 scales of stage `st` of `tile` to fp32 in
+// shared memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128
+// output rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
+template <bool kFp4>
+__device__ __forceinline__ void load_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
+                                            float *sa, float *sb, int lane) {
+    const int kbt = (p.k + 31) / 32;
+    const uint8_t *as = static_cast<const uint8_t *>(p.a_s);
+    const uint8_t *bs = static_cast<const uint8_t *>(p.b_s);
+    uint32_t va[4], vb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int r = lane + 32 * i;
+        va[i] = load_scale_quad(as, tile.row0 + r, p.m, kbt, st);
+        if (kFp4) {
+            const int n = tile.n0 + r;
+            vb[i] = load_scale_quad(bs + int64_t(tile.e) * p.n * kbt, n, p.n, kbt, st);
+        }
+    }
+    if (!kFp4 && lane < kBlockN / 32) {
+        vb[0] = load_scale_quad(bs, tile.n0 / 32 + lane, (p.n + 31) / 32, kbt, st);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        store_quad(sa + lane + 32 * i, kBlockM, va[i]);
+        if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, vb[i]);
+    }
+    if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, vb[0]);
+}
+
+// Decodes the packed 128 x 64 B e2m1 tile into the 128 x 128 B e4m3 tile in
+// the 128-byte-swizzled layout (16-byte chunk c of row r at chunk c ^ (r % 8)).
+__device__ __forceinline__ void decode_fp4_tile(const uint8_t *packed, uint8_t *dst, int lane) {
+#pragma unroll 4
+    for (int q = lane; q < kBlockN * 8; q += 32) {
+        const int r = q >> 3, c = q & 7;
+        const uint2 in = *reinterpret_cast<const uint2 *>(packed + r * 64 + c * 8);
+        uint4 out;
+        out.x = e2m1x4_to_e4m3x4(in.x & 0xFFFFu);
+        out.y = e2m1x4_to_e4m3x4(in.x >> 16);
+        out.z = e2m1x4_to_e4m3x4(in.y & 0xFFFFu);
+        out.w = e2m1x4_to_e4m3x4(in.y >> 16);
+        *reinterpret_cast<uint4 *>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = out;
+    }
+}
+
+// One k32 step into a fresh fp32 tile (scale_d = 0) from operands at a / b
+// (tile bases plus 32 bytes per step).
+__device__ __forceinline__ void issue(float (&f)[64], const uint8_t *a, const uint8_t *b) {
+    wgmma_fence();
+    WgmmaE4M3<kBlockN>::mma(f, smem_desc_k128(a), smem_desc_k128(b), 0);
+    wgmma_commit();
+}
+
+// acc += f * (a_s[row] * b_s[col]) for scale block `j` of the stage whose
+// scales are at sa / sb. This thread holds rows r0 = wrow and r0 + 8 of the
+// warpgroup's 64, columns 8 * i + 2 * (lane % 4) + {0, 1} for i < 16
+// (register 4i + {0, 1} for r0, 4i + {2, 3} for r0 + 8).
+template <bool kFp4>
+__device__ __forceinline__ void promote(float (&acc)[64], const float (&f)[64], const float *sa,
+                                        const float *sb, int j, int wrow, int lane) {
+    const float a0 = sa[j * kBlockM + wrow];
+    const float a1 = sa[j * kBlockM + wrow + 8];
+    if (kFp4) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const float2 b = *reinterpret_cast<const float2 *>(sb + j * kBlockN + 8 * i + 2 * (lane & 3));
+            acc[4 * i + 0] = fmaf(f[4 * i + 0], a0 * b.x, acc[4 * i + 0]);
+            acc[4 * i + 1] = fmaf(f[4 * i + 1], a0 * b.y, acc[4 * i + 1]);
+            acc[4 * i + 2] = fmaf(f[4 * i + 2], a1 * b.x, acc[4 * i + 2]);
+            acc[4 * i + 3] = fmaf(f[4 * i + 3], a1 * b.y, acc[4 * i + 3]);
+        }
+    } else {
+        const float4 b = *reinterpret_cast<const float4 *>(sb + j * (kBlockN / 32));
+        const float p0[4] = {a0 * b.x, a0 * b.y, a0 * b.z, a0 * b.w};
+        const float p1[4] = {a1 * b.x, a1 * b.y, a1 * b.z, a1 * b.w};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            acc[4 * i + 0] = fmaf(f[4 * i + 0], p0[i / 4], acc[4 * i + 0]);
+            acc[4 * i + 1] = fmaf(f[4 * i + 1], p0[i / 4], acc[4 * i + 1]);
+            acc[4 * i + 2] = fmaf(f[4 * i + 2], p1[i / 4], acc[4 * i + 2]);
+            acc[4 * i + 3] = fmaf(f[4 * i + 3], p1[i / 4], acc[4 * i + 3]);
+        }
+    }
+}
+
+template <bool kF32>
+__device__ __forceinline__ void store_pair(const di_mx_gemm_params &p, int row, int col, float x,
+                                           float y) {
+    const int64_t at = int64_t(row) * p.n + col;
+    if (kF32) {
+        float *out = static_cast<float *>(p.out);
+        if ((p.n & 1) == 0 && col + 1 < p.n) {
+            *reinterpret_cast<float2 *>(out + at) = make_float2(x, y);
+        } else {
+            if (col < p.n) out[at] = x;
+            if (col + 1 < p.n) out[at + 1] = y;
+        }
+    } else {
+        __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
+        if ((p.n & 1) == 0 && col + 1 < p.n) {
+            *reinterpret_cast<__nv_bfloat162 *>(out + at) = __floats2bfloat162_rn(x, y);
+        } else {
+            if (col < p.n) out[at] = __float2bfloat16_rn(x);
+            if (col + 1 < p.n) out[at + 1] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
+template <bool kFp4, bool kF32>
+__device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
+    using L = Layout<kFp4>;
+    constexpr int S = L::kStages;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t *a_tiles = base + L::kA;
+    uint8_t *b_tiles = base + L::kB;
+    uint8_t *packed_tiles = base + L::kPacked;
+    float *sa_all = reinterpret_cast<float *>(base + L::kSa);
+    float *sb_all = reinterpret_cast<float *>(base + L::kSb);
+    uint64_t *full = reinterpret_cast<uint64_t *>(base + L::kBars);
+    uint64_t *ready = full + S;
+    uint64_t *empty = ready + S;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&ready[s], 32);
+            mbar_init(&empty[s], kConsumerWarps);
+        }
+        fence_barrier_init();
+        tma_prefetch_map(&p.a_map);
+        tma_prefetch_map(&p.b_map);
+    }
+    __syncthreads();
+
+    // Per-role state is built after setmaxnreg: values live across it would
+    // have to fit the producer's 40 registers (ptxas spills them otherwise).
+    constexpr bool grouped = kFp4;
+    if (warp < 4) {
+        regs_dealloc<kProducerRegs>();
+        const int num_st = (p.k + kBlockK - 1) / kBlockK;
+        Scheduler sched(p, grouped);
+        Tile tile;
+        if (warp == 0) {
+            if (lane != 0) return;
+            constexpr uint32_t bytes = kATileBytes + (kFp4 ? kPackedTileBytes : kBTileBytes);
+            int it = 0;
+            for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
+                 t += gridDim.x) {
+                for (int st = 0; st < num_st; ++st, ++it) {
+                    const int s = it % S;
+                    const uint32_t ph = (it / S) & 1;
+                    mbar_wait(&empty[s], ph ^ 1);
+                    mbar_arrive_expect_tx(&full[s], bytes);
+                    tma_load_2d(a_tiles + s * kATileBytes, &p.a_map, &full[s], st * kBlockK, tile.row0);
+                    if (kFp4) {
+                        tma_load_3d(packed_tiles + s * kPackedTileBytes, &p.b_map, &full[s],
+                                    st * (kBlockK / 2), tile.n0, tile.e);
+                    } else {
+                        tma_load_2d(b_tiles + s * kBTileBytes, &p.b_map, &full[s], st * kBlockK, tile.n0);
+                    }
+                }
+            }
+        } else {
+            // Helper warps 1..3 take the stages in turn (stage it goes to warp
+            // 1 + it % 3), so three stages' scale loads and FP4 decodes are
+            // in flight at once.
+            const int hw = warp - 1;
+            int it = 0;
+            for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
+                 t += gridDim.x) {
+                for (int st = 0; st < num_st; ++st, ++it) {
+                    if (it % kHelperWarps != hw) continue;
+                    const int s = it % S;
+                    const uint32_t ph = (it / S) & 1;
+                    mbar_wait(&empty[s], ph ^ 1);
+                    load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats,
+                                      lane);
+                    if (kFp4) {
+                        mbar_wait(&full[s], ph);
+                        decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane);
+                        fence_proxy_async_smem();
+                    }
+                    __syncwarp();
+                    mbar_arrive(&ready[s]);
+                }
+            }
+        }
+        return;
+    }
+
+    regs_alloc<kConsumerRegs>();
+    const int num_st = (p.k + kBlockK - 1) / kBlockK;
+    Scheduler sched(p, grouped);
+    Tile tile;
+    const int wg = warp / 4 - 1;                       // consumer warpgroup: rows 64 * wg of the tile
+    const int wrow = wg * 64 + (warp % 4) * 16 + lane / 4;  // this thread's first row in the tile
+    float acc[64], f[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) f[i] = 0.0f;
+    int it = 0;
+    for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile); t += gridDim.x) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+        for (int st = 0; st < num_st; ++st, ++it) {
+            const int s = it % S;
+            const uint32_t ph = (it / S) & 1;
+            mbar_wait(&full[s], ph);
+            mbar_wait(&ready[s], ph);
+            const uint8_t *at = a_tiles + s * kATileBytes + wg * 64 * kBlockK;
+            const uint8_t *bt = b_tiles + s * kBTileBytes;
+            const float *sa = sa_all + s * L::kSaFloats;
+            const float *sb = sb_all + s * L::kSbFloats;
+#pragma unroll
+            for (int j = 0; j < kSteps; ++j) {
+                issue(f, at + j * 32, bt + j * 32);
+                wgmma_wait<0>();
+                fence_operands(f);
+                promote<kFp4>(acc, f, sa, sb, j, wrow, lane);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&empty[s]);
+        }
+        const int r0 = tile.row0 + wrow;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int col = tile.n0 + 8 * i + 2 * (lane & 3);
+            if (r0 < tile.row_end) store_pair<kF32>(p, r0, col, acc[4 * i], acc[4 * i + 1]);
+            if (r0 + 8 < tile.row_end) store_pair<kF32>(p, r0 + 8, col, acc[4 * i + 2], acc[4 * i + 3]);
+        }
+    }
+}
+
+}  // namespace
+#else
+namespace {
+
+// e2m1 nibble -> fp32: exponent field e = bits 1-2, mantissa m = bit 0;
+// e == 0 is the subnormal m * 0.5, else (1 + m / 2) * 2^(e - 1).
+__device__ __forceinline__ float e2m1_to_f32(uint32_t nib) {
+    const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
+    const float v = e == 0 ? 0.5f * float(m) : (1.0f + 0.5f * float(m)) * float(1u << (e - 1));
+    return (nib & 8u) ? -v : v;
+}
+
+// SIMT path (every target but sm_90a): one thread per output, grid-stride,
+// K blocks of 32 in increasing order exactly as the CPU reference (fp32 block
+// sum from +0.0 in increasing k, times a_s * b_s, added to an fp32 sum).
+template <bool kFp4, bool kF32> __device__ void mx_gemm_simt(const di_mx_gemm_params &p) {
+    const int kbt = (p.k + 31) / 32;
+    const uint8_t *a = static_cast<const uint8_t *>(p.a);
+    const uint8_t *as = static_cast<const uint8_t *>(p.a_s);
+    const uint8_t *b = static_cast<const uint8_t *>(p.b);
+    const uint8_t *bs = static_cast<const uint8_t *>(p.b_s);
+    const int64_t total = int64_t(p.m) * p.n;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int row = int(i / p.n), col = int(i % p.n);
+        int e = 0;
+        if (kFp4) {
+            // The expert whose clamped, monotone range holds `row` (see Scheduler).
+            int end = clamp_i(p.offsets[0], 0, p.m);
+            if (row < end) continue;
+            e = -1;
+            for (int g = 0; g < p.groups; ++g) {
+                const int start = end;
+                end = clamp_i(p.offsets[g + 1], start, p.m);
+                if (row < end) {
+                    e = g;
+                    break;
+                }
+            }
+            if (e < 0) continue;
+        }
+        float acc = 0.0f;
+        for (int kb = 0; kb < kbt; ++kb) {
+            float sum = 0.0f;
+            for (int k = kb * 32; k < min(p.k, kb * 32 + 32); ++k) {
+                __nv_fp8_e4m3 av;
+                av.__x = a[int64_t(row) * p.k + k];
+                float bv;
+                if (kFp4) {
+                    const uint8_t byte = b[(int64_t(e) * p.n + col) * (p.k / 2) + k / 2];
+                    bv = e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xF);
+                } else {
+                    __nv_fp8_e4m3 q;
+                    q.__x = b[int64_t(col) * p.k + k];
+                    bv = float(q);
+                }
+                sum = __fadd_rn(sum, __fmul_rn(float(av), bv));
+            }
+            const float sb = kFp4 ? e8m0_to_f32(bs[(int64_t(e) * p.n + col) * kbt + kb])
+                                  : e8m0_to_f32(bs[int64_t(col / 32) * kbt + kb]);
+            acc = __fadd_rn(acc, __fmul_rn(sum, __fmul_rn(e8m0_to_f32(as[int64_t(row) * kbt + kb]), sb)));
+        }
+        if (kF32) {
+            static_cast<float *>(p.out)[i] = acc;
+        } else {
+            static_cast<__nv_bfloat16 *>(p.out)[i] = __float2bfloat16_rn(acc);
+        }
+    }
+}
+
+}  // namespace
+#endif
+
+template <bool kFp4, bool kF32> __device__ __forceinline__ void mx_gemm(const di_mx_gemm_params &p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mx_gemm_sm90<kFp4, kF32>(p);
+#else
+    mx_gemm_simt<kFp4, kF32>(p);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp8_gemm_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm<false, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp8_gemm_f32(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm<false, true>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp4_grouped_contiguous_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm<true, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp4_grouped_contiguous_f32(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm<true, true>(p);
+}

@@ -1,0 +1,278 @@
+//! Launches of the large-M block-scaled GEMMs (`kernels-cuda/gemm/`): the
+//! dense MXFP8 GEMM and the contiguous-grouped FP8 × FP4 MoE GEMM.
+//!
+//! Both compute `out[m, n] = Σ_kb (fp32 block sum of a·b over 32 of K) ·
+//! a_s · b_s` with the numerics of `cpu_backend::gemm` up to the in-block
+//! summation order (compare with `calc_diff`). On sm_90a they run the
+//! persistent TMA + wgmma kernel with per-32 promotion; on other archs the
+//! same entry points run a SIMT path (see the family README).
+//!
+//! Callers (the ops layer) have validated dtypes, shapes and devices. These
+//! functions check only the kernels' own limits and return typed errors for
+//! them before launching: K > 0 and K % 16 == 0 (FP8 rows are TMA rows whose
+//! stride must be a multiple of 16 bytes), K % 32 == 0 for FP4 weights (a
+//! packed row is K / 2 bytes), sizes that fit the kernels' 32-bit indices,
+//! and 16-byte aligned bases (tensors own whole allocations, so this holds).
+
+use super::params::di_mx_gemm_params;
+use super::tma::{Swizzle, encode_u8};
+use super::{launch, read_ptr, write_ptr};
+use crate::device::CudaDevice;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kernels::{self, KernelRef};
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+
+/// Threads per CTA: one producer and two consumer warpgroups. The sm_90a
+/// kernel needs exactly this (wgmma runs on whole warpgroups).
+const THREADS: u32 = 384;
+/// Output tile (rows × columns) of one CTA step.
+const BLOCK_M: usize = 128;
+const BLOCK_N: usize = 128;
+/// Dynamic shared memory of each kernel (static_asserted in mx_gemm.cu).
+const SMEM_FP8: u32 = 210_448;
+const SMEM_FP4: u32 = 226_424;
+
+/// Dense `out = A · Bᵀ` with 1×32 activation and 32×32 weight E8M0 scales.
+///
+/// `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]`, `b` `[N, K]` e4m3, `b_s`
+/// `[⌈N/32⌉, ⌈K/32⌉]`, `out` `[M, N]` BF16 or F32 (rounded once from the
+/// fp32 accumulator). Errors: K == 0 or K % 16 != 0 (tensor `a`).
+pub fn mxfp8_gemm(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    const OP: &str = "mxfp8_gemm";
+    let (m, k) = (a.shape()[0], a.shape()[1]);
+    let n = b.shape()[0];
+    check_k(OP, "a", a, k, 16)?;
+    let kernel = match out.dtype() {
+        DType::BF16 => kernels::gemm::MXFP8_GEMM_BF16,
+        DType::F32 => kernels::gemm::MXFP8_GEMM_F32,
+        got => return Err(out_dtype_error(OP, got)),
+    };
+    let (m32, n32, k32) = (
+        fit_i32(OP, "a", a, m)?,
+        fit_i32(OP, "b", b, n)?,
+        fit_i32(OP, "a", a, k)?,
+    );
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let tiles = m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
+    fit_i32(OP, "out", out, tiles)?;
+    let (ap, _ga) = read_ptr(a.cuda().expect("validated: a is on this device"), dev);
+    let (asp, _gas) = read_ptr(a_s.cuda().expect("validated: a_s is on this device"), dev);
+    let (bp, _gb) = read_ptr(b.cuda().expect("validated: b is on this device"), dev);
+    let (bsp, _gbs) = read_ptr(b_s.cuda().expect("validated: b_s is on this device"), dev);
+    let a_map = encode_u8(
+        OP,
+        "a",
+        ap,
+        &[k as u64, m as u64],
+        &[k as u64],
+        &[128, BLOCK_M as u32],
+        Swizzle::B128,
+    )?;
+    let b_map = encode_u8(
+        OP,
+        "b",
+        bp,
+        &[k as u64, n as u64],
+        &[k as u64],
+        &[128, BLOCK_N as u32],
+        Swizzle::B128,
+    )?;
+    let (op, _go) = write_ptr(
+        out.cuda_mut().expect("validated: out is on this device"),
+        dev,
+    );
+    let p = di_mx_gemm_params {
+        a_map,
+        b_map,
+        a: ap,
+        a_s: asp,
+        b: bp,
+        b_s: bsp,
+        offsets: std::ptr::null(),
+        out: op,
+        m: m32,
+        n: n32,
+        k: k32,
+        groups: 1,
+    };
+    run(dev, kernel, SMEM_FP8, tiles, &p)
+}
+
+/// Contiguous-grouped MoE GEMM with FP4 expert weights: rows
+/// `offsets[e]..offsets[e+1]` of `a` are multiplied by expert `e`'s weights.
+///
+/// `a` `[T, K]` e4m3, `a_s` `[T, ⌈K/32⌉]`, `b` `[E, N, K]` packed e2m1,
+/// `b_s` `[E, N, ⌈K/32⌉]` (one scale per output row and 32 of K), `offsets`
+/// `[E+1]` I32 on the device, `out` `[T, N]` BF16 or F32. The kernel clamps
+/// the offsets to `[0, T]` and makes them monotone, so garbage offsets stay in
+/// bounds; rows outside every group (before `offsets[0]` or from
+/// `offsets[E]` on) are not written. Experts with no rows cost nothing.
+/// Errors: K == 0 or K % 32 != 0 (tensor `b`).
+pub fn mxfp4_grouped_contiguous(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    offsets: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    const OP: &str = "mxfp4_grouped_contiguous";
+    let (t, k) = (a.shape()[0], a.shape()[1]);
+    let (e, n) = (b.shape()[0], b.shape()[1]);
+    check_k(OP, "b", b, k, 32)?;
+    let kernel = match out.dtype() {
+        DType::BF16 => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_BF16,
+        DType::F32 => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_F32,
+        got => return Err(out_dtype_error(OP, got)),
+    };
+    let (t32, n32, k32) = (
+        fit_i32(OP, "a", a, t)?,
+        fit_i32(OP, "b", b, n)?,
+        fit_i32(OP, "a", a, k)?,
+    );
+    let e32 = fit_i32(OP, "b", b, e)?;
+    if t == 0 || n == 0 || e == 0 {
+        return Ok(());
+    }
+    // Σ_e ⌈rows_e / 128⌉ ≤ T / 128 + E for any clamped, monotone offsets.
+    let tiles_bound = (t / BLOCK_M + e) * n.div_ceil(BLOCK_N);
+    fit_i32(OP, "out", out, tiles_bound)?;
+    let (ap, _ga) = read_ptr(a.cuda().expect("validated: a is on this device"), dev);
+    let (asp, _gas) = read_ptr(a_s.cuda().expect("validated: a_s is on this device"), dev);
+    let (bp, _gb) = read_ptr(b.cuda().expect("validated: b is on this device"), dev);
+    let (bsp, _gbs) = read_ptr(b_s.cuda().expect("validated: b_s is on this device"), dev);
+    let (offp, _goff) = read_ptr(
+        offsets
+            .cuda()
+            .expect("validated: offsets is on this device"),
+        dev,
+    );
+    let a_map = encode_u8(
+        OP,
+        "a",
+        ap,
+        &[k as u64, t as u64],
+        &[k as u64],
+        &[128, BLOCK_M as u32],
+        Swizzle::B128,
+    )?;
+    let row_bytes = (k / 2) as u64;
+    let b_map = encode_u8(
+        OP,
+        "b",
+        bp,
+        &[row_bytes, n as u64, e as u64],
+        &[row_bytes, row_bytes * n as u64],
+        &[64, BLOCK_N as u32, 1],
+        Swizzle::None,
+    )?;
+    let (op, _go) = write_ptr(
+        out.cuda_mut().expect("validated: out is on this device"),
+        dev,
+    );
+    let p = di_mx_gemm_params {
+        a_map,
+        b_map,
+        a: ap,
+        a_s: asp,
+        b: bp,
+        b_s: bsp,
+        offsets: offp as *const i32,
+        out: op,
+        m: t32,
+        n: n32,
+        k: k32,
+        groups: e32,
+    };
+    run(dev, kernel, SMEM_FP4, tiles_bound, &p)
+}
+
+/// K must be positive and a multiple of `multiple` (TMA row strides).
+fn check_k(
+    op: &'static str,
+    tensor: &'static str,
+    t: &Tensor,
+    k: usize,
+    multiple: usize,
+) -> Result<()> {
+    if k == 0 || !k.is_multiple_of(multiple) {
+        return Err(Error::Shape {
+            op,
+            tensor,
+            got: t.shape().to_vec(),
+            expected: format!(
+                "K (last dimension) a positive multiple of {multiple}: the kernel loads rows \
+                 with TMA, whose row stride must be a multiple of 16 bytes"
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn fit_i32(op: &'static str, tensor: &'static str, t: &Tensor, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::Shape {
+        op,
+        tensor,
+        got: t.shape().to_vec(),
+        expected: format!("sizes and tile counts below 2^31 (got {v})"),
+    })
+}
+
+fn out_dtype_error(op: &'static str, got: DType) -> Error {
+    Error::DType {
+        op,
+        tensor: "out",
+        got,
+        expected: DType::BF16,
+    }
+}
+
+/// Launches a persistent grid of at most one CTA per SM over `tiles` tiles
+/// (an upper bound for the grouped kernel, whose surplus CTAs exit at once).
+fn run(
+    dev: &CudaDevice,
+    kernel: KernelRef,
+    smem: u32,
+    tiles: usize,
+    p: &di_mx_gemm_params,
+) -> Result<()> {
+    let ctx = dev.raw_stream().context();
+    let sms = ctx
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|source| Error::Driver {
+            during: "reading the SM count".into(),
+            source,
+        })?;
+    let func = dev.function(kernel)?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        smem as i32,
+    )
+    .map_err(|source| Error::Driver {
+        during: format!(
+            "allowing {smem} bytes of shared memory for {}::{}",
+            kernel.family.name, kernel.name
+        ),
+        source,
+    })?;
+    let grid = tiles.clamp(1, sms.max(1) as usize) as u32;
+    let cfg = LaunchConfig {
+        grid_dim: (grid, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    launch(dev, kernel, cfg, p)
+}

@@ -1,0 +1,369 @@
+//! The large-M block-scaled GEMMs of `kernels-cuda/gemm/` (sm_90a: TMA +
+//! wgmma with per-32 promotion) against the CPU references of
+//! `cpu_backend::gemm` on the same quantized inputs: `mxfp8_gemm` against
+//! `fp8_gemm_f32` and `mxfp4_grouped_contiguous` against `fp4_gemm_f32` per
+//! expert group, for BF16 and F32 outputs.
+//!
+//! Threshold: `calc_diff` < 1e-3 (the bound for FP8 and FP4 GEMMs;
+//! the kernels differ from the reference only in the fp32 summation order
+//! inside a 32-deep block and in fusing the promotion multiply-add). Outputs
+//! are NaN-poisoned (every valid element must be written and finite); inputs
+//! are fresh random e4m3 values (no NaN codes), e2m1 nibbles and E8M0 scales
+//! in 2^-10..2^4. Shapes cover real V4.1 projections, M/N/K tails and expert
+//! groups that are empty (first, middle, last), single-row, or not a multiple
+//! of the 128-row tile. DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
+//! small shapes that still cover every tail and the empty groups.
+//! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
+use deepinfer::cuda_backend::gemm::{mxfp4_grouped_contiguous, mxfp8_gemm};
+use deepinfer::device::CudaDevice;
+use deepinfer::numerics::calc_diff;
+use deepinfer::{DType, Device, E4M3, E8M0, Error, Fp4x2, Tensor};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+/// calc_diff bound for every comparison here.
+const MAX_DIFF: f64 = 1e-3;
+
+fn gpu() -> (CudaDevice, Device) {
+    let dev = CudaDevice::new(0)
+        .expect("the CUDA tests need a GPU: run them from the GPU bundle")
+        .with_poisoned_allocations();
+    (dev.clone(), Device::Cuda(dev))
+}
+
+fn quick() -> bool {
+    std::env::var("DEEPINFER_QUICK").is_ok_and(|v| v == "1")
+}
+
+/// Random e4m3 codes, NaN codes (0x7F, 0xFF) excluded.
+fn random_e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
+    (0..n)
+        .map(|_| {
+            loop {
+                let b: u8 = rng.random();
+                if b & 0x7F != 0x7F {
+                    break E4M3(b);
+                }
+            }
+        })
+        .collect()
+}
+
+/// Random E8M0 scales 2^-10 ..= 2^4.
+fn random_scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
+    (0..n)
+        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
+        .collect()
+}
+
+fn upload<T: deepinfer::dtype::Element>(dev: &Device, v: Vec<T>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v, shape).unwrap().to_device(dev).unwrap()
+}
+
+/// `f(rows r0..r1)` for chunks of rows on scoped threads, concatenated: the
+/// CPU references are row-independent, so splitting M keeps their results.
+fn by_rows(m: usize, n: usize, f: impl Fn(usize, usize) -> Vec<f32> + Sync) -> Vec<f32> {
+    let chunk = m.div_ceil(16).max(16);
+    let parts: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..m)
+            .step_by(chunk)
+            .map(|r0| {
+                let f = &f;
+                s.spawn(move || f(r0, (r0 + chunk).min(m)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let out: Vec<f32> = parts.concat();
+    assert_eq!(out.len(), m * n);
+    out
+}
+
+/// Downloads `out` (BF16 or F32, `[rows, n]`) as f64.
+fn download(out: &Tensor) -> Vec<f64> {
+    match out.dtype() {
+        DType::BF16 => common::to_f64(&out.to_vec::<bf16>().unwrap()),
+        DType::F32 => out
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&v| v as f64)
+            .collect(),
+        d => panic!("unexpected output dtype {d}"),
+    }
+}
+
+/// The reference as the output dtype would hold it (BF16: rounded once).
+fn expected(reference: &[f32], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::BF16 => reference
+            .iter()
+            .map(|&v| bf16::from_f32(v).to_f64())
+            .collect(),
+        _ => reference.iter().map(|&v| v as f64).collect(),
+    }
+}
+
+fn check(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} is {} (not written?)", got[i]);
+    }
+    let d = calc_diff(got, want);
+    assert!(d < MAX_DIFF, "{what}: calc_diff {d:e} >= {MAX_DIFF:e}");
+}
+
+const DENSE_SHAPES: &[(usize, usize, usize)] = &[
+    // (M, N, K): V4.1 projections (wq_a, wkv, wo_b, wq_b) ...
+    (128, 1280, 5120),
+    (257, 1280, 5120),
+    (128, 512, 5120),
+    (257, 512, 5120),
+    (128, 5120, 8192),
+    (257, 5120, 8192),
+    (128, 32768, 1280),
+    // ... and tails of M, N and K (K = 16 and 48: a short last scale block).
+    (65, 100, 80),
+    (129, 33, 48),
+    (200, 136, 1296),
+    (65, 8, 16),
+    (129, 136, 48),
+    (200, 8, 80),
+];
+
+const DENSE_QUICK: &[(usize, usize, usize)] = &[
+    (65, 100, 80),
+    (129, 33, 48),
+    (200, 136, 272),
+    (65, 8, 16),
+    (130, 257, 1296),
+];
+
+#[test]
+fn mxfp8_gemm_matches_the_cpu_reference() {
+    let (cdev, dev) = gpu();
+    let mut rng = common::rng("mxfp8_gemm_cuda");
+    let shapes = if quick() { DENSE_QUICK } else { DENSE_SHAPES };
+    for &(m, n, k) in shapes {
+        let kb = k.div_ceil(32);
+        let a = random_e4m3(&mut rng, m * k);
+        let a_s = random_scales(&mut rng, m * kb);
+        let b = random_e4m3(&mut rng, n * k);
+        let b_s = random_scales(&mut rng, n.div_ceil(32) * kb);
+        let reference = by_rows(m, n, |r0, r1| {
+            fp8_gemm_f32(
+                &a[r0 * k..r1 * k],
+                &a_s[r0 * kb..r1 * kb],
+                &b,
+                &b_s,
+                r1 - r0,
+                n,
+                k,
+            )
+        });
+        let ad = upload(&dev, a.clone(), &[m, k]);
+        let asd = upload(&dev, a_s.clone(), &[m, kb]);
+        let bd = upload(&dev, b.clone(), &[n, k]);
+        let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out).unwrap();
+            check(
+                &format!("mxfp8_gemm {m}x{n}x{k} {dtype}"),
+                &download(&out),
+                &expected(&reference, dtype),
+            );
+        }
+    }
+}
+
+#[test]
+fn mxfp8_gemm_rejects_k_not_a_multiple_of_16() {
+    let (cdev, dev) = gpu();
+    let mut rng = common::rng("mxfp8_gemm_k_error");
+    for k in [40usize, 8, 33] {
+        let (m, n, kb) = (130, 64, k.div_ceil(32));
+        let a = upload(&dev, random_e4m3(&mut rng, m * k), &[m, k]);
+        let a_s = upload(&dev, random_scales(&mut rng, m * kb), &[m, kb]);
+        let b = upload(&dev, random_e4m3(&mut rng, n * k), &[n, k]);
+        let b_s = upload(&dev, random_scales(&mut rng, n.div_ceil(32) * kb), &[2, kb]);
+        let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
+        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Shape {
+                    op: "mxfp8_gemm",
+                    tensor: "a",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+}
+
+/// Exclusive prefix sums of `counts`.
+fn offsets_of(counts: &[usize]) -> Vec<i32> {
+    let mut o = vec![0i32];
+    for c in counts {
+        o.push(o.last().unwrap() + *c as i32);
+    }
+    o
+}
+
+/// Rows of each expert group after the kernel's clamping: group e covers
+/// [start_e, end_e) with end_{-1} = clamp(offsets[0], 0, T), start_e =
+/// end_{e-1}, end_e = clamp(offsets[e+1], start_e, T).
+fn group_ranges(offsets: &[i32], t: usize) -> Vec<(usize, usize)> {
+    let mut end = offsets[0].clamp(0, t as i32) as usize;
+    offsets[1..]
+        .iter()
+        .map(|&o| {
+            let start = end;
+            end = (o.max(start as i32)).min(t as i32) as usize;
+            (start, end)
+        })
+        .collect()
+}
+
+struct GroupedCase {
+    n: usize,
+    k: usize,
+    /// Rows per expert (offsets are their prefix sums), unless `offsets` is set.
+    counts: Vec<usize>,
+    /// Raw offsets handed to the kernel (to exercise the clamping).
+    offsets: Option<Vec<i32>>,
+}
+
+fn grouped_cases() -> Vec<GroupedCase> {
+    let case = |n, k, counts: &[usize]| GroupedCase {
+        n,
+        k,
+        counts: counts.to_vec(),
+        offsets: None,
+    };
+    let mut v = vec![
+        // Empty experts first, in the middle and last; a single-row expert;
+        // groups not a multiple of 128; N and K tails (K = 96: 3 scale blocks).
+        case(100, 96, &[0, 1, 130, 0, 77, 0]),
+        case(33, 160, &[5, 0, 0, 129, 1]),
+        case(136, 1312, &[0, 200, 64, 3, 0]),
+        case(8, 32, &[1, 1, 1, 0, 65]),
+    ];
+    v.push(GroupedCase {
+        n: 72,
+        k: 128,
+        counts: vec![],
+        // T = 300: clamps to [0, 3), [3, 3), [3, 200), [200, 300).
+        offsets: Some(vec![-5, 3, 2, 200, 1000]),
+    });
+    if !quick() {
+        // MoE shapes: w1/w3-like (N 4096 over K 4096) and w2-like (N 4096 over
+        // K 2048 here), a few experts with realistic prefill group sizes.
+        v.push(case(4096, 4096, &[0, 257, 128, 0, 1, 300]));
+        v.push(case(4096, 2048, &[129, 0, 384, 64]));
+        v.push(case(1280, 5120, &[200, 0, 57]));
+    }
+    v
+}
+
+#[test]
+fn mxfp4_grouped_contiguous_matches_the_cpu_reference_per_group() {
+    let (cdev, dev) = gpu();
+    let mut rng = common::rng("mxfp4_grouped_contiguous_cuda");
+    for case in grouped_cases() {
+        let (n, k) = (case.n, case.k);
+        let offsets = case
+            .offsets
+            .clone()
+            .unwrap_or_else(|| offsets_of(&case.counts));
+        let e = offsets.len() - 1;
+        let t = if case.offsets.is_some() {
+            300
+        } else {
+            case.counts.iter().sum()
+        };
+        let kb = k.div_ceil(32);
+        let a = random_e4m3(&mut rng, t * k);
+        let a_s = random_scales(&mut rng, t * kb);
+        let b: Vec<Fp4x2> = (0..e * n * k / 2).map(|_| Fp4x2(rng.random())).collect();
+        let b_s = random_scales(&mut rng, e * n * kb);
+        let ranges = group_ranges(&offsets, t);
+        let ad = upload(&dev, a.clone(), &[t, k]);
+        let asd = upload(&dev, a_s.clone(), &[t, kb]);
+        let bd = upload(&dev, b.clone(), &[e, n, k]);
+        let bsd = upload(&dev, b_s.clone(), &[e, n, kb]);
+        let offd = upload(&dev, offsets.clone(), &[e + 1]);
+        let references: Vec<Vec<f32>> = ranges
+            .iter()
+            .enumerate()
+            .map(|(g, &(r0, r1))| {
+                let (bw, bsw) = (
+                    &b[g * n * k / 2..(g + 1) * n * k / 2],
+                    &b_s[g * n * kb..(g + 1) * n * kb],
+                );
+                by_rows(r1 - r0, n, |s0, s1| {
+                    fp4_gemm_f32(
+                        &a[(r0 + s0) * k..(r0 + s1) * k],
+                        &a_s[(r0 + s0) * kb..(r0 + s1) * kb],
+                        bw,
+                        bsw,
+                        s1 - s0,
+                        n,
+                        k,
+                    )
+                })
+            })
+            .collect();
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(&dev, dtype, &[t, n]).unwrap();
+            mxfp4_grouped_contiguous(&cdev, &ad, &asd, &bd, &bsd, &offd, &mut out).unwrap();
+            let got = download(&out);
+            for (g, (&(r0, r1), reference)) in ranges.iter().zip(&references).enumerate() {
+                if r1 > r0 {
+                    check(
+                        &format!("mxfp4 grouped {offsets:?} N {n} K {k} {dtype} group {g}"),
+                        &got[r0 * n..r1 * n],
+                        &expected(reference, dtype),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_grouped_contiguous_rejects_k_not_a_multiple_of_32() {
+    let (cdev, dev) = gpu();
+    let mut rng = common::rng("mxfp4_grouped_k_error");
+    for k in [48usize, 16, 80] {
+        let (t, n, e, kb) = (70, 40, 3, k.div_ceil(32));
+        let a = upload(&dev, random_e4m3(&mut rng, t * k), &[t, k]);
+        let a_s = upload(&dev, random_scales(&mut rng, t * kb), &[t, kb]);
+        let b: Vec<Fp4x2> = (0..e * n * k / 2).map(|_| Fp4x2(rng.random())).collect();
+        let b = upload(&dev, b, &[e, n, k]);
+        let b_s = upload(&dev, random_scales(&mut rng, e * n * kb), &[e, n, kb]);
+        let offsets = upload(&dev, offsets_of(&[10, 0, 60]), &[e + 1]);
+        let mut out = Tensor::empty(&dev, DType::F32, &[t, n]).unwrap();
+        let err =
+            mxfp4_grouped_contiguous(&cdev, &a, &a_s, &b, &b_s, &offsets, &mut out).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Shape {
+                    op: "mxfp4_grouped_contiguous",
+                    tensor: "b",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}
