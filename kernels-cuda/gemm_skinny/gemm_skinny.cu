@@ -120,19 +120,29 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 }
 
 // Eight e2m1 nibbles (element i in bits 4i..4i+3) -> eight e4m3 bytes (element
-// i in byte i of the pair), exact; the same mapping as sm90.cuh's
+// i in byte i of the pair), exact, with lo_tab = 0x3C383000, hi_tab =
+// 0x4C484440 (e4m3 codes of the magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6) and
+// sign_tab = 0x80808080; the same mapping as sm90.cuh's
 // e2m1x4_to_e4m3x4 in about a third of the instructions, which matters here:
 // the FP4 decode is the largest ALU cost per weight byte. The magnitude is a
 // prmt table lookup selected by the nibbles' low 3 bits; the sign comes from
 // a prmt in sign-replicate mode (selector bit 3 = the e2m1 sign) over bytes
 // 0x80: 0x80 for + and 0xFF for -, minus 1 leaves bit 7 set exactly for -.
-__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t p) {
-    constexpr uint32_t kLo = 0x3C383000u, kHi = 0x4C484440u, kSign = 0x80808080u;
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t p, uint32_t lo_tab, uint32_t hi_tab,
+                                                 uint32_t sign_tab) {
     const uint32_t mag = p & 0x77777777u;
-    const uint32_t lo = prmt(kLo, kHi, mag), hi = prmt(kLo, kHi, mag >> 16);
-    const uint32_t slo = prmt(kSign, kSign, p), shi = prmt(kSign, kSign, p >> 16);
+    const uint32_t lo = prmt(lo_tab, hi_tab, mag), hi = prmt(lo_tab, hi_tab, mag >> 16);
+    const uint32_t slo = prmt(sign_tab, sign_tab, p), shi = prmt(sign_tab, sign_tab, p >> 16);
     return make_uint2(lo | ((slo - 0x01010101u) & 0x80808080u),
                       hi | ((shi - 0x01010101u) & 0x80808080u));
+}
+
+// A constant the compiler cannot rematerialise: the decode tables stay in
+// registers for the whole tile instead of being rebuilt before every prmt.
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+    uint32_t r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+    return r;
 }
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
@@ -140,92 +150,131 @@ __device__ __forceinline__ uint32_t swz(int r, int c) {
     return uint32_t(r) * 128u + (uint32_t(c ^ (r & 7)) << 4);
 }
 
-// Issues the cp.async copies of chunk `c` (weights and tokens) into `stage`.
-template <bool FP4, class L>
-__device__ __forceinline__ void issue_stage(const Tile &t, uint8_t *stage, int c, int nt) {
-    const int tid = threadIdx.x;
-    const int k0 = c * kChunkK;
-    const uint32_t s = smem_u32(stage);
+// Per-thread copy plan of a tile, computed once so that a chunk's copies
+// cost a few adds each. Thread tid copies the 16-byte (FP4: 8-byte) piece
+// j = tid % 8 of weight rows tid / 8 + 16 i (i < 4) and of token rows
+// tid / 8 + 16 i (i < XI); the swizzle term j ^ (row % 8) is the same for all
+// i. Pieces outside the matrix are zero-filled from a valid address.
+// It also owns one scale row: weight row tid (tid < 64) or token tid - 64.
+template <bool FP4, int NT, class L> struct Loader {
+    static constexpr int kXI = (NT * 8 + kThreads - 1) / kThreads;  // token pieces per thread
+    static constexpr int kRowBytesShift = FP4 ? 1 : 0;             // K elements -> bytes
+    const uint8_t *w_src, *x_src, *s_src, *w_base, *x_base;
+    int64_t w_step, x_step;
+    uint32_t w_dst, x_dst;
+    uint32_t w_valid, x_valid;  // bit i: row i exists
+    int kpiece;                 // K offset of this thread's piece in a chunk
+    int kbs;
+    float *s_dst;
+    int s_stride;
+    bool s_valid;
+
+    __device__ Loader(const Tile &t, uint8_t *smem0) {
+        const int tid = threadIdx.x, r0 = tid >> 3, j = tid & 7;
+        const int64_t row_bytes = int64_t(t.k) >> kRowBytesShift;
+        kpiece = 16 * j;
+        kbs = t.kbs;
+        w_base = t.w;
+        x_base = t.x;
+        w_valid = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int q = tid + kThreads * i;  // 512 pieces: 64 rows x 8
-        const int r = q >> 3, j = q & 7;
-        const int kk = k0 + j * 16;        // first K element of the piece
-        const bool valid = (t.n0 + r < t.n) && kk < t.k;
-        if (FP4) {
-            const uint8_t *src =
-                valid ? t.w + int64_t(t.n0 + r) * (t.k / 2) + kk / 2 : t.w;
-            cp_async8(s + uint32_t(r * 64 + j * 8), src, valid);
+        for (int i = 0; i < 4; ++i) w_valid |= uint32_t(t.n0 + r0 + 16 * i < t.n) << i;
+        w_src = t.w + int64_t(min(t.n0 + r0, t.n - 1)) * row_bytes + (kpiece >> kRowBytesShift);
+        w_step = 16 * row_bytes;
+        w_dst = FP4 ? uint32_t(r0 * 64 + j * 8) : swz(r0, j);
+        x_valid = 0;
+#pragma unroll
+        for (int i = 0; i < kXI; ++i) {
+            const int r = r0 + 16 * i;
+            x_valid |= uint32_t(tid + kThreads * i < NT * 8 && r < t.rows) << i;
+        }
+        x_src = t.x + int64_t(min(r0, t.rows - 1)) * t.k + kpiece;
+        x_step = 16 * int64_t(t.k);
+        x_dst = L::x_off + swz(r0, j);
+        if (tid < kTileN) {
+            const int f = t.n0 + tid;
+            s_valid = f < t.n;
+            s_src = t.ws + (FP4 ? int64_t(min(f, t.n - 1)) : int64_t(min(f, t.n - 1) / 32)) * t.kbs;
+            s_dst = reinterpret_cast<float *>(smem0 + L::scw_off) + tid;
+            s_stride = kTileN;
         } else {
-            const uint8_t *src = valid ? t.w + int64_t(t.n0 + r) * t.k + kk : t.w;
-            cp_async16(s + swz(r, j), src, valid);
+            const int tok = tid - kTileN;
+            s_valid = tok < NT && tok < t.rows;
+            s_src = t.xs + int64_t(min(tok, t.rows - 1)) * t.kbs;
+            s_dst = reinterpret_cast<float *>(smem0 + L::scx_off) + tok;
+            s_stride = L::nt_max;
         }
     }
-    for (int q = tid; q < nt * 8; q += kThreads) {
-        const int r = q >> 3, j = q & 7;
-        const int kk = k0 + j * 16;
-        const bool valid = r < t.rows && kk < t.k;
-        const uint8_t *src = valid ? t.x + int64_t(r) * t.k + kk : t.x;
-        cp_async16(s + L::x_off + swz(r, j), src, valid);
-    }
-}
 
-// This thread's four scale bytes of chunk c (threads 0..63: weight row tid;
-// 64..127: token tid - 64), byte j = K block 4c + j; `ok` marks whether the
-// row exists.
-__device__ __forceinline__ uint32_t load_scales(const Tile &t, bool fp4, int c, int nt, bool &ok) {
-    const int tid = threadIdx.x;
-    const uint8_t *row;
-    if (tid < kTileN) {
-        const int f = t.n0 + tid;
-        ok = f < t.n;
-        row = t.ws + (fp4 ? int64_t(f) : int64_t(f / 32)) * t.kbs;
-    } else {
-        const int tok = tid - kTileN;
-        ok = tok < nt && tok < t.rows;
-        row = t.xs + int64_t(tok) * t.kbs;
+    // cp.async copies of chunk c into the stage at shared address `st`.
+    __device__ __forceinline__ void issue(uint32_t st, int c, int k) const {
+        const bool kin = c * kChunkK + kpiece < k;
+        const uint8_t *row = w_src + int64_t(c) * (kChunkK >> kRowBytesShift);
+#pragma unroll
+        for (int i = 0; i < 4; ++i, row += w_step) {
+            const bool v = kin && ((w_valid >> i) & 1u);
+            const uint8_t *src = v ? row : w_base;
+            if (FP4) {
+                cp_async8(st + w_dst + 1024u * i, src, v);
+            } else {
+                cp_async16(st + w_dst + 2048u * i, src, v);
+            }
+        }
+        const uint8_t *tok = x_src + int64_t(c) * kChunkK;
+#pragma unroll
+        for (int i = 0; i < kXI; ++i, tok += x_step) {
+            if (NT * 8 >= kThreads * (i + 1) || threadIdx.x + kThreads * i < NT * 8) {
+                const bool v = kin && ((x_valid >> i) & 1u);
+                const uint8_t *src = v ? tok : x_base;
+                cp_async16(st + x_dst + 2048u * i, src, v);
+            }
+        }
     }
-    uint32_t v = 0;
-    if (ok) {
+
+    // This thread's four scale bytes of chunk c, byte j = K block 4c + j
+    // (0 past the last block).
+    __device__ __forceinline__ uint32_t load_scales(int c) const {
+        uint32_t v = 0;
+        if (s_valid) {
+#pragma unroll
+            for (int j = 0; j < kBlocksPerChunk; ++j) {
+                const int kb = c * kBlocksPerChunk + j;
+                if (kb < kbs) v |= uint32_t(__ldg(s_src + kb)) << (8 * j);
+            }
+        }
+        return v;
+    }
+
+    // Writes them as fp32 into the stage at byte offset `stage_off` from
+    // stage 0; K blocks past the end (and missing rows) get scale 0, so their
+    // zero tiles add exactly +0.
+    __device__ __forceinline__ void store_scales(uint32_t stage_off, uint32_t v, int c) const {
+        if (threadIdx.x >= kTileN + NT) return;
+        float *dst = reinterpret_cast<float *>(reinterpret_cast<uint8_t *>(s_dst) + stage_off);
+        const int blocks = kbs - c * kBlocksPerChunk;
 #pragma unroll
         for (int j = 0; j < kBlocksPerChunk; ++j) {
-            const int kb = c * kBlocksPerChunk + j;
-            if (kb < t.kbs) v |= uint32_t(__ldg(row + kb)) << (8 * j);
+            dst[j * s_stride] = s_valid && j < blocks ? e8m0_to_f32((v >> (8 * j)) & 0xFFu) : 0.0f;
         }
     }
-    return v;
-}
-
-template <class L>
-__device__ __forceinline__ void store_scales(uint8_t *stage, uint32_t v, bool ok, int nt,
-                                             int blocks) {
-    const int tid = threadIdx.x;
-    float *dst;
-    int stride;
-    if (tid < kTileN) {
-        dst = reinterpret_cast<float *>(stage + L::scw_off) + tid;
-        stride = kTileN;
-    } else {
-        if (tid - kTileN >= nt) return;
-        dst = reinterpret_cast<float *>(stage + L::scx_off) + (tid - kTileN);
-        stride = L::nt_max;
-    }
-#pragma unroll
-    for (int j = 0; j < kBlocksPerChunk; ++j) {
-        dst[j * stride] = ok && j < blocks ? e8m0_to_f32((v >> (8 * j)) & 0xFFu) : 0.0f;
-    }
-}
+};
 
 // Decodes the raw FP4 weights of `stage` (64 rows x 64 B) into the swizzled
 // e4m3 tile `dec` (64 rows x 128 B).
-__device__ __forceinline__ void decode_fp4(const uint8_t *stage, uint8_t *dec) {
+struct DecodeTables {
+    uint32_t lo, hi, sign;
+};
+
+__device__ __forceinline__ void decode_fp4(const uint8_t *stage, uint8_t *dec,
+                                           const DecodeTables &tb) {
     const int tid = threadIdx.x;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int q = tid + kThreads * i;
         const int r = q >> 3, j = q & 7;
         const uint2 raw = *reinterpret_cast<const uint2 *>(stage + r * 64 + j * 8);
-        const uint2 a = e2m1x8_to_e4m3x8(raw.x), b = e2m1x8_to_e4m3x8(raw.y);
+        const uint2 a = e2m1x8_to_e4m3x8(raw.x, tb.lo, tb.hi, tb.sign);
+        const uint2 b = e2m1x8_to_e4m3x8(raw.y, tb.lo, tb.hi, tb.sign);
         *reinterpret_cast<uint4 *>(dec + swz(r, j)) = make_uint4(a.x, a.y, b.x, b.y);
     }
 }
@@ -259,18 +308,15 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) acc[i] = 0.0f;
     const int nch = t.chunk_end - t.chunk_begin;
-    // K blocks of chunk c that exist (the rest of its 4 k-steps get scale 0).
-    auto blocks = [&](int c) { return t.kbs - c * kBlocksPerChunk; };
+    const Loader<FP4, NT, L> ld(t, smem);
+    const uint32_t s0 = smem_u32(smem);
 
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
         if (s < nch) {
-            uint8_t *st = smem + s * L::stage_bytes;
             const int c = t.chunk_begin + s;
-            issue_stage<FP4, L>(t, st, c, NT);
-            bool ok;
-            const uint32_t v = load_scales(t, FP4, c, NT, ok);
-            store_scales<L>(st, v, ok, NT, blocks(c));
+            ld.issue(s0 + s * L::stage_bytes, c, t.k);
+            ld.store_scales(s * L::stage_bytes, ld.load_scales(c), c);
         }
         cp_async_commit();
     }
@@ -279,29 +325,29 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     float tile[2][NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) tile[0][i] = tile[1][i] = 0.0f;
+    const DecodeTables tables{opaque(0x3C383000u), opaque(0x4C484440u), opaque(0x80808080u)};
+    uint32_t slot = 0, pslot = (kStages - 1) * L::stage_bytes;  // byte offsets
     for (int i = 0; i < nch; ++i) {
-        uint8_t *st = smem + (i % kStages) * L::stage_bytes;
+        uint8_t *st = smem + slot;
         cp_async_wait<kStages - 2>();  // this thread's copies of chunk i landed
         fence_proxy_async_smem();      // ... and are visible to wgmma
         __syncthreads();               // everyone's copies; chunk i - 1 fully consumed
 
-        const int pf = i + kStages - 1;
-        uint8_t *pst = smem + (pf % kStages) * L::stage_bytes;
-        uint32_t pv = 0;
-        bool pok = false;
-        if (pf < nch) {
-            issue_stage<FP4, L>(t, pst, t.chunk_begin + pf, NT);
-            pv = load_scales(t, FP4, t.chunk_begin + pf, NT, pok);
-        }
+        const int pf = i + kStages - 1, pc = t.chunk_begin + pf;
+        if (pf < nch) ld.issue(s0 + pslot, pc, t.k);
         cp_async_commit();
 
         const uint8_t *wt = st;
         if (FP4) {
-            decode_fp4(st, dec);
+            decode_fp4(st, dec, tables);
             fence_proxy_async_smem();
             __syncthreads();
             wt = dec;
         }
+        // The prefetched chunk's scales: loaded after the last proxy fence of
+        // this iteration (a fence never waits on them), stored after the
+        // wgmmas, read kStages - 1 iterations later.
+        const uint32_t pv = pf < nch ? ld.load_scales(pc) : 0u;
         const uint64_t da = smem_desc_k128(wt), db = smem_desc_k128(st + L::x_off);
         const float *scw = reinterpret_cast<const float *>(st + L::scw_off);
         const float *scx = reinterpret_cast<const float *>(st + L::scx_off);
@@ -328,7 +374,9 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
         fence_operands(tile[(kBlocksPerChunk - 1) & 1]);
         promote<NT>(acc, tile[(kBlocksPerChunk - 1) & 1], scw + (kBlocksPerChunk - 1) * kTileN,
                     scx + (kBlocksPerChunk - 1) * NT_MAX);
-        if (pf < nch) store_scales<L>(pst, pv, pok, NT, blocks(t.chunk_begin + pf));
+        if (pf < nch) ld.store_scales(pslot, pv, pc);
+        slot = slot == (kStages - 1) * L::stage_bytes ? 0 : slot + L::stage_bytes;
+        pslot = pslot == (kStages - 1) * L::stage_bytes ? 0 : pslot + L::stage_bytes;
     }
 
     const int lane = threadIdx.x & 31, f0 = 16 * (threadIdx.x >> 5) + (lane >> 2);

@@ -243,7 +243,9 @@ pub fn split_k(n: usize, k: usize) -> (usize, usize) {
     if chunks == 0 {
         return (1, 1);
     }
-    let want = TARGET_CTAS.div_ceil(n.div_ceil(TILE_N).max(1)).clamp(1, chunks);
+    let want = TARGET_CTAS
+        .div_ceil(n.div_ceil(TILE_N).max(1))
+        .clamp(1, chunks);
     let per = chunks.div_ceil(want);
     (chunks.div_ceil(per), per)
 }
@@ -319,7 +321,7 @@ fn expect(
 }
 
 fn check_k(op: &'static str, a: &Tensor, k: usize) -> Result<()> {
-    if k % 16 != 0 {
+    if !k.is_multiple_of(16) {
         return Err(Error::Shape {
             op,
             tensor: "a",

@@ -1,0 +1,351 @@
+//! The skinny (decode) GEMMs of `cuda_backend::gemm_skinny` on the GPU
+//! against the CPU references on the same quantized inputs:
+//! `mxfp8_gemm_skinny` against `cpu_backend::gemm::fp8_gemm_f32` (rounded to
+//! BF16 for the BF16 output), `mxfp4_grouped_masked` against `fp4_gemm_f32`
+//! per expert. Threshold: `calc_diff` < 1e-3 (the bound for FP8 and
+//! FP4; only the fp32 summation order differs, so real values are far
+//! smaller). Outputs are NaN-poisoned (0xFF) before each launch; every valid
+//! element must be finite (written), and masked rows at or beyond an
+//! expert's clamped count must still hold the poison bytes (not written).
+//! Covered: M ∈ {1, 2, 7, 8, 9, 33, 64} on the model's N×K, N tails (8, 33,
+//! 100, 136) and K tails (16, 48, 80, 1296), split-K (bitwise repeatable),
+//! empty experts, counts above max_m and below 0 (clamped), more than 128
+//! experts, BF16 and F32 outputs, and the typed errors (K % 16 != 0, M > 64).
+//! Inputs are fresh random codes every run (DEEPINFER_SEED replays one).
+//! DEEPINFER_QUICK=1 (the sanitizer passes) keeps a short list of small
+//! shapes that still covers the tails, split-K and empty experts.
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
+use deepinfer::cuda_backend::gemm_skinny::{mxfp4_grouped_masked, mxfp8_gemm_skinny, split_k};
+use deepinfer::device::CudaDevice;
+use deepinfer::numerics::calc_diff;
+use deepinfer::{DType, Device, E4M3, E8M0, Error, Fp4x2, Tensor};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+/// The issue's `calc_diff` bound for FP8 × FP8 and FP8 × FP4 GEMMs.
+const MAX_DIFF: f64 = 1e-3;
+
+fn quick() -> bool {
+    std::env::var("DEEPINFER_QUICK").is_ok_and(|v| v == "1")
+}
+
+fn gpu() -> CudaDevice {
+    CudaDevice::new(0)
+        .expect("the CUDA tests need a GPU: run them from the GPU bundle")
+        .with_poisoned_allocations()
+}
+
+/// Random e4m3 codes, NaN (0x7F, 0xFF) excluded.
+fn e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
+    (0..n)
+        .map(|_| {
+            loop {
+                let c: u8 = rng.random();
+                if c & 0x7F != 0x7F {
+                    break E4M3(c);
+                }
+            }
+        })
+        .collect()
+}
+
+/// Random E8M0 scales in 2^-10 ..= 2^4.
+fn scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
+    (0..n)
+        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
+        .collect()
+}
+
+fn host<T: deepinfer::dtype::Element>(v: Vec<T>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v, shape).unwrap()
+}
+
+/// The output as f64, with whether each element is the untouched poison
+/// pattern (all bytes 0xFF).
+fn download(out: &Tensor) -> (Vec<f64>, Vec<bool>) {
+    let h = out.to_device(&Device::Cpu).unwrap();
+    match h.dtype() {
+        DType::F32 => h
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| (*v as f64, v.to_bits() == u32::MAX))
+            .unzip(),
+        DType::BF16 => h
+            .as_slice::<bf16>()
+            .unwrap()
+            .iter()
+            .map(|v| (v.to_f64(), v.to_bits() == u16::MAX))
+            .unzip(),
+        d => panic!("unexpected output dtype {d}"),
+    }
+}
+
+/// The CPU result in the output's dtype (BF16: one rounding of the fp32
+/// accumulator, which is what `fp8_gemm` / `fp4_gemm` return), as f64.
+fn expected(f32s: &[f32], dtype: DType) -> Vec<f64> {
+    match dtype {
+        DType::BF16 => f32s.iter().map(|&v| bf16::from_f32(v).to_f64()).collect(),
+        _ => f32s.iter().map(|&v| v as f64).collect(),
+    }
+}
+
+fn check(what: &str, got: &[f64], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        panic!("{what}: element {i} is {} (not written?)", got[i]);
+    }
+    let d = calc_diff(got, want);
+    assert!(d < MAX_DIFF, "{what}: calc_diff {d:e} >= {MAX_DIFF:e}");
+}
+
+const DENSE_QUICK: &[(usize, usize, usize)] = &[
+    (1, 100, 1296),
+    (9, 33, 48),
+    (33, 136, 80),
+    (64, 8, 16),
+    (7, 512, 640),
+    (2, 65, 256),
+];
+
+fn dense_shapes() -> Vec<(usize, usize, usize)> {
+    if quick() {
+        return DENSE_QUICK.to_vec();
+    }
+    let ms = [1, 2, 7, 8, 9, 33, 64];
+    let mut v = Vec::new();
+    for &m in &ms {
+        v.push((m, 1280, 5120));
+        v.push((m, 512, 5120));
+    }
+    v.push((1, 32768, 1280));
+    v.push((8, 5120, 8192));
+    for (i, &n) in [8, 33, 100, 136].iter().enumerate() {
+        for (j, &k) in [16, 48, 80, 1296].iter().enumerate() {
+            v.push((ms[(4 * i + j) % ms.len()], n, k));
+        }
+    }
+    v
+}
+
+#[test]
+fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
+    let dev = gpu();
+    let device = Device::Cuda(dev.clone());
+    let mut rng = common::rng("mxfp8_gemm_skinny");
+    for (m, n, k) in dense_shapes() {
+        let kb = k.div_ceil(32);
+        let a = host(e4m3(&mut rng, m * k), &[m, k]);
+        let a_s = host(scales(&mut rng, m * kb), &[m, kb]);
+        let b = host(e4m3(&mut rng, n * k), &[n, k]);
+        let b_s = host(scales(&mut rng, n.div_ceil(32) * kb), &[n.div_ceil(32), kb]);
+        let want = fp8_gemm_f32(
+            a.as_slice().unwrap(),
+            a_s.as_slice().unwrap(),
+            b.as_slice().unwrap(),
+            b_s.as_slice().unwrap(),
+            m,
+            n,
+            k,
+        );
+        let [a, a_s, b, b_s] = [&a, &a_s, &b, &b_s].map(|t| t.to_device(&device).unwrap());
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(&device, dtype, &[m, n]).unwrap();
+            mxfp8_gemm_skinny(&dev, &a, &a_s, &b, &b_s, &mut out).unwrap();
+            let (got, _) = download(&out);
+            let what = format!("m={m} n={n} k={k} {dtype} splits={:?}", split_k(n, k));
+            check(&what, &got, &expected(&want, dtype));
+            if dtype == DType::F32 && split_k(n, k).0 > 1 {
+                let mut again = Tensor::empty(&device, dtype, &[m, n]).unwrap();
+                mxfp8_gemm_skinny(&dev, &a, &a_s, &b, &b_s, &mut again).unwrap();
+                let bits = |t: &Tensor| {
+                    let h = t.to_device(&Device::Cpu).unwrap();
+                    h.as_slice::<f32>()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(&out), bits(&again), "{what}: split-K not repeatable");
+            }
+        }
+    }
+}
+
+/// One masked case: experts, max_m, N, K and the counts (any i32; the kernel
+/// clamps them to [0, max_m]).
+struct Masked {
+    max_m: usize,
+    n: usize,
+    k: usize,
+    counts: Vec<i32>,
+}
+
+/// Counts that start with the required cases (empty, 1, 7, full, above
+/// max_m, negative) and continue at random, some of them empty.
+fn counts(rng: &mut StdRng, e: usize, max_m: usize) -> Vec<i32> {
+    let fixed = [0, 1, 7, max_m as i32, max_m as i32 + 9, -4];
+    (0..e)
+        .map(|i| match fixed.get(i) {
+            Some(&c) => c,
+            None if rng.random_range(0..3) == 0 => 0,
+            None => rng.random_range(1..=max_m as i32),
+        })
+        .collect()
+}
+
+fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
+    let mut case = |e: usize, max_m: usize, n: usize, k: usize| Masked {
+        max_m,
+        n,
+        k,
+        counts: counts(rng, e, max_m),
+    };
+    let mut v = vec![
+        case(5, 8, 100, 80),
+        case(6, 64, 33, 48),
+        case(7, 8, 136, 1296),
+        case(9, 16, 8, 16),
+    ];
+    // More than 128 experts (the kernel ranks them 128 at a time), mostly
+    // empty as in decode.
+    let mut many = case(200, 8, 64, 64);
+    for (i, c) in many.counts.iter_mut().enumerate() {
+        if i >= 6 && i % 37 != 5 {
+            *c = 0;
+        }
+    }
+    v.push(many);
+    if !quick() {
+        v.push(case(8, 8, 2304, 5120));
+        v.push(case(16, 64, 2304, 5120));
+        v.push(case(5, 64, 5120, 2304));
+        v.push(case(12, 32, 136, 1296));
+    }
+    v
+}
+
+#[test]
+fn mxfp4_grouped_masked_matches_the_cpu_reference() {
+    let dev = gpu();
+    let device = Device::Cuda(dev.clone());
+    let mut rng = common::rng("mxfp4_grouped_masked");
+    for case in masked_cases(&mut rng) {
+        let Masked { max_m, n, k, .. } = case;
+        let e = case.counts.len();
+        let kb = k.div_ceil(32);
+        let a = host(e4m3(&mut rng, e * max_m * k), &[e, max_m, k]);
+        let a_s = host(scales(&mut rng, e * max_m * kb), &[e, max_m, kb]);
+        let b = host(
+            (0..e * n * k / 2)
+                .map(|_| Fp4x2(rng.random()))
+                .collect::<Vec<_>>(),
+            &[e, n, k],
+        );
+        let b_s = host(scales(&mut rng, e * n * kb), &[e, n, kb]);
+        let counts = host(case.counts.clone(), &[e]);
+        let (ah, ash, bh, bsh) = (
+            a.as_slice::<E4M3>().unwrap(),
+            a_s.as_slice::<E8M0>().unwrap(),
+            b.as_slice::<Fp4x2>().unwrap(),
+            b_s.as_slice::<E8M0>().unwrap(),
+        );
+        let rows: Vec<usize> = case
+            .counts
+            .iter()
+            .map(|&c| c.clamp(0, max_m as i32) as usize)
+            .collect();
+        let want: Vec<Vec<f32>> = (0..e)
+            .map(|x| {
+                let (ar, br) = (x * max_m, x * n);
+                fp4_gemm_f32(
+                    &ah[ar * k..(ar + rows[x]) * k],
+                    &ash[ar * kb..(ar + rows[x]) * kb],
+                    &bh[br * k / 2..(br + n) * k / 2],
+                    &bsh[br * kb..(br + n) * kb],
+                    rows[x],
+                    n,
+                    k,
+                )
+            })
+            .collect();
+        let [a, a_s, b, b_s, counts] =
+            [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+            mxfp4_grouped_masked(&dev, &a, &a_s, &b, &b_s, &counts, &mut out).unwrap();
+            let (got, poison) = download(&out);
+            for x in 0..e {
+                let what = format!(
+                    "expert {x}/{e} count {} (clamped {}) max_m={max_m} n={n} k={k} {dtype}",
+                    case.counts[x], rows[x]
+                );
+                let base = x * max_m * n;
+                check(
+                    &what,
+                    &got[base..base + rows[x] * n],
+                    &expected(&want[x], dtype),
+                );
+                let untouched = &poison[base + rows[x] * n..base + max_m * n];
+                assert!(
+                    untouched.iter().all(|&p| p),
+                    "{what}: a row at or beyond the count was written"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn skinny_kernel_limits_are_typed_errors() {
+    let dev = gpu();
+    let device = Device::Cuda(dev.clone());
+    let zeros = |dtype: DType, shape: &[usize]| {
+        Tensor::filled_bytes(dtype, shape, 0)
+            .unwrap()
+            .to_device(&device)
+            .unwrap()
+    };
+    // K % 16 != 0.
+    let (m, n, k) = (4, 64, 40);
+    let mut out = Tensor::empty(&device, DType::BF16, &[m, n]).unwrap();
+    let err = mxfp8_gemm_skinny(
+        &dev,
+        &zeros(DType::F8E4M3, &[m, k]),
+        &zeros(DType::E8M0, &[m, 2]),
+        &zeros(DType::F8E4M3, &[n, k]),
+        &zeros(DType::E8M0, &[2, 2]),
+        &mut out,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
+    let err = mxfp4_grouped_masked(
+        &dev,
+        &zeros(DType::F8E4M3, &[2, m, k]),
+        &zeros(DType::E8M0, &[2, m, 2]),
+        &zeros(DType::F4E2M1x2, &[2, n, k]),
+        &zeros(DType::E8M0, &[2, n, 2]),
+        &zeros(DType::I32, &[2]),
+        &mut Tensor::empty(&device, DType::F32, &[2, m, n]).unwrap(),
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
+    // M > 64.
+    let (m, k) = (65, 64);
+    let mut out = Tensor::empty(&device, DType::F32, &[m, n]).unwrap();
+    let err = mxfp8_gemm_skinny(
+        &dev,
+        &zeros(DType::F8E4M3, &[m, k]),
+        &zeros(DType::E8M0, &[m, 2]),
+        &zeros(DType::F8E4M3, &[n, k]),
+        &zeros(DType::E8M0, &[2, 2]),
+        &mut out,
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
+}
