@@ -1,0 +1,307 @@
+//! The GEMM op API (`ops::mxfp8_linear`, `ops::mxfp4_grouped_contiguous`,
+//! `ops::mxfp4_grouped_masked`) on the GPU: dispatch (Auto, Large, Skinny)
+//! against the CPU op on the same quantised inputs (`calc_diff` < 1e-3, the
+//! issue's FP8/FP4 bound), the batch invariance the module doc promises
+//! (within one kernel a row's bits do not depend on M; repeated runs are
+//! bitwise equal), offsets and counts read on the device, empty outputs, and
+//! malformed offsets/counts that the kernels must clamp (no fault; the
+//! sanitizer passes check the accesses). Outputs are NaN-poisoned.
+//! DEEPINFER_QUICK=1 keeps small shapes.
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use deepinfer::device::CudaDevice;
+use deepinfer::numerics::calc_diff;
+use deepinfer::ops::{self, GemmImpl, SKINNY_MAX_M};
+use deepinfer::{DType, Device, E4M3, E8M0, Fp4x2, Tensor};
+use rand::Rng;
+use rand::rngs::StdRng;
+
+const BOUND: f64 = 1e-3;
+
+fn gpu() -> (CudaDevice, Device) {
+    let d = CudaDevice::new(0)
+        .expect("the CUDA tests need a GPU: run them from the GPU bundle")
+        .with_poisoned_allocations();
+    (d.clone(), Device::Cuda(d))
+}
+
+fn quick() -> bool {
+    std::env::var_os("DEEPINFER_QUICK").is_some()
+}
+
+fn e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
+    (0..n)
+        .map(|_| {
+            loop {
+                let c: u8 = rng.random();
+                if c & 0x7F != 0x7F {
+                    break E4M3(c);
+                }
+            }
+        })
+        .collect()
+}
+
+fn scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
+    (0..n)
+        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
+        .collect()
+}
+
+fn t<T: deepinfer::dtype::Element>(v: Vec<T>, shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v, shape).unwrap()
+}
+
+fn f32s(x: &Tensor) -> Vec<f32> {
+    x.to_vec::<f32>().unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn diff(got: &[f32], want: &[f32]) -> f64 {
+    let f = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<_>>();
+    calc_diff(&f(got), &f(want))
+}
+
+#[test]
+fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
+    let (_, dev) = gpu();
+    let mut rng = common::rng("mxfp8_linear_ops_cuda");
+    let shapes: &[(usize, usize)] = if quick() {
+        &[(96, 256)]
+    } else {
+        &[(96, 256), (1280, 5120), (4096, 1280)]
+    };
+    let m_max = 200;
+    for &(n, k) in shapes {
+        let kb = k.div_ceil(32);
+        let (a, a_s) = (e4m3(&mut rng, m_max * k), scales(&mut rng, m_max * kb));
+        let w = t(e4m3(&mut rng, n * k), &[n, k]);
+        let w_s = t(scales(&mut rng, n.div_ceil(32) * kb), &[n.div_ceil(32), kb]);
+        let (wd, wsd) = (w.to_device(&dev).unwrap(), w_s.to_device(&dev).unwrap());
+        // Per kernel: the result of each M, to compare rows across M.
+        let mut large: Vec<(usize, Vec<f32>)> = Vec::new();
+        let mut skinny: Vec<(usize, Vec<f32>)> = Vec::new();
+        for m in [1, 7, SKINNY_MAX_M, m_max] {
+            let ah = t(a[..m * k].to_vec(), &[m, k]);
+            let ash = t(a_s[..m * kb].to_vec(), &[m, kb]);
+            let want = f32s(&ops::mxfp8_linear(&ah, &ash, &w, &w_s, DType::F32).unwrap());
+            let (ad, asd) = (ah.to_device(&dev).unwrap(), ash.to_device(&dev).unwrap());
+            let auto = f32s(&ops::mxfp8_linear(&ad, &asd, &wd, &wsd, DType::F32).unwrap());
+            assert!(
+                auto.iter().all(|v| v.is_finite()),
+                "{m}x{n}x{k} auto: not fully written"
+            );
+            let d = diff(&auto, &want);
+            assert!(d < BOUND, "{m}x{n}x{k} auto: calc_diff {d:e}");
+            for imp in [GemmImpl::Large, GemmImpl::Skinny] {
+                if imp == GemmImpl::Skinny && m > SKINNY_MAX_M {
+                    continue;
+                }
+                let mut out = Tensor::empty(&dev, DType::F32, &[m, n]).unwrap();
+                ops::mxfp8_linear_into(&ad, &asd, &wd, &wsd, &mut out, imp).unwrap();
+                let got = f32s(&out);
+                let d = diff(&got, &want);
+                assert!(d < BOUND, "{m}x{n}x{k} {imp:?}: calc_diff {d:e}");
+                // Auto is one of the two kernels, bit for bit.
+                let same = if m <= SKINNY_MAX_M {
+                    GemmImpl::Skinny
+                } else {
+                    GemmImpl::Large
+                };
+                if imp == same {
+                    assert_eq!(bits(&got), bits(&auto), "{m}x{n}x{k}: Auto is not {imp:?}");
+                }
+                // A second run gives the same bits.
+                ops::mxfp8_linear_into(&ad, &asd, &wd, &wsd, &mut out, imp).unwrap();
+                assert_eq!(
+                    bits(&f32s(&out)),
+                    bits(&got),
+                    "{m}x{n}x{k} {imp:?}: rerun differs"
+                );
+                match imp {
+                    GemmImpl::Large => large.push((m, got)),
+                    _ => skinny.push((m, got)),
+                }
+            }
+            // BF16 output: one rounding of a result within the bound.
+            let b16 = ops::mxfp8_linear(&ad, &asd, &wd, &wsd, DType::BF16).unwrap();
+            let b16: Vec<f32> = b16
+                .to_vec::<half::bf16>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_f32())
+                .collect();
+            let d = diff(&b16, &want);
+            assert!(d < BOUND, "{m}x{n}x{k} BF16: calc_diff {d:e}");
+        }
+        // Batch invariance: the first rows of a larger M equal the smaller M.
+        for runs in [&large, &skinny] {
+            let (_, biggest) = runs.last().unwrap();
+            for (m, r) in runs.iter() {
+                assert_eq!(
+                    bits(r),
+                    bits(&biggest[..m * n]),
+                    "{n}x{k}: rows of M = {m} change with M"
+                );
+            }
+        }
+    }
+}
+
+/// FP4 expert weights and a routed batch, on the host.
+struct Moe {
+    w: Tensor,
+    w_s: Tensor,
+}
+
+fn moe(rng: &mut StdRng, e: usize, n: usize, k: usize) -> Moe {
+    let kb = k.div_ceil(32);
+    Moe {
+        w: t(
+            (0..e * n * k / 2).map(|_| Fp4x2(rng.random())).collect(),
+            &[e, n, k],
+        ),
+        w_s: t(scales(rng, e * n * kb), &[e, n, kb]),
+    }
+}
+
+#[test]
+fn grouped_ops_read_offsets_and_counts_on_the_device() {
+    let (_, dev) = gpu();
+    let mut rng = common::rng("grouped_ops_cuda");
+    let (e, n, k) = if quick() {
+        (4, 64, 128)
+    } else {
+        (8, 2304, 5120)
+    };
+    let kb = k / 32;
+    let x = moe(&mut rng, e, n, k);
+    let (wd, wsd) = (x.w.to_device(&dev).unwrap(), x.w_s.to_device(&dev).unwrap());
+
+    // Contiguous: experts 0 and 5 (when present) empty, others 1..150 rows.
+    let per: Vec<usize> = (0..e)
+        .map(|i| {
+            if i % 5 == 0 {
+                0
+            } else {
+                rng.random_range(1..150)
+            }
+        })
+        .collect();
+    let mut offsets = vec![0i32];
+    for p in &per {
+        offsets.push(offsets.last().unwrap() + *p as i32);
+    }
+    let rows = *offsets.last().unwrap() as usize;
+    let a = t(e4m3(&mut rng, rows * k), &[rows, k]);
+    let a_s = t(scales(&mut rng, rows * kb), &[rows, kb]);
+    let off = t(offsets.clone(), &[e + 1]);
+    let want =
+        f32s(&ops::mxfp4_grouped_contiguous(&a, &a_s, &x.w, &x.w_s, &off, DType::F32).unwrap());
+    let got = f32s(
+        &ops::mxfp4_grouped_contiguous(
+            &a.to_device(&dev).unwrap(),
+            &a_s.to_device(&dev).unwrap(),
+            &wd,
+            &wsd,
+            &off.to_device(&dev).unwrap(),
+            DType::F32,
+        )
+        .unwrap(),
+    );
+    assert!(
+        got.iter().all(|v| v.is_finite()),
+        "contiguous: not fully written"
+    );
+    let d = diff(&got, &want);
+    assert!(d < BOUND, "contiguous: calc_diff {d:e}");
+
+    // Masked: counts 0, max_m and in between; only valid rows compared.
+    let max_m = 24;
+    let counts: Vec<i32> = (0..e)
+        .map(|i| match i {
+            0 => 0,
+            1 => max_m as i32,
+            _ => rng.random_range(0..=max_m as i32),
+        })
+        .collect();
+    let a = t(e4m3(&mut rng, e * max_m * k), &[e, max_m, k]);
+    let a_s = t(scales(&mut rng, e * max_m * kb), &[e, max_m, kb]);
+    let cnt = t(counts.clone(), &[e]);
+    let want = f32s(&ops::mxfp4_grouped_masked(&a, &a_s, &x.w, &x.w_s, &cnt, DType::F32).unwrap());
+    let got = f32s(
+        &ops::mxfp4_grouped_masked(
+            &a.to_device(&dev).unwrap(),
+            &a_s.to_device(&dev).unwrap(),
+            &wd,
+            &wsd,
+            &cnt.to_device(&dev).unwrap(),
+            DType::F32,
+        )
+        .unwrap(),
+    );
+    let (mut g, mut w) = (Vec::new(), Vec::new());
+    for (i, &c) in counts.iter().enumerate() {
+        let r = i * max_m * n..(i * max_m + c as usize) * n;
+        g.extend_from_slice(&got[r.clone()]);
+        w.extend_from_slice(&want[r]);
+    }
+    assert!(
+        g.iter().all(|v| v.is_finite()),
+        "masked: valid rows not fully written"
+    );
+    let d = diff(&g, &w);
+    assert!(d < BOUND, "masked: calc_diff {d:e}");
+}
+
+#[test]
+fn empty_outputs_and_malformed_device_offsets_are_safe() {
+    let (cuda, dev) = gpu();
+    let mut rng = common::rng("gemm_ops_edges_cuda");
+    let (e, n, k) = (3, 64, 128);
+    let kb = k / 32;
+    let up = |x: Tensor| x.to_device(&dev).unwrap();
+    // M = 0: nothing to launch.
+    let a0 = up(t(Vec::<E4M3>::new(), &[0, k]));
+    let s0 = up(t(Vec::<E8M0>::new(), &[0, kb]));
+    let w = up(t(e4m3(&mut rng, n * k), &[n, k]));
+    let ws = up(t(scales(&mut rng, 2 * kb), &[2, kb]));
+    let y = ops::mxfp8_linear(&a0, &s0, &w, &ws, DType::BF16).unwrap();
+    assert_eq!(y.shape(), &[0, n]);
+    let x = moe(&mut rng, e, n, k);
+    let (wd, wsd) = (up(x.w.clone()), up(x.w_s.clone()));
+    let y =
+        ops::mxfp4_grouped_contiguous(&a0, &s0, &wd, &wsd, &up(t(vec![0i32; 4], &[4])), DType::F32)
+            .unwrap();
+    assert_eq!(y.shape(), &[0, n]);
+    // Malformed offsets and counts stay on the device: the kernels clamp
+    // them, so the call succeeds and nothing faults (results unspecified).
+    let rows = 10;
+    let a = up(t(e4m3(&mut rng, rows * k), &[rows, k]));
+    let a_s = up(t(scales(&mut rng, rows * kb), &[rows, kb]));
+    for bad in [[5, 3, 100, -4], [0, -7, 2, 10], [0, 4, 4, 1 << 30]] {
+        ops::mxfp4_grouped_contiguous(&a, &a_s, &wd, &wsd, &up(t(bad.to_vec(), &[4])), DType::F32)
+            .unwrap();
+        cuda.synchronize().unwrap();
+    }
+    let max_m = 4;
+    let am = up(t(e4m3(&mut rng, e * max_m * k), &[e, max_m, k]));
+    let asm = up(t(scales(&mut rng, e * max_m * kb), &[e, max_m, kb]));
+    for bad in [[-3, 1000, 2], [i32::MIN, i32::MAX, 4]] {
+        ops::mxfp4_grouped_masked(
+            &am,
+            &asm,
+            &wd,
+            &wsd,
+            &up(t(bad.to_vec(), &[e])),
+            DType::BF16,
+        )
+        .unwrap();
+        cuda.synchronize().unwrap();
+    }
+}
