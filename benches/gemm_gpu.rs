@@ -149,10 +149,13 @@ mod gpu {
         bf16::from_bits(0x3C00 | ((b as u16 & 0x80) << 8) | (b as u16 & 0x7F))
     }
 
-    /// `copies` device copies of one host tensor.
+    /// `copies` device copies of one host tensor: one upload, then
+    /// device-to-device clones (each a separate allocation).
     fn upload<T: Element>(dev: &Device, v: Vec<T>, shape: &[usize], copies: usize) -> Vec<Tensor> {
-        let t = Tensor::from_vec(v, shape).unwrap();
-        (0..copies).map(|_| t.to_device(dev).unwrap()).collect()
+        let first = Tensor::from_vec(v, shape).unwrap().to_device(dev).unwrap();
+        let mut all: Vec<Tensor> = (1..copies).map(|_| first.clone()).collect();
+        all.push(first);
+        all
     }
 
     /// Times `f(i)` with the harness; the first call's error (or a later
