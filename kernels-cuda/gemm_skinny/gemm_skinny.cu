@@ -75,10 +75,6 @@ __device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
                       : (b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23));
 }
 
-__device__ __forceinline__ int token_tile(int rows) {
-    return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
-}
-
 __device__ __forceinline__ void store_out(const Tile &t, int tok, int f, float v) {
     if (tok < t.rows && f < t.n) {
         const int64_t at = int64_t(tok) * t.n + f;
@@ -398,6 +394,10 @@ __device__ __forceinline__ uint8_t *aligned_smem() {
     return dyn_smem + (((a + 1023u) & ~1023u) - a);
 }
 
+__device__ __forceinline__ int token_tile(int rows) {
+    return rows <= 8 ? 8 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+}
+
 // Runs a tile with the smallest token tile (8, 16, 32, 64; at most NT_MAX)
 // that holds its rows, in the shared-memory layout of NT_MAX.
 template <bool FP4, int NT_MAX> __device__ void run_tile(const Tile &t) {
@@ -570,7 +570,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 3)
     gemm_skinny_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
     masked<16>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
     gemm_skinny_fp4_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
     masked<32>(p);
 }
