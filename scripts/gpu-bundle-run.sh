@@ -9,11 +9,18 @@
 # start with one of the words; device time is scarce, so a run after a change
 # to one family need not repeat the others. The sanitizer passes always set
 # DEEPINFER_QUICK=1, which the CUDA tests read to use their small shape lists.
+# DEEPINFER_SKIP="sanitizer bench" leaves those stages out (a first
+# correctness run of new kernels). DEEPINFER_TEST_TIMEOUT (seconds, default
+# 300) bounds each test binary. Every binary runs under a time limit, so a
+# kernel that hangs costs minutes, not the whole device session.
 set -u
 B="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$B/out}"
 mkdir -p "$OUT/logs" "$OUT/dump"
-export LD_LIBRARY_PATH="/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# libcuda lives in /usr/local/nvidia/lib64; cuBLAS/cuBLASLt in the CUDA 13.0 toolkit.
+export LD_LIBRARY_PATH="/usr/local/nvidia/lib64:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+SKIP="${DEEPINFER_SKIP:-}"
+skipped() { case " $SKIP " in *" $1 "*) return 0 ;; esac; return 1; }
 PY="${PYTHON:-python3}"
 DATE="$(date -u +%F)"
 COMMIT="$(cat "$B/COMMIT" 2>/dev/null)"
@@ -34,7 +41,7 @@ echo "slice on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
 for t in "$B"/tests/*; do
   name="$(basename "$t")"
   case "$name" in cuda_*) selected "${name#cuda_}" || continue ;; *) [ -n "$ONLY" ] && [ "$name" != errors ] && continue ;; esac
-  DEEPINFER_DUMP_DIR="$OUT/dump" "$t" --test-threads=1 > "$OUT/logs/test-$name.log" 2>&1
+  DEEPINFER_DUMP_DIR="$OUT/dump" timeout "${DEEPINFER_TEST_TIMEOUT:-300}" "$t" --test-threads=1 > "$OUT/logs/test-$name.log" 2>&1
   rc=$?
   p=$(grep -Eo '[0-9]+ passed' "$OUT/logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
   f=$(grep -Eo '[0-9]+ failed' "$OUT/logs/test-$name.log" | awk '{s+=$1} END {print s+0}')
@@ -66,11 +73,12 @@ rm -rf "$OUT/dump"
 
 san=""
 for tool in memcheck racecheck; do
+  skipped sanitizer && break
   worst=0; summaries=""
   for t in "$B"/tests/cuda_*; do
     name="$(basename "$t")"
     selected "${name#cuda_}" || continue
-    DEEPINFER_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
+    DEEPINFER_QUICK=1 timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
       > "$OUT/logs/sanitizer-$tool-$name.log" 2>&1
     rc=$?
     [ $rc -gt $worst ] && worst=$rc
@@ -87,10 +95,11 @@ bench_rc=0
 for b in "$B"/benches/*_gpu; do
   fam="$(basename "$b" _gpu)"
   selected "$fam" || continue
+  skipped bench && break
   peers="$OUT/peers-$fam.json"
-  "$PY" "$B/peers/${fam}_torch.py" > "$peers" 2> "$OUT/logs/peers-$fam.log" || echo '{}' > "$peers"
+  timeout 300 "$PY" "$B/peers/${fam}_torch.py" > "$peers" 2> "$OUT/logs/peers-$fam.log" || echo '{}' > "$peers"
   DEEPINFER_PEERS_JSON="$peers" DEEPINFER_BENCH_DATE="$DATE" DEEPINFER_COMMIT="$COMMIT" \
-    DEEPINFER_BENCH_JSON="$OUT/$DATE-h200-$fam.json" "$b" --bench > "$OUT/logs/bench-$fam.log" 2>&1
+    DEEPINFER_BENCH_JSON="$OUT/$DATE-h200-$fam.json" timeout 400 "$b" --bench > "$OUT/logs/bench-$fam.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && bench_rc=$rc
   cat "$OUT/logs/bench-$fam.log"

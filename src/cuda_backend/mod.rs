@@ -5,10 +5,10 @@
 //! already checked when these functions run.
 
 mod act_quant;
-pub mod gemm;
-pub mod indexer;
-pub mod gemm_skinny;
 pub mod blas;
+pub mod gemm;
+pub mod gemm_skinny;
+pub mod indexer;
 mod rms_norm;
 mod tilelang;
 mod tilelang_mhc;
@@ -47,6 +47,10 @@ pub mod params {
 unsafe impl cudarc::driver::DeviceRepr for params::di_rms_norm_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_params {}
+// SAFETY: as above (skinny GEMM structs: addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_reduce_params {}
 // SAFETY: as above; the two `di_tensor_map` members are opaque byte arrays
 // encoded by `tma::encode_u8` (the driver's CUtensorMap, 64-byte aligned as
 // the header and bindgen's `align(64)` require).
@@ -57,10 +61,6 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_quant_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_score_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_topk_params {}
-// SAFETY: as above (skinny GEMM structs: addresses and integers).
-unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_params {}
-// SAFETY: as above.
-unsafe impl cudarc::driver::DeviceRepr for params::di_gemm_skinny_reduce_params {}
 
 /// Device address of a buffer's first byte, for a kernel that reads it.
 /// The returned guard must outlive the launch that uses the address.

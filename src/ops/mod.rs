@@ -4,8 +4,8 @@
 //! Outputs are allocated by the op on that same device.
 
 mod act_quant;
-mod indexer;
 mod gemm;
+mod indexer;
 mod mhc;
 mod moe_route;
 mod rms_norm;
@@ -21,12 +21,12 @@ pub use gemm::{
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,
     mxfp8_linear_into,
 };
+#[cfg_attr(not(deepinfer_cuda), allow(unused_imports))]
+pub(crate) use indexer::ScoreShape;
 pub use indexer::{
     INDEX_KEY_GROUP, INDEX_SCORE_MAX_HEADS_X_DIM, index_key_quant, index_key_quant_into,
     index_key_row_nibbles, index_scores, index_scores_into, index_topk, index_topk_into,
 };
-#[cfg_attr(not(deepinfer_cuda), allow(unused_imports))]
-pub(crate) use indexer::ScoreShape;
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
 pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,
