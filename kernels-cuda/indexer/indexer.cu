@@ -102,7 +102,10 @@ extern "C" __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int i = 0; i < 4; ++i) packed |= f32_to_e2m1(clamp6(__fdiv_rn(v[i], s))) << (4 * i);
         uint8_t *out = static_cast<uint8_t *>(p.out) + row * row_bytes;
-        *reinterpret_cast<uint16_t *>(out + col / 2) = uint16_t(packed);
+        /* Byte stores: a row is dim/2 + dim/32 bytes, odd when dim/32 is odd
+         * (dim = 32, 96, ...), so a 2-byte store would be misaligned there. */
+        out[col / 2] = uint8_t(packed);
+        out[col / 2 + 1] = uint8_t(packed >> 8);
         if ((lane & 7) == 0) out[p.dim / 2 + col / 32] = uint8_t(e + 127);
     }
 }
