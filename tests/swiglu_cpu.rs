@@ -114,8 +114,9 @@ fn dequantised_output_tracks_an_f64_swiglu() {
         let want = gf / (1.0 + (-gf).exp()) * uf * f64::from(w[i / inter]);
         let sc = f64::from(e8m0_to_f32(s[i / 32]));
         let got = f64::from(e4m3_to_f32(*qv)) * sc;
-        // BF16 rounding (2^-9 relative) plus e4m3 rounding (half a step of
-        // 2^-3 relative, or half the smallest subnormal step 2^-9 · scale).
+        // BF16 rounding (≤ 2^-8 relative) then e4m3 rounding (≤ 2^-4/(1 + 2^-4)
+        // relative, or half the smallest subnormal step 2^-9 · scale): together
+        // ≤ 0.0630 < 2^-9 + 1.01·2^-4 = 0.0651 relative; fp32 adds ~1e-7.
         let tol = want.abs() * (2f64.powi(-9) + 1.01 * 2f64.powi(-4)) + sc * 2f64.powi(-10);
         assert!((got - want).abs() <= tol, "element {i}: {got} vs {want}");
     }

@@ -66,8 +66,48 @@ pub fn bf16_ulps(a: bf16, b: bf16) -> u32 {
 /// the terms cancel, within the fp32 error bound `n_ops·2^-24·Σ|terms|` plus
 /// one BF16 rounding (`|want|·2^-8`). `abs_terms` is `Σ|terms|`.
 pub fn bf16_close(got: bf16, want: f64, abs_terms: f64, n_ops: usize) -> bool {
-    let slack = n_ops as f64 * 2f64.powi(-24) * abs_terms + want.abs() * 2f64.powi(-8);
+    // The rounding moves the fp32 value by at most half an ulp of got's
+    // binade, which can exceed |want|·2^-8 when the fp32 error is large.
+    let rounding = bf16_half_ulp(got).max(want.abs() * 2f64.powi(-8));
+    let slack = n_ops as f64 * 2f64.powi(-24) * abs_terms + rounding;
     bf16_ulps(got, bf16::from_f64(want)) <= 1 || (got.to_f64() - want).abs() <= slack
+}
+
+/// Half the spacing of BF16 values in the binade of `x` (0 for zero): the
+/// most that rounding any real number to `x` can have moved it.
+pub fn bf16_half_ulp(x: bf16) -> f64 {
+    let e = ((x.to_bits() >> 7) & 0xFF) as i32;
+    match (e, x.to_bits() & 0x7FFF) {
+        (_, 0) => 0.0,
+        (0, _) => 2f64.powi(-134),
+        _ => 2f64.powi(e - 127 - 8),
+    }
+}
+
+/// Whether two BF16 values that are each an fp32 evaluation (sum of `n_ops`
+/// roundings of terms with `Σ|terms|` = `abs_terms`) of the same exact value,
+/// rounded once, agree: within one ulp, or, where the terms cancel, within
+/// both fp32 error bounds plus both roundings (`2·n_ops·2^-24·Σ|terms|` plus
+/// half an ulp of each).
+pub fn bf16_pair_close(a: bf16, b: bf16, abs_terms: f64, n_ops: usize) -> bool {
+    let slack =
+        2.0 * n_ops as f64 * 2f64.powi(-24) * abs_terms + bf16_half_ulp(a) + bf16_half_ulp(b);
+    bf16_ulps(a, b) <= 1 || (a.to_f64() - b.to_f64()).abs() <= slack
+}
+
+/// The calc_diff limit for `got` against exact `want` when `base` bounds the
+/// share of the BF16 roundings and `err[i]` bounds the fp32 error of element
+/// i before it: √(calc_diff·D) ≤ √(base·D) + √Σerr² (Minkowski), with
+/// D = Σgot² + Σwant², so the limit is (√base + √(Σerr²/D))². It equals
+/// `base` when the fp32 error is negligible and grows only where the outputs
+/// cancel to the size of that error (a single output near zero).
+pub fn calc_diff_limit(got: &[f64], want: &[f64], err: &[f64], base: f64) -> f64 {
+    let d: f64 = got.iter().chain(want).map(|v| v * v).sum();
+    let e: f64 = err.iter().map(|v| v * v).sum();
+    if d == 0.0 {
+        return base;
+    }
+    (base.sqrt() + (e / d).sqrt()).powi(2)
 }
 
 pub fn to_f64(v: &[bf16]) -> Vec<f64> {
