@@ -1,5 +1,7 @@
 //! GPU benchmark of the indexer (issue 5 item 4): index scores of one query
-//! (32 heads × 128, FP4) per batch row against its own FP4 key cache, and the
+//! (32 heads × 128, FP4) per batch row against its own FP4 key cache, with
+//! the integer tensor-core kernel (`index_scores`) and the exact SIMT kernel
+//! (`index_scores_exact`, at 8K and 128K only: it is ~30× slower), and the
 //! exact top-512 of those scores, at context {8K, 128K, 1M} × batch {1, 64}
 //! (DEEPINFER_BENCH_QUICK=1: 8K and 128K at batch 1). GB/s over the FP4 key
 //! bytes (scores) and over the BF16 score bytes read once (top-k); peers from
@@ -14,6 +16,7 @@ mod harness;
 mod gpu {
     use super::harness::{Harness, ROTATE_BYTES};
     use deepinfer::ops;
+    use deepinfer::ops::ScoreKernel;
     use deepinfer::{DType, Device, Fp4x2, Tensor};
     use half::bf16;
 
@@ -31,7 +34,9 @@ mod gpu {
     }
 
     /// Random index-key rows: any byte is a valid pair of e2m1 nibbles; the
-    /// scale bytes stay near 2^0 (xorshift, cheap at gigabytes).
+    /// scale bytes sit near 2^0 with the four blocks of a row within 2^3 of
+    /// each other, like RMS-normed keys (and inside the tensor-core kernel's
+    /// domain: no key takes its exact fallback). Xorshift, cheap at gigabytes.
     fn key_rows(dev: &Device, lead: &[usize], seed: u64) -> Tensor {
         let rows: usize = lead.iter().product();
         let mut s = seed | 1;
@@ -43,7 +48,8 @@ mod gpu {
                 s ^= s << 17;
                 bytes.extend(s.to_le_bytes().map(Fp4x2));
             }
-            bytes.extend((0..DIM / 32).map(|i| Fp4x2(120 + ((s >> (8 * i)) % 10) as u8)));
+            let base = 120 + (s >> 40) % 8;
+            bytes.extend((0..DIM / 32).map(|i| Fp4x2((base + (s >> (8 * i)) % 4) as u8)));
         }
         let mut shape = lead.to_vec();
         shape.push(2 * ROW_BYTES);
@@ -84,19 +90,36 @@ mod gpu {
                     .to_device(&dev)
                     .unwrap();
                 let mut scores = Tensor::empty(&dev, DType::BF16, &[batch, n]).unwrap();
-                let us = h.time_us(|i| {
-                    ops::index_scores_into(&q, &w, &keys[i % keys.len()], &vis, &mut scores)
+                let kernels: &[(&str, ScoreKernel)] = if n <= 131072 {
+                    &[
+                        ("index_scores", ScoreKernel::Tensor),
+                        ("index_scores_exact", ScoreKernel::Exact),
+                    ]
+                } else {
+                    &[("index_scores", ScoreKernel::Tensor)]
+                };
+                for &(name, kernel) in kernels {
+                    let us = h.time_us(|i| {
+                        ops::index_scores_into_with(
+                            &q,
+                            &w,
+                            &keys[i % keys.len()],
+                            &vis,
+                            &mut scores,
+                            kernel,
+                        )
                         .unwrap()
-                });
-                h.record(
-                    "index_scores",
-                    "index_scores",
-                    batch,
-                    n,
-                    us,
-                    kbytes,
-                    "batch*n*68 (FP4 key rows read; scores and query not counted)",
-                );
+                    });
+                    h.record(
+                        name,
+                        name,
+                        batch,
+                        n,
+                        us,
+                        kbytes,
+                        "batch*n*68 (FP4 key rows read; scores and query not counted)",
+                    );
+                }
                 drop(keys);
                 let mut out = Tensor::empty(&dev, DType::I32, &[batch, TOPK]).unwrap();
                 let score_copies: Vec<Tensor> = (0..copies(batch * n * 2))

@@ -1,7 +1,8 @@
 //! The indexer kernels against the CPU reference: index-key rows bitwise
 //! (`kv_format::encode_index_key_row`), index scores bitwise
-//! (`cpu_backend::indexer::index_scores`: the kernel keeps the reference's
-//! dimension and head order with separate fp32 multiplies and adds), and the
+//! (`cpu_backend::indexer::index_scores`) from both score kernels (the exact
+//! SIMT one keeps the reference's order; the tensor-core one is exact inside
+//! its domain and falls back to the reference's order outside it), and the
 //! top-k list exactly equal to `select` on the SAME scores (the GPU's), on
 //! rows full of ties and −∞, with visible < k, visible = 0 and n not a
 //! multiple of anything. Outputs are poisoned (0xFF bytes) before the kernels
@@ -14,7 +15,8 @@ mod common;
 
 use deepinfer::cpu_backend::kv_format;
 use deepinfer::device::CudaDevice;
-use deepinfer::{Device, Fp4x2, Tensor, ops};
+use deepinfer::ops::ScoreKernel;
+use deepinfer::{DType, Device, Error, Fp4x2, Tensor, ops};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -151,6 +153,120 @@ fn index_scores_and_topk_match_the_cpu_reference() {
                 );
             }
         }
+    }
+}
+
+/// Random index-key rows (dim 128: 64 nibble bytes, 4 E8M0 bytes). Scale
+/// bytes: a base in 2^-9..2^3 plus 0..3 per block (the tensor-core kernel's
+/// domain); with probability `wild`, a row leaves the domain through a
+/// block spread of 4..8 or a byte in 2^-47..2^-33 or 2^33..2^48 (still far
+/// from fp32 overflow, so no NaN reaches either side).
+fn raw_key_rows(rng: &mut StdRng, rows: usize, wild: f64) -> Vec<Fp4x2> {
+    let mut out = Vec::with_capacity(rows * 68);
+    for _ in 0..rows {
+        out.extend((0..64).map(|_| Fp4x2(rng.random::<u8>())));
+        let base: u8 = rng.random_range(118..=130);
+        let mut sc: Vec<u8> = (0..4).map(|_| base + rng.random_range(0..=3u8)).collect();
+        if rng.random_bool(wild) {
+            let blk = rng.random_range(0..4);
+            sc[blk] = match rng.random_range(0..3) {
+                0 => base + rng.random_range(4..=8u8),
+                1 => rng.random_range(80..=94u8),
+                _ => rng.random_range(160..=175u8),
+            };
+        }
+        out.extend(sc.into_iter().map(Fp4x2));
+    }
+    out
+}
+
+/// The tensor-core score kernel and the exact kernel, each bitwise against
+/// the CPU reference on fresh random rows: 32 and 20 heads (padded heads),
+/// per-row caches whose rows start at any 4-byte offset (n odd: the tile
+/// copies take the unaligned-word path) and one shared cache, visible counts
+/// that cut tiles anywhere (0, n, random), 3 % of keys outside the kernel's
+/// domain (scored by its warp-wide exact path), one query row whose head
+/// scales spread by 2^5 and one with a subnormal head weight (the whole row
+/// on the exact path), zero head weights. Outputs are NaN-poisoned.
+#[test]
+fn tensor_core_scores_are_bitwise_equal_to_the_cpu_reference() {
+    let dev = gpu();
+    let mut rng = common::rng("index_scores_tensor_cuda");
+    let r = ops::index_key_row_nibbles(128);
+    for heads in [32, 20] {
+        for n in contexts() {
+            for batch in [1, 4] {
+                let per_row = n < 70001;
+                if !per_row && batch > 1 {
+                    continue;
+                }
+                let mut q = raw_key_rows(&mut rng, batch * heads, 0.0);
+                if batch > 2 {
+                    // Row 2, head 1: block scales 2^5 apart (outside the domain).
+                    let at = (2 * heads + 1) * 68 + 64;
+                    q[at].0 = q[at + 1].0.saturating_add(5);
+                }
+                let q = Tensor::from_vec(q, &[batch, heads, r]).unwrap();
+                let kn = if per_row { batch * n } else { n };
+                let keys = raw_key_rows(&mut rng, kn, 0.03);
+                let keys = if per_row {
+                    Tensor::from_vec(keys, &[batch, n, r]).unwrap()
+                } else {
+                    Tensor::from_vec(keys, &[n, r]).unwrap()
+                };
+                let mut w = common::random_activations(&mut rng, batch * heads, 0.05);
+                w[heads / 2] = bf16::ZERO;
+                if batch > 3 {
+                    w[3 * heads + 4] = bf16::from_bits(0x0003); // subnormal: row 3 leaves the domain
+                }
+                let w = Tensor::from_vec(w, &[batch, heads]).unwrap();
+                let visible: Vec<i32> = (0..batch)
+                    .map(|b| match b {
+                        0 => n as i32,
+                        1 => 0,
+                        _ => rng.random_range(1..=n as i32),
+                    })
+                    .collect();
+                let vis = Tensor::from_vec(visible, &[batch]).unwrap();
+                let want = ops::index_scores(&q, &w, &keys, &vis).unwrap();
+                let on = |t: &Tensor| t.to_device(&dev).unwrap();
+                let (qd, wd, kd, vd) = (on(&q), on(&w), on(&keys), on(&vis));
+                for kernel in [ScoreKernel::Tensor, ScoreKernel::Exact] {
+                    let mut got = Tensor::empty(&dev, DType::BF16, &[batch, n]).unwrap();
+                    ops::index_scores_into_with(&qd, &wd, &kd, &vd, &mut got, kernel).unwrap();
+                    let got = got.to_device(&Device::Cpu).unwrap();
+                    check_bitwise(
+                        &format!("{kernel:?} heads {heads} n {n} batch {batch}"),
+                        got.as_slice::<bf16>().unwrap(),
+                        want.as_slice::<bf16>().unwrap(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The tensor-core kernel refuses shapes it cannot take with a typed error
+/// (dim 64; 40 heads), before launching anything.
+#[test]
+fn tensor_core_scores_reject_other_shapes() {
+    let dev = gpu();
+    for (heads, dim) in [(8, 64), (40, 128)] {
+        let r = ops::index_key_row_nibbles(dim);
+        let q = Tensor::empty(&dev, DType::F4E2M1x2, &[1, heads, r]).unwrap();
+        let keys = Tensor::empty(&dev, DType::F4E2M1x2, &[16, r]).unwrap();
+        let w = Tensor::empty(&dev, DType::BF16, &[1, heads]).unwrap();
+        let vis = Tensor::from_vec(vec![16i32], &[1])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let mut out = Tensor::empty(&dev, DType::BF16, &[1, 16]).unwrap();
+        let err = ops::index_scores_into_with(&q, &w, &keys, &vis, &mut out, ScoreKernel::Tensor)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::Argument { arg: "kernel", .. }),
+            "heads {heads} dim {dim}: {err}"
+        );
     }
 }
 

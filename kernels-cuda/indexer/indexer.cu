@@ -9,6 +9,7 @@
 
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
+#include "deepinfer/sm90.cuh"
 
 using namespace deepinfer;
 
@@ -117,23 +118,22 @@ extern "C" __global__ void __launch_bounds__(256)
  * equal to it for every input (no contraction: __fmul_rn / __fadd_rn).
  * Entries t >= visible[b] are -inf; visible is clamped to [0, n].
  *
- * CTA = one query row b and a stride of keys; one thread per key. The decoded
- * query sits in shared memory as [dim][heads] fp32 (read as broadcasts), the
- * head weights as fp32. Heads are processed in chunks of kHeadChunk dots held
- * in registers, the dimension loop inside; the head sum carries across chunks
- * in head order. */
+ * Two entry points compute it:
+ *   indexer_scores_exact: any heads x dim; CTA = one query row b and a stride
+ *     of keys, one key per thread, the decoded query in shared memory as
+ *     [dim][heads] fp32 (read as broadcasts). Heads run in chunks of
+ *     kHeadChunk dots held in registers, the dimension loop inside; the head
+ *     sum carries across chunks in head order.
+ *   indexer_scores_fast: dim 128, heads <= 32 (the host checks): integer
+ *     tensor-core dot products, bitwise equal as well (numerics below). */
 namespace {
 constexpr int kScoreThreads = 256;
 constexpr int kHeadChunk = 16;
-}  // namespace
+constexpr int kKeyRow = 68; /* bytes of an index-key row at dim 128 */
 
-extern "C" __global__ void __launch_bounds__(kScoreThreads)
-    indexer_scores_exact(const __grid_constant__ di_indexer_score_params p) {
-    extern __shared__ float smem[];
+/* Decodes the query row b into qs [dim][heads] fp32 and its weights into ws. */
+__device__ void load_query_f32(const di_indexer_score_params &p, int b, float *qs, float *ws) {
     const int H = p.heads, D = p.dim;
-    float *qs = smem;         /* [D][H] */
-    float *ws = smem + D * H; /* [H] */
-    const int b = blockIdx.y;
     const int64_t row_bytes = D / 2 + D / 32;
     const uint8_t *q = static_cast<const uint8_t *>(p.q) + int64_t(b) * H * row_bytes;
     for (int i = threadIdx.x; i < H * D; i += blockDim.x) {
@@ -144,50 +144,477 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads)
     }
     for (int h = threadIdx.x; h < H; h += blockDim.x)
         ws[h] = __bfloat162float(static_cast<const __nv_bfloat16 *>(p.w)[int64_t(b) * H + h]);
-    __syncthreads();
+}
 
+/* The exact score of the key row kr (global or shared memory) for one thread. */
+__device__ __forceinline__ __nv_bfloat16 exact_key_score(const uint8_t *kr, const float *qs,
+                                                         const float *ws, int H, int D) {
+    float acc = 0.0f;
+    for (int h0 = 0; h0 < H; h0 += kHeadChunk) {
+        float dot[kHeadChunk];
+#pragma unroll
+        for (int j = 0; j < kHeadChunk; ++j) dot[j] = -0.0f;
+        for (int d0 = 0; d0 < D; d0 += 32) {
+            const float s = e8m0_to_f32(kr[D / 2 + d0 / 32]);
+#pragma unroll
+            for (int d = d0; d < d0 + 32; d += 8) {
+                /* Byte loads: rows of 17 * dim / 32 bytes are not 4-byte aligned for every dim. */
+                const uint32_t word = uint32_t(kr[d / 2]) | (uint32_t(kr[d / 2 + 1]) << 8) |
+                                      (uint32_t(kr[d / 2 + 2]) << 16) | (uint32_t(kr[d / 2 + 3]) << 24);
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const float kv = __fmul_rn(e2m1_to_f32((word >> (4 * i)) & 0xFu), s);
+                    const float *qd = qs + (d + i) * H + h0;
+#pragma unroll
+                    for (int j = 0; j < kHeadChunk; ++j)
+                        if (h0 + j < H) dot[j] = __fadd_rn(dot[j], __fmul_rn(qd[j], kv));
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kHeadChunk; ++j) {
+            if (h0 + j < H) {
+                const float relu = fmaxf(__bfloat162float(__float2bfloat16_rn(dot[j])), 0.0f);
+                acc = __fadd_rn(acc, __bfloat162float(__float2bfloat16_rn(__fmul_rn(ws[h0 + j], relu))));
+            }
+        }
+    }
+    return __float2bfloat16_rn(acc);
+}
+
+/* One thread per key over the CTA's stride of row b (both kernels' SIMT path). */
+__device__ void exact_scores_simt(const di_indexer_score_params &p, int b, const float *qs,
+                                  const float *ws) {
+    const int64_t row_bytes = p.dim / 2 + p.dim / 32;
     const int64_t visible = min(int64_t(max(p.visible[b], 0)), p.n);
     const uint8_t *keys = static_cast<const uint8_t *>(p.keys) + int64_t(b) * p.key_batch_stride;
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.scores) + int64_t(b) * p.n;
     for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < p.n;
-         t += int64_t(gridDim.x) * blockDim.x) {
-        if (t >= visible) {
-            out[t] = __ushort_as_bfloat16(0xFF80u);
-            continue;
+         t += int64_t(gridDim.x) * blockDim.x)
+        out[t] = t >= visible ? __ushort_as_bfloat16(0xFF80u)
+                              : exact_key_score(keys + t * row_bytes, qs, ws, p.heads, p.dim);
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kScoreThreads)
+    indexer_scores_exact(const __grid_constant__ di_indexer_score_params p) {
+    extern __shared__ float smem[];
+    float *qs = smem;                   /* [D][H] */
+    float *ws = smem + p.dim * p.heads; /* [H] */
+    load_query_f32(p, blockIdx.y, qs, ws);
+    __syncthreads();
+    exact_scores_simt(p, blockIdx.y, qs, ws);
+}
+
+/* ---- fast index scores (integer tensor cores), dim 128, heads <= 32 -------- *
+ * Numerics. With e2m1 values x2 as integers A, B in [-12, 12] and a row's
+ * block exponents shifted relative to its smallest one (shift sigma in 0..3),
+ * every product q_d * k_d is (A_d << sq_d) * (B_d << sk_d) * u with
+ * u = 2^(qmin_h + kmin - 2), |A << sq|, |B << sk| <= 96. The dot product is
+ * D * u with D = sum_d (A<<sq)(B<<sk) an integer, |D| <= 128 * 96^2 < 2^21,
+ * computed exactly by mma.sync m16n8k32 (u8 keys x s8 query, int32). The CPU
+ * reference's sequential fp32 sum is then exact too (every partial sum is a
+ * multiple of u below 2^21 u), so bf16(dot) = bf16(D) * 2^(qmin_h - 2) *
+ * 2^kmin as long as everything stays in the normal range. The kernel folds
+ * 2^(qmin_h - 2) into the head weight (w'' = w * 2^(qmin_h - 2), exact in
+ * BF16) and 2^kmin out of the head sum (every term carries it; the fp32 sum
+ * and both roundings commute with a power of two in the normal range), so per
+ * (head, key) it computes t' = bf16(w'' * relu(bf16(D))) and per key
+ * out = bf16(fl(sum_h t' in head order) * 2^kmin): bitwise the reference.
+ *
+ * Domain (checked per query row and per key; else the exact path below):
+ * every E8M0 scale byte of the query row and of the key in [95, 159] (2^-32 ..
+ * 2^32), each query head's and each key's four block scales within 2^3 of
+ * their smallest, every head weight zero or a normal BF16 in 2^-32 .. 2^33.
+ * With these bounds every nonzero intermediate lies in 2^-110 .. 2^115 on
+ * both sides, so the scalings above are exact. Outside the domain a key (or
+ * every key of an out-of-domain query row) is scored by the warp: lane h
+ * computes head h's dot product in dimension order with separate fp32
+ * multiplies and adds (the SIMT kernel's arithmetic), then the head sum runs
+ * in head order through shuffles. Either way the result is bitwise the
+ * reference's.
+ *
+ * Key operand: e2m1 nibble -> u8 (value + 128) with two prmt lookups into the
+ * table of |value| << sigma (sign bit as prmt's sign-replicate bit: positive
+ * codes read the magnitude, negative codes read 0, and the other way round
+ * with the sign bit flipped), then P + 0x80808080 - Q in one add (bytes stay
+ * in [32, 224], no borrows). The +128 bias becomes -128 * sum_d q_d per head,
+ * folded into the accumulator's initial value together with the constant
+ * 1.5 * 2^23, so the int32 result read as fp32 is 1.5 * 2^23 + D exactly and
+ * one fp32 subtraction yields D.
+ *
+ * Layout: the MMA's M is 16 keys, N is 8 heads (4 n-tiles for 32 heads), K is
+ * one lane's 32-block: lane (g, c) of an m-tile feeds block c of its keys, so
+ * one lane's 8 values of a k-step are one 32-bit word of its block and share
+ * one shift. K position 4c + i (i < 4) of k-step s is dimension 32c + 8s + i,
+ * position 16 + 4c + i is 32c + 8s + 4 + i. Column n of n-tile j is head
+ * 8 (n / 2) + 2 j + n % 2, so lane (g, c)'s accumulators hold heads
+ * 8c .. 8c + 7 of two keys; they are written as BF16 to a per-warp
+ * [32 keys][32 heads] tile (16-byte chunks XOR-swizzled) and lane L then sums
+ * key L's 32 terms in head order.
+ *
+ * Memory: each warp streams its own 32-key tiles (2176 bytes, 16-byte aligned
+ * whenever the row is) through a kFastStages ring filled by one bulk copy
+ * (cp.async.bulk) per tile, with 4-byte cp.async for the at most 3 + 3
+ * unaligned words at the ends of a tile, all completing on the stage's
+ * mbarrier. Key rows are read from shared memory as 32-bit words; the m-tile
+ * row -> key map (rows g and g + 8 of m-tile m are keys 8m + g%4 + 16(g/4)
+ * and that + 4) makes those reads bank-conflict free. */
+namespace {
+constexpr int kFastWarps = DI_INDEXER_FAST_THREADS / 32;
+constexpr int kFastStages = DI_INDEXER_FAST_STAGES;
+constexpr int kTileKeys = 32;
+constexpr int kTileBytes = kTileKeys * kKeyRow;   /* 2176 */
+constexpr int kStageBytes = kTileBytes + 32;      /* 16 + up to 15 bytes of alignment slack */
+constexpr int kScratchBytes = kTileKeys * 32 * 2; /* [32 keys][32 heads] bf16 */
+/* Dynamic shared memory carve-up (offsets in bytes). */
+constexpr int kOffRing = 0;
+constexpr int kOffScratch = kOffRing + kFastWarps * kFastStages * kStageBytes;
+constexpr int kOffQs = kOffScratch + kFastWarps * kScratchBytes;
+constexpr int kOffWs = kOffQs + 128 * 32 * 4;
+constexpr int kOffQBytes = kOffWs + 32 * 4;
+constexpr int kOffMeta = kOffQBytes + 32 * kKeyRow;
+constexpr int kOffBar = kOffMeta + 3 * 32 * 4;
+constexpr int kFastSmem = kOffBar + kFastWarps * kFastStages * 8;
+static_assert(kFastSmem == DI_INDEXER_FAST_SMEM_BYTES, "params.h DI_INDEXER_FAST_SMEM_BYTES");
+static_assert(kStageBytes % 16 == 0 && kOffScratch % 16 == 0 && kOffBar % 8 == 0, "alignment");
+constexpr uint32_t kMagic = 0x4B400000u; /* 1.5 * 2^23 */
+constexpr float kMagicF = 12582912.0f;
+constexpr uint8_t kScaleLo = 95, kScaleHi = 159;
+}  // namespace
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace {
+using namespace deepinfer::sm90;
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+/* 2 |e2m1| of a nibble's code (bits 0..2): 0, 1, 2, 3, 4, 6, 8, 12. */
+__device__ __forceinline__ int e2m1_mag2(uint32_t nib) {
+    const int m = int(nib & 7u);
+    return m < 5 ? m : (m == 5 ? 6 : (m == 6 ? 8 : 12));
+}
+
+/* PTX shl: amounts >= 32 give 0 (garbage shifts of out-of-domain keys stay defined). */
+__device__ __forceinline__ uint32_t shl(uint32_t a, uint32_t s) {
+    uint32_t d;
+    asm("shl.b32 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(s));
+    return d;
+}
+
+/* 8 nibbles (element i in bits 4i..4i+3) -> u8 value + 128 of elements 0..3
+ * (lo) and 4..7 (hi); tlo/thi hold |e2m1| x 2 << sigma for codes 0..7. */
+__device__ __forceinline__ void decode_u8(uint32_t w, uint32_t tlo, uint32_t thi, uint32_t &lo,
+                                          uint32_t &hi) {
+    const uint32_t wx = w ^ 0x88888888u;
+    const uint32_t p_lo = prmt(tlo, thi, w), p_hi = prmt(tlo, thi, w >> 16);
+    const uint32_t q_lo = prmt(tlo, thi, wx), q_hi = prmt(tlo, thi, wx >> 16);
+    lo = p_lo + 0x80808080u - q_lo;
+    hi = p_hi + 0x80808080u - q_hi;
+}
+
+__device__ __forceinline__ void mma_u8s8(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* The first k-step: d = a x b + (seed0, seed1, seed0, seed1), no copies of the seeds. */
+__device__ __forceinline__ void mma_u8s8_seed(int32_t (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1, int32_t seed0, int32_t seed1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%10,%11};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(seed0), "r"(seed1));
+}
+
+/* relu(bf16(x)) of two fp32 values packed (lo = a, hi = b), then x w'' (bf16x2, RN). */
+__device__ __forceinline__ uint32_t head_terms(float a, float b, uint32_t w2) {
+    uint32_t r, t;
+    asm("cvt.rn.relu.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(r), "r"(w2), "r"(0x80008000u));
+    return t;
+}
+
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        : "memory");
+}
+
+__device__ __forceinline__ void word_copy_arrive(void *dst, const void *src, uint64_t *bar) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/* Lanes 0..8 arrive on every stage barrier once per tile (its count is 9):
+ * lane 0 with the bulk bytes, lanes 1..8 after their 4-byte copy (if any). */
+constexpr uint32_t kBarArrivals = 9;
+
+/* Byte offset of tile i's first key inside its stage buffer. */
+__device__ __forceinline__ uint32_t tile_pre(const uint8_t *row, int64_t i) {
+    return uint32_t(reinterpret_cast<uintptr_t>(row + i * kTileBytes) & 15u);
+}
+
+/* Starts loading keys [32 i, min(32 i + 32, visible)) of `row` into `stage`. */
+__device__ __forceinline__ void issue_tile(const uint8_t *row, int64_t i, int64_t visible,
+                                           uint8_t *stage, uint64_t *bar, int lane) {
+    const int64_t t0 = i * kTileKeys, t1 = min(t0 + kTileKeys, visible);
+    const uintptr_t s = reinterpret_cast<uintptr_t>(row + t0 * kKeyRow);
+    const uintptr_t e = reinterpret_cast<uintptr_t>(row + t1 * kKeyRow);
+    const uintptr_t a = (s + 15) & ~uintptr_t(15), z = e & ~uintptr_t(15);
+    uint8_t *base = stage + 16 + (s & 15); /* key data; 16-aligned from a */
+    const bool bulk = a < z;
+    if (lane >= 1 && lane <= 8) {
+        const int k = lane - 1;
+        uintptr_t src = 0;
+        if (bulk) {
+            const int np = int((a - s) / 4), ns = int((e - z) / 4);
+            if (k < np) src = s + 4 * k;
+            else if (k < np + ns) src = z + 4 * (k - np);
+        } else if (k < int((e - s) / 4)) {
+            src = s + 4 * k;
         }
-        const uint8_t *kr = keys + t * row_bytes;
-        float acc = 0.0f;
-        for (int h0 = 0; h0 < H; h0 += kHeadChunk) {
-            float dot[kHeadChunk];
+        if (src != 0) word_copy_arrive(base + (src - s), reinterpret_cast<const void *>(src), bar);
+        else mbar_arrive(bar);
+    }
+    __syncwarp();
+    if (lane == 0) {
+        mbar_arrive_expect_tx(bar, bulk ? uint32_t(z - a) : 0u);
+        if (bulk) bulk_copy(base + (a - s), reinterpret_cast<const void *>(a), uint32_t(z - a), bar);
+    }
+}
+
+/* The exact score of the key row kr (shared memory) computed by the warp: lane
+ * h holds head h's dot product (dimension order, separate fp32 multiply and
+ * add); the head sum runs in head order through shuffles. kf: 128 floats of
+ * scratch. Returns the same value in every lane. */
+__device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const float *qs, const float *ws,
+                                              int H, float *kf, int lane) {
+    const float s = e8m0_to_f32(kr[64 + lane / 8]);
+    const uint32_t half = uint32_t(kr[2 * lane]) | (uint32_t(kr[2 * lane + 1]) << 8);
 #pragma unroll
-            for (int j = 0; j < kHeadChunk; ++j) dot[j] = -0.0f;
-            for (int d0 = 0; d0 < D; d0 += 32) {
-                const float s = e8m0_to_f32(kr[D / 2 + d0 / 32]);
+    for (int i = 0; i < 4; ++i) kf[4 * lane + i] = __fmul_rn(e2m1_to_f32((half >> (4 * i)) & 0xFu), s);
+    __syncwarp();
+    float term = 0.0f;
+    if (lane < H) {
+        float dot = -0.0f;
+#pragma unroll 8
+        for (int d = 0; d < 128; ++d) dot = __fadd_rn(dot, __fmul_rn(qs[d * H + lane], kf[d]));
+        const float relu = fmaxf(__bfloat162float(__float2bfloat16_rn(dot)), 0.0f);
+        term = __bfloat162float(__float2bfloat16_rn(__fmul_rn(ws[lane], relu)));
+    }
+    float acc = 0.0f;
+    for (int h = 0; h < H; ++h) acc = __fadd_rn(acc, __shfl_sync(0xffffffffu, term, h));
+    __syncwarp();
+    return __float2bfloat16_rn(acc);
+}
+}  // namespace
+#endif
+
+extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
+    indexer_scores_fast(const __grid_constant__ di_indexer_score_params p) {
+    extern __shared__ __align__(128) uint8_t fsm[];
+    float *qs = reinterpret_cast<float *>(fsm + kOffQs);
+    float *ws = reinterpret_cast<float *>(fsm + kOffWs);
+    const int b = blockIdx.y;
+    load_query_f32(p, b, qs, ws);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const int H = p.heads; /* <= 32, dim == 128 */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+    uint8_t *qb = fsm + kOffQBytes;
+    int32_t *m_qmin = reinterpret_cast<int32_t *>(fsm + kOffMeta);
+    int32_t *m_qsum = m_qmin + 32;
+    uint32_t *m_w2 = reinterpret_cast<uint32_t *>(m_qsum + 32);
+    const uint8_t *qg = static_cast<const uint8_t *>(p.q) + int64_t(b) * H * kKeyRow;
+    for (int i = threadIdx.x; i < H * kKeyRow; i += blockDim.x) qb[i] = qg[i];
+    uint64_t *bars = reinterpret_cast<uint64_t *>(fsm + kOffBar) + warp * kFastStages;
+    if (lane == 0)
+        for (int st = 0; st < kFastStages; ++st) mbar_init(&bars[st], kBarArrivals);
+    fence_barrier_init();
+    __syncthreads();
+    /* Per-head domain check, shift base, int8 sum and folded weight. */
+    bool ok = true;
+    if (threadIdx.x < 32) {
+        const int h = threadIdx.x;
+        int qmin = 127, qsum = 0;
+        uint32_t w2 = 0;
+        if (h < H) {
+            const uint8_t *r = qb + h * kKeyRow;
+            int qmax = 0;
+            qmin = 255;
+            for (int blk = 0; blk < 4; ++blk) {
+                qmin = min(qmin, int(r[64 + blk]));
+                qmax = max(qmax, int(r[64 + blk]));
+            }
+            const uint16_t wb = __bfloat16_as_ushort(static_cast<const __nv_bfloat16 *>(p.w)[int64_t(b) * H + h]);
+            const int wexp = (wb >> 7) & 0xFF;
+            ok = qmin >= kScaleLo && qmax <= kScaleHi && qmax - qmin <= 3 &&
+                 ((wb & 0x7FFFu) == 0 || (wexp >= kScaleLo && wexp <= kScaleHi + 1));
+            if (ok) {
+                for (int d = 0; d < 128; ++d) {
+                    const uint32_t nib = (r[d / 2] >> (4 * (d & 1))) & 0xFu;
+                    const int v = e2m1_mag2(nib) << (r[64 + d / 32] - qmin);
+                    qsum += (nib & 8u) ? -v : v;
+                }
+                const float wf = __uint_as_float(uint32_t(wb) << 16);
+                w2 = __bfloat16_as_ushort(
+                    __float2bfloat16_rn(__fmul_rn(wf, __uint_as_float(uint32_t(qmin - 2) << 23))));
+            }
+        }
+        m_qmin[h] = qmin;
+        m_qsum[h] = qsum;
+        m_w2[h] = w2;
+    }
+    const bool row_ok = __syncthreads_and(ok);
+
+    /* Stationary operands: query fragments (B), accumulator seeds, weight pairs. */
+    uint32_t qf[4][4][2];
+    int32_t seed[4][2];
+    uint32_t w2p[4];
 #pragma unroll
-                for (int d = d0; d < d0 + 32; d += 8) {
-                    /* Byte loads: rows of 17 * dim / 32 bytes are not 4-byte aligned for every dim. */
-                    const uint32_t word = uint32_t(kr[d / 2]) | (uint32_t(kr[d / 2 + 1]) << 8) |
-                                          (uint32_t(kr[d / 2 + 2]) << 16) | (uint32_t(kr[d / 2 + 3]) << 24);
+    for (int j = 0; j < 4; ++j) {
+        const int hd = 8 * (g >> 1) + 2 * j + (g & 1);
 #pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        const float kv = __fmul_rn(e2m1_to_f32((word >> (4 * i)) & 0xFu), s);
-                        const float *qd = qs + (d + i) * H + h0;
+        for (int s = 0; s < 4; ++s) {
+            uint32_t bytes[2] = {0u, 0u};
+            if (row_ok && hd < H) {
+                const uint8_t *r = qb + hd * kKeyRow;
+                const int sh = r[64 + c] - m_qmin[hd];
+                const uint8_t *wp = r + 16 * c + 4 * s;
+                const uint32_t word = uint32_t(wp[0]) | (uint32_t(wp[1]) << 8) | (uint32_t(wp[2]) << 16) |
+                                      (uint32_t(wp[3]) << 24);
 #pragma unroll
-                        for (int j = 0; j < kHeadChunk; ++j)
-                            if (h0 + j < H) dot[j] = __fadd_rn(dot[j], __fmul_rn(qd[j], kv));
+                for (int i = 0; i < 8; ++i) {
+                    const uint32_t nib = (word >> (4 * i)) & 0xFu;
+                    const int v = (nib & 8u) ? -(e2m1_mag2(nib) << sh) : (e2m1_mag2(nib) << sh);
+                    bytes[i / 4] |= (uint32_t(v) & 0xFFu) << (8 * (i % 4));
+                }
+            }
+            qf[j][s][0] = bytes[0];
+            qf[j][s][1] = bytes[1];
+        }
+        seed[j][0] = int32_t(kMagic) - 128 * m_qsum[8 * c + 2 * j];
+        seed[j][1] = int32_t(kMagic) - 128 * m_qsum[8 * c + 2 * j + 1];
+        w2p[j] = m_w2[8 * c + 2 * j] | (m_w2[8 * c + 2 * j + 1] << 16);
+    }
+
+    const int64_t visible = min(int64_t(max(p.visible[b], 0)), p.n);
+    const uint8_t *row = static_cast<const uint8_t *>(p.keys) + int64_t(b) * p.key_batch_stride;
+    __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.scores) + int64_t(b) * p.n;
+    for (int64_t t = visible + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < p.n;
+         t += int64_t(gridDim.x) * blockDim.x)
+        out[t] = __ushort_as_bfloat16(0xFF80u);
+
+    uint8_t *ring = fsm + kOffRing + warp * kFastStages * kStageBytes;
+    uint8_t *scratch = fsm + kOffScratch + warp * kScratchBytes;
+    const int64_t tiles = (visible + kTileKeys - 1) / kTileKeys;
+    const int64_t first = int64_t(blockIdx.x) * kFastWarps + warp, stride = int64_t(gridDim.x) * kFastWarps;
+    for (int k = 0; k < kFastStages; ++k)
+        if (first + k * stride < tiles)
+            issue_tile(row, first + k * stride, visible, ring + k * kStageBytes, &bars[k], lane);
+
+    for (int64_t k = 0; first + k * stride < tiles; ++k) {
+        const int64_t i = first + k * stride;
+        const int st = int(k % kFastStages);
+        uint8_t *stage = ring + st * kStageBytes;
+        mbar_wait(&bars[st], uint32_t(k / kFastStages) & 1u);
+        const uint8_t *tile = stage + 16 + tile_pre(row, i);
+        const int64_t t0 = i * kTileKeys;
+        const bool live = t0 + lane < visible;
+
+        /* Key metadata, one key per lane: smallest block scale, shifts, domain. */
+        const uint32_t sw = *reinterpret_cast<const uint32_t *>(tile + lane * kKeyRow + 64);
+        const uint32_t s0 = sw & 0xFFu, s1 = (sw >> 8) & 0xFFu, s2 = (sw >> 16) & 0xFFu, s3 = sw >> 24;
+        const uint32_t kmin = min(min(s0, s1), min(s2, s3)), kmax = max(max(s0, s1), max(s2, s3));
+        const bool key_ok = kmin >= kScaleLo && kmax <= kScaleHi && kmax - kmin <= 3;
+        const uint32_t shifts = sw - kmin * 0x01010101u;
+        const float kscale = __uint_as_float(kmin << 23);
+
+        float score = 0.0f;
+        if (row_ok) {
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const int key0 = 8 * m + (g & 3) + 16 * (g >> 2), key1 = key0 + 4;
+                const uint32_t sh0 = prmt(__shfl_sync(0xffffffffu, shifts, key0), 0u, 0x4440u | c);
+                const uint32_t sh1 = prmt(__shfl_sync(0xffffffffu, shifts, key1), 0u, 0x4440u | c);
+                const uint32_t t0lo = shl(0x03020100u, sh0), t0hi = shl(0x0C080604u, sh0);
+                const uint32_t t1lo = shl(0x03020100u, sh1), t1hi = shl(0x0C080604u, sh1);
+                int32_t acc[4][4];
+                const uint8_t *k0 = tile + key0 * kKeyRow + 16 * c, *k1 = tile + key1 * kKeyRow + 16 * c;
+#pragma unroll
+                for (int s = 0; s < 4; ++s) {
+                    uint32_t a[4];
+                    decode_u8(*reinterpret_cast<const uint32_t *>(k0 + 4 * s), t0lo, t0hi, a[0], a[2]);
+                    decode_u8(*reinterpret_cast<const uint32_t *>(k1 + 4 * s), t1lo, t1hi, a[1], a[3]);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        if (s == 0) mma_u8s8_seed(acc[j], a, qf[j][0][0], qf[j][0][1], seed[j][0], seed[j][1]);
+                        else mma_u8s8(acc[j], a, qf[j][s][0], qf[j][s][1]);
                     }
                 }
-            }
+                uint4 r0, r1;
+                uint32_t *r0p = &r0.x, *r1p = &r1.x;
 #pragma unroll
-            for (int j = 0; j < kHeadChunk; ++j) {
-                if (h0 + j < H) {
-                    const float relu = fmaxf(__bfloat162float(__float2bfloat16_rn(dot[j])), 0.0f);
-                    acc = __fadd_rn(acc, __bfloat162float(__float2bfloat16_rn(__fmul_rn(ws[h0 + j], relu))));
+                for (int j = 0; j < 4; ++j) {
+                    r0p[j] = head_terms(__int_as_float(acc[j][0]) - kMagicF, __int_as_float(acc[j][1]) - kMagicF,
+                                        w2p[j]);
+                    r1p[j] = head_terms(__int_as_float(acc[j][2]) - kMagicF, __int_as_float(acc[j][3]) - kMagicF,
+                                        w2p[j]);
+                }
+                *reinterpret_cast<uint4 *>(scratch + key0 * 64 + 16 * (c ^ ((key0 >> 1) & 3))) = r0;
+                *reinterpret_cast<uint4 *>(scratch + key1 * 64 + 16 * (c ^ ((key1 >> 1) & 3))) = r1;
+            }
+            __syncwarp();
+            float sum = 0.0f;
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+                const uint4 v =
+                    *reinterpret_cast<const uint4 *>(scratch + lane * 64 + 16 * (cc ^ ((lane >> 1) & 3)));
+                const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    sum = __fadd_rn(sum, __uint_as_float(vv[j] << 16));
+                    sum = __fadd_rn(sum, __uint_as_float(vv[j] & 0xFFFF0000u));
                 }
             }
+            score = __fmul_rn(sum, kscale);
         }
-        out[t] = __float2bfloat16_rn(acc);
+        __nv_bfloat16 result = __float2bfloat16_rn(score);
+        uint32_t flagged = __ballot_sync(0xffffffffu, live && !(row_ok && key_ok));
+        if (flagged) {
+            __syncwarp();
+            float *kf = reinterpret_cast<float *>(scratch);
+            for (; flagged; flagged &= flagged - 1) {
+                const int r = __ffs(flagged) - 1;
+                const __nv_bfloat16 e = exact_key_score_warp(tile + r * kKeyRow, qs, ws, H, kf, lane);
+                if (lane == r) result = e;
+            }
+        }
+        if (live) out[t0 + lane] = result;
+        __syncwarp();
+        const int64_t next = i + kFastStages * stride;
+        if (next < tiles) {
+            fence_proxy_async_smem();
+            issue_tile(row, next, visible, stage, &bars[st], lane);
+        }
     }
+#else
+    /* Other architectures: the exact SIMT path (same launch shape and results). */
+    __syncthreads();
+    exact_scores_simt(p, b, qs, ws);
+#endif
 }
 
 /* ---- exact top-k ------------------------------------------------------------ *

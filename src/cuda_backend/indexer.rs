@@ -1,24 +1,41 @@
 //! Indexer launches (`kernels-cuda/indexer/`): the index-key row writer, the
-//! exact index scores and the three-pass exact top-k. Callers are the
-//! validated wrappers of [`crate::ops`] (dtypes, shapes, devices and the
-//! limits documented there are checked before these run); these functions
-//! only size grids and the top-k workspace.
+//! index scores (the exact SIMT kernel and the integer tensor-core kernel,
+//! both bitwise the CPU reference) and the three-pass exact top-k. Callers
+//! are the validated wrappers of [`crate::ops`] (dtypes, shapes, devices and
+//! the limits documented there are checked before these run); these
+//! functions check the kernel-specific limits (the tensor-core kernel's shape
+//! and alignment), size grids and the top-k workspace.
 
 use super::params::{di_indexer_quant_params, di_indexer_score_params, di_indexer_topk_params};
 use super::{grid_for, launch, read_ptr, write_ptr};
 use crate::Device;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
+use crate::error::Error;
 use crate::error::Result;
 use crate::kernels;
-use crate::ops::ScoreShape;
+use crate::ops::{ScoreKernel, ScoreShape};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 
 /// Threads of the row writer (one warp per 128 values of a row).
 const QUANT_THREADS: usize = 256;
 /// Threads of the score kernel (one key per thread); must match the kernel.
 const SCORE_THREADS: usize = 256;
+/// Threads of the tensor-core score kernel (`DI_INDEXER_FAST_THREADS`).
+const FAST_THREADS: usize = 128;
+/// Dynamic shared memory of the tensor-core score kernel
+/// (`DI_INDEXER_FAST_SMEM_BYTES`; the kernel static-asserts its carve-up).
+const FAST_SMEM: u32 = 62_720;
+/// Keys per tile of the tensor-core score kernel (one tile per warp step).
+const FAST_TILE: usize = 32;
+/// Resident CTAs of the tensor-core score kernel per SM (its launch bounds).
+const FAST_CTAS_PER_SM: usize = 3;
+/// The only `dim` and the most heads the tensor-core score kernel takes.
+pub const FAST_DIM: usize = 128;
+/// See [`FAST_DIM`].
+pub const FAST_MAX_HEADS: usize = 32;
 /// Threads of every top-k pass; must match the kernel.
 const TOPK_THREADS: u32 = 512;
 /// Shortest top-k segment: a row of n entries is cut into
@@ -62,7 +79,12 @@ pub fn score_smem_bytes(heads: usize, dim: usize) -> usize {
     4 * (heads * dim + heads)
 }
 
-/// Index scores of `q` against `keys` into BF16 `scores` `[batch, n]`.
+/// Index scores of `q` against `keys` into BF16 `scores` `[batch, n]` with
+/// the chosen kernel: [`ScoreKernel::Auto`] takes the tensor-core kernel when
+/// it applies (dim 128, heads ≤ 32, keys 4-byte aligned) and the exact SIMT
+/// kernel otherwise; [`ScoreKernel::Tensor`] on a shape it cannot take is a
+/// typed error. Both kernels are bitwise the CPU reference.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn index_scores(
     dev: &CudaDevice,
     q: &Tensor,
@@ -71,16 +93,35 @@ pub(crate) fn index_scores(
     visible: &Tensor,
     scores: &mut Tensor,
     s: ScoreShape,
+    kernel: ScoreKernel,
 ) -> Result<()> {
-    if s.batch == 0 || s.n == 0 {
-        return Ok(());
-    }
     let row_bytes = s.dim / 2 + s.dim / 32;
     let (qp, _gq) = read_ptr(q.cuda().expect("validated"), dev);
     let (wp, _gw) = read_ptr(w.cuda().expect("validated"), dev);
     let (kp, _gk) = read_ptr(keys.cuda().expect("validated"), dev);
     let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
     let (sp, _gs) = write_ptr(scores.cuda_mut().expect("validated"), dev);
+    let key_addr = kp as usize;
+    let fits = s.dim == FAST_DIM && s.heads <= FAST_MAX_HEADS && key_addr.is_multiple_of(4);
+    let fast = match kernel {
+        ScoreKernel::Auto => fits,
+        ScoreKernel::Exact => false,
+        ScoreKernel::Tensor if fits => true,
+        ScoreKernel::Tensor => {
+            return Err(Error::Argument {
+                op: "index_scores",
+                arg: "kernel",
+                value: format!(
+                    "Tensor (dim {}, heads {}, keys address {key_addr:#x})",
+                    s.dim, s.heads
+                ),
+                why: "the tensor-core kernel needs dim 128, heads <= 32 and 4-byte aligned keys",
+            });
+        }
+    };
+    if s.batch == 0 || s.n == 0 {
+        return Ok(());
+    }
     let p = di_indexer_score_params {
         q: qp,
         w: wp,
@@ -97,6 +138,9 @@ pub(crate) fn index_scores(
         heads: s.heads as i32,
         dim: s.dim as i32,
     };
+    if fast {
+        return index_scores_fast(dev, &p, s);
+    }
     // Keys per CTA from n alone (the score of an entry never depends on the
     // grid); the grid's y is the batch row.
     let cfg = LaunchConfig {
@@ -109,6 +153,41 @@ pub(crate) fn index_scores(
         shared_mem_bytes: score_smem_bytes(s.heads, s.dim) as u32,
     };
     launch(dev, kernels::indexer::INDEXER_SCORES_EXACT, cfg, &p)
+}
+
+/// The tensor-core score kernel: each warp streams 32-key tiles; the grid
+/// fills the GPU about once (the score of an entry never depends on it).
+fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShape) -> Result<()> {
+    let kernel = kernels::indexer::INDEXER_SCORES_FAST;
+    let sms = dev
+        .raw_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|source| Error::Driver {
+            during: "reading the SM count".into(),
+            source,
+        })?;
+    let func = dev.function(kernel)?;
+    func.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        FAST_SMEM as i32,
+    )
+    .map_err(|source| Error::Driver {
+        during: format!(
+            "allowing {FAST_SMEM} bytes of shared memory for {}::{}",
+            kernel.family.name, kernel.name
+        ),
+        source,
+    })?;
+    let warps = FAST_THREADS / 32;
+    let needed = s.n.div_ceil(FAST_TILE).div_ceil(warps).max(1);
+    let fill = (FAST_CTAS_PER_SM * sms.max(1) as usize).div_ceil(s.batch);
+    let cfg = LaunchConfig {
+        grid_dim: (needed.min(fill.max(1)) as u32, s.batch as u32, 1),
+        block_dim: (FAST_THREADS as u32, 1, 1),
+        shared_mem_bytes: FAST_SMEM,
+    };
+    launch(dev, kernel, cfg, p)
 }
 
 /// Segment length and count of a top-k row of `n` entries.

@@ -8,7 +8,8 @@
 //! dimension is `dim + dim/16` nibbles (`17·dim/32` bytes, 68 at dim 128).
 //!
 //! Invariants a caller must know: scores are BF16 and bitwise equal to
-//! [`cpu_backend::indexer::index_scores`] on both devices; the top-k is exact
+//! [`cpu_backend::indexer::index_scores`] on both devices and with either
+//! GPU kernel ([`ScoreKernel`]); the top-k is exact
 //! with ties to the lower entry index and returns exactly
 //! [`cpu_backend::indexer::select`]'s list; `visible` values live on the
 //! inputs' device and are clamped to `[0, n]` (they are not read back for
@@ -119,6 +120,20 @@ pub fn index_scores(q: &Tensor, w: &Tensor, keys: &Tensor, visible: &Tensor) -> 
     Ok(out)
 }
 
+/// Which CUDA kernel computes the index scores; both are bitwise equal to
+/// the CPU reference (`kernels-cuda/indexer/README.md` gives the tensor-core
+/// kernel's proof and its exact fallback). Ignored on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreKernel {
+    /// The tensor-core kernel where it applies (dim 128, heads ≤ 32, keys
+    /// 4-byte aligned), else the exact SIMT kernel.
+    Auto,
+    /// The exact SIMT kernel (any shape; ≈ 3 % of copy bandwidth).
+    Exact,
+    /// The integer tensor-core kernel; another shape is a typed error.
+    Tensor,
+}
+
 /// [`index_scores`] into a preallocated BF16 `out` `[batch, n]`.
 pub fn index_scores_into(
     q: &Tensor,
@@ -126,6 +141,18 @@ pub fn index_scores_into(
     keys: &Tensor,
     visible: &Tensor,
     out: &mut Tensor,
+) -> Result<()> {
+    index_scores_into_with(q, w, keys, visible, out, ScoreKernel::Auto)
+}
+
+/// [`index_scores_into`] with an explicit CUDA kernel (tests and benches).
+pub fn index_scores_into_with(
+    q: &Tensor,
+    w: &Tensor,
+    keys: &Tensor,
+    visible: &Tensor,
+    out: &mut Tensor,
+    kernel: ScoreKernel,
 ) -> Result<()> {
     let (_, s) = validate_scores(q, w, keys, visible)?;
     out.expect_output(SCORES, "out", DType::BF16, &[s.batch, s.n])?;
@@ -165,10 +192,13 @@ pub fn index_scores_into(
         }
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => {
-            crate::cuda_backend::indexer::index_scores(&dev, q, w, keys, visible, out, s)
+            crate::cuda_backend::indexer::index_scores(&dev, q, w, keys, visible, out, s, kernel)
         }
         #[cfg(not(deepinfer_cuda))]
-        d @ Device::Cuda(_) => Err(super::kernels_not_built(SCORES, &d)),
+        d @ Device::Cuda(_) => {
+            let _ = kernel;
+            Err(super::kernels_not_built(SCORES, &d))
+        }
     }
 }
 

@@ -25,7 +25,8 @@ pub use gemm::{
 pub(crate) use indexer::ScoreShape;
 pub use indexer::{
     INDEX_KEY_GROUP, INDEX_SCORE_MAX_HEADS_X_DIM, index_key_quant, index_key_quant_into,
-    index_key_row_nibbles, index_scores, index_scores_into, index_topk, index_topk_into,
+    ScoreKernel, index_key_row_nibbles, index_scores, index_scores_into, index_scores_into_with,
+    index_topk, index_topk_into,
 };
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
 pub use moe_route::{

@@ -90,6 +90,14 @@ typedef struct di_indexer_score_params {
     int32_t dim; /* multiple of 32 */
 } di_indexer_score_params;
 
+/* indexer_scores_fast (same parameters): dim 128, heads <= 32, keys 4-byte
+ * aligned; CTA = DI_INDEXER_FAST_THREADS threads (one key stream per warp,
+ * DI_INDEXER_FAST_STAGES 32-key tiles in flight per warp) with
+ * DI_INDEXER_FAST_SMEM_BYTES of dynamic shared memory; grid (any, batch). */
+#define DI_INDEXER_FAST_THREADS 128
+#define DI_INDEXER_FAST_STAGES 4
+#define DI_INDEXER_FAST_SMEM_BYTES 62720
+
 /* Most segments a top-k row is split into (the collect pass keeps two
  * counters per segment in shared memory). */
 #define DI_INDEXER_TOPK_MAX_SEGMENTS 512
