@@ -11,7 +11,8 @@
 # DEEPINFER_QUICK=1, which the CUDA tests read to use their small shape lists.
 # DEEPINFER_SKIP="sanitizer bench" leaves those stages out (a first
 # correctness run of new kernels). DEEPINFER_TEST_TIMEOUT (seconds, default
-# 300) bounds each test binary. Every binary runs under a time limit, so a
+# 300) bounds each test binary, DEEPINFER_SANITIZER_TIMEOUT (default 400) each
+# sanitizer pass. Every binary runs under a time limit, so a
 # kernel that hangs costs minutes, not the whole device session.
 set -u
 B="$(cd "$(dirname "$0")" && pwd)"
@@ -78,7 +79,7 @@ for tool in memcheck racecheck; do
   for t in "$B"/tests/cuda_*; do
     name="$(basename "$t")"
     selected "${name#cuda_}" || continue
-    DEEPINFER_QUICK=1 timeout 400 compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
+    DEEPINFER_QUICK=1 timeout "${DEEPINFER_SANITIZER_TIMEOUT:-400}" compute-sanitizer --tool "$tool" --error-exitcode 99 "$t" --test-threads=1 \
       > "$OUT/logs/sanitizer-$tool-$name.log" 2>&1
     rc=$?
     [ $rc -gt $worst ] && worst=$rc
