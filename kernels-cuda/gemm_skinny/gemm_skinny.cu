@@ -422,9 +422,11 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t v) {
 }
 
 __device__ __forceinline__ float e2m1_to_f32(uint8_t packed, int hi) {
+    // e2m1: exponent bits 2..1 (bias 1), mantissa bit 0; exponent 0 is the
+    // subnormal 0 or 0.5. Arithmetic, not a table (a table lands on the stack).
     const uint32_t nib = hi ? packed >> 4 : packed & 0xFu;
-    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    const float v = mag[nib & 7u];
+    const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
+    const float v = e == 0u ? 0.5f * float(m) : __uint_as_float(((e + 126u) << 23) | (m << 22));
     return (nib & 8u) ? -v : v;
 }
 
@@ -540,6 +542,133 @@ template <int NT_MAX> __device__ void masked(const di_gemm_skinny_params &p) {
     }
 }
 
+// ---- Version 2 -------------------------------------------------------------
+// Same tiles and numerics as version 1; what changes is the work around them.
+
+// Dense v2: grid (ceil(n / 64) * halves, splits). CTA x covers feature tile
+// x / halves and token rows [32 * (x % halves), +32) (halves = 2 for m > 32,
+// so the 33..64 range runs the 32-token tile at three CTAs per SM instead of
+// the 64-token tile at two). With splits > 1 each CTA writes its f32 partials
+// to workspace[y][m][n]; the last CTA of an output tile to finish (atomic
+// ticket per tile) adds the splits in order 0, 1, ... from +0.0 -- the
+// reduce kernel's exact sum -- writes the output and resets the ticket to 0.
+template <int NT_MAX> __device__ void dense_v2(const di_gemm_skinny_params &p) {
+    const int nch = (p.k + kChunkK - 1) / kChunkK;
+    const int halves = p.token_halves;
+    const int tile_x = int(blockIdx.x) / halves, row0 = (int(blockIdx.x) % halves) * NT_MAX;
+    const int kbs = (p.k + 31) / 32;
+    const int splits = int(gridDim.y);
+    Tile t;
+    t.w = static_cast<const uint8_t *>(p.b);
+    t.ws = static_cast<const uint8_t *>(p.b_scale);
+    t.x = static_cast<const uint8_t *>(p.a) + int64_t(row0) * p.k;
+    t.xs = static_cast<const uint8_t *>(p.a_scale) + int64_t(row0) * kbs;
+    t.n0 = tile_x * kTileN;
+    t.n = p.n;
+    t.k = p.k;
+    t.kbs = kbs;
+    t.rows = min(p.m - row0, NT_MAX);
+    t.chunk_begin = min(nch, int(blockIdx.y) * p.chunks_per_split);
+    t.chunk_end = min(nch, t.chunk_begin + p.chunks_per_split);
+    t.out_f32 = splits > 1 || p.out_f32 != 0;
+    t.out = splits > 1 ? static_cast<void *>(p.workspace + (int64_t(blockIdx.y) * p.m + row0) * p.n)
+            : p.out_f32 ? static_cast<void *>(static_cast<float *>(p.out) + int64_t(row0) * p.n)
+                        : static_cast<void *>(static_cast<__nv_bfloat16 *>(p.out) +
+                                              int64_t(row0) * p.n);
+    run_tile<false, NT_MAX>(t);
+    if (splits == 1) return;
+
+    // Release: every thread's partial stores are visible device-wide before
+    // the ticket is taken. (No static shared memory: it would be padded to
+    // 1 KiB by the 1024-aligned dynamic array and cost the n8 tile its 4th
+    // CTA per SM.)
+    __threadfence();
+    __syncthreads();
+    const bool mine = threadIdx.x == 0 &&
+                      atomicAdd(p.tickets + blockIdx.x, 1u) == uint32_t(splits - 1);
+    if (!__syncthreads_or(mine)) return;
+    __threadfence();  // acquire: the other splits' partials are read after the ticket
+    const int feats = min(kTileN, p.n - t.n0);
+    for (int idx = threadIdx.x; idx < t.rows * kTileN; idx += kThreads) {
+        const int tok = idx / kTileN, f = idx % kTileN;
+        if (f >= feats) continue;
+        const int64_t at = int64_t(row0 + tok) * p.n + t.n0 + f;
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s) acc += __ldcg(p.workspace + int64_t(s) * p.m * p.n + at);
+        if (p.out_f32) {
+            static_cast<float *>(p.out)[at] = acc;
+        } else {
+            static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(acc);
+        }
+    }
+    if (threadIdx.x == 0) p.tickets[blockIdx.x] = 0u;  // ready for the next launch
+}
+
+// Masked v2: a persistent 1-D grid sized by the host to the resident CTAs
+// (occupancy x SMs), so no CTA waits for a second wave. The work units are
+// u = rank * tiles + tile over the experts with a nonzero (clamped) count,
+// ranked in expert order; CTA c takes u = c, c + G, c + 2G, ... Consecutive
+// CTAs thus share an expert (its token rows are read once into L2) and every
+// CTA gets within one unit of the same count. An expert's rows run in blocks
+// of NT_MAX <= 32 (its weight tile is re-read from L2 for a second block).
+template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) {
+    static_assert(NT_MAX <= 32, "v2 runs at most 32-token tiles");
+    __shared__ int list_e[kThreads];
+    __shared__ int list_c[kThreads];
+    __shared__ int warp_active[kThreads / 32];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t grid = gridDim.x, cta = blockIdx.x;
+    const int tiles = (p.n + kTileN - 1) / kTileN;
+    const int kbs = (p.k + 31) / 32;
+    int64_t seen = 0;
+    for (int e0 = 0; e0 < p.experts; e0 += kThreads) {
+        const int e = e0 + tid;
+        const int c = e < p.experts ? max(0, min(p.m, p.counts[e])) : 0;
+        const unsigned act = __ballot_sync(0xFFFFFFFFu, c > 0);
+        if (lane == 0) warp_active[warp] = __popc(act);
+        __syncthreads();
+        int before = 0, total = 0;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) {
+            before += w < warp ? warp_active[w] : 0;
+            total += warp_active[w];
+        }
+        if (c > 0) {
+            const int r = before + __popc(act & ((1u << lane) - 1u));
+            list_e[r] = e;
+            list_c[r] = c;
+        }
+        __syncthreads();
+        const int64_t u_begin = seen * tiles, u_end = (seen + total) * tiles;
+        for (int64_t u = u_begin + ((cta - u_begin % grid) + grid) % grid; u < u_end; u += grid) {
+            const int r = int(u / tiles - seen), tile = int(u % tiles);
+            const int ex = list_e[r], cnt = list_c[r];
+            for (int r0 = 0; r0 < cnt; r0 += NT_MAX) {
+                const int64_t row0 = int64_t(ex) * p.m + r0;
+                Tile t;
+                t.w = static_cast<const uint8_t *>(p.b) + int64_t(ex) * p.n * (p.k / 2);
+                t.ws = static_cast<const uint8_t *>(p.b_scale) + int64_t(ex) * p.n * kbs;
+                t.x = static_cast<const uint8_t *>(p.a) + row0 * p.k;
+                t.xs = static_cast<const uint8_t *>(p.a_scale) + row0 * kbs;
+                t.n0 = tile * kTileN;
+                t.n = p.n;
+                t.k = p.k;
+                t.kbs = kbs;
+                t.rows = min(NT_MAX, cnt - r0);
+                t.chunk_begin = 0;
+                t.chunk_end = (p.k + kChunkK - 1) / kChunkK;
+                t.out_f32 = p.out_f32 != 0;
+                t.out = p.out_f32
+                            ? static_cast<void *>(static_cast<float *>(p.out) + row0 * p.n)
+                            : static_cast<void *>(static_cast<__nv_bfloat16 *>(p.out) + row0 * p.n);
+                run_tile<true, NT_MAX>(t);
+            }
+        }
+        seen += total;
+        __syncthreads();  // list and warp counts are rewritten next round
+    }
+}
+
 }  // namespace
 
 // One entry per token tile: the suffix is the largest tile (and the shared-
@@ -592,4 +721,32 @@ extern "C" __global__ void __launch_bounds__(256)
             static_cast<__nv_bfloat16 *>(p.out)[i] = __float2bfloat16_rn(acc);
         }
     }
+}
+
+
+// Version 2 entry points (see dense_v2 / masked_v2): the 32-token tile is the
+// largest; dense m in 33..64 runs _n32 with token_halves = 2.
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
+    gemm_skinny_v2_fp8_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    dense_v2<8>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_v2_fp8_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    dense_v2<16>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_v2_fp8_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    dense_v2<32>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
+    gemm_skinny_v2_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v2<8>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
+    gemm_skinny_v2_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v2<16>(p);
+}
+extern "C" __global__ void __launch_bounds__(kThreads, 2)
+    gemm_skinny_v2_fp4_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v2<32>(p);
 }

@@ -6,9 +6,26 @@
 //! a_s · b_s` with the numerics of `cpu_backend::gemm` up to the in-block
 //! summation order (compare with `calc_diff`). The dense GEMM splits K over
 //! CTAs when N alone gives too few 64-row tiles: each split writes fp32
-//! partials to a workspace and a second kernel adds them in split order. The
-//! split count is a function of N and K only, so a row's result does not
-//! depend on M, and repeated runs are bitwise identical.
+//! partials to a workspace, and the splits are added in split order from
+//! +0.0 — by a second kernel ([`SkinnyVersion::V1`]) or by the last CTA of
+//! each output tile ([`SkinnyVersion::V2`], same sum). The split count is a
+//! function of N and K only, so a row's result does not depend on M, and
+//! repeated runs are bitwise identical.
+//!
+//! Two versions: V1 (verified on the H200, the default) and V2 (fused
+//! split-K reduction, M = 33..64 as two 32-token halves, masked MoE on a
+//! persistent grid sized to the resident CTAs; not yet run on a GPU). Select
+//! with the `_with` functions; the plain functions run [`DEFAULT_VERSION`].
+//!
+//! Scratch: the split-K fp32 workspace and V2's ticket counters are cached
+//! per CUDA stream (grow-only, behind a mutex) instead of allocated per call.
+//! Invariant: a stream runs one skinny launch at a time (stream order), so
+//! one buffer per stream is never used by two launches at once; launches on
+//! different streams use different buffers. The tickets are zeroed when
+//! allocated and every V2 launch leaves them zero. The workspace is fully
+//! written by a launch before it is read, so a poisoned allocation stays
+//! harmless. A cached buffer keeps its stream alive (the key cannot be
+//! reused by another stream) until the process ends.
 //!
 //! Callers (the ops layer) have validated dtypes, shapes and devices; the
 //! shapes are checked again here (cheaply) because the launch relies on them.
@@ -24,7 +41,9 @@ use crate::error::{Error, Result};
 use crate::kernels::{self, KernelRef};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
-use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
 
 /// Threads per CTA: one warpgroup (the sm_90a kernels issue wgmma on it).
 const THREADS: u32 = 128;
@@ -38,16 +57,102 @@ const STAGES: u32 = 5;
 /// constant, not the device's SM count, so the split (and the result bits)
 /// is the same on every device.
 const TARGET_CTAS: usize = 264;
-/// CTAs the masked GEMM aims for: up to four resident per SM.
-const TARGET_CTAS_MASKED: usize = 528;
 /// Largest dense M (the token side of one wgmma).
 pub const MAX_M: usize = 64;
+
+/// Which kernels run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SkinnyVersion {
+    /// The kernels verified on the H200: split-K summed by a second kernel,
+    /// token tiles up to 64, masked grid (tiles, groups).
+    V1,
+    /// Split-K summed in the GEMM kernel by the last CTA of each output tile
+    /// (atomic ticket; same split-order sum, so the same bits as V1 whenever
+    /// the tiles agree); M = 33..64 as two 32-token halves (three CTAs per SM
+    /// instead of two); masked MoE on a persistent grid of exactly the
+    /// resident CTAs (no second wave), experts ranked as in V1, at most
+    /// 32-token tiles.
+    V2,
+}
+
+/// The version [`mxfp8_gemm_skinny`] and [`mxfp4_grouped_masked`] run: V1
+/// until V2 has passed the GPU tests and the bench.
+pub const DEFAULT_VERSION: SkinnyVersion = SkinnyVersion::V1;
+
+/// Per-stream scratch of the split-K path (see the module doc).
+#[derive(Default)]
+struct Scratch {
+    workspace: Option<CudaBuffer>,
+    tickets: Option<CudaBuffer>,
+}
+
+/// Scratch by stream (the address of the stream object, kept alive by the
+/// buffers' device handles).
+static SCRATCH: LazyLock<Mutex<HashMap<usize, Scratch>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Resident CTAs per device (ordinal, kernel): occupancy × SMs, constant per
+/// kernel because each kernel always gets the same dynamic shared memory.
+static SLOTS: LazyLock<Mutex<HashMap<(usize, &'static str), usize>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// A cached buffer of at least `bytes`: reused, or replaced by a larger one
+/// (the old one is freed in stream order, after the launches that use it).
+/// `zeroed`: a new buffer is uploaded as zeros (tickets); otherwise it comes
+/// from `dev.alloc` (the launch overwrites it before reading).
+fn ensure<'s>(
+    slot: &'s mut Option<CudaBuffer>,
+    dev: &CudaDevice,
+    bytes: usize,
+    zeroed: bool,
+) -> Result<&'s mut CudaBuffer> {
+    if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+        *slot = None;
+        *slot = Some(if zeroed {
+            dev.upload(&vec![0u8; bytes])?
+        } else {
+            dev.alloc(bytes)?
+        });
+    }
+    Ok(slot.as_mut().expect("just ensured"))
+}
+
+/// Resident CTAs of `kernel` with `smem` bytes of dynamic shared memory on
+/// `dev` (at least 1). Call after [`allow_smem`].
+fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize> {
+    let key = (dev.ordinal(), kernel.name);
+    if let Some(&v) = SLOTS.lock().expect("slot cache lock poisoned").get(&key) {
+        return Ok(v);
+    }
+    let during = |what: &str| format!("{what} for {}::{}", kernel.family.name, kernel.name);
+    let per_sm = dev
+        .function(kernel)?
+        .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem as usize, None)
+        .map_err(|source| Error::Driver {
+            during: during("querying the occupancy"),
+            source,
+        })?;
+    let sms = dev
+        .raw_stream()
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|source| Error::Driver {
+            during: during("querying the SM count"),
+            source,
+        })?;
+    let v = (per_sm as usize * sms.max(1) as usize).max(1);
+    SLOTS
+        .lock()
+        .expect("slot cache lock poisoned")
+        .insert(key, v);
+    Ok(v)
+}
 
 /// Dense `out = A · Bᵀ` for M ≤ 64 with 1×32 activation and 32×32 weight
 /// E8M0 scales: `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]` E8M0, `b` `[N, K]`
 /// e4m3, `b_s` `[⌈N/32⌉, ⌈K/32⌉]` E8M0, `out` `[M, N]` BF16 or F32 (rounded
-/// once from the fp32 accumulator). Errors: K % 16 != 0 or M > 64 (tensor
-/// `a`).
+/// once from the fp32 accumulator), by the [`DEFAULT_VERSION`] kernels.
+/// Errors: K % 16 != 0 or M > 64 (tensor `a`).
 pub fn mxfp8_gemm_skinny(
     dev: &CudaDevice,
     a: &Tensor,
@@ -55,6 +160,20 @@ pub fn mxfp8_gemm_skinny(
     b: &Tensor,
     b_s: &Tensor,
     out: &mut Tensor,
+) -> Result<()> {
+    mxfp8_gemm_skinny_with(dev, a, a_s, b, b_s, out, DEFAULT_VERSION)
+}
+
+/// [`mxfp8_gemm_skinny`] by the kernels of `version`. Both versions split K
+/// the same way ([`split_k`]) and add the splits in the same order.
+pub fn mxfp8_gemm_skinny_with(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    out: &mut Tensor,
+    version: SkinnyVersion,
 ) -> Result<()> {
     const OP: &str = "mxfp8_gemm_skinny";
     let (m, k) = dims2(OP, "a", a)?;
@@ -81,15 +200,24 @@ pub fn mxfp8_gemm_skinny(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let kernel = match m {
-        1..=8 => kernels::gemm_skinny::GEMM_SKINNY_FP8_N8,
-        9..=16 => kernels::gemm_skinny::GEMM_SKINNY_FP8_N16,
-        17..=32 => kernels::gemm_skinny::GEMM_SKINNY_FP8_N32,
-        _ => kernels::gemm_skinny::GEMM_SKINNY_FP8_N64,
+    use kernels::gemm_skinny as ks;
+    // V2 runs M = 33..64 as two 32-token halves.
+    let (nt, halves) = match version {
+        SkinnyVersion::V2 if m > 32 => (32, 2),
+        _ => (token_tile(m), 1),
     };
-    let smem = smem_bytes(false, token_tile(m));
+    let kernel = match (version, nt) {
+        (SkinnyVersion::V1, 8) => ks::GEMM_SKINNY_FP8_N8,
+        (SkinnyVersion::V1, 16) => ks::GEMM_SKINNY_FP8_N16,
+        (SkinnyVersion::V1, 32) => ks::GEMM_SKINNY_FP8_N32,
+        (SkinnyVersion::V1, _) => ks::GEMM_SKINNY_FP8_N64,
+        (SkinnyVersion::V2, 8) => ks::GEMM_SKINNY_V2_FP8_N8,
+        (SkinnyVersion::V2, 16) => ks::GEMM_SKINNY_V2_FP8_N16,
+        (SkinnyVersion::V2, _) => ks::GEMM_SKINNY_V2_FP8_N32,
+    };
+    let smem = smem_bytes(false, nt);
     let (splits, chunks_per_split) = split_k(n, k);
-    let tiles = n.div_ceil(TILE_N);
+    let tiles = n.div_ceil(TILE_N) * halves;
 
     let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
     let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
@@ -107,7 +235,10 @@ pub fn mxfp8_gemm_skinny(
         k: k as i32,
         experts: 1,
         chunks_per_split: chunks_per_split as i32,
-        out_f32: 1,
+        out_f32: out_f32 as i32,
+        workspace: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
+        token_halves: halves as i32,
     };
     let cfg = LaunchConfig {
         grid_dim: (tiles as u32, splits as u32, 1),
@@ -119,18 +250,33 @@ pub fn mxfp8_gemm_skinny(
     if splits == 1 {
         let (op, _go) = write_ptr(out_buf, dev);
         params.out = op;
-        params.out_f32 = out_f32 as i32;
         return launch(dev, kernel, cfg, &params);
     }
-    // Split K: fp32 partials [splits, M, N], then their in-order sum.
+    // Split K: fp32 partials [splits, M, N] in the stream's cached workspace
+    // (held locked until the launches are queued), summed in split order.
     let count = m * n;
-    let mut ws = dev.alloc(splits * count * 4)?;
+    let mut cache = SCRATCH.lock().expect("skinny scratch lock poisoned");
+    let scratch = cache
+        .entry(Arc::as_ptr(dev.raw_stream()) as usize)
+        .or_default();
+    let ws = ensure(&mut scratch.workspace, dev, splits * count * 4, false)?;
+    if version == SkinnyVersion::V2 {
+        let tickets = ensure(&mut scratch.tickets, dev, tiles * 4, true)?;
+        let (wp, _gw) = write_ptr(ws, dev);
+        let (tp, _gt) = write_ptr(tickets, dev);
+        let (op, _go) = write_ptr(out_buf, dev);
+        params.out = op;
+        params.workspace = wp as *mut f32;
+        params.tickets = tp as *mut u32;
+        return launch(dev, kernel, cfg, &params);
+    }
     {
-        let (wp, _gw) = write_ptr(&mut ws, dev);
+        let (wp, _gw) = write_ptr(ws, dev);
         params.out = wp;
+        params.out_f32 = 1;
         launch(dev, kernel, cfg, &params)?;
     }
-    let (wp, _gw) = read_ptr(&ws, dev);
+    let (wp, _gw) = read_ptr(ws, dev);
     let (op, _go) = write_ptr(out_buf, dev);
     let reduce = di_gemm_skinny_reduce_params {
         partials: wp as *const f32,
@@ -144,12 +290,12 @@ pub fn mxfp8_gemm_skinny(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(dev, kernels::gemm_skinny::GEMM_SKINNY_REDUCE, cfg, &reduce)
+    launch(dev, ks::GEMM_SKINNY_REDUCE, cfg, &reduce)
 }
 
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
 /// every expert e and row r < clamp(counts[e], 0, max_m),
-/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`.
+/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`, by the [`DEFAULT_VERSION`] kernels.
 ///
 /// `a` `[E, max_m, K]` e4m3, `a_s` `[E, max_m, ⌈K/32⌉]` E8M0, `b` `[E, N, K]`
 /// packed e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of
@@ -165,6 +311,25 @@ pub fn mxfp4_grouped_masked(
     b_s: &Tensor,
     counts: &Tensor,
     out: &mut Tensor,
+) -> Result<()> {
+    mxfp4_grouped_masked_with(dev, a, a_s, b, b_s, counts, out, DEFAULT_VERSION)
+}
+
+/// [`mxfp4_grouped_masked`] by the kernels of `version`. The grid follows the
+/// resident CTAs of the kernel on `dev` (occupancy × SMs): V1 as (tiles,
+/// groups) with tiles × groups at most that (one wave where the tiles allow),
+/// V2 as exactly that many persistent CTAs. Results do not depend on the
+/// grid (no split-K here).
+#[allow(clippy::too_many_arguments)]
+pub fn mxfp4_grouped_masked_with(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    counts: &Tensor,
+    out: &mut Tensor,
+    version: SkinnyVersion,
 ) -> Result<()> {
     const OP: &str = "mxfp4_grouped_masked";
     let (e, max_m, k) = match *a.shape() {
@@ -195,16 +360,37 @@ pub fn mxfp4_grouped_masked(
     if e == 0 || max_m == 0 || n == 0 {
         return Ok(());
     }
-    let nt = token_tile(max_m.min(MAX_M));
-    let kernel = match nt {
-        8 => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N8,
-        16 => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N16,
-        32 => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N32,
-        _ => kernels::gemm_skinny::GEMM_SKINNY_FP4_MASKED_N64,
+    use kernels::gemm_skinny as ks;
+    let (cap, kernels) = match version {
+        SkinnyVersion::V1 => (
+            MAX_M,
+            [
+                ks::GEMM_SKINNY_FP4_MASKED_N8,
+                ks::GEMM_SKINNY_FP4_MASKED_N16,
+                ks::GEMM_SKINNY_FP4_MASKED_N32,
+                ks::GEMM_SKINNY_FP4_MASKED_N64,
+            ],
+        ),
+        SkinnyVersion::V2 => (
+            32,
+            [
+                ks::GEMM_SKINNY_V2_FP4_MASKED_N8,
+                ks::GEMM_SKINNY_V2_FP4_MASKED_N16,
+                ks::GEMM_SKINNY_V2_FP4_MASKED_N32,
+                ks::GEMM_SKINNY_V2_FP4_MASKED_N32,
+            ],
+        ),
     };
+    let nt = token_tile(max_m.min(cap));
+    let kernel = kernels[nt.trailing_zeros() as usize - 3];
     let smem = smem_bytes(true, nt);
     let tiles = n.div_ceil(TILE_N);
-    let groups = TARGET_CTAS_MASKED.div_ceil(tiles).clamp(1, e);
+    allow_smem(dev, kernel, smem)?;
+    let slots = resident_ctas(dev, kernel, smem)?;
+    let grid_dim = match version {
+        SkinnyVersion::V1 => (tiles as u32, (slots / tiles).clamp(1, e) as u32, 1),
+        SkinnyVersion::V2 => (slots.min(tiles * e) as u32, 1, 1),
+    };
 
     let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
     let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
@@ -225,13 +411,15 @@ pub fn mxfp4_grouped_masked(
         experts: e as i32,
         chunks_per_split: 0,
         out_f32: out_f32 as i32,
+        workspace: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
+        token_halves: 1,
     };
     let cfg = LaunchConfig {
-        grid_dim: (tiles as u32, groups as u32, 1),
+        grid_dim,
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
-    allow_smem(dev, kernel, smem)?;
     launch(dev, kernel, cfg, &params)
 }
 

@@ -132,7 +132,15 @@ typedef struct di_indexer_topk_params {
  *     to [0, max_m]); out [experts, max_m, n], rows >= count untouched.
  *     Grid (ceil(n/64), groups); chunks_per_split unused.
  * Entry points _n8/_n16/_n32/_n64 name the launch's largest token tile, which
- * sets the dynamic shared memory size (src/cuda_backend/gemm_skinny.rs). */
+ * sets the dynamic shared memory size (src/cuda_backend/gemm_skinny.rs).
+ * Version 2 (gemm_skinny_v2_*) also reads the members after out_f32 (version 1
+ * ignores them):
+ *   gemm_skinny_v2_fp8: out is the real output; grid (ceil(n/64) *
+ *     token_halves, splits); token_halves (1 or 2) splits m > 32 into two
+ *     32-row halves; with splits > 1, workspace is f32 [splits, m, n] and
+ *     tickets u32 [ceil(n/64) * token_halves], all zero before the launch and
+ *     left zero after it (the last CTA of a tile sums the splits and resets).
+ *   gemm_skinny_v2_fp4_masked: 1-D persistent grid; workspace, tickets unused. */
 typedef struct di_gemm_skinny_params {
     const void *a;
     const void *a_scale;
@@ -146,6 +154,9 @@ typedef struct di_gemm_skinny_params {
     int32_t experts;
     int32_t chunks_per_split;
     int32_t out_f32;
+    float *workspace;
+    uint32_t *tickets;
+    int32_t token_halves;
 } di_gemm_skinny_params;
 
 /* out[i] = sum over s in order of partials[s * count + i], BF16 or F32. */
