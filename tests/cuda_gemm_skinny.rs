@@ -1,5 +1,6 @@
-//! The skinny (decode) GEMMs of `cuda_backend::gemm_skinny` on the GPU
-//! against the CPU references on the same quantized inputs:
+//! The skinny (decode) GEMMs of `cuda_backend::gemm_skinny` on the GPU, both
+//! versions (V1 verified, V2 new) on every case, against the CPU references
+//! on the same quantized inputs:
 //! `mxfp8_gemm_skinny` against `cpu_backend::gemm::fp8_gemm_f32` (rounded to
 //! BF16 for the BF16 output), `mxfp4_grouped_masked` against `fp4_gemm_f32`
 //! per expert. Threshold: `calc_diff` < 1e-3 (the issue's bound for FP8 and
@@ -7,11 +8,17 @@
 //! smaller). Outputs are NaN-poisoned (0xFF) before each launch; every valid
 //! element must be finite (written), and masked rows at or beyond an
 //! expert's clamped count must still hold the poison bytes (not written).
-//! Covered: M ∈ {1, 2, 7, 8, 9, 33, 64} on the model's N×K, N tails (8, 33,
+//! Covered: M ∈ {1, 2, 7, 8, 9, 33, 47, 64} on the model's N×K, N tails (8, 33,
 //! 100, 136) and K tails (16, 48, 80, 1296), split-K (bitwise repeatable),
 //! empty experts, counts above max_m and below 0 (clamped), more than 128
 //! experts, BF16 and F32 outputs, and the typed errors (K % 16 != 0, M > 64).
-//! Inputs are fresh random codes every run (DEEPINFER_SEED replays one).
+//! V1 and V2 must agree bitwise wherever they run the same token tile (dense
+//! M ≤ 32; masked max_m ≤ 32): same tiles, same split-order sum; above that
+//! (V2: 32-token tiles, V1: 64) they may differ only by the tensor-core
+//! summation order (calc_diff < 1e-3 between them, besides each against the
+//! CPU). The dense cases run back to back on one stream, so V2's cached
+//! tickets are reused (and must come back zero) across launches of every
+//! size. Inputs are fresh random codes every run (DEEPINFER_SEED replays one).
 //! DEEPINFER_QUICK=1 (the sanitizer passes) keeps a short list of small
 //! shapes that still covers the tails, split-K and empty experts.
 #![cfg(deepinfer_cuda)]
@@ -19,7 +26,10 @@
 mod common;
 
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
-use deepinfer::cuda_backend::gemm_skinny::{mxfp4_grouped_masked, mxfp8_gemm_skinny, split_k};
+use deepinfer::cuda_backend::gemm_skinny::{
+    SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
+    mxfp8_gemm_skinny_with, split_k,
+};
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
 use deepinfer::{DType, Device, E4M3, E8M0, Error, Fp4x2, Tensor};
@@ -111,13 +121,14 @@ const DENSE_QUICK: &[(usize, usize, usize)] = &[
     (64, 8, 16),
     (7, 512, 640),
     (2, 65, 256),
+    (47, 100, 1296),
 ];
 
 fn dense_shapes() -> Vec<(usize, usize, usize)> {
     if quick() {
         return DENSE_QUICK.to_vec();
     }
-    let ms = [1, 2, 7, 8, 9, 33, 64];
+    let ms = [1, 2, 7, 8, 9, 33, 47, 64];
     let mut v = Vec::new();
     for &m in &ms {
         v.push((m, 1280, 5120));
@@ -155,25 +166,67 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
         );
         let [a, a_s, b, b_s] = [&a, &a_s, &b, &b_s].map(|t| t.to_device(&device).unwrap());
         for dtype in [DType::BF16, DType::F32] {
-            let mut out = Tensor::empty(&device, dtype, &[m, n]).unwrap();
-            mxfp8_gemm_skinny(&dev, &a, &a_s, &b, &b_s, &mut out).unwrap();
-            let (got, _) = download(&out);
-            let what = format!("m={m} n={n} k={k} {dtype} splits={:?}", split_k(n, k));
-            check(&what, &got, &expected(&want, dtype));
-            if dtype == DType::F32 && split_k(n, k).0 > 1 {
-                let mut again = Tensor::empty(&device, dtype, &[m, n]).unwrap();
-                mxfp8_gemm_skinny(&dev, &a, &a_s, &b, &b_s, &mut again).unwrap();
-                let bits = |t: &Tensor| {
-                    let h = t.to_device(&Device::Cpu).unwrap();
-                    h.as_slice::<f32>()
-                        .unwrap()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .collect::<Vec<_>>()
+            let mut results = Vec::new();
+            for version in VERSIONS {
+                let run = || {
+                    let mut out = Tensor::empty(&device, dtype, &[m, n]).unwrap();
+                    mxfp8_gemm_skinny_with(&dev, &a, &a_s, &b, &b_s, &mut out, version).unwrap();
+                    out
                 };
-                assert_eq!(bits(&out), bits(&again), "{what}: split-K not repeatable");
+                let out = run();
+                let (got, _) = download(&out);
+                let what = format!(
+                    "{version:?} m={m} n={n} k={k} {dtype} splits={:?}",
+                    split_k(n, k)
+                );
+                check(&what, &got, &expected(&want, dtype));
+                if split_k(n, k).0 > 1 {
+                    assert_eq!(bits(&out), bits(&run()), "{what}: split-K not repeatable");
+                }
+                results.push((bits(&out), got));
             }
+            compare_versions(&format!("m={m} n={n} k={k} {dtype}"), m <= 32, &results);
         }
+    }
+}
+
+const VERSIONS: [SkinnyVersion; 2] = [SkinnyVersion::V1, SkinnyVersion::V2];
+
+/// The output's raw bits (BF16 or F32).
+fn bits(t: &Tensor) -> Vec<u32> {
+    let h = t.to_device(&Device::Cpu).unwrap();
+    match h.dtype() {
+        DType::F32 => h
+            .as_slice::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect(),
+        DType::BF16 => h
+            .as_slice::<bf16>()
+            .unwrap()
+            .iter()
+            .map(|v| u32::from(v.to_bits()))
+            .collect(),
+        d => panic!("unexpected output dtype {d}"),
+    }
+}
+
+/// V1 against V2 (`results` in [`VERSIONS`] order: bits and values of the
+/// elements compared): bitwise where they run the same tiles, else within
+/// the calc_diff bound of each other.
+fn compare_versions(what: &str, same_tiles: bool, results: &[(Vec<u32>, Vec<f64>)]) {
+    let [(b1, v1), (b2, v2)] = results else {
+        panic!("{what}: expected two versions");
+    };
+    if same_tiles {
+        assert!(b1 == b2, "{what}: V1 and V2 differ with the same tiles");
+    } else {
+        let d = calc_diff(v1, v2);
+        assert!(
+            d < MAX_DIFF,
+            "{what}: V1 vs V2 calc_diff {d:e} >= {MAX_DIFF:e}"
+        );
     }
 }
 
@@ -277,26 +330,35 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
         for dtype in [DType::BF16, DType::F32] {
-            let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
-            mxfp4_grouped_masked(&dev, &a, &a_s, &b, &b_s, &counts, &mut out).unwrap();
-            let (got, poison) = download(&out);
-            for x in 0..e {
-                let what = format!(
-                    "expert {x}/{e} count {} (clamped {}) max_m={max_m} n={n} k={k} {dtype}",
-                    case.counts[x], rows[x]
-                );
-                let base = x * max_m * n;
-                check(
-                    &what,
-                    &got[base..base + rows[x] * n],
-                    &expected(&want[x], dtype),
-                );
-                let untouched = &poison[base + rows[x] * n..base + max_m * n];
-                assert!(
-                    untouched.iter().all(|&p| p),
-                    "{what}: a row at or beyond the count was written"
-                );
+            let mut results = Vec::new();
+            for version in VERSIONS {
+                let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
+                    .unwrap();
+                let (got, poison) = download(&out);
+                let all_bits = bits(&out);
+                let (mut vb, mut vv) = (Vec::new(), Vec::new());
+                for x in 0..e {
+                    let what = format!(
+                        "{version:?} expert {x}/{e} count {} (clamped {}) max_m={max_m} n={n} \
+                         k={k} {dtype}",
+                        case.counts[x], rows[x]
+                    );
+                    let base = x * max_m * n;
+                    let valid = base..base + rows[x] * n;
+                    check(&what, &got[valid.clone()], &expected(&want[x], dtype));
+                    let untouched = &poison[base + rows[x] * n..base + max_m * n];
+                    assert!(
+                        untouched.iter().all(|&p| p),
+                        "{what}: a row at or beyond the count was written"
+                    );
+                    vb.extend_from_slice(&all_bits[valid.clone()]);
+                    vv.extend_from_slice(&got[valid]);
+                }
+                results.push((vb, vv));
             }
+            let what = format!("masked e={e} max_m={max_m} n={n} k={k} {dtype}");
+            compare_versions(&what, max_m <= 32, &results);
         }
     }
 }

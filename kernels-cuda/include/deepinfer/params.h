@@ -118,6 +118,29 @@ typedef struct di_indexer_topk_params {
     int32_t offset;
 } di_indexer_topk_params;
 
+/* Candidate-block path (v41-flash.md 3.6-3.7; kernels-cuda/indexer/README.md):
+ *   indexer_block_scores: grid (any, batch), 256 threads; writes block_scores.
+ *   indexer_candidates_compact: grid (batch), 512 threads; cand_in -> cand_out
+ *     (may alias) [batch, k]: picks whose block score is -inf dropped, -1 tail.
+ *   indexer_mask_scores: grid (ceil(blocks / span), batch), 256 threads;
+ *     out[b, t] = scores[b, t] if block t / block is listed in cand_in[b]
+ *     (k entries, any order; entries outside [0, blocks) ignored) else -inf. */
+#define DI_INDEXER_MASK_MAX_SPAN 2048
+typedef struct di_indexer_block_params {
+    const void *scores;     /* bf16 [batch, n] */
+    const int32_t *visible; /* [batch], clamped to [0, n] */
+    void *block_scores;     /* bf16 [batch, blocks] */
+    const int32_t *cand_in; /* [batch, k] */
+    int32_t *cand_out;      /* [batch, k] */
+    void *out;              /* bf16 [batch, n] masked scores */
+    int64_t n;
+    int64_t blocks; /* ceil(n / block) */
+    int32_t batch;
+    int32_t block; /* entries per block, 1 .. 4096 */
+    int32_t k;     /* candidate list width */
+    int32_t span;  /* mask: blocks per CTA, 1 .. DI_INDEXER_MASK_MAX_SPAN */
+} di_indexer_block_params;
+
 /* ---- gemm_skinny/: block-scaled GEMMs for decode, M <= 64 (helper "wgmma-skinny") */
 
 /* out[m, n] = sum over K blocks of 32 of (fp32 block sum of a * b) * a_s * b_s,
