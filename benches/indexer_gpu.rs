@@ -3,10 +3,14 @@
 //! the integer tensor-core kernel (`index_scores`) and the exact SIMT kernel
 //! (`index_scores_exact`, at 8K and 128K only: it is ~30× slower), and the
 //! exact top-512 of those scores, at context {8K, 128K, 1M} × batch {1, 64}
-//! (DEEPINFER_BENCH_QUICK=1: 8K and 128K at batch 1). GB/s over the FP4 key
-//! bytes (scores) and over the BF16 score bytes read once (top-k); peers from
-//! benches/peers/indexer_torch.py (torch score, torch.topk, torch.sort on the
-//! same shapes) through the shared harness.
+//! (DEEPINFER_BENCH_QUICK=1: 8K and 128K at batch 1); at 128K and 1M also the
+//! candidate-block path on the same scores (candidate lists: blocks of 8,
+//! keep 2048; the reindex mask; reindex = mask + top-512). GB/s over the FP4
+//! key bytes (scores) and over the BF16 score bytes read once (top-k,
+//! candidates, reindex) or read and written (mask); peers from
+//! benches/peers/indexer_torch.py (torch score, torch.topk, torch.sort,
+//! amax + topk over blocks, where + topk, on the same shapes) through the
+//! shared harness.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -57,6 +61,62 @@ mod gpu {
             .unwrap()
             .to_device(dev)
             .unwrap()
+    }
+
+    /// The candidate-block path on the score copies: candidate lists (block
+    /// maxima, top-2048 of the blocks, compaction), the reindex mask, and
+    /// reindex (mask + top-512) with those lists.
+    fn candidate_rows(
+        h: &mut Harness,
+        score_copies: &[Tensor],
+        vis: &Tensor,
+        out: &mut Tensor,
+        batch: usize,
+        n: usize,
+    ) {
+        let (block, keep) = (ops::INDEX_CANDIDATE_BLOCK, ops::INDEX_CANDIDATE_KEEP);
+        let width = ops::index_candidate_width(n, block, keep);
+        let mut cand = Tensor::empty(&h.dev, DType::I32, &[batch, width]).unwrap();
+        let us = h.time_us(|i| {
+            let s = &score_copies[i % score_copies.len()];
+            ops::index_candidates_into(s, vis, block, keep, &mut cand).unwrap()
+        });
+        h.record(
+            "index_candidates",
+            "index_candidates",
+            batch,
+            n,
+            us,
+            batch * n * 2,
+            "batch*n*2 (BF16 scores read once; the n/8 block scores go through the 3-pass top-k)",
+        );
+        let mut masked = Tensor::empty(&h.dev, DType::BF16, &[batch, n]).unwrap();
+        let us = h.time_us(|i| {
+            let s = &score_copies[i % score_copies.len()];
+            ops::index_mask_scores_into(s, &cand, block, &mut masked).unwrap()
+        });
+        h.record(
+            "index_mask_scores",
+            "index_mask_scores",
+            batch,
+            n,
+            us,
+            batch * n * 4,
+            "batch*n*4 (BF16 scores read, masked BF16 scores written)",
+        );
+        let us = h.time_us(|i| {
+            let s = &score_copies[i % score_copies.len()];
+            ops::index_reindex_topk_into(s, &cand, block, vis, TOPK, 128, out).unwrap()
+        });
+        h.record(
+            "index_reindex_topk",
+            "index_reindex_topk",
+            batch,
+            n,
+            us,
+            batch * n * 2,
+            "batch*n*2 (BF16 scores read once; the masked copy is written and read 3 times)",
+        );
     }
 
     pub fn main() {
@@ -144,6 +204,9 @@ mod gpu {
                     batch * n * 2,
                     "batch*n*2 (BF16 scores read once; the kernel reads them 3 times)",
                 );
+                if n >= 131072 {
+                    candidate_rows(&mut h, &score_copies, &vis, &mut out, batch, n);
+                }
             }
         }
         h.finish();

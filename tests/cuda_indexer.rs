@@ -5,8 +5,11 @@
 //! its domain and falls back to the reference's order outside it), and the
 //! top-k list exactly equal to `select` on the SAME scores (the GPU's), on
 //! rows full of ties and −∞, with visible < k, visible = 0 and n not a
-//! multiple of anything. Outputs are poisoned (0xFF bytes) before the kernels
-//! run, so an unwritten element fails the comparison. DEEPINFER_QUICK=1 keeps
+//! multiple of anything; the candidate-block path (candidate lists, masked
+//! scores, reindex top-k) exactly equal to the CPU op on the same scores, at
+//! contexts around multiples of 8 and of 2048·8, with visible < n. Outputs
+//! are poisoned (0xFF bytes, or a sentinel where −1 / NaN are valid outputs)
+//! before the kernels run, so an unwritten element fails the comparison. DEEPINFER_QUICK=1 keeps
 //! to small shapes (the compute-sanitizer pass). Built only for
 //! DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
 #![cfg(deepinfer_cuda)]
@@ -330,5 +333,179 @@ fn index_topk_is_exact_under_the_tie_rule() {
                 );
             }
         }
+    }
+}
+
+/// Contexts of the candidate path: around multiples of 8 and of 2048·8 (the
+/// number of entries the 2048 kept blocks of 8 cover).
+fn candidate_contexts() -> Vec<usize> {
+    let all = [
+        1, 7, 8, 9, 63, 64, 65, 513, 16383, 16384, 16385, 16392, 32769, 300_001,
+    ];
+    all.into_iter()
+        .filter(|&n| !quick() || n <= 16385)
+        .collect()
+}
+
+/// Candidate-source rows: few distinct values (ties between block maxima),
+/// ±∞ and NaN of both signs, sometimes mostly −∞; no −0 (the reference leaves
+/// the sign of a ±0 block maximum open, `ops::index_candidates`).
+fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
+    let palette = [
+        bf16::NEG_INFINITY,
+        bf16::from_f32(-2.0),
+        bf16::ZERO,
+        bf16::from_f32(0.5),
+        bf16::from_f32(0.5078125),
+        bf16::from_f32(3.0),
+        bf16::INFINITY,
+        bf16::from_bits(0x7FC1),
+        bf16::from_bits(0xFFC3),
+    ];
+    let sparse = rng.random_bool(0.3);
+    (0..n)
+        .map(|_| {
+            if sparse && rng.random_bool(0.9) {
+                bf16::NEG_INFINITY
+            } else {
+                palette[rng.random_range(0..palette.len())]
+            }
+        })
+        .collect()
+}
+
+/// Visible counts: the whole row, none, one, random, block edges ± 1, the
+/// 2048-block edge ± 1, and past the end (clamped).
+fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
+    let edge = (n / block / 2) * block;
+    let mut v = vec![
+        n as i32,
+        0,
+        1,
+        rng.random_range(0..=n as i32),
+        edge as i32,
+        (edge + 1).min(n) as i32,
+        edge.saturating_sub(1) as i32,
+        n as i32 + 5,
+    ];
+    for e in [2048 * block - 1, 2048 * block, 2048 * block + 1] {
+        if e <= n {
+            v.push(e as i32);
+        }
+    }
+    v
+}
+
+#[test]
+fn candidate_path_matches_the_cpu_op() {
+    let dev = gpu();
+    let mut rng = common::rng("index_candidates_cuda");
+    let on = |t: &Tensor| t.to_device(&dev).unwrap();
+    for n in candidate_contexts() {
+        for (block, keep) in [(8, 2048), (8, 5), (1, 300), (3, 2048)] {
+            if block != 8 && n > 20_000 {
+                continue;
+            }
+            let visible = candidate_visibles(&mut rng, n, block);
+            let batch = visible.len();
+            let src: Vec<bf16> = (0..batch)
+                .flat_map(|_| candidate_row(&mut rng, n))
+                .collect();
+            let own: Vec<bf16> = (0..batch).flat_map(|_| tied_row(&mut rng, n, 0)).collect();
+            let st = Tensor::from_vec(src, &[batch, n]).unwrap();
+            let ot = Tensor::from_vec(own, &[batch, n]).unwrap();
+            let vt = Tensor::from_vec(visible, &[batch]).unwrap();
+            let what = format!("n {n} block {block} keep {keep}");
+            // Candidate lists; −1 is a valid entry, so the output starts as a sentinel.
+            let width = ops::index_candidate_width(n, block, keep);
+            let want = ops::index_candidates(&st, &vt, block, keep).unwrap();
+            let mut got = on(&Tensor::from_vec(
+                vec![0x5A5A_5A5A_i32; batch * width],
+                &[batch, width],
+            )
+            .unwrap());
+            ops::index_candidates_into(&on(&st), &on(&vt), block, keep, &mut got).unwrap();
+            assert_eq!(
+                got.to_vec::<i32>().unwrap(),
+                want.to_vec::<i32>().unwrap(),
+                "{what}: candidates"
+            );
+            // Masked scores: bit for bit (NaN payloads and ±0 included).
+            let want_m = ops::index_mask_scores(&ot, &want, block).unwrap();
+            let mut got_m = on(&Tensor::from_vec(
+                vec![bf16::from_bits(0x7FAB); batch * n],
+                &[batch, n],
+            )
+            .unwrap());
+            ops::index_mask_scores_into(&on(&ot), &got, block, &mut got_m).unwrap();
+            let (gm, wm) = (
+                got_m.to_vec::<bf16>().unwrap(),
+                want_m.to_vec::<bf16>().unwrap(),
+            );
+            if let Some(i) = (0..gm.len()).find(|&i| gm[i].to_bits() != wm[i].to_bits()) {
+                panic!(
+                    "{what}: masked score {i} (row {}, entry {}) {:#06x} != {:#06x}",
+                    i / n,
+                    i % n,
+                    gm[i].to_bits(),
+                    wm[i].to_bits()
+                );
+            }
+            // Reindex: the exact top-k inside the candidates.
+            for k in [1, 512].into_iter().filter(|&k| k <= n) {
+                let want_r = ops::index_reindex_topk(&ot, &want, block, &vt, k, 128).unwrap();
+                let got_r =
+                    ops::index_reindex_topk(&on(&ot), &got, block, &on(&vt), k, 128).unwrap();
+                assert_eq!(
+                    got_r.to_vec::<i32>().unwrap(),
+                    want_r.to_vec::<i32>().unwrap(),
+                    "{what} k {k}: reindex"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mask_scores_take_any_list_in_bounds() {
+    // Lists that are not candidate lists: unsorted, duplicated, −1 anywhere,
+    // out of range in both directions; the mask is the union of the listed
+    // in-range blocks on both devices and nothing outside the row is touched.
+    let dev = gpu();
+    let mut rng = common::rng("index_mask_cuda");
+    for (n, block, width) in [
+        (1usize, 8usize, 3usize),
+        (100, 8, 40),
+        (5000, 8, 2048),
+        (777, 5, 0),
+    ] {
+        let batch = 3;
+        let blocks = n.div_ceil(block) as i32;
+        let list: Vec<i32> = (0..batch * width)
+            .map(|_| match rng.random_range(0..4) {
+                0 => -1,
+                1 => rng.random_range(blocks..blocks + 10),
+                2 => rng.random::<i32>(),
+                _ => rng.random_range(0..blocks),
+            })
+            .collect();
+        let scores: Vec<bf16> = (0..batch).flat_map(|_| tied_row(&mut rng, n, 0)).collect();
+        let st = Tensor::from_vec(scores, &[batch, n]).unwrap();
+        let ct = Tensor::from_vec(list, &[batch, width]).unwrap();
+        let want = ops::index_mask_scores(&st, &ct, block).unwrap();
+        let got = ops::index_mask_scores(
+            &st.to_device(&dev).unwrap(),
+            &ct.to_device(&dev).unwrap(),
+            block,
+        )
+        .unwrap();
+        let bits = |t: &Tensor| -> Vec<u16> {
+            t.to_vec::<bf16>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&got), bits(&want), "n {n} block {block} width {width}");
     }
 }

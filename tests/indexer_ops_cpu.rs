@@ -2,8 +2,13 @@
 //! scores equal `cpu_backend::indexer::index_scores` (shared and per-row key
 //! caches, clamped `visible`), the top-k equals `select` and, independently,
 //! the definition (k best, ties to the lower index, ascending, −1 for picks at
-//! or beyond `visible`, offset added) on score rows full of ties and −∞; and
-//! every documented shape, dtype and argument limit is a typed error.
+//! or beyond `visible`, offset added) on score rows full of ties and −∞; the
+//! candidate list is `candidate_mask`'s kept blocks and, independently, the
+//! definition by rank (block maxima, pinned newest block, ties to the lower
+//! block, −∞ blocks dropped); the masked scores are `mask_scores` on the BF16
+//! bits (garbage lists: the union of their in-range blocks); reindex is
+//! `select(mask_scores(..))`; and every documented shape, dtype and argument
+//! limit is a typed error.
 
 mod common;
 
@@ -252,6 +257,349 @@ fn indexer_ops_reject_bad_inputs_with_typed_errors() {
     let mut out = i32s(&[2, 4]);
     assert_eq!(
         shape_of(ops::index_topk_into(&s, &vis, 3, 0, &mut out).unwrap_err()),
+        "out"
+    );
+}
+
+/// Score rows for the candidate path: a few distinct values (ties between
+/// block maxima), ±∞ and NaN of both signs; no −0 (see `index_candidates`:
+/// the reference leaves the sign of a ±0 block maximum open).
+fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
+    let palette = [
+        bf16::NEG_INFINITY,
+        bf16::from_f32(-2.0),
+        bf16::ZERO,
+        bf16::from_f32(0.5),
+        bf16::from_f32(3.0),
+        bf16::INFINITY,
+        bf16::from_bits(0x7FC1),
+        bf16::from_bits(0xFFC3),
+    ];
+    let sparse = rng.random_bool(0.3);
+    (0..n)
+        .map(|_| {
+            if sparse && rng.random_bool(0.8) {
+                bf16::NEG_INFINITY
+            } else {
+                palette[rng.random_range(0..palette.len())]
+            }
+        })
+        .collect()
+}
+
+/// Visible counts around the row end, block edges and zero.
+fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
+    let edge = (n / block / 2) * block;
+    let mut v = vec![
+        n as i32,
+        0,
+        1,
+        rng.random_range(0..=n as i32),
+        edge as i32,
+        (edge + 1).min(n) as i32,
+        edge.saturating_sub(1) as i32,
+        n as i32 + 5,
+    ];
+    v.retain(|&x| x <= n as i32 + 5);
+    v
+}
+
+/// The candidate list by definition: block j is kept iff its score is not
+/// −∞ and fewer than `width` blocks rank above it (higher score, or equal
+/// score and lower index).
+fn candidates_by_definition(row: &[bf16], visible: usize, block: usize, keep: usize) -> Vec<i32> {
+    let n = row.len();
+    let blocks = n.div_ceil(block);
+    let width = keep.min(blocks);
+    let mut bs: Vec<f32> = (0..blocks)
+        .map(|j| {
+            let mut best = f32::NEG_INFINITY;
+            for v in row
+                .iter()
+                .take(visible.min((j + 1) * block))
+                .skip(j * block)
+            {
+                let v = v.to_f32();
+                if !v.is_nan() && v > best {
+                    best = v;
+                }
+            }
+            best
+        })
+        .collect();
+    if visible > 0 {
+        bs[(visible - 1) / block] = f32::INFINITY;
+    }
+    let mut list: Vec<i32> = (0..blocks)
+        .filter(|&j| {
+            let rank = (0..blocks)
+                .filter(|&i| bs[i] > bs[j] || (bs[i] == bs[j] && i < j))
+                .count();
+            bs[j] > f32::NEG_INFINITY && rank < width
+        })
+        .map(|j| j as i32)
+        .collect();
+    list.resize(width, -1);
+    list
+}
+
+fn mask_of_list(list: &[i32], n: usize, block: usize) -> Vec<bool> {
+    let mut mask = vec![false; n];
+    for &c in list.iter().filter(|&&c| c >= 0) {
+        let lo = c as usize * block;
+        mask[lo..(lo + block).min(n)].fill(true);
+    }
+    mask
+}
+
+#[test]
+fn index_candidates_are_the_candidate_mask_and_the_definition() {
+    let mut rng = common::rng("index_candidates_cpu");
+    for n in [1, 7, 8, 9, 63, 64, 65, 200, 1031] {
+        for (block, keep) in [
+            (8, 2048),
+            (8, 3),
+            (8, 1),
+            (1, 5),
+            (3, 4),
+            (8, 0),
+            (5, 1 << 40),
+        ] {
+            let visible = candidate_visibles(&mut rng, n, block);
+            let batch = visible.len();
+            let rows: Vec<Vec<bf16>> = (0..batch).map(|_| candidate_row(&mut rng, n)).collect();
+            let st = Tensor::from_vec(rows.concat(), &[batch, n]).unwrap();
+            let vt = Tensor::from_vec(visible.clone(), &[batch]).unwrap();
+            let got = ops::index_candidates(&st, &vt, block, keep).unwrap();
+            let width = ops::index_candidate_width(n, block, keep);
+            assert_eq!(got.shape(), [batch, width]);
+            let got = got.to_vec::<i32>().unwrap();
+            for b in 0..batch {
+                let list = &got[b * width..(b + 1) * width];
+                let vis = visible[b].clamp(0, n as i32) as usize;
+                let what = format!("n {n} block {block} keep {keep} visible {}", visible[b]);
+                let row: Vec<f32> = rows[b].iter().map(|v| v.to_f32()).collect();
+                assert_eq!(
+                    mask_of_list(list, n, block),
+                    indexer::candidate_mask(&row, vis, block, keep),
+                    "{what}"
+                );
+                assert_eq!(
+                    list,
+                    candidates_by_definition(&rows[b], vis, block, keep).as_slice(),
+                    "{what}"
+                );
+                // Another +∞ block with a lower index can outrank the pinned one.
+                let inf = rows[b][..vis].contains(&bf16::INFINITY);
+                if vis > 0 && width > 0 && !inf {
+                    assert!(
+                        list.contains(&(((vis - 1) / block) as i32)),
+                        "{what}: pinned"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn index_mask_scores_and_reindex_follow_the_reference() {
+    let mut rng = common::rng("index_reindex_cpu");
+    for n in [1, 9, 64, 517, 2049] {
+        let block = 8;
+        let visible = candidate_visibles(&mut rng, n, block);
+        let batch = visible.len();
+        let src: Vec<Vec<bf16>> = (0..batch).map(|_| candidate_row(&mut rng, n)).collect();
+        let own: Vec<Vec<bf16>> = (0..batch).map(|_| tied_row_cpu(&mut rng, n)).collect();
+        let st = Tensor::from_vec(src.concat(), &[batch, n]).unwrap();
+        let ot = Tensor::from_vec(own.concat(), &[batch, n]).unwrap();
+        let vt = Tensor::from_vec(visible.clone(), &[batch]).unwrap();
+        let keep = 7;
+        let cand = ops::index_candidates(&st, &vt, block, keep).unwrap();
+        let masked = ops::index_mask_scores(&ot, &cand, block)
+            .unwrap()
+            .to_vec::<bf16>()
+            .unwrap();
+        let width = cand.shape()[1];
+        let lists = cand.to_vec::<i32>().unwrap();
+        for k in [1, 7, 64, n].into_iter().filter(|&k| k <= n) {
+            let got = ops::index_reindex_topk(&ot, &cand, block, &vt, k, 128)
+                .unwrap()
+                .to_vec::<i32>()
+                .unwrap();
+            for b in 0..batch {
+                let vis = visible[b].clamp(0, n as i32) as usize;
+                let srow: Vec<f32> = src[b].iter().map(|v| v.to_f32()).collect();
+                let orow: Vec<f32> = own[b].iter().map(|v| v.to_f32()).collect();
+                let mask = indexer::candidate_mask(&srow, vis, block, keep);
+                let want = indexer::mask_scores(&orow, &mask);
+                let m = &masked[b * n..(b + 1) * n];
+                for t in 0..n {
+                    // Bits where kept (NaN payloads included), −∞ elsewhere.
+                    let w = if mask[t] {
+                        own[b][t]
+                    } else {
+                        bf16::NEG_INFINITY
+                    };
+                    assert_eq!(m[t].to_bits(), w.to_bits(), "n {n} b {b} t {t}");
+                    // The reference works on the exact f32 values of the row.
+                    assert_eq!(
+                        m[t].to_f32().to_bits(),
+                        want[t].to_bits(),
+                        "n {n} b {b} t {t}"
+                    );
+                }
+                assert_eq!(
+                    &got[b * k..(b + 1) * k],
+                    indexer::select(&want, k, vis, 128).as_slice(),
+                    "n {n} k {k} b {b}"
+                );
+                assert_eq!(
+                    mask_of_list(&lists[b * width..(b + 1) * width], n, block),
+                    mask
+                );
+            }
+        }
+    }
+    // Lists that are not index_candidates' output: any order, duplicates and
+    // out-of-range entries (ignored); the mask is the union of listed blocks.
+    let n = 45;
+    let row: Vec<bf16> = (0..n).map(|t| bf16::from_f32(t as f32)).collect();
+    let st = Tensor::from_vec(row.clone(), &[1, n]).unwrap();
+    let list = vec![5, -1, 2, 2, 6, 99, i32::MIN, 0];
+    let ct = Tensor::from_vec(list.clone(), &[1, list.len()]).unwrap();
+    let got = ops::index_mask_scores(&st, &ct, 8)
+        .unwrap()
+        .to_vec::<bf16>()
+        .unwrap();
+    for t in 0..n {
+        let listed = [5, 2, 0].contains(&(t / 8));
+        let w = if listed { row[t] } else { bf16::NEG_INFINITY };
+        assert_eq!(got[t].to_bits(), w.to_bits(), "t {t}");
+    }
+}
+
+/// Own-layer score rows for reindex: ties, −0 and +0, NaN and ±∞.
+fn tied_row_cpu(rng: &mut StdRng, n: usize) -> Vec<bf16> {
+    let palette = [
+        bf16::NEG_INFINITY,
+        bf16::from_f32(-1.0),
+        bf16::NEG_ZERO,
+        bf16::ZERO,
+        bf16::from_f32(0.25),
+        bf16::from_f32(2.0),
+        bf16::INFINITY,
+        bf16::from_bits(0x7FC0),
+    ];
+    (0..n)
+        .map(|_| palette[rng.random_range(0..palette.len())])
+        .collect()
+}
+
+#[test]
+fn candidate_ops_reject_bad_inputs_with_typed_errors() {
+    let cpu = deepinfer::Device::Cpu;
+    let bf = |shape: &[usize]| Tensor::empty(&cpu, DType::BF16, shape).unwrap();
+    let i32s = |shape: &[usize]| Tensor::empty(&cpu, DType::I32, shape).unwrap();
+    let shape_of = |e: Error| match e {
+        Error::Shape { tensor, .. } => tensor,
+        e => panic!("expected a shape error, got {e}"),
+    };
+    let arg_of = |e: Error| match e {
+        Error::Argument { arg, .. } => arg,
+        e => panic!("expected an argument error, got {e}"),
+    };
+    let (s, vis) = (
+        bf(&[2, 20]),
+        Tensor::from_vec(vec![20i32, 3], &[2]).unwrap(),
+    );
+    let s = Tensor::from_vec(vec![bf16::ONE; 40], s.shape()).unwrap();
+    assert_eq!(
+        ops::index_candidates(&s, &vis, 8, 2048).unwrap().shape(),
+        [2, 3]
+    );
+    assert_eq!(
+        ops::index_candidates(&s, &vis, 8, 2).unwrap().shape(),
+        [2, 2]
+    );
+    assert_eq!(
+        arg_of(ops::index_candidates(&s, &vis, 0, 4).unwrap_err()),
+        "block"
+    );
+    assert_eq!(
+        arg_of(ops::index_candidates(&s, &vis, 4097, 4).unwrap_err()),
+        "block"
+    );
+    assert_eq!(
+        shape_of(ops::index_candidates(&bf(&[40]), &vis, 8, 4).unwrap_err()),
+        "scores"
+    );
+    assert_eq!(
+        shape_of(ops::index_candidates(&s, &i32s(&[3]), 8, 4).unwrap_err()),
+        "visible"
+    );
+    assert!(matches!(
+        ops::index_candidates(&i32s(&[2, 20]), &vis, 8, 4).unwrap_err(),
+        Error::DType {
+            tensor: "scores",
+            ..
+        }
+    ));
+    let mut out = i32s(&[2, 4]);
+    assert_eq!(
+        shape_of(ops::index_candidates_into(&s, &vis, 8, 2048, &mut out).unwrap_err()),
+        "out"
+    );
+    let cand = Tensor::from_vec(vec![0i32, -1, 2, 1, 0, -1], &[2, 3]).unwrap();
+    assert_eq!(
+        ops::index_mask_scores(&s, &cand, 8).unwrap().shape(),
+        [2, 20]
+    );
+    assert_eq!(
+        shape_of(ops::index_mask_scores(&s, &i32s(&[3, 3]), 8).unwrap_err()),
+        "candidates"
+    );
+    assert_eq!(
+        shape_of(ops::index_mask_scores(&s, &i32s(&[6]), 8).unwrap_err()),
+        "candidates"
+    );
+    assert!(matches!(
+        ops::index_mask_scores(&s, &bf(&[2, 3]), 8).unwrap_err(),
+        Error::DType {
+            tensor: "candidates",
+            ..
+        }
+    ));
+    assert_eq!(
+        arg_of(ops::index_mask_scores(&s, &cand, 0).unwrap_err()),
+        "block"
+    );
+    let mut out = bf(&[2, 19]);
+    assert_eq!(
+        shape_of(ops::index_mask_scores_into(&s, &cand, 8, &mut out).unwrap_err()),
+        "out"
+    );
+    assert_eq!(
+        ops::index_reindex_topk(&s, &cand, 8, &vis, 20, 0)
+            .unwrap()
+            .shape(),
+        [2, 20]
+    );
+    assert_eq!(
+        arg_of(ops::index_reindex_topk(&s, &cand, 8, &vis, 21, 0).unwrap_err()),
+        "k"
+    );
+    assert_eq!(
+        arg_of(ops::index_reindex_topk(&s, &cand, 8, &vis, 3, i32::MAX as usize).unwrap_err()),
+        "offset"
+    );
+    assert_eq!(
+        shape_of(ops::index_reindex_topk(&s, &cand, 8, &i32s(&[1]), 3, 0).unwrap_err()),
+        "visible"
+    );
+    let mut out = i32s(&[2, 4]);
+    assert_eq!(
+        shape_of(ops::index_reindex_topk_into(&s, &cand, 8, &vis, 3, 0, &mut out).unwrap_err()),
         "out"
     );
 }

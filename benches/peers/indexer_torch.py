@@ -2,7 +2,9 @@
 same bundle run: the index score written in torch (FP4 keys dequantised to
 BF16 per call, einsum over heads, ReLU, weighted head sum in fp32) and, on the
 same [batch, n] BF16 score shapes, torch.topk (k = 512) and a full torch.sort
-(the baseline the top-k must beat by 5x). Timed like the Rust harness (CUDA
+(the baseline the top-k must beat by 5x); at 128K and 1M the candidate path
+in torch (amax over blocks of 8 + topk 2048; where(mask, s, -inf) + topk 512
+for reindex, the mask precomputed). Timed like the Rust harness (CUDA
 events, median of batches, inputs rotated over >= 512 MiB where they fit).
 Prints the peers' JSON on stdout. DEEPINFER_BENCH_QUICK=1 runs the subset."""
 import os
@@ -69,6 +71,19 @@ def main():
                      "us": time_us(lambda i: torch.topk(scores[i % scopies], TOPK, dim=-1))})
         recs.append({"op": "index_topk", "rows": batch, "dim": n, "name": "torch.sort",
                      "us": time_us(lambda i: torch.sort(scores[i % scopies], dim=-1, descending=True))})
+        if n >= 131072:
+            blocks = n // 8
+            recs.append({"op": "index_candidates", "rows": batch, "dim": n, "name": "torch.amax+topk",
+                         "us": time_us(lambda i: torch.topk(
+                             scores[i % scopies].view(batch, blocks, 8).amax(-1), 2048, dim=-1))})
+            mask = torch.rand(batch, n, device=dev) < 0.0625
+            ninf = torch.tensor(float("-inf"), device=dev, dtype=torch.bfloat16)
+            recs.append({"op": "index_mask_scores", "rows": batch, "dim": n, "name": "torch.where",
+                         "us": time_us(lambda i: torch.where(mask, scores[i % scopies], ninf))})
+            recs.append({"op": "index_reindex_topk", "rows": batch, "dim": n, "name": "torch.where+topk",
+                         "us": time_us(lambda i: torch.topk(
+                             torch.where(mask, scores[i % scopies], ninf), TOPK, dim=-1))})
+            del mask
         del scores
     emit(recs, bf16_ceiling=False)
 

@@ -813,3 +813,111 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
         ties += tie_count;
     }
 }
+
+/* ---- candidate blocks and reindex (v41-flash.md 3.6-3.7) -------------------- *
+ * cpu_backend::indexer::candidate_mask / mask_scores on BF16 rows:
+ *   indexer_block_scores: block_scores[b, j] = the largest non-NaN score of
+ *     block j's entries t < visible[b] (f32::total_cmp order, so +0 > -0),
+ *     -inf when there is none, +inf for the pinned block (visible - 1) / block.
+ *     One thread per block; 16-byte loads for full aligned blocks of 8.
+ *   (the exact top-k above then picks min(keep, blocks) blocks, in place into
+ *     the candidate list, ascending)
+ *   indexer_candidates_compact: one CTA per row drops the picks whose block
+ *     score is -inf (and -1 picks), keeps the rest ascending, pads with -1.
+ *   indexer_mask_scores: out[b, t] = scores[b, t] if block t / block is listed
+ *     in candidates[b] (entries outside [0, blocks) ignored), else -inf; a CTA
+ *     covers `span` blocks, marks its listed blocks in shared memory from the
+ *     whole list (any order, duplicates harmless), then copies its entries. */
+namespace {
+constexpr int kBlockThreads = 256;
+constexpr uint32_t kKeyNegInf = 0x007Fu; /* bf16_key(0xFF80) */
+constexpr uint32_t kKeyPosInf = 0xFF80u; /* bf16_key(0x7F80) */
+constexpr uint16_t kBf16NegInf = 0xFF80u;
+
+/* Inverse of bf16_key. */
+__device__ __forceinline__ uint16_t bf16_of_key(uint32_t key) {
+    return (key & 0x8000u) ? uint16_t(key & 0x7FFFu) : uint16_t(~key & 0xFFFFu);
+}
+
+/* Larger of `best` and a score's key; NaN keys lie outside [-inf, +inf] and
+ * are skipped (f32::max returns the non-NaN operand). */
+__device__ __forceinline__ uint32_t max_non_nan(uint32_t best, uint32_t bits) {
+    const uint32_t key = bf16_key(uint16_t(bits));
+    return (key >= kKeyNegInf && key <= kKeyPosInf && key > best) ? key : best;
+}
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    indexer_block_scores(const __grid_constant__ di_indexer_block_params p) {
+    const int b = blockIdx.y;
+    const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
+    uint16_t *dst = static_cast<uint16_t *>(p.block_scores) + int64_t(b) * p.blocks;
+    const int64_t visible = min(int64_t(max(p.visible[b], 0)), p.n);
+    const int64_t pinned = visible > 0 ? (visible - 1) / p.block : -1;
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < p.blocks; j += stride) {
+        const int64_t t0 = j * p.block;
+        const int64_t t1 = min(t0 + p.block, visible);
+        uint32_t best = kKeyNegInf;
+        if (j == pinned) {
+            best = kKeyPosInf;
+        } else if (p.block == 8 && t1 - t0 == 8 && (reinterpret_cast<uintptr_t>(row + t0) & 15u) == 0) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row + t0));
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                best = max_non_nan(best, w[i] & 0xFFFFu);
+                best = max_non_nan(best, w[i] >> 16);
+            }
+        } else {
+            for (int64_t t = t0; t < t1; ++t) best = max_non_nan(best, row[t]);
+        }
+        dst[j] = bf16_of_key(best);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kTopkThreads)
+    indexer_candidates_compact(const __grid_constant__ di_indexer_block_params p) {
+    __shared__ uint32_t warp_sums[kTopkThreads / 32];
+    __shared__ uint32_t scan_total;
+    const int b = blockIdx.x;
+    const uint16_t *bs = static_cast<const uint16_t *>(p.block_scores) + int64_t(b) * p.blocks;
+    const int32_t *in = p.cand_in + int64_t(b) * p.k;
+    int32_t *out = p.cand_out + int64_t(b) * p.k;
+    /* In place (in == out) is safe: a chunk's picks are read before the scan's
+     * first barrier and written at positions <= their own index. */
+    uint32_t kept = 0;
+    for (int base = 0; base < p.k; base += blockDim.x) {
+        const int i = base + threadIdx.x;
+        const int32_t v = i < p.k ? in[i] : -1;
+        const bool keep = v >= 0 && v < p.blocks && bs[v] != kBf16NegInf;
+        const uint32_t pos = kept + block_exclusive_scan(keep ? 1u : 0u, warp_sums, &scan_total);
+        if (keep) out[pos] = v;
+        kept += scan_total;
+    }
+    for (int i = int(kept) + threadIdx.x; i < p.k; i += blockDim.x) out[i] = -1;
+}
+
+extern "C" __global__ void __launch_bounds__(kBlockThreads)
+    indexer_mask_scores(const __grid_constant__ di_indexer_block_params p) {
+    __shared__ uint8_t flag[DI_INDEXER_MASK_MAX_SPAN];
+    const int b = blockIdx.y;
+    const int64_t j0 = int64_t(blockIdx.x) * p.span;
+    const int64_t j1 = min(j0 + p.span, p.blocks);
+    for (int i = threadIdx.x; i < p.span; i += blockDim.x) flag[i] = 0;
+    __syncthreads();
+    const int32_t *cand = p.cand_in + int64_t(b) * p.k;
+    for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
+        const int32_t v = cand[i];
+        if (v >= j0 && v < j1) flag[v - j0] = 1;
+    }
+    __syncthreads();
+    const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
+    uint16_t *out = static_cast<uint16_t *>(p.out) + int64_t(b) * p.n;
+    const int64_t lo = j0 * p.block;
+    const int len = int(min(j1 * p.block, p.n) - lo); /* <= span * block <= 2^23 */
+#pragma unroll 4
+    for (int r = threadIdx.x; r < len; r += blockDim.x) {
+        out[lo + r] = flag[r / p.block] ? row[lo + r] : kBf16NegInf;
+    }
+}

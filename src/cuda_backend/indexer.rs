@@ -4,9 +4,14 @@
 //! are the validated wrappers of [`crate::ops`] (dtypes, shapes, devices and
 //! the limits documented there are checked before these run); these
 //! functions check the kernel-specific limits (the tensor-core kernel's shape
-//! and alignment), size grids and the top-k workspace.
+//! and alignment), size grids and the top-k workspace. The candidate-block
+//! path (block scores, the top-k of the blocks, compaction) and the reindex
+//! mask reuse the same top-k.
 
-use super::params::{di_indexer_quant_params, di_indexer_score_params, di_indexer_topk_params};
+use super::params::{
+    di_indexer_block_params, di_indexer_quant_params, di_indexer_score_params,
+    di_indexer_topk_params,
+};
 use super::{grid_for, launch, read_ptr, write_ptr};
 use crate::Device;
 use crate::device::CudaDevice;
@@ -242,4 +247,130 @@ pub fn index_topk(
     launch(dev, kernels::indexer::INDEXER_TOPK_HIST_HI, cfg, &p)?;
     launch(dev, kernels::indexer::INDEXER_TOPK_HIST_LO, cfg, &p)?;
     launch(dev, kernels::indexer::INDEXER_TOPK_COLLECT, cfg, &p)
+}
+
+/// Threads of the block-score and mask kernels; must match the kernel.
+const BLOCK_THREADS: usize = 256;
+/// Most blocks one CTA of the mask kernel covers (`DI_INDEXER_MASK_MAX_SPAN`).
+const MASK_MAX_SPAN: usize = 2048;
+/// Fewest blocks one CTA of the mask kernel covers (each CTA reads the whole
+/// candidate list, so a CTA should cover more entries than the list has).
+const MASK_MIN_SPAN: usize = 256;
+
+fn block_params(batch: usize, n: usize, block: usize, k: usize) -> di_indexer_block_params {
+    di_indexer_block_params {
+        scores: std::ptr::null(),
+        visible: std::ptr::null(),
+        block_scores: std::ptr::null_mut(),
+        cand_in: std::ptr::null(),
+        cand_out: std::ptr::null_mut(),
+        out: std::ptr::null_mut(),
+        n: n as i64,
+        blocks: n.div_ceil(block) as i64,
+        batch: batch as i32,
+        block: block as i32,
+        k: k as i32,
+        span: 0,
+    }
+}
+
+/// Candidate blocks of every row of BF16 `scores` `[batch, n]` into I32
+/// `out` `[batch, k]`, k = min(keep, ceil(n / block)) ≥ 1: the kept blocks
+/// of `candidate_mask` ascending, then −1. Block scores go to a BF16
+/// workspace `[batch, blocks]`, the exact top-k writes its ascending picks
+/// into `out` and the compaction drops the −∞ ones in place.
+#[allow(clippy::too_many_arguments)]
+pub fn index_candidates(
+    dev: &CudaDevice,
+    scores: &Tensor,
+    visible: &Tensor,
+    out: &mut Tensor,
+    batch: usize,
+    n: usize,
+    block: usize,
+    k: usize,
+) -> Result<()> {
+    if batch == 0 || k == 0 {
+        return Ok(());
+    }
+    let blocks = n.div_ceil(block);
+    let device = Device::Cuda(dev.clone());
+    let mut block_scores = Tensor::empty(&device, DType::BF16, &[batch, blocks])?;
+    let mut p = block_params(batch, n, block, k);
+    {
+        let (sp, _gs) = read_ptr(scores.cuda().expect("validated"), dev);
+        let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
+        let (bp, _gb) = write_ptr(block_scores.cuda_mut().expect("allocated on dev"), dev);
+        p.scores = sp;
+        p.visible = vp as *const i32;
+        p.block_scores = bp;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                blocks.div_ceil(BLOCK_THREADS).min(4096) as u32,
+                batch as u32,
+                1,
+            ),
+            block_dim: (BLOCK_THREADS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(dev, kernels::indexer::INDEXER_BLOCK_SCORES, cfg, &p)?;
+    }
+    index_topk(dev, &block_scores, visible, out, batch, blocks, k, 0)?;
+    let (bp, _gb) = read_ptr(block_scores.cuda().expect("allocated on dev"), dev);
+    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    p.scores = std::ptr::null();
+    p.visible = std::ptr::null();
+    p.block_scores = bp as *mut std::ffi::c_void;
+    p.cand_in = op as *const i32;
+    p.cand_out = op as *mut i32;
+    let cfg = LaunchConfig {
+        grid_dim: (batch as u32, 1, 1),
+        block_dim: (TOPK_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::indexer::INDEXER_CANDIDATES_COMPACT, cfg, &p)
+}
+
+/// Blocks one CTA of the mask kernel covers: about a thousand CTAs in all,
+/// within [`MASK_MIN_SPAN`, `MASK_MAX_SPAN`] (the result never depends on it).
+fn mask_span(batch: usize, blocks: usize) -> usize {
+    (batch * blocks)
+        .div_ceil(1024)
+        .next_power_of_two()
+        .clamp(MASK_MIN_SPAN, MASK_MAX_SPAN)
+}
+
+/// BF16 `out` `[batch, n]` = `scores` where the entry's block (t / block) is
+/// listed in its row of `candidates` `[batch, k]` (entries outside
+/// [0, ceil(n / block)) ignored), −∞ elsewhere.
+#[allow(clippy::too_many_arguments)]
+pub fn index_mask_scores(
+    dev: &CudaDevice,
+    scores: &Tensor,
+    candidates: &Tensor,
+    out: &mut Tensor,
+    batch: usize,
+    n: usize,
+    block: usize,
+    k: usize,
+) -> Result<()> {
+    if batch == 0 || n == 0 {
+        return Ok(());
+    }
+    let blocks = n.div_ceil(block);
+    let span = mask_span(batch, blocks);
+    let mut p = block_params(batch, n, block, k);
+    let (sp, _gs) = read_ptr(scores.cuda().expect("validated"), dev);
+    let (cp, _gc) = read_ptr(candidates.cuda().expect("validated"), dev);
+    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    p.scores = sp;
+    p.cand_in = cp as *const i32;
+    p.out = op;
+    p.span = span as i32;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks.div_ceil(span) as u32, batch as u32, 1),
+        block_dim: (BLOCK_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::indexer::INDEXER_MASK_SCORES, cfg, &p)
 }

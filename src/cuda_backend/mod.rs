@@ -61,6 +61,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_quant_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_score_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_topk_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_block_params {}
 
 /// Device address of a buffer's first byte, for a kernel that reads it.
 /// The returned guard must outlive the launch that uses the address.

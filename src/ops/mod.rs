@@ -24,9 +24,11 @@ pub use gemm::{
 #[cfg_attr(not(deepinfer_cuda), allow(unused_imports))]
 pub(crate) use indexer::ScoreShape;
 pub use indexer::{
-    INDEX_KEY_GROUP, INDEX_SCORE_MAX_HEADS_X_DIM, index_key_quant, index_key_quant_into,
-    ScoreKernel, index_key_row_nibbles, index_scores, index_scores_into, index_scores_into_with,
-    index_topk, index_topk_into,
+    INDEX_CANDIDATE_BLOCK, INDEX_CANDIDATE_KEEP, INDEX_KEY_GROUP, INDEX_MAX_CANDIDATE_BLOCK,
+    INDEX_SCORE_MAX_HEADS_X_DIM, ScoreKernel, index_candidate_width, index_candidates,
+    index_candidates_into, index_key_quant, index_key_quant_into, index_key_row_nibbles,
+    index_mask_scores, index_mask_scores_into, index_reindex_topk, index_reindex_topk_into,
+    index_scores, index_scores_into, index_scores_into_with, index_topk, index_topk_into,
 };
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
 pub use moe_route::{
