@@ -826,7 +826,7 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
  *     score is -inf (and -1 picks), keeps the rest ascending, pads with -1.
  *   indexer_mask_scores: out[b, t] = scores[b, t] if block t / block is listed
  *     in candidates[b] (entries outside [0, blocks) ignored), else -inf; a CTA
- *     covers `span` blocks, marks its listed blocks in shared memory from the
+ *     covers `span` blocks, marks its listed blocks in a shared bitmap from the
  *     whole list (any order, duplicates harmless), then copies its entries. */
 namespace {
 constexpr int kBlockThreads = 256;
@@ -900,16 +900,20 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     indexer_mask_scores(const __grid_constant__ di_indexer_block_params p) {
-    __shared__ uint8_t flag[DI_INDEXER_MASK_MAX_SPAN];
+    /* One bit per block of the span; atomicOr, so duplicates do not race. */
+    __shared__ uint32_t listed[DI_INDEXER_MASK_MAX_SPAN / 32];
     const int b = blockIdx.y;
     const int64_t j0 = int64_t(blockIdx.x) * p.span;
     const int64_t j1 = min(j0 + p.span, p.blocks);
-    for (int i = threadIdx.x; i < p.span; i += blockDim.x) flag[i] = 0;
+    for (int i = threadIdx.x; i < DI_INDEXER_MASK_MAX_SPAN / 32; i += blockDim.x) listed[i] = 0;
     __syncthreads();
     const int32_t *cand = p.cand_in + int64_t(b) * p.k;
     for (int i = threadIdx.x; i < p.k; i += blockDim.x) {
         const int32_t v = cand[i];
-        if (v >= j0 && v < j1) flag[v - j0] = 1;
+        if (v >= j0 && v < j1) {
+            const int j = int(v - j0);
+            atomicOr(&listed[j >> 5], 1u << (j & 31));
+        }
     }
     __syncthreads();
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
@@ -918,6 +922,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     const int len = int(min(j1 * p.block, p.n) - lo); /* <= span * block <= 2^23 */
 #pragma unroll 4
     for (int r = threadIdx.x; r < len; r += blockDim.x) {
-        out[lo + r] = flag[r / p.block] ? row[lo + r] : kBf16NegInf;
+        const int j = r / p.block;
+        out[lo + r] = (listed[j >> 5] >> (j & 31)) & 1u ? row[lo + r] : kBf16NegInf;
     }
 }
