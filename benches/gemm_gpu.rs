@@ -5,16 +5,18 @@
 //!
 //! - Dense: every V4.1 FP8 projection (`PROJECTIONS`) at M ∈ {1, 8, 32, 64,
 //!   128, 512, 4096, 16384} through `ops::mxfp8_linear_into` with
-//!   `GemmImpl::Auto`, and with both `Large` and `Skinny` where M ≤ 128 to
-//!   show the crossover (Skinny records its typed error above
-//!   `SKINNY_MAX_M`). `wo_a` is 8 groups of 1024 × 4096, timed as 8 dense
-//!   calls (8 inputs, 8 weights) per iteration. Peers measured here on the
-//!   same (M, N, K), through cudarc: cuBLASLt FP8 e4m3 with per-tensor scales
-//!   (`cublaslt_fp8_tensorwise`) and cuBLAS BF16 (`cublas_bf16`), both with
-//!   BF16 output.
+//!   `GemmImpl::Auto`; at M ≤ `SKINNY_MAX_M` also both skinny versions
+//!   directly (`cuda_backend::gemm_skinny`, rows `skinny_v1` and
+//!   `skinny_v2`), and `Large` at M = 64 and 128 to show the crossover
+//!   (`skinny` at M = 128 records its typed error). `wo_a` is 8 groups of
+//!   1024 × 4096, timed as 8 dense calls (8 inputs, 8 weights) per
+//!   iteration. Peers measured here on the same (M, N, K), through cudarc:
+//!   cuBLASLt FP8 e4m3 with per-tensor scales (`cublaslt_fp8_tensorwise`)
+//!   and cuBLAS BF16 (`cublas_bf16`), both with BF16 output.
 //! - MoE: 384 experts, FP4 weights of w1 (2304 × 5120) and w2 (5120 × 2304):
-//!   masked decode (`ops::mxfp4_grouped_masked_into`, every expert holding
-//!   1, 4, 16 or 64 tokens) and contiguous prefill
+//!   masked decode (`cuda_backend::gemm_skinny::mxfp4_grouped_masked_with`,
+//!   V1 and V2 as rows `skinny_v1` / `skinny_v2`, every expert holding 1, 4,
+//!   16 or 64 tokens) and contiguous prefill
 //!   (`ops::mxfp4_grouped_contiguous_into`, 8–32 experts × 128–8192 tokens
 //!   per group).
 //!
@@ -37,6 +39,9 @@ mod harness;
 mod gpu {
     use super::harness::Harness;
     use deepinfer::cuda_backend::blas::Fp8TensorwisePlan;
+    use deepinfer::cuda_backend::gemm_skinny::{
+        SkinnyVersion, mxfp4_grouped_masked_with, mxfp8_gemm_skinny_with,
+    };
     use deepinfer::dtype::Element;
     use deepinfer::ops::{self, GemmImpl};
     use deepinfer::{DType, Device, E4M3, E8M0, Fp4x2, Tensor};
@@ -244,21 +249,34 @@ mod gpu {
                 }
                 Ok(())
             });
-            let mut imps = vec![("auto", GemmImpl::Auto)];
-            if m <= CROSSOVER_MAX_M {
-                imps.extend([("large", GemmImpl::Large), ("skinny", GemmImpl::Skinny)]);
+            // The op with a kernel choice, or one skinny version directly.
+            let mut imps = vec![("auto", GemmImpl::Auto, None)];
+            if (ops::SKINNY_MAX_M..=CROSSOVER_MAX_M).contains(&m) {
+                imps.push(("large", GemmImpl::Large, None));
             }
-            for (label, imp) in imps {
+            if m <= ops::SKINNY_MAX_M {
+                imps.extend([
+                    ("skinny_v1", GemmImpl::Skinny, Some(SkinnyVersion::V1)),
+                    ("skinny_v2", GemmImpl::Skinny, Some(SkinnyVersion::V2)),
+                ]);
+            } else if m <= CROSSOVER_MAX_M {
+                imps.push(("skinny", GemmImpl::Skinny, None));
+            }
+            for (label, imp, version) in imps {
                 let us = measure(h, |i| {
                     for j in 0..g {
-                        ops::mxfp8_linear_into(
+                        let (x, xs, wj, wsj) = (
                             &a[j][i % ac],
                             &a_s[j][i % ac],
                             &w[j][i % wc],
                             &w_s[j][i % wc],
-                            &mut out[j],
-                            imp,
-                        )?;
+                        );
+                        match version {
+                            Some(v) => {
+                                mxfp8_gemm_skinny_with(&h.cuda, x, xs, wj, wsj, &mut out[j], v)?
+                            }
+                            None => ops::mxfp8_linear_into(x, xs, wj, wsj, &mut out[j], imp)?,
+                        }
                     }
                     Ok(())
                 });
@@ -319,20 +337,34 @@ mod gpu {
                 );
                 let cnt = upload(&dev, vec![c as i32; EXPERTS], &[EXPERTS], 1).remove(0);
                 let mut out = Tensor::empty(&dev, DType::BF16, &[EXPERTS, c, n]).unwrap();
-                let us = measure(h, |i| {
-                    ops::mxfp4_grouped_masked_into(&a[i % ac], &a_s[i % ac], w, w_s, &cnt, &mut out)
-                });
-                let rows = EXPERTS * c;
-                h.record_gemm(
-                    &format!("mxfp4_grouped_masked/{name}"),
-                    &format!("moe_masked/{name}"),
-                    json!({ "experts": EXPERTS, "tokens_per_expert": c, "n": n, "k": k }),
-                    us,
-                    2.0 * (rows * n * k) as f64,
-                    rows * k + rows * kb + EXPERTS * (n * k / 2 + n * kb) + 2 * rows * n,
-                    "E*c*k (a) + E*c*ceil(k/32) (a_s) + E*(n*k/2 (fp4 w) + n*ceil(k/32) (w_s)) + 2*E*c*n (bf16 out); every expert holds c tokens",
-                    Vec::new(),
-                );
+                for (label, v) in [
+                    ("skinny_v1", SkinnyVersion::V1),
+                    ("skinny_v2", SkinnyVersion::V2),
+                ] {
+                    let us = measure(h, |i| {
+                        mxfp4_grouped_masked_with(
+                            &h.cuda,
+                            &a[i % ac],
+                            &a_s[i % ac],
+                            w,
+                            w_s,
+                            &cnt,
+                            &mut out,
+                            v,
+                        )
+                    });
+                    let rows = EXPERTS * c;
+                    h.record_gemm(
+                        &format!("mxfp4_grouped_masked/{name}/{label}"),
+                        &format!("moe_masked/{name}"),
+                        json!({ "experts": EXPERTS, "tokens_per_expert": c, "n": n, "k": k }),
+                        us,
+                        2.0 * (rows * n * k) as f64,
+                        rows * k + rows * kb + EXPERTS * (n * k / 2 + n * kb) + 2 * rows * n,
+                        "E*c*k (a) + E*c*ceil(k/32) (a_s) + E*(n*k/2 (fp4 w) + n*ceil(k/32) (w_s)) + 2*E*c*n (bf16 out); every expert holds c tokens",
+                        Vec::new(),
+                    );
+                }
             }
         }
     }
