@@ -343,6 +343,59 @@ fn candidates_by_definition(row: &[bf16], visible: usize, block: usize, keep: us
     list
 }
 
+/// The CUDA path's composition, step by step on the CPU: block maxima by
+/// order keys (NaN skipped, pinned block +∞), the exact top-k of the block
+/// scores as `select` with the ENTRY count `visible` passed as the top-k's
+/// visible (clamped to the block count there, as the kernel does) and
+/// offset 0, then the compaction dropping −1 picks and −∞ blocks.
+fn candidates_as_the_gpu_composes_them(
+    row: &[bf16],
+    visible: i32,
+    block: usize,
+    keep: usize,
+) -> Vec<i32> {
+    let n = row.len();
+    let blocks = n.div_ceil(block);
+    let width = keep.min(blocks);
+    let vis = visible.clamp(0, n as i32) as usize;
+    let key = |b: u16| -> u32 {
+        if b & 0x8000 != 0 {
+            !(b as u32) & 0xFFFF
+        } else {
+            b as u32 | 0x8000
+        }
+    };
+    let unkey = |k: u32| -> u16 {
+        if k & 0x8000 != 0 {
+            (k & 0x7FFF) as u16
+        } else {
+            (!k & 0xFFFF) as u16
+        }
+    };
+    let bs: Vec<f32> = (0..blocks)
+        .map(|j| {
+            if vis > 0 && j == (vis - 1) / block {
+                return f32::INFINITY;
+            }
+            let mut best = 0x007F;
+            for v in row.iter().take(vis.min((j + 1) * block)).skip(j * block) {
+                let k = key(v.to_bits());
+                if (0x007F..=0xFF80).contains(&k) && k > best {
+                    best = k;
+                }
+            }
+            bf16::from_bits(unkey(best)).to_f32()
+        })
+        .collect();
+    let topk_visible = visible.clamp(0, blocks as i32) as usize;
+    let mut list: Vec<i32> = indexer::select(&bs, width, topk_visible, 0)
+        .into_iter()
+        .filter(|&j| j >= 0 && bs[j as usize] > f32::NEG_INFINITY)
+        .collect();
+    list.resize(width, -1);
+    list
+}
+
 fn mask_of_list(list: &[i32], n: usize, block: usize) -> Vec<bool> {
     let mut mask = vec![false; n];
     for &c in list.iter().filter(|&&c| c >= 0) {
@@ -388,6 +441,12 @@ fn index_candidates_are_the_candidate_mask_and_the_definition() {
                     list,
                     candidates_by_definition(&rows[b], vis, block, keep).as_slice(),
                     "{what}"
+                );
+                assert_eq!(
+                    list,
+                    candidates_as_the_gpu_composes_them(&rows[b], visible[b], block, keep)
+                        .as_slice(),
+                    "{what}: GPU composition"
                 );
                 // Another +∞ block with a lower index can outrank the pinned one.
                 let inf = rows[b][..vis].contains(&bf16::INFINITY);
