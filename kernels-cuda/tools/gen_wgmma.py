@@ -2,6 +2,10 @@
 """Writes kernels-cuda/include/deepinfer/wgmma_e4m3.cuh: one wrapper per
 wgmma m64nNk32 e4m3 x e4m3 -> f32 shape. The accumulator registers of a wgmma
 must be named one by one in the inline PTX, which is why this is generated.
+Each wrapper has `mma` (accumulator read-write, scale_d chosen at run time) and
+`mma_fresh` (scale_d = 0, accumulator write-only "=f": no false dependence on
+the registers' previous values, so ptxas can keep several fresh tiles in
+flight while others are read).
 Run from the repository root; the output is committed."""
 
 import pathlib
@@ -13,6 +17,8 @@ out = [
     "/* wgmma.mma_async m64nNk32 e4m3 x e4m3 -> f32, both operands K-major in",
     " * shared memory (descriptors from sm90.cuh). d[N/2] is this thread's part",
     " * of the 64 x N accumulator; scale_d = 0 overwrites d, 1 accumulates.",
+    " * mma_fresh is mma with scale_d = 0 whose d is write-only (\"=f\"): the",
+    " * previous values of d are dead, so no false input dependence.",
     " * Defined only in the sm_90a device pass (__CUDA_ARCH_FEAT_SM90_ALL): code",
     " * that uses it sits under the same guard. */",
     "#ifndef DEEPINFER_WGMMA_E4M3_CUH",
@@ -31,6 +37,7 @@ for n in SHAPES:
     regs = n // 2
     dlist = ", ".join(f"%{i}" for i in range(regs))
     cons = ", ".join(f'"+f"(d[{i}])' for i in range(regs))
+    outs = ", ".join(f'"=f"(d[{i}])' for i in range(regs))
     out += [
         f"template <> struct WgmmaE4M3<{n}> {{",
         f"    static constexpr int kRegs = {regs};",
@@ -44,6 +51,17 @@ for n in SHAPES:
         '            "}\\n"',
         f"            : {cons}",
         '            : "l"(desc_a), "l"(desc_b), "r"(scale_d));',
+        "    }",
+        f"    __device__ __forceinline__ static void mma_fresh(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b) {{",
+        "        asm volatile(",
+        '            "{\\n.reg .pred p;\\n"',
+        f'            "setp.ne.b32 p, %{regs + 2}, 0;\\n"',
+        f'            "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "',
+        f'            "{{{dlist}}}, "',
+        f'            "%{regs}, %{regs + 1}, p, 1, 1;\\n"',
+        '            "}\\n"',
+        f"            : {outs}",
+        '            : "l"(desc_a), "l"(desc_b), "r"(0));',
         "    }",
         "};",
         "",

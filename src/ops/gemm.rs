@@ -90,10 +90,15 @@ pub enum GemmImpl {
     /// Skinny for M ≤ [`SKINNY_MAX_M`], large above.
     #[default]
     Auto,
-    /// The wgmma kernel for any M (`kernels-cuda/gemm/`).
+    /// The wgmma kernel for any M (`kernels-cuda/gemm/`), in its default
+    /// version (`cuda_backend::gemm::LargeKernel::DEFAULT`).
     Large,
     /// The skinny kernel; M ≤ [`SKINNY_MAX_M`] only.
     Skinny,
+    /// The wgmma kernel, version 1 (`mx_gemm.cu`), for any M.
+    LargeV1,
+    /// The wgmma kernel, version 2 (`mx_gemm_v2.cu`), for any M.
+    LargeV2,
 }
 
 impl GemmImpl {
@@ -171,6 +176,14 @@ pub fn mxfp8_linear_into(
         Device::Cuda(dev) => match imp {
             GemmImpl::Skinny => {
                 crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny(&dev, a, a_s, w, w_s, out)
+            }
+            GemmImpl::LargeV1 | GemmImpl::LargeV2 => {
+                let version = if imp == GemmImpl::LargeV1 {
+                    crate::cuda_backend::gemm::LargeKernel::V1
+                } else {
+                    crate::cuda_backend::gemm::LargeKernel::V2
+                };
+                crate::cuda_backend::gemm::mxfp8_gemm_with(&dev, a, a_s, w, w_s, out, version)
             }
             _ => crate::cuda_backend::gemm::mxfp8_gemm(&dev, a, a_s, w, w_s, out),
         },

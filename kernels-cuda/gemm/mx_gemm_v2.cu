@@ -1,0 +1,436 @@
+// Version 2 of the large-M block-scaled GEMMs (same contract, parameters and
+// shared-memory sizes as mx_gemm.cu, which stays the verified version 1):
+//
+//   mxfp8_gemm_v2_{bf16,f32}, mxfp4_grouped_contiguous_v2_{bf16,f32}.
+//
+// What changes against version 1 (README.md, "Version 2"):
+// - Each consumer warpgroup splits its 64 x 128 tile into two n64 halves
+//   (wgmma units; unit u of a stage is k32 step u / 2, half u % 2) and keeps
+//   a ring of 2 fresh 64 x 64 fp32 tiles (32 registers each): unit u + 1 is
+//   issued before unit u is waited for (wgmma_wait<1>) and promoted, so the
+//   tensor core has this warpgroup's next unit while it promotes (version 1
+//   waited for each wgmma before promoting it). The fresh tiles use the
+//   write-only wrapper (mma_fresh, "=f"), so ptxas sees no dependence on their
+//   previous values. The ring drains at the end of each 128-deep stage (see
+//   stage_body for why).
+// - Registers as version 1 (producer 72, consumers 216): a deeper ring (4
+//   fresh tiles, or 2 n128 tiles) spills at up to 232.
+// - FP4: e2m1 -> e4m3 decodes 8 values with 4 prmt (magnitude table and
+//   sign-replicate mode), 16 packed bytes per lane and iteration.
+// - Tile order: bands of 16 m-blocks; inside a band m-block fastest, then
+//   n-block, so a wave of 132 CTAs shares 16 A panels and ~8 B panels in L2
+//   (version 1 walked all m-blocks of one n-block and re-read A from HBM for
+//   every n-block).
+//
+// This file is part of the gemm family's translation unit (build.rs includes
+// the family's .cu files in name order): it reuses mx_gemm.cu's Tile, Layout,
+// scale conversion (load_scales), epilogue stores (store_pair) and, on other
+// architectures, its SIMT path. Its own definitions live in namespace mx_v2.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "deepinfer/params.h"
+#include "deepinfer/sm90.cuh"
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace mx_v2 {
+
+using namespace deepinfer::sm90;
+
+constexpr uint32_t kProducerRegs = 72;
+constexpr uint32_t kConsumerRegs = 216;
+// setmaxnreg.inc waits for registers the other warpgroups released, so the
+// totals must fit what the launch gave the CTA (168 per thread of 384).
+static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * 384,
+              "setmaxnreg totals must fit the registers of the launch");
+
+constexpr int kUnitN = 64;                   // columns of one wgmma unit
+constexpr int kHalves = kBlockN / kUnitN;    // units per k32 step
+constexpr int kUnits = kSteps * kHalves;     // units per stage
+constexpr int kRing = 2;                     // fresh tiles per warpgroup (ring slots)
+constexpr int kLook = kRing - 1;             // units in flight while one is promoted
+constexpr int kFreshRegs = kUnitN / 2;       // fp32 registers per thread of a fresh tile
+static_assert(kUnits % kRing == 0, "a stage must hold whole rings (slots are compile-time)");
+constexpr int kBandM = 16;                   // m-blocks per band of the tile order
+
+// Maps tile `local` of an mb x nb grid to (m-block, n-block): bands of kBandM
+// m-blocks, m-block fastest inside a band, then n-block.
+__device__ __forceinline__ void band_tile(int local, int mb, int nb, int &m, int &n) {
+    const int band_tiles = kBandM * nb;
+    const int band = local / band_tiles;
+    const int in_band = local - band * band_tiles;
+    const int rows = min(kBandM, mb - band * kBandM);  // m-blocks of this band
+    m = band * kBandM + in_band % rows;
+    n = in_band / rows;
+}
+
+// Version 1's scheduler with the banded order (same expert cursor, same
+// clamping of the offsets: group e covers [start_e, end_e) with end_{-1} =
+// clamp(offsets[0], 0, T), start_e = end_{e-1}, end_e = clamp(offsets[e+1],
+// start_e, T)).
+struct Scheduler {
+    const int32_t *offsets;
+    int rows;
+    int groups;
+    int n_blocks;
+    int m_blocks;
+    int e;
+    int start;
+    int end;
+    int first;
+    int count;
+
+    __device__ Scheduler(const di_mx_gemm_params &p, bool grouped) {
+        offsets = p.offsets;
+        rows = p.m;
+        groups = p.groups;
+        n_blocks = (p.n + kBlockN - 1) / kBlockN;
+        m_blocks = (p.m + kBlockM - 1) / kBlockM;
+        e = -1;
+        start = 0;
+        end = grouped ? clamp_i(offsets[0], 0, rows) : 0;
+        first = 0;
+        count = 0;
+    }
+
+    __device__ bool dense(int t, Tile &tile) const {
+        if (t >= m_blocks * n_blocks) return false;
+        int m, n;
+        band_tile(t, m_blocks, n_blocks, m, n);
+        tile.row0 = m * kBlockM;
+        tile.row_end = rows;
+        tile.n0 = n * kBlockN;
+        tile.e = 0;
+        return true;
+    }
+
+    __device__ bool grouped(int t, Tile &tile) {
+        while (t >= first + count) {
+            if (e + 1 >= groups) return false;
+            first += count;
+            ++e;
+            start = end;
+            end = clamp_i(offsets[e + 1], start, rows);
+            count = ((end - start + kBlockM - 1) / kBlockM) * n_blocks;
+        }
+        const int mb = (end - start + kBlockM - 1) / kBlockM;
+        int m, n;
+        band_tile(t - first, mb, n_blocks, m, n);
+        tile.row0 = start + m * kBlockM;
+        tile.row_end = end;
+        tile.n0 = n * kBlockN;
+        tile.e = e;
+        return true;
+    }
+};
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// A constant the compiler cannot rematerialise, so the decode tables stay in
+// registers across the helper loop.
+__device__ __forceinline__ uint32_t opaque(uint32_t v) {
+    uint32_t r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+// Eight e2m1 nibbles (element i in bits 4i..4i+3) -> eight e4m3 bytes
+// (element i in byte i of the pair), exactly sm90.cuh's e2m1x4_to_e4m3x4
+// mapping: the magnitude is a prmt lookup in lo_tab = 0x3C383000 / hi_tab =
+// 0x4C484440 (e4m3 codes of 0, 0.5, 1, 1.5 | 2, 3, 4, 6) selected by the
+// nibbles' low 3 bits; the sign comes from a prmt in sign-replicate mode
+// (selector bit 3 = the e2m1 sign) over sign_tab = 0x80808080: 0x80 for +,
+// 0xFF for -, and minus 1 leaves bit 7 set exactly for -.
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t p, uint32_t lo_tab, uint32_t hi_tab,
+                                                 uint32_t sign_tab) {
+    const uint32_t mag = p & 0x77777777u;
+    const uint32_t lo = prmt(lo_tab, hi_tab, mag), hi = prmt(lo_tab, hi_tab, mag >> 16);
+    const uint32_t slo = prmt(sign_tab, sign_tab, p), shi = prmt(sign_tab, sign_tab, p >> 16);
+    return make_uint2(lo | ((slo - 0x01010101u) & 0x80808080u),
+                      hi | ((shi - 0x01010101u) & 0x80808080u));
+}
+
+// Decodes the packed 128 x 64 B e2m1 tile into the 128 x 128 B e4m3 tile in
+// the 128-byte-swizzled layout (16-byte chunk c of row r at chunk c ^ (r % 8)).
+// Lane-iteration q reads packed bytes [16 (q % 4), +16) of row q / 4 (32
+// values) and writes output chunks 2 (q % 4) and 2 (q % 4) + 1.
+__device__ __forceinline__ void decode_fp4_tile(const uint8_t *packed, uint8_t *dst, int lane,
+                                                uint32_t lo_tab, uint32_t hi_tab, uint32_t sign_tab) {
+#pragma unroll 4
+    for (int q = lane; q < kBlockN * 4; q += 32) {
+        const int r = q >> 2, c = (q & 3) * 2;
+        const uint4 in = *reinterpret_cast<const uint4 *>(packed + r * 64 + (q & 3) * 16);
+        const uint2 d0 = e2m1x8_to_e4m3x8(in.x, lo_tab, hi_tab, sign_tab);
+        const uint2 d1 = e2m1x8_to_e4m3x8(in.y, lo_tab, hi_tab, sign_tab);
+        const uint2 d2 = e2m1x8_to_e4m3x8(in.z, lo_tab, hi_tab, sign_tab);
+        const uint2 d3 = e2m1x8_to_e4m3x8(in.w, lo_tab, hi_tab, sign_tab);
+        *reinterpret_cast<uint4 *>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = make_uint4(d0.x, d0.y, d1.x, d1.y);
+        *reinterpret_cast<uint4 *>(dst + r * 128 + (((c + 1) ^ (r & 7)) << 4)) =
+            make_uint4(d2.x, d2.y, d3.x, d3.y);
+    }
+}
+
+// The shared-memory view of one pipeline stage, as a consumer reads it.
+struct StageView {
+    const uint8_t *a;   // this warpgroup's 64 rows of the A tile
+    const uint8_t *b;   // the 128-row B tile
+    const float *sa;    // fp32 A scales [kSteps][128]
+    const float *sb;    // fp32 B scales [kSteps][128] (FP4) or [kSteps][4] (dense)
+    uint64_t *empty;    // the stage's empty barrier
+};
+
+// Issues wgmma unit u of stage v into fresh tile f: k32 step u / kHalves,
+// columns (u % kHalves) * 64 .. + 64 of the tile (B rows 64 apart: 8 KiB).
+__device__ __forceinline__ void issue_unit(float (&f)[kFreshRegs], const StageView &v, int u) {
+    const int j = u / kHalves, h = u % kHalves;
+    wgmma_fence();
+    WgmmaE4M3<kUnitN>::mma_fresh(f, smem_desc_k128(v.a + j * 32),
+                                 smem_desc_k128(v.b + h * kUnitN * kBlockK + j * 32));
+    wgmma_commit();
+}
+
+// acc += f * (a_s[row] * b_s[col]) for unit u of stage v. This thread holds
+// rows r0 = wrow and r0 + 8 of the warpgroup's 64 and, inside the unit's 64
+// columns, 8 i + 2 (lane % 4) + {0, 1} for i < 8 (fresh register 4i + {0, 1}
+// for r0, 4i + {2, 3} for r0 + 8; the master holds half h at 32 h + ...).
+// Dense: one product per row and 32-column block (4 FMUL, then 1 FFMA per
+// element); FP4: the B scale is per column (1 FMUL + 1 FFMA per element).
+template <bool kFp4>
+__device__ __forceinline__ void promote_unit(float (&acc)[64], const float (&f)[kFreshRegs],
+                                             const StageView &v, int u, int wrow, int lane) {
+    const int j = u / kHalves, h = u % kHalves;
+    const float a0 = v.sa[j * kBlockM + wrow];
+    const float a1 = v.sa[j * kBlockM + wrow + 8];
+    float *d = acc + h * kFreshRegs;
+    if (kFp4) {
+#pragma unroll
+        for (int i = 0; i < kUnitN / 8; ++i) {
+            const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * kBlockN + h * kUnitN + 8 * i +
+                                                               2 * (lane & 3));
+            d[4 * i + 0] = fmaf(f[4 * i + 0], a0 * b.x, d[4 * i + 0]);
+            d[4 * i + 1] = fmaf(f[4 * i + 1], a0 * b.y, d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(f[4 * i + 2], a1 * b.x, d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(f[4 * i + 3], a1 * b.y, d[4 * i + 3]);
+        }
+    } else {
+        const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * (kBlockN / 32) + h * 2);
+        const float p0[2] = {a0 * b.x, a0 * b.y};
+        const float p1[2] = {a1 * b.x, a1 * b.y};
+#pragma unroll
+        for (int i = 0; i < kUnitN / 8; ++i) {
+            d[4 * i + 0] = fmaf(f[4 * i + 0], p0[i / 4], d[4 * i + 0]);
+            d[4 * i + 1] = fmaf(f[4 * i + 1], p0[i / 4], d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(f[4 * i + 2], p1[i / 4], d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(f[4 * i + 3], p1[i / 4], d[4 * i + 3]);
+        }
+    }
+}
+
+// Waits for the oldest in-flight unit (kLook newer ones may stay in flight)
+// and promotes it from ring slot `slot`.
+template <bool kFp4, int kPending>
+__device__ __forceinline__ void retire(float (&acc)[64], float (&ring)[kRing][kFreshRegs], int slot,
+                                       const StageView &v, int u, int wrow, int lane) {
+    wgmma_wait<kPending>();
+    fence_operands(ring[slot]);
+    promote_unit<kFp4>(acc, ring[slot], v, u, wrow, lane);
+}
+
+__device__ __forceinline__ void release(const StageView &v, int lane) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(v.empty);
+}
+
+// Retires the last kLook units of a stage (kLook - 1 - kI newer units still
+// in flight when unit kUnits - kLook + kI is retired).
+template <bool kFp4, int kI>
+__device__ __forceinline__ void drain(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
+                                      const StageView &v, int wrow, int lane) {
+    if constexpr (kI < kLook) {
+        constexpr int u = kUnits - kLook + kI;
+        retire<kFp4, kLook - 1 - kI>(acc, ring, u % kRing, v, u, wrow, lane);
+        drain<kFp4, kI + 1>(acc, ring, v, wrow, lane);
+    }
+}
+
+// One stage of the consumer pipeline: issues the stage's kUnits units (unit u
+// into ring slot u % kRing) and, after each issue, retires the unit kLook
+// older, so kLook units stay queued on the tensor core while one is
+// promoted; then retires the last kLook units and releases the stage. Slot
+// u % kRing is free when unit u is issued: its previous unit, u - kRing, was
+// retired one issue earlier (or by the previous stage's drain).
+//
+// No wgmma stays in flight past the end of a stage. Letting the last units
+// run on into the next stage (the runtime stage loop's back edge) makes ptxas
+// serialise every wgmma of the kernel (C7514, "non wgmma instructions reading
+// accumulator registers of a wgmma between start and end of the pipeline
+// stage"), so the pipeline drains at each 128-deep stage and the other
+// consumer warpgroup keeps the tensor core busy meanwhile.
+template <bool kFp4>
+__device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
+                                           const StageView &cur, int wrow, int lane) {
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+        issue_unit(ring[u % kRing], cur, u);
+        if (u >= kLook) retire<kFp4, kLook>(acc, ring, (u - kLook) % kRing, cur, u - kLook, wrow, lane);
+    }
+    drain<kFp4, 0>(acc, ring, cur, wrow, lane);
+    release(cur, lane);
+}
+
+template <bool kFp4, bool kF32>
+__device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
+    using L = Layout<kFp4>;
+    constexpr int S = L::kStages;
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *base = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    uint8_t *a_tiles = base + L::kA;
+    uint8_t *b_tiles = base + L::kB;
+    uint8_t *packed_tiles = base + L::kPacked;
+    float *sa_all = reinterpret_cast<float *>(base + L::kSa);
+    float *sb_all = reinterpret_cast<float *>(base + L::kSb);
+    uint64_t *full = reinterpret_cast<uint64_t *>(base + L::kBars);
+    uint64_t *ready = full + S;
+    uint64_t *empty = ready + S;
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(&full[s], 1);
+            mbar_init(&ready[s], 32);
+            mbar_init(&empty[s], kConsumerWarps);
+        }
+        fence_barrier_init();
+        tma_prefetch_map(&p.a_map);
+        tma_prefetch_map(&p.b_map);
+    }
+    __syncthreads();
+
+    // Per-role state is built after setmaxnreg (values live across it would
+    // have to fit the producer's registers).
+    constexpr bool grouped = kFp4;
+    if (warp < 4) {
+        regs_dealloc<kProducerRegs>();
+        const int num_st = (p.k + kBlockK - 1) / kBlockK;
+        Scheduler sched(p, grouped);
+        Tile tile;
+        if (warp == 0) {
+            if (lane != 0) return;
+            constexpr uint32_t bytes = kATileBytes + (kFp4 ? kPackedTileBytes : kBTileBytes);
+            int it = 0;
+            for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
+                 t += gridDim.x) {
+                for (int st = 0; st < num_st; ++st, ++it) {
+                    const int s = it % S;
+                    const uint32_t ph = (it / S) & 1;
+                    mbar_wait(&empty[s], ph ^ 1);
+                    mbar_arrive_expect_tx(&full[s], bytes);
+                    tma_load_2d(a_tiles + s * kATileBytes, &p.a_map, &full[s], st * kBlockK, tile.row0);
+                    if (kFp4) {
+                        tma_load_3d(packed_tiles + s * kPackedTileBytes, &p.b_map, &full[s],
+                                    st * (kBlockK / 2), tile.n0, tile.e);
+                    } else {
+                        tma_load_2d(b_tiles + s * kBTileBytes, &p.b_map, &full[s], st * kBlockK, tile.n0);
+                    }
+                }
+            }
+        } else {
+            // Helper warps 1..3 take the stages in turn (stage `it` goes to
+            // warp 1 + it % 3): scales to fp32, FP4 decode.
+            const int hw = warp - 1;
+            const uint32_t lo_tab = opaque(0x3C383000u), hi_tab = opaque(0x4C484440u),
+                           sign_tab = opaque(0x80808080u);
+            int it = 0;
+            for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
+                 t += gridDim.x) {
+                for (int st = 0; st < num_st; ++st, ++it) {
+                    if (it % kHelperWarps != hw) continue;
+                    const int s = it % S;
+                    const uint32_t ph = (it / S) & 1;
+                    mbar_wait(&empty[s], ph ^ 1);
+                    load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats,
+                                      lane);
+                    if (kFp4) {
+                        mbar_wait(&full[s], ph);
+                        decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane,
+                                        lo_tab, hi_tab, sign_tab);
+                        fence_proxy_async_smem();
+                    }
+                    __syncwarp();
+                    mbar_arrive(&ready[s]);
+                }
+            }
+        }
+        return;
+    }
+
+    regs_alloc<kConsumerRegs>();
+    const int num_st = (p.k + kBlockK - 1) / kBlockK;
+    Scheduler sched(p, grouped);
+    Tile tile;
+    const int wg = warp / 4 - 1;                            // consumer warpgroup: rows 64 * wg
+    const int wrow = wg * 64 + (warp % 4) * 16 + lane / 4;  // this thread's first row in the tile
+    const auto view = [&](int s) {
+        return StageView{a_tiles + s * kATileBytes + wg * 64 * kBlockK, b_tiles + s * kBTileBytes,
+                         sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats, &empty[s]};
+    };
+    float acc[64];
+    float ring[kRing][kFreshRegs];
+    int it = 0;
+    for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile); t += gridDim.x) {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+        for (int st = 0; st < num_st; ++st, ++it) {
+            const int s = it % S;
+            const uint32_t ph = (it / S) & 1;
+            mbar_wait(&full[s], ph);
+            mbar_wait(&ready[s], ph);
+            stage_body<kFp4>(acc, ring, view(s), wrow, lane);
+        }
+        const int r0 = tile.row0 + wrow;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            // Master register 32 h + 4 i' + {0..3} is column 64 h + 8 i' + ...,
+            // i.e. column 8 i + 2 (lane % 4) for i = 8 h + i'.
+            const int col = tile.n0 + 8 * i + 2 * (lane & 3);
+            if (r0 < tile.row_end) store_pair<kF32>(p, r0, col, acc[4 * i], acc[4 * i + 1]);
+            if (r0 + 8 < tile.row_end) store_pair<kF32>(p, r0 + 8, col, acc[4 * i + 2], acc[4 * i + 3]);
+        }
+    }
+}
+
+}  // namespace mx_v2
+#endif
+
+template <bool kFp4, bool kF32> __device__ __forceinline__ void mx_gemm_v2(const di_mx_gemm_params &p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    mx_v2::mx_gemm_v2_sm90<kFp4, kF32>(p);
+#else
+    mx_gemm_simt<kFp4, kF32>(p);
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp8_gemm_v2_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm_v2<false, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp8_gemm_v2_f32(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm_v2<false, true>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp4_grouped_contiguous_v2_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm_v2<true, false>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp4_grouped_contiguous_v2_f32(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm_v2<true, true>(p);
+}
