@@ -293,7 +293,11 @@ __device__ __forceinline__ void promote(float (&acc)[NT / 2], float (&tile)[NT /
     }
 }
 
-template <bool FP4, int NT, int NT_MAX>
+// DEFER (version 2): a prefetched chunk's scales are stored one iteration
+// later than they are loaded, so the global load (DRAM for the FP4 experts'
+// scales) has two rounds of wgmmas to land instead of one; version 1 stores
+// them in the iteration that loads them.
+template <bool FP4, int NT, int NT_MAX, bool DEFER>
 __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     using L = Layout<FP4, NT_MAX>;
     using Mma = WgmmaE4M3<NT>;
@@ -323,6 +327,9 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     for (int i = 0; i < NT / 2; ++i) tile[0][i] = tile[1][i] = 0.0f;
     const DecodeTables tables{opaque(0x3C383000u), opaque(0x4C484440u), opaque(0x80808080u)};
     uint32_t slot = 0, pslot = (kStages - 1) * L::stage_bytes;  // byte offsets
+    // DEFER: scales loaded last iteration (chunk hc, stage hslot; hc < 0: none).
+    uint32_t hv = 0, hslot = 0;
+    int hc = -1;
     for (int i = 0; i < nch; ++i) {
         uint8_t *st = smem + slot;
         cp_async_wait<kStages - 2>();  // this thread's copies of chunk i landed
@@ -370,7 +377,17 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
         fence_operands(tile[(kBlocksPerChunk - 1) & 1]);
         promote<NT>(acc, tile[(kBlocksPerChunk - 1) & 1], scw + (kBlocksPerChunk - 1) * kTileN,
                     scx + (kBlocksPerChunk - 1) * NT_MAX);
-        if (pf < nch) ld.store_scales(pslot, pv, pc);
+        if constexpr (DEFER) {
+            // Chunk hc is read kStages - 2 iterations from now, after
+            // barriers; its stage is neither this chunk's nor the one the
+            // copies just issued target.
+            if (hc >= 0) ld.store_scales(hslot, hv, hc);
+            hv = pv;
+            hslot = pslot;
+            hc = pf < nch ? pc : -1;
+        } else {
+            if (pf < nch) ld.store_scales(pslot, pv, pc);
+        }
         slot = slot == (kStages - 1) * L::stage_bytes ? 0 : slot + L::stage_bytes;
         pslot = pslot == (kStages - 1) * L::stage_bytes ? 0 : pslot + L::stage_bytes;
     }
@@ -400,19 +417,19 @@ __device__ __forceinline__ int token_tile(int rows) {
 
 // Runs a tile with the smallest token tile (8, 16, 32, 64; at most NT_MAX)
 // that holds its rows, in the shared-memory layout of NT_MAX.
-template <bool FP4, int NT_MAX> __device__ void run_tile(const Tile &t) {
+template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const Tile &t) {
     uint8_t *smem = aligned_smem();
     const int nt = token_tile(t.rows);
     if constexpr (NT_MAX >= 64) {
-        if (nt == 64) return tile_mma<FP4, 64, NT_MAX>(t, smem);
+        if (nt == 64) return tile_mma<FP4, 64, NT_MAX, V2>(t, smem);
     }
     if constexpr (NT_MAX >= 32) {
-        if (nt == 32) return tile_mma<FP4, 32, NT_MAX>(t, smem);
+        if (nt == 32) return tile_mma<FP4, 32, NT_MAX, V2>(t, smem);
     }
     if constexpr (NT_MAX >= 16) {
-        if (nt == 16) return tile_mma<FP4, 16, NT_MAX>(t, smem);
+        if (nt == 16) return tile_mma<FP4, 16, NT_MAX, V2>(t, smem);
     }
-    tile_mma<FP4, 8, NT_MAX>(t, smem);
+    tile_mma<FP4, 8, NT_MAX, V2>(t, smem);
 }
 
 #else  // SIMT path: one thread per output, the CPU reference's order.
@@ -430,7 +447,7 @@ __device__ __forceinline__ float e2m1_to_f32(uint8_t packed, int hi) {
     return (nib & 8u) ? -v : v;
 }
 
-template <bool FP4, int NT_MAX> __device__ void run_tile(const Tile &t) {
+template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const Tile &t) {
     const int kb_end = min(t.kbs, t.chunk_end * kBlocksPerChunk);
     for (int idx = threadIdx.x; idx < kTileN * t.rows; idx += kThreads) {
         const int f = t.n0 + idx % kTileN, tok = idx / kTileN;
@@ -575,7 +592,7 @@ template <int NT_MAX> __device__ void dense_v2(const di_gemm_skinny_params &p) {
             : p.out_f32 ? static_cast<void *>(static_cast<float *>(p.out) + int64_t(row0) * p.n)
                         : static_cast<void *>(static_cast<__nv_bfloat16 *>(p.out) +
                                               int64_t(row0) * p.n);
-    run_tile<false, NT_MAX>(t);
+    run_tile<false, NT_MAX, true>(t);
     if (splits == 1) return;
 
     // Release: every thread's partial stores are visible device-wide before
@@ -606,11 +623,12 @@ template <int NT_MAX> __device__ void dense_v2(const di_gemm_skinny_params &p) {
 
 // Masked v2: a persistent 1-D grid sized by the host to the resident CTAs
 // (occupancy x SMs), so no CTA waits for a second wave. The work units are
-// u = rank * tiles + tile over the experts with a nonzero (clamped) count,
-// ranked in expert order; CTA c takes u = c, c + G, c + 2G, ... Consecutive
-// CTAs thus share an expert (its token rows are read once into L2) and every
-// CTA gets within one unit of the same count. An expert's rows run in blocks
-// of NT_MAX <= 32 (its weight tile is re-read from L2 for a second block).
+// u = (rank * tiles + tile) * rblocks + rb over the experts with a nonzero
+// (clamped) count, ranked in expert order, rb the expert's rb-th block of
+// NT_MAX <= 32 rows (rblocks = ceil(max_m / NT_MAX); a block at or beyond
+// the count is skipped); CTA c takes u = c, c + G, c + 2G, ... Consecutive
+// CTAs thus share an expert (its token rows come once from DRAM) and the row
+// blocks of one weight tile run side by side (its second read hits L2).
 template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) {
     static_assert(NT_MAX <= 32, "v2 runs at most 32-token tiles");
     __shared__ int list_e[kThreads];
@@ -618,7 +636,8 @@ template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) 
     __shared__ int warp_active[kThreads / 32];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int64_t grid = gridDim.x, cta = blockIdx.x;
-    const int tiles = (p.n + kTileN - 1) / kTileN;
+    const int64_t tiles = (p.n + kTileN - 1) / kTileN;
+    const int64_t rblocks = (int64_t(p.m) + NT_MAX - 1) / NT_MAX;
     const int kbs = (p.k + 31) / 32;
     int64_t seen = 0;
     for (int e0 = 0; e0 < p.experts; e0 += kThreads) {
@@ -639,11 +658,12 @@ template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) 
             list_c[r] = c;
         }
         __syncthreads();
-        const int64_t u_begin = seen * tiles, u_end = (seen + total) * tiles;
+        const int64_t per = tiles * rblocks;
+        const int64_t u_begin = seen * per, u_end = (seen + total) * per;
         for (int64_t u = u_begin + ((cta - u_begin % grid) + grid) % grid; u < u_end; u += grid) {
-            const int r = int(u / tiles - seen), tile = int(u % tiles);
-            const int ex = list_e[r], cnt = list_c[r];
-            for (int r0 = 0; r0 < cnt; r0 += NT_MAX) {
+            const int r = int(u / per - seen), tile = int(u % per / rblocks);
+            const int ex = list_e[r], cnt = list_c[r], r0 = int(u % rblocks) * NT_MAX;
+            if (r0 < cnt) {
                 const int64_t row0 = int64_t(ex) * p.m + r0;
                 Tile t;
                 t.w = static_cast<const uint8_t *>(p.b) + int64_t(ex) * p.n * (p.k / 2);
@@ -661,7 +681,7 @@ template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) 
                 t.out = p.out_f32
                             ? static_cast<void *>(static_cast<float *>(p.out) + row0 * p.n)
                             : static_cast<void *>(static_cast<__nv_bfloat16 *>(p.out) + row0 * p.n);
-                run_tile<true, NT_MAX>(t);
+                run_tile<true, NT_MAX, true>(t);
             }
         }
         seen += total;
@@ -725,7 +745,9 @@ extern "C" __global__ void __launch_bounds__(256)
 
 
 // Version 2 entry points (see dense_v2 / masked_v2): the 32-token tile is the
-// largest; dense m in 33..64 runs _n32 with token_halves = 2.
+// largest; dense m in 33..64 runs _n32 with token_halves = 2. The masked n16
+// and n32 tiles fit one CTA per SM more than in version 1 (4 and 3: ptxas
+// needs 118 and 137 registers for them, shared memory 52 and 62 KiB).
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gemm_skinny_v2_fp8_n8(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<8>(p);
@@ -742,11 +764,11 @@ extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gemm_skinny_v2_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<8>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gemm_skinny_v2_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<16>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 2)
+extern "C" __global__ void __launch_bounds__(kThreads, 3)
     gemm_skinny_v2_fp4_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<32>(p);
 }

@@ -389,7 +389,12 @@ pub fn mxfp4_grouped_masked_with(
     let slots = resident_ctas(dev, kernel, smem)?;
     let grid_dim = match version {
         SkinnyVersion::V1 => (tiles as u32, (slots / tiles).clamp(1, e) as u32, 1),
-        SkinnyVersion::V2 => (slots.min(tiles * e) as u32, 1, 1),
+        // Units: (expert, tile, block of nt rows); more CTAs would idle.
+        SkinnyVersion::V2 => (
+            slots.min(tiles * e * max_m.div_ceil(nt as usize)) as u32,
+            1,
+            1,
+        ),
     };
 
     let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
