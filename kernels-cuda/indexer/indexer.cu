@@ -827,7 +827,9 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
  *   indexer_mask_scores: out[b, t] = scores[b, t] if block t / block is listed
  *     in candidates[b] (entries outside [0, blocks) ignored), else -inf; a CTA
  *     covers `span` blocks, marks its listed blocks in a shared bitmap from the
- *     whole list (any order, duplicates harmless), then copies its entries. */
+ *     whole list (any order, duplicates harmless), then copies its entries
+ *     (16-byte loads/stores per block when block == 8 and both rows are
+ *     16-byte aligned: n % 8 == 0). */
 namespace {
 constexpr int kBlockThreads = 256;
 constexpr uint32_t kKeyNegInf = 0x007Fu; /* bf16_key(0xFF80) */
@@ -920,6 +922,26 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
     uint16_t *out = static_cast<uint16_t *>(p.out) + int64_t(b) * p.n;
     const int64_t lo = j0 * p.block;
     const int len = int(min(j1 * p.block, p.n) - lo); /* <= span * block <= 2^23 */
+    if (p.block == 8 && ((reinterpret_cast<uintptr_t>(row + lo) | reinterpret_cast<uintptr_t>(out + lo)) & 15u) == 0) {
+        /* One 16-byte block per thread; a partial last block of the row goes
+         * through the scalar loop below. */
+        const int full = len / 8;
+        const uint4 ninf = make_uint4(0xFF80FF80u, 0xFF80FF80u, 0xFF80FF80u, 0xFF80FF80u);
+#pragma unroll 4
+        for (int j = threadIdx.x; j < full; j += blockDim.x) {
+            uint4 *dst = reinterpret_cast<uint4 *>(out + lo) + j;
+            if ((listed[j >> 5] >> (j & 31)) & 1u) {
+                *dst = __ldg(reinterpret_cast<const uint4 *>(row + lo) + j);
+            } else {
+                *dst = ninf; /* unlisted blocks are never read */
+            }
+        }
+        for (int r = full * 8 + threadIdx.x; r < len; r += blockDim.x) {
+            const int j = r / 8;
+            out[lo + r] = (listed[j >> 5] >> (j & 31)) & 1u ? row[lo + r] : kBf16NegInf;
+        }
+        return;
+    }
 #pragma unroll 4
     for (int r = threadIdx.x; r < len; r += blockDim.x) {
         const int j = r / p.block;
