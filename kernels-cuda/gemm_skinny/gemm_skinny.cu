@@ -293,10 +293,11 @@ __device__ __forceinline__ void promote(float (&acc)[NT / 2], float (&tile)[NT /
     }
 }
 
-// DEFER (version 2): a prefetched chunk's scales are stored one iteration
-// later than they are loaded, so the global load (DRAM for the FP4 experts'
-// scales) has two rounds of wgmmas to land instead of one; version 1 stores
-// them in the iteration that loads them.
+// DEFER (version 2): a prefetched chunk's scales are stored two iterations
+// after the one that loads them (a two-deep register queue), so the global
+// load (DRAM for the FP4 experts' scales, which nothing else prefetches) has
+// three rounds of wgmmas to land instead of one; version 1 stores them in
+// the iteration that loads them.
 template <bool FP4, int NT, int NT_MAX, bool DEFER>
 __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     using L = Layout<FP4, NT_MAX>;
@@ -327,9 +328,10 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     for (int i = 0; i < NT / 2; ++i) tile[0][i] = tile[1][i] = 0.0f;
     const DecodeTables tables{opaque(0x3C383000u), opaque(0x4C484440u), opaque(0x80808080u)};
     uint32_t slot = 0, pslot = (kStages - 1) * L::stage_bytes;  // byte offsets
-    // DEFER: scales loaded last iteration (chunk hc, stage hslot; hc < 0: none).
-    uint32_t hv = 0, hslot = 0;
-    int hc = -1;
+    // DEFER: scales loaded one (h0) and two (h1) iterations ago: value, stage
+    // offset, chunk (< 0: none).
+    uint32_t hv0 = 0, hslot0 = 0, hv1 = 0, hslot1 = 0;
+    int hc0 = -1, hc1 = -1;
     for (int i = 0; i < nch; ++i) {
         uint8_t *st = smem + slot;
         cp_async_wait<kStages - 2>();  // this thread's copies of chunk i landed
@@ -378,13 +380,17 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
         promote<NT>(acc, tile[(kBlocksPerChunk - 1) & 1], scw + (kBlocksPerChunk - 1) * kTileN,
                     scx + (kBlocksPerChunk - 1) * NT_MAX);
         if constexpr (DEFER) {
-            // Chunk hc is read kStages - 2 iterations from now, after
-            // barriers; its stage is neither this chunk's nor the one the
-            // copies just issued target.
-            if (hc >= 0) ld.store_scales(hslot, hv, hc);
-            hv = pv;
-            hslot = pslot;
-            hc = pf < nch ? pc : -1;
+            // Chunk hc1 (= this chunk + 2) is read two iterations from now,
+            // after barriers; its stage is neither this chunk's, nor the next
+            // one's, nor the one the copies just issued target.
+            static_assert(kStages >= 4, "the deferred scales need two stages of lead");
+            if (hc1 >= 0) ld.store_scales(hslot1, hv1, hc1);
+            hv1 = hv0;
+            hslot1 = hslot0;
+            hc1 = hc0;
+            hv0 = pv;
+            hslot0 = pslot;
+            hc0 = pf < nch ? pc : -1;
         } else {
             if (pf < nch) ld.store_scales(pslot, pv, pc);
         }
