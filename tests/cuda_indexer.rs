@@ -375,7 +375,7 @@ fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
 }
 
 /// Visible counts: the whole row, none, one, random, block edges ± 1, the
-/// 2048-block edge ± 1, and past the end (clamped).
+/// 2048-block edge ± 1, past the end and below zero (both clamped).
 fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
     let edge = (n / block / 2) * block;
     let mut v = vec![
@@ -387,6 +387,7 @@ fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
         (edge + 1).min(n) as i32,
         edge.saturating_sub(1) as i32,
         n as i32 + 5,
+        -3,
     ];
     for e in [2048 * block - 1, 2048 * block, 2048 * block + 1] {
         if e <= n {

@@ -287,7 +287,7 @@ fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
         .collect()
 }
 
-/// Visible counts around the row end, block edges and zero.
+/// Visible counts around the row end, block edges, zero and below (clamped).
 fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
     let edge = (n / block / 2) * block;
     let mut v = vec![
@@ -299,8 +299,8 @@ fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
         (edge + 1).min(n) as i32,
         edge.saturating_sub(1) as i32,
         n as i32 + 5,
+        -3,
     ];
-    v.retain(|&x| x <= n as i32 + 5);
     v
 }
 
