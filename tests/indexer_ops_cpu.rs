@@ -290,7 +290,7 @@ fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
 /// Visible counts around the row end, block edges, zero and below (clamped).
 fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
     let edge = (n / block / 2) * block;
-    let mut v = vec![
+    vec![
         n as i32,
         0,
         1,
@@ -300,8 +300,7 @@ fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
         edge.saturating_sub(1) as i32,
         n as i32 + 5,
         -3,
-    ];
-    v
+    ]
 }
 
 /// The candidate list by definition: block j is kept iff its score is not
