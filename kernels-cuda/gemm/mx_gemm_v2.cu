@@ -11,10 +11,10 @@
 //   tensor core has this warpgroup's next unit while it promotes (version 1
 //   waited for each wgmma before promoting it). The fresh tiles use the
 //   write-only wrapper (mma_fresh, "=f"), so ptxas sees no dependence on their
-//   previous values. The ring drains at the end of each 128-deep stage (see
-//   stage_body for why).
-// - Registers as version 1 (producer 72, consumers 216): a deeper ring (4
-//   fresh tiles, or 2 n128 tiles) spills at up to 232.
+//   previous values. The consumer loop takes stages in pairs and the ring
+//   drains once per pair (see stage_body for why).
+// - Registers: producer 56 / consumers 224 dense, 72 / 216 FP4 (Regs); a
+//   deeper ring (4 fresh tiles, or 2 n128 tiles) spills even at 232.
 // - FP4: e2m1 -> e4m3 decodes 8 values with 4 prmt (magnitude table and
 //   sign-replicate mode), 16 packed bytes per lane and iteration.
 // - Tile order: bands of 16 m-blocks; inside a band m-block fastest, then
@@ -37,12 +37,17 @@ namespace mx_v2 {
 
 using namespace deepinfer::sm90;
 
-constexpr uint32_t kProducerRegs = 72;
-constexpr uint32_t kConsumerRegs = 216;
-// setmaxnreg.inc waits for registers the other warpgroups released, so the
-// totals must fit what the launch gave the CTA (168 per thread of 384).
-static_assert(128 * kProducerRegs + 256 * kConsumerRegs <= 168 * 384,
-              "setmaxnreg totals must fit the registers of the launch");
+// Registers after setmaxnreg: the FP4 helper warps (decode) need 72, the
+// dense ones fit 56, which gives the dense consumers 224 (at 216 the paired
+// stage loop spills one register). setmaxnreg.inc waits for registers the
+// other warpgroups released, so the totals must fit what the launch gave the
+// CTA (168 per thread of 384).
+template <bool kFp4> struct Regs {
+    static constexpr uint32_t kProducer = kFp4 ? 72 : 56;
+    static constexpr uint32_t kConsumer = kFp4 ? 216 : 224;
+    static_assert(128 * kProducer + 256 * kConsumer <= 168 * 384,
+                  "setmaxnreg totals must fit the registers of the launch");
+};
 
 constexpr int kUnitN = 64;                   // columns of one wgmma unit
 constexpr int kHalves = kBlockN / kUnitN;    // units per k32 step
@@ -257,29 +262,37 @@ __device__ __forceinline__ void drain(float (&acc)[64], float (&ring)[kRing][kFr
     }
 }
 
-// One stage of the consumer pipeline: issues the stage's kUnits units (unit u
-// into ring slot u % kRing) and, after each issue, retires the unit kLook
+// The consumer pipeline over one stage: issues the stage's kUnits units (unit
+// u into ring slot u % kRing) and, after each issue, retires the unit kLook
 // older, so kLook units stay queued on the tensor core while one is
-// promoted; then retires the last kLook units and releases the stage. Slot
-// u % kRing is free when unit u is issued: its previous unit, u - kRing, was
-// retired one issue earlier (or by the previous stage's drain).
+// promoted. The first kLook retirements are the previous stage's last units
+// (kPrev: still in flight from stage_body<.., false> just before; that stage
+// is released after its last unit) or nothing (the first stage of a run).
+// Slot u % kRing is free when unit u is issued: its previous unit was
+// retired one issue earlier. The stage's own last kLook units stay in flight.
 //
-// No wgmma stays in flight past the end of a stage. Letting the last units
-// run on into the next stage (the runtime stage loop's back edge) makes ptxas
-// serialise every wgmma of the kernel (C7514, "non wgmma instructions reading
-// accumulator registers of a wgmma between start and end of the pipeline
-// stage"), so the pipeline drains at each 128-deep stage and the other
-// consumer warpgroup keeps the tensor core busy meanwhile.
-template <bool kFp4>
+// No wgmma may stay in flight across the runtime stage loop's back edge:
+// then ptxas serialises every wgmma of the kernel (C7514, "non wgmma
+// instructions reading accumulator registers of a wgmma between start and
+// end of the pipeline stage"). So the loop body covers two stages, the
+// pipeline runs through the boundary between them (the mbarrier spin there
+// is fine for ptxas), and drains once per 256 of K. The other consumer
+// warpgroup keeps the tensor core busy during the drain.
+template <bool kFp4, bool kPrev>
 __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
-                                           const StageView &cur, int wrow, int lane) {
+                                           const StageView &prev, const StageView &cur, int wrow,
+                                           int lane) {
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
         issue_unit(ring[u % kRing], cur, u);
-        if (u >= kLook) retire<kFp4, kLook>(acc, ring, (u - kLook) % kRing, cur, u - kLook, wrow, lane);
+        const int old = u - kLook;
+        if (old >= 0) {
+            retire<kFp4, kLook>(acc, ring, old % kRing, cur, old, wrow, lane);
+        } else if (kPrev) {
+            retire<kFp4, kLook>(acc, ring, (old + kUnits) % kRing, prev, old + kUnits, wrow, lane);
+            if (old + kUnits == kUnits - 1) release(prev, lane);
+        }
     }
-    drain<kFp4, 0>(acc, ring, cur, wrow, lane);
-    release(cur, lane);
 }
 
 template <bool kFp4, bool kF32>
@@ -315,7 +328,7 @@ __device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
     // have to fit the producer's registers).
     constexpr bool grouped = kFp4;
     if (warp < 4) {
-        regs_dealloc<kProducerRegs>();
+        regs_dealloc<Regs<kFp4>::kProducer>();
         const int num_st = (p.k + kBlockK - 1) / kBlockK;
         Scheduler sched(p, grouped);
         Tile tile;
@@ -369,7 +382,7 @@ __device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
         return;
     }
 
-    regs_alloc<kConsumerRegs>();
+    regs_alloc<Regs<kFp4>::kConsumer>();
     const int num_st = (p.k + kBlockK - 1) / kBlockK;
     Scheduler sched(p, grouped);
     Tile tile;
@@ -385,12 +398,29 @@ __device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
     for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile); t += gridDim.x) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-        for (int st = 0; st < num_st; ++st, ++it) {
+        // Stages in pairs (see stage_body), then an odd last stage alone.
+        int st = 0;
+        for (; st + 2 <= num_st; st += 2, it += 2) {
+            const int s0 = it % S, s1 = (it + 1) % S;
+            const uint32_t ph0 = (it / S) & 1, ph1 = ((it + 1) / S) & 1;
+            mbar_wait(&full[s0], ph0);
+            mbar_wait(&ready[s0], ph0);
+            stage_body<kFp4, false>(acc, ring, view(s0), view(s0), wrow, lane);
+            mbar_wait(&full[s1], ph1);
+            mbar_wait(&ready[s1], ph1);
+            stage_body<kFp4, true>(acc, ring, view(s0), view(s1), wrow, lane);
+            drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+            release(view(s1), lane);
+        }
+        if (st < num_st) {
             const int s = it % S;
             const uint32_t ph = (it / S) & 1;
             mbar_wait(&full[s], ph);
             mbar_wait(&ready[s], ph);
-            stage_body<kFp4>(acc, ring, view(s), wrow, lane);
+            stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
+            drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
+            release(view(s), lane);
+            ++it;
         }
         const int r0 = tile.row0 + wrow;
 #pragma unroll
