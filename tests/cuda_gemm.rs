@@ -12,7 +12,9 @@
 //! are fresh random e4m3 values (no NaN codes), e2m1 nibbles and E8M0 scales
 //! in 2^-10..2^4. Shapes cover real V4.1 projections, M/N/K tails and expert
 //! groups that are empty (first, middle, last), single-row, or not a multiple
-//! of the 128-row tile. DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
+//! of the 128-row tile, and M (or an expert's rows) above 16 128-row blocks
+//! (version 2's banded tile order), K of 1 to 64 128-deep stages, odd and
+//! even (version 2 takes stages in pairs). DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
 //! small shapes that still cover every tail and the empty groups.
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
 #![cfg(deepinfer_cuda)]
@@ -136,6 +138,9 @@ const DENSE_SHAPES: &[(usize, usize, usize)] = &[
     (65, 8, 16),
     (129, 136, 48),
     (200, 8, 80),
+    // More than 16 m-blocks: version 2's banded tile order with a short last
+    // band (M = 2100: 17 m-blocks).
+    (2100, 300, 80),
 ];
 
 const DENSE_QUICK: &[(usize, usize, usize)] = &[
@@ -275,6 +280,9 @@ fn grouped_cases() -> Vec<GroupedCase> {
         v.push(case(4096, 4096, &[0, 257, 128, 0, 1, 300]));
         v.push(case(4096, 2048, &[129, 0, 384, 64]));
         v.push(case(1280, 5120, &[200, 0, 57]));
+        // An expert with more than 16 m-blocks (version 2's bands inside an
+        // expert), between a small and an empty one.
+        v.push(case(300, 64, &[5, 2100, 0]));
     }
     v
 }
