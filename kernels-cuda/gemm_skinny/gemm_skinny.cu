@@ -47,14 +47,28 @@ constexpr int kStages = 5;        // cp.async stages (kStages - 1 chunks in flig
 // raw), tokens (nt_max x 128 B swizzled), weight scales f32 [4][64], token
 // scales f32 [4][nt_max]; stages 1024-byte aligned. FP4 adds one decoded
 // 64 x 128 B weight tile after the stages.
-template <bool FP4, int NT_MAX> struct Layout {
+// Version 2 (V2) packs tighter: the stages hold only weights and tokens
+// (already multiples of 1024 bytes), the fp32 scales of all stages follow
+// in a dense ring (1024 + 16 nt_max bytes a stage, no 1 KiB padding), and
+// the dense 16- and 32-token tiles run 4 stages, so that 4 CTAs fit an SM:
+// dense n8/n16/n32 52/46/55 KiB, FP4 n8/n16/n32 40/46/57 KiB (+1 KiB slack).
+template <bool FP4, int NT_MAX, bool V2 = false> struct Layout {
+    static constexpr int stages = V2 && !FP4 && NT_MAX >= 16 ? 4 : kStages;
     static constexpr int nt_max = NT_MAX;
     static constexpr uint32_t x_off = FP4 ? 4096u : 8192u;
-    static constexpr uint32_t scw_off = x_off + uint32_t(NT_MAX) * 128u;
-    static constexpr uint32_t scx_off = scw_off + 4u * kTileN * 4u;
-    static constexpr uint32_t stage_bytes = (scx_off + 16u * uint32_t(NT_MAX) + 1023u) & ~1023u;
-    static constexpr uint32_t dec_off = kStages * stage_bytes;
+    static constexpr uint32_t data_bytes = x_off + uint32_t(NT_MAX) * 128u;
+    static constexpr uint32_t scale_bytes = 4u * kTileN * 4u + 16u * uint32_t(NT_MAX);
+    static constexpr uint32_t stage_bytes =
+        V2 ? data_bytes : (data_bytes + scale_bytes + 1023u) & ~1023u;
+    // Stage s's weight scales at scw0 + s * sc_stride, its token scales
+    // scx_rel bytes after them.
+    static constexpr uint32_t scw0 = V2 ? stages * stage_bytes : data_bytes;
+    static constexpr uint32_t sc_stride = V2 ? scale_bytes : stage_bytes;
+    static constexpr uint32_t scx_rel = 4u * kTileN * 4u;
+    static constexpr uint32_t dec_off =
+        ((V2 ? scw0 + stages * scale_bytes : stages * stage_bytes) + 1023u) & ~1023u;
     static constexpr uint32_t bytes = 1024u + dec_off + (FP4 ? 8192u : 0u);
+    static_assert(data_bytes % 1024u == 0u, "swizzled tiles need 1024-byte alignment");
 };
 
 // One 64-feature x (up to 64)-token output tile over a range of K chunks.
@@ -88,6 +102,21 @@ __device__ __forceinline__ void store_out(const Tile &t, int tok, int f, float v
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using namespace deepinfer::sm90;
+
+// The host twin (smem_bytes in src/cuda_backend/gemm_skinny.rs) computes the
+// same sizes; these pin both to the same numbers.
+static_assert(Layout<false, 8>::bytes == 57344u && Layout<false, 16>::bytes == 62464u &&
+                  Layout<false, 32>::bytes == 72704u && Layout<false, 64>::bytes == 93184u,
+              "V1 dense layout sizes");
+static_assert(Layout<true, 8>::bytes == 45056u && Layout<true, 16>::bytes == 50176u &&
+                  Layout<true, 32>::bytes == 60416u && Layout<true, 64>::bytes == 80896u,
+              "V1 FP4 layout sizes");
+static_assert(Layout<false, 8, true>::bytes == 53248u && Layout<false, 16, true>::bytes == 47104u &&
+                  Layout<false, 32, true>::bytes == 56320u,
+              "V2 dense layout sizes");
+static_assert(Layout<true, 8, true>::bytes == 40960u && Layout<true, 16, true>::bytes == 47104u &&
+                  Layout<true, 32, true>::bytes == 58368u,
+              "V2 FP4 layout sizes");
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
@@ -191,13 +220,13 @@ template <bool FP4, int NT, class L> struct Loader {
             const int f = t.n0 + tid;
             s_valid = f < t.n;
             s_src = t.ws + (FP4 ? int64_t(min(f, t.n - 1)) : int64_t(min(f, t.n - 1) / 32)) * t.kbs;
-            s_dst = reinterpret_cast<float *>(smem0 + L::scw_off) + tid;
+            s_dst = reinterpret_cast<float *>(smem0 + L::scw0) + tid;
             s_stride = kTileN;
         } else {
             const int tok = tid - kTileN;
             s_valid = tok < NT && tok < t.rows;
             s_src = t.xs + int64_t(min(tok, t.rows - 1)) * t.kbs;
-            s_dst = reinterpret_cast<float *>(smem0 + L::scx_off) + tok;
+            s_dst = reinterpret_cast<float *>(smem0 + L::scw0 + L::scx_rel) + tok;
             s_stride = L::nt_max;
         }
     }
@@ -241,8 +270,8 @@ template <bool FP4, int NT, class L> struct Loader {
         return v;
     }
 
-    // Writes them as fp32 into the stage at byte offset `stage_off` from
-    // stage 0; K blocks past the end (and missing rows) get scale 0, so their
+    // Writes them as fp32 into the stage whose scales lie `stage_off` bytes
+    // after stage 0's (a multiple of L::sc_stride); K blocks past the end (and missing rows) get scale 0, so their
     // zero tiles add exactly +0.
     __device__ __forceinline__ void store_scales(uint32_t stage_off, uint32_t v, int c) const {
         if (threadIdx.x >= kTileN + NT) return;
@@ -300,7 +329,8 @@ __device__ __forceinline__ void promote(float (&acc)[NT / 2], float (&tile)[NT /
 // the iteration that loads them.
 template <bool FP4, int NT, int NT_MAX, bool DEFER>
 __device__ void tile_mma(const Tile &t, uint8_t *smem) {
-    using L = Layout<FP4, NT_MAX>;
+    using L = Layout<FP4, NT_MAX, DEFER>;
+    constexpr int kSt = L::stages;
     using Mma = WgmmaE4M3<NT>;
     static_assert(L::bytes <= 227u * 1024u, "the layout exceeds the shared memory of an SM");
     // The previous tile of this CTA may still be reading its last stage.
@@ -313,11 +343,11 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     const uint32_t s0 = smem_u32(smem);
 
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kSt - 1; ++s) {
         if (s < nch) {
             const int c = t.chunk_begin + s;
             ld.issue(s0 + s * L::stage_bytes, c, t.k);
-            ld.store_scales(s * L::stage_bytes, ld.load_scales(c), c);
+            ld.store_scales(s * L::sc_stride, ld.load_scales(c), c);
         }
         cp_async_commit();
     }
@@ -327,18 +357,20 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) tile[0][i] = tile[1][i] = 0.0f;
     const DecodeTables tables{opaque(0x3C383000u), opaque(0x4C484440u), opaque(0x80808080u)};
-    uint32_t slot = 0, pslot = (kStages - 1) * L::stage_bytes;  // byte offsets
+    uint32_t slot = 0, pslot = (kSt - 1) * L::stage_bytes;  // byte offsets
+    // The same stages' scales (V2; in V1 they equal slot, pslot).
+    uint32_t sslot = 0, psslot = (kSt - 1) * L::sc_stride;
     // DEFER: scales loaded one (h0) and two (h1) iterations ago: value, stage
     // offset, chunk (< 0: none).
     uint32_t hv0 = 0, hslot0 = 0, hv1 = 0, hslot1 = 0;
     int hc0 = -1, hc1 = -1;
     for (int i = 0; i < nch; ++i) {
         uint8_t *st = smem + slot;
-        cp_async_wait<kStages - 2>();  // this thread's copies of chunk i landed
+        cp_async_wait<kSt - 2>();      // this thread's copies of chunk i landed
         fence_proxy_async_smem();      // ... and are visible to wgmma
         __syncthreads();               // everyone's copies; chunk i - 1 fully consumed
 
-        const int pf = i + kStages - 1, pc = t.chunk_begin + pf;
+        const int pf = i + kSt - 1, pc = t.chunk_begin + pf;
         if (pf < nch) ld.issue(s0 + pslot, pc, t.k);
         cp_async_commit();
 
@@ -351,11 +383,13 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
         }
         // The prefetched chunk's scales: loaded after the last proxy fence of
         // this iteration (a fence never waits on them), stored after the
-        // wgmmas, read kStages - 1 iterations later.
+        // wgmmas, read kSt - 1 iterations later.
         const uint32_t pv = pf < nch ? ld.load_scales(pc) : 0u;
         const uint64_t da = smem_desc_k128(wt), db = smem_desc_k128(st + L::x_off);
-        const float *scw = reinterpret_cast<const float *>(st + L::scw_off);
-        const float *scx = reinterpret_cast<const float *>(st + L::scx_off);
+        // (V1: the scales sit inside the stage, at st + scw0.)
+        const uint8_t *sc = DEFER ? smem + L::scw0 + sslot : st + L::scw0;
+        const float *scw = reinterpret_cast<const float *>(sc);
+        const float *scx = reinterpret_cast<const float *>(sc + L::scx_rel);
 
         // Two fresh tiles alternate: the wgmma of k-step j runs while k-step
         // j - 1 is promoted. Every chunk runs its 4 k-steps (a K block past
@@ -383,19 +417,21 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
             // Chunk hc1 (= this chunk + 2) is read two iterations from now,
             // after barriers; its stage is neither this chunk's, nor the next
             // one's, nor the one the copies just issued target.
-            static_assert(kStages >= 4, "the deferred scales need two stages of lead");
+            static_assert(kSt >= 4, "the deferred scales need two stages of lead");
             if (hc1 >= 0) ld.store_scales(hslot1, hv1, hc1);
             hv1 = hv0;
             hslot1 = hslot0;
             hc1 = hc0;
             hv0 = pv;
-            hslot0 = pslot;
+            hslot0 = psslot;
             hc0 = pf < nch ? pc : -1;
         } else {
             if (pf < nch) ld.store_scales(pslot, pv, pc);
         }
-        slot = slot == (kStages - 1) * L::stage_bytes ? 0 : slot + L::stage_bytes;
-        pslot = pslot == (kStages - 1) * L::stage_bytes ? 0 : pslot + L::stage_bytes;
+        slot = slot == (kSt - 1) * L::stage_bytes ? 0 : slot + L::stage_bytes;
+        pslot = pslot == (kSt - 1) * L::stage_bytes ? 0 : pslot + L::stage_bytes;
+        sslot = sslot == (kSt - 1) * L::sc_stride ? 0 : sslot + L::sc_stride;
+        psslot = psslot == (kSt - 1) * L::sc_stride ? 0 : psslot + L::sc_stride;
     }
 
     const int lane = threadIdx.x & 31, f0 = 16 * (threadIdx.x >> 5) + (lane >> 2);
@@ -751,22 +787,23 @@ extern "C" __global__ void __launch_bounds__(256)
 
 
 // Version 2 entry points (see dense_v2 / masked_v2): the 32-token tile is the
-// largest; dense m in 33..64 runs _n32 with token_halves = 2. The masked n16
-// and n32 tiles fit one CTA per SM more than in version 1 (4 and 3: ptxas
-// needs 118 and 137 registers for them, shared memory 52 and 62 KiB).
+// largest; dense m in 33..64 runs _n32 with token_halves = 2. With the V2
+// layout (Layout<.., true>) every entry fits more CTAs per SM than in
+// version 1: dense n8/n16/n32 4/4/4 (V1 4/3/3), masked n8/n16/n32 5/4/3
+// (V1 4/3/2), within the registers ptxas reports.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gemm_skinny_v2_fp8_n8(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<8>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gemm_skinny_v2_fp8_n16(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<16>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 3)
+extern "C" __global__ void __launch_bounds__(kThreads, 4)
     gemm_skinny_v2_fp8_n32(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<32>(p);
 }
-extern "C" __global__ void __launch_bounds__(kThreads, 4)
+extern "C" __global__ void __launch_bounds__(kThreads, 5)
     gemm_skinny_v2_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<8>(p);
 }

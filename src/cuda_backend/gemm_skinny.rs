@@ -51,7 +51,8 @@ const THREADS: u32 = 128;
 const TILE_N: usize = 64;
 /// K per pipeline stage and per split unit.
 const CHUNK_K: usize = 128;
-/// Pipeline stages (`kStages` in gemm_skinny.cu).
+/// Pipeline stages (`kStages` in gemm_skinny.cu); V2's dense 16- and
+/// 32-token tiles run one fewer (`Layout::stages`).
 const STAGES: u32 = 5;
 /// CTAs the dense split-K aims for: two per SM of the H200 (132 SMs). A
 /// constant, not the device's SM count, so the split (and the result bits)
@@ -215,7 +216,7 @@ pub fn mxfp8_gemm_skinny_with(
         (SkinnyVersion::V2, 16) => ks::GEMM_SKINNY_V2_FP8_N16,
         (SkinnyVersion::V2, _) => ks::GEMM_SKINNY_V2_FP8_N32,
     };
-    let smem = smem_bytes(false, nt);
+    let smem = smem_bytes(false, nt, version);
     let (splits, chunks_per_split) = split_k(n, k);
     let tiles = n.div_ceil(TILE_N) * halves;
 
@@ -383,7 +384,7 @@ pub fn mxfp4_grouped_masked_with(
     };
     let nt = token_tile(max_m.min(cap));
     let kernel = kernels[nt.trailing_zeros() as usize - 3];
-    let smem = smem_bytes(true, nt);
+    let smem = smem_bytes(true, nt, version);
     let tiles = n.div_ceil(TILE_N);
     allow_smem(dev, kernel, smem)?;
     let slots = resident_ctas(dev, kernel, smem)?;
@@ -456,13 +457,26 @@ fn token_tile(rows: usize) -> u32 {
 /// Dynamic shared memory of a launch; the host twin of `Layout` in
 /// gemm_skinny.cu: per stage the weight tile (e4m3 64 × 128 B, or raw FP4
 /// 64 × 64 B), the token tile (nt × 128 B) and the fp32 scales (4 × 64 and
-/// 4 × nt), rounded to 1024 bytes; FP4 adds one decoded 64 × 128 B tile;
-/// plus 1024 bytes to align the base.
-fn smem_bytes(fp4: bool, nt: u32) -> u32 {
+/// 4 × nt); V1 rounds each stage to 1024 bytes, V2 keeps the scales of all
+/// stages in one ring after the stages (rounded once) and gives the dense
+/// 16- and 32-token tiles 4 stages; FP4 adds one decoded 64 × 128 B tile;
+/// plus 1024 bytes to align the base. gemm_skinny.cu `static_assert`s the
+/// resulting sizes (dense V1 n8..n64 57344, 62464, 72704, 93184; FP4 V1
+/// 45056, 50176, 60416, 80896; dense V2 n8..n32 53248, 47104, 56320; FP4 V2
+/// 40960, 47104, 58368), and [`tests::smem_matches_the_kernel_layout`] the
+/// same numbers here.
+fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let x_off = if fp4 { 4096 } else { 8192 };
-    let scx_off = x_off + nt * 128 + 4 * TILE_N as u32 * 4;
-    let stage = (scx_off + 16 * nt).next_multiple_of(1024);
-    1024 + STAGES * stage + if fp4 { 8192 } else { 0 }
+    let data = x_off + nt * 128;
+    let scales = 4 * TILE_N as u32 * 4 + 16 * nt;
+    let decoded = if fp4 { 8192 } else { 0 };
+    match version {
+        SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
+        SkinnyVersion::V2 => {
+            let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
+            1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
+        }
+    }
 }
 
 /// Lets `kernel` take `smem` bytes of dynamic shared memory (above 48 KiB
@@ -577,5 +591,29 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
         tensor: name,
         got: format!("{:?}", t.device()),
         expected: "a CUDA device".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{SkinnyVersion, smem_bytes};
+
+    /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
+    #[test]
+    fn smem_matches_the_kernel_layout() {
+        let v1 = SkinnyVersion::V1;
+        let v2 = SkinnyVersion::V2;
+        let got: Vec<u32> = [8, 16, 32, 64]
+            .iter()
+            .map(|&nt| smem_bytes(false, nt, v1))
+            .chain([8, 16, 32, 64].iter().map(|&nt| smem_bytes(true, nt, v1)))
+            .chain([8, 16, 32].iter().map(|&nt| smem_bytes(false, nt, v2)))
+            .chain([8, 16, 32].iter().map(|&nt| smem_bytes(true, nt, v2)))
+            .collect();
+        let want = [
+            57344, 62464, 72704, 93184, 45056, 50176, 60416, 80896, 53248, 47104, 56320, 40960,
+            47104, 58368,
+        ];
+        assert_eq!(got, want);
     }
 }
