@@ -8,6 +8,8 @@
 //! ready to carry to the GPU machine. There, `bash gpu-bundle/run.sh` runs
 //! every test, the compute-sanitizer passes and the benches, writes logs and
 //! the benchmark JSON under `$OUT`, and prints a one-line summary last.
+//! With DEEPINFER_ONLY set (as for run.sh), only those families' CUDA tests
+//! and benches are gathered.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -71,6 +73,19 @@ fn copy(from: &Path, to: &Path) {
         .unwrap_or_else(|e| panic!("copy {} -> {}: {e}", from.display(), to.display()));
 }
 
+/// Whether a family (a test name without `cuda_`, or a bench name without
+/// `_gpu`) is in DEEPINFER_ONLY (space-separated prefixes; unset = all), the
+/// same selection run.sh applies. It keeps the carried bundle under the
+/// device tool's 64 MiB when only some families changed.
+fn selected(family: &str) -> bool {
+    match std::env::var("DEEPINFER_ONLY") {
+        Ok(only) if !only.trim().is_empty() => {
+            only.split_whitespace().any(|w| family.starts_with(w))
+        }
+        _ => true,
+    }
+}
+
 fn gpu_bundle(root: &Path) {
     let dir = root.join("gpu-bundle");
     let _ = std::fs::remove_dir_all(&dir);
@@ -93,6 +108,10 @@ fn gpu_bundle(root: &Path) {
             let sub = match (sub, name.as_str()) {
                 (_, "bin") => "bin",
                 ("benches", n) if !n.ends_with("_gpu") => continue,
+                ("benches", n) if !selected(n.trim_end_matches("_gpu")) => continue,
+                ("tests", n) if n.starts_with("cuda_") && !selected(&n["cuda_".len()..]) => {
+                    continue;
+                }
                 // The GPU machine runs the CUDA tests (tests/cuda_*.rs) and the
                 // image/registry checks of errors.rs; the others are CPU-only
                 // and read repository files or the dev machine's virtualenv.
