@@ -76,9 +76,9 @@ pub enum SkinnyVersion {
     V2,
 }
 
-/// The version [`mxfp8_gemm_skinny`] and [`mxfp4_grouped_masked`] run: V1
-/// until V2 has passed the GPU tests and the bench.
-pub const DEFAULT_VERSION: SkinnyVersion = SkinnyVersion::V1;
+/// The version [`mxfp8_gemm_skinny`] and [`mxfp4_grouped_masked`] run (the
+/// faster one in `benches/results/*-h200-gemm.json`).
+pub const DEFAULT_VERSION: SkinnyVersion = SkinnyVersion::V2;
 
 /// Per-stream scratch of the split-K path (see the module doc).
 #[derive(Default)]

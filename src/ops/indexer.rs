@@ -52,6 +52,14 @@ fn shape_err(op: &'static str, tensor: &'static str, t: &Tensor, expected: Strin
     }
 }
 
+/// BF16 → f32 by widening the bit pattern. Unlike `bf16::to_f32`, which sets
+/// the quiet bit of a signalling NaN, this keeps every payload, so
+/// `f32::total_cmp` orders the widened scores exactly as the GPU kernels order
+/// the raw 16-bit keys (NaNs included).
+fn widen(v: bf16) -> f32 {
+    f32::from_bits(u32::from(v.to_bits()) << 16)
+}
+
 const QUANT: &str = "index_key_quant";
 
 /// BF16 `x` `[.., dim]` (dim a positive multiple of 32) → index-key rows
@@ -338,7 +346,7 @@ pub fn index_topk_into(
             let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
             let o = out.as_mut_slice::<i32>()?;
             for b in 0..batch {
-                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| v.to_f32()).collect();
+                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| widen(*v)).collect();
                 let visible = vis[b].clamp(0, n as i32) as usize;
                 let list = cpu_backend::indexer::select(&row, k, visible, offset);
                 o[b * k..(b + 1) * k].copy_from_slice(&list);
@@ -476,7 +484,7 @@ pub fn index_candidates_into(
             let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
             let o = out.as_mut_slice::<i32>()?;
             for b in 0..batch {
-                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| v.to_f32()).collect();
+                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| widen(*v)).collect();
                 let visible = vis[b].clamp(0, n as i32) as usize;
                 let mask = cpu_backend::indexer::candidate_mask(&row, visible, block, keep);
                 let kept = (0..n.div_ceil(block))
