@@ -12,10 +12,12 @@
 //! function of N and K only, so a row's result does not depend on M, and
 //! repeated runs are bitwise identical.
 //!
-//! Two versions: V1 (verified on the H200, the default) and V2 (fused
-//! split-K reduction, M = 33..64 as two 32-token halves, masked MoE on a
-//! persistent grid sized to the resident CTAs; not yet run on a GPU). Select
-//! with the `_with` functions; the plain functions run [`DEFAULT_VERSION`].
+//! Two versions, both verified on the H200: V1 and V2 (fused split-K
+//! reduction, M = 33..64 as two 32-token halves, masked MoE on a persistent
+//! grid sized to the resident CTAs). Neither wins everywhere (bench of
+//! 6600bd8), so the plain functions pick per shape ([`dense_version`],
+//! [`masked_version`]); the `_with` functions take a version. For M ≤ 32 the
+//! two versions give the same bits, so the switch keeps rows M-independent.
 //!
 //! Scratch: the split-K fp32 workspace and V2's ticket counters are cached
 //! per CUDA stream (grow-only, behind a mutex) instead of allocated per call.
@@ -76,9 +78,28 @@ pub enum SkinnyVersion {
     V2,
 }
 
-/// The version [`mxfp8_gemm_skinny`] and [`mxfp4_grouped_masked`] run (the
-/// faster one in `benches/results/*-h200-gemm.json`).
-pub const DEFAULT_VERSION: SkinnyVersion = SkinnyVersion::V2;
+/// The version [`mxfp8_gemm_skinny`] runs for `m` rows: V2 up to 8 rows (its
+/// fused reduction saves the second launch: wq_a M = 1 8.7 µs vs 12.0, wkv
+/// 7.5 vs 12.3), V1 above (V2's 16/32-token tiles measured slower: wq_a
+/// M = 32 26.0 µs vs 11.6). Measured on the H200, bench of 6600bd8.
+pub fn dense_version(m: usize) -> SkinnyVersion {
+    if m <= 8 {
+        SkinnyVersion::V2
+    } else {
+        SkinnyVersion::V1
+    }
+}
+
+/// The version [`mxfp4_grouped_masked`] runs for `max_m` slots per expert:
+/// V2 up to 16 (w2 at 16 tokens per expert 1804 µs vs 2479), V1 above (64
+/// tokens: 3832 µs vs 4796). Measured on the H200, bench of 6600bd8.
+pub fn masked_version(max_m: usize) -> SkinnyVersion {
+    if max_m <= 16 {
+        SkinnyVersion::V2
+    } else {
+        SkinnyVersion::V1
+    }
+}
 
 /// Per-stream scratch of the split-K path (see the module doc).
 #[derive(Default)]
@@ -152,7 +173,7 @@ fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize
 /// Dense `out = A · Bᵀ` for M ≤ 64 with 1×32 activation and 32×32 weight
 /// E8M0 scales: `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]` E8M0, `b` `[N, K]`
 /// e4m3, `b_s` `[⌈N/32⌉, ⌈K/32⌉]` E8M0, `out` `[M, N]` BF16 or F32 (rounded
-/// once from the fp32 accumulator), by the [`DEFAULT_VERSION`] kernels.
+/// once from the fp32 accumulator), by the [`dense_version`] kernels.
 /// Errors: K % 16 != 0 or M > 64 (tensor `a`).
 pub fn mxfp8_gemm_skinny(
     dev: &CudaDevice,
@@ -162,7 +183,8 @@ pub fn mxfp8_gemm_skinny(
     b_s: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    mxfp8_gemm_skinny_with(dev, a, a_s, b, b_s, out, DEFAULT_VERSION)
+    let version = dense_version(a.shape().first().copied().unwrap_or(0));
+    mxfp8_gemm_skinny_with(dev, a, a_s, b, b_s, out, version)
 }
 
 /// [`mxfp8_gemm_skinny`] by the kernels of `version`. Both versions split K
@@ -296,7 +318,7 @@ pub fn mxfp8_gemm_skinny_with(
 
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
 /// every expert e and row r < clamp(counts[e], 0, max_m),
-/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`, by the [`DEFAULT_VERSION`] kernels.
+/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`, by the [`masked_version`] kernels.
 ///
 /// `a` `[E, max_m, K]` e4m3, `a_s` `[E, max_m, ⌈K/32⌉]` E8M0, `b` `[E, N, K]`
 /// packed e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of
@@ -313,7 +335,8 @@ pub fn mxfp4_grouped_masked(
     counts: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    mxfp4_grouped_masked_with(dev, a, a_s, b, b_s, counts, out, DEFAULT_VERSION)
+    let version = masked_version(a.shape().get(1).copied().unwrap_or(0));
+    mxfp4_grouped_masked_with(dev, a, a_s, b, b_s, counts, out, version)
 }
 
 /// [`mxfp4_grouped_masked`] by the kernels of `version`. The grid follows the
