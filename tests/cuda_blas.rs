@@ -17,6 +17,7 @@
 
 mod common;
 
+use common::random_e4m3;
 use deepinfer::cpu_backend;
 use deepinfer::cuda_backend::blas::{Fp8TensorwisePlan, cublaslt_fp8_tensorwise};
 use deepinfer::device::CudaDevice;
@@ -25,7 +26,6 @@ use deepinfer::ops;
 use deepinfer::{DType, Device, E4M3, Error, Tensor};
 use half::bf16;
 use rand::Rng;
-use rand::rngs::StdRng;
 
 fn cuda() -> CudaDevice {
     CudaDevice::new(0)
@@ -134,20 +134,6 @@ fn bf16_linear_rejects_operands_on_other_devices() {
     );
 }
 
-/// Random e4m3 codes, NaN excluded.
-fn e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let c: u8 = rng.random();
-                if c & 0x7F != 0x7F {
-                    break E4M3(c);
-                }
-            }
-        })
-        .collect()
-}
-
 /// (M, N, K) for the FP8 peer: N and K multiples of 16 (cuBLASLt's FP8
 /// rule), M any.
 const FP8_SHAPES: &[(usize, usize, usize)] = &[
@@ -170,7 +156,7 @@ fn cublaslt_fp8_peer_matches_an_fp32_gemm_of_its_dequantised_inputs() {
         FP8_SHAPES
     };
     for &(m, n, k) in shapes {
-        let (a, w) = (e4m3(&mut rng, m * k), e4m3(&mut rng, n * k));
+        let (a, w) = (random_e4m3(&mut rng, m * k), random_e4m3(&mut rng, n * k));
         let (sa, sw) = (
             rng.random_range(0.01f32..2.0),
             rng.random_range(0.001f32..0.1),

@@ -21,14 +21,13 @@
 
 mod common;
 
+use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm::{LargeKernel, mxfp4_grouped_contiguous_with, mxfp8_gemm_with};
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
-use deepinfer::{DType, Device, E4M3, E8M0, Error, Fp4x2, Tensor};
+use deepinfer::{DType, Device, Error, Tensor};
 use half::bf16;
-use rand::Rng;
-use rand::rngs::StdRng;
 
 /// calc_diff bound for every comparison here.
 const MAX_DIFF: f64 = 1e-3;
@@ -42,27 +41,6 @@ fn gpu() -> (CudaDevice, Device) {
 
 fn quick() -> bool {
     std::env::var("DEEPINFER_QUICK").is_ok_and(|v| v == "1")
-}
-
-/// Random e4m3 codes, NaN codes (0x7F, 0xFF) excluded.
-fn random_e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let b: u8 = rng.random();
-                if b & 0x7F != 0x7F {
-                    break E4M3(b);
-                }
-            }
-        })
-        .collect()
-}
-
-/// Random E8M0 scales 2^-10 ..= 2^4.
-fn random_scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
-    (0..n)
-        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
-        .collect()
 }
 
 fn upload<T: deepinfer::dtype::Element>(dev: &Device, v: Vec<T>, shape: &[usize]) -> Tensor {
@@ -159,9 +137,9 @@ fn mxfp8_gemm_matches_the_cpu_reference() {
     for &(m, n, k) in shapes {
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
-        let a_s = random_scales(&mut rng, m * kb);
+        let a_s = random_e8m0(&mut rng, m * kb, GEMM_SCALES);
         let b = random_e4m3(&mut rng, n * k);
-        let b_s = random_scales(&mut rng, n.div_ceil(32) * kb);
+        let b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES);
         let reference = by_rows(m, n, |r0, r1| {
             fp8_gemm_f32(
                 &a[r0 * k..r1 * k],
@@ -198,9 +176,13 @@ fn mxfp8_gemm_rejects_k_not_a_multiple_of_16() {
     for k in [40usize, 8, 33] {
         let (m, n, kb) = (130, 64, k.div_ceil(32));
         let a = upload(&dev, random_e4m3(&mut rng, m * k), &[m, k]);
-        let a_s = upload(&dev, random_scales(&mut rng, m * kb), &[m, kb]);
+        let a_s = upload(&dev, random_e8m0(&mut rng, m * kb, GEMM_SCALES), &[m, kb]);
         let b = upload(&dev, random_e4m3(&mut rng, n * k), &[n, k]);
-        let b_s = upload(&dev, random_scales(&mut rng, n.div_ceil(32) * kb), &[2, kb]);
+        let b_s = upload(
+            &dev,
+            random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES),
+            &[2, kb],
+        );
         for version in LargeKernel::ALL {
             let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
             let e = mxfp8_gemm_with(&cdev, &a, &a_s, &b, &b_s, &mut out, version).unwrap_err();
@@ -305,9 +287,9 @@ fn mxfp4_grouped_contiguous_matches_the_cpu_reference_per_group() {
         };
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, t * k);
-        let a_s = random_scales(&mut rng, t * kb);
-        let b: Vec<Fp4x2> = (0..e * n * k / 2).map(|_| Fp4x2(rng.random())).collect();
-        let b_s = random_scales(&mut rng, e * n * kb);
+        let a_s = random_e8m0(&mut rng, t * kb, GEMM_SCALES);
+        let b = random_fp4(&mut rng, e * n * k / 2);
+        let b_s = random_e8m0(&mut rng, e * n * kb, GEMM_SCALES);
         let ranges = group_ranges(&offsets, t);
         let ad = upload(&dev, a.clone(), &[t, k]);
         let asd = upload(&dev, a_s.clone(), &[t, kb]);
@@ -365,10 +347,14 @@ fn mxfp4_grouped_contiguous_rejects_k_not_a_multiple_of_32() {
     for k in [48usize, 16, 80] {
         let (t, n, e, kb) = (70, 40, 3, k.div_ceil(32));
         let a = upload(&dev, random_e4m3(&mut rng, t * k), &[t, k]);
-        let a_s = upload(&dev, random_scales(&mut rng, t * kb), &[t, kb]);
-        let b: Vec<Fp4x2> = (0..e * n * k / 2).map(|_| Fp4x2(rng.random())).collect();
+        let a_s = upload(&dev, random_e8m0(&mut rng, t * kb, GEMM_SCALES), &[t, kb]);
+        let b = random_fp4(&mut rng, e * n * k / 2);
         let b = upload(&dev, b, &[e, n, k]);
-        let b_s = upload(&dev, random_scales(&mut rng, e * n * kb), &[e, n, kb]);
+        let b_s = upload(
+            &dev,
+            random_e8m0(&mut rng, e * n * kb, GEMM_SCALES),
+            &[e, n, kb],
+        );
         let offsets = upload(&dev, offsets_of(&[10, 0, 60]), &[e + 1]);
         for version in LargeKernel::ALL {
             let mut out = Tensor::empty(&dev, DType::F32, &[t, n]).unwrap();

@@ -11,10 +11,11 @@
 
 mod common;
 
+use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
 use deepinfer::ops::{self, GemmImpl, SKINNY_MAX_M};
-use deepinfer::{DType, Device, E4M3, E8M0, Fp4x2, Tensor};
+use deepinfer::{DType, Device, E4M3, E8M0, Tensor};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -29,25 +30,6 @@ fn gpu() -> (CudaDevice, Device) {
 
 fn quick() -> bool {
     std::env::var_os("DEEPINFER_QUICK").is_some()
-}
-
-fn e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let c: u8 = rng.random();
-                if c & 0x7F != 0x7F {
-                    break E4M3(c);
-                }
-            }
-        })
-        .collect()
-}
-
-fn scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
-    (0..n)
-        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
-        .collect()
 }
 
 fn t<T: deepinfer::dtype::Element>(v: Vec<T>, shape: &[usize]) -> Tensor {
@@ -79,9 +61,15 @@ fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
     let m_max = 200;
     for &(n, k) in shapes {
         let kb = k.div_ceil(32);
-        let (a, a_s) = (e4m3(&mut rng, m_max * k), scales(&mut rng, m_max * kb));
-        let w = t(e4m3(&mut rng, n * k), &[n, k]);
-        let w_s = t(scales(&mut rng, n.div_ceil(32) * kb), &[n.div_ceil(32), kb]);
+        let (a, a_s) = (
+            random_e4m3(&mut rng, m_max * k),
+            random_e8m0(&mut rng, m_max * kb, GEMM_SCALES),
+        );
+        let w = t(random_e4m3(&mut rng, n * k), &[n, k]);
+        let w_s = t(
+            random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES),
+            &[n.div_ceil(32), kb],
+        );
         let (wd, wsd) = (w.to_device(&dev).unwrap(), w_s.to_device(&dev).unwrap());
         // Per kernel: the result of each M, to compare rows across M.
         let mut large: Vec<(usize, Vec<f32>)> = Vec::new();
@@ -162,11 +150,8 @@ struct Moe {
 fn moe(rng: &mut StdRng, e: usize, n: usize, k: usize) -> Moe {
     let kb = k.div_ceil(32);
     Moe {
-        w: t(
-            (0..e * n * k / 2).map(|_| Fp4x2(rng.random())).collect(),
-            &[e, n, k],
-        ),
-        w_s: t(scales(rng, e * n * kb), &[e, n, kb]),
+        w: t(random_fp4(rng, e * n * k / 2), &[e, n, k]),
+        w_s: t(random_e8m0(rng, e * n * kb, GEMM_SCALES), &[e, n, kb]),
     }
 }
 
@@ -198,8 +183,8 @@ fn grouped_ops_read_offsets_and_counts_on_the_device() {
         offsets.push(offsets.last().unwrap() + *p as i32);
     }
     let rows = *offsets.last().unwrap() as usize;
-    let a = t(e4m3(&mut rng, rows * k), &[rows, k]);
-    let a_s = t(scales(&mut rng, rows * kb), &[rows, kb]);
+    let a = t(random_e4m3(&mut rng, rows * k), &[rows, k]);
+    let a_s = t(random_e8m0(&mut rng, rows * kb, GEMM_SCALES), &[rows, kb]);
     let off = t(offsets.clone(), &[e + 1]);
     let want =
         f32s(&ops::mxfp4_grouped_contiguous(&a, &a_s, &x.w, &x.w_s, &off, DType::F32).unwrap());
@@ -223,15 +208,12 @@ fn grouped_ops_read_offsets_and_counts_on_the_device() {
 
     // Masked: counts 0, max_m and in between; only valid rows compared.
     let max_m = 24;
-    let counts: Vec<i32> = (0..e)
-        .map(|i| match i {
-            0 => 0,
-            1 => max_m as i32,
-            _ => rng.random_range(0..=max_m as i32),
-        })
-        .collect();
-    let a = t(e4m3(&mut rng, e * max_m * k), &[e, max_m, k]);
-    let a_s = t(scales(&mut rng, e * max_m * kb), &[e, max_m, kb]);
+    let counts = common::masked_counts(&mut rng, e, max_m);
+    let a = t(random_e4m3(&mut rng, e * max_m * k), &[e, max_m, k]);
+    let a_s = t(
+        random_e8m0(&mut rng, e * max_m * kb, GEMM_SCALES),
+        &[e, max_m, kb],
+    );
     let cnt = t(counts.clone(), &[e]);
     let want = f32s(&ops::mxfp4_grouped_masked(&a, &a_s, &x.w, &x.w_s, &cnt, DType::F32).unwrap());
     let got = f32s(
@@ -269,8 +251,8 @@ fn empty_outputs_and_malformed_device_offsets_are_safe() {
     // M = 0: nothing to launch.
     let a0 = up(t(Vec::<E4M3>::new(), &[0, k]));
     let s0 = up(t(Vec::<E8M0>::new(), &[0, kb]));
-    let w = up(t(e4m3(&mut rng, n * k), &[n, k]));
-    let ws = up(t(scales(&mut rng, 2 * kb), &[2, kb]));
+    let w = up(t(random_e4m3(&mut rng, n * k), &[n, k]));
+    let ws = up(t(random_e8m0(&mut rng, 2 * kb, GEMM_SCALES), &[2, kb]));
     let y = ops::mxfp8_linear(&a0, &s0, &w, &ws, DType::BF16).unwrap();
     assert_eq!(y.shape(), &[0, n]);
     let x = moe(&mut rng, e, n, k);
@@ -282,16 +264,22 @@ fn empty_outputs_and_malformed_device_offsets_are_safe() {
     // Malformed offsets and counts stay on the device: the kernels clamp
     // them, so the call succeeds and nothing faults (results unspecified).
     let rows = 10;
-    let a = up(t(e4m3(&mut rng, rows * k), &[rows, k]));
-    let a_s = up(t(scales(&mut rng, rows * kb), &[rows, kb]));
+    let a = up(t(random_e4m3(&mut rng, rows * k), &[rows, k]));
+    let a_s = up(t(
+        random_e8m0(&mut rng, rows * kb, GEMM_SCALES),
+        &[rows, kb],
+    ));
     for bad in [[5, 3, 100, -4], [0, -7, 2, 10], [0, 4, 4, 1 << 30]] {
         ops::mxfp4_grouped_contiguous(&a, &a_s, &wd, &wsd, &up(t(bad.to_vec(), &[4])), DType::F32)
             .unwrap();
         cuda.synchronize().unwrap();
     }
     let max_m = 4;
-    let am = up(t(e4m3(&mut rng, e * max_m * k), &[e, max_m, k]));
-    let asm = up(t(scales(&mut rng, e * max_m * kb), &[e, max_m, kb]));
+    let am = up(t(random_e4m3(&mut rng, e * max_m * k), &[e, max_m, k]));
+    let asm = up(t(
+        random_e8m0(&mut rng, e * max_m * kb, GEMM_SCALES),
+        &[e, max_m, kb],
+    ));
     for bad in [[-3, 1000, 2], [i32::MIN, i32::MAX, 4]] {
         ops::mxfp4_grouped_masked(
             &am,

@@ -25,6 +25,7 @@
 
 mod common;
 
+use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
@@ -48,27 +49,6 @@ fn gpu() -> CudaDevice {
     CudaDevice::new(0)
         .expect("the CUDA tests need a GPU: run them from the GPU bundle")
         .with_poisoned_allocations()
-}
-
-/// Random e4m3 codes, NaN (0x7F, 0xFF) excluded.
-fn e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let c: u8 = rng.random();
-                if c & 0x7F != 0x7F {
-                    break E4M3(c);
-                }
-            }
-        })
-        .collect()
-}
-
-/// Random E8M0 scales in 2^-10 ..= 2^4.
-fn scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
-    (0..n)
-        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
-        .collect()
 }
 
 fn host<T: deepinfer::dtype::Element>(v: Vec<T>, shape: &[usize]) -> Tensor {
@@ -151,10 +131,13 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
     let mut rng = common::rng("mxfp8_gemm_skinny");
     for (m, n, k) in dense_shapes() {
         let kb = k.div_ceil(32);
-        let a = host(e4m3(&mut rng, m * k), &[m, k]);
-        let a_s = host(scales(&mut rng, m * kb), &[m, kb]);
-        let b = host(e4m3(&mut rng, n * k), &[n, k]);
-        let b_s = host(scales(&mut rng, n.div_ceil(32) * kb), &[n.div_ceil(32), kb]);
+        let a = host(random_e4m3(&mut rng, m * k), &[m, k]);
+        let a_s = host(random_e8m0(&mut rng, m * kb, GEMM_SCALES), &[m, kb]);
+        let b = host(random_e4m3(&mut rng, n * k), &[n, k]);
+        let b_s = host(
+            random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES),
+            &[n.div_ceil(32), kb],
+        );
         let want = fp8_gemm_f32(
             a.as_slice().unwrap(),
             a_s.as_slice().unwrap(),
@@ -292,15 +275,13 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
         let Masked { max_m, n, k, .. } = case;
         let e = case.counts.len();
         let kb = k.div_ceil(32);
-        let a = host(e4m3(&mut rng, e * max_m * k), &[e, max_m, k]);
-        let a_s = host(scales(&mut rng, e * max_m * kb), &[e, max_m, kb]);
-        let b = host(
-            (0..e * n * k / 2)
-                .map(|_| Fp4x2(rng.random()))
-                .collect::<Vec<_>>(),
-            &[e, n, k],
+        let a = host(random_e4m3(&mut rng, e * max_m * k), &[e, max_m, k]);
+        let a_s = host(
+            random_e8m0(&mut rng, e * max_m * kb, GEMM_SCALES),
+            &[e, max_m, kb],
         );
-        let b_s = host(scales(&mut rng, e * n * kb), &[e, n, kb]);
+        let b = host(random_fp4(&mut rng, e * n * k / 2), &[e, n, k]);
+        let b_s = host(random_e8m0(&mut rng, e * n * kb, GEMM_SCALES), &[e, n, kb]);
         let counts = host(case.counts.clone(), &[e]);
         let (ah, ash, bh, bsh) = (
             a.as_slice::<E4M3>().unwrap(),
@@ -373,18 +354,24 @@ fn skinny_kernel_limits_are_typed_errors() {
             .to_device(&device)
             .unwrap()
     };
+    let n = 64;
+    // The dense kernel on zero operands `[m, k]` (two K blocks of scales)
+    // into an `[m, n]` output of `out_dtype`: the error it returns.
+    let dense_err = |m: usize, k: usize, out_dtype: DType| {
+        let mut out = Tensor::empty(&device, out_dtype, &[m, n]).unwrap();
+        mxfp8_gemm_skinny(
+            &dev,
+            &zeros(DType::F8E4M3, &[m, k]),
+            &zeros(DType::E8M0, &[m, 2]),
+            &zeros(DType::F8E4M3, &[n, k]),
+            &zeros(DType::E8M0, &[2, 2]),
+            &mut out,
+        )
+        .unwrap_err()
+    };
     // K % 16 != 0.
-    let (m, n, k) = (4, 64, 40);
-    let mut out = Tensor::empty(&device, DType::BF16, &[m, n]).unwrap();
-    let err = mxfp8_gemm_skinny(
-        &dev,
-        &zeros(DType::F8E4M3, &[m, k]),
-        &zeros(DType::E8M0, &[m, 2]),
-        &zeros(DType::F8E4M3, &[n, k]),
-        &zeros(DType::E8M0, &[2, 2]),
-        &mut out,
-    )
-    .unwrap_err();
+    let (m, k) = (4, 40);
+    let err = dense_err(m, k, DType::BF16);
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
     let err = mxfp4_grouped_masked(
         &dev,
@@ -398,16 +385,6 @@ fn skinny_kernel_limits_are_typed_errors() {
     .unwrap_err();
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
     // M > 64.
-    let (m, k) = (65, 64);
-    let mut out = Tensor::empty(&device, DType::F32, &[m, n]).unwrap();
-    let err = mxfp8_gemm_skinny(
-        &dev,
-        &zeros(DType::F8E4M3, &[m, k]),
-        &zeros(DType::E8M0, &[m, 2]),
-        &zeros(DType::F8E4M3, &[n, k]),
-        &zeros(DType::E8M0, &[2, 2]),
-        &mut out,
-    )
-    .unwrap_err();
+    let err = dense_err(65, 64, DType::F32);
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
 }

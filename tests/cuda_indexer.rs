@@ -99,6 +99,18 @@ fn check_bitwise(what: &str, got: &[bf16], want: &[bf16]) {
     }
 }
 
+/// Visible counts of `batch` score rows over `n` keys: row 0 sees every
+/// key, row 1 none, the others 1..=n at random.
+fn score_visibles(rng: &mut StdRng, batch: usize, n: usize) -> Vec<i32> {
+    (0..batch)
+        .map(|b| match b {
+            0 => n as i32,
+            1 => 0,
+            _ => rng.random_range(1..=n as i32),
+        })
+        .collect()
+}
+
 #[test]
 fn index_scores_and_topk_match_the_cpu_reference() {
     let dev = gpu();
@@ -126,13 +138,7 @@ fn index_scores_and_topk_match_the_cpu_reference() {
                 &[batch, heads],
             )
             .unwrap();
-            let visible: Vec<i32> = (0..batch)
-                .map(|b| match b {
-                    0 => n as i32,
-                    1 => 0,
-                    _ => rng.random_range(1..=n as i32),
-                })
-                .collect();
+            let visible = score_visibles(&mut rng, batch, n);
             let vis = Tensor::from_vec(visible.clone(), &[batch]).unwrap();
             let want = ops::index_scores(&q, &w, &keys, &vis).unwrap();
             let on = |t: &Tensor| t.to_device(&dev).unwrap();
@@ -223,13 +229,7 @@ fn tensor_core_scores_are_bitwise_equal_to_the_cpu_reference() {
                     w[3 * heads + 4] = bf16::from_bits(0x0003); // subnormal: row 3 leaves the domain
                 }
                 let w = Tensor::from_vec(w, &[batch, heads]).unwrap();
-                let visible: Vec<i32> = (0..batch)
-                    .map(|b| match b {
-                        0 => n as i32,
-                        1 => 0,
-                        _ => rng.random_range(1..=n as i32),
-                    })
-                    .collect();
+                let visible = score_visibles(&mut rng, batch, n);
                 let vis = Tensor::from_vec(visible, &[batch]).unwrap();
                 let want = ops::index_scores(&q, &w, &keys, &vis).unwrap();
                 let on = |t: &Tensor| t.to_device(&dev).unwrap();
@@ -347,48 +347,18 @@ fn candidate_contexts() -> Vec<usize> {
         .collect()
 }
 
-/// Candidate-source rows: few distinct values (ties between block maxima),
-/// ±∞ and NaN of both signs, sometimes mostly −∞; no −0 (the reference leaves
-/// the sign of a ±0 block maximum open, `ops::index_candidates`).
+/// A candidate-source row: [`common::candidate_palette`] plus 0.5078125
+/// (one BF16 ulp above 0.5: near ties), sparse rows −∞ with probability 0.9.
 fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
-    let palette = [
-        bf16::NEG_INFINITY,
-        bf16::from_f32(-2.0),
-        bf16::ZERO,
-        bf16::from_f32(0.5),
-        bf16::from_f32(0.5078125),
-        bf16::from_f32(3.0),
-        bf16::INFINITY,
-        bf16::from_bits(0x7FC1),
-        bf16::from_bits(0xFFC3),
-    ];
-    let sparse = rng.random_bool(0.3);
-    (0..n)
-        .map(|_| {
-            if sparse && rng.random_bool(0.9) {
-                bf16::NEG_INFINITY
-            } else {
-                palette[rng.random_range(0..palette.len())]
-            }
-        })
-        .collect()
+    let mut palette = common::candidate_palette();
+    palette.insert(4, bf16::from_f32(0.5078125));
+    common::candidate_row(rng, n, &palette, 0.9)
 }
 
-/// Visible counts: the whole row, none, one, random, block edges ± 1, the
-/// 2048-block edge ± 1, past the end and below zero (both clamped).
+/// [`common::candidate_visibles`], then the 2048-block edge ± 1 where the
+/// row reaches it.
 fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
-    let edge = (n / block / 2) * block;
-    let mut v = vec![
-        n as i32,
-        0,
-        1,
-        rng.random_range(0..=n as i32),
-        edge as i32,
-        (edge + 1).min(n) as i32,
-        edge.saturating_sub(1) as i32,
-        n as i32 + 5,
-        -3,
-    ];
+    let mut v = common::candidate_visibles(rng, n, block);
     for e in [2048 * block - 1, 2048 * block, 2048 * block + 1] {
         if e <= n {
             v.push(e as i32);

@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend;
 use deepinfer::numerics::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, unpack_fp4};
 use deepinfer::ops::{self, GemmImpl, SKINNY_MAX_M};
@@ -16,32 +17,7 @@ use deepinfer::{DType, E4M3, E8M0, Error, Fp4x2, Tensor};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
-
-/// Random e4m3 codes, NaN (0x7F, 0xFF) excluded.
-fn e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let c: u8 = rng.random();
-                if c & 0x7F != 0x7F {
-                    break E4M3(c);
-                }
-            }
-        })
-        .collect()
-}
-
-/// Random E8M0 scales in 2^-10 ..= 2^4.
-fn scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
-    (0..n)
-        .map(|_| E8M0((127 + rng.random_range(-10i32..=4)) as u8))
-        .collect()
-}
-
-/// Random packed e2m1 pairs (every code is a value).
-fn fp4(rng: &mut StdRng, n_bytes: usize) -> Vec<Fp4x2> {
-    (0..n_bytes).map(|_| Fp4x2(rng.random())).collect()
-}
+use std::ops::Range;
 
 fn t<T: deepinfer::dtype::Element>(v: Vec<T>, shape: &[usize]) -> Tensor {
     Tensor::from_vec(v, shape).unwrap()
@@ -62,10 +38,13 @@ struct Dense {
 fn dense(rng: &mut StdRng, m: usize, n: usize, k: usize) -> Dense {
     let kb = k.div_ceil(32);
     Dense {
-        a: t(e4m3(rng, m * k), &[m, k]),
-        a_s: t(scales(rng, m * kb), &[m, kb]),
-        w: t(e4m3(rng, n * k), &[n, k]),
-        w_s: t(scales(rng, n.div_ceil(32) * kb), &[n.div_ceil(32), kb]),
+        a: t(random_e4m3(rng, m * k), &[m, k]),
+        a_s: t(random_e8m0(rng, m * kb, GEMM_SCALES), &[m, kb]),
+        w: t(random_e4m3(rng, n * k), &[n, k]),
+        w_s: t(
+            random_e8m0(rng, n.div_ceil(32) * kb, GEMM_SCALES),
+            &[n.div_ceil(32), kb],
+        ),
     }
 }
 
@@ -73,8 +52,8 @@ fn dense(rng: &mut StdRng, m: usize, n: usize, k: usize) -> Dense {
 fn experts(rng: &mut StdRng, e: usize, n: usize, k: usize) -> (Tensor, Tensor) {
     let kb = k.div_ceil(32);
     (
-        t(fp4(rng, e * n * k / 2), &[e, n, k]),
-        t(scales(rng, e * n * kb), &[e, n, kb]),
+        t(random_fp4(rng, e * n * k / 2), &[e, n, k]),
+        t(random_e8m0(rng, e * n * kb, GEMM_SCALES), &[e, n, kb]),
     )
 }
 
@@ -86,7 +65,10 @@ fn acts(rng: &mut StdRng, lead: &[usize], k: usize) -> (Tensor, Tensor) {
     sa.push(k);
     let mut ss = lead.to_vec();
     ss.push(kb);
-    (t(e4m3(rng, rows * k), &sa), t(scales(rng, rows * kb), &ss))
+    (
+        t(random_e4m3(rng, rows * k), &sa),
+        t(random_e8m0(rng, rows * kb, GEMM_SCALES), &ss),
+    )
 }
 
 /// out[i, j] of a block-scaled GEMM recomputed in f64, with the bound on the
@@ -212,6 +194,53 @@ fn random_offsets(rng: &mut StdRng, e: usize, t: usize) -> Vec<i32> {
     o
 }
 
+/// The host data of grouped operands: `a`, `a_s`, `w` (packed FP4), `w_s`.
+fn grouped_slices<'t>(
+    a: &'t Tensor,
+    a_s: &'t Tensor,
+    w: &'t Tensor,
+    w_s: &'t Tensor,
+) -> (&'t [E4M3], &'t [E8M0], &'t [Fp4x2], &'t [E8M0]) {
+    (
+        a.as_slice().unwrap(),
+        a_s.as_slice().unwrap(),
+        w.as_slice().unwrap(),
+        w_s.as_slice().unwrap(),
+    )
+}
+
+/// Rows `rows` of the fp32 output `got` (`[.., n]`) of a grouped GEMM
+/// against [`f64_reference`]: decoded activations `a` `[.., k]` with scales
+/// `sa` `[.., ⌈k/32⌉]` times one expert's weights `w` `[n, k]` (packed FP4)
+/// with scales `sw` `[n, ⌈k/32⌉]`.
+fn check_expert_rows_f64(
+    got: &[f32],
+    (a, sa): (&[f32], &[f32]),
+    (w, sw): (&[Fp4x2], &[E8M0]),
+    rows: Range<usize>,
+    n: usize,
+    k: usize,
+) {
+    let kb = k.div_ceil(32);
+    let (wd, sd) = (dec_fp4(w), dec_e8m0(sw));
+    for r in rows {
+        for j in 0..n {
+            let (exact, bound) = f64_reference(
+                &a[r * k..(r + 1) * k],
+                &sa[r * kb..(r + 1) * kb],
+                &wd[j * k..(j + 1) * k],
+                &sd[j * kb..(j + 1) * kb],
+                k,
+            );
+            let got = got[r * n + j] as f64;
+            assert!(
+                (got - exact).abs() <= bound,
+                "row {r} col {j}: {got} vs {exact}"
+            );
+        }
+    }
+}
+
 #[test]
 fn grouped_contiguous_equals_per_expert_fp4_gemm_and_f64() {
     let mut rng = common::rng("grouped_contiguous_cpu");
@@ -232,14 +261,7 @@ fn grouped_contiguous_equals_per_expert_fp4_gemm_and_f64() {
             got32.as_slice::<f32>().unwrap(),
             got16.as_slice::<bf16>().unwrap(),
         );
-        let (av, asv) = (
-            a.as_slice::<E4M3>().unwrap(),
-            a_s.as_slice::<E8M0>().unwrap(),
-        );
-        let (wv, wsv) = (
-            w.as_slice::<Fp4x2>().unwrap(),
-            w_s.as_slice::<E8M0>().unwrap(),
-        );
+        let (av, asv, wv, wsv) = grouped_slices(&a, &a_s, &w, &w_s);
         let kb = k.div_ceil(32);
         let (wb, sb) = (n * k / 2, n * kb);
         let offs: Vec<usize> = offsets.iter().map(|&o| o as usize).collect();
@@ -279,23 +301,7 @@ fn grouped_contiguous_equals_per_expert_fp4_gemm_and_f64() {
                 bits_bf16(&per16),
                 "expert {x}"
             );
-            let (wd, sd) = (dec_fp4(we), dec_e8m0(se));
-            for r in r0..r1 {
-                for j in 0..n {
-                    let (exact, bound) = f64_reference(
-                        &ad[r * k..(r + 1) * k],
-                        &sad[r * kb..(r + 1) * kb],
-                        &wd[j * k..(j + 1) * k],
-                        &sd[j * kb..(j + 1) * kb],
-                        k,
-                    );
-                    let got = g32[r * n + j] as f64;
-                    assert!(
-                        (got - exact).abs() <= bound,
-                        "row {r} col {j}: {got} vs {exact}"
-                    );
-                }
-            }
+            check_expert_rows_f64(g32, (&ad, &sad), (we, se), r0..r1, n, k);
         }
     }
 }
@@ -307,13 +313,7 @@ fn grouped_masked_equals_per_expert_fp4_gemm_and_leaves_padding_untouched() {
         let (a, a_s) = acts(&mut rng, &[e, max_m], k);
         let (w, w_s) = experts(&mut rng, e, n, k);
         // Expert 0 is empty, expert 1 full, the rest random.
-        let counts: Vec<i32> = (0..e)
-            .map(|x| match x {
-                0 => 0,
-                1 => max_m as i32,
-                _ => rng.random_range(0..=max_m as i32),
-            })
-            .collect();
+        let counts = common::masked_counts(&mut rng, e, max_m);
         let mut out = Tensor::filled_bytes(DType::F32, &[e, max_m, n], 0xFF).unwrap();
         ops::mxfp4_grouped_masked_into(&a, &a_s, &w, &w_s, &i32s(&counts), &mut out).unwrap();
         let got16 =
@@ -323,14 +323,7 @@ fn grouped_masked_equals_per_expert_fp4_gemm_and_leaves_padding_untouched() {
             out.as_slice::<f32>().unwrap(),
             got16.as_slice::<bf16>().unwrap(),
         );
-        let (av, asv) = (
-            a.as_slice::<E4M3>().unwrap(),
-            a_s.as_slice::<E8M0>().unwrap(),
-        );
-        let (wv, wsv) = (
-            w.as_slice::<Fp4x2>().unwrap(),
-            w_s.as_slice::<E8M0>().unwrap(),
-        );
+        let (av, asv, wv, wsv) = grouped_slices(&a, &a_s, &w, &w_s);
         let kb = k.div_ceil(32);
         let (wb, sb) = (n * k / 2, n * kb);
         let cnt: Vec<usize> = counts.iter().map(|&c| c as usize).collect();
@@ -374,23 +367,7 @@ fn grouped_masked_equals_per_expert_fp4_gemm_and_leaves_padding_untouched() {
                 ref32[pad].iter().all(|&v| v == 0.0),
                 "reference padding is +0.0"
             );
-            let (wd, sd) = (dec_fp4(we), dec_e8m0(se));
-            for r in r0..r0 + c {
-                for j in 0..n {
-                    let (exact, bound) = f64_reference(
-                        &ad[r * k..(r + 1) * k],
-                        &sad[r * kb..(r + 1) * kb],
-                        &wd[j * k..(j + 1) * k],
-                        &sd[j * kb..(j + 1) * kb],
-                        k,
-                    );
-                    let got = g32[r * n + j] as f64;
-                    assert!(
-                        (got - exact).abs() <= bound,
-                        "row {r} col {j}: {got} vs {exact}"
-                    );
-                }
-            }
+            check_expert_rows_f64(g32, (&ad, &sad), (we, se), r0..r0 + c, n, k);
         }
     }
 }
@@ -477,11 +454,11 @@ fn mxfp8_linear_rejects_bad_inputs_with_typed_errors() {
     let e = run(&d.a, &d.a_s, &other.w, &other.w_s);
     assert!(is_shape(&e, "w"), "{e}");
     assert!(e.to_string().contains("[40, 128]"), "names the shape: {e}");
-    let flat = t(e4m3(&mut rng, m * k), &[m * k]);
+    let flat = t(random_e4m3(&mut rng, m * k), &[m * k]);
     assert!(is_shape(&run(&flat, &d.a_s, &d.w, &d.w_s), "a"));
     let e = run(&d.a, &other.a_s, &d.w, &d.w_s);
     assert!(is_shape(&e, "a_s"), "{e}");
-    let bad_ws = t(scales(&mut rng, n * 3), &[n, 3]);
+    let bad_ws = t(random_e8m0(&mut rng, n * 3, GEMM_SCALES), &[n, 3]);
     let e = run(&d.a, &d.a_s, &d.w, &bad_ws);
     assert!(is_shape(&e, "w_s"), "{e}");
     assert!(
@@ -540,7 +517,7 @@ fn grouped_contiguous_rejects_bad_inputs_with_typed_errors() {
     };
     ops::mxfp4_grouped_contiguous(&a, &a_s, &w, &w_s, &good, DType::BF16).unwrap();
     // Dtypes.
-    let e8 = t(e4m3(&mut rng, e * n * k), &[e, n, k]);
+    let e8 = t(random_e4m3(&mut rng, e * n * k), &[e, n, k]);
     assert!(is_dtype(&run(&a, &a_s, &e8, &w_s, &good), "w"));
     assert!(is_dtype(&run(&a_s, &a_s, &w, &w_s, &good), "a"));
     assert!(is_dtype(

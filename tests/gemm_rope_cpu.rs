@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::bf16_ulps;
+use common::{WIDE_SCALES, bf16_ulps, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{
     RopeParams, Yarn, bf16_gemm, f32_gemm, fp4_gemm, fp4_gemm_f32, fp8_gemm, fp8_gemm_f32,
     inverse_rope, rope, rope_freqs, yarn_band,
@@ -47,29 +47,6 @@ fn e2m1_f64(nibble: u8) -> f64 {
 
 fn e8m0_f64(s: E8M0) -> f64 {
     2f64.powi(s.0 as i32 - 127)
-}
-
-/// Random finite e4m3 codes over the whole range (2^-9 … 448, both signs).
-fn random_e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let c: u8 = rng.random();
-                if c & 0x7F != 0x7F {
-                    break E4M3(c);
-                }
-            }
-        })
-        .collect()
-}
-
-/// Random scales 2^-10 … 2^10, so that a wrong scale is visible.
-fn random_scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
-    (0..n).map(|_| E8M0(rng.random_range(117..=137))).collect()
-}
-
-fn random_fp4(rng: &mut StdRng, n: usize) -> Vec<Fp4x2> {
-    (0..n).map(|_| Fp4x2(rng.random())).collect()
 }
 
 // ---------------------------------------------------------------- GEMM reference
@@ -164,9 +141,9 @@ impl Fp8Case {
         let kb = k.div_ceil(32);
         Fp8Case {
             a: random_e4m3(rng, m * k),
-            a_s: random_scales(rng, m * kb),
+            a_s: random_e8m0(rng, m * kb, WIDE_SCALES),
             b: random_e4m3(rng, n * k),
-            b_s: random_scales(rng, n.div_ceil(32) * kb),
+            b_s: random_e8m0(rng, n.div_ceil(32) * kb, WIDE_SCALES),
         }
     }
 
@@ -200,9 +177,9 @@ impl Fp4Case {
         let kb = k.div_ceil(32);
         Fp4Case {
             a: random_e4m3(rng, m * k),
-            a_s: random_scales(rng, m * kb),
+            a_s: random_e8m0(rng, m * kb, WIDE_SCALES),
             b: random_fp4(rng, n * k.div_ceil(2)),
-            b_s: random_scales(rng, n * kb),
+            b_s: random_e8m0(rng, n * kb, WIDE_SCALES),
         }
     }
 

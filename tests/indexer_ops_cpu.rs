@@ -261,46 +261,10 @@ fn indexer_ops_reject_bad_inputs_with_typed_errors() {
     );
 }
 
-/// Score rows for the candidate path: a few distinct values (ties between
-/// block maxima), ±∞ and NaN of both signs; no −0 (see `index_candidates`:
-/// the reference leaves the sign of a ±0 block maximum open).
+/// A candidate-source row: [`common::candidate_palette`], sparse rows −∞
+/// with probability 0.8.
 fn candidate_row(rng: &mut StdRng, n: usize) -> Vec<bf16> {
-    let palette = [
-        bf16::NEG_INFINITY,
-        bf16::from_f32(-2.0),
-        bf16::ZERO,
-        bf16::from_f32(0.5),
-        bf16::from_f32(3.0),
-        bf16::INFINITY,
-        bf16::from_bits(0x7FC1),
-        bf16::from_bits(0xFFC3),
-    ];
-    let sparse = rng.random_bool(0.3);
-    (0..n)
-        .map(|_| {
-            if sparse && rng.random_bool(0.8) {
-                bf16::NEG_INFINITY
-            } else {
-                palette[rng.random_range(0..palette.len())]
-            }
-        })
-        .collect()
-}
-
-/// Visible counts around the row end, block edges, zero and below (clamped).
-fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
-    let edge = (n / block / 2) * block;
-    vec![
-        n as i32,
-        0,
-        1,
-        rng.random_range(0..=n as i32),
-        edge as i32,
-        (edge + 1).min(n) as i32,
-        edge.saturating_sub(1) as i32,
-        n as i32 + 5,
-        -3,
-    ]
+    common::candidate_row(rng, n, &common::candidate_palette(), 0.8)
 }
 
 /// The candidate list by definition: block j is kept iff its score is not
@@ -417,7 +381,7 @@ fn index_candidates_are_the_candidate_mask_and_the_definition() {
             (8, 0),
             (5, 1 << 40),
         ] {
-            let visible = candidate_visibles(&mut rng, n, block);
+            let visible = common::candidate_visibles(&mut rng, n, block);
             let batch = visible.len();
             let rows: Vec<Vec<bf16>> = (0..batch).map(|_| candidate_row(&mut rng, n)).collect();
             let st = Tensor::from_vec(rows.concat(), &[batch, n]).unwrap();
@@ -465,7 +429,7 @@ fn index_mask_scores_and_reindex_follow_the_reference() {
     let mut rng = common::rng("index_reindex_cpu");
     for n in [1, 9, 64, 517, 2049] {
         let block = 8;
-        let visible = candidate_visibles(&mut rng, n, block);
+        let visible = common::candidate_visibles(&mut rng, n, block);
         let batch = visible.len();
         let src: Vec<Vec<bf16>> = (0..batch).map(|_| candidate_row(&mut rng, n)).collect();
         let own: Vec<Vec<bf16>> = (0..batch).map(|_| tied_row_cpu(&mut rng, n)).collect();

@@ -14,6 +14,7 @@
 mod common;
 
 use common::torch::{bf16_to_torch, from_torch_bf16, from_torch_f32};
+use common::{WIDE_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{
     RopeParams, Yarn, fp4_gemm, fp4_gemm_f32, fp8_gemm, fp8_gemm_f32, inverse_rope, rope,
     rope_freqs,
@@ -22,7 +23,6 @@ use deepinfer::numerics::calc_diff;
 use deepinfer::{E4M3, E8M0, Fp4x2};
 use half::bf16;
 use rand::Rng;
-use rand::rngs::StdRng;
 use tch::{Device, Kind, Tensor as TT};
 
 fn bytes_to_torch(v: &[u8], rows: usize, cols: usize) -> TT {
@@ -82,23 +82,6 @@ fn block_gemm_torch(a: &TT, b: &TT, sa: &TT, sb: &TT, k: usize) -> (TT, TT) {
     (acc, abs)
 }
 
-fn random_e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
-    (0..n)
-        .map(|_| {
-            loop {
-                let c: u8 = rng.random();
-                if c & 0x7F != 0x7F {
-                    break E4M3(c);
-                }
-            }
-        })
-        .collect()
-}
-
-fn random_scales(rng: &mut StdRng, n: usize) -> Vec<E8M0> {
-    (0..n).map(|_| E8M0(rng.random_range(117..=137))).collect()
-}
-
 /// Compares both precisions with torch. fp32: both sides are §10.4 sums that
 /// differ only in the in-block order (ours sequential, torch's matmul its
 /// own), each within (32 + ⌈k/32⌉) · 2^-24 · Σ|terms| of the exact value, so
@@ -138,9 +121,9 @@ fn fp8_gemm_matches_torch() {
     ] {
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
-        let a_s = random_scales(&mut rng, m * kb);
+        let a_s = random_e8m0(&mut rng, m * kb, WIDE_SCALES);
         let b = random_e4m3(&mut rng, n * k);
-        let b_s = random_scales(&mut rng, n.div_ceil(32) * kb);
+        let b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, WIDE_SCALES);
         let sb_rows = e8m0_torch(&b_s, n.div_ceil(32), kb)
             .repeat_interleave_self_int(32, 0, None)
             .narrow(0, 0, n as i64);
@@ -173,11 +156,9 @@ fn fp4_gemm_matches_torch() {
     ] {
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
-        let a_s = random_scales(&mut rng, m * kb);
-        let b: Vec<Fp4x2> = (0..n * k.div_ceil(2))
-            .map(|_| Fp4x2(rng.random()))
-            .collect();
-        let b_s = random_scales(&mut rng, n * kb);
+        let a_s = random_e8m0(&mut rng, m * kb, WIDE_SCALES);
+        let b = random_fp4(&mut rng, n * k.div_ceil(2));
+        let b_s = random_e8m0(&mut rng, n * kb, WIDE_SCALES);
         let (acc, abs) = block_gemm_torch(
             &e4m3_torch(&a, m, k),
             &e2m1_torch(&b, n, k),

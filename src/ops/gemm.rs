@@ -228,16 +228,11 @@ pub fn mxfp4_grouped_contiguous_into(
 ) -> Result<()> {
     let g = validate_contiguous(a, a_s, w, w_s, offsets)?;
     check_out(CONTIGUOUS_OP, out, &[g.rows, g.n])?;
-    let device = common_device(
+    let device = grouped_device(
         CONTIGUOUS_OP,
-        &[
-            ("a", a),
-            ("a_s", a_s),
-            ("w", w),
-            ("w_s", w_s),
-            ("offsets", offsets),
-            ("out", out),
-        ],
+        [a, a_s, w, w_s],
+        ("offsets", offsets),
+        Some(out),
     )?;
     match device {
         Device::Cpu => {
@@ -302,17 +297,7 @@ pub fn mxfp4_grouped_masked_into(
 ) -> Result<()> {
     let g = validate_masked(a, a_s, w, w_s, counts)?;
     check_out(MASKED_OP, out, &[g.experts, g.rows, g.n])?;
-    let device = common_device(
-        MASKED_OP,
-        &[
-            ("a", a),
-            ("a_s", a_s),
-            ("w", w),
-            ("w_s", w_s),
-            ("counts", counts),
-            ("out", out),
-        ],
-    )?;
+    let device = grouped_device(MASKED_OP, [a, a_s, w, w_s], ("counts", counts), Some(out))?;
     match device {
         Device::Cpu => {
             let counts = host_counts(counts, g.rows)?;
@@ -382,6 +367,25 @@ pub fn bf16_linear_into(a: &Tensor, w: &Tensor, out: &mut Tensor) -> Result<()> 
     }
 }
 
+/// The (M, N, K) of a dense linear's `a` `[M, K]` and `w` `[N, K]`: K and N
+/// at least 1, K the same in both.
+fn linear_dims(op: &'static str, a: &Tensor, w: &Tensor) -> Result<(usize, usize, usize)> {
+    let [m, k] = dims(op, "a", a, "[M, K] with K >= 1")?;
+    let [n, wk] = dims(op, "w", w, "[N, K] with N >= 1")?;
+    if k == 0 {
+        return Err(shape_error(op, "a", a, "[M, K] with K >= 1".into()));
+    }
+    if wk != k || n == 0 {
+        return Err(shape_error(
+            op,
+            "w",
+            w,
+            format!("[N, {k}] with N >= 1 (K must match a's)"),
+        ));
+    }
+    Ok((m, n, k))
+}
+
 /// Checks the dtypes and shapes of a dense FP8 linear; returns the device
 /// and (M, N, K).
 fn validate_mxfp8(
@@ -395,27 +399,9 @@ fn validate_mxfp8(
     a_s.expect_dtype(OP, "a_s", DType::E8M0)?;
     w.expect_dtype(OP, "w", DType::F8E4M3)?;
     w_s.expect_dtype(OP, "w_s", DType::E8M0)?;
-    let [m, k] = dims(OP, "a", a, "[M, K] with K >= 1")?;
-    let [n, wk] = dims(OP, "w", w, "[N, K] with N >= 1")?;
-    if k == 0 {
-        return Err(shape_error(OP, "a", a, "[M, K] with K >= 1".into()));
-    }
-    if wk != k || n == 0 {
-        return Err(shape_error(
-            OP,
-            "w",
-            w,
-            format!("[N, {k}] with N >= 1 (K must match a's)"),
-        ));
-    }
+    let (m, n, k) = linear_dims(OP, a, w)?;
     let kb = k.div_ceil(GEMM_BLOCK);
-    expect_shape(
-        OP,
-        "a_s",
-        a_s,
-        &[m, kb],
-        "(one E8M0 scale per row of a per 32 along K)",
-    )?;
+    expect_act_scales(OP, a_s, &[m, kb])?;
     expect_shape(
         OP,
         "w_s",
@@ -466,6 +452,26 @@ fn validate_experts(
     Ok((e, n))
 }
 
+/// The one device of a grouped FP4 GEMM's `[a, a_s, w, w_s]`, its `layout`
+/// tensor (offsets or counts) and, when given, `out`, checked in that order.
+fn grouped_device(
+    op: &'static str,
+    [a, a_s, w, w_s]: [&Tensor; 4],
+    layout: (&'static str, &Tensor),
+    out: Option<&Tensor>,
+) -> Result<Device> {
+    let tensors = [
+        ("a", a),
+        ("a_s", a_s),
+        ("w", w),
+        ("w_s", w_s),
+        layout,
+        ("out", out.unwrap_or(a)),
+    ];
+    // Without `out`, the last entry (a stand-in) is cut off.
+    common_device(op, &tensors[..5 + usize::from(out.is_some())])
+}
+
 /// FP4 weights pack two K elements per byte: K must be even (and nonzero).
 fn check_fp4_k(op: &'static str, a: &Tensor, k: usize) -> Result<()> {
     if k == 0 || !k.is_multiple_of(2) {
@@ -493,13 +499,7 @@ fn validate_contiguous(
     let [t, k] = dims(OP, "a", a, "[T, K]")?;
     check_fp4_k(OP, a, k)?;
     let (e, n) = validate_experts(OP, w, w_s, k)?;
-    expect_shape(
-        OP,
-        "a_s",
-        a_s,
-        &[t, k.div_ceil(GEMM_BLOCK)],
-        "(one E8M0 scale per row of a per 32 along K)",
-    )?;
+    expect_act_scales(OP, a_s, &[t, k.div_ceil(GEMM_BLOCK)])?;
     expect_shape(
         OP,
         "offsets",
@@ -515,16 +515,7 @@ fn validate_contiguous(
             "fewer than 2^31 rows (offsets are I32)".into(),
         ));
     }
-    let device = common_device(
-        OP,
-        &[
-            ("a", a),
-            ("a_s", a_s),
-            ("w", w),
-            ("w_s", w_s),
-            ("offsets", offsets),
-        ],
-    )?;
+    let device = grouped_device(OP, [a, a_s, w, w_s], ("offsets", offsets), None)?;
     Ok(Grouped {
         device,
         rows: t,
@@ -556,24 +547,9 @@ fn validate_masked(
             format!("[{e}, max_m, {k}] (one slab of rows per expert of w)"),
         ));
     }
-    expect_shape(
-        OP,
-        "a_s",
-        a_s,
-        &[e, max_m, k.div_ceil(GEMM_BLOCK)],
-        "(one E8M0 scale per row of a per 32 along K)",
-    )?;
+    expect_act_scales(OP, a_s, &[e, max_m, k.div_ceil(GEMM_BLOCK)])?;
     expect_shape(OP, "counts", counts, &[e], "(valid rows per expert)")?;
-    let device = common_device(
-        OP,
-        &[
-            ("a", a),
-            ("a_s", a_s),
-            ("w", w),
-            ("w_s", w_s),
-            ("counts", counts),
-        ],
-    )?;
+    let device = grouped_device(OP, [a, a_s, w, w_s], ("counts", counts), None)?;
     Ok(Grouped {
         device,
         rows: max_m,
@@ -587,19 +563,7 @@ fn validate_bf16(a: &Tensor, w: &Tensor) -> Result<(Device, usize, usize, usize)
     const OP: &str = BF16_OP;
     a.expect_dtype(OP, "a", DType::BF16)?;
     w.expect_dtype(OP, "w", DType::BF16)?;
-    let [m, k] = dims(OP, "a", a, "[M, K] with K >= 1")?;
-    let [n, wk] = dims(OP, "w", w, "[N, K] with N >= 1")?;
-    if k == 0 {
-        return Err(shape_error(OP, "a", a, "[M, K] with K >= 1".into()));
-    }
-    if wk != k || n == 0 {
-        return Err(shape_error(
-            OP,
-            "w",
-            w,
-            format!("[N, {k}] with N >= 1 (K must match a's)"),
-        ));
-    }
+    let (m, n, k) = linear_dims(OP, a, w)?;
     let device = common_device(OP, &[("a", a), ("w", w)])?;
     Ok((device, m, n, k))
 }
@@ -634,6 +598,17 @@ fn shape_error(op: &'static str, name: &'static str, t: &Tensor, expected: Strin
         got: t.shape().to_vec(),
         expected,
     }
+}
+
+/// `a_s`: one E8M0 scale per row of `a` per 32 along K, of `shape`.
+fn expect_act_scales(op: &'static str, a_s: &Tensor, shape: &[usize]) -> Result<()> {
+    expect_shape(
+        op,
+        "a_s",
+        a_s,
+        shape,
+        "(one E8M0 scale per row of a per 32 along K)",
+    )
 }
 
 fn expect_shape(

@@ -43,6 +43,19 @@ fn dim_of_row(nibbles: usize) -> Option<usize> {
     (nibbles > 0 && nibbles.is_multiple_of(34)).then_some(nibbles / 17 * 16)
 }
 
+/// `visible` is `[batch]`, one count per row of `source` (named in the error).
+fn check_visible(op: &'static str, visible: &Tensor, batch: usize, source: &str) -> Result<()> {
+    if visible.shape() != [batch] {
+        return Err(shape_err(
+            op,
+            "visible",
+            visible,
+            format!("[{batch}] ({source} batch)"),
+        ));
+    }
+    Ok(())
+}
+
 fn shape_err(op: &'static str, tensor: &'static str, t: &Tensor, expected: String) -> Error {
     Error::Shape {
         op,
@@ -58,6 +71,21 @@ fn shape_err(op: &'static str, tensor: &'static str, t: &Tensor, expected: Strin
 /// the raw 16-bit keys (NaNs included).
 fn widen(v: bf16) -> f32 {
     f32::from_bits(u32::from(v.to_bits()) << 16)
+}
+
+/// Per batch row of the host BF16 `scores` `[batch, n]` and I32 `visible`
+/// `[batch]`: the row widened to f32 ([`widen`]) and its visible count
+/// clamped to `[0, n]`.
+fn widened_rows<'a>(
+    scores: &'a Tensor,
+    visible: &'a Tensor,
+    n: usize,
+) -> Result<impl Iterator<Item = (Vec<f32>, usize)> + 'a> {
+    let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
+    Ok(vis.iter().enumerate().map(move |(b, &v)| {
+        let row = sc[b * n..(b + 1) * n].iter().map(|x| widen(*x)).collect();
+        (row, v.clamp(0, n as i32) as usize)
+    }))
 }
 
 const QUANT: &str = "index_key_quant";
@@ -297,14 +325,7 @@ fn validate_scores(
             format!("[{batch}, {heads}] (q's batch and heads)"),
         ));
     }
-    if visible.shape() != [batch] {
-        return Err(shape_err(
-            SCORES,
-            "visible",
-            visible,
-            format!("[{batch}] (q's batch)"),
-        ));
-    }
+    check_visible(SCORES, visible, batch, "q's")?;
     Ok((
         device,
         ScoreShape {
@@ -343,11 +364,9 @@ pub fn index_topk_into(
     out.expect_output(TOPK, "out", DType::I32, &[batch, k])?;
     match common_device(TOPK, &[("scores", scores), ("out", out)])? {
         Device::Cpu => {
-            let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
+            let rows = widened_rows(scores, visible, n)?;
             let o = out.as_mut_slice::<i32>()?;
-            for b in 0..batch {
-                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| widen(*v)).collect();
-                let visible = vis[b].clamp(0, n as i32) as usize;
+            for (b, (row, visible)) in rows.enumerate() {
                 let list = cpu_backend::indexer::select(&row, k, visible, offset);
                 o[b * k..(b + 1) * k].copy_from_slice(&list);
             }
@@ -375,14 +394,7 @@ fn validate_topk(
         [b, n] => (b, n),
         _ => return Err(shape_err(TOPK, "scores", scores, "[batch, n]".into())),
     };
-    if visible.shape() != [batch] {
-        return Err(shape_err(
-            TOPK,
-            "visible",
-            visible,
-            format!("[{batch}] (scores' batch)"),
-        ));
-    }
+    check_visible(TOPK, visible, batch, "scores'")?;
     if k > n {
         return Err(Error::Argument {
             op: TOPK,
@@ -481,11 +493,9 @@ pub fn index_candidates_into(
     out.expect_output(CANDIDATES, "out", DType::I32, &[batch, width])?;
     match common_device(CANDIDATES, &[("scores", scores), ("out", out)])? {
         Device::Cpu => {
-            let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
+            let rows = widened_rows(scores, visible, n)?;
             let o = out.as_mut_slice::<i32>()?;
-            for b in 0..batch {
-                let row: Vec<f32> = sc[b * n..(b + 1) * n].iter().map(|v| widen(*v)).collect();
-                let visible = vis[b].clamp(0, n as i32) as usize;
+            for (b, (row, visible)) in rows.enumerate() {
                 let mask = cpu_backend::indexer::candidate_mask(&row, visible, block, keep);
                 let kept = (0..n.div_ceil(block))
                     .filter(|&j| mask[j * block])
@@ -515,14 +525,7 @@ fn validate_candidates(
     let (batch, n) = score_rows(CANDIDATES, scores)?;
     visible.expect_dtype(CANDIDATES, "visible", DType::I32)?;
     let device = common_device(CANDIDATES, &[("scores", scores), ("visible", visible)])?;
-    if visible.shape() != [batch] {
-        return Err(shape_err(
-            CANDIDATES,
-            "visible",
-            visible,
-            format!("[{batch}] (scores' batch)"),
-        ));
-    }
+    check_visible(CANDIDATES, visible, batch, "scores'")?;
     Ok((device, batch, n))
 }
 

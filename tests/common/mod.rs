@@ -6,9 +6,11 @@
 #[cfg(feature = "torch-ref")]
 pub mod torch;
 
+use deepinfer::{E4M3, E8M0, Fp4x2};
 use half::bf16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::ops::RangeInclusive;
 
 /// A fresh RNG per test run; DEEPINFER_SEED=<n> replays one.
 pub fn rng(test: &str) -> StdRng {
@@ -50,6 +52,107 @@ pub fn random_activations(rng: &mut StdRng, n: usize, s: f32) -> Vec<bf16> {
             bf16::from_f32(u * s)
         })
         .collect()
+}
+
+/// Random e4m3 codes over the whole finite range (2^-9 … 448, both signs,
+/// zeros included), the NaN codes (0x7F, 0xFF) excluded.
+pub fn random_e4m3(rng: &mut StdRng, n: usize) -> Vec<E4M3> {
+    (0..n)
+        .map(|_| {
+            loop {
+                let c: u8 = rng.random();
+                if c & 0x7F != 0x7F {
+                    break E4M3(c);
+                }
+            }
+        })
+        .collect()
+}
+
+/// Exponents of the GEMM tests' random E8M0 scales: 2^-10 ..= 2^4.
+pub const GEMM_SCALES: RangeInclusive<i32> = -10..=4;
+
+/// Wider exponents, 2^-10 ..= 2^10, so that a wrong scale is visible.
+pub const WIDE_SCALES: RangeInclusive<i32> = -10..=10;
+
+/// Random E8M0 scales 2^e with the exponent e uniform in `exponents` (which
+/// must stay within -127 ..= 127).
+pub fn random_e8m0(rng: &mut StdRng, n: usize, exponents: RangeInclusive<i32>) -> Vec<E8M0> {
+    (0..n)
+        .map(|_| E8M0((127 + rng.random_range(exponents.clone())) as u8))
+        .collect()
+}
+
+/// Random packed e2m1 pairs (every code is a value), `n_bytes` of them.
+pub fn random_fp4(rng: &mut StdRng, n_bytes: usize) -> Vec<Fp4x2> {
+    (0..n_bytes).map(|_| Fp4x2(rng.random())).collect()
+}
+
+/// Masked-layout counts for `e` experts of `max_m` rows: expert 0 empty,
+/// expert 1 full, the rest uniform in `0..=max_m`.
+pub fn masked_counts(rng: &mut StdRng, e: usize, max_m: usize) -> Vec<i32> {
+    (0..e)
+        .map(|x| match x {
+            0 => 0,
+            1 => max_m as i32,
+            _ => rng.random_range(0..=max_m as i32),
+        })
+        .collect()
+}
+
+/// Score values of the candidate-path tests: a few distinct values (ties
+/// between block maxima), ±∞ and NaN of both signs; no −0 (the reference
+/// leaves the sign of a ±0 block maximum open, `ops::index_candidates`).
+pub fn candidate_palette() -> Vec<bf16> {
+    vec![
+        bf16::NEG_INFINITY,
+        bf16::from_f32(-2.0),
+        bf16::ZERO,
+        bf16::from_f32(0.5),
+        bf16::from_f32(3.0),
+        bf16::INFINITY,
+        bf16::from_bits(0x7FC1),
+        bf16::from_bits(0xFFC3),
+    ]
+}
+
+/// A candidate-source score row of `n` entries drawn from `palette`; three
+/// rows in ten are sparse: there each entry is −∞ with probability
+/// `sparse_neg_inf`, else drawn from the palette.
+pub fn candidate_row(
+    rng: &mut StdRng,
+    n: usize,
+    palette: &[bf16],
+    sparse_neg_inf: f64,
+) -> Vec<bf16> {
+    let sparse = rng.random_bool(0.3);
+    (0..n)
+        .map(|_| {
+            if sparse && rng.random_bool(sparse_neg_inf) {
+                bf16::NEG_INFINITY
+            } else {
+                palette[rng.random_range(0..palette.len())]
+            }
+        })
+        .collect()
+}
+
+/// Visible counts of the candidate-path tests around the row end and a
+/// block edge: the whole row, none, one, random, the edge ± 1, past the end
+/// and below zero (both clamped).
+pub fn candidate_visibles(rng: &mut StdRng, n: usize, block: usize) -> Vec<i32> {
+    let edge = (n / block / 2) * block;
+    vec![
+        n as i32,
+        0,
+        1,
+        rng.random_range(0..=n as i32),
+        edge as i32,
+        (edge + 1).min(n) as i32,
+        edge.saturating_sub(1) as i32,
+        n as i32 + 5,
+        -3,
+    ]
 }
 
 /// Distance in units in the last place between two finite BF16 values.
