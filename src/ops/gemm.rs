@@ -62,7 +62,7 @@
 //!
 //! An empty output (M = 0, T = 0 or max_m = 0) launches nothing.
 
-use super::common_device;
+use super::{common_device, shape_error};
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0, Fp4x2};
@@ -589,15 +589,6 @@ fn dims<const R: usize>(
         ));
     }
     Ok(d)
-}
-
-fn shape_error(op: &'static str, name: &'static str, t: &Tensor, expected: String) -> Error {
-    Error::Shape {
-        op,
-        tensor: name,
-        got: t.shape().to_vec(),
-        expected,
-    }
 }
 
 /// `a_s`: one E8M0 scale per row of `a` per 32 along K, of `shape`.

@@ -19,7 +19,7 @@
 //! inputs' device and are clamped to `[0, n]` (they are not read back for
 //! validation).
 
-use super::common_device;
+use super::{common_device, shape_error};
 use crate::cpu_backend::{self, kv_format};
 use crate::device::Device;
 use crate::dtype::{DType, Fp4x2};
@@ -46,7 +46,7 @@ fn dim_of_row(nibbles: usize) -> Option<usize> {
 /// `visible` is `[batch]`, one count per row of `source` (named in the error).
 fn check_visible(op: &'static str, visible: &Tensor, batch: usize, source: &str) -> Result<()> {
     if visible.shape() != [batch] {
-        return Err(shape_err(
+        return Err(shape_error(
             op,
             "visible",
             visible,
@@ -54,15 +54,6 @@ fn check_visible(op: &'static str, visible: &Tensor, batch: usize, source: &str)
         ));
     }
     Ok(())
-}
-
-fn shape_err(op: &'static str, tensor: &'static str, t: &Tensor, expected: String) -> Error {
-    Error::Shape {
-        op,
-        tensor,
-        got: t.shape().to_vec(),
-        expected,
-    }
 }
 
 /// BF16 → f32 by widening the bit pattern. Unlike `bf16::to_f32`, which sets
@@ -133,7 +124,7 @@ fn validate_quant(x: &Tensor) -> Result<(Device, usize)> {
     let dim = match x.shape().last() {
         Some(&d) if d > 0 && d.is_multiple_of(INDEX_KEY_GROUP) && d <= i32::MAX as usize => d,
         _ => {
-            return Err(shape_err(
+            return Err(shape_error(
                 QUANT,
                 "x",
                 x,
@@ -273,7 +264,7 @@ fn validate_scores(
     let (batch, heads, nib) = match *q.shape() {
         [b, h, r] if h > 0 => (b, h, r),
         _ => {
-            return Err(shape_err(
+            return Err(shape_error(
                 SCORES,
                 "q",
                 q,
@@ -282,7 +273,7 @@ fn validate_scores(
         }
     };
     let dim = dim_of_row(nib).ok_or_else(|| {
-        shape_err(
+        shape_error(
             SCORES,
             "q",
             q,
@@ -290,7 +281,7 @@ fn validate_scores(
         )
     })?;
     if heads * dim > INDEX_SCORE_MAX_HEADS_X_DIM {
-        return Err(shape_err(
+        return Err(shape_error(
             SCORES,
             "q",
             q,
@@ -301,7 +292,7 @@ fn validate_scores(
         [n, r] if r == nib => (n, false),
         [b, n, r] if b == batch && r == nib => (n, true),
         _ => {
-            return Err(shape_err(
+            return Err(shape_error(
                 SCORES,
                 "keys",
                 keys,
@@ -310,7 +301,7 @@ fn validate_scores(
         }
     };
     if n > i32::MAX as usize {
-        return Err(shape_err(
+        return Err(shape_error(
             SCORES,
             "keys",
             keys,
@@ -318,7 +309,7 @@ fn validate_scores(
         ));
     }
     if w.shape() != [batch, heads] {
-        return Err(shape_err(
+        return Err(shape_error(
             SCORES,
             "w",
             w,
@@ -392,7 +383,7 @@ fn validate_topk(
     let device = common_device(TOPK, &[("scores", scores), ("visible", visible)])?;
     let (batch, n) = match *scores.shape() {
         [b, n] => (b, n),
-        _ => return Err(shape_err(TOPK, "scores", scores, "[batch, n]".into())),
+        _ => return Err(shape_error(TOPK, "scores", scores, "[batch, n]".into())),
     };
     check_visible(TOPK, visible, batch, "scores'")?;
     if k > n {
@@ -444,7 +435,7 @@ fn score_rows(op: &'static str, scores: &Tensor) -> Result<(usize, usize)> {
     scores.expect_dtype(op, "scores", DType::BF16)?;
     match *scores.shape() {
         [b, n] if n <= i32::MAX as usize => Ok((b, n)),
-        _ => Err(shape_err(
+        _ => Err(shape_error(
             op,
             "scores",
             scores,
@@ -599,7 +590,7 @@ fn validate_mask(
     match *candidates.shape() {
         [b, w] if b == batch && w <= i32::MAX as usize => {}
         _ => {
-            return Err(shape_err(
+            return Err(shape_error(
                 op,
                 "candidates",
                 candidates,

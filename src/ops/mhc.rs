@@ -15,7 +15,7 @@
 //!
 //! [`cpu_backend::mhc`]: crate::cpu_backend::mhc
 
-use super::common_device;
+use super::{common_device, shape_error};
 use crate::cpu_backend::mhc::{self, HC_MIXES, HC_STREAMS, HcSplit};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -229,15 +229,6 @@ pub fn mhc_expand_into(
     }
 }
 
-fn shape_err(op: &'static str, tensor: &'static str, t: &Tensor, expected: String) -> Error {
-    Error::Shape {
-        op,
-        tensor,
-        got: t.shape().to_vec(),
-        expected,
-    }
-}
-
 /// `streams` BF16 `[T, 4, D]` with D ≥ 1 and T·4·D below 2^31: (T, D).
 fn streams_shape(op: &'static str, streams: &Tensor) -> Result<(usize, usize)> {
     streams.expect_dtype(op, "streams", DType::BF16)?;
@@ -249,7 +240,7 @@ fn streams_shape(op: &'static str, streams: &Tensor) -> Result<(usize, usize)> {
         {
             Ok((t, d))
         }
-        _ => Err(shape_err(
+        _ => Err(shape_error(
             op,
             "streams",
             streams,
@@ -276,7 +267,7 @@ fn validate_pre(
         x.expect_dtype(OP_PRE, name, DType::F32)?;
     }
     if hc_fn.shape() != [HC_MIXES, HC_STREAMS * d] {
-        return Err(shape_err(
+        return Err(shape_error(
             OP_PRE,
             "hc_fn",
             hc_fn,
@@ -284,13 +275,13 @@ fn validate_pre(
         ));
     }
     if hc_base.shape() != [HC_MIXES] {
-        return Err(shape_err(OP_PRE, "hc_base", hc_base, "[24]".into()));
+        return Err(shape_error(OP_PRE, "hc_base", hc_base, "[24]".into()));
     }
     if hc_scale.shape() != [3] {
-        return Err(shape_err(OP_PRE, "hc_scale", hc_scale, "[3]".into()));
+        return Err(shape_error(OP_PRE, "hc_scale", hc_scale, "[3]".into()));
     }
     if pre_in.shape() != [t, HC_STREAMS] {
-        return Err(shape_err(
+        return Err(shape_error(
             OP_PRE,
             "pre_in",
             pre_in,
@@ -345,7 +336,7 @@ fn validate_expand(
     post.expect_dtype(OP_EXPAND, "post", DType::F32)?;
     comb.expect_dtype(OP_EXPAND, "comb", DType::F32)?;
     if f_out.shape() != [t, d] {
-        return Err(shape_err(
+        return Err(shape_error(
             OP_EXPAND,
             "f_out",
             f_out,
@@ -353,10 +344,10 @@ fn validate_expand(
         ));
     }
     if post.shape() != [t, HC_STREAMS] {
-        return Err(shape_err(OP_EXPAND, "post", post, format!("[{t}, 4]")));
+        return Err(shape_error(OP_EXPAND, "post", post, format!("[{t}, 4]")));
     }
     if comb.shape() != [t, HC_STREAMS * HC_STREAMS] {
-        return Err(shape_err(OP_EXPAND, "comb", comb, format!("[{t}, 16]")));
+        return Err(shape_error(OP_EXPAND, "comb", comb, format!("[{t}, 16]")));
     }
     common_device(
         OP_EXPAND,

@@ -63,28 +63,39 @@ fn common_device(op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Resul
     Ok(device)
 }
 
+/// The shape error of tensor `name` of `op`: its actual shape and what was
+/// expected.
+fn shape_error(op: &'static str, name: &'static str, t: &Tensor, expected: String) -> Error {
+    Error::Shape {
+        op,
+        tensor: name,
+        got: t.shape().to_vec(),
+        expected,
+    }
+}
+
 /// Splits a shape into (rows, last dim), rejecting rank 0 and an empty last dim.
 fn rows_and_last(op: &'static str, name: &'static str, t: &Tensor) -> Result<(usize, usize)> {
     match t.shape().split_last() {
         Some((&last, lead)) if last > 0 => Ok((lead.iter().product(), last)),
-        _ => Err(Error::Shape {
+        _ => Err(shape_error(
             op,
-            tensor: name,
-            got: t.shape().to_vec(),
-            expected: "rank >= 1 with a non-empty last dimension".into(),
-        }),
+            name,
+            t,
+            "rank >= 1 with a non-empty last dimension".into(),
+        )),
     }
 }
 
 /// Kernels index rows with 32-bit ints: a last dimension must fit.
 fn check_i32(op: &'static str, name: &'static str, t: &Tensor, last: usize) -> Result<()> {
     if i32::try_from(last).is_err() {
-        return Err(Error::Shape {
+        return Err(shape_error(
             op,
-            tensor: name,
-            got: t.shape().to_vec(),
-            expected: "a last dimension below 2^31".into(),
-        });
+            name,
+            t,
+            "a last dimension below 2^31".into(),
+        ));
     }
     Ok(())
 }
