@@ -23,14 +23,13 @@
 
 use super::params::di_mx_gemm_params;
 use super::tma::{Swizzle, encode_u8};
-use super::{launch, read_ptr, write_ptr};
+use super::{allow_smem, launch, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{self, KernelRef};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 
 /// Threads per CTA: one producer and two consumer warpgroups. The sm_90a
 /// kernel needs exactly this (wgmma runs on whole warpgroups).
@@ -317,26 +316,8 @@ fn run(
     tiles: usize,
     p: &di_mx_gemm_params,
 ) -> Result<()> {
-    let ctx = dev.raw_stream().context();
-    let sms = ctx
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|source| Error::Driver {
-            during: "reading the SM count".into(),
-            source,
-        })?;
-    let func = dev.function(kernel)?;
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        smem as i32,
-    )
-    .map_err(|source| Error::Driver {
-        during: format!(
-            "allowing {smem} bytes of shared memory for {}::{}",
-            kernel.family.name, kernel.name
-        ),
-        source,
-    })?;
-    let grid = tiles.clamp(1, sms.max(1) as usize) as u32;
+    allow_smem(dev, kernel, smem)?;
+    let grid = tiles.clamp(1, dev.sm_count()) as u32;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (THREADS, 1, 1),

@@ -36,14 +36,13 @@
 //! the dense GEMM, dimensions that fit the kernels' 32-bit indices.
 
 use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params};
-use super::{launch, read_ptr, write_ptr};
+use super::{allow_smem, launch, read_ptr, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels::{self, KernelRef};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
@@ -154,15 +153,7 @@ fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize
             during: during("querying the occupancy"),
             source,
         })?;
-    let sms = dev
-        .raw_stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|source| Error::Driver {
-            during: during("querying the SM count"),
-            source,
-        })?;
-    let v = (per_sm as usize * sms.max(1) as usize).max(1);
+    let v = (per_sm as usize * dev.sm_count()).max(1);
     SLOTS
         .lock()
         .expect("slot cache lock poisoned")
@@ -500,23 +491,6 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
     }
-}
-
-/// Lets `kernel` take `smem` bytes of dynamic shared memory (above 48 KiB
-/// the driver needs the opt-in).
-fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
-    dev.function(kernel)?
-        .set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|source| Error::Driver {
-            during: format!(
-                "allowing {smem} bytes of shared memory for {}::{}",
-                kernel.family.name, kernel.name
-            ),
-            source,
-        })
 }
 
 fn dims2(op: &'static str, name: &'static str, t: &Tensor) -> Result<(usize, usize)> {

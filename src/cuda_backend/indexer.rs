@@ -12,7 +12,7 @@ use super::params::{
     di_indexer_block_params, di_indexer_quant_params, di_indexer_score_params,
     di_indexer_topk_params,
 };
-use super::{grid_for, launch, read_ptr, write_ptr};
+use super::{allow_smem, grid_for, launch, read_ptr, write_ptr};
 use crate::Device;
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -22,7 +22,6 @@ use crate::kernels;
 use crate::ops::{ScoreKernel, ScoreShape};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 
 /// Threads of the row writer (one warp per 128 values of a row).
 const QUANT_THREADS: usize = 256;
@@ -164,29 +163,10 @@ pub(crate) fn index_scores(
 /// fills the GPU about once (the score of an entry never depends on it).
 fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShape) -> Result<()> {
     let kernel = kernels::indexer::INDEXER_SCORES_FAST;
-    let sms = dev
-        .raw_stream()
-        .context()
-        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|source| Error::Driver {
-            during: "reading the SM count".into(),
-            source,
-        })?;
-    let func = dev.function(kernel)?;
-    func.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        FAST_SMEM as i32,
-    )
-    .map_err(|source| Error::Driver {
-        during: format!(
-            "allowing {FAST_SMEM} bytes of shared memory for {}::{}",
-            kernel.family.name, kernel.name
-        ),
-        source,
-    })?;
+    allow_smem(dev, kernel, FAST_SMEM)?;
     let warps = FAST_THREADS / 32;
     let needed = s.n.div_ceil(FAST_TILE).div_ceil(warps).max(1);
-    let fill = (FAST_CTAS_PER_SM * sms.max(1) as usize).div_ceil(s.batch);
+    let fill = (FAST_CTAS_PER_SM * dev.sm_count()).div_ceil(s.batch);
     let cfg = LaunchConfig {
         grid_dim: (needed.min(fill.max(1)) as u32, s.batch as u32, 1),
         block_dim: (FAST_THREADS as u32, 1, 1),

@@ -162,6 +162,23 @@ pub(crate) unsafe fn launch_raw(
     Ok(())
 }
 
+/// Lets `kernel` take `smem` bytes of dynamic shared memory (above 48 KiB
+/// the driver needs this opt-in before the launch).
+fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
+    dev.function(kernel)?
+        .set_attribute(
+            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(|source| Error::Driver {
+            during: format!(
+                "allowing {smem} bytes of shared memory for {}::{}",
+                kernel.family.name, kernel.name
+            ),
+            source,
+        })
+}
+
 /// A grid for a grid-stride kernel: enough CTAs to cover `work` items of
 /// `per_cta`, capped so huge inputs loop instead of overflowing the grid.
 fn grid_for(work: usize, per_cta: usize) -> u32 {

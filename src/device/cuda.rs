@@ -38,6 +38,7 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
+    sms: usize,
     poison: bool,
 }
 
@@ -74,11 +75,15 @@ impl CudaDevice {
         }
         let ctx = CudaContext::new(ordinal).map_err(driver("creating the CUDA context"))?;
         let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("reading the SM count"))?;
         Ok(CudaDevice {
             ordinal,
             ctx,
             stream,
             modules: Arc::default(),
+            sms: sms.max(1) as usize,
             poison: false,
         })
     }
@@ -90,6 +95,12 @@ impl CudaDevice {
     /// The device's marketing name, e.g. "NVIDIA H200".
     pub fn name(&self) -> Result<String> {
         self.ctx.name().map_err(driver("cuDeviceGetName"))
+    }
+
+    /// Streaming multiprocessors (at least 1), read once when the device is
+    /// opened; launchers size persistent grids from it.
+    pub fn sm_count(&self) -> usize {
+        self.sms
     }
 
     /// (major, minor) compute capability.
