@@ -166,18 +166,7 @@ pub fn fp4_grouped_contiguous_f32(
         if r0 == r1 {
             continue;
         }
-        let (wb, ws) = expert_weight(b, b_s, e, n, k);
-        let kb = k.div_ceil(BLOCK);
-        let y = fp4_gemm_f32(
-            &a[r0 * k..r1 * k],
-            &a_s[r0 * kb..r1 * kb],
-            wb,
-            ws,
-            r1 - r0,
-            n,
-            k,
-        );
-        out[r0 * n..r1 * n].copy_from_slice(&y);
+        expert_rows(&mut out, a, a_s, b, b_s, e, r0..r1, n, k);
     }
     out
 }
@@ -215,39 +204,45 @@ pub fn fp4_grouped_masked_f32(
     n: usize,
     k: usize,
 ) -> Vec<f32> {
-    let kb = k.div_ceil(BLOCK);
     let mut out = vec![0.0f32; counts.len() * max_m * n];
     for (e, &m) in counts.iter().enumerate() {
         assert!(m <= max_m, "counts[{e}] = {m} exceeds max_m = {max_m}");
         if m == 0 {
             continue;
         }
-        let (wb, ws) = expert_weight(b, b_s, e, n, k);
         let r0 = e * max_m;
-        let y = fp4_gemm_f32(
-            &a[r0 * k..(r0 + m) * k],
-            &a_s[r0 * kb..(r0 + m) * kb],
-            wb,
-            ws,
-            m,
-            n,
-            k,
-        );
-        out[r0 * n..(r0 + m) * n].copy_from_slice(&y);
+        expert_rows(&mut out, a, a_s, b, b_s, e, r0..r0 + m, n, k);
     }
     out
 }
 
-/// Expert `e`'s packed weight `[n, k]` and its scales `[n, ⌈k/32⌉]`.
-fn expert_weight<'w>(
-    b: &'w [Fp4x2],
-    b_s: &'w [E8M0],
+/// Writes [`fp4_gemm_f32`] of the activation rows `rows` (of `a` `[.., k]`,
+/// `a_s` `[.., ⌈k/32⌉]`) times expert `e`'s packed weight (`b` `[.., n, k]`,
+/// `b_s` `[.., n, ⌈k/32⌉]`) into the same rows of `out` `[.., n]`.
+#[allow(clippy::too_many_arguments)]
+fn expert_rows(
+    out: &mut [f32],
+    a: &[E4M3],
+    a_s: &[E8M0],
+    b: &[Fp4x2],
+    b_s: &[E8M0],
     e: usize,
+    rows: std::ops::Range<usize>,
     n: usize,
     k: usize,
-) -> (&'w [Fp4x2], &'w [E8M0]) {
-    let (wb, sb) = (n * k.div_ceil(2), n * k.div_ceil(BLOCK));
-    (&b[e * wb..(e + 1) * wb], &b_s[e * sb..(e + 1) * sb])
+) {
+    let kb = k.div_ceil(BLOCK);
+    let (wb, sb) = (n * k.div_ceil(2), n * kb);
+    let y = fp4_gemm_f32(
+        &a[rows.start * k..rows.end * k],
+        &a_s[rows.start * kb..rows.end * kb],
+        &b[e * wb..(e + 1) * wb],
+        &b_s[e * sb..(e + 1) * sb],
+        rows.len(),
+        n,
+        k,
+    );
+    out[rows.start * n..rows.end * n].copy_from_slice(&y);
 }
 
 /// BF16 × BF16 linear (ratio-1 compressor, indexer `wk` and `weights_proj`,
