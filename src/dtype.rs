@@ -35,6 +35,9 @@ pub enum DType {
     F4E2M1x2,
     I32,
     I64,
+    /// Raw bytes: encoded cache rows (`kv_format`) whose layout mixes
+    /// values and scales.
+    U8,
 }
 
 impl DType {
@@ -43,7 +46,7 @@ impl DType {
         match self {
             DType::F32 | DType::I32 => numel * 4,
             DType::BF16 => numel * 2,
-            DType::F8E4M3 | DType::E8M0 => numel,
+            DType::F8E4M3 | DType::E8M0 | DType::U8 => numel,
             DType::F4E2M1x2 => numel.div_ceil(2),
             DType::I64 => numel * 8,
         }
@@ -59,6 +62,7 @@ impl DType {
             DType::F4E2M1x2 => "F4_E2M1x2",
             DType::I32 => "I32",
             DType::I64 => "I64",
+            DType::U8 => "U8",
         }
     }
 }
@@ -92,6 +96,7 @@ pub enum HostStorage {
     F4E2M1x2(Vec<Fp4x2>),
     I32(Vec<i32>),
     I64(Vec<i64>),
+    U8(Vec<u8>),
 }
 
 impl HostStorage {
@@ -104,6 +109,7 @@ impl HostStorage {
             HostStorage::F4E2M1x2(_) => DType::F4E2M1x2,
             HostStorage::I32(_) => DType::I32,
             HostStorage::I64(_) => DType::I64,
+            HostStorage::U8(_) => DType::U8,
         }
     }
 
@@ -117,6 +123,7 @@ impl HostStorage {
             HostStorage::F4E2M1x2(v) => v.len(),
             HostStorage::I32(v) => v.len(),
             HostStorage::I64(v) => v.len(),
+            HostStorage::U8(v) => v.len(),
         }
     }
 
@@ -135,6 +142,7 @@ impl HostStorage {
             HostStorage::F4E2M1x2(v) => enc(v),
             HostStorage::I32(v) => enc(v),
             HostStorage::I64(v) => enc(v),
+            HostStorage::U8(v) => v.clone(),
         }
     }
 
@@ -153,6 +161,7 @@ impl HostStorage {
             DType::F4E2M1x2 => HostStorage::F4E2M1x2(dec(bytes)),
             DType::I32 => HostStorage::I32(dec(bytes)),
             DType::I64 => HostStorage::I64(dec(bytes)),
+            DType::U8 => HostStorage::U8(bytes.to_vec()),
         }
     }
 }
@@ -210,3 +219,4 @@ element!(i64, I64, 1, |x| x.to_le_bytes(), |b| {
     a.copy_from_slice(&b[..8]);
     i64::from_le_bytes(a)
 });
+element!(u8, U8, 1, |x| [x], |b| b[0]);
