@@ -1,8 +1,12 @@
-//! Criterion benchmark of the CPU reference model on the tiny config:
-//! prefill of a 64-token prompt and one decode step after it. For
-//! information only; speed is judged on the GPU.
+//! Criterion benchmark of the CPU reference model on the tiny config,
+//! through the op API and the paged pool: prefill of a 64-token prompt,
+//! one decode step after it (batch 1), and one batched decode step of 8
+//! sequences after 64 tokens each (batch 8). For information only; speed is
+//! judged on the GPU.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use deepinfer::model::forward::{Capture, SeqInput};
+use deepinfer::model::pool::{PoolConfig, StatePool};
 use deepinfer::model::runner::default_model;
 use std::hint::black_box;
 
@@ -11,23 +15,47 @@ fn bench(c: &mut Criterion) {
     let prompt: Vec<u32> = (0..64u32)
         .map(|i| (i * 37 + 11) % model.cfg.vocab_size as u32)
         .collect();
+    let pc = PoolConfig::fitting(&model.cfg, 9, 1 << 16, 64, 64).expect("pool sizes");
+    let mut pool = StatePool::new(&model.cfg, &model.device(), pc).expect("pool");
     let mut g = c.benchmark_group("model_cpu_tiny");
+    g.sample_size(10);
     g.throughput(Throughput::Elements(prompt.len() as u64));
     g.bench_function("prefill_64", |b| {
         b.iter(|| {
-            model
-                .forward(black_box(&prompt), &mut model.new_state())
-                .expect("valid prompt")
+            let s = pool.add_sequence().expect("a free slot");
+            let out = model
+                .forward(&mut pool, s, black_box(&prompt))
+                .expect("valid prompt");
+            pool.free_sequence(s).expect("live sequence");
+            out
         })
     });
-    let mut state = model.new_state();
-    model.forward(&prompt, &mut state).expect("valid prompt");
+    let seqs: Vec<_> = (0..8)
+        .map(|_| {
+            let s = pool.add_sequence().expect("a free slot");
+            model.forward(&mut pool, s, &prompt).expect("valid prompt");
+            s
+        })
+        .collect();
     g.throughput(Throughput::Elements(1));
-    g.bench_function("decode_1_after_64", |b| {
+    g.bench_function("decode_batch1_after_64", |b| {
         b.iter(|| {
             model
-                .forward(black_box(&[5]), &mut state.clone())
+                .forward(&mut pool, seqs[0], black_box(&[5]))
                 .expect("valid token")
+        })
+    });
+    let tok = [5u32];
+    let inputs: Vec<SeqInput> = seqs
+        .iter()
+        .map(|&seq| SeqInput { seq, tokens: &tok })
+        .collect();
+    g.throughput(Throughput::Elements(8));
+    g.bench_function("decode_batch8_after_64", |b| {
+        b.iter(|| {
+            model
+                .step(&mut pool, black_box(&inputs), Capture::default())
+                .expect("valid batch")
         })
     });
     g.finish();

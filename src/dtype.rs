@@ -127,6 +127,27 @@ impl HostStorage {
         }
     }
 
+    /// Copies `len` storage bytes of `src` (same variant) from byte `s0` to
+    /// byte `d0` of `self`. Byte offsets are whole elements (callers copy
+    /// whole rows).
+    pub fn copy_bytes_from(&mut self, d0: usize, src: &HostStorage, s0: usize, len: usize) {
+        fn cp<T: Copy>(d: &mut [T], s: &[T], d0: usize, s0: usize, len: usize) {
+            let w = std::mem::size_of::<T>();
+            d[d0 / w..(d0 + len) / w].copy_from_slice(&s[s0 / w..(s0 + len) / w]);
+        }
+        match (self, src) {
+            (HostStorage::F32(d), HostStorage::F32(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::BF16(d), HostStorage::BF16(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::F8E4M3(d), HostStorage::F8E4M3(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::E8M0(d), HostStorage::E8M0(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::F4E2M1x2(d), HostStorage::F4E2M1x2(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::I32(d), HostStorage::I32(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::I64(d), HostStorage::I64(s)) => cp(d, s, d0, s0, len),
+            (HostStorage::U8(d), HostStorage::U8(s)) => cp(d, s, d0, s0, len),
+            (d, s) => unreachable!("callers check dtypes: {:?} vs {:?}", d.dtype(), s.dtype()),
+        }
+    }
+
     /// Little-endian bytes of the storage, as a device copy expects them.
     pub fn to_le_bytes(&self) -> Vec<u8> {
         fn enc<T: Element>(v: &[T]) -> Vec<u8> {

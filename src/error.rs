@@ -50,6 +50,22 @@ pub enum Error {
     /// The requested backend is not usable on this machine or in this build.
     #[error("device {device} unavailable: {why}")]
     DeviceUnavailable { device: String, why: String },
+    /// The op exists but has no implementation on this device yet.
+    #[error("{op} is not implemented on {device} yet ({why})")]
+    Unsupported {
+        op: &'static str,
+        device: String,
+        why: &'static str,
+    },
+    /// A paged cache has no free page left for a sequence.
+    #[error("{cache}: out of pages (sequence {seq} needs {needed} more, {free} free of {total})")]
+    OutOfPages {
+        cache: &'static str,
+        seq: u64,
+        needed: usize,
+        free: usize,
+        total: usize,
+    },
     /// A CUDA driver call failed.
     #[error("CUDA driver error during {during}: {source}")]
     Driver {

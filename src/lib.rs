@@ -8,6 +8,7 @@
 //! [`ops`] is the safe API that validates its inputs and dispatches on the
 //! tensors' device. [`numerics`] holds the bit-exact conversions.
 
+pub mod contract;
 pub mod cpu_backend;
 #[cfg(deepinfer_cuda)]
 pub mod cuda_backend;
@@ -15,8 +16,10 @@ pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod kernels;
+pub mod kv_format;
 pub mod model;
 pub mod numerics;
+pub mod numpy_rng;
 pub mod ops;
 pub mod tensor;
 

@@ -1,6 +1,11 @@
 //! `Tensor`: a dense, row-major array with a shape, a dtype and storage on one
 //! device. Storage is owned; there are no strides or views yet. A packed FP4
 //! tensor's shape counts logical e2m1 elements and its last dimension is even.
+//!
+//! Row copies (the first dimension is the row axis): [`Tensor::narrow_rows`],
+//! [`Tensor::cat_rows`] and [`Tensor::copy_rows_from`] move whole rows on
+//! either device (host slices, or device-to-device copies on one CUDA
+//! stream), so the model's glue never leaves the device.
 
 use crate::device::{CudaBuffer, Device};
 use crate::dtype::{DType, Element, HostStorage};
@@ -81,6 +86,159 @@ impl Tensor {
             dtype,
             storage,
         })
+    }
+
+    /// A host tensor of zeros (or a CUDA one, uploaded).
+    pub fn zeros(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
+        Tensor::filled_bytes(dtype, shape, 0)?.to_device(device)
+    }
+
+    /// The same data under another shape of the same element count.
+    pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
+        check_fp4_shape(self.dtype, shape)?;
+        if shape.iter().product::<usize>() != self.numel() {
+            return Err(Error::Shape {
+                op: "Tensor::reshape",
+                tensor: "self",
+                got: self.shape.clone(),
+                expected: format!("{} elements to match {shape:?}", self.numel()),
+            });
+        }
+        self.shape = shape.to_vec();
+        Ok(self)
+    }
+
+    /// Rows along the first dimension (0 for a rank-0 tensor).
+    pub fn rows(&self) -> usize {
+        self.shape.first().copied().unwrap_or(0)
+    }
+
+    /// Storage bytes of one row (the product of the trailing dimensions).
+    fn row_bytes(&self) -> usize {
+        self.dtype
+            .storage_bytes(self.shape.iter().skip(1).product())
+    }
+
+    /// Rows `start .. start + len` as a new tensor on the same device.
+    pub fn narrow_rows(&self, start: usize, len: usize) -> Result<Tensor> {
+        let mut shape = self.shape.clone();
+        if shape.is_empty() || start + len > shape[0] {
+            return Err(Error::Shape {
+                op: "Tensor::narrow_rows",
+                tensor: "self",
+                got: self.shape.clone(),
+                expected: format!("at least {} rows", start + len),
+            });
+        }
+        shape[0] = len;
+        let mut out = Tensor::empty(&self.device(), self.dtype, &shape)?;
+        out.copy_rows_from(0, self, start, len)?;
+        Ok(out)
+    }
+
+    /// The tensors' rows one after another (same dtype, trailing dimensions
+    /// and device; at least one part).
+    pub fn cat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+        let Some(first) = parts.first() else {
+            return Err(Error::Argument {
+                op: "Tensor::cat_rows",
+                arg: "parts",
+                value: "[]".into(),
+                why: "needs at least one tensor",
+            });
+        };
+        let mut shape = first.shape.clone();
+        shape[0] = parts.iter().map(|p| p.rows()).sum();
+        let mut out = Tensor::empty(&first.device(), first.dtype, &shape)?;
+        let mut at = 0;
+        for p in parts {
+            out.copy_rows_from(at, p, 0, p.rows())?;
+            at += p.rows();
+        }
+        Ok(out)
+    }
+
+    /// Copies rows `src_row .. src_row + n` of `src` over rows
+    /// `dst_row .. dst_row + n` of `self`. Both tensors have the same dtype
+    /// and row width and live on the same device.
+    pub fn copy_rows_from(
+        &mut self,
+        dst_row: usize,
+        src: &Tensor,
+        src_row: usize,
+        n: usize,
+    ) -> Result<()> {
+        const OP: &str = "Tensor::copy_rows_from";
+        src.expect_dtype(OP, "src", self.dtype)?;
+        if self.shape.is_empty()
+            || src.shape.is_empty()
+            || self.shape[1..] != src.shape[1..]
+            || dst_row + n > self.shape[0]
+            || src_row + n > src.shape[0]
+        {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "src",
+                got: src.shape.clone(),
+                expected: format!(
+                    "rows {src_row}..{} of the row shape of self {:?} (rows {dst_row}..{} written)",
+                    src_row + n,
+                    self.shape.get(1..).unwrap_or(&[]),
+                    dst_row + n
+                ),
+            });
+        }
+        let rb = self.row_bytes();
+        self.copy_bytes(dst_row * rb, src, src_row * rb, n * rb)
+    }
+
+    /// Copies `n` elements of `src` from flat element `src_at` over flat
+    /// element `dst_at` of `self` (same dtype, not packed FP4, one device).
+    pub(crate) fn copy_elems_from(
+        &mut self,
+        dst_at: usize,
+        src: &Tensor,
+        src_at: usize,
+        n: usize,
+    ) -> Result<()> {
+        const OP: &str = "Tensor::copy_elems_from";
+        src.expect_dtype(OP, "src", self.dtype)?;
+        if self.dtype == DType::F4E2M1x2 || dst_at + n > self.numel() || src_at + n > src.numel() {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "src",
+                got: src.shape.clone(),
+                expected: format!(
+                    "elements {src_at}..{} of a byte-addressable dtype",
+                    src_at + n
+                ),
+            });
+        }
+        let w = self.dtype.storage_bytes(1);
+        self.copy_bytes(dst_at * w, src, src_at * w, n * w)
+    }
+
+    fn copy_bytes(&mut self, d0: usize, src: &Tensor, s0: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match (&mut self.storage, &src.storage) {
+            (Storage::Host(d), Storage::Host(s)) => {
+                d.copy_bytes_from(d0, s, s0, len);
+                Ok(())
+            }
+            (Storage::Cuda(d), Storage::Cuda(s))
+                if d.device().ordinal() == s.device().ordinal() =>
+            {
+                d.copy_range_from(d0, s, s0, len)
+            }
+            _ => Err(Error::DeviceMismatch {
+                op: "Tensor::copy_rows_from",
+                tensor: "src",
+                got: src.device().to_string(),
+                expected: self.device().to_string(),
+            }),
+        }
     }
 
     pub fn shape(&self) -> &[usize] {

@@ -16,8 +16,8 @@
 
 mod common;
 
-use deepinfer::cpu_backend::kv_format;
 use deepinfer::device::CudaDevice;
+use deepinfer::kv_format;
 use deepinfer::ops::ScoreKernel;
 use deepinfer::{DType, Device, Error, Fp4x2, Tensor, ops};
 use half::bf16;

@@ -5,6 +5,7 @@
 
 mod common;
 
+use deepinfer::contract::ngram_ids;
 use deepinfer::cpu_backend::engram::*;
 use half::bf16;
 
@@ -142,7 +143,7 @@ fn gate_matches_f64_and_update_adds_gated_value() {
 
 #[test]
 fn multipliers_reproduce_the_official_values() {
-    use deepinfer::cpu_backend::numpy_rng::engram_multipliers;
+    use deepinfer::numpy_rng::engram_multipliers;
     assert_eq!(engram_multipliers(1, 99_092), OFFICIAL_MULTIPLIERS[..4]);
     assert_eq!(engram_multipliers(14, 99_092), OFFICIAL_MULTIPLIERS[4..]);
 }

@@ -12,7 +12,8 @@
 
 mod common;
 
-use deepinfer::cpu_backend::{indexer, kv_format};
+use deepinfer::cpu_backend::indexer;
+use deepinfer::kv_format;
 use deepinfer::{DType, Error, Fp4x2, Tensor, ops};
 use half::bf16;
 use rand::Rng;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use deepinfer::cpu_backend::kv_format::*;
+use deepinfer::kv_format::*;
 use half::bf16;
 
 #[test]

@@ -1,10 +1,15 @@
-//! The CPU model end to end on the tiny config (every layer role active):
-//! generated official-format weights load into a `Model`; logits are finite
-//! and not flat; decoding token t gives bit-for-bit the logits of a prefill of
-//! the first t + 1 tokens, over 300+ tokens (window wrap, compressed entries,
-//! a top-k smaller than the visible entries, candidate blocks, odd partial
-//! groups, Engram look-back across the start); bad input is a typed error;
-//! the DSpark drafter produces greedy drafts with confidences.
+//! The CPU model end to end on the tiny config (every layer role active),
+//! through the op API and the paged state pool: generated official-format
+//! weights load into a `Model`; logits are finite and not flat; decoding
+//! token t gives bit-for-bit the logits of a prefill of the first t + 1
+//! tokens, and a prompt fed in chunks of any size gives those of one
+//! prefill, over 300+ tokens (window wrap, compressed entries, a top-k
+//! smaller than the visible entries, candidate blocks, odd partial groups,
+//! Engram look-back across the start); a sequence's logits are bitwise the
+//! same alone or inside any batch (prefill/decode/chunk mixes, neighbours of
+//! every length); the pool returns pages on free and reports running out as
+//! a typed error without touching other sequences; bad input is a typed
+//! error; the DSpark drafter produces greedy drafts with confidences.
 
 mod common;
 
@@ -13,8 +18,9 @@ use deepinfer::Error;
 use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate};
 use deepinfer::model::config::ModelConfig;
 use deepinfer::model::dspark::DsparkWeights;
-use deepinfer::model::forward::Model;
+use deepinfer::model::forward::{Capture, Model, SeqInput};
 use deepinfer::model::load::{load_weights, modulo_token_map};
+use deepinfer::model::pool::{PoolConfig, StatePool};
 use rand::Rng;
 use std::path::Path;
 
@@ -36,10 +42,32 @@ fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
     (Model::new(cfg, weights).unwrap(), dspark)
 }
 
+/// A pool for `seqs` sequences of up to `context` tokens, fed in chunks of
+/// up to `chunk`, with small pages (so tables span many pages).
+fn pool(model: &Model, seqs: usize, context: usize, chunk: usize) -> StatePool {
+    let pc = PoolConfig::fitting(&model.cfg, seqs, context, chunk, 4).unwrap();
+    StatePool::new(&model.cfg, &model.device(), pc).unwrap()
+}
+
 fn prompt(rng: &mut rand::rngs::StdRng, len: usize, vocab: usize) -> Vec<u32> {
     (0..len)
         .map(|_| rng.random_range(0..vocab as u32))
         .collect()
+}
+
+fn logits(out: &deepinfer::model::forward::StepOutput) -> Vec<f32> {
+    out.logits.to_vec::<f32>().unwrap()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Logits of a whole prefill of `tokens` in a fresh pool.
+fn prefill(model: &Model, tokens: &[u32]) -> Vec<f32> {
+    let mut p = pool(model, 1, tokens.len(), tokens.len());
+    let seq = p.add_sequence().unwrap();
+    logits(&model.forward(&mut p, seq, tokens).unwrap())
 }
 
 #[test]
@@ -48,10 +76,10 @@ fn prefill_logits_are_finite_and_not_flat() {
     let (model, _) = tiny_model(rng.random());
     let vocab = model.cfg.vocab_size;
     let tokens = prompt(&mut rng, 37, vocab);
-    let out = model.forward(&tokens, &mut model.new_state()).unwrap();
-    assert_eq!(out.logits.len(), 37 * vocab);
-    assert!(out.logits.iter().all(|v| v.is_finite()));
-    for row in out.logits.chunks(vocab) {
+    let out = prefill(&model, &tokens);
+    assert_eq!(out.len(), 37 * vocab);
+    assert!(out.iter().all(|v| v.is_finite()));
+    for row in out.chunks(vocab) {
         let mean = row.iter().sum::<f32>() / vocab as f32;
         let std = (row.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / vocab as f32).sqrt();
         assert!(std > 0.1, "flat logits: std {std}");
@@ -59,67 +87,272 @@ fn prefill_logits_are_finite_and_not_flat() {
 }
 
 #[test]
-fn decoding_matches_prefill_bit_for_bit() {
+fn decoding_and_chunks_match_prefill_bit_for_bit() {
     let mut rng = common::rng("model_decode_vs_prefill");
     let (model, _) = tiny_model(rng.random());
     let vocab = model.cfg.vocab_size;
     let n = 301;
     let tokens = prompt(&mut rng, n, vocab);
-    let mut state = model.new_state();
-    let mut decoded = model.forward(&tokens[..1], &mut state).unwrap().logits;
+    let mut p = pool(&model, 1, n, n);
+    let seq = p.add_sequence().unwrap();
+    let mut decoded = logits(&model.forward(&mut p, seq, &tokens[..1]).unwrap());
     for &t in &tokens[1..] {
-        decoded.extend(model.forward(&[t], &mut state).unwrap().logits);
+        decoded.extend(logits(&model.forward(&mut p, seq, &[t]).unwrap()));
     }
     // Every path was active: the KV sources hold one entry per complete group
-    // (odd n leaves a ratio-2 group pending), and their index keys.
+    // (odd n leaves a ratio-2 group pending), the top-k is below the visible
+    // entries, and the rings wrapped many pages.
     for plan in model.plans.iter().filter(|p| p.is_kv_source()) {
-        let src = state.layers[plan.layer].source.as_ref().unwrap();
-        assert_eq!(src.entries.len(), n / plan.ratio, "layer {}", plan.layer);
         assert_eq!(
-            src.keys.len(),
-            if plan.owns_index_keys() {
-                n / plan.ratio
-            } else {
-                0
-            }
+            p.entries(seq, plan.layer).unwrap(),
+            n / plan.ratio,
+            "layer {}",
+            plan.layer
         );
-        assert_eq!(src.pending.has_pending(), plan.ratio == 2);
-        assert!(
-            n / plan.ratio > model.cfg.indexer.topk,
-            "the top-k is smaller than the visible entries"
-        );
+        if plan.ratio == 2 {
+            assert!(p.has_pending(seq, plan.layer).unwrap());
+        }
+        assert!(n / plan.ratio > model.cfg.indexer.topk);
     }
-    for len in [1usize, 2, 3, 8, 9, 16, 17, 33, 130, 301] {
-        let prefill = model
-            .forward(&tokens[..len], &mut model.new_state())
-            .unwrap()
-            .logits;
-        let last = &prefill[(len - 1) * vocab..];
-        let step = &decoded[(len - 1) * vocab..len * vocab];
-        assert!(
-            last.iter()
-                .zip(step)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+    let whole = prefill(&model, &tokens);
+    assert!(
+        bits(&whole) == bits(&decoded),
+        "decode differs from one prefill of 301"
+    );
+    for len in [1usize, 2, 3, 8, 9, 17, 130] {
+        let pre = prefill(&model, &tokens[..len]);
+        assert_eq!(
+            bits(&pre[(len - 1) * vocab..]),
+            bits(&decoded[(len - 1) * vocab..len * vocab]),
             "token {}: decode differs from a prefill of {len}",
             len - 1
+        );
+    }
+    // Chunked prefill: fixed and random chunk sizes, including 1 and sizes
+    // past a window and past the page size.
+    for plan in [
+        vec![7usize; 43],
+        vec![1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 70],
+        vec![150, 151],
+    ] {
+        let mut p = pool(&model, 1, n, 160);
+        let seq = p.add_sequence().unwrap();
+        let mut got = Vec::new();
+        let mut at = 0;
+        for c in plan.iter().copied().chain(std::iter::repeat(1)) {
+            if at == n {
+                break;
+            }
+            let c = c.min(n - at);
+            got.extend(logits(
+                &model.forward(&mut p, seq, &tokens[at..at + c]).unwrap(),
+            ));
+            at += c;
+        }
+        assert!(
+            bits(&got) == bits(&whole),
+            "chunks {plan:?} differ from one prefill"
         );
     }
 }
 
 #[test]
-fn bad_tokens_are_typed_errors() {
+fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
+    let mut rng = common::rng("model_batch_invariance");
+    let (model, _) = tiny_model(rng.random());
+    let vocab = model.cfg.vocab_size;
+    let n_seqs = 5;
+    let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(20..70)).collect();
+    let prompts: Vec<Vec<u32>> = lens.iter().map(|&l| prompt(&mut rng, l, vocab)).collect();
+    let alone: Vec<Vec<f32>> = prompts.iter().map(|t| prefill(&model, t)).collect();
+    let mut compositions = 0;
+    for round in 0..8 {
+        // A fresh pool of all sequences; each step takes a random subset,
+        // each with a random chunk of its remaining tokens.
+        let mut p = pool(&model, n_seqs, 70, 70);
+        let seqs: Vec<_> = (0..n_seqs).map(|_| p.add_sequence().unwrap()).collect();
+        let mut done = vec![0usize; n_seqs];
+        let mut got: Vec<Vec<f32>> = vec![Vec::new(); n_seqs];
+        while done.iter().zip(&lens).any(|(d, l)| d < l) {
+            let mut picked: Vec<usize> = (0..n_seqs)
+                .filter(|&i| done[i] < lens[i] && rng.random_bool(0.7))
+                .collect();
+            if picked.is_empty() {
+                picked.push((0..n_seqs).find(|&i| done[i] < lens[i]).unwrap());
+            }
+            let chunks: Vec<usize> = picked
+                .iter()
+                .map(|&i| {
+                    let left = lens[i] - done[i];
+                    match rng.random_range(0..3) {
+                        0 => 1,
+                        1 => left,
+                        _ => rng.random_range(1..=left),
+                    }
+                })
+                .collect();
+            let inputs: Vec<SeqInput> = picked
+                .iter()
+                .zip(&chunks)
+                .map(|(&i, &c)| SeqInput {
+                    seq: seqs[i],
+                    tokens: &prompts[i][done[i]..done[i] + c],
+                })
+                .collect();
+            let out = model.step(&mut p, &inputs, Capture::default()).unwrap();
+            let all = logits(&out);
+            for ((&i, &c), rows) in picked.iter().zip(&chunks).zip(&out.rows) {
+                got[i].extend_from_slice(&all[rows.start * vocab..rows.end * vocab]);
+                done[i] += c;
+            }
+            compositions += 1;
+        }
+        for i in 0..n_seqs {
+            assert!(
+                bits(&got[i]) == bits(&alone[i]),
+                "round {round}: sequence {i} differs in a batch"
+            );
+        }
+    }
+    assert!(
+        compositions >= 20,
+        "only {compositions} batch compositions ran"
+    );
+}
+
+#[test]
+fn the_pool_frees_pages_and_running_out_is_a_typed_error() {
+    let mut rng = common::rng("model_pool");
+    let (model, _) = tiny_model(rng.random());
+    let vocab = model.cfg.vocab_size;
+    let a_tokens = prompt(&mut rng, 40, vocab);
+    let b_tokens = prompt(&mut rng, 40, vocab);
+    // Room for a bit more than one sequence's compressed entries.
+    let mut pc = PoolConfig::fitting(&model.cfg, 2, 40, 40, 4).unwrap();
+    pc.compressed_pages = pc.compressed_pages * 3 / 4;
+    let mut p = StatePool::new(&model.cfg, &model.device(), pc).unwrap();
+    let free0 = p.free_pages();
+    let a = p.add_sequence().unwrap();
+    let b = p.add_sequence().unwrap();
+    // Interleave a and b token by token until one runs out of compressed
+    // pages; the scheduler then frees that one and the other finishes. The
+    // survivor's logits are its own prefill's, bit for bit.
+    let toks = [&a_tokens, &b_tokens];
+    let ids = [a, b];
+    let mut outs = [Vec::new(), Vec::new()];
+    let mut failed = None;
+    for i in 0..40 {
+        for s in 0..2 {
+            if failed == Some(s) {
+                continue;
+            }
+            match model.forward(&mut p, ids[s], &toks[s][i..i + 1]) {
+                Ok(o) => outs[s].extend(logits(&o)),
+                Err(e) => {
+                    assert!(failed.is_none(), "both sequences ran out: {e}");
+                    assert!(
+                        matches!(
+                            e,
+                            Error::OutOfPages {
+                                cache: "compressed KV",
+                                ..
+                            }
+                        ),
+                        "{e}"
+                    );
+                    assert_eq!(
+                        p.position(ids[s]).unwrap(),
+                        i,
+                        "a failed step moves nothing"
+                    );
+                    p.free_sequence(ids[s]).unwrap();
+                    failed = Some(s);
+                }
+            }
+        }
+    }
+    let lost = failed.expect("the small pool never ran out");
+    let kept = 1 - lost;
+    assert!(
+        bits(&outs[kept]) == bits(&prefill(&model, toks[kept])),
+        "the failure changed the survivor"
+    );
+    p.free_sequence(ids[kept]).unwrap();
+    assert_eq!(p.free_pages(), free0, "freeing returns every page");
+    assert!(matches!(
+        p.position(a),
+        Err(Error::Argument { arg: "seq", .. })
+    ));
+    let alone_a = prefill(&model, &a_tokens);
+    // The freed pages serve a new sequence that gets a's logits again.
+    let c = p.add_sequence().unwrap();
+    let again = logits(&model.forward(&mut p, c, &a_tokens).unwrap());
+    assert!(bits(&again) == bits(&alone_a));
+}
+
+#[test]
+fn pool_budgets_are_explicit_and_bounded() {
+    let (model, _) = tiny_model(4);
+    let cfg = &model.cfg;
+    let big = PoolConfig::fitting(cfg, 4, 1000, 64, 16).unwrap();
+    let two = PoolConfig::fitting(cfg, 2, 1000, 64, 16).unwrap();
+    let budget = two.memory_bytes(cfg).unwrap();
+    assert!(budget < big.memory_bytes(cfg).unwrap());
+    let small = PoolConfig::from_budget(cfg, budget, 4, 1000, 64, 16).unwrap();
+    assert!(small.memory_bytes(cfg).unwrap() <= budget);
+    assert!(
+        small.window_pages > 0 && small.window_pages < big.window_pages,
+        "{small:?}"
+    );
+    let e = PoolConfig::from_budget(cfg, 1000, 4, 1000, 64, 16).unwrap_err();
+    assert!(e.to_string().contains("budget_bytes"), "{e}");
+    let e = PoolConfig::fitting(cfg, 0, 10, 10, 16).unwrap_err();
+    assert!(e.to_string().contains("max_seqs"), "{e}");
+    let e = PoolConfig::fitting(cfg, 1, 10, 10, 0).unwrap_err();
+    assert!(e.to_string().contains("page_rows"), "{e}");
+    let e = PoolConfig::fitting(cfg, 1 << 19, 1 << 30, 10, 1 << 16).unwrap_err();
+    assert!(e.to_string().contains("2^31"), "{e}");
+}
+
+#[test]
+fn bad_inputs_are_typed_errors() {
     let (model, _) = tiny_model(1);
     let vocab = model.cfg.vocab_size as u32;
-    let e = model.forward(&[], &mut model.new_state()).unwrap_err();
+    let mut p = pool(&model, 2, 16, 16);
+    let s = p.add_sequence().unwrap();
+    let e = model.forward(&mut p, s, &[]).unwrap_err();
     assert!(matches!(e, Error::Argument { arg: "tokens", .. }), "{e}");
-    let e = model
-        .forward(&[1, vocab], &mut model.new_state())
-        .unwrap_err();
+    let e = model.forward(&mut p, s, &[1, vocab]).unwrap_err();
     assert!(e.to_string().contains(&vocab.to_string()), "{e}");
-    let mut state = model.new_state();
-    model.forward(&[1, 2], &mut state).unwrap();
-    let e = model.forward(&[3, 4], &mut state).unwrap_err();
-    assert!(e.to_string().contains("one at a time"), "{e}");
+    let e = model.forward(&mut p, 99, &[1]).unwrap_err();
+    assert!(matches!(e, Error::Argument { arg: "seq", .. }), "{e}");
+    let e = model
+        .step(
+            &mut p,
+            &[
+                SeqInput {
+                    seq: s,
+                    tokens: &[1],
+                },
+                SeqInput {
+                    seq: s,
+                    tokens: &[2],
+                },
+            ],
+            Capture::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("twice"), "{e}");
+    let e = model.step(&mut p, &[], Capture::default()).unwrap_err();
+    assert!(matches!(e, Error::Argument { arg: "inputs", .. }), "{e}");
+    assert_eq!(
+        p.position(s).unwrap(),
+        0,
+        "failed steps leave the sequence untouched"
+    );
+    let _t = p.add_sequence().unwrap();
+    let e = p.add_sequence().unwrap_err();
+    assert!(e.to_string().contains("max_seqs"), "{e}");
 }
 
 #[test]
@@ -129,19 +362,36 @@ fn the_drafter_produces_greedy_drafts_with_confidences() {
     let dw = dspark.expect("the tiny config has DSpark stages");
     let cfg = &model.cfg;
     let tokens = prompt(&mut rng, 12, cfg.vocab_size);
-    let mut state = model.new_state();
-    let out = model.forward(&tokens, &mut state).unwrap();
-    let width = cfg.dspark.target_layers.len() * cfg.hidden_size;
-    assert_eq!(out.features.len(), 12 * width);
-    let mut ds = model.new_dspark_state();
-    model.dspark_seed(&dw, &out.features[..11 * width], 0, &mut ds);
-    let next = deepinfer::model::dspark::argmax(&out.logits[11 * cfg.vocab_size..]);
-    let draft = model.dspark_draft(&dw, &out.features[11 * width..], 11, next, &mut ds.clone());
+    let mut p = pool(&model, 1, 12, 12);
+    let seq = p.add_sequence().unwrap();
+    let out = model.forward(&mut p, seq, &tokens).unwrap();
+    let features = out.features.expect("the tiny config has target layers");
+    assert_eq!(
+        features.shape(),
+        [12, cfg.dspark.target_layers.len() * cfg.hidden_size]
+    );
+    model
+        .dspark_seed(&dw, &mut p, seq, &features.narrow_rows(0, 11).unwrap(), 0)
+        .unwrap();
+    let last = out.logits.narrow_rows(11, 1).unwrap();
+    let next = deepinfer::ops::argmax(&last)
+        .unwrap()
+        .to_vec::<i32>()
+        .unwrap()[0] as u32;
+    let f11 = features.narrow_rows(11, 1).unwrap();
+    let draft = model
+        .dspark_draft(&dw, &mut p, seq, &f11, 11, next)
+        .unwrap();
     assert_eq!(draft.tokens.len(), cfg.dspark.block_size);
     assert!(draft.tokens.iter().all(|&t| (t as usize) < cfg.vocab_size));
     assert!(draft.confidence_logits.iter().all(|c| c.is_finite()));
-    let again = model.dspark_draft(&dw, &out.features[11 * width..], 11, next, &mut ds);
-    assert_eq!(draft, again, "drafting is deterministic");
+    let again = model
+        .dspark_draft(&dw, &mut p, seq, &f11, 11, next)
+        .unwrap();
+    assert_eq!(
+        draft, again,
+        "drafting is deterministic and leaves the rings as they were"
+    );
 }
 
 #[test]

@@ -14,8 +14,9 @@ mod common;
 use common::TempDir;
 use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate_from_dir};
 use deepinfer::model::config::ModelConfig;
-use deepinfer::model::forward::Model;
+use deepinfer::model::forward::{Capture, Model, SeqInput};
 use deepinfer::model::load::{load_weights, modulo_token_map};
+use deepinfer::model::runner::single_sequence_pool;
 use deepinfer::numerics::calc_diff;
 use rand::Rng;
 use std::path::{Path, PathBuf};
@@ -65,7 +66,30 @@ fn cpu_model_matches_the_torch_reference() {
     let model = Model::new(cfg, weights).unwrap();
     let vocab = model.cfg.vocab_size;
     let tokens: Vec<u32> = (0..96).map(|_| rng.random_range(0..vocab as u32)).collect();
-    let ours = model.forward(&tokens, &mut model.new_state()).unwrap();
+    let mut pool = single_sequence_pool(&model, tokens.len()).unwrap();
+    let seq = pool.add_sequence().unwrap();
+    let capture = Capture {
+        routing: true,
+        index_lists: true,
+        ..Capture::default()
+    };
+    let ours = model
+        .step(
+            &mut pool,
+            &[SeqInput {
+                seq,
+                tokens: &tokens,
+            }],
+            capture,
+        )
+        .unwrap();
+    let rows = |t: &deepinfer::Tensor| -> Vec<Vec<i64>> {
+        let w = t.shape()[1];
+        let v = t.to_vec::<i32>().unwrap();
+        (0..t.shape()[0])
+            .map(|r| v[r * w..(r + 1) * w].iter().map(|&x| x as i64).collect())
+            .collect()
+    };
 
     let (logits_file, routing_file, index_file) = (
         dir.path().join("ref.f32"),
@@ -90,25 +114,30 @@ fn cpu_model_matches_the_torch_reference() {
 
     let routing: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&routing_file).unwrap()).unwrap();
-    for (l, per_token) in ours.routing.iter().enumerate() {
+    for (l, layer) in ours.layers.iter().enumerate() {
         let theirs = parse_lists(&routing["experts"][l]);
-        let ours: Vec<Vec<i64>> = per_token
-            .iter()
-            .map(|e| e.iter().map(|&x| x as i64).collect())
-            .collect();
+        let ours = rows(layer.routing.as_ref().unwrap());
         assert_eq!(ours, theirs, "layer {l}: routing decisions differ");
     }
     let index: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&index_file).unwrap()).unwrap();
-    for (l, lists) in ours.index_lists.iter().enumerate() {
+    // The reference's prefill lists point into [window rows ‖ entries], so
+    // its entries carry the window offset S; ours are entry indices.
+    let s_len = tokens.len() as i64;
+    for (l, layer) in ours.layers.iter().enumerate() {
         if let Some(theirs) = index["layers"].get(l.to_string()) {
-            let ours: Vec<Vec<i64>> = lists
-                .iter()
-                .map(|e| e.iter().map(|&x| x as i64).collect())
+            let lists = layer.index_lists.as_ref().unwrap();
+            let theirs: Vec<Vec<i64>> = parse_lists(theirs)
+                .into_iter()
+                .map(|r| {
+                    r.into_iter()
+                        .map(|x| if x >= 0 { x - s_len } else { x })
+                        .collect()
+                })
                 .collect();
             assert_eq!(
-                ours,
-                parse_lists(theirs),
+                rows(&lists[0]),
+                theirs,
                 "layer {l}: compressed index lists differ"
             );
         }
@@ -118,7 +147,13 @@ fn cpu_model_matches_the_torch_reference() {
         .chunks_exact(4)
         .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
         .collect();
-    let ours_f64: Vec<f64> = ours.logits.iter().map(|&v| v as f64).collect();
+    let ours_f64: Vec<f64> = ours
+        .logits
+        .to_vec::<f32>()
+        .unwrap()
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
     assert_eq!(ours_f64.len(), theirs.len());
     let differing = ours_f64.iter().zip(&theirs).filter(|(a, b)| a != b).count();
     let diff = calc_diff(&ours_f64, &theirs);

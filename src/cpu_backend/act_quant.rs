@@ -1,9 +1,9 @@
 //! FP8 1×32 activation quantiser reference: one E8M0 scale per 32 elements of
 //! each row, the tail block over its own elements.
 
+use crate::contract::ACT_QUANT_BLOCK;
 use crate::dtype::{E4M3, E8M0};
 use crate::numerics::act_quant_block;
-use crate::ops::ACT_QUANT_BLOCK;
 use half::bf16;
 
 /// `x` is `[rows, k]`; returns (`[rows, k]` e4m3, `[rows, ⌈k/32⌉]` E8M0).

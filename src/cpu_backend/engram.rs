@@ -25,22 +25,6 @@ pub fn primes_after(after: u64, count: usize) -> Vec<u64> {
     (after + 1..).filter(|&n| is_prime(n)).take(count).collect()
 }
 
-/// The four compressed ids hashed at one position, newest first: the id at
-/// p, p−1, p−2, p−3. A look-back before the sequence start or across a dead
-/// (image) token, and everything older, uses `pad`; a dead current token
-/// makes all four `pad`. `history` holds the compressed ids of positions
-/// 0..=p (None for dead tokens), newest last.
-pub fn ngram_ids(history: &[Option<i64>], pad: i64) -> [i64; 4] {
-    let mut ids = [pad; 4];
-    for (shift, slot) in ids.iter_mut().enumerate() {
-        match history.len().checked_sub(1 + shift).map(|i| history[i]) {
-            Some(Some(id)) => *slot = id,
-            _ => break,
-        }
-    }
-    ids
-}
-
 /// Rolling XOR hashes h_1..h_4: h_1 = id_p · m_0, h_n = h_{n−1} ⊕ id_{p−n+1} · m_{n−1}.
 pub fn ngram_hashes(ids: &[i64; 4], multipliers: &[i64; 4]) -> [i64; 4] {
     let mut h = [0i64; 4];

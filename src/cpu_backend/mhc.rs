@@ -10,10 +10,7 @@
 use crate::numerics::{exp, sigmoid};
 use half::bf16;
 
-/// Number of residual streams (`hc_mult`).
-pub const HC_STREAMS: usize = 4;
-/// Mixes per sublayer: 4 pre, 4 post, 16 comb.
-pub const HC_MIXES: usize = 24;
+pub use crate::contract::{HC_MIXES, HC_STREAMS, ONE_HOT_PRE};
 
 /// The split of one sublayer's mixes.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,10 +20,6 @@ pub struct HcSplit {
     /// `comb[j][k]`: from source stream j to destination stream k, after Sinkhorn.
     pub comb: [[f32; HC_STREAMS]; HC_STREAMS],
 }
-
-/// The one-hot pre (1, 0, 0, 0) used by layer 0's attention and by each
-/// DSpark block's first sublayer.
-pub const ONE_HOT_PRE: [f32; HC_STREAMS] = [1.0, 0.0, 0.0, 0.0];
 
 /// m = (hc_fn · S) · 1/√(mean(S²) + eps): each row's dot product and the
 /// sum of squares are accumulated in fp32 in index order.

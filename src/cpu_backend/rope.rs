@@ -25,28 +25,9 @@
 //!   promoted to fp32, each product rounded to fp32 (no fused multiply-add),
 //!   then rounded to BF16 (nearest even). The inverse uses −sin.
 
+pub use crate::contract::{RopeParams, Yarn};
 use half::bf16;
 use std::f64::consts::PI;
-
-/// YaRN parameters (V4.1 ratio > 0 layers: factor 16, original length
-/// 65,536, β_fast 32, β_slow 1). There is no mscale term.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Yarn {
-    pub factor: f64,
-    /// YaRN is active only when this is > 0.
-    pub original_seq_len: u64,
-    pub beta_fast: f64,
-    pub beta_slow: f64,
-}
-
-/// The RoPE of one layer: θ (`rope_theta` 10000 for ratio-0 layers and the
-/// DSpark stages, `compress_rope_theta` 160000 for ratio > 0 layers) and
-/// YaRN where the layer uses it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct RopeParams {
-    pub theta: f64,
-    pub yarn: Option<Yarn>,
-}
 
 /// The YaRN correction band (low, high) of §3.2, in double precision:
 /// corr(β) = d · ln(L₀ / (2π · β)) / (2 · ln θ), low = max(⌊corr(β_fast)⌋, 0),

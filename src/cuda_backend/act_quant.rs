@@ -2,10 +2,10 @@
 //! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel.
 
 use super::{grid_for, launch, params::di_act_quant_params, read_ptr, write_ptr};
+use crate::contract::ActQuantImpl;
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::ops::ActQuantImpl;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 

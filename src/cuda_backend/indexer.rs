@@ -14,12 +14,12 @@ use super::params::{
 };
 use super::{allow_smem, grid_for, launch, read_ptr, write_ptr};
 use crate::Device;
+use crate::contract::{ScoreKernel, ScoreShape};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Error;
 use crate::error::Result;
 use crate::kernels;
-use crate::ops::{ScoreKernel, ScoreShape};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 

@@ -5,10 +5,10 @@
 
 use super::params::di_act_quant_params;
 use super::{launch_raw, read_ptr, write_ptr};
+use crate::contract::RMS_NORM_ACT_QUANT_MAX_DIM;
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::ops::RMS_NORM_ACT_QUANT_MAX_DIM;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 

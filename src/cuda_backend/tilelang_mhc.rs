@@ -5,10 +5,10 @@
 //! (buffers by name, then scalars by name), not the program's order.
 
 use super::{Arg, launch_raw, read_ptr, write_ptr};
+use crate::contract::MhcPre;
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::ops::MhcPre;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 

@@ -312,6 +312,31 @@ impl CudaBuffer {
             .map_err(driver("cuMemcpyDtoDAsync"))
     }
 
+    /// Copies `len` bytes of `src` from byte `s0` to byte `d0` of this buffer
+    /// on this buffer's stream (callers check the ranges).
+    pub fn copy_range_from(
+        &mut self,
+        d0: usize,
+        src: &CudaBuffer,
+        s0: usize,
+        len: usize,
+    ) -> Result<()> {
+        if d0 + len > self.len() || s0 + len > src.len() {
+            return Err(Error::Argument {
+                op: "CudaBuffer::copy_range_from",
+                arg: "len",
+                value: format!("{len} bytes at {s0} -> {d0}"),
+                why: "the range lies outside a buffer",
+            });
+        }
+        let stream = self.device.stream.clone();
+        let view = src.slice.slice(s0..s0 + len);
+        let mut dst = self.slice.slice_mut(d0..d0 + len);
+        stream
+            .memcpy_dtod(&view, &mut dst)
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
     /// Copies the whole buffer back to the host (synchronises the stream).
     pub fn download(&self) -> Result<Vec<u8>> {
         self.device

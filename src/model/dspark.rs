@@ -1,45 +1,41 @@
 //! The DSpark drafter's forward (`v41-flash.md` §9): target features from
-//! the backbone, per-stage rings of projected features, the bidirectional
-//! 5-row draft block through the stages, and the Markov and confidence heads.
-//! Verification and scheduling are the engine's (a later issue).
+//! the backbone, per-stage rings of projected features (in the sequence's
+//! pool pages), the bidirectional 5-row draft block through the stages, and
+//! the Markov and confidence heads. Verification and scheduling are the
+//! engine's.
 //!
-//! Invariant: the stage rings hold the projected target features of every
-//! position seen so far (slot p mod window); a draft at position p reads the
-//! features of p and the real next token t_(p+1).
+//! Invariant: a stage ring holds the projected target features of the
+//! positions seeded so far (the last `window` of them); a draft at
+//! position p reads the features of p and the real next token t_(p+1). The
+//! block's own rows are written past p only for the draft's attention and
+//! are overwritten by later seeds before any list reads them.
 
-use super::attention::output_projection;
-use super::config::ModelConfig;
-use super::ffn::moe;
+use super::batch::{Batch, Entry};
 use super::forward::Model;
-use super::state::Ring;
-use super::weights::{Bf16Linear, BlockWeights, Fp8Linear};
-use crate::cpu_backend::kv_format::{decode_window_row, encode_window_row};
-use crate::cpu_backend::mhc::{HC_STREAMS, ONE_HOT_PRE, hc_collapse};
-use crate::cpu_backend::sparse_attention::sparse_mqa;
-use crate::cpu_backend::{RopeParams, f32_gemm, inverse_rope, rms_norm, rope};
-use half::bf16;
+use super::layers::Block;
+use super::layers::attention::stage_list;
+use super::layers::linear::{Bf16Linear, Fp8Linear};
+use super::pool::{SeqId, StatePool};
+use crate::contract::{HC_STREAMS, ONE_HOT_PRE, RopeParams};
+use crate::error::Result;
+use crate::ops;
+use crate::tensor::Tensor;
 
 /// The drafter's weights (`mtp.*`).
 #[derive(Clone, Debug)]
 pub struct DsparkWeights {
     /// `[D, targets · D]`.
     pub main_proj: Fp8Linear,
-    pub main_norm: Vec<bf16>,
-    pub stages: Vec<BlockWeights>,
+    pub main_norm: Tensor,
+    pub stages: Vec<Block>,
     /// The last stage's `norm`.
-    pub norm: Vec<bf16>,
-    /// `[vocab, rank]`.
-    pub markov_embed: Vec<bf16>,
+    pub norm: Tensor,
+    /// `[vocab, rank]` BF16.
+    pub markov_embed: Tensor,
     /// `[vocab, rank]`, used as an fp32 GEMM.
     pub markov_head: Bf16Linear,
-    /// `[1, D + rank]`.
-    pub confidence: Vec<bf16>,
-}
-
-/// The drafter's per-sequence state: one ring per stage.
-#[derive(Clone, Debug)]
-pub struct DsparkState {
-    pub rings: Vec<Ring>,
+    /// `[1, D + rank]`, used as an fp32 GEMM.
+    pub confidence: Bf16Linear,
 }
 
 /// One draft block's output.
@@ -52,137 +48,116 @@ pub struct Draft {
     pub confidence_logits: Vec<f32>,
 }
 
-fn stage_rope(cfg: &ModelConfig) -> RopeParams {
-    RopeParams {
-        theta: cfg.rope.theta,
-        yarn: None,
-    }
-}
-
 impl Model {
-    /// A fresh drafter state.
-    pub fn new_dspark_state(&self) -> DsparkState {
-        let a = self.cfg.attention;
-        DsparkState {
-            rings: (0..self.cfg.dspark.n_stages)
-                .map(|_| Ring::new(a.window, a.head_dim))
-                .collect(),
+    fn stage_rope(&self) -> RopeParams {
+        RopeParams {
+            theta: self.cfg.rope.theta,
+            yarn: None,
         }
     }
 
-    /// main_x = main_norm(main_proj(features)) for `[len, targets·D]` features.
-    fn main_x(&self, dw: &DsparkWeights, features: &[bf16], len: usize) -> Vec<bf16> {
-        let d = self.cfg.hidden_size;
-        rms_norm(
-            &dw.main_proj.forward(features, len),
-            &dw.main_norm,
-            len,
-            d,
-            self.cfg.norm_eps as f32,
-        )
+    fn positions(&self, from: usize, n: usize) -> Result<Tensor> {
+        let p: Vec<i64> = (from..from + n).map(|p| p as i64).collect();
+        Tensor::from_vec(p, &[n])?.to_device(&self.device())
     }
 
-    /// Writes the projected target features of positions `start ..` into
-    /// every stage's ring (prefill seeds all prompt positions this way).
+    /// Writes the projected target features (`[len, targets·D]`, BF16) of
+    /// positions `start ..` into every stage's ring of `seq` (prefill seeds
+    /// all prompt positions this way).
     pub fn dspark_seed(
         &self,
         dw: &DsparkWeights,
-        features: &[bf16],
+        pool: &mut StatePool,
+        seq: SeqId,
+        features: &Tensor,
         start: usize,
-        state: &mut DsparkState,
-    ) {
-        let cfg = &self.cfg;
-        let (d, a) = (cfg.hidden_size, cfg.attention);
-        let len = features.len() / (cfg.dspark.target_layers.len() * d);
-        let main_x = self.main_x(dw, features, len);
-        let positions: Vec<i64> = (start..start + len).map(|p| p as i64).collect();
-        for (stage, ring) in dw.stages.iter().zip(&mut state.rings) {
-            let kv = rms_norm(
-                &stage.attn.wkv.forward(&main_x, len),
-                &stage.attn.kv_norm,
-                len,
-                a.head_dim,
-                cfg.norm_eps as f32,
-            );
-            let kv = rope(
-                &kv,
-                &positions,
-                1,
-                a.head_dim,
-                a.rope_head_dim,
-                &stage_rope(cfg),
-            );
-            for (i, row) in kv.chunks(a.head_dim).enumerate() {
-                ring.write(start + i, encode_window_row(row));
-            }
+    ) -> Result<()> {
+        let len = features.rows();
+        let main_x = ops::rms_norm(
+            &dw.main_proj.forward(features)?,
+            &dw.main_norm,
+            self.cfg.norm_eps as f32,
+        )?;
+        let positions = self.positions(start, len)?;
+        for s in 0..dw.stages.len() {
+            pool.reserve_ring(seq, pool.stage_ring(s), start + len)?;
         }
+        for (s, stage) in dw.stages.iter().enumerate() {
+            let rows = stage
+                .attn
+                .window_kv(&self.cfg, &main_x, &positions, &self.stage_rope())?;
+            let ring = pool.stage_ring(s);
+            pool.write_ring(seq, ring, start, &rows, 0, len)?;
+            pool.trim_ring(seq, ring, start + len - 1)?;
+        }
+        Ok(())
     }
 
-    /// Drafts after position `p`, whose target features are `features`
-    /// (`[targets·D]`) and whose real next token is `next`: seeds the rings
-    /// with p, runs the block [next, noise × (n − 1)] through the stages, and
-    /// applies the heads greedily.
+    /// Drafts after position `p` of `seq`, whose target features are
+    /// `features` (`[1, targets·D]`) and whose real next token is `next`:
+    /// seeds the rings with p, runs the block [next, noise × (n − 1)]
+    /// through the stages, and applies the heads greedily.
     pub fn dspark_draft(
         &self,
         dw: &DsparkWeights,
-        features: &[bf16],
+        pool: &mut StatePool,
+        seq: SeqId,
+        features: &Tensor,
         p: usize,
         next: u32,
-        state: &mut DsparkState,
-    ) -> Draft {
+    ) -> Result<Draft> {
         let cfg = &self.cfg;
-        let (d, a, n) = (cfg.hidden_size, cfg.attention, cfg.dspark.block_size);
-        let eps = cfg.norm_eps as f32;
-        self.dspark_seed(dw, features, p, state);
-        let block: Vec<u32> = std::iter::once(next)
-            .chain(std::iter::repeat_n(cfg.dspark.noise_token_id, n - 1))
-            .collect();
-        let mut streams: Vec<Vec<bf16>> = block
-            .iter()
-            .map(|&t| self.weights.embed[t as usize * d..(t as usize + 1) * d].repeat(HC_STREAMS))
-            .collect();
-        let mut pre = vec![ONE_HOT_PRE; n];
-        let positions: Vec<i64> = (p + 1..=p + n).map(|q| q as i64).collect();
-        let (h, hd, rd) = (a.n_heads, a.head_dim, a.rope_head_dim);
-        let rp = stage_rope(cfg);
-        for (stage, ring) in dw.stages.iter().zip(&state.rings) {
-            let (splits, x) =
-                self.sublayer_input(&stage.hc_attn, &stage.attn_norm, &streams, &mut pre);
-            let w = &stage.attn;
-            let qr = rms_norm(&w.wq_a.forward(&x, n), &w.q_norm, n, a.q_lora_rank, eps);
-            let q = rope(&w.wq_b.forward(&qr, n), &positions, h, hd, rd, &rp);
-            let kv = rms_norm(&w.wkv.forward(&x, n), &w.kv_norm, n, hd, eps);
-            let mut rows = ring.rows();
-            rows.extend(
-                rope(&kv, &positions, 1, hd, rd, &rp)
-                    .chunks(hd)
-                    .flat_map(|r| decode_window_row(&encode_window_row(r), hd)),
-            );
-            let list: Vec<i32> = (0..a.window.min(p + 1))
-                .chain(a.window..a.window + n)
-                .map(|i| i as i32)
-                .collect();
-            let o: Vec<bf16> = (0..n)
-                .flat_map(|i| {
-                    sparse_mqa(&q[i * h * hd..(i + 1) * h * hd], &rows, &list, &w.sink, hd).out
-                })
-                .collect();
-            let f = output_projection(cfg, w, &inverse_rope(&o, &positions, h, hd, rd, &rp), n);
-            super::forward::expand(&mut streams, &f, &splits, d);
-            let (splits, x) =
-                self.sublayer_input(&stage.hc_ffn, &stage.ffn_norm, &streams, &mut pre);
-            let (f, _) = moe(cfg, &stage.ffn, cfg.dspark.n_activated_experts, &x, n);
-            super::forward::expand(&mut streams, &f, &splits, d);
+        let (a, n) = (cfg.attention, cfg.dspark.block_size);
+        let device = self.device();
+        self.dspark_seed(dw, pool, seq, features, p)?;
+        for s in 0..dw.stages.len() {
+            pool.reserve_ring(seq, pool.stage_ring(s), p + 1 + n)?;
         }
-        let hidden: Vec<bf16> = streams
-            .iter()
-            .zip(&pre)
-            .flat_map(|(s, pr)| hc_collapse(s, pr))
+        let block: Vec<i32> = std::iter::once(next as i32)
+            .chain(std::iter::repeat_n(cfg.dspark.noise_token_id as i32, n - 1))
             .collect();
-        let base = self
-            .weights
-            .head
-            .forward_f32(&rms_norm(&hidden, &dw.norm, n, d, eps), n);
+        let ids = Tensor::from_vec(block, &[n])?.to_device(&device)?;
+        let mut streams = ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?;
+        let one_hot: Vec<f32> = (0..n).flat_map(|_| ONE_HOT_PRE).collect();
+        let mut pre = Tensor::from_vec(one_hot, &[n, HC_STREAMS])?.to_device(&device)?;
+        let positions = self.positions(p + 1, n)?;
+        let rope = self.stage_rope();
+        let hp = self.mhc_params();
+        let b = Batch {
+            entries: vec![Entry {
+                seq,
+                start: p + 1,
+                len: n,
+                row: 0,
+            }],
+            positions: positions.clone(),
+        };
+        for (s, stage) in dw.stages.iter().enumerate() {
+            let ring = pool.stage_ring(s);
+            let (x, mix) = stage
+                .hc_attn
+                .input(&streams, &mut pre, &stage.attn_norm, hp)?;
+            let w = &stage.attn;
+            let (q, _) = w.query(cfg, &x, &positions, &rope)?;
+            let rows = w.window_kv(cfg, &x, &positions, &rope)?;
+            pool.write_ring(seq, ring, p + 1, &rows, 0, n)?;
+            let list = stage_list(pool, &b, ring, a.window, p)?;
+            let f = w.attend(cfg, pool, &q, &list, None, &positions, &rope)?;
+            streams = mix.expand(&streams, &f)?;
+            let (x, mix) = stage
+                .hc_ffn
+                .input(&streams, &mut pre, &stage.ffn_norm, hp)?;
+            let (f, _) = stage
+                .ffn
+                .forward(&x, self.moe_params(cfg.dspark.n_activated_experts))?;
+            streams = mix.expand(&streams, &f)?;
+        }
+        let hidden = ops::hc_collapse(&streams, &pre)?;
+        let base = self.weights.head.forward_f32(&ops::rms_norm(
+            &hidden,
+            &dw.norm,
+            cfg.norm_eps as f32,
+        )?)?;
         self.markov_and_confidence(dw, &hidden, &base, next)
     }
 
@@ -190,45 +165,27 @@ impl Model {
     fn markov_and_confidence(
         &self,
         dw: &DsparkWeights,
-        hidden: &[bf16],
-        base: &[f32],
+        hidden: &Tensor,
+        base: &Tensor,
         first: u32,
-    ) -> Draft {
-        let (d, vocab) = (self.cfg.hidden_size, self.cfg.vocab_size);
-        let rank = self.cfg.dspark.markov_rank;
-        let n = hidden.len() / d;
+    ) -> Result<Draft> {
+        let n = hidden.rows();
+        let device = self.device();
         let mut token = first;
         let mut draft = Draft {
             tokens: Vec::with_capacity(n),
             confidence_logits: Vec::with_capacity(n),
         };
         for i in 0..n {
-            let e = &dw.markov_embed[token as usize * rank..(token as usize + 1) * rank];
-            let bias = dw.markov_head.forward_f32(e, 1);
-            let logits: Vec<f32> = base[i * vocab..(i + 1) * vocab]
-                .iter()
-                .zip(&bias)
-                .map(|(a, b)| a + b)
-                .collect();
-            let mut input = hidden[i * d..(i + 1) * d].to_vec();
-            input.extend_from_slice(e);
-            draft
-                .confidence_logits
-                .push(f32_gemm(&input, &dw.confidence, 1, 1, d + rank)[0]);
-            token = argmax(&logits);
+            let id = Tensor::from_vec(vec![token as i32], &[1])?.to_device(&device)?;
+            let e = ops::embedding(&dw.markov_embed, &id)?;
+            let logits = ops::add(&base.narrow_rows(i, 1)?, &dw.markov_head.forward_f32(&e)?)?;
+            let input = ops::cat_cols(&[&hidden.narrow_rows(i, 1)?, &e])?;
+            let conf = dw.confidence.forward_f32(&input)?.to_vec::<f32>()?;
+            draft.confidence_logits.push(conf[0]);
+            token = ops::argmax(&logits)?.to_vec::<i32>()?[0] as u32;
             draft.tokens.push(token);
         }
-        draft
+        Ok(draft)
     }
-}
-
-/// Index of the largest logit, ties to the lowest id.
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

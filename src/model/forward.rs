@@ -1,39 +1,41 @@
-//! The V4.1 text model on the CPU reference backend: embedding into the
-//! mHC streams, Engram before its blocks, attention and MoE sublayers with
-//! the single-pass mHC (lagged pre, one-hot first pre), and the final
-//! collapse, norm and fp32 head (`v41-flash.md` §4–§8).
+//! The V4.1 text model over the op API: embedding into the mHC streams,
+//! Engram before its blocks, attention and MoE sublayers with the
+//! single-pass mHC (lagged pre, one-hot first pre), and the final collapse,
+//! norm and fp32 head (`v41-flash.md` §4–§8), for a ragged batch of
+//! sequences whose state lives in a [`StatePool`].
 //!
-//! Invariant: [`Model::forward`] takes either a whole prompt on a fresh
-//! state (prefill) or one token at a time afterwards (decode); each call
-//! returns fp32 logits for every token it was given. Decoding token t gives
-//! the same logits as a prefill of the first t + 1 tokens.
+//! Invariant: [`Model::step`] takes any mix of whole prompts, prefill
+//! chunks and single decode tokens, one entry per sequence, and returns
+//! fp32 logits for every token it was given. A token's logits depend only
+//! on its own sequence's tokens: decoding token t gives the logits of a
+//! prefill of the first t + 1 tokens, a prompt fed in chunks gives those of
+//! one prefill, and a sequence gives the same logits alone or in any batch
+//! (bitwise on the CPU, where every op computes each row on its own).
 
-use super::attention::{Call, Published, attention};
+use super::batch::{Batch, Entry};
 use super::config::{LayerPlan, ModelConfig, ScoreFunc};
-use super::ffn::moe;
-use super::state::{LayerState, Ring, SequenceState, SourceCaches};
-use super::weights::{EngramWeights, HcWeights, ModelWeights};
-use crate::cpu_backend::engram::{gate, gather_rows, ngram_hashes, ngram_ids, table_rows, update};
-use crate::cpu_backend::mhc::{
-    HC_STREAMS, HcSplit, ONE_HOT_PRE, hc_collapse, hc_expand, hc_mixes, hc_split,
-};
-use crate::cpu_backend::rms_norm;
+use super::layers::Block;
+use super::layers::linear::Bf16Linear;
+use super::layers::moe::MoeParams;
+use super::pool::{SeqId, StatePool};
+use crate::contract::{HC_STREAMS, ONE_HOT_PRE, ngram_ids};
+use crate::device::Device;
 use crate::error::{Error, Result};
-use half::bf16;
+use crate::ops::{self, MhcParams};
+use crate::tensor::Tensor;
+use std::ops::Range;
 
-/// What a forward call returns for its `len` tokens.
+/// The whole text model's weights (the DSpark stages come with the drafter).
 #[derive(Clone, Debug)]
-pub struct ForwardOutput {
-    /// `[len, vocab]` fp32 logits.
-    pub logits: Vec<f32>,
-    /// `[len, targets · D]` DSpark target features: the streams entering
-    /// each target layer, averaged over the 4 streams (BF16).
-    pub features: Vec<bf16>,
-    /// Per backbone layer, each token's selected experts (ascending).
-    pub routing: Vec<Vec<Vec<usize>>>,
-    /// Per backbone layer, each token's compressed index list (with the
-    /// window offset; empty for window-only layers).
-    pub index_lists: Vec<Vec<Vec<i32>>>,
+pub struct ModelWeights {
+    /// `[vocab, D]` BF16.
+    pub embed: Tensor,
+    /// `[vocab, D]`, used as an fp32 GEMM.
+    pub head: Bf16Linear,
+    pub norm: Tensor,
+    pub blocks: Vec<Block>,
+    /// Token id → Engram compressed id (host data, like the token ids).
+    pub engram_token_map: Vec<i64>,
 }
 
 /// A loaded model: its config, derived layer plans and weights.
@@ -41,6 +43,54 @@ pub struct Model {
     pub cfg: ModelConfig,
     pub plans: Vec<LayerPlan>,
     pub weights: ModelWeights,
+}
+
+/// One sequence's new tokens in a step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqInput<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+}
+
+/// What a step records per backbone layer besides the logits (all off by
+/// default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Capture {
+    /// The 4-stream residual entering each block, after Engram.
+    pub streams: bool,
+    /// Each attention sublayer's output `[T, D]`.
+    pub attention: bool,
+    /// Each MoE sublayer's output `[T, D]`.
+    pub moe: bool,
+    /// Each token's selected experts `[T, top_k]` (ascending).
+    pub routing: bool,
+    /// Each entry's compressed index list `[len, k]` (entry indices).
+    pub index_lists: bool,
+}
+
+/// One backbone layer's captured tensors (`None` where not asked for).
+#[derive(Clone, Debug, Default)]
+pub struct LayerTrace {
+    pub streams: Option<Tensor>,
+    pub attention: Option<Tensor>,
+    pub moe: Option<Tensor>,
+    pub routing: Option<Tensor>,
+    /// Per batch entry; empty for window-only layers.
+    pub index_lists: Option<Vec<Tensor>>,
+}
+
+/// What a step returns.
+#[derive(Debug)]
+pub struct StepOutput {
+    /// F32 `[T, vocab]`: every new token's logits, entries in batch order.
+    pub logits: Tensor,
+    /// BF16 `[T, targets · D]`: the DSpark target features (the streams
+    /// entering each target layer, averaged); `None` without targets.
+    pub features: Option<Tensor>,
+    /// Rows of each entry in `logits` and `features`.
+    pub rows: Vec<Range<usize>>,
+    /// Per backbone layer, what [`Capture`] asked for.
+    pub layers: Vec<LayerTrace>,
 }
 
 fn invalid(arg: &'static str, value: String, why: &'static str) -> Error {
@@ -100,234 +150,220 @@ impl Model {
         })
     }
 
-    /// A fresh sequence state.
-    pub fn new_state(&self) -> SequenceState {
-        let a = self.cfg.attention;
-        SequenceState {
-            pos: 0,
-            layers: self.plans[..self.cfg.n_layers]
-                .iter()
-                .map(|p| LayerState {
-                    ring: Ring::new(a.window, a.head_dim),
-                    source: p.is_kv_source().then(SourceCaches::default),
-                })
-                .collect(),
-            engram_history: Vec::new(),
+    /// The device the weights live on.
+    pub fn device(&self) -> Device {
+        self.weights.embed.device()
+    }
+
+    pub(crate) fn mhc_params(&self) -> MhcParams {
+        MhcParams {
+            eps: self.cfg.norm_eps as f32,
+            hc_eps: self.cfg.mhc.eps as f32,
+            iters: self.cfg.mhc.sinkhorn_iters,
         }
     }
 
-    /// Runs `tokens` at positions `state.pos ..`. A call with more than one
-    /// token must start a sequence.
-    pub fn forward(&self, tokens: &[u32], state: &mut SequenceState) -> Result<ForwardOutput> {
-        let cfg = &self.cfg;
-        if tokens.is_empty() {
-            return Err(invalid("tokens", "[]".into(), "the prompt is empty"));
+    pub(crate) fn moe_params(&self, top_k: usize) -> MoeParams {
+        let m = self.cfg.moe;
+        MoeParams {
+            top_k,
+            route_scale: m.route_scale as f32,
+            gate_temp: m.gate_temp as f32,
+            swiglu_limit: m.swiglu_limit as f32,
         }
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
-            return Err(invalid(
-                "tokens",
-                t.to_string(),
-                "token id is not below the vocabulary size",
-            ));
-        }
-        if state.pos > 0 && tokens.len() > 1 {
-            return Err(invalid(
-                "tokens",
-                tokens.len().to_string(),
-                "after the prompt, tokens are decoded one at a time (chunked prefill is not implemented)",
-            ));
-        }
-        let (d, len) = (cfg.hidden_size, tokens.len());
-        let call = Call {
-            start: state.pos,
-            len,
-        };
-        let map = &self.weights.engram_token_map;
-        if !map.is_empty() {
-            state
-                .engram_history
-                .extend(tokens.iter().map(|&t| Some(map[t as usize])));
-        }
+    }
 
-        let mut streams: Vec<Vec<bf16>> = tokens
-            .iter()
-            .map(|&t| self.weights.embed[t as usize * d..(t as usize + 1) * d].repeat(HC_STREAMS))
-            .collect();
-        let mut pre = vec![ONE_HOT_PRE; len];
-        let mut published = Published::default();
-        let n_targets = cfg.dspark.target_layers.len();
-        let mut features = vec![bf16::ZERO; len * n_targets * d];
-        let (mut routing, mut index_lists) = (Vec::new(), Vec::new());
-        for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
-            if let Some(e) = &block.engram {
-                self.engram(e, call, &mut streams, &state.engram_history);
-            }
-            if let Some(i) = plan.dspark_target {
-                for (t, s) in streams.iter().enumerate() {
-                    let at = (t * n_targets + i) * d;
-                    for (x, f) in features[at..at + d].iter_mut().enumerate() {
-                        let sum: f32 = (0..HC_STREAMS).map(|c| s[c * d + x].to_f32()).sum();
-                        *f = bf16::from_f32(sum / HC_STREAMS as f32);
-                    }
-                }
-            }
-            let (splits, x) =
-                self.sublayer_input(&block.hc_attn, &block.attn_norm, &streams, &mut pre);
-            let (f, lists) = attention(
-                cfg,
-                plan,
-                &block.attn,
-                &x,
-                call,
-                &mut state.layers,
-                &mut published,
-            );
-            if std::env::var("TRACE").is_ok() {
-                eprintln!(
-                    "T {} attn_in {} attn_out {} apost {:?}",
-                    plan.layer,
-                    x[(len - 1) * d..]
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| v.to_f64() * (i + 1) as f64)
-                        .sum::<f64>(),
-                    f[(len - 1) * d..]
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| v.to_f64() * (i + 1) as f64)
-                        .sum::<f64>(),
-                    splits[len - 1].post
-                );
-            }
-            expand(&mut streams, &f, &splits, d);
-            index_lists.push(lists);
-            let (splits, x) =
-                self.sublayer_input(&block.hc_ffn, &block.ffn_norm, &streams, &mut pre);
-            let (f, selected) = moe(cfg, &block.ffn, cfg.moe.n_activated_experts, &x, len);
-            if std::env::var("TRACE").is_ok() {
-                eprintln!(
-                    "T {} ffn_in {} ffn_out {}",
-                    plan.layer,
-                    x[(len - 1) * d..].iter().map(|v| v.to_f64()).sum::<f64>(),
-                    f[(len - 1) * d..].iter().map(|v| v.to_f64()).sum::<f64>()
-                );
-            }
-            expand(&mut streams, &f, &splits, d);
-            if std::env::var("TRACE").is_ok() {
-                eprintln!(
-                    "T {} streams {} pre {:?} postc {:?}",
-                    plan.layer,
-                    streams[len - 1].iter().map(|v| v.to_f64()).sum::<f64>(),
-                    pre[len - 1],
-                    splits[len - 1].post
-                );
-            }
-            routing.push(selected);
+    /// One sequence's tokens as a step of its own.
+    pub fn forward(&self, pool: &mut StatePool, seq: SeqId, tokens: &[u32]) -> Result<StepOutput> {
+        self.step(pool, &[SeqInput { seq, tokens }], Capture::default())
+    }
+
+    /// Checks a step's inputs and lays them out; reserves their pages.
+    fn layout(&self, pool: &mut StatePool, inputs: &[SeqInput]) -> Result<Batch> {
+        if inputs.is_empty() {
+            return Err(invalid(
+                "inputs",
+                "[]".into(),
+                "a step needs at least one sequence",
+            ));
         }
-        state.pos += len;
-        Ok(ForwardOutput {
-            logits: self.head(&streams, &pre),
-            features,
-            routing,
-            index_lists,
+        let mut entries = Vec::with_capacity(inputs.len());
+        let mut positions = Vec::new();
+        let mut row = 0;
+        for inp in inputs {
+            if inp.tokens.is_empty() {
+                return Err(invalid(
+                    "tokens",
+                    format!("[] for sequence {}", inp.seq),
+                    "every sequence of a step brings at least one token",
+                ));
+            }
+            if let Some(&t) = inp
+                .tokens
+                .iter()
+                .find(|&&t| t as usize >= self.cfg.vocab_size)
+            {
+                return Err(invalid(
+                    "tokens",
+                    t.to_string(),
+                    "token id is not below the vocabulary size",
+                ));
+            }
+            if entries.iter().any(|e: &Entry| e.seq == inp.seq) {
+                return Err(invalid(
+                    "inputs",
+                    format!("sequence {} twice", inp.seq),
+                    "a step takes each sequence at most once",
+                ));
+            }
+            let start = pool.position(inp.seq)?;
+            let end = start + inp.tokens.len();
+            if end > i32::MAX as usize {
+                return Err(invalid(
+                    "tokens",
+                    format!("positions up to {end}"),
+                    "positions must stay below 2^31 (the caches index rows with i32)",
+                ));
+            }
+            positions.extend((start..end).map(|p| p as i64));
+            entries.push(Entry {
+                seq: inp.seq,
+                start,
+                len: inp.tokens.len(),
+                row,
+            });
+            row += inp.tokens.len();
+        }
+        let reserve: Vec<(SeqId, usize)> = entries.iter().map(|e| (e.seq, e.len)).collect();
+        pool.reserve_step(&reserve)?;
+        let n = positions.len();
+        Ok(Batch {
+            entries,
+            positions: Tensor::from_vec(positions, &[n])?.to_device(&self.device())?,
         })
     }
 
-    /// The sublayer's mHC: mixes and split from the current streams, the
-    /// collapse with the lagged pre (then replaced by this sublayer's pre),
-    /// and the sublayer norm. Returns (splits, normed input `[len, D]`).
-    pub(super) fn sublayer_input(
+    /// Runs one batched step: every entry's tokens at its sequence's next
+    /// positions. On error the pool's sequences keep their positions (pages
+    /// reserved for the step stay with their sequences and are reused).
+    pub fn step(
         &self,
-        hc: &HcWeights,
-        norm: &[bf16],
-        streams: &[Vec<bf16>],
-        pre: &mut [[f32; 4]],
-    ) -> (Vec<HcSplit>, Vec<bf16>) {
+        pool: &mut StatePool,
+        inputs: &[SeqInput],
+        capture: Capture,
+    ) -> Result<StepOutput> {
         let cfg = &self.cfg;
-        let eps = cfg.norm_eps as f32;
-        let mut splits = Vec::with_capacity(streams.len());
-        let mut u = Vec::with_capacity(streams.len() * cfg.hidden_size);
-        for (s, p) in streams.iter().zip(pre.iter_mut()) {
-            let m = hc_mixes(s, &hc.func, eps);
-            let split = hc_split(
-                &m,
-                &hc.scale,
-                &hc.base,
-                cfg.mhc.eps as f32,
-                cfg.mhc.sinkhorn_iters,
-            );
-            u.extend(hc_collapse(s, p));
-            *p = split.pre;
-            splits.push(split);
-        }
-        (
-            splits,
-            rms_norm(&u, norm, streams.len(), cfg.hidden_size, eps),
-        )
-    }
-
-    /// Engram before a block: 24 hashed rows per token, projected to one key
-    /// per stream and a shared value, gated per stream.
-    fn engram(
-        &self,
-        e: &EngramWeights,
-        call: Call,
-        streams: &mut [Vec<bf16>],
-        history: &[Option<i64>],
-    ) {
-        let cfg = &self.cfg;
-        let d = cfg.hidden_size;
-        let pad = self.weights.engram_token_map[cfg.engram.pad_id as usize];
-        let eps = cfg.norm_eps as f32;
-        let lookups: Vec<bf16> = (0..call.len)
-            .flat_map(|i| {
-                let ids = ngram_ids(&history[..call.start + i + 1], pad);
-                let rows = table_rows(&ngram_hashes(&ids, &e.multipliers), &e.primes);
-                gather_rows(&e.table, &rows, cfg.engram.head_dim)
+        let device = self.device();
+        let b = self.layout(pool, inputs)?;
+        let ids: Vec<i32> = inputs
+            .iter()
+            .flat_map(|i| i.tokens.iter().map(|&t| t as i32))
+            .collect();
+        let t = ids.len();
+        let ids = Tensor::from_vec(ids, &[t])?.to_device(&device)?;
+        let map = &self.weights.engram_token_map;
+        let compressed: Vec<Vec<Option<i64>>> = inputs
+            .iter()
+            .map(|i| {
+                i.tokens
+                    .iter()
+                    .map(|&tok| map.get(tok as usize).copied())
+                    .collect()
             })
             .collect();
-        let kv = e.wkv.forward(&lookups, call.len);
-        let width = (HC_STREAMS + 1) * d;
-        for (t, s) in streams.iter_mut().enumerate() {
-            let kv_t = &kv[t * width..(t + 1) * width];
-            let value = &kv_t[HC_STREAMS * d..];
-            for c in 0..HC_STREAMS {
-                let sc = &s[c * d..(c + 1) * d];
-                let g = gate(
-                    sc,
-                    &kv_t[c * d..(c + 1) * d],
-                    &e.q_weight[c * d..(c + 1) * d],
-                    &e.k_weight[c * d..(c + 1) * d],
-                    eps,
-                );
-                let new = update(sc, g, value);
-                s[c * d..(c + 1) * d].copy_from_slice(&new);
+        let ngrams = if map.is_empty() {
+            None
+        } else {
+            Some(self.ngram_ids(pool, &b, &compressed)?)
+        };
+
+        let mut streams = ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?;
+        let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
+        let mut pre = Tensor::from_vec(one_hot, &[t, HC_STREAMS])?.to_device(&device)?;
+        let mut published = Default::default();
+        let mut targets = vec![None; cfg.dspark.target_layers.len()];
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        let hp = self.mhc_params();
+        let moe_p = self.moe_params(cfg.moe.n_activated_experts);
+        for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
+            let mut trace = LayerTrace::default();
+            if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
+                streams = e.forward(&streams, ng, cfg.norm_eps as f32)?;
+            }
+            if let Some(i) = plan.dspark_target {
+                targets[i] = Some(ops::hc_stream_mean(&streams)?);
+            }
+            if capture.streams {
+                trace.streams = Some(streams.clone());
+            }
+            let (x, mix) = block
+                .hc_attn
+                .input(&streams, &mut pre, &block.attn_norm, hp)?;
+            let (f, lists) = block
+                .attn
+                .forward(cfg, plan, &x, &b, pool, &mut published)?;
+            streams = mix.expand(&streams, &f)?;
+            if capture.attention {
+                trace.attention = Some(f);
+            }
+            if capture.index_lists {
+                trace.index_lists = Some(lists);
+            }
+            let (x, mix) = block
+                .hc_ffn
+                .input(&streams, &mut pre, &block.ffn_norm, hp)?;
+            let (f, selected) = block.ffn.forward(&x, moe_p)?;
+            streams = mix.expand(&streams, &f)?;
+            if capture.moe {
+                trace.moe = Some(f);
+            }
+            if capture.routing {
+                trace.routing = Some(selected);
+            }
+            layers.push(trace);
+        }
+        let logits = self.head(&streams, &pre)?;
+        for (e, c) in b.entries.iter().zip(&compressed) {
+            pool.advance(e.seq, e.len, c)?;
+        }
+        let parts: Option<Vec<&Tensor>> = targets.iter().map(Option::as_ref).collect();
+        let features = match parts {
+            Some(parts) if !parts.is_empty() => Some(ops::cat_cols(&parts)?),
+            _ => None,
+        };
+        Ok(StepOutput {
+            logits,
+            features,
+            rows: b.entries.iter().map(|e| e.row..e.row + e.len).collect(),
+            layers,
+        })
+    }
+
+    /// Each token's four n-gram ids (newest first) from its sequence's
+    /// history and the step's own earlier tokens: I64 `[T, 4]`.
+    fn ngram_ids(
+        &self,
+        pool: &StatePool,
+        b: &Batch,
+        compressed: &[Vec<Option<i64>>],
+    ) -> Result<Tensor> {
+        let pad = self.weights.engram_token_map[self.cfg.engram.pad_id as usize];
+        let mut out = Vec::with_capacity(b.positions.rows() * 4);
+        for (e, c) in b.entries.iter().zip(compressed) {
+            let mut hist = pool.history(e.seq)?;
+            for &id in c {
+                hist.push(id);
+                out.extend(ngram_ids(&hist, pad));
             }
         }
+        let t = out.len() / 4;
+        Tensor::from_vec(out, &[t, 4])?.to_device(&self.device())
     }
 
     /// Final collapse with the last pre, `norm`, and the fp32 head.
-    fn head(&self, streams: &[Vec<bf16>], pre: &[[f32; 4]]) -> Vec<f32> {
-        let d = self.cfg.hidden_size;
-        let u: Vec<bf16> = streams
-            .iter()
-            .zip(pre)
-            .flat_map(|(s, p)| hc_collapse(s, p))
-            .collect();
-        let h = rms_norm(
-            &u,
-            &self.weights.norm,
-            streams.len(),
-            d,
-            self.cfg.norm_eps as f32,
-        );
-        self.weights.head.forward_f32(&h, streams.len())
-    }
-}
-
-/// S ← expand(S, F, split) for every token.
-pub(super) fn expand(streams: &mut [Vec<bf16>], f: &[bf16], splits: &[HcSplit], d: usize) {
-    for ((s, split), ft) in streams.iter_mut().zip(splits).zip(f.chunks(d)) {
-        *s = hc_expand(s, ft, split);
+    fn head(&self, streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
+        let u = ops::hc_collapse(streams, pre)?;
+        let h = ops::rms_norm(&u, &self.weights.norm, self.cfg.norm_eps as f32)?;
+        self.weights.head.forward_f32(&h)
     }
 }

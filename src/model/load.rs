@@ -11,74 +11,119 @@
 use super::checkpoint::Checkpoint;
 use super::config::{LayerPlan, ModelConfig, WeightFormat};
 use super::dspark::DsparkWeights;
-use super::weights::*;
-use crate::cpu_backend::numpy_rng::engram_multipliers;
+use super::forward::ModelWeights;
+use super::layers::Block;
+use super::layers::attention::{Attention, Compressor, IndexKeys, Indexer};
+use super::layers::engram::Engram;
+use super::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
+use super::layers::mhc::Hc;
+use super::layers::moe::{Moe, SharedExpert};
+use crate::dtype::Fp4x2;
 use crate::error::{Error, Result};
+use crate::numerics::{e4m3_to_f32, e8m0_to_f32};
+use crate::numpy_rng::engram_multipliers;
+use crate::tensor::Tensor;
+use half::bf16;
 
 fn fp8(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
     Ok(Fp8Linear {
-        weight: ck.e4m3(&format!("{base}.weight"))?,
-        scale: ck.e8m0(&format!("{base}.scale"))?,
-        out_dim,
-        in_dim,
+        weight: Tensor::from_vec(ck.e4m3(&format!("{base}.weight"))?, &[out_dim, in_dim])?,
+        scale: Tensor::from_vec(
+            ck.e8m0(&format!("{base}.scale"))?,
+            &[out_dim.div_ceil(32), in_dim.div_ceil(32)],
+        )?,
     })
 }
 
-fn fp4(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp4Linear> {
-    Ok(Fp4Linear {
-        weight: ck.fp4x2(&format!("{base}.weight"))?,
-        scale: ck.e8m0(&format!("{base}.scale"))?,
-        out_dim,
-        in_dim,
+/// An FP8 weight dequantised to BF16 (exact: e4m3 × 2^e), as the reference
+/// does for `wo_a`.
+fn fp8_dequantized(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Tensor> {
+    let w = ck.e4m3(&format!("{base}.weight"))?;
+    let s = ck.e8m0(&format!("{base}.scale"))?;
+    let kb = in_dim.div_ceil(32);
+    let v: Vec<bf16> = (0..out_dim * in_dim)
+        .map(|i| {
+            let (r, c) = (i / in_dim, i % in_dim);
+            bf16::from_f32(e4m3_to_f32(w[i]) * e8m0_to_f32(s[(r / 32) * kb + c / 32]))
+        })
+        .collect();
+    Tensor::from_vec(v, &[out_dim, in_dim])
+}
+
+/// One projection of experts `0..n` stacked `[E, out, in]`.
+fn fp4_experts(
+    ck: &Checkpoint,
+    p: &str,
+    which: &str,
+    n: usize,
+    out_dim: usize,
+    in_dim: usize,
+) -> Result<Fp4Experts> {
+    let (mut w, mut s): (Vec<Fp4x2>, Vec<_>) = (Vec::new(), Vec::new());
+    for e in 0..n {
+        w.extend(ck.fp4x2(&format!("{p}.ffn.experts.{e}.{which}.weight"))?);
+        s.extend(ck.e8m0(&format!("{p}.ffn.experts.{e}.{which}.scale"))?);
+    }
+    Ok(Fp4Experts {
+        weight: Tensor::from_vec(w, &[n, out_dim, in_dim])?,
+        scale: Tensor::from_vec(s, &[n, out_dim, in_dim.div_ceil(32)])?,
     })
 }
 
 fn bf16_linear(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Bf16Linear> {
     Ok(Bf16Linear {
-        weight: ck.bf16(&format!("{base}.weight"))?,
-        out_dim,
-        in_dim,
+        weight: Tensor::from_vec(ck.bf16(&format!("{base}.weight"))?, &[out_dim, in_dim])?,
     })
 }
 
-fn hc(ck: &Checkpoint, prefix: &str, which: &str) -> Result<HcWeights> {
+fn vector_bf16(ck: &Checkpoint, name: &str) -> Result<Tensor> {
+    let v = ck.bf16(name)?;
+    let n = v.len();
+    Tensor::from_vec(v, &[n])
+}
+
+fn vector_f32(ck: &Checkpoint, name: &str) -> Result<Tensor> {
+    let v = ck.f32(name)?;
+    let n = v.len();
+    Tensor::from_vec(v, &[n])
+}
+
+fn hc(ck: &Checkpoint, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
     let base = ck.f32(&format!("{prefix}.hc_{which}_base"))?;
     let scale = ck.f32(&format!("{prefix}.hc_{which}_scale"))?;
-    let bad = |name: &str, len: usize| Error::Argument {
-        op: "load weights",
-        arg: "hc",
-        value: format!("{prefix}.hc_{which}_{name} has {len} values"),
-        why: "mHC with 4 streams needs 24 base values and 3 scales",
-    };
-    Ok(HcWeights {
-        func: ck.f32(&format!("{prefix}.hc_{which}_fn"))?,
-        base: base
-            .as_slice()
-            .try_into()
-            .map_err(|_| bad("base", base.len()))?,
-        scale: scale
-            .as_slice()
-            .try_into()
-            .map_err(|_| bad("scale", scale.len()))?,
+    if base.len() != 24 || scale.len() != 3 {
+        return Err(Error::Argument {
+            op: "load weights",
+            arg: "hc",
+            value: format!(
+                "{prefix}.hc_{which}_base has {} values, _scale {}",
+                base.len(),
+                scale.len()
+            ),
+            why: "mHC with 4 streams needs 24 base values and 3 scales",
+        });
+    }
+    Ok(Hc {
+        func: Tensor::from_vec(
+            ck.f32(&format!("{prefix}.hc_{which}_fn"))?,
+            &[24, 4 * cfg.hidden_size],
+        )?,
+        base: Tensor::from_vec(base, &[24])?,
+        scale: Tensor::from_vec(scale, &[3])?,
     })
 }
 
-fn attention(
-    ck: &Checkpoint,
-    cfg: &ModelConfig,
-    plan: &LayerPlan,
-    p: &str,
-) -> Result<AttentionWeights> {
+fn attention(ck: &Checkpoint, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> Result<Attention> {
     let (d, a) = (cfg.hidden_size, cfg.attention);
     let (hd, qr) = (a.head_dim, a.q_lora_rank);
-    let wo_a = fp8(
+    let wo_a = fp8_dequantized(
         ck,
         &format!("{p}.attn.wo_a"),
         a.o_groups * a.o_lora_rank,
         a.n_heads * hd / a.o_groups,
     )?;
     let compressor = match plan.compressor {
-        Some(c) => Some(CompressorWeights {
+        Some(c) => Some(Compressor {
             wkv: bf16_linear(ck, &format!("{p}.attn.compressor.wkv"), hd, d)?,
             wgate: if c.gated {
                 Some(bf16_linear(
@@ -90,19 +135,19 @@ fn attention(
             } else {
                 None
             },
-            norm: ck.bf16(&format!("{p}.attn.compressor.norm.weight"))?,
+            norm: vector_bf16(ck, &format!("{p}.attn.compressor.norm.weight"))?,
         }),
         None => None,
     };
     let (ih, ihd) = (cfg.indexer.n_heads, cfg.indexer.head_dim);
     let indexer = if plan.is_index_source() {
-        Some(IndexerWeights {
+        Some(Indexer {
             wq_b: fp8(ck, &format!("{p}.attn.indexer.wq_b"), ih * ihd, qr)?,
             weights_proj: bf16_linear(ck, &format!("{p}.attn.indexer.weights_proj"), ih, d)?,
             keys: if plan.owns_index_keys() {
-                Some(IndexKeyWeights {
+                Some(IndexKeys {
                     wk: bf16_linear(ck, &format!("{p}.attn.indexer.wk"), ihd, hd)?,
-                    k_norm: ck.bf16(&format!("{p}.attn.indexer.k_norm.weight"))?,
+                    k_norm: vector_bf16(ck, &format!("{p}.attn.indexer.k_norm.weight"))?,
                 })
             } else {
                 None
@@ -111,39 +156,31 @@ fn attention(
     } else {
         None
     };
-    Ok(AttentionWeights {
+    Ok(Attention {
         wq_a: fp8(ck, &format!("{p}.attn.wq_a"), qr, d)?,
-        q_norm: ck.bf16(&format!("{p}.attn.q_norm.weight"))?,
+        q_norm: vector_bf16(ck, &format!("{p}.attn.q_norm.weight"))?,
         wq_b: fp8(ck, &format!("{p}.attn.wq_b"), a.n_heads * hd, qr)?,
         wkv: fp8(ck, &format!("{p}.attn.wkv"), hd, d)?,
-        kv_norm: ck.bf16(&format!("{p}.attn.kv_norm.weight"))?,
-        wo_a: wo_a.dequantize(),
+        kv_norm: vector_bf16(ck, &format!("{p}.attn.kv_norm.weight"))?,
+        wo_a,
         wo_b: fp8(ck, &format!("{p}.attn.wo_b"), d, a.o_groups * a.o_lora_rank)?,
-        sink: ck.f32(&format!("{p}.attn.attn_sink"))?,
+        sink: vector_f32(ck, &format!("{p}.attn.attn_sink"))?,
         compressor,
         indexer,
     })
 }
 
-fn moe(ck: &Checkpoint, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<MoeWeights> {
+fn moe(ck: &Checkpoint, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
     let (d, i) = (cfg.hidden_size, cfg.moe.inter_dim);
-    let experts = (0..n_experts)
-        .map(|e| {
-            let b = format!("{p}.ffn.experts.{e}");
-            Ok(Expert {
-                w1: fp4(ck, &format!("{b}.w1"), i, d)?,
-                w2: fp4(ck, &format!("{b}.w2"), d, i)?,
-                w3: fp4(ck, &format!("{b}.w3"), i, d)?,
-            })
-        })
-        .collect::<Result<Vec<_>>>()?;
     let s = format!("{p}.ffn.shared_experts");
     let si = cfg.moe.n_shared_experts * i;
-    Ok(MoeWeights {
+    Ok(Moe {
         gate: bf16_linear(ck, &format!("{p}.ffn.gate"), n_experts, d)?,
-        bias: ck.f32(&format!("{p}.ffn.gate.bias"))?,
-        experts,
-        shared: Expert {
+        bias: vector_f32(ck, &format!("{p}.ffn.gate.bias"))?,
+        w1: fp4_experts(ck, p, "w1", n_experts, i, d)?,
+        w2: fp4_experts(ck, p, "w2", n_experts, d, i)?,
+        w3: fp4_experts(ck, p, "w3", n_experts, i, d)?,
+        shared: SharedExpert {
             w1: fp8(ck, &format!("{s}.w1"), si, d)?,
             w2: fp8(ck, &format!("{s}.w2"), d, si)?,
             w3: fp8(ck, &format!("{s}.w3"), si, d)?,
@@ -157,7 +194,7 @@ fn engram(
     p: &str,
     table: usize,
     layer: usize,
-) -> Result<EngramWeights> {
+) -> Result<Engram> {
     let (d, e) = (cfg.hidden_size, &cfg.engram);
     let values = ck.e4m3(&format!("{p}.engram.embed.weight"))?;
     let scales = ck.e8m0(&format!("{p}.engram.embed.scale"))?;
@@ -171,20 +208,24 @@ fn engram(
                 .chain(s.iter().map(|x| x.0))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect::<Vec<u8>>();
+    let row_bytes = e.head_dim + per_row;
+    let n_rows = rows_bytes.len() / row_bytes.max(1);
     let primes = e.table_primes()?.swap_remove(table);
-    Ok(EngramWeights {
-        table: rows_bytes,
+    let streams = cfg.mhc.mult;
+    Ok(Engram {
+        table: Tensor::from_vec(rows_bytes, &[n_rows, row_bytes])?,
         wkv: fp8(
             ck,
             &format!("{p}.engram.wkv"),
             (cfg.mhc.mult + 1) * d,
             e.columns() * e.head_dim,
         )?,
-        q_weight: ck.bf16(&format!("{p}.engram.q_weight"))?,
-        k_weight: ck.bf16(&format!("{p}.engram.k_weight"))?,
+        q_weight: Tensor::from_vec(ck.bf16(&format!("{p}.engram.q_weight"))?, &[streams, d])?,
+        k_weight: Tensor::from_vec(ck.bf16(&format!("{p}.engram.k_weight"))?, &[streams, d])?,
         primes,
         multipliers: engram_multipliers(layer as u64, e.compressed_vocab as u64),
+        head_dim: e.head_dim,
     })
 }
 
@@ -194,12 +235,12 @@ fn block(
     plan: &LayerPlan,
     prefix: &str,
     n_experts: usize,
-) -> Result<BlockWeights> {
-    Ok(BlockWeights {
-        attn_norm: ck.bf16(&format!("{prefix}.attn_norm.weight"))?,
-        ffn_norm: ck.bf16(&format!("{prefix}.ffn_norm.weight"))?,
-        hc_attn: hc(ck, prefix, "attn")?,
-        hc_ffn: hc(ck, prefix, "ffn")?,
+) -> Result<Block> {
+    Ok(Block {
+        attn_norm: vector_bf16(ck, &format!("{prefix}.attn_norm.weight"))?,
+        ffn_norm: vector_bf16(ck, &format!("{prefix}.ffn_norm.weight"))?,
+        hc_attn: hc(ck, cfg, prefix, "attn")?,
+        hc_ffn: hc(ck, cfg, prefix, "ffn")?,
         attn: attention(ck, cfg, plan, prefix)?,
         ffn: moe(ck, cfg, prefix, n_experts)?,
         engram: match plan.engram {
@@ -250,9 +291,9 @@ pub fn load_weights(
         })
         .collect::<Result<Vec<_>>>()?;
     let weights = ModelWeights {
-        embed: ck.bf16("embed.weight")?,
+        embed: Tensor::from_vec(ck.bf16("embed.weight")?, &[cfg.vocab_size, d])?,
         head: bf16_linear(ck, "head", cfg.vocab_size, d)?,
-        norm: ck.bf16("norm.weight")?,
+        norm: vector_bf16(ck, "norm.weight")?,
         blocks,
         engram_token_map: token_map,
     };
@@ -268,17 +309,25 @@ pub fn load_weights(
         .collect::<Result<Vec<_>>>()?;
     let dspark = DsparkWeights {
         main_proj: fp8(ck, "mtp.0.main_proj", d, ds.target_layers.len() * d)?,
-        main_norm: ck.bf16("mtp.0.main_norm.weight")?,
+        main_norm: vector_bf16(ck, "mtp.0.main_norm.weight")?,
         stages,
-        norm: ck.bf16(&format!("{last}.norm.weight"))?,
-        markov_embed: ck.bf16(&format!("{last}.markov_head.embed.weight"))?,
+        norm: vector_bf16(ck, &format!("{last}.norm.weight"))?,
+        markov_embed: Tensor::from_vec(
+            ck.bf16(&format!("{last}.markov_head.embed.weight"))?,
+            &[cfg.vocab_size, ds.markov_rank],
+        )?,
         markov_head: bf16_linear(
             ck,
             &format!("{last}.markov_head.head"),
             cfg.vocab_size,
             ds.markov_rank,
         )?,
-        confidence: ck.bf16(&format!("{last}.confidence_head.proj.weight"))?,
+        confidence: bf16_linear(
+            ck,
+            &format!("{last}.confidence_head.proj"),
+            1,
+            d + ds.markov_rank,
+        )?,
     };
     Ok((weights, Some(dspark)))
 }

@@ -8,10 +8,11 @@
 
 use super::checkpoint::{Checkpoint, CheckpointError, GenerateOptions, LoadOptions, generate};
 use super::config::ModelConfig;
-use super::dspark::argmax;
 use super::forward::Model;
 use super::load::{load_weights, modulo_token_map};
+use super::pool::{PoolConfig, StatePool};
 use crate::error::{Error, Result};
+use crate::ops;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,23 @@ pub struct Generation {
     pub decode: Duration,
 }
 
+/// Rows per page of the runner's pools.
+pub const PAGE_ROWS: usize = 64;
+
+/// A pool with room for one sequence of `max_context` tokens, prefilled in
+/// one step.
+pub fn single_sequence_pool(model: &Model, max_context: usize) -> Result<StatePool> {
+    let pc = PoolConfig::fitting(&model.cfg, 1, max_context, max_context, PAGE_ROWS)?;
+    StatePool::new(&model.cfg, &model.device(), pc)
+}
+
+/// The greedy next token of the last row of `logits` (F32 `[T, V]`):
+/// ties to the lowest id.
+fn greedy_last(logits: &crate::tensor::Tensor) -> Result<u32> {
+    let last = logits.narrow_rows(logits.rows() - 1, 1)?;
+    Ok(ops::argmax(&last)?.to_vec::<i32>()?[0] as u32)
+}
+
 /// Greedily generates up to `max_new` tokens after `prompt`, stopping after
 /// `stop` when it is produced.
 pub fn generate_greedy(
@@ -37,12 +55,20 @@ pub fn generate_greedy(
     max_new: usize,
     stop: Option<u32>,
 ) -> Result<Generation> {
-    let vocab = model.cfg.vocab_size;
-    let mut state = model.new_state();
+    if prompt.is_empty() {
+        return Err(Error::Argument {
+            op: "generate_greedy",
+            arg: "prompt",
+            value: "[]".into(),
+            why: "the prompt is empty",
+        });
+    }
+    let mut pool = single_sequence_pool(model, prompt.len() + max_new)?;
+    let seq = pool.add_sequence()?;
     let t0 = Instant::now();
-    let out = model.forward(prompt, &mut state)?;
+    let out = model.forward(&mut pool, seq, prompt)?;
     let prefill = t0.elapsed();
-    let mut next = argmax(&out.logits[(prompt.len() - 1) * vocab..]);
+    let mut next = greedy_last(&out.logits)?;
     let mut tokens = Vec::with_capacity(max_new);
     let t1 = Instant::now();
     while tokens.len() < max_new {
@@ -50,7 +76,7 @@ pub fn generate_greedy(
         if Some(next) == stop || tokens.len() == max_new {
             break;
         }
-        next = argmax(&model.forward(&[next], &mut state)?.logits);
+        next = greedy_last(&model.forward(&mut pool, seq, &[next])?.logits)?;
     }
     Ok(Generation {
         tokens,

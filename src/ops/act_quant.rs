@@ -4,6 +4,7 @@
 //! elements. Bit-exact on every backend.
 
 use super::{check_i32, common_device, rows_and_last};
+pub use crate::contract::{ACT_QUANT_BLOCK, ActQuantImpl};
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0};
@@ -12,18 +13,6 @@ use crate::tensor::Tensor;
 use half::bf16;
 
 const OP: &str = "act_quant_fp8";
-
-/// Elements per scale block.
-pub const ACT_QUANT_BLOCK: usize = 32;
-
-/// Which CUDA implementation runs the quantiser (the CPU has one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ActQuantImpl {
-    /// The hand-written kernels in `kernels-cuda/quant/`.
-    Cuda,
-    /// The TileLang program `tilelang/act_quant_fp8.py` (k % 32 == 0 only).
-    TileLang,
-}
 
 /// Quantises `x` (BF16) to new (e4m3 values, E8M0 scales) on x's device.
 pub fn act_quant_fp8(x: &Tensor) -> Result<(Tensor, Tensor)> {

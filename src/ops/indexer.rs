@@ -4,7 +4,7 @@
 //! kernels of `kernels-cuda/indexer/`.
 //!
 //! An index-key row (keys and queries alike) is
-//! [`crate::cpu_backend::kv_format`]'s row: `dim/2` bytes of packed e2m1 then
+//! [`crate::kv_format`]'s row: `dim/2` bytes of packed e2m1 then
 //! `dim/32` E8M0 scale bytes. As a tensor it is an `F4E2M1x2` tensor whose last
 //! dimension is `dim + dim/16` nibbles (`17·dim/32` bytes, 68 at dim 128).
 //!
@@ -20,10 +20,12 @@
 //! validation).
 
 use super::{common_device, shape_error};
-use crate::cpu_backend::{self, kv_format};
+pub use crate::contract::{ScoreKernel, ScoreShape};
+use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, Fp4x2};
 use crate::error::{Error, Result};
+use crate::kv_format;
 use crate::tensor::Tensor;
 use half::bf16;
 
@@ -151,20 +153,6 @@ pub fn index_scores(q: &Tensor, w: &Tensor, keys: &Tensor, visible: &Tensor) -> 
     Ok(out)
 }
 
-/// Which CUDA kernel computes the index scores; both are bitwise equal to
-/// the CPU reference (`kernels-cuda/indexer/README.md` gives the tensor-core
-/// kernel's proof and its exact fallback). Ignored on the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScoreKernel {
-    /// The tensor-core kernel where it applies (dim 128, heads ≤ 32, keys
-    /// 4-byte aligned), else the exact SIMT kernel.
-    Auto,
-    /// The exact SIMT kernel (any shape; ≈ 3 % of copy bandwidth).
-    Exact,
-    /// The integer tensor-core kernel; another shape is a typed error.
-    Tensor,
-}
-
 /// [`index_scores`] into a preallocated BF16 `out` `[batch, n]`.
 pub fn index_scores_into(
     q: &Tensor,
@@ -231,18 +219,6 @@ pub fn index_scores_into_with(
             Err(super::kernels_not_built(SCORES, &d))
         }
     }
-}
-
-/// Shape of a validated index-score call.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ScoreShape {
-    pub batch: usize,
-    pub heads: usize,
-    pub dim: usize,
-    /// Key rows per batch row.
-    pub n: usize,
-    /// Whether every batch row has its own `n` keys (else one shared cache).
-    pub per_row_keys: bool,
 }
 
 fn validate_scores(

@@ -16,6 +16,7 @@
 //! [`cpu_backend::mhc`]: crate::cpu_backend::mhc
 
 use super::{common_device, shape_error};
+pub use crate::contract::MhcPre;
 use crate::cpu_backend::mhc::{self, HC_MIXES, HC_STREAMS, HcSplit};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -43,19 +44,6 @@ impl Default for MhcParams {
             iters: 20,
         }
     }
-}
-
-/// Outputs of [`mhc_pre`]: `u` BF16 `[T, D]`, `mixes` F32 `[T, 24]` (the
-/// 24 mixes the split was computed from), `pre` and `post` F32 `[T, 4]`,
-/// `comb` F32 `[T, 16]` (`comb[j·4 + k]`: source stream j to destination
-/// stream k).
-#[derive(Debug)]
-pub struct MhcPre {
-    pub u: Tensor,
-    pub mixes: Tensor,
-    pub pre: Tensor,
-    pub post: Tensor,
-    pub comb: Tensor,
 }
 
 /// One sublayer's mHC front half for `streams` BF16 `[T, 4, D]`, with

@@ -4,25 +4,38 @@
 //! Outputs are allocated by the op on that same device.
 
 mod act_quant;
+mod compressor;
+mod elementwise;
+mod embedding;
+mod engram;
 mod gemm;
+mod grouped_linear;
+mod hc_streams;
 mod indexer;
+mod kv_cache;
 mod mhc;
+mod moe;
 mod moe_route;
 mod rms_norm;
 mod rms_norm_act_quant;
 mod rope;
+mod sparse_mqa;
 mod swiglu;
 
 pub use act_quant::{
     ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with,
 };
+pub use compressor::compress_ratio2;
+pub use elementwise::{add, cat_cols, div_scalar, scale};
+pub use embedding::{argmax, embedding};
+pub use engram::{engram_gate_update, engram_lookup, engram_rows};
 pub use gemm::{
     GEMM_BLOCK, GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,
     mxfp8_linear_into,
 };
-#[cfg_attr(not(deepinfer_cuda), allow(unused_imports))]
-pub(crate) use indexer::ScoreShape;
+pub use grouped_linear::grouped_bf16_linear;
+pub use hc_streams::{hc_collapse, hc_init, hc_stream_mean};
 pub use indexer::{
     INDEX_CANDIDATE_BLOCK, INDEX_CANDIDATE_KEEP, INDEX_KEY_GROUP, INDEX_MAX_CANDIDATE_BLOCK,
     INDEX_SCORE_MAX_HEADS_X_DIM, ScoreKernel, index_candidate_width, index_candidates,
@@ -30,7 +43,9 @@ pub use indexer::{
     index_mask_scores, index_mask_scores_into, index_reindex_topk, index_reindex_topk_into,
     index_scores, index_scores_into, index_scores_into_with, index_topk, index_topk_into,
 };
+pub use kv_cache::{compressed_rows, window_rows};
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
+pub use moe::{moe_combine, moe_permute};
 pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,
     moe_route_into,
@@ -40,6 +55,9 @@ pub use rms_norm_act_quant::{
     RMS_NORM_ACT_QUANT_MAX_DIM, rms_norm_act_quant_fp8, rms_norm_act_quant_fp8_into,
 };
 pub use rope::{inverse_rope, inverse_rope_into, rope, rope_into};
+pub use sparse_mqa::{
+    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, sparse_mqa, sparse_mqa_into,
+};
 pub use swiglu::{swiglu_act_quant_fp8, swiglu_act_quant_fp8_into};
 
 use crate::device::Device;
@@ -98,6 +116,19 @@ fn check_i32(op: &'static str, name: &'static str, t: &Tensor, last: usize) -> R
         ));
     }
     Ok(())
+}
+
+/// Ops with only the CPU reference so far: any other device gets
+/// [`Error::Unsupported`] naming the op.
+fn cpu_only(op: &'static str, device: &Device) -> Result<()> {
+    match device {
+        Device::Cpu => Ok(()),
+        d => Err(Error::Unsupported {
+            op,
+            device: d.to_string(),
+            why: "only the CPU reference exists; its CUDA kernel has not landed",
+        }),
+    }
 }
 
 #[cfg(not(deepinfer_cuda))]

@@ -11,6 +11,7 @@
 //! `tilelang/rms_norm_act_quant_fp8.py`.
 
 use super::{ACT_QUANT_BLOCK, check_i32, common_device, rows_and_last};
+pub use crate::contract::RMS_NORM_ACT_QUANT_MAX_DIM;
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0};
@@ -19,10 +20,6 @@ use crate::tensor::Tensor;
 use half::bf16;
 
 const OP: &str = "rms_norm_act_quant_fp8";
-
-/// Widest last dimension the fused kernel handles (one CTA holds a row in
-/// registers). V4.1 uses 512, 1280, 4096, 5120 and 8192.
-pub const RMS_NORM_ACT_QUANT_MAX_DIM: usize = 8192;
 
 /// RMSNorm of `x` (BF16, any leading shape, last dimension a multiple of 32
 /// and at most [`RMS_NORM_ACT_QUANT_MAX_DIM`]) with BF16 `weight` `[dim]`,

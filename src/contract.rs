@@ -1,0 +1,108 @@
+//! The shared vocabulary of the op API and the backends: parameter structs,
+//! constants and conventions that `ops`, `cpu_backend`, `cuda_backend` and
+//! the model all name. It sits below all of them and imports none of them.
+//!
+//! Invariant: nothing here computes a kernel's numerics; it only states
+//! shapes, constants and the parameters a kernel is called with.
+
+use crate::tensor::Tensor;
+
+/// YaRN parameters (V4.1 ratio > 0 layers: factor 16, original length
+/// 65,536, β_fast 32, β_slow 1). There is no mscale term.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    pub factor: f64,
+    /// YaRN is active only when this is > 0.
+    pub original_seq_len: u64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+}
+
+/// The RoPE of one layer: θ (`rope_theta` 10000 for ratio-0 layers and the
+/// DSpark stages, `compress_rope_theta` 160000 for ratio > 0 layers) and
+/// YaRN where the layer uses it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub theta: f64,
+    pub yarn: Option<Yarn>,
+}
+
+/// Number of residual streams (`hc_mult`).
+pub const HC_STREAMS: usize = 4;
+/// Mixes per sublayer: 4 pre, 4 post, 16 comb.
+pub const HC_MIXES: usize = 24;
+
+/// The one-hot pre (1, 0, 0, 0) used by layer 0's attention and by each
+/// DSpark block's first sublayer.
+pub const ONE_HOT_PRE: [f32; HC_STREAMS] = [1.0, 0.0, 0.0, 0.0];
+
+/// The four compressed ids hashed at one position, newest first: the id at
+/// p, p−1, p−2, p−3. A look-back before the sequence start or across a dead
+/// (image) token, and everything older, uses `pad`; a dead current token
+/// makes all four `pad`. `history` holds the compressed ids of positions
+/// 0..=p (None for dead tokens), newest last.
+pub fn ngram_ids(history: &[Option<i64>], pad: i64) -> [i64; 4] {
+    let mut ids = [pad; 4];
+    for (shift, slot) in ids.iter_mut().enumerate() {
+        match history.len().checked_sub(1 + shift).map(|i| history[i]) {
+            Some(Some(id)) => *slot = id,
+            _ => break,
+        }
+    }
+    ids
+}
+
+/// Elements per scale block of the FP8 1 × 32 activation quantiser.
+pub const ACT_QUANT_BLOCK: usize = 32;
+
+/// Which CUDA implementation runs the quantiser (the CPU has one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActQuantImpl {
+    /// The hand-written kernels in `kernels-cuda/quant/`.
+    Cuda,
+    /// The TileLang program `tilelang/act_quant_fp8.py` (k % 32 == 0 only).
+    TileLang,
+}
+
+/// Which CUDA kernel computes the index scores; both are bitwise equal to
+/// the CPU reference (`kernels-cuda/indexer/README.md` gives the tensor-core
+/// kernel's proof and its exact fallback). Ignored on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScoreKernel {
+    /// The tensor-core kernel where it applies (dim 128, heads ≤ 32, keys
+    /// 4-byte aligned), else the exact SIMT kernel.
+    Auto,
+    /// The exact SIMT kernel (any shape; ≈ 3 % of copy bandwidth).
+    Exact,
+    /// The integer tensor-core kernel; another shape is a typed error.
+    Tensor,
+}
+
+/// Shape of a validated index-score call.
+#[derive(Clone, Copy, Debug)]
+pub struct ScoreShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub dim: usize,
+    /// Key rows per batch row.
+    pub n: usize,
+    /// Whether every batch row has its own `n` keys (else one shared cache).
+    pub per_row_keys: bool,
+}
+
+/// Widest last dimension the fused RMSNorm + FP8 quantiser handles (one CTA
+/// holds a row in registers). V4.1 uses 512, 1280, 4096, 5120 and 8192.
+pub const RMS_NORM_ACT_QUANT_MAX_DIM: usize = 8192;
+
+/// Outputs of `ops::mhc_pre`: `u` BF16 `[T, D]`, `mixes` F32 `[T, 24]` (the
+/// 24 mixes the split was computed from), `pre` and `post` F32 `[T, 4]`,
+/// `comb` F32 `[T, 16]` (`comb[j·4 + k]`: source stream j to destination
+/// stream k).
+#[derive(Debug)]
+pub struct MhcPre {
+    pub u: Tensor,
+    pub mixes: Tensor,
+    pub pre: Tensor,
+    pub post: Tensor,
+    pub comb: Tensor,
+}

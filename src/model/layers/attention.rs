@@ -1,0 +1,505 @@
+//! One layer's attention over a batch (`v41-flash.md` §3): the query and
+//! window-KV paths, the KV source's compressor and index keys, the indexer
+//! (with candidate blocks and reindexing) or the reused selection, the
+//! sparse MQA with sink over the paged caches, the inverse RoPE and the
+//! grouped output LoRA.
+//!
+//! Index lists (deepinfer's one layout for prefill, chunks and decode): the
+//! window part of the query at position p has exactly `window` entries,
+//! positions max(0, p + 1 − window) + k for k < window in ascending order,
+//! −1 for those beyond p (trailing); the compressed part is the indexer's
+//! list (ascending entry indices, −1 trailing). This is the reference's
+//! prefill list for prompts of at least `window` tokens; the reference's
+//! decode list puts the −1 first while the ring fills, and its prefill of a
+//! shorter prompt has only S window entries. Because the attention rounds
+//! against a running maximum in 64-entry blocks (§3.10), those reference
+//! variants can differ from ours in the last bits for p < window − 1 when
+//! lists exceed 64 entries; with one layout, a query's result is the same
+//! whether its token came in a prompt, a chunk or a decode step, and
+//! whatever else is in the batch.
+
+use super::linear::{Bf16Linear, Fp8Linear};
+use crate::contract::{RopeParams, Yarn};
+use crate::error::Result;
+use crate::model::batch::Batch;
+use crate::model::config::{AttentionPlan, LayerPlan, ModelConfig, Selection};
+use crate::model::pool::StatePool;
+use crate::ops;
+use crate::tensor::Tensor;
+use std::collections::HashMap;
+
+/// A KV source's compressor.
+#[derive(Clone, Debug)]
+pub struct Compressor {
+    /// `[head_dim, D]`: fp32 projection at ratio 2, BF16 at ratio 1.
+    pub wkv: Bf16Linear,
+    /// Present at ratio 2 only.
+    pub wgate: Option<Bf16Linear>,
+    pub norm: Tensor,
+}
+
+/// The index keys owned by a KV source that is also an index source.
+#[derive(Clone, Debug)]
+pub struct IndexKeys {
+    /// `[index_head_dim, head_dim]`.
+    pub wk: Bf16Linear,
+    pub k_norm: Tensor,
+}
+
+/// An index source's query side (and its keys when it owns them).
+#[derive(Clone, Debug)]
+pub struct Indexer {
+    /// `[index_heads · index_head_dim, q_lora_rank]`.
+    pub wq_b: Fp8Linear,
+    /// `[index_heads, D]`.
+    pub weights_proj: Bf16Linear,
+    pub keys: Option<IndexKeys>,
+}
+
+/// One layer's (or DSpark stage's) attention weights.
+#[derive(Clone, Debug)]
+pub struct Attention {
+    pub wq_a: Fp8Linear,
+    pub q_norm: Tensor,
+    pub wq_b: Fp8Linear,
+    pub wkv: Fp8Linear,
+    pub kv_norm: Tensor,
+    /// `wo_a` dequantised to BF16: `[groups · o_rank, (heads/groups) · head_dim]`.
+    pub wo_a: Tensor,
+    pub wo_b: Fp8Linear,
+    /// `[heads]` F32.
+    pub sink: Tensor,
+    pub compressor: Option<Compressor>,
+    pub indexer: Option<Indexer>,
+}
+
+/// Selections published by earlier layers of the same step, one tensor per
+/// batch entry.
+#[derive(Default)]
+pub struct Published {
+    /// Index source → per entry I32 `[len, k]` compressed entry indices
+    /// (−1 = none).
+    pub topk: HashMap<usize, Vec<Tensor>>,
+    /// Candidate source → per entry I32 `[len, W]` candidate block lists.
+    pub candidates: HashMap<usize, Vec<Tensor>>,
+}
+
+/// The RoPE of a layer.
+pub fn rope_params(plan: &LayerPlan) -> RopeParams {
+    RopeParams {
+        theta: plan.rope.theta,
+        yarn: plan.rope.yarn.map(|y| Yarn {
+            factor: y.factor,
+            original_seq_len: y.original_seq_len as u64,
+            beta_fast: y.beta_fast,
+            beta_slow: y.beta_slow,
+        }),
+    }
+}
+
+fn host_i64(v: Vec<i64>, device: &crate::device::Device) -> Result<Tensor> {
+    let n = v.len();
+    Tensor::from_vec(v, &[n])?.to_device(device)
+}
+
+fn host_i32(v: Vec<i32>, shape: &[usize], device: &crate::device::Device) -> Result<Tensor> {
+    Tensor::from_vec(v, shape)?.to_device(device)
+}
+
+impl Attention {
+    /// The query `[T, H, hd]` (after RoPE) and `qr` (the `q_norm` output).
+    pub fn query(
+        &self,
+        cfg: &ModelConfig,
+        x: &Tensor,
+        positions: &Tensor,
+        rope: &RopeParams,
+    ) -> Result<(Tensor, Tensor)> {
+        let a = cfg.attention;
+        let eps = cfg.norm_eps as f32;
+        let qr = ops::rms_norm(&self.wq_a.forward(x)?, &self.q_norm, eps)?;
+        let q = ops::rope(
+            &self.wq_b.forward(&qr)?,
+            positions,
+            a.n_heads,
+            a.rope_head_dim,
+            rope,
+        )?;
+        Ok((q.reshape(&[x.rows(), a.n_heads, a.head_dim])?, qr))
+    }
+
+    /// The encoded window rows U8 `[T, 528]` of the inputs: FP8 of
+    /// RoPE(kv_norm(wkv · x)).
+    pub fn window_kv(
+        &self,
+        cfg: &ModelConfig,
+        x: &Tensor,
+        positions: &Tensor,
+        rope: &RopeParams,
+    ) -> Result<Tensor> {
+        let kv = ops::rms_norm(&self.wkv.forward(x)?, &self.kv_norm, cfg.norm_eps as f32)?;
+        ops::window_rows(&ops::rope(
+            &kv,
+            positions,
+            1,
+            cfg.attention.rope_head_dim,
+            rope,
+        )?)
+    }
+
+    /// Sparse MQA of `q` over the window pool and (for sparse layers) the
+    /// compressed pool, then inverse RoPE and the output projection.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        &self,
+        cfg: &ModelConfig,
+        pool: &StatePool,
+        q: &Tensor,
+        window_idx: &Tensor,
+        compressed_idx: Option<&Tensor>,
+        positions: &Tensor,
+        rope: &RopeParams,
+    ) -> Result<Tensor> {
+        let a = cfg.attention;
+        let comp = compressed_idx.map(|i| (pool.compressed_rows(), i));
+        let (o, _) = ops::sparse_mqa(q, pool.window_rows(), window_idx, comp, &self.sink)?;
+        let t = q.rows();
+        let o = o.reshape(&[t, a.n_heads * a.head_dim])?;
+        let o = ops::inverse_rope(&o, positions, a.n_heads, a.rope_head_dim, rope)?;
+        let y = ops::grouped_bf16_linear(&o, &self.wo_a, a.o_groups)?;
+        self.wo_b.forward(&y)
+    }
+
+    /// Attention of layer `plan.layer` over the batch `b` (inputs `x`
+    /// `[T, D]`, the `attn_norm` output). Writes the layer's window rows,
+    /// runs the compressor of a KV source, publishes the selection, and
+    /// returns `[T, D]` and each entry's compressed index list.
+    pub fn forward(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        x: &Tensor,
+        b: &Batch,
+        pool: &mut StatePool,
+        published: &mut Published,
+    ) -> Result<(Tensor, Vec<Tensor>)> {
+        let rope = rope_params(plan);
+        let (q, qr) = self.query(cfg, x, &b.positions, &rope)?;
+        let rows = self.window_kv(cfg, x, &b.positions, &rope)?;
+        for e in &b.entries {
+            pool.write_ring(e.seq, plan.layer, e.start, &rows, e.row, e.len)?;
+        }
+        if let Some(c) = &self.compressor {
+            self.compress(cfg, plan, c, x, b, pool)?;
+        }
+        let lists = match plan.attention {
+            AttentionPlan::WindowOnly => Vec::new(),
+            AttentionPlan::Sparse { selection, .. } => {
+                let lists = match selection {
+                    Selection::Indexer { candidates_from } => {
+                        let iw = self
+                            .indexer
+                            .as_ref()
+                            .ok_or_else(|| missing(plan, "indexer"))?;
+                        self.index(cfg, plan, iw, x, &qr, b, pool, published, candidates_from)?
+                    }
+                    Selection::Reuse { index_source } => published
+                        .topk
+                        .get(&index_source)
+                        .cloned()
+                        .ok_or_else(|| missing(plan, "a published top-k of its index source"))?,
+                };
+                published.topk.insert(plan.layer, lists.clone());
+                lists
+            }
+        };
+        let window_idx = window_lists(pool, b, plan.layer, cfg.attention.window)?;
+        let comp_idx = match plan.kv_source() {
+            Some(src) => compressed_lists(pool, b, src, &lists)?,
+            None => None,
+        };
+        let f = self.attend(
+            cfg,
+            pool,
+            &q,
+            &window_idx,
+            comp_idx.as_ref(),
+            &b.positions,
+            &rope,
+        )?;
+        Ok((f, lists))
+    }
+
+    /// A KV source's compressor over every entry's new tokens: appends the
+    /// entries (and index keys) of each group completed in this step; a
+    /// ratio-2 source keeps an odd trailing token as the partial group.
+    fn compress(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        c: &Compressor,
+        x: &Tensor,
+        b: &Batch,
+        pool: &mut StatePool,
+    ) -> Result<()> {
+        let eps = cfg.norm_eps as f32;
+        let rd = cfg.attention.rope_head_dim;
+        // Per entry: its new latents (pre-norm BF16 rows).
+        let mut latents = Vec::with_capacity(b.entries.len());
+        match &c.wgate {
+            Some(wgate) => {
+                let kv = c.wkv.forward_f32(x)?;
+                let score = wgate.forward_f32(x)?;
+                for e in &b.entries {
+                    let (mut k_parts, mut s_parts) = (Vec::new(), Vec::new());
+                    if let Some((pk, ps)) = pool.pending(e.seq, plan.layer)? {
+                        k_parts.push(pk);
+                        s_parts.push(ps);
+                    }
+                    k_parts.push(kv.narrow_rows(e.row, e.len)?);
+                    s_parts.push(score.narrow_rows(e.row, e.len)?);
+                    let kk = Tensor::cat_rows(&k_parts.iter().collect::<Vec<_>>())?;
+                    let ss = Tensor::cat_rows(&s_parts.iter().collect::<Vec<_>>())?;
+                    let pairs = kk.rows() / 2;
+                    if kk.rows() % 2 == 1 {
+                        pool.set_pending(e.seq, plan.layer, Some((&kk, &ss, kk.rows() - 1)))?;
+                    } else {
+                        pool.set_pending(e.seq, plan.layer, None)?;
+                    }
+                    latents.push(if pairs == 0 {
+                        None
+                    } else {
+                        Some(ops::compress_ratio2(
+                            &kk.narrow_rows(0, 2 * pairs)?,
+                            &ss.narrow_rows(0, 2 * pairs)?,
+                        )?)
+                    });
+                }
+            }
+            None => {
+                let kv = c.wkv.forward(x)?;
+                for e in &b.entries {
+                    latents.push(Some(kv.narrow_rows(e.row, e.len)?));
+                }
+            }
+        }
+        let mut parts = Vec::new();
+        let mut positions = Vec::new();
+        let mut counts = Vec::with_capacity(b.entries.len());
+        for (e, l) in b.entries.iter().zip(&latents) {
+            let n = l.as_ref().map_or(0, |l| l.rows());
+            let j0 = pool.entries(e.seq, plan.layer)?;
+            positions.extend((j0..j0 + n).map(|j| (j * plan.ratio) as i64));
+            if let Some(l) = l {
+                parts.push(l);
+            }
+            counts.push(n);
+        }
+        if parts.is_empty() {
+            return Ok(());
+        }
+        let device = x.device();
+        let latent = ops::rms_norm(&Tensor::cat_rows(&parts)?, &c.norm, eps)?;
+        let pos = host_i64(positions, &device)?;
+        let rope = rope_params(plan);
+        let keys = match self.indexer.as_ref().and_then(|i| i.keys.as_ref()) {
+            Some(kw) => {
+                let k = ops::rms_norm(&kw.wk.forward(&latent)?, &kw.k_norm, eps)?;
+                Some(ops::index_key_quant(&ops::rope(&k, &pos, 1, rd, &rope)?)?)
+            }
+            None => None,
+        };
+        let entries = ops::compressed_rows(&ops::rope(&latent, &pos, 1, rd, &rope)?)?;
+        let mut row = 0;
+        for (e, n) in b.entries.iter().zip(counts) {
+            pool.append_entries(e.seq, plan.layer, &entries, keys.as_ref(), row, n)?;
+            row += n;
+        }
+        Ok(())
+    }
+
+    /// The indexer of an index source: per entry, I32 `[len, k]` compressed
+    /// entry indices (ascending, −1 trailing), k = min(topk, end / ratio).
+    #[allow(clippy::too_many_arguments)]
+    fn index(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        iw: &Indexer,
+        x: &Tensor,
+        qr: &Tensor,
+        b: &Batch,
+        pool: &StatePool,
+        published: &mut Published,
+        candidates_from: Option<usize>,
+    ) -> Result<Vec<Tensor>> {
+        let ic = cfg.indexer;
+        let device = x.device();
+        let src = plan
+            .kv_source()
+            .ok_or_else(|| missing(plan, "a KV source"))?;
+        let q = ops::rope(
+            &iw.wq_b.forward(qr)?,
+            &b.positions,
+            ic.n_heads,
+            cfg.attention.rope_head_dim,
+            &rope_params(plan),
+        )?;
+        let q = ops::index_key_quant(&q.reshape(&[x.rows(), ic.n_heads, ic.head_dim])?)?;
+        let c = ((ic.head_dim * ic.n_heads) as f64).powf(-0.5) as f32;
+        let w = ops::scale(&iw.weights_proj.forward(x)?, c)?;
+        let mut lists = Vec::with_capacity(b.entries.len());
+        let mut cands = Vec::new();
+        for (i, e) in b.entries.iter().enumerate() {
+            let end = e.start + e.len;
+            let n = end / plan.ratio;
+            let k = ic.topk.min(n);
+            if k == 0 {
+                lists.push(Tensor::from_vec(Vec::<i32>::new(), &[e.len, 0])?.to_device(&device)?);
+                if plan.candidate_source {
+                    cands.push(
+                        Tensor::from_vec(Vec::<i32>::new(), &[e.len, 0])?.to_device(&device)?,
+                    );
+                }
+                continue;
+            }
+            let visible: Vec<i32> = (e.start..end)
+                .map(|p| ((p + 1) / plan.ratio) as i32)
+                .collect();
+            let visible = host_i32(visible, &[e.len], &device)?;
+            let keys = pool.gather_keys(e.seq, src, n)?;
+            let scores = ops::index_scores(
+                &q.narrow_rows(e.row, e.len)?,
+                &w.narrow_rows(e.row, e.len)?,
+                &keys,
+                &visible,
+            )?;
+            if plan.candidate_source {
+                let cand = cfg
+                    .candidate
+                    .ok_or_else(|| missing(plan, "candidate settings"))?;
+                cands.push(ops::index_candidates(
+                    &scores,
+                    &visible,
+                    cand.block_size,
+                    cand.topk_blocks,
+                )?);
+            }
+            lists.push(match candidates_from {
+                Some(cs) => {
+                    let cand = cfg
+                        .candidate
+                        .ok_or_else(|| missing(plan, "candidate settings"))?;
+                    let mask = published
+                        .candidates
+                        .get(&cs)
+                        .map(|v| &v[i])
+                        .ok_or_else(|| missing(plan, "the candidate source's blocks"))?;
+                    ops::index_reindex_topk(&scores, mask, cand.block_size, &visible, k, 0)?
+                }
+                None => ops::index_topk(&scores, &visible, k, 0)?,
+            });
+        }
+        if plan.candidate_source {
+            published.candidates.insert(plan.layer, cands);
+        }
+        Ok(lists)
+    }
+}
+
+fn missing(plan: &LayerPlan, what: &'static str) -> crate::Error {
+    crate::Error::Argument {
+        op: "Attention::forward",
+        arg: "layer",
+        value: plan.layer.to_string(),
+        why: match what {
+            "indexer" => "an index source without indexer weights",
+            "a KV source" => "a sparse layer without a KV source",
+            "candidate settings" => "a candidate layer without candidate settings",
+            "the candidate source's blocks" => "the candidate source did not publish its blocks",
+            _ => "a reuse layer whose index source published nothing in this step",
+        },
+    }
+}
+
+/// The window part of every query's list as physical ring rows:
+/// I32 `[T, window]`.
+pub(crate) fn window_lists(
+    pool: &StatePool,
+    b: &Batch,
+    ring: usize,
+    window: usize,
+) -> Result<Tensor> {
+    let mut idx = Vec::with_capacity(b.positions.rows() * window);
+    for e in &b.entries {
+        for p in e.start..e.start + e.len {
+            let first = (p + 1).saturating_sub(window);
+            for k in 0..window {
+                let pos = first + k;
+                idx.push(if pos > p {
+                    -1
+                } else {
+                    pool.ring_row(e.seq, ring, pos)?.map_or(-1, |r| r as i32)
+                });
+            }
+        }
+    }
+    let t = idx.len() / window.max(1);
+    host_i32(idx, &[t, window], &b.positions.device())
+}
+
+/// The compressed part of every query's list as physical rows of the
+/// compressed pool: I32 `[T, Kc]`, Kc the widest entry's k (−1 padded);
+/// `None` while no entry has any (the list is the window alone).
+fn compressed_lists(
+    pool: &StatePool,
+    b: &Batch,
+    src: usize,
+    lists: &[Tensor],
+) -> Result<Option<Tensor>> {
+    let kc = lists.iter().map(|l| l.shape()[1]).max().unwrap_or(0);
+    if kc == 0 {
+        return Ok(None);
+    }
+    let mut idx = Vec::with_capacity(b.positions.rows() * kc);
+    for (e, l) in b.entries.iter().zip(lists) {
+        let w = l.shape()[1];
+        let host = l.to_vec::<i32>()?;
+        for r in 0..e.len {
+            for j in 0..kc {
+                let v = if j < w { host[r * w + j] } else { -1 };
+                idx.push(match usize::try_from(v) {
+                    Ok(j) => pool.entry_row(e.seq, src, j)?.map_or(-1, |r| r as i32),
+                    Err(_) => -1,
+                });
+            }
+        }
+    }
+    let t = idx.len() / kc;
+    Ok(Some(host_i32(idx, &[t, kc], &b.positions.device())?))
+}
+
+/// The DSpark stage list shared by every block query (`v41-flash.md` §9.2):
+/// ring slots 0 … min(window, p + 1) − 1 in slot order (slot s holds the
+/// newest position ≤ p congruent to s), then the block's own rows
+/// (positions p + 1 …, one per query of `b`): I32 `[n, width]`.
+pub(crate) fn stage_list(
+    pool: &StatePool,
+    b: &Batch,
+    ring: usize,
+    window: usize,
+    p: usize,
+) -> Result<Tensor> {
+    let e = b.entries[0];
+    let mut list = Vec::new();
+    for slot in 0..window.min(p + 1) {
+        let pos = p - (p + window - slot) % window;
+        list.push(pool.ring_row(e.seq, ring, pos)?.map_or(-1, |r| r as i32));
+    }
+    for q in e.start..e.start + e.len {
+        list.push(pool.ring_row(e.seq, ring, q)?.map_or(-1, |r| r as i32));
+    }
+    let width = list.len();
+    let all: Vec<i32> = (0..e.len).flat_map(|_| list.iter().copied()).collect();
+    host_i32(all, &[e.len, width], &b.positions.device())
+}

@@ -1,0 +1,74 @@
+//! The linear layers of V4.1 (`v41-flash.md` §10.6) as thin owners of their
+//! weight tensors: FP8 and FP4 linears quantise their BF16 input per 1 × 32
+//! and return BF16; BF16 linears take their input unquantised and return
+//! BF16 or (promoted) fp32.
+//!
+//! Invariant: every weight is row-major `[out, in]` (FP4 experts stacked
+//! `[E, out, in]`); FP8 scales sit on a 32 × 32 grid, FP4 scales one per
+//! (row, 32 along in). All tensors of a layer live on one device.
+
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::ops;
+use crate::tensor::Tensor;
+
+/// An FP8 e4m3 linear with E8M0 scales per 32 × 32 block.
+#[derive(Clone, Debug)]
+pub struct Fp8Linear {
+    /// `[out, in]` e4m3.
+    pub weight: Tensor,
+    /// `[⌈out/32⌉, ⌈in/32⌉]` E8M0.
+    pub scale: Tensor,
+}
+
+impl Fp8Linear {
+    /// `x` `[rows, in]` BF16 → `[rows, out]` BF16.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (q, s) = ops::act_quant_fp8(x)?;
+        self.forward_quantized(&q, &s)
+    }
+
+    /// The linear of an already quantised input (e4m3 `q`, E8M0 `s`).
+    pub fn forward_quantized(&self, q: &Tensor, s: &Tensor) -> Result<Tensor> {
+        ops::mxfp8_linear(q, s, &self.weight, &self.scale, DType::BF16)
+    }
+}
+
+/// A BF16 linear.
+#[derive(Clone, Debug)]
+pub struct Bf16Linear {
+    /// `[out, in]` BF16.
+    pub weight: Tensor,
+}
+
+impl Bf16Linear {
+    /// BF16 × BF16 with fp32 accumulation, BF16 out.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        ops::bf16_linear(x, &self.weight, DType::BF16)
+    }
+
+    /// Input and weight promoted to fp32, fp32 out.
+    pub fn forward_f32(&self, x: &Tensor) -> Result<Tensor> {
+        ops::bf16_linear(x, &self.weight, DType::F32)
+    }
+
+    pub fn out_dim(&self) -> usize {
+        self.weight.shape()[0]
+    }
+}
+
+/// One projection of every routed expert: packed FP4 e2m1 `[E, out, in]`
+/// with E8M0 scales `[E, out, in/32]`.
+#[derive(Clone, Debug)]
+pub struct Fp4Experts {
+    pub weight: Tensor,
+    pub scale: Tensor,
+}
+
+impl Fp4Experts {
+    /// Rows of the quantised input grouped by expert (`offsets` I32
+    /// `[E + 1]`) → BF16 `[rows, out]`.
+    pub fn forward(&self, q: &Tensor, s: &Tensor, offsets: &Tensor) -> Result<Tensor> {
+        ops::mxfp4_grouped_contiguous(q, s, &self.weight, &self.scale, offsets, DType::BF16)
+    }
+}

@@ -1,0 +1,791 @@
+//! The paged per-sequence state of many sequences (`v41-flash.md` §3.3,
+//! §3.4, §11): every layer's window ring (and every DSpark stage's), every
+//! KV source's compressed entries and index keys, the ratio-2 compressors'
+//! partial groups and the Engram history, in fixed-size pages of
+//! `page_rows` rows with one block table per (sequence, cache).
+//!
+//! Layout (what the GPU kernels read): three flat row pools on the model's
+//! device — window rows U8 `[pages · page_rows, 528]`, compressed rows U8
+//! `[pages · page_rows, 288]` and index keys `F4E2M1x2` `[pages · page_rows,
+//! 136]` — shared by every layer and sequence. Logical row r of a block
+//! table (a position for a ring, an entry index for a source) lives at
+//! physical row `table[r / page_rows] · page_rows + r % page_rows`. A ring
+//! keeps only the pages that hold its last `window` positions: older pages
+//! go back to the free list after every step.
+//!
+//! Invariants: a page belongs to at most one (sequence, cache) at a time;
+//! pages are reserved for a whole step before anything is written, all or
+//! nothing, so running out of pages is an [`Error::OutOfPages`] that leaves
+//! every sequence as it was; freeing a sequence returns all its pages.
+
+use super::config::{LayerPlan, ModelConfig};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::kv_format;
+use crate::ops::index_key_row_nibbles;
+use crate::tensor::Tensor;
+use std::collections::{HashMap, VecDeque};
+
+/// A sequence's handle in a [`StatePool`].
+pub type SeqId = u64;
+
+/// Page counts of a pool; [`PoolConfig::from_budget`] derives them from a
+/// byte budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Rows per page (every cache).
+    pub page_rows: usize,
+    pub window_pages: usize,
+    pub compressed_pages: usize,
+    pub key_pages: usize,
+    /// Most sequences alive at once.
+    pub max_seqs: usize,
+}
+
+/// Hard limits that keep a pool's arithmetic and allocations sane.
+const MAX_PAGE_ROWS: usize = 1 << 16;
+const MAX_SEQS: usize = 1 << 20;
+
+impl PoolConfig {
+    /// Pages for `max_seqs` sequences of `max_context` tokens each, fed in
+    /// steps of at most `max_chunk` tokens per sequence.
+    pub fn fitting(
+        cfg: &ModelConfig,
+        max_seqs: usize,
+        max_context: usize,
+        max_chunk: usize,
+        page_rows: usize,
+    ) -> Result<PoolConfig> {
+        PoolConfig::from_budget(cfg, usize::MAX, max_seqs, max_context, max_chunk, page_rows)
+    }
+
+    /// Splits `budget_bytes` between the three row pools so that `max_seqs`
+    /// sequences of `max_context` tokens (fed in steps of at most
+    /// `max_chunk` tokens) fit when the budget allows it, and as many
+    /// sequences' worth of pages as fit otherwise: a ring needs
+    /// `window − 1 + max_chunk` rows during a step (the DSpark stages' the
+    /// draft block too), a source `max_context / ratio` rows. The budget
+    /// must cover at least one page of every needed pool.
+    pub fn from_budget(
+        cfg: &ModelConfig,
+        budget_bytes: usize,
+        max_seqs: usize,
+        max_context: usize,
+        max_chunk: usize,
+        page_rows: usize,
+    ) -> Result<PoolConfig> {
+        let plans = cfg.layer_plans()?;
+        let bytes = RowBytes::of(cfg);
+        let pr = page_rows.max(1);
+        let a = cfg.attention;
+        let chunk = max_chunk.max(cfg.dspark.block_size + 1);
+        let ring_pages = plans.len() * ((a.window + chunk).div_ceil(pr) + 1);
+        let (mut comp_pages, mut key_pages) = (0, 0);
+        for p in plans.iter().filter(|p| p.is_kv_source()) {
+            let pages = (max_context / p.ratio).div_ceil(pr) + 1;
+            comp_pages += pages;
+            if p.owns_index_keys() {
+                key_pages += pages;
+            }
+        }
+        let per_seq = page_rows.saturating_mul(
+            ring_pages * bytes.window + comp_pages * bytes.compressed + key_pages * bytes.key,
+        );
+        let pending = max_seqs.saturating_mul(bytes.pending_per_seq(&plans));
+        let fits = (budget_bytes.saturating_sub(pending) / per_seq.max(1)).min(max_seqs);
+        let scale = |pages: usize| pages.saturating_mul(fits.max(1));
+        let cfg = PoolConfig {
+            page_rows,
+            window_pages: scale(ring_pages),
+            compressed_pages: scale(comp_pages),
+            key_pages: scale(key_pages),
+            max_seqs,
+        };
+        cfg.validate()?;
+        if fits == 0 || cfg.bytes(&bytes, &plans) > budget_bytes {
+            return Err(Error::Argument {
+                op: "PoolConfig::from_budget",
+                arg: "budget_bytes",
+                value: budget_bytes.to_string(),
+                why: "below the pages of one sequence plus the partial-group state",
+            });
+        }
+        Ok(cfg)
+    }
+
+    /// Device bytes of a pool of this configuration for `cfg`'s model.
+    pub fn memory_bytes(&self, cfg: &ModelConfig) -> Result<usize> {
+        Ok(self.bytes(&RowBytes::of(cfg), &cfg.layer_plans()?))
+    }
+
+    fn validate(&self) -> Result<()> {
+        let bad = |arg, value: usize, why| {
+            Err(Error::Argument {
+                op: "StatePool::new",
+                arg,
+                value: value.to_string(),
+                why,
+            })
+        };
+        if self.page_rows == 0 || self.page_rows > MAX_PAGE_ROWS {
+            return bad("page_rows", self.page_rows, "must be in 1..=65536");
+        }
+        if self.max_seqs == 0 || self.max_seqs > MAX_SEQS {
+            return bad("max_seqs", self.max_seqs, "must be in 1..=2^20");
+        }
+        for (arg, pages) in [
+            ("window_pages", self.window_pages),
+            ("compressed_pages", self.compressed_pages),
+            ("key_pages", self.key_pages),
+        ] {
+            if pages
+                .checked_mul(self.page_rows)
+                .is_none_or(|r| r > i32::MAX as usize)
+            {
+                return bad(arg, pages, "pages × page_rows must stay below 2^31 rows");
+            }
+        }
+        Ok(())
+    }
+
+    fn bytes(&self, b: &RowBytes, plans: &[LayerPlan]) -> usize {
+        self.page_rows
+            .saturating_mul(
+                self.window_pages * b.window
+                    + self.compressed_pages * b.compressed
+                    + self.key_pages * b.key,
+            )
+            .saturating_add(self.max_seqs * b.pending_per_seq(plans))
+    }
+}
+
+/// Bytes of one row of each cache for a config.
+struct RowBytes {
+    window: usize,
+    compressed: usize,
+    key: usize,
+    head_dim: usize,
+}
+
+impl RowBytes {
+    fn of(cfg: &ModelConfig) -> RowBytes {
+        let hd = cfg.attention.head_dim;
+        RowBytes {
+            window: kv_format::window_row_bytes(hd),
+            compressed: kv_format::compressed_row_bytes(hd),
+            key: kv_format::index_key_row_bytes(cfg.indexer.head_dim),
+            head_dim: hd,
+        }
+    }
+
+    /// The ratio-2 partial groups: kv and score, fp32, per gated source.
+    fn pending_per_seq(&self, plans: &[LayerPlan]) -> usize {
+        let gated = plans
+            .iter()
+            .filter(|p| p.is_kv_source() && p.ratio == 2)
+            .count();
+        gated * 2 * self.head_dim * 4
+    }
+}
+
+/// One cache kind's pages: the flat row tensor and its free list.
+struct Pages {
+    name: &'static str,
+    rows: Tensor,
+    free: Vec<u32>,
+    total: usize,
+}
+
+impl Pages {
+    fn new(
+        name: &'static str,
+        device: &Device,
+        dtype: DType,
+        row_width: usize,
+        pages: usize,
+        page_rows: usize,
+    ) -> Result<Pages> {
+        Ok(Pages {
+            name,
+            rows: Tensor::zeros(device, dtype, &[pages * page_rows, row_width])?,
+            free: (0..pages as u32).rev().collect(),
+            total: pages,
+        })
+    }
+}
+
+/// Logical rows → pages for one (sequence, cache): `pages[i]` holds logical
+/// page `first + i`.
+#[derive(Clone, Debug, Default)]
+struct BlockTable {
+    first: usize,
+    pages: VecDeque<u32>,
+}
+
+impl BlockTable {
+    /// Logical pages up to which the table is allocated.
+    fn end(&self) -> usize {
+        self.first + self.pages.len()
+    }
+
+    /// Physical row of logical `row`, if its page is held.
+    fn row(&self, row: usize, page_rows: usize) -> Option<usize> {
+        let page = row / page_rows;
+        (page >= self.first)
+            .then(|| self.pages.get(page - self.first))
+            .flatten()
+            .map(|&p| p as usize * page_rows + row % page_rows)
+    }
+
+    /// New pages needed to hold logical rows below `rows`.
+    fn missing(&self, rows: usize, page_rows: usize) -> usize {
+        rows.div_ceil(page_rows).saturating_sub(self.end())
+    }
+
+    /// Drops the pages entirely below logical row `keep_from`.
+    fn trim(&mut self, keep_from: usize, page_rows: usize, free: &mut Vec<u32>) {
+        while self.first < keep_from / page_rows {
+            match self.pages.pop_front() {
+                Some(p) => free.push(p),
+                None => {
+                    self.first = keep_from / page_rows;
+                    break;
+                }
+            }
+            self.first += 1;
+        }
+    }
+}
+
+/// A KV source of the model: its layer, ratio and whether it owns keys.
+#[derive(Clone, Copy, Debug)]
+struct Source {
+    layer: usize,
+    ratio: usize,
+    keys: bool,
+    /// Index among the gated (ratio-2) sources, for the partial groups.
+    gated: Option<usize>,
+}
+
+/// One sequence's tables.
+#[derive(Clone, Debug)]
+struct Sequence {
+    pos: usize,
+    slot: usize,
+    /// One per ring: backbone layers, then DSpark stages.
+    rings: Vec<BlockTable>,
+    /// Highest position + 1 written into each ring.
+    ring_end: Vec<usize>,
+    entries: Vec<BlockTable>,
+    n_entries: Vec<usize>,
+    keys: Vec<BlockTable>,
+    pending: Vec<bool>,
+    /// Compressed ids of the last (up to) three positions, oldest first.
+    history: VecDeque<Option<i64>>,
+}
+
+/// The state of every live sequence.
+pub struct StatePool {
+    cfg: PoolConfig,
+    window: usize,
+    n_layers: usize,
+    sources: Vec<Source>,
+    /// Backbone layer → its index in `sources`.
+    source_of: HashMap<usize, usize>,
+    ring_pages: Pages,
+    comp_pages: Pages,
+    key_pages: Pages,
+    /// F32 `[max_seqs · gated, head_dim]` each.
+    pending_kv: Tensor,
+    pending_score: Tensor,
+    seqs: HashMap<SeqId, Sequence>,
+    free_slots: Vec<usize>,
+    next_id: SeqId,
+    /// Rings per sequence: backbone layers then DSpark stages.
+    rings: usize,
+}
+
+/// How many entries the Engram history keeps (the n-gram look-back).
+const HISTORY: usize = 3;
+
+impl StatePool {
+    /// A pool for `cfg`'s model on `device` with the pages of `pool`.
+    pub fn new(cfg: &ModelConfig, device: &Device, pool: PoolConfig) -> Result<StatePool> {
+        pool.validate()?;
+        let plans = cfg.layer_plans()?;
+        let hd = cfg.attention.head_dim;
+        let mut sources = Vec::new();
+        let mut gated = 0;
+        for p in plans[..cfg.n_layers].iter().filter(|p| p.is_kv_source()) {
+            sources.push(Source {
+                layer: p.layer,
+                ratio: p.ratio,
+                keys: p.owns_index_keys(),
+                gated: (p.ratio == 2).then(|| {
+                    gated += 1;
+                    gated - 1
+                }),
+            });
+        }
+        let pr = pool.page_rows;
+        let pending_rows = (pool.max_seqs * gated).max(1);
+        Ok(StatePool {
+            cfg: pool,
+            window: cfg.attention.window,
+            n_layers: cfg.n_layers,
+            source_of: sources
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (s.layer, i))
+                .collect(),
+            sources,
+            ring_pages: Pages::new(
+                "window ring",
+                device,
+                DType::U8,
+                kv_format::window_row_bytes(hd),
+                pool.window_pages,
+                pr,
+            )?,
+            comp_pages: Pages::new(
+                "compressed KV",
+                device,
+                DType::U8,
+                kv_format::compressed_row_bytes(hd),
+                pool.compressed_pages,
+                pr,
+            )?,
+            key_pages: Pages::new(
+                "index keys",
+                device,
+                DType::F4E2M1x2,
+                index_key_row_nibbles(cfg.indexer.head_dim),
+                pool.key_pages,
+                pr,
+            )?,
+            pending_kv: Tensor::zeros(device, DType::F32, &[pending_rows, hd])?,
+            pending_score: Tensor::zeros(device, DType::F32, &[pending_rows, hd])?,
+            seqs: HashMap::new(),
+            free_slots: (0..pool.max_seqs).rev().collect(),
+            next_id: 0,
+            rings: plans.len(),
+        })
+    }
+}
+
+impl StatePool {
+    /// Adds an empty sequence (position 0).
+    pub fn add_sequence(&mut self) -> Result<SeqId> {
+        let slot = self.free_slots.pop().ok_or(Error::Argument {
+            op: "StatePool::add_sequence",
+            arg: "max_seqs",
+            value: self.cfg.max_seqs.to_string(),
+            why: "every sequence slot is in use; free one first",
+        })?;
+        let id = self.next_id;
+        self.next_id += 1;
+        let n = self.sources.len();
+        self.seqs.insert(
+            id,
+            Sequence {
+                pos: 0,
+                slot,
+                rings: vec![BlockTable::default(); self.rings],
+                ring_end: vec![0; self.rings],
+                entries: vec![BlockTable::default(); n],
+                n_entries: vec![0; n],
+                keys: vec![BlockTable::default(); n],
+                pending: vec![false; n],
+                history: VecDeque::new(),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Frees a sequence and returns all its pages.
+    pub fn free_sequence(&mut self, seq: SeqId) -> Result<()> {
+        let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;
+        self.ring_pages
+            .free
+            .extend(s.rings.iter().flat_map(|t| t.pages.iter().copied()));
+        self.comp_pages
+            .free
+            .extend(s.entries.iter().flat_map(|t| t.pages.iter().copied()));
+        self.key_pages
+            .free
+            .extend(s.keys.iter().flat_map(|t| t.pages.iter().copied()));
+        self.free_slots.push(s.slot);
+        Ok(())
+    }
+
+    /// The sequence's next position (tokens processed so far).
+    pub fn position(&self, seq: SeqId) -> Result<usize> {
+        Ok(self.get(seq)?.pos)
+    }
+
+    /// Free pages of (window rings, compressed KV, index keys).
+    pub fn free_pages(&self) -> (usize, usize, usize) {
+        (
+            self.ring_pages.free.len(),
+            self.comp_pages.free.len(),
+            self.key_pages.free.len(),
+        )
+    }
+
+    pub fn config(&self) -> PoolConfig {
+        self.cfg
+    }
+
+    /// Entries of the KV source of backbone layer `layer` for `seq`.
+    pub fn entries(&self, seq: SeqId, layer: usize) -> Result<usize> {
+        let src = self.source(layer)?;
+        Ok(self.get(seq)?.n_entries[src])
+    }
+
+    /// Whether the ratio-2 source of `layer` holds a partial group for `seq`.
+    pub fn has_pending(&self, seq: SeqId, layer: usize) -> Result<bool> {
+        let src = self.source(layer)?;
+        Ok(self.get(seq)?.pending[src])
+    }
+
+    fn get(&self, seq: SeqId) -> Result<&Sequence> {
+        self.seqs.get(&seq).ok_or_else(|| unknown(seq))
+    }
+
+    fn source(&self, layer: usize) -> Result<usize> {
+        self.source_of.get(&layer).copied().ok_or(Error::Argument {
+            op: "StatePool",
+            arg: "layer",
+            value: layer.to_string(),
+            why: "the layer is not a KV source",
+        })
+    }
+
+    /// Reserves, all or nothing, the pages a step of `len` new tokens of
+    /// each `(seq, len)` needs in the backbone rings and the sources.
+    pub(crate) fn reserve_step(&mut self, batch: &[(SeqId, usize)]) -> Result<()> {
+        let pr = self.cfg.page_rows;
+        // Per sequence: new pages of each ring, source and key table.
+        let mut plan: Vec<(SeqId, [Vec<usize>; 3])> = Vec::new();
+        let (mut need_r, mut need_c, mut need_k) = (0, 0, 0);
+        for &(seq, len) in batch {
+            let s = self.get(seq)?;
+            let end = s.pos + len;
+            let rings: Vec<usize> = s.rings[..self.n_layers]
+                .iter()
+                .map(|t| t.missing(end, pr))
+                .collect();
+            let mut comp = Vec::new();
+            let mut keys = Vec::new();
+            for (i, src) in self.sources.iter().enumerate() {
+                comp.push(s.entries[i].missing(end / src.ratio, pr));
+                keys.push(if src.keys {
+                    s.keys[i].missing(end / src.ratio, pr)
+                } else {
+                    0
+                });
+            }
+            need_r += rings.iter().sum::<usize>();
+            need_c += comp.iter().sum::<usize>();
+            need_k += keys.iter().sum::<usize>();
+            plan.push((seq, [rings, comp, keys]));
+        }
+        let first = batch.first().map_or(0, |b| b.0);
+        for (pages, need) in [
+            (&self.ring_pages, need_r),
+            (&self.comp_pages, need_c),
+            (&self.key_pages, need_k),
+        ] {
+            if need > pages.free.len() {
+                return Err(Error::OutOfPages {
+                    cache: pages.name,
+                    seq: first,
+                    needed: need,
+                    free: pages.free.len(),
+                    total: pages.total,
+                });
+            }
+        }
+        for (seq, [rings, comp, keys]) in plan {
+            let s = self.seqs.get_mut(&seq).expect("checked above");
+            for (t, n) in s.rings.iter_mut().zip(rings) {
+                grow(t, n, &mut self.ring_pages.free);
+            }
+            for (t, n) in s.entries.iter_mut().zip(comp) {
+                grow(t, n, &mut self.comp_pages.free);
+            }
+            for (t, n) in s.keys.iter_mut().zip(keys) {
+                grow(t, n, &mut self.key_pages.free);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserves the pages ring `ring` of `seq` needs for positions below
+    /// `end` (the DSpark stages reserve their own).
+    pub(crate) fn reserve_ring(&mut self, seq: SeqId, ring: usize, end: usize) -> Result<()> {
+        let pr = self.cfg.page_rows;
+        let need = self.get(seq)?.rings[ring].missing(end, pr);
+        if need > self.ring_pages.free.len() {
+            return Err(Error::OutOfPages {
+                cache: self.ring_pages.name,
+                seq,
+                needed: need,
+                free: self.ring_pages.free.len(),
+                total: self.ring_pages.total,
+            });
+        }
+        let s = self.seqs.get_mut(&seq).expect("checked above");
+        grow(&mut s.rings[ring], need, &mut self.ring_pages.free);
+        Ok(())
+    }
+
+    /// Writes `n` encoded window rows of `rows` (from row `row0`) at
+    /// positions `pos0 ..` of ring `ring` of `seq`.
+    pub(crate) fn write_ring(
+        &mut self,
+        seq: SeqId,
+        ring: usize,
+        pos0: usize,
+        rows: &Tensor,
+        row0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let pr = self.cfg.page_rows;
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        write_runs(
+            &s.rings[ring],
+            pr,
+            &mut self.ring_pages.rows,
+            pos0,
+            rows,
+            row0,
+            n,
+            "ring",
+        )?;
+        s.ring_end[ring] = s.ring_end[ring].max(pos0 + n);
+        Ok(())
+    }
+
+    /// Physical row of position `pos` in ring `ring` of `seq`, if held.
+    pub(crate) fn ring_row(&self, seq: SeqId, ring: usize, pos: usize) -> Result<Option<usize>> {
+        let s = self.get(seq)?;
+        Ok((pos < s.ring_end[ring])
+            .then(|| s.rings[ring].row(pos, self.cfg.page_rows))
+            .flatten())
+    }
+
+    /// Appends `n` encoded entries (and, when the source owns keys, their
+    /// key rows) of `layer`'s source for `seq`.
+    pub(crate) fn append_entries(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        entries: &Tensor,
+        keys: Option<&Tensor>,
+        row0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let src = self.source(layer)?;
+        let pr = self.cfg.page_rows;
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        let j0 = s.n_entries[src];
+        write_runs(
+            &s.entries[src],
+            pr,
+            &mut self.comp_pages.rows,
+            j0,
+            entries,
+            row0,
+            n,
+            "entries",
+        )?;
+        if let Some(k) = keys {
+            write_runs(
+                &s.keys[src],
+                pr,
+                &mut self.key_pages.rows,
+                j0,
+                k,
+                row0,
+                n,
+                "keys",
+            )?;
+        }
+        s.n_entries[src] += n;
+        Ok(())
+    }
+
+    /// Physical row of entry `j` of `layer`'s source for `seq`, if it exists.
+    pub(crate) fn entry_row(&self, seq: SeqId, layer: usize, j: usize) -> Result<Option<usize>> {
+        let src = self.source(layer)?;
+        let s = self.get(seq)?;
+        Ok((j < s.n_entries[src])
+            .then(|| s.entries[src].row(j, self.cfg.page_rows))
+            .flatten())
+    }
+
+    /// The first `n` index keys of `layer`'s source for `seq`, contiguous:
+    /// `[n, 136]` on the pool's device.
+    pub(crate) fn gather_keys(&self, seq: SeqId, layer: usize, n: usize) -> Result<Tensor> {
+        let src = self.source(layer)?;
+        let s = self.get(seq)?;
+        let pr = self.cfg.page_rows;
+        let rows = &self.key_pages.rows;
+        let mut out = Tensor::empty(&rows.device(), rows.dtype(), &[n, rows.shape()[1]])?;
+        let mut j = 0;
+        while j < n {
+            let phys = s.keys[src].row(j, pr).ok_or(Error::Argument {
+                op: "StatePool::gather_keys",
+                arg: "n",
+                value: n.to_string(),
+                why: "more keys asked for than the source holds",
+            })?;
+            let run = (pr - j % pr).min(n - j);
+            out.copy_rows_from(j, rows, phys, run)?;
+            j += run;
+        }
+        Ok(out)
+    }
+
+    /// The partial group of `layer`'s ratio-2 source for `seq`: F32 kv and
+    /// score rows `[1, head_dim]`.
+    pub(crate) fn pending(&self, seq: SeqId, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
+        let src = self.source(layer)?;
+        let s = self.get(seq)?;
+        if !s.pending[src] {
+            return Ok(None);
+        }
+        let row = self.pending_row(s.slot, src);
+        Ok(Some((
+            self.pending_kv.narrow_rows(row, 1)?,
+            self.pending_score.narrow_rows(row, 1)?,
+        )))
+    }
+
+    /// Stores (or clears, `None`) the partial group: row `row` of `kv` and
+    /// `score`.
+    pub(crate) fn set_pending(
+        &mut self,
+        seq: SeqId,
+        layer: usize,
+        group: Option<(&Tensor, &Tensor, usize)>,
+    ) -> Result<()> {
+        let src = self.source(layer)?;
+        let slot = self.get(seq)?.slot;
+        let row = self.pending_row(slot, src);
+        if let Some((kv, score, r)) = group {
+            self.pending_kv.copy_rows_from(row, kv, r, 1)?;
+            self.pending_score.copy_rows_from(row, score, r, 1)?;
+        }
+        self.seqs.get_mut(&seq).expect("checked above").pending[src] = group.is_some();
+        Ok(())
+    }
+
+    fn pending_row(&self, slot: usize, src: usize) -> usize {
+        let gated = self.sources.iter().filter(|s| s.gated.is_some()).count();
+        slot * gated
+            + self.sources[src]
+                .gated
+                .expect("only ratio-2 sources keep partial groups")
+    }
+
+    /// The Engram history of `seq`: the last (up to) three compressed ids,
+    /// oldest first (None before the sequence start is not stored).
+    pub(crate) fn history(&self, seq: SeqId) -> Result<Vec<Option<i64>>> {
+        Ok(self.get(seq)?.history.iter().copied().collect())
+    }
+
+    /// Ends a step of `seq`: `len` tokens done, their compressed ids
+    /// appended to the history, and the backbone rings' pages older than
+    /// the window returned.
+    pub(crate) fn advance(&mut self, seq: SeqId, len: usize, ids: &[Option<i64>]) -> Result<()> {
+        let (pr, window, n_layers) = (self.cfg.page_rows, self.window, self.n_layers);
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        s.pos += len;
+        for &id in ids {
+            s.history.push_back(id);
+            if s.history.len() > HISTORY {
+                s.history.pop_front();
+            }
+        }
+        let keep = (s.pos + 1).saturating_sub(window);
+        for t in &mut s.rings[..n_layers] {
+            t.trim(keep, pr, &mut self.ring_pages.free);
+        }
+        Ok(())
+    }
+
+    /// Returns the pages of ring `ring` of `seq` older than the window of a
+    /// query at `pos`.
+    pub(crate) fn trim_ring(&mut self, seq: SeqId, ring: usize, pos: usize) -> Result<()> {
+        let (pr, window) = (self.cfg.page_rows, self.window);
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        s.rings[ring].trim(
+            (pos + 1).saturating_sub(window),
+            pr,
+            &mut self.ring_pages.free,
+        );
+        Ok(())
+    }
+
+    /// The window row pool (U8 `[rows, 528]`).
+    pub fn window_rows(&self) -> &Tensor {
+        &self.ring_pages.rows
+    }
+
+    /// The compressed row pool (U8 `[rows, 288]`).
+    pub fn compressed_rows(&self) -> &Tensor {
+        &self.comp_pages.rows
+    }
+
+    /// Ring index of DSpark stage `stage`.
+    pub(crate) fn stage_ring(&self, stage: usize) -> usize {
+        self.n_layers + stage
+    }
+}
+
+fn unknown(seq: SeqId) -> Error {
+    Error::Argument {
+        op: "StatePool",
+        arg: "seq",
+        value: seq.to_string(),
+        why: "no such sequence in the pool (never added, or freed)",
+    }
+}
+
+fn grow(t: &mut BlockTable, n: usize, free: &mut Vec<u32>) {
+    for _ in 0..n {
+        t.pages
+            .push_back(free.pop().expect("reserved: enough free pages"));
+    }
+}
+
+/// Copies `n` rows of `src` (from `row0`) to logical rows `at ..` of
+/// `table`, one copy per page-contiguous run.
+#[allow(clippy::too_many_arguments)]
+fn write_runs(
+    table: &BlockTable,
+    pr: usize,
+    dst: &mut Tensor,
+    at: usize,
+    src: &Tensor,
+    row0: usize,
+    n: usize,
+    what: &'static str,
+) -> Result<()> {
+    let mut i = 0;
+    while i < n {
+        let phys = table.row(at + i, pr).ok_or(Error::Argument {
+            op: "StatePool::write",
+            arg: what,
+            value: (at + i).to_string(),
+            why: "row has no reserved page (reserve the step first)",
+        })?;
+        let run = (pr - (at + i) % pr).min(n - i);
+        dst.copy_rows_from(phys, src, row0 + i, run)?;
+        i += run;
+    }
+    Ok(())
+}

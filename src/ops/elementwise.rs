@@ -1,0 +1,107 @@
+//! Elementwise scalar ops on BF16 or F32 tensors: [`scale`] (x · s) and
+//! [`div_scalar`] (x / s), each computed in fp32 and rounded once to the
+//! input's dtype (the indexer's 2^−6 head-weight factor, the gate
+//! temperature); and [`cat_cols`], the concatenation of `[T, D_i]` tensors
+//! along their last dimension (the DSpark target features).
+//!
+//! Invariant: one fp32 operation per element, the result in x's dtype.
+//! CUDA has no kernels for these yet.
+
+use super::{common_device, cpu_only, shape_error};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+fn map(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Tensor> {
+    cpu_only(op, &x.device())?;
+    match x.dtype() {
+        DType::F32 => Tensor::from_vec(
+            x.as_slice::<f32>()?.iter().map(|&v| f(v)).collect(),
+            x.shape(),
+        ),
+        DType::BF16 => Tensor::from_vec(
+            x.as_slice::<bf16>()?
+                .iter()
+                .map(|v| bf16::from_f32(f(v.to_f32())))
+                .collect(),
+            x.shape(),
+        ),
+        got => Err(Error::DType {
+            op,
+            tensor: "x",
+            got,
+            expected: DType::F32,
+        }),
+    }
+}
+
+/// x · s elementwise (BF16 or F32 x, fp32 product, rounded to x's dtype).
+pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
+    map("scale", x, |v| v * s)
+}
+
+/// x / s elementwise (BF16 or F32 x, fp32 quotient, rounded to x's dtype).
+pub fn div_scalar(x: &Tensor, s: f32) -> Result<Tensor> {
+    map("div_scalar", x, |v| v / s)
+}
+
+/// The `[T, D_i]` parts (same dtype, same T, one device) side by side:
+/// `[T, Σ D_i]`.
+pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
+    const OP: &str = "cat_cols";
+    let Some(first) = parts.first() else {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "parts",
+            value: "[]".into(),
+            why: "needs at least one tensor",
+        });
+    };
+    let t = first.rows();
+    let mut widths = Vec::with_capacity(parts.len());
+    for p in parts {
+        p.expect_dtype(OP, "parts", first.dtype())?;
+        match *p.shape() {
+            [pt, w] if pt == t => widths.push(w),
+            _ => return Err(shape_error(OP, "parts", p, format!("[{t}, D]"))),
+        }
+    }
+    let named: Vec<(&'static str, &Tensor)> = parts.iter().map(|p| ("parts", *p)).collect();
+    let device = common_device(OP, &named)?;
+    cpu_only(OP, &device)?;
+    let total: usize = widths.iter().sum();
+    let mut out = Tensor::empty(&device, first.dtype(), &[t, total])?;
+    let mut col = 0;
+    for (p, &w) in parts.iter().zip(&widths) {
+        for r in 0..t {
+            out.copy_elems_from(r * total + col, p, r * w, w)?;
+        }
+        col += w;
+    }
+    Ok(out)
+}
+
+/// a + b elementwise for F32 tensors of one shape (the DSpark Markov bias).
+pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    const OP: &str = "add";
+    a.expect_dtype(OP, "a", DType::F32)?;
+    b.expect_dtype(OP, "b", DType::F32)?;
+    if a.shape() != b.shape() {
+        return Err(shape_error(
+            OP,
+            "b",
+            b,
+            format!("{:?} (a's shape)", a.shape()),
+        ));
+    }
+    let device = common_device(OP, &[("a", a), ("b", b)])?;
+    cpu_only(OP, &device)?;
+    let out = a
+        .as_slice::<f32>()?
+        .iter()
+        .zip(b.as_slice::<f32>()?)
+        .map(|(x, y)| x + y)
+        .collect();
+    Tensor::from_vec(out, a.shape())
+}

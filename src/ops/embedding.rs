@@ -1,0 +1,78 @@
+//! Token embedding and greedy sampling: [`embedding`] gathers one row of a
+//! BF16 table per token id; [`argmax`] picks each row's largest logit with
+//! ties to the lowest id (the deterministic greedy rule of the runner).
+//!
+//! Invariant: an id outside the table is a typed error naming the id (the
+//! CPU reads the ids; CUDA has no kernel for these ops yet and returns
+//! [`Error::Unsupported`]).
+
+use super::{cpu_only, shape_error};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+const EMBED: &str = "embedding";
+const ARGMAX: &str = "argmax";
+
+/// Rows `table[ids[t]]` of a BF16 `table` `[V, D]` for I32 `ids` `[T]`:
+/// a new BF16 `[T, D]` tensor on the table's device.
+pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    table.expect_dtype(EMBED, "table", DType::BF16)?;
+    ids.expect_dtype(EMBED, "ids", DType::I32)?;
+    let &[v, d] = table.shape() else {
+        return Err(shape_error(EMBED, "table", table, "[V, D]".into()));
+    };
+    let &[t] = ids.shape() else {
+        return Err(shape_error(EMBED, "ids", ids, "[T]".into()));
+    };
+    let device = super::common_device(EMBED, &[("table", table), ("ids", ids)])?;
+    cpu_only(EMBED, &device)?;
+    let (tab, ids) = (table.as_slice::<bf16>()?, ids.as_slice::<i32>()?);
+    let mut out = Vec::with_capacity(t * d);
+    for &id in ids {
+        let row = usize::try_from(id)
+            .ok()
+            .filter(|&r| r < v)
+            .ok_or(Error::Argument {
+                op: EMBED,
+                arg: "ids",
+                value: id.to_string(),
+                why: "token id is outside the embedding table",
+            })?;
+        out.extend_from_slice(&tab[row * d..(row + 1) * d]);
+    }
+    Tensor::from_vec(out, &[t, d])
+}
+
+/// Index of the largest value of every row of F32 `logits` `[T, V]` (ties
+/// and NaN-free rows: the lowest index wins; a NaN never wins): I32 `[T]`.
+pub fn argmax(logits: &Tensor) -> Result<Tensor> {
+    logits.expect_dtype(ARGMAX, "logits", DType::F32)?;
+    let &[t, v] = logits.shape() else {
+        return Err(shape_error(ARGMAX, "logits", logits, "[T, V]".into()));
+    };
+    if v == 0 || i32::try_from(v).is_err() {
+        return Err(shape_error(
+            ARGMAX,
+            "logits",
+            logits,
+            "[T, V] with 1 <= V < 2^31".into(),
+        ));
+    }
+    cpu_only(ARGMAX, &logits.device())?;
+    let x = logits.as_slice::<f32>()?;
+    let ids: Vec<i32> = (0..t)
+        .map(|r| {
+            let row = &x[r * v..(r + 1) * v];
+            let mut best = 0;
+            for (i, &val) in row.iter().enumerate() {
+                if val > row[best] || row[best].is_nan() && !val.is_nan() {
+                    best = i;
+                }
+            }
+            best as i32
+        })
+        .collect();
+    Tensor::from_vec(ids, &[t])
+}

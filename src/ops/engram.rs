@@ -1,0 +1,149 @@
+//! Engram (`v41-flash.md` §8): the hashed table rows of each token's
+//! n-grams ([`engram_rows`]), their lookup and dequantisation
+//! ([`engram_lookup`]), and the per-stream gate and residual update
+//! ([`engram_gate_update`]). The n-gram ids come from the runner's history
+//! of compressed ids (host data, like the token ids).
+//!
+//! Invariant: bitwise [`cpu_backend::engram`] (`ngram_hashes`, `table_rows`,
+//! `gather_rows`, `gate`, `update`) per token and stream. CUDA has no
+//! kernels for these yet ([`Error::Unsupported`]).
+//!
+//! [`cpu_backend::engram`]: crate::cpu_backend::engram
+//! [`Error::Unsupported`]: crate::Error::Unsupported
+
+use super::{common_device, cpu_only, shape_error};
+use crate::cpu_backend::engram;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+/// The table rows `[T, cols]` (I64, global row numbers) of the n-gram ids
+/// `ids` I64 `[T, 4]` (the last four compressed ids, newest last, padded),
+/// hashed with the layer's `multipliers` and reduced modulo each column's
+/// prime (`primes`, column order, each table offset by the primes before it).
+pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Result<Tensor> {
+    const OP: &str = "engram_rows";
+    ids.expect_dtype(OP, "ids", DType::I64)?;
+    let &[t, 4] = ids.shape() else {
+        return Err(shape_error(OP, "ids", ids, "[T, 4]".into()));
+    };
+    if primes.is_empty() || primes.contains(&0) {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "primes",
+            value: format!("{primes:?}"),
+            why: "at least one column, every prime positive",
+        });
+    }
+    cpu_only(OP, &ids.device())?;
+    let rows: Vec<i64> = ids
+        .as_slice::<i64>()?
+        .chunks_exact(4)
+        .flat_map(|n| {
+            let ids: [i64; 4] = n.try_into().expect("chunks of 4");
+            engram::table_rows(&engram::ngram_hashes(&ids, multipliers), primes)
+        })
+        .map(|r| r as i64)
+        .collect();
+    Tensor::from_vec(rows, &[t, primes.len()])
+}
+
+/// Rows `rows` I64 `[T, cols]` of the FP8 table U8 `[R, hd + hd/32]`
+/// (e4m3 values then E8M0 scales per 32), dequantised: BF16 `[T, cols·hd]`.
+pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<Tensor> {
+    const OP: &str = "engram_lookup";
+    table.expect_dtype(OP, "table", DType::U8)?;
+    rows.expect_dtype(OP, "rows", DType::I64)?;
+    let row_bytes = head_dim + head_dim / 32;
+    let &[r, rb] = table.shape() else {
+        return Err(shape_error(OP, "table", table, "[R, row bytes]".into()));
+    };
+    if head_dim == 0 || !head_dim.is_multiple_of(32) || rb != row_bytes {
+        return Err(shape_error(
+            OP,
+            "table",
+            table,
+            format!("[R, {row_bytes}] (head_dim {head_dim}, a multiple of 32)"),
+        ));
+    }
+    let &[t, cols] = rows.shape() else {
+        return Err(shape_error(OP, "rows", rows, "[T, cols]".into()));
+    };
+    let device = common_device(OP, &[("table", table), ("rows", rows)])?;
+    cpu_only(OP, &device)?;
+    let ids = rows.as_slice::<i64>()?;
+    if let Some(&bad) = ids.iter().find(|&&x| x < 0 || x as u64 >= r as u64) {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "rows",
+            value: bad.to_string(),
+            why: "table row outside the table",
+        });
+    }
+    let ids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
+    let out = engram::gather_rows(table.as_slice::<u8>()?, &ids, head_dim);
+    Tensor::from_vec(out, &[t, cols * head_dim])
+}
+
+/// The gated update of the 4 streams, BF16 `[T, 4, D]`, by the projected
+/// lookup `kv` BF16 `[T, 5, D]` (one key per stream, then the shared value)
+/// with `q_weight`, `k_weight` BF16 `[4, D]` and the RMS epsilon `eps`:
+/// S_c ← BF16(S_c + gate_c · value).
+pub fn engram_gate_update(
+    streams: &Tensor,
+    kv: &Tensor,
+    q_weight: &Tensor,
+    k_weight: &Tensor,
+    eps: f32,
+) -> Result<Tensor> {
+    const OP: &str = "engram_gate_update";
+    for (name, t) in [
+        ("streams", streams),
+        ("kv", kv),
+        ("q_weight", q_weight),
+        ("k_weight", k_weight),
+    ] {
+        t.expect_dtype(OP, name, DType::BF16)?;
+    }
+    let &[t, c, d] = streams.shape() else {
+        return Err(shape_error(
+            OP,
+            "streams",
+            streams,
+            "[T, streams, D]".into(),
+        ));
+    };
+    if kv.shape() != [t, c + 1, d] {
+        return Err(shape_error(OP, "kv", kv, format!("[{t}, {}, {d}]", c + 1)));
+    }
+    for (name, w) in [("q_weight", q_weight), ("k_weight", k_weight)] {
+        if w.shape() != [c, d] {
+            return Err(shape_error(OP, name, w, format!("[{c}, {d}]")));
+        }
+    }
+    let device = common_device(
+        OP,
+        &[
+            ("streams", streams),
+            ("kv", kv),
+            ("q_weight", q_weight),
+            ("k_weight", k_weight),
+        ],
+    )?;
+    cpu_only(OP, &device)?;
+    let (s, k) = (streams.as_slice::<bf16>()?, kv.as_slice::<bf16>()?);
+    let (qw, kw) = (q_weight.as_slice::<bf16>()?, k_weight.as_slice::<bf16>()?);
+    let mut out = Vec::with_capacity(s.len());
+    for tok in 0..t {
+        let kv_t = &k[tok * (c + 1) * d..(tok + 1) * (c + 1) * d];
+        let value = &kv_t[c * d..];
+        for ci in 0..c {
+            let sc = &s[(tok * c + ci) * d..(tok * c + ci + 1) * d];
+            let r = ci * d..(ci + 1) * d;
+            let g = engram::gate(sc, &kv_t[r.clone()], &qw[r.clone()], &kw[r], eps);
+            out.extend(engram::update(sc, g, value));
+        }
+    }
+    Tensor::from_vec(out, &[t, c, d])
+}

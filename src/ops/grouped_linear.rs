@@ -1,0 +1,73 @@
+//! The grouped output LoRA `wo_a` (`v41-flash.md` §3.1 step 6): the
+//! attention output `[T, G·K]` is cut into G column groups, group g is
+//! multiplied by its own BF16 block `w[g·N .. (g+1)·N]` (`[N, K]`) with
+//! fp32 accumulation and one BF16 rounding, and the G results are laid side
+//! by side, `[T, G·N]` (a block-diagonal BF16 linear).
+//!
+//! Invariant: bitwise [`cpu_backend::bf16_gemm`] per group (products summed
+//! in increasing k). CUDA has no kernel for it yet ([`Error::Unsupported`]).
+//!
+//! [`cpu_backend::bf16_gemm`]: crate::cpu_backend::bf16_gemm
+//! [`Error::Unsupported`]: crate::Error::Unsupported
+
+use super::{common_device, cpu_only, shape_error};
+use crate::cpu_backend::bf16_gemm;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+const OP: &str = "grouped_bf16_linear";
+
+/// BF16 `x` `[T, G·K]` times the G blocks of BF16 `w` `[G·N, K]`:
+/// a new BF16 `[T, G·N]`.
+pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tensor> {
+    x.expect_dtype(OP, "x", DType::BF16)?;
+    w.expect_dtype(OP, "w", DType::BF16)?;
+    if groups == 0 {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "groups",
+            value: "0".into(),
+            why: "at least one group",
+        });
+    }
+    let &[t, gk] = x.shape() else {
+        return Err(shape_error(OP, "x", x, "[T, G·K]".into()));
+    };
+    let &[gn, k] = w.shape() else {
+        return Err(shape_error(OP, "w", w, "[G·N, K]".into()));
+    };
+    if k == 0 || gk != groups * k {
+        return Err(shape_error(
+            OP,
+            "x",
+            x,
+            format!("[T, {}] (groups × w's K)", groups * k),
+        ));
+    }
+    if gn == 0 || !gn.is_multiple_of(groups) {
+        return Err(shape_error(
+            OP,
+            "w",
+            w,
+            format!("[G·N, {k}] with G = {groups} dividing the rows"),
+        ));
+    }
+    let device = common_device(OP, &[("x", x), ("w", w)])?;
+    cpu_only(OP, &device)?;
+    let n = gn / groups;
+    let (xs, ws) = (x.as_slice::<bf16>()?, w.as_slice::<bf16>()?);
+    let mut out = vec![bf16::ZERO; t * gn];
+    for g in 0..groups {
+        let xg: Vec<bf16> = xs
+            .chunks_exact(gk)
+            .flat_map(|r| r[g * k..(g + 1) * k].iter().copied())
+            .collect();
+        let yg = bf16_gemm(&xg, &ws[g * n * k..(g + 1) * n * k], t, n, k);
+        for (r, y) in yg.chunks_exact(n).enumerate() {
+            out[r * gn + g * n..r * gn + (g + 1) * n].copy_from_slice(y);
+        }
+    }
+    Tensor::from_vec(out, &[t, gn])
+}

@@ -1,0 +1,85 @@
+//! The mHC residual streams outside a sublayer (`v41-flash.md` §6, §9.1):
+//! [`hc_init`] copies each token's embedding into the 4 streams,
+//! [`hc_collapse`] mixes them with a pre vector (the final collapse before
+//! the head), [`hc_stream_mean`] averages them (the DSpark target features).
+//!
+//! Invariant: bitwise [`cpu_backend::mhc::hc_collapse`] and the fp32 stream
+//! sum divided by 4 per element. CUDA has no kernels for these yet.
+//!
+//! [`cpu_backend::mhc::hc_collapse`]: crate::cpu_backend::mhc::hc_collapse
+
+use super::{common_device, cpu_only, shape_error};
+use crate::cpu_backend::mhc::{HC_STREAMS, hc_collapse as collapse};
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use half::bf16;
+
+fn streams_dims(op: &'static str, s: &Tensor) -> Result<(usize, usize)> {
+    s.expect_dtype(op, "streams", DType::BF16)?;
+    match *s.shape() {
+        [t, HC_STREAMS, d] => Ok((t, d)),
+        _ => Err(shape_error(
+            op,
+            "streams",
+            s,
+            format!("[T, {HC_STREAMS}, D]"),
+        )),
+    }
+}
+
+/// BF16 `x` `[T, D]` → streams `[T, 4, D]`, each stream a copy of x.
+pub fn hc_init(x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "hc_init";
+    x.expect_dtype(OP, "x", DType::BF16)?;
+    let &[t, d] = x.shape() else {
+        return Err(shape_error(OP, "x", x, "[T, D]".into()));
+    };
+    cpu_only(OP, &x.device())?;
+    let out: Vec<bf16> = x
+        .as_slice::<bf16>()?
+        .chunks_exact(d.max(1))
+        .flat_map(|r| r.repeat(HC_STREAMS))
+        .collect();
+    Tensor::from_vec(out, &[t, HC_STREAMS, d])
+}
+
+/// u = BF16(Σ_i pre_i · S_i) per token, for F32 `pre` `[T, 4]`: BF16 `[T, D]`.
+pub fn hc_collapse(streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
+    const OP: &str = "hc_collapse";
+    let (t, d) = streams_dims(OP, streams)?;
+    pre.expect_dtype(OP, "pre", DType::F32)?;
+    if pre.shape() != [t, HC_STREAMS] {
+        return Err(shape_error(OP, "pre", pre, format!("[{t}, {HC_STREAMS}]")));
+    }
+    let device = common_device(OP, &[("streams", streams), ("pre", pre)])?;
+    cpu_only(OP, &device)?;
+    let (s, p) = (streams.as_slice::<bf16>()?, pre.as_slice::<f32>()?);
+    let out: Vec<bf16> = (0..t)
+        .flat_map(|i| {
+            let pre: &[f32; HC_STREAMS] = p[i * HC_STREAMS..(i + 1) * HC_STREAMS]
+                .try_into()
+                .expect("4 values");
+            collapse(&s[i * HC_STREAMS * d..(i + 1) * HC_STREAMS * d], pre)
+        })
+        .collect();
+    Tensor::from_vec(out, &[t, d])
+}
+
+/// BF16(Σ_i S_i / 4) per element (fp32 sum in stream order): BF16 `[T, D]`.
+pub fn hc_stream_mean(streams: &Tensor) -> Result<Tensor> {
+    const OP: &str = "hc_stream_mean";
+    let (t, d) = streams_dims(OP, streams)?;
+    cpu_only(OP, &streams.device())?;
+    let s = streams.as_slice::<bf16>()?;
+    let out: Vec<bf16> = (0..t)
+        .flat_map(|i| {
+            let st = &s[i * HC_STREAMS * d..(i + 1) * HC_STREAMS * d];
+            (0..d).map(move |x| {
+                let sum: f32 = (0..HC_STREAMS).map(|c| st[c * d + x].to_f32()).sum();
+                bf16::from_f32(sum / HC_STREAMS as f32)
+            })
+        })
+        .collect();
+    Tensor::from_vec(out, &[t, d])
+}

@@ -1,0 +1,131 @@
+//! The MoE glue around the grouped expert GEMMs (`v41-flash.md` §7): after
+//! [`super::moe_route`] and [`super::moe_layout`], [`moe_permute`] lays the
+//! tokens' rows and routing weights out in expert order, and
+//! [`moe_combine`] sums each token's routed outputs in ascending expert id
+//! (the order of its ids), from 0.0 in fp32, adds the shared expert last
+//! and rounds once to BF16.
+//!
+//! Invariant: bitwise [`cpu_backend::moe::moe_combine`] per token; entry
+//! `j = token · top_k + slot` of the layout's permutation. CUDA has no
+//! kernels for these yet.
+//!
+//! [`cpu_backend::moe::moe_combine`]: crate::cpu_backend::moe::moe_combine
+
+use super::{common_device, cpu_only, shape_error};
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use half::bf16;
+
+/// The permutation `perm` I32 `[N]` (N = T · top_k) as host indices, each
+/// checked to be below N.
+fn entries(op: &'static str, perm: &Tensor, n: usize) -> Result<Vec<usize>> {
+    perm.expect_dtype(op, "permutation", DType::I32)?;
+    if perm.shape() != [n] {
+        return Err(shape_error(
+            op,
+            "permutation",
+            perm,
+            format!("[{n}] (T · top_k)"),
+        ));
+    }
+    perm.as_slice::<i32>()?
+        .iter()
+        .map(|&j| {
+            usize::try_from(j)
+                .ok()
+                .filter(|&j| j < n)
+                .ok_or(Error::Argument {
+                    op,
+                    arg: "permutation",
+                    value: j.to_string(),
+                    why: "entry outside 0..T·top_k",
+                })
+        })
+        .collect()
+}
+
+/// Rows of BF16 `x` `[T, D]` and F32 routing `weights` `[T, top_k]` in the
+/// order of `perm`: `x_perm[i] = x[perm[i] / top_k]`,
+/// `w_perm[i] = weights[perm[i]]`; returns BF16 `[N, D]` and F32 `[N]`.
+pub fn moe_permute(x: &Tensor, weights: &Tensor, perm: &Tensor) -> Result<(Tensor, Tensor)> {
+    const OP: &str = "moe_permute";
+    x.expect_dtype(OP, "x", DType::BF16)?;
+    weights.expect_dtype(OP, "weights", DType::F32)?;
+    let &[t, d] = x.shape() else {
+        return Err(shape_error(OP, "x", x, "[T, D]".into()));
+    };
+    let &[wt, k] = weights.shape() else {
+        return Err(shape_error(OP, "weights", weights, "[T, top_k]".into()));
+    };
+    if wt != t || k == 0 {
+        return Err(shape_error(
+            OP,
+            "weights",
+            weights,
+            format!("[{t}, top_k >= 1]"),
+        ));
+    }
+    let device = common_device(OP, &[("x", x), ("weights", weights), ("permutation", perm)])?;
+    cpu_only(OP, &device)?;
+    let order = entries(OP, perm, t * k)?;
+    let (xs, ws) = (x.as_slice::<bf16>()?, weights.as_slice::<f32>()?);
+    let rows: Vec<bf16> = order
+        .iter()
+        .flat_map(|&j| xs[j / k * d..(j / k + 1) * d].iter().copied())
+        .collect();
+    let w: Vec<f32> = order.iter().map(|&j| ws[j]).collect();
+    Ok((
+        Tensor::from_vec(rows, &[t * k, d])?,
+        Tensor::from_vec(w, &[t * k])?,
+    ))
+}
+
+/// out[t] = BF16(Σ_slot routed[pos(t·top_k + slot)] + shared[t]) where
+/// pos inverts `perm`: BF16 `routed` `[N, D]` in expert order, `shared`
+/// `[T, D]`; returns BF16 `[T, D]`.
+pub fn moe_combine(routed: &Tensor, perm: &Tensor, shared: &Tensor) -> Result<Tensor> {
+    const OP: &str = "moe_combine";
+    routed.expect_dtype(OP, "routed", DType::BF16)?;
+    shared.expect_dtype(OP, "shared", DType::BF16)?;
+    let &[t, d] = shared.shape() else {
+        return Err(shape_error(OP, "shared", shared, "[T, D]".into()));
+    };
+    let &[n, rd] = routed.shape() else {
+        return Err(shape_error(OP, "routed", routed, "[T · top_k, D]".into()));
+    };
+    if rd != d || t == 0 && n != 0 || t > 0 && (n == 0 || !n.is_multiple_of(t)) {
+        return Err(shape_error(
+            OP,
+            "routed",
+            routed,
+            format!("[T · top_k, {d}] with T = {t}"),
+        ));
+    }
+    let device = common_device(
+        OP,
+        &[
+            ("routed", routed),
+            ("permutation", perm),
+            ("shared", shared),
+        ],
+    )?;
+    cpu_only(OP, &device)?;
+    let order = entries(OP, perm, n)?;
+    let mut pos = vec![0usize; n];
+    for (i, &j) in order.iter().enumerate() {
+        pos[j] = i;
+    }
+    let k = n.checked_div(t).unwrap_or(0);
+    let (r, s) = (routed.as_slice::<bf16>()?, shared.as_slice::<bf16>()?);
+    let mut out = Vec::with_capacity(t * d);
+    for tok in 0..t {
+        for x in 0..d {
+            let acc = (0..k).fold(0.0f32, |acc, slot| {
+                acc + r[pos[tok * k + slot] * d + x].to_f32()
+            });
+            out.push(bf16::from_f32(acc + s[tok * d + x].to_f32()));
+        }
+    }
+    Tensor::from_vec(out, &[t, d])
+}
