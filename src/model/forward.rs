@@ -255,6 +255,12 @@ impl Model {
         let cfg = &self.cfg;
         let device = self.device();
         let b = self.layout(pool, inputs)?;
+        tracing::debug!(
+            entries = b.entries.len(),
+            tokens = b.positions.rows(),
+            free_pages = ?pool.free_pages(),
+            "model step"
+        );
         let ids: Vec<i32> = inputs
             .iter()
             .flat_map(|i| i.tokens.iter().map(|&t| t as i32))

@@ -498,6 +498,12 @@ impl StatePool {
             (&self.key_pages, need_k),
         ] {
             if need > pages.free.len() {
+                tracing::warn!(
+                    cache = pages.name,
+                    need,
+                    free = pages.free.len(),
+                    "out of pages"
+                );
                 return Err(Error::OutOfPages {
                     cache: pages.name,
                     seq: first,
