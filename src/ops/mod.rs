@@ -65,7 +65,10 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// The device shared by every named tensor of `op`, or a mismatch error.
-fn common_device(op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Result<Device> {
+pub(crate) fn common_device(
+    op: &'static str,
+    tensors: &[(&'static str, &Tensor)],
+) -> Result<Device> {
     let device = tensors[0].1.device();
     for (name, t) in &tensors[1..] {
         let d = t.device();
@@ -83,7 +86,12 @@ fn common_device(op: &'static str, tensors: &[(&'static str, &Tensor)]) -> Resul
 
 /// The shape error of tensor `name` of `op`: its actual shape and what was
 /// expected.
-fn shape_error(op: &'static str, name: &'static str, t: &Tensor, expected: String) -> Error {
+pub(crate) fn shape_error(
+    op: &'static str,
+    name: &'static str,
+    t: &Tensor,
+    expected: String,
+) -> Error {
     Error::Shape {
         op,
         tensor: name,
@@ -132,7 +140,7 @@ fn cpu_only(op: &'static str, device: &Device) -> Result<()> {
 }
 
 #[cfg(not(deepinfer_cuda))]
-fn kernels_not_built(op: &'static str, device: &Device) -> Error {
+pub(crate) fn kernels_not_built(op: &'static str, device: &Device) -> Error {
     Error::DeviceUnavailable {
         device: device.to_string(),
         why: format!(
