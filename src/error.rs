@@ -82,12 +82,6 @@ pub enum Error {
     /// A kernel name is absent from its family's module.
     #[error("kernel `{kernel}` not found in family `{family}`")]
     KernelNotFound { family: String, kernel: String },
-    /// A model configuration is unreadable or inconsistent.
-    #[error("model config: {0}")]
-    Config(#[from] crate::model::config::ConfigError),
-    /// A checkpoint is unreadable, inconsistent with its config, or unwritable.
-    #[error("checkpoint: {0}")]
-    Checkpoint(#[from] crate::model::checkpoint::CheckpointError),
 }
 
 /// Shorthand used throughout the crate.

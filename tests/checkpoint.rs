@@ -564,8 +564,8 @@ fn every_mismatch_is_reported_in_one_error() {
         message.contains("1 missing, 1 unexpected, 1 wrong dtype, 1 wrong shape"),
         "{message}"
     );
-    // Through the crate's error type too.
-    let err: deepinfer::Error = err.into();
+    // Through the model's error type too.
+    let err: deepinfer::model::Error = err.into();
     assert!(err.to_string().starts_with("checkpoint: "));
 }
 

@@ -510,8 +510,8 @@ fn a_wrongly_typed_value_is_named() {
 }
 
 #[test]
-fn the_crate_error_wraps_config_errors() {
-    let e = deepinfer::Error::from(flat_with(|v| v["dim"] = json!(0)).unwrap_err());
+fn the_model_error_wraps_config_errors() {
+    let e = deepinfer::model::Error::from(flat_with(|v| v["dim"] = json!(0)).unwrap_err());
     assert_eq!(
         e.to_string(),
         "model config: `hidden_size`/`dim` is 0; it must be positive"

@@ -17,7 +17,7 @@ use super::layers::attention::stage_list;
 use super::layers::linear::{Bf16Linear, Fp8Linear};
 use super::pool::{SeqId, StatePool};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, RopeParams};
-use crate::error::Result;
+use crate::model::error::Result;
 use crate::ops;
 use crate::tensor::Tensor;
 
@@ -58,7 +58,7 @@ impl Model {
 
     fn positions(&self, from: usize, n: usize) -> Result<Tensor> {
         let p: Vec<i64> = (from..from + n).map(|p| p as i64).collect();
-        Tensor::from_vec(p, &[n])?.to_device(&self.device())
+        Ok(Tensor::from_vec(p, &[n])?.to_device(&self.device())?)
     }
 
     /// Writes the projected target features (`[len, targets·D]`, BF16) of

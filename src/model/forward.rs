@@ -20,7 +20,7 @@ use super::layers::moe::MoeParams;
 use super::pool::{SeqId, StatePool};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, ngram_ids};
 use crate::device::Device;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::ops::{self, MhcParams};
 use crate::tensor::Tensor;
 use std::ops::Range;
@@ -94,12 +94,12 @@ pub struct StepOutput {
 }
 
 fn invalid(arg: &'static str, value: String, why: &'static str) -> Error {
-    Error::Argument {
+    Error::Op(crate::Error::Argument {
         op: "Model",
         arg,
         value,
         why,
-    }
+    })
 }
 
 impl Model {
@@ -363,13 +363,13 @@ impl Model {
             }
         }
         let t = out.len() / 4;
-        Tensor::from_vec(out, &[t, 4])?.to_device(&self.device())
+        Ok(Tensor::from_vec(out, &[t, 4])?.to_device(&self.device())?)
     }
 
     /// Final collapse with the last pre, `norm`, and the fp32 head.
     fn head(&self, streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
         let u = ops::hc_collapse(streams, pre)?;
         let h = ops::rms_norm(&u, &self.weights.norm, self.cfg.norm_eps as f32)?;
-        self.weights.head.forward_f32(&h)
+        Ok(self.weights.head.forward_f32(&h)?)
     }
 }

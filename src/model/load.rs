@@ -19,7 +19,7 @@ use super::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
 use super::layers::mhc::Hc;
 use super::layers::moe::{Moe, SharedExpert};
 use crate::dtype::Fp4x2;
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::numerics::{e4m3_to_f32, e8m0_to_f32};
 use crate::numpy_rng::engram_multipliers;
 use crate::tensor::Tensor;
@@ -47,7 +47,7 @@ fn fp8_dequantized(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -
             bf16::from_f32(e4m3_to_f32(w[i]) * e8m0_to_f32(s[(r / 32) * kb + c / 32]))
         })
         .collect();
-    Tensor::from_vec(v, &[out_dim, in_dim])
+    Ok(Tensor::from_vec(v, &[out_dim, in_dim])?)
 }
 
 /// One projection of experts `0..n` stacked `[E, out, in]`.
@@ -79,20 +79,20 @@ fn bf16_linear(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Re
 fn vector_bf16(ck: &Checkpoint, name: &str) -> Result<Tensor> {
     let v = ck.bf16(name)?;
     let n = v.len();
-    Tensor::from_vec(v, &[n])
+    Ok(Tensor::from_vec(v, &[n])?)
 }
 
 fn vector_f32(ck: &Checkpoint, name: &str) -> Result<Tensor> {
     let v = ck.f32(name)?;
     let n = v.len();
-    Tensor::from_vec(v, &[n])
+    Ok(Tensor::from_vec(v, &[n])?)
 }
 
 fn hc(ck: &Checkpoint, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
     let base = ck.f32(&format!("{prefix}.hc_{which}_base"))?;
     let scale = ck.f32(&format!("{prefix}.hc_{which}_scale"))?;
     if base.len() != 24 || scale.len() != 3 {
-        return Err(Error::Argument {
+        return Err(Error::Op(crate::Error::Argument {
             op: "load weights",
             arg: "hc",
             value: format!(
@@ -101,7 +101,7 @@ fn hc(ck: &Checkpoint, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<H
                 scale.len()
             ),
             why: "mHC with 4 streams needs 24 base values and 3 scales",
-        });
+        }));
     }
     Ok(Hc {
         func: Tensor::from_vec(
@@ -266,7 +266,7 @@ pub fn load_weights(
     token_map: Vec<i64>,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
     if cfg.quant.weights != WeightFormat::Fp8 || cfg.quant.experts != WeightFormat::Fp4 {
-        return Err(Error::Argument {
+        return Err(Error::Op(crate::Error::Argument {
             op: "load weights",
             arg: "quantization_config",
             value: format!(
@@ -274,7 +274,7 @@ pub fn load_weights(
                 cfg.quant.weights, cfg.quant.experts
             ),
             why: "the CPU model runs FP8 dense weights with FP4 experts (V4.1's formats)",
-        });
+        }));
     }
     let plans = cfg.layer_plans()?;
     let d = cfg.hidden_size;

@@ -11,8 +11,11 @@ pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod dspark;
+pub mod error;
 pub mod forward;
 pub mod layers;
 pub mod load;
 pub mod pool;
 pub mod runner;
+
+pub use error::{Error, Result};

@@ -15,14 +15,15 @@
 //!
 //! Invariants: a page belongs to at most one (sequence, cache) at a time;
 //! pages are reserved for a whole step before anything is written, all or
-//! nothing, so running out of pages is an [`Error::OutOfPages`] that leaves
+//! nothing, so running out of pages is an [`OpError::OutOfPages`] that leaves
 //! every sequence as it was; freeing a sequence returns all its pages.
 
 use super::config::{LayerPlan, ModelConfig};
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::{Error, Result};
+use crate::error::Error as OpError;
 use crate::kv_format;
+use crate::model::error::Result;
 use crate::ops::index_key_row_nibbles;
 use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
@@ -104,12 +105,13 @@ impl PoolConfig {
         };
         cfg.validate()?;
         if fits == 0 || cfg.bytes(&bytes, &plans) > budget_bytes {
-            return Err(Error::Argument {
+            return Err(OpError::Argument {
                 op: "PoolConfig::from_budget",
                 arg: "budget_bytes",
                 value: budget_bytes.to_string(),
                 why: "below the pages of one sequence plus the partial-group state",
-            });
+            }
+            .into());
         }
         Ok(cfg)
     }
@@ -121,12 +123,13 @@ impl PoolConfig {
 
     fn validate(&self) -> Result<()> {
         let bad = |arg, value: usize, why| {
-            Err(Error::Argument {
+            Err(OpError::Argument {
                 op: "StatePool::new",
                 arg,
                 value: value.to_string(),
                 why,
-            })
+            }
+            .into())
         };
         if self.page_rows == 0 || self.page_rows > MAX_PAGE_ROWS {
             return bad("page_rows", self.page_rows, "must be in 1..=65536");
@@ -377,7 +380,7 @@ impl StatePool {
 impl StatePool {
     /// Adds an empty sequence (position 0).
     pub fn add_sequence(&mut self) -> Result<SeqId> {
-        let slot = self.free_slots.pop().ok_or(Error::Argument {
+        let slot = self.free_slots.pop().ok_or(OpError::Argument {
             op: "StatePool::add_sequence",
             arg: "max_seqs",
             value: self.cfg.max_seqs.to_string(),
@@ -450,16 +453,20 @@ impl StatePool {
     }
 
     fn get(&self, seq: SeqId) -> Result<&Sequence> {
-        self.seqs.get(&seq).ok_or_else(|| unknown(seq))
+        Ok(self.seqs.get(&seq).ok_or_else(|| unknown(seq))?)
     }
 
     fn source(&self, layer: usize) -> Result<usize> {
-        self.source_of.get(&layer).copied().ok_or(Error::Argument {
-            op: "StatePool",
-            arg: "layer",
-            value: layer.to_string(),
-            why: "the layer is not a KV source",
-        })
+        Ok(self
+            .source_of
+            .get(&layer)
+            .copied()
+            .ok_or(OpError::Argument {
+                op: "StatePool",
+                arg: "layer",
+                value: layer.to_string(),
+                why: "the layer is not a KV source",
+            })?)
     }
 
     /// Reserves, all or nothing, the pages a step of `len` new tokens of
@@ -504,13 +511,14 @@ impl StatePool {
                     free = pages.free.len(),
                     "out of pages"
                 );
-                return Err(Error::OutOfPages {
+                return Err(OpError::OutOfPages {
                     cache: pages.name,
                     seq: first,
                     needed: need,
                     free: pages.free.len(),
                     total: pages.total,
-                });
+                }
+                .into());
             }
         }
         for (seq, [rings, comp, keys]) in plan {
@@ -534,13 +542,14 @@ impl StatePool {
         let pr = self.cfg.page_rows;
         let need = self.get(seq)?.rings[ring].missing(end, pr);
         if need > self.ring_pages.free.len() {
-            return Err(Error::OutOfPages {
+            return Err(OpError::OutOfPages {
                 cache: self.ring_pages.name,
                 seq,
                 needed: need,
                 free: self.ring_pages.free.len(),
                 total: self.ring_pages.total,
-            });
+            }
+            .into());
         }
         let s = self.seqs.get_mut(&seq).expect("checked above");
         grow(&mut s.rings[ring], need, &mut self.ring_pages.free);
@@ -642,7 +651,7 @@ impl StatePool {
         let mut out = Tensor::empty(&rows.device(), rows.dtype(), &[n, rows.shape()[1]])?;
         let mut j = 0;
         while j < n {
-            let phys = s.keys[src].row(j, pr).ok_or(Error::Argument {
+            let phys = s.keys[src].row(j, pr).ok_or(OpError::Argument {
                 op: "StatePool::gather_keys",
                 arg: "n",
                 value: n.to_string(),
@@ -752,8 +761,8 @@ impl StatePool {
     }
 }
 
-fn unknown(seq: SeqId) -> Error {
-    Error::Argument {
+fn unknown(seq: SeqId) -> OpError {
+    OpError::Argument {
         op: "StatePool",
         arg: "seq",
         value: seq.to_string(),
@@ -783,7 +792,7 @@ fn write_runs(
 ) -> Result<()> {
     let mut i = 0;
     while i < n {
-        let phys = table.row(at + i, pr).ok_or(Error::Argument {
+        let phys = table.row(at + i, pr).ok_or(OpError::Argument {
             op: "StatePool::write",
             arg: what,
             value: (at + i).to_string(),

@@ -11,7 +11,7 @@ use super::config::ModelConfig;
 use super::forward::Model;
 use super::load::{load_weights, modulo_token_map};
 use super::pool::{PoolConfig, StatePool};
-use crate::error::{Error, Result};
+use crate::model::error::{Error, Result};
 use crate::ops;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -56,12 +56,12 @@ pub fn generate_greedy(
     stop: Option<u32>,
 ) -> Result<Generation> {
     if prompt.is_empty() {
-        return Err(Error::Argument {
+        return Err(Error::Op(crate::Error::Argument {
             op: "generate_greedy",
             arg: "prompt",
             value: "[]".into(),
             why: "the prompt is empty",
-        });
+        }));
     }
     let mut pool = single_sequence_pool(model, prompt.len() + max_new)?;
     let seq = pool.add_sequence()?;

@@ -68,7 +68,7 @@ enum Cmd {
     },
 }
 
-fn run(model: Option<&Path>, prompt: &str, max_new: usize) -> deepinfer::Result<()> {
+fn run(model: Option<&Path>, prompt: &str, max_new: usize) -> deepinfer::model::Result<()> {
     let prompt: Vec<u32> = prompt
         .split(',')
         .map(|t| {
@@ -102,7 +102,12 @@ fn run(model: Option<&Path>, prompt: &str, max_new: usize) -> deepinfer::Result<
     Ok(())
 }
 
-fn gen_weights(config: &Path, out: &Path, seed: u64, shard_mib: u64) -> deepinfer::Result<()> {
+fn gen_weights(
+    config: &Path,
+    out: &Path,
+    seed: u64,
+    shard_mib: u64,
+) -> deepinfer::model::Result<()> {
     let options = GenerateOptions {
         seed,
         shard_bytes: shard_mib.saturating_mul(1 << 20),
@@ -154,7 +159,7 @@ fn main() -> ExitCode {
             prompt,
             max_new,
         } => run(model.as_deref(), &prompt, max_new),
-        Cmd::Slice { device, rows, dim } => slice::run(&device, rows, dim),
+        Cmd::Slice { device, rows, dim } => slice::run(&device, rows, dim).map_err(Into::into),
         Cmd::Info => {
             info();
             Ok(())

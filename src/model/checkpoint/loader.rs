@@ -324,7 +324,7 @@ impl Checkpoint {
     }
 
     /// The tensor copied into a host [`Tensor`] (see [`TensorView::to_tensor`]).
-    pub fn tensor(&self, name: &str) -> crate::Result<Tensor> {
+    pub fn tensor(&self, name: &str) -> crate::model::Result<Tensor> {
         self.get(name)?.to_tensor()
     }
 }

@@ -96,19 +96,19 @@ impl<'a> TensorView<'a> {
     /// A host [`Tensor`] of [`CheckpointDType::tensor_dtype`]; an I8 tensor
     /// becomes packed FP4 with its last dim counted in e2m1 values (twice the
     /// stored width).
-    pub fn to_tensor(&self) -> crate::Result<Tensor> {
+    pub fn to_tensor(&self) -> crate::model::Result<Tensor> {
         let mut shape = self.shape.to_vec();
-        match self.dtype {
-            CheckpointDType::BF16 => Tensor::from_vec(self.to_bf16()?, &shape),
-            CheckpointDType::F32 => Tensor::from_vec(self.to_f32()?, &shape),
-            CheckpointDType::F8E4M3 => Tensor::from_vec(self.to_e4m3()?, &shape),
-            CheckpointDType::F8E8M0 => Tensor::from_vec(self.to_e8m0()?, &shape),
+        Ok(match self.dtype {
+            CheckpointDType::BF16 => Tensor::from_vec(self.to_bf16()?, &shape)?,
+            CheckpointDType::F32 => Tensor::from_vec(self.to_f32()?, &shape)?,
+            CheckpointDType::F8E4M3 => Tensor::from_vec(self.to_e4m3()?, &shape)?,
+            CheckpointDType::F8E8M0 => Tensor::from_vec(self.to_e8m0()?, &shape)?,
             CheckpointDType::I8 => {
                 if let Some(last) = shape.last_mut() {
                     *last *= 2;
                 }
-                Tensor::from_vec(self.to_fp4x2()?, &shape)
+                Tensor::from_vec(self.to_fp4x2()?, &shape)?
             }
-        }
+        })
     }
 }

@@ -20,9 +20,9 @@
 
 use super::linear::{Bf16Linear, Fp8Linear};
 use crate::contract::{RopeParams, Yarn};
-use crate::error::Result;
 use crate::model::batch::Batch;
 use crate::model::config::{AttentionPlan, LayerPlan, ModelConfig, Selection};
+use crate::model::error::Result;
 use crate::model::pool::StatePool;
 use crate::ops;
 use crate::tensor::Tensor;
@@ -99,11 +99,11 @@ pub fn rope_params(plan: &LayerPlan) -> RopeParams {
 
 fn host_i64(v: Vec<i64>, device: &crate::device::Device) -> Result<Tensor> {
     let n = v.len();
-    Tensor::from_vec(v, &[n])?.to_device(device)
+    Ok(Tensor::from_vec(v, &[n])?.to_device(device)?)
 }
 
 fn host_i32(v: Vec<i32>, shape: &[usize], device: &crate::device::Device) -> Result<Tensor> {
-    Tensor::from_vec(v, shape)?.to_device(device)
+    Ok(Tensor::from_vec(v, shape)?.to_device(device)?)
 }
 
 impl Attention {
@@ -138,13 +138,8 @@ impl Attention {
         rope: &RopeParams,
     ) -> Result<Tensor> {
         let kv = ops::rms_norm(&self.wkv.forward(x)?, &self.kv_norm, cfg.norm_eps as f32)?;
-        ops::window_rows(&ops::rope(
-            &kv,
-            positions,
-            1,
-            cfg.attention.rope_head_dim,
-            rope,
-        )?)
+        let kv = ops::rope(&kv, positions, 1, cfg.attention.rope_head_dim, rope)?;
+        Ok(ops::window_rows(&kv)?)
     }
 
     /// Sparse MQA of `q` over the window pool and (for sparse layers) the
@@ -167,7 +162,7 @@ impl Attention {
         let o = o.reshape(&[t, a.n_heads * a.head_dim])?;
         let o = ops::inverse_rope(&o, positions, a.n_heads, a.rope_head_dim, rope)?;
         let y = ops::grouped_bf16_linear(&o, &self.wo_a, a.o_groups)?;
-        self.wo_b.forward(&y)
+        Ok(self.wo_b.forward(&y)?)
     }
 
     /// Attention of layer `plan.layer` over the batch `b` (inputs `x`
