@@ -292,6 +292,32 @@ fn the_pool_frees_pages_and_running_out_is_a_typed_error() {
 }
 
 #[test]
+fn a_forked_sequence_continues_like_the_original_and_apart_from_it() {
+    let mut rng = common::rng("model_fork");
+    let (model, _) = tiny_model(rng.random());
+    let vocab = model.cfg.vocab_size;
+    // 33 tokens: an odd ratio-2 partial group and wrapped rings at the fork.
+    let tokens = prompt(&mut rng, 60, vocab);
+    let whole = prefill(&model, &tokens);
+    let mut p = pool(&model, 3, 60, 60);
+    let a = p.add_sequence().unwrap();
+    model.forward(&mut p, a, &tokens[..33]).unwrap();
+    let b = p.fork(a).unwrap();
+    assert_eq!(p.position(b).unwrap(), 33);
+    let other = prompt(&mut rng, 10, vocab);
+    // a takes a different path; b continues the prompt and must match it.
+    model.forward(&mut p, a, &other).unwrap();
+    let rest = logits(&model.forward(&mut p, b, &tokens[33..]).unwrap());
+    assert!(
+        bits(&rest) == bits(&whole[33 * vocab..]),
+        "the fork lost state"
+    );
+    p.free_sequence(a).unwrap();
+    let again = logits(&model.forward(&mut p, b, &[1]).unwrap());
+    assert!(again.iter().all(|v| v.is_finite()));
+}
+
+#[test]
 fn pool_budgets_are_explicit_and_bounded() {
     let (model, _) = tiny_model(4);
     let cfg = &model.cfg;

@@ -406,6 +406,72 @@ impl StatePool {
         Ok(id)
     }
 
+    /// A copy of `seq` in new pages: the same position, caches, partial
+    /// groups and history, evolving independently afterwards (a snapshot
+    /// to decode from twice, or to roll back to). Out of pages or slots is a
+    /// typed error that changes nothing.
+    pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
+        let src = self.get(seq)?.clone();
+        let need = |tables: &[BlockTable]| tables.iter().map(|t| t.pages.len()).sum::<usize>();
+        for (pages, n) in [
+            (&self.ring_pages, need(&src.rings)),
+            (&self.comp_pages, need(&src.entries)),
+            (&self.key_pages, need(&src.keys)),
+        ] {
+            if n > pages.free.len() {
+                return Err(OpError::OutOfPages {
+                    cache: pages.name,
+                    seq,
+                    needed: n,
+                    free: pages.free.len(),
+                    total: pages.total,
+                }
+                .into());
+            }
+        }
+        let id = self.add_sequence()?;
+        let pr = self.cfg.page_rows;
+        let copy = |pages: &mut Pages, from: &[BlockTable]| -> Result<Vec<BlockTable>> {
+            let mut out = Vec::with_capacity(from.len());
+            for t in from {
+                let mut nt = BlockTable {
+                    first: t.first,
+                    pages: VecDeque::with_capacity(t.pages.len()),
+                };
+                for &p in &t.pages {
+                    let q = pages.free.pop().expect("checked: enough free pages");
+                    let rows = pages.rows.narrow_rows(p as usize * pr, pr)?;
+                    pages.rows.copy_rows_from(q as usize * pr, &rows, 0, pr)?;
+                    nt.pages.push_back(q);
+                }
+                out.push(nt);
+            }
+            Ok(out)
+        };
+        let rings = copy(&mut self.ring_pages, &src.rings)?;
+        let entries = copy(&mut self.comp_pages, &src.entries)?;
+        let keys = copy(&mut self.key_pages, &src.keys)?;
+        let slot = self.get(id)?.slot;
+        for i in 0..self.sources.len() {
+            if src.pending[i] {
+                let (from, to) = (self.pending_row(src.slot, i), self.pending_row(slot, i));
+                for t in [&mut self.pending_kv, &mut self.pending_score] {
+                    let row = t.narrow_rows(from, 1)?;
+                    t.copy_rows_from(to, &row, 0, 1)?;
+                }
+            }
+        }
+        let s = self.seqs.get_mut(&id).expect("just added");
+        *s = Sequence {
+            slot,
+            rings,
+            entries,
+            keys,
+            ..src
+        };
+        Ok(id)
+    }
+
     /// Frees a sequence and returns all its pages.
     pub fn free_sequence(&mut self, seq: SeqId) -> Result<()> {
         let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;
