@@ -52,8 +52,13 @@ pub fn ngram_ids(history: &[Option<i64>], pad: i64) -> [i64; 4] {
     ids
 }
 
-/// Elements per scale block of the FP8 1 × 32 activation quantiser.
-pub const ACT_QUANT_BLOCK: usize = 32;
+/// Elements sharing one E8M0 scale in V4.1's MX formats: the FP8 activation
+/// block (1 × 32), the FP8 weight block (32 × 32), the FP4 expert weight and
+/// index-key groups (one scale per 32 along a row), the FP8 window-KV row.
+pub const MX_BLOCK: usize = 32;
+
+/// Values sharing one E4M3 scale in the FP4 compressed-KV row.
+pub const FP4_KV_GROUP: usize = 16;
 
 /// Which CUDA implementation runs the quantiser (the CPU has one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -13,6 +13,7 @@
 //! (e4m3 × 2^e and e2m1 × e4m3 are BF16-representable). `dim` must be a
 //! multiple of the scale group (callers validate).
 
+use crate::contract::{FP4_KV_GROUP, MX_BLOCK};
 use crate::dtype::{E4M3, E8M0, Fp4x2};
 use crate::numerics::{
     act_quant_block, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, fp4_e4m3_quant_block,
@@ -22,25 +23,25 @@ use half::bf16;
 
 /// Bytes of a window-KV row of `dim` values.
 pub fn window_row_bytes(dim: usize) -> usize {
-    dim + dim / 32
+    dim + dim / MX_BLOCK
 }
 
 /// Bytes of a compressed-KV row of `dim` values.
 pub fn compressed_row_bytes(dim: usize) -> usize {
-    dim / 2 + dim / 16
+    dim / 2 + dim / FP4_KV_GROUP
 }
 
 /// Bytes of an index-key row of `dim` values.
 pub fn index_key_row_bytes(dim: usize) -> usize {
-    dim / 2 + dim / 32
+    dim / 2 + dim / MX_BLOCK
 }
 
 /// FP8 e4m3 values with one E8M0 scale per 32 (§10.1 rules).
 pub fn encode_window_row(row: &[bf16]) -> Vec<u8> {
     let mut q = vec![E4M3(0); row.len()];
     let scales: Vec<u8> = row
-        .chunks(32)
-        .zip(q.chunks_mut(32))
+        .chunks(MX_BLOCK)
+        .zip(q.chunks_mut(MX_BLOCK))
         .map(|(x, q)| act_quant_block(x, q).0)
         .collect();
     q.into_iter().map(|v| v.0).chain(scales).collect()
@@ -51,7 +52,9 @@ pub fn decode_window_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
     values
         .iter()
         .enumerate()
-        .map(|(i, &v)| bf16::from_f32(e4m3_to_f32(E4M3(v)) * e8m0_to_f32(E8M0(scales[i / 32]))))
+        .map(|(i, &v)| {
+            bf16::from_f32(e4m3_to_f32(E4M3(v)) * e8m0_to_f32(E8M0(scales[i / MX_BLOCK])))
+        })
         .collect()
 }
 
@@ -70,8 +73,8 @@ fn unpack(values: &[u8]) -> impl Iterator<Item = u8> + '_ {
 pub fn encode_compressed_row(row: &[bf16]) -> Vec<u8> {
     let mut nibbles = vec![0u8; row.len()];
     let scales: Vec<u8> = row
-        .chunks(16)
-        .zip(nibbles.chunks_mut(16))
+        .chunks(FP4_KV_GROUP)
+        .zip(nibbles.chunks_mut(FP4_KV_GROUP))
         .map(|(x, n)| fp4_e4m3_quant_block(x, n).0)
         .collect();
     pack(&nibbles).chain(scales).collect()
@@ -81,7 +84,7 @@ pub fn decode_compressed_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
     let (values, scales) = bytes.split_at(dim / 2);
     unpack(values)
         .enumerate()
-        .map(|(i, n)| bf16::from_f32(e2m1_to_f32(n) * e4m3_to_f32(E4M3(scales[i / 16]))))
+        .map(|(i, n)| bf16::from_f32(e2m1_to_f32(n) * e4m3_to_f32(E4M3(scales[i / FP4_KV_GROUP]))))
         .collect()
 }
 
@@ -89,8 +92,8 @@ pub fn decode_compressed_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
 pub fn encode_index_key_row(row: &[bf16]) -> Vec<u8> {
     let mut nibbles = vec![0u8; row.len()];
     let scales: Vec<u8> = row
-        .chunks(32)
-        .zip(nibbles.chunks_mut(32))
+        .chunks(MX_BLOCK)
+        .zip(nibbles.chunks_mut(MX_BLOCK))
         .map(|(x, n)| fp4_e8m0_quant_block(x, n).0)
         .collect();
     pack(&nibbles).chain(scales).collect()
@@ -100,6 +103,6 @@ pub fn decode_index_key_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
     let (values, scales) = bytes.split_at(dim / 2);
     unpack(values)
         .enumerate()
-        .map(|(i, n)| bf16::from_f32(e2m1_to_f32(n) * e8m0_to_f32(E8M0(scales[i / 32]))))
+        .map(|(i, n)| bf16::from_f32(e2m1_to_f32(n) * e8m0_to_f32(E8M0(scales[i / MX_BLOCK]))))
         .collect()
 }

@@ -6,10 +6,11 @@
 
 use std::path::{Path, PathBuf};
 
+use deepinfer::contract::MX_BLOCK;
 use deepinfer::model::config::{
-    AttentionConfig, BLOCK, CandidateConfig, ConfigError, DsparkConfig, EngramConfig,
-    IndexerConfig, LayerKind, LayerPlan, MhcConfig, ModelConfig, MoeConfig, QuantConfig,
-    RopeConfig, ScoreFunc, SpecialTokens, WeightFormat, YarnConfig,
+    AttentionConfig, CandidateConfig, ConfigError, DsparkConfig, EngramConfig, IndexerConfig,
+    LayerKind, LayerPlan, MhcConfig, ModelConfig, MoeConfig, QuantConfig, RopeConfig, ScoreFunc,
+    SpecialTokens, WeightFormat, YarnConfig,
 };
 use serde_json::{Value, json};
 
@@ -949,7 +950,7 @@ fn tiny_widths_fit_the_quantizer_blocks() {
         c.dspark.target_layers.len() * c.hidden_size,
     ];
     for width in widths {
-        assert!(width.is_multiple_of(BLOCK), "{width}");
+        assert!(width.is_multiple_of(MX_BLOCK), "{width}");
     }
     let pool = c.candidate.map(|k| k.topk_blocks * k.block_size).unwrap();
     assert!(

@@ -7,6 +7,7 @@
 //! so no product overflows; rows are `row_dim` e4m3 values followed by
 //! `row_dim / 32` E8M0 scales.
 
+use crate::contract::MX_BLOCK;
 use crate::dtype::{E4M3, E8M0};
 use crate::numerics::{e4m3_to_f32, e8m0_to_f32, sigmoid};
 use half::bf16;
@@ -53,7 +54,7 @@ pub fn table_rows(hashes: &[i64; 4], primes: &[u64]) -> Vec<u64> {
 /// Dequantises and concatenates the looked-up rows: each value is
 /// BF16(e4m3 × its block's E8M0 scale).
 pub fn gather_rows(table: &[u8], rows: &[u64], row_dim: usize) -> Vec<bf16> {
-    let row_bytes = row_dim + row_dim / 32;
+    let row_bytes = row_dim + row_dim / MX_BLOCK;
     rows.iter()
         .flat_map(|&r| {
             let bytes = &table[r as usize * row_bytes..(r as usize + 1) * row_bytes];

@@ -36,7 +36,7 @@ use half::bf16;
 
 /// K elements per scale block (activations and weights), and output rows per
 /// FP8 weight scale (the 32 × 32 grid).
-const BLOCK: usize = 32;
+use crate::contract::MX_BLOCK as BLOCK;
 
 /// FP8 × FP8 linear with a BF16 result. `a` is `[m, k]` e4m3 with `a_s`
 /// `[m, ⌈k/32⌉]` (1 × 32 activation scales); `b` is `[n, k]` e4m3 with `b_s`

@@ -18,6 +18,7 @@ use super::layers::engram::Engram;
 use super::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
 use super::layers::mhc::Hc;
 use super::layers::moe::{Moe, SharedExpert};
+use crate::contract::MX_BLOCK;
 use crate::dtype::Fp4x2;
 use crate::model::error::{Error, Result};
 use crate::numerics::{e4m3_to_f32, e8m0_to_f32};
@@ -30,7 +31,7 @@ fn fp8(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8
         weight: Tensor::from_vec(ck.e4m3(&format!("{base}.weight"))?, &[out_dim, in_dim])?,
         scale: Tensor::from_vec(
             ck.e8m0(&format!("{base}.scale"))?,
-            &[out_dim.div_ceil(32), in_dim.div_ceil(32)],
+            &[out_dim.div_ceil(MX_BLOCK), in_dim.div_ceil(MX_BLOCK)],
         )?,
     })
 }
@@ -40,11 +41,11 @@ fn fp8(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8
 fn fp8_dequantized(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Tensor> {
     let w = ck.e4m3(&format!("{base}.weight"))?;
     let s = ck.e8m0(&format!("{base}.scale"))?;
-    let kb = in_dim.div_ceil(32);
+    let kb = in_dim.div_ceil(MX_BLOCK);
     let v: Vec<bf16> = (0..out_dim * in_dim)
         .map(|i| {
             let (r, c) = (i / in_dim, i % in_dim);
-            bf16::from_f32(e4m3_to_f32(w[i]) * e8m0_to_f32(s[(r / 32) * kb + c / 32]))
+            bf16::from_f32(e4m3_to_f32(w[i]) * e8m0_to_f32(s[(r / MX_BLOCK) * kb + c / MX_BLOCK]))
         })
         .collect();
     Ok(Tensor::from_vec(v, &[out_dim, in_dim])?)
@@ -66,7 +67,7 @@ fn fp4_experts(
     }
     Ok(Fp4Experts {
         weight: Tensor::from_vec(w, &[n, out_dim, in_dim])?,
-        scale: Tensor::from_vec(s, &[n, out_dim, in_dim.div_ceil(32)])?,
+        scale: Tensor::from_vec(s, &[n, out_dim, in_dim.div_ceil(MX_BLOCK)])?,
     })
 }
 
@@ -198,7 +199,7 @@ fn engram(
     let (d, e) = (cfg.hidden_size, &cfg.engram);
     let values = ck.e4m3(&format!("{p}.engram.embed.weight"))?;
     let scales = ck.e8m0(&format!("{p}.engram.embed.scale"))?;
-    let per_row = e.head_dim / 32;
+    let per_row = e.head_dim / MX_BLOCK;
     let rows_bytes = values
         .chunks(e.head_dim)
         .zip(scales.chunks(per_row))

@@ -4,7 +4,8 @@
 //! elements. Bit-exact on every backend.
 
 use super::{check_i32, common_device, rows_and_last};
-pub use crate::contract::{ACT_QUANT_BLOCK, ActQuantImpl};
+pub use crate::contract::ActQuantImpl;
+use crate::contract::MX_BLOCK;
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0};
@@ -62,6 +63,6 @@ fn validate(x: &Tensor) -> Result<(Device, Vec<usize>)> {
     let (_, k) = rows_and_last(OP, "x", x)?;
     check_i32(OP, "x", x, k)?;
     let mut scale_shape = x.shape().to_vec();
-    *scale_shape.last_mut().expect("rank >= 1") = k.div_ceil(ACT_QUANT_BLOCK);
+    *scale_shape.last_mut().expect("rank >= 1") = k.div_ceil(MX_BLOCK);
     Ok((common_device(OP, &[("x", x)])?, scale_shape))
 }

@@ -12,6 +12,7 @@
 //! [`Error::Unsupported`]: crate::Error::Unsupported
 
 use super::{common_device, cpu_only, shape_error};
+use crate::contract::MX_BLOCK;
 use crate::cpu_backend::engram;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -55,11 +56,11 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
     const OP: &str = "engram_lookup";
     table.expect_dtype(OP, "table", DType::U8)?;
     rows.expect_dtype(OP, "rows", DType::I64)?;
-    let row_bytes = head_dim + head_dim / 32;
+    let row_bytes = head_dim + head_dim / MX_BLOCK;
     let &[r, rb] = table.shape() else {
         return Err(shape_error(OP, "table", table, "[R, row bytes]".into()));
     };
-    if head_dim == 0 || !head_dim.is_multiple_of(32) || rb != row_bytes {
+    if head_dim == 0 || !head_dim.is_multiple_of(MX_BLOCK) || rb != row_bytes {
         return Err(shape_error(
             OP,
             "table",

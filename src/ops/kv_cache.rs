@@ -10,6 +10,7 @@
 //! [`kv_format`]: crate::kv_format
 
 use super::{cpu_only, shape_error};
+use crate::contract::{FP4_KV_GROUP, MX_BLOCK};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kv_format;
@@ -50,7 +51,7 @@ pub fn window_rows(x: &Tensor) -> Result<Tensor> {
     encode(
         "window_rows",
         x,
-        32,
+        MX_BLOCK,
         kv_format::window_row_bytes,
         kv_format::encode_window_row,
     )
@@ -62,7 +63,7 @@ pub fn compressed_rows(x: &Tensor) -> Result<Tensor> {
     encode(
         "compressed_rows",
         x,
-        16,
+        FP4_KV_GROUP,
         kv_format::compressed_row_bytes,
         kv_format::encode_compressed_row,
     )

@@ -22,22 +22,21 @@ mod rope;
 mod sparse_mqa;
 mod swiglu;
 
-pub use act_quant::{
-    ACT_QUANT_BLOCK, ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with,
-};
+pub use crate::contract::{FP4_KV_GROUP, MX_BLOCK};
+pub use act_quant::{ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with};
 pub use compressor::compress_ratio2;
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding};
 pub use engram::{engram_gate_update, engram_lookup, engram_rows};
 pub use gemm::{
-    GEMM_BLOCK, GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
+    GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,
     mxfp8_linear_into,
 };
 pub use grouped_linear::grouped_bf16_linear;
 pub use hc_streams::{hc_collapse, hc_init, hc_stream_mean};
 pub use indexer::{
-    INDEX_CANDIDATE_BLOCK, INDEX_CANDIDATE_KEEP, INDEX_KEY_GROUP, INDEX_MAX_CANDIDATE_BLOCK,
+    INDEX_CANDIDATE_BLOCK, INDEX_CANDIDATE_KEEP, INDEX_MAX_CANDIDATE_BLOCK,
     INDEX_SCORE_MAX_HEADS_X_DIM, ScoreKernel, index_candidate_width, index_candidates,
     index_candidates_into, index_key_quant, index_key_quant_into, index_key_row_nibbles,
     index_mask_scores, index_mask_scores_into, index_reindex_topk, index_reindex_topk_into,

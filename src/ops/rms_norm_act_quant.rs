@@ -10,7 +10,7 @@
 //! backend. The CUDA kernel is the TileLang program
 //! `tilelang/rms_norm_act_quant_fp8.py`.
 
-use super::{ACT_QUANT_BLOCK, check_i32, common_device, rows_and_last};
+use super::{MX_BLOCK, check_i32, common_device, rows_and_last};
 pub use crate::contract::RMS_NORM_ACT_QUANT_MAX_DIM;
 use crate::cpu_backend;
 use crate::device::Device;
@@ -94,13 +94,13 @@ fn validate(x: &Tensor, weight: &Tensor, eps: f32) -> Result<(Device, Vec<usize>
     weight.expect_dtype(OP, "weight", DType::BF16)?;
     let (_, dim) = rows_and_last(OP, "x", x)?;
     check_i32(OP, "x", x, dim)?;
-    if !dim.is_multiple_of(ACT_QUANT_BLOCK) || dim > RMS_NORM_ACT_QUANT_MAX_DIM {
+    if !dim.is_multiple_of(MX_BLOCK) || dim > RMS_NORM_ACT_QUANT_MAX_DIM {
         return Err(Error::Shape {
             op: OP,
             tensor: "x",
             got: x.shape().to_vec(),
             expected: format!(
-                "a last dimension that is a multiple of {ACT_QUANT_BLOCK} and at most \
+                "a last dimension that is a multiple of {MX_BLOCK} and at most \
                  {RMS_NORM_ACT_QUANT_MAX_DIM}"
             ),
         });
@@ -122,7 +122,7 @@ fn validate(x: &Tensor, weight: &Tensor, eps: f32) -> Result<(Device, Vec<usize>
         });
     }
     let mut scale_shape = x.shape().to_vec();
-    *scale_shape.last_mut().expect("rank >= 1") = dim / ACT_QUANT_BLOCK;
+    *scale_shape.last_mut().expect("rank >= 1") = dim / MX_BLOCK;
     Ok((
         common_device(OP, &[("x", x), ("weight", weight)])?,
         scale_shape,

@@ -13,7 +13,7 @@
 //!
 //! [`moe::swiglu`]: crate::cpu_backend::moe::swiglu
 
-use super::{ACT_QUANT_BLOCK, check_i32, common_device, rows_and_last};
+use super::{MX_BLOCK, check_i32, common_device, rows_and_last};
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0};
@@ -97,12 +97,12 @@ fn validate(g: &Tensor, u: &Tensor, weight: &Tensor, limit: f32) -> Result<(Devi
     weight.expect_dtype(OP, "weight", DType::F32)?;
     let (rows, inter) = rows_and_last(OP, "g", g)?;
     check_i32(OP, "g", g, inter)?;
-    if !inter.is_multiple_of(ACT_QUANT_BLOCK) {
+    if !inter.is_multiple_of(MX_BLOCK) {
         return Err(Error::Shape {
             op: OP,
             tensor: "g",
             got: g.shape().to_vec(),
-            expected: format!("a last dimension that is a multiple of {ACT_QUANT_BLOCK}"),
+            expected: format!("a last dimension that is a multiple of {MX_BLOCK}"),
         });
     }
     if u.shape() != g.shape() {
@@ -130,7 +130,7 @@ fn validate(g: &Tensor, u: &Tensor, weight: &Tensor, limit: f32) -> Result<(Devi
         });
     }
     let mut scale_shape = g.shape().to_vec();
-    *scale_shape.last_mut().expect("rank >= 1") = inter / ACT_QUANT_BLOCK;
+    *scale_shape.last_mut().expect("rank >= 1") = inter / MX_BLOCK;
     Ok((
         common_device(OP, &[("g", g), ("u", u), ("weight", weight)])?,
         scale_shape,

@@ -15,7 +15,7 @@
 use half::bf16;
 
 use super::param::{Format, Param};
-use crate::model::config::BLOCK;
+use crate::contract::MX_BLOCK;
 use crate::numerics::{
     E4M3_MAX, FP8_AMAX_FLOOR, ceil_pow2_scale, e8m0_to_f32, f32_to_e4m3, fp4_e8m0_quant_block,
     pack_fp4,
@@ -33,7 +33,7 @@ pub(crate) fn encode(param: &Param, values: &[f32]) -> Vec<Vec<u8>> {
         ],
         Format::F32 => vec![values.iter().flat_map(|v| v.to_le_bytes()).collect()],
         Format::Fp8Block(block) => fp8_blocks(values, rows, cols, block),
-        Format::Fp8Row => fp8_blocks(values, rows, cols, [1, BLOCK]),
+        Format::Fp8Row => fp8_blocks(values, rows, cols, [1, MX_BLOCK]),
         Format::Fp4 => fp4_rows(values, cols),
     }
 }
@@ -70,11 +70,11 @@ fn fp8_blocks(values: &[f32], rows: usize, cols: usize, block: [usize; 2]) -> Ve
 /// Packed e2m1 pairs and one E8M0 scale per 32 along each row.
 fn fp4_rows(values: &[f32], cols: usize) -> Vec<Vec<u8>> {
     let mut packed = Vec::with_capacity(values.len() / 2);
-    let mut scales = Vec::with_capacity(values.len() / BLOCK + 1);
+    let mut scales = Vec::with_capacity(values.len() / MX_BLOCK + 1);
     let mut nibbles = vec![0u8; cols];
     for row in values.chunks(cols.max(1)) {
         let row: Vec<bf16> = row.iter().map(|&v| bf16::from_f32(v)).collect();
-        for (block, out) in row.chunks(BLOCK).zip(nibbles.chunks_mut(BLOCK)) {
+        for (block, out) in row.chunks(MX_BLOCK).zip(nibbles.chunks_mut(MX_BLOCK)) {
             scales.push(fp4_e8m0_quant_block(block, out).0);
         }
         packed.extend(

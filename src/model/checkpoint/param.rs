@@ -12,8 +12,8 @@ use std::fmt;
 
 use safetensors::Dtype;
 
+use crate::contract::MX_BLOCK;
 use crate::dtype::DType;
-use crate::model::config::BLOCK;
 
 /// The dtypes a V4.1 checkpoint stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -190,11 +190,11 @@ impl Param {
             ],
             Format::Fp8Row => vec![
                 value(CheckpointDType::F8E4M3, self.shape.clone()),
-                scale(with_last(cols.div_ceil(BLOCK))),
+                scale(with_last(cols.div_ceil(MX_BLOCK))),
             ],
             Format::Fp4 => vec![
                 value(CheckpointDType::I8, with_last(cols.div_ceil(2))),
-                scale(with_last(cols.div_ceil(BLOCK))),
+                scale(with_last(cols.div_ceil(MX_BLOCK))),
             ],
         }
     }

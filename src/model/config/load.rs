@@ -6,6 +6,7 @@
 //! Invariant: every loader validates before returning, so a config it
 //! returns has passed [`ModelConfig::validate`].
 
+use crate::contract::MX_BLOCK;
 use std::path::Path;
 
 use serde_json::Value;
@@ -16,7 +17,7 @@ use super::reader::{
     BOOL, FLOAT, INT, PAIR, Reader, TEXT, TOKEN, UINT, UINT64, UINT64S, UINTS, shown,
 };
 use super::types::{
-    AttentionConfig, BLOCK, CandidateConfig, DsparkConfig, EngramConfig, IndexerConfig, MhcConfig,
+    AttentionConfig, CandidateConfig, DsparkConfig, EngramConfig, IndexerConfig, MhcConfig,
     ModelConfig, MoeConfig, QuantConfig, RopeConfig, ScoreFunc, SpecialTokens, WeightFormat,
     YarnConfig,
 };
@@ -287,7 +288,7 @@ fn read_quant(r: &Reader) -> Result<QuantConfig, ConfigError> {
         experts: read_format(r, keys::EXPERT_DTYPE)?.unwrap_or(weights),
         weight_block: r
             .optional(keys::WEIGHT_BLOCK, PAIR)?
-            .unwrap_or([BLOCK, BLOCK]),
+            .unwrap_or([MX_BLOCK, MX_BLOCK]),
     })
 }
 

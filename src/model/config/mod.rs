@@ -14,7 +14,7 @@
 //! compressed layer reads a KV source of its own ratio, and every reuse layer
 //! reuses a top-k over that same cache; every token id is inside the
 //! vocabulary; every width that an FP8/FP4 block divides is a multiple of
-//! [`BLOCK`]; and the Engram table sizes agree with the hash primes.
+//! [`crate::contract::MX_BLOCK`]; and the Engram table sizes agree with the hash primes.
 //!
 //! Layout: `types` holds the structs and `keys` the key spellings of both
 //! forms; `error` holds [`ConfigError`]; `load` (over `reader`) reads the
@@ -35,7 +35,7 @@ pub use error::ConfigError;
 pub use keys::{ConfigForm, Key};
 pub use layer_plan::{AttentionPlan, CompressorPlan, LayerKind, LayerPlan, Selection};
 pub use types::{
-    AttentionConfig, BLOCK, CandidateConfig, DsparkConfig, EngramConfig, IndexerConfig, LayerRope,
+    AttentionConfig, CandidateConfig, DsparkConfig, EngramConfig, IndexerConfig, LayerRope,
     MhcConfig, ModelConfig, MoeConfig, QuantConfig, RopeConfig, ScoreFunc, SpecialTokens,
     WeightFormat, YarnConfig,
 };

@@ -5,10 +5,6 @@
 //! checked; only configs returned by the loaders (or that pass
 //! [`ModelConfig::validate`]) satisfy the invariants of the parent module.
 
-/// Width of every V4.1 quantisation block: 1 × 32 FP8 activation blocks,
-/// 32 × 32 FP8 weight blocks, FP4 groups of 32 along K.
-pub const BLOCK: usize = 32;
-
 /// The model's architecture, as read from one of the official config forms.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelConfig {

@@ -7,7 +7,8 @@
 
 use super::error::ConfigError;
 use super::keys;
-use super::types::{BLOCK, ModelConfig, WeightFormat};
+use super::types::{ModelConfig, WeightFormat};
+use crate::contract::MX_BLOCK;
 
 impl ModelConfig {
     /// Checks every value and the layer roles; the loaders call it.
@@ -79,12 +80,12 @@ impl ModelConfig {
         ];
         match widths
             .into_iter()
-            .find(|&(_, width)| !width.is_multiple_of(BLOCK))
+            .find(|&(_, width)| !width.is_multiple_of(MX_BLOCK))
         {
             Some((key, value)) => Err(ConfigError::NotMultiple {
                 key,
                 value,
-                of: format!("{BLOCK}, the FP8/FP4 block width"),
+                of: format!("{MX_BLOCK}, the FP8/FP4 block width"),
             }),
             None => Ok(()),
         }
@@ -188,7 +189,7 @@ impl ModelConfig {
                 why: "dense weights are FP8 or BF16; only routed experts are FP4",
             });
         }
-        if q.weight_block != [BLOCK, BLOCK] {
+        if q.weight_block != [MX_BLOCK, MX_BLOCK] {
             return Err(ConfigError::Unsupported {
                 key: keys::WEIGHT_BLOCK,
                 value: format!("{:?}", q.weight_block),

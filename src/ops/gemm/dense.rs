@@ -3,6 +3,7 @@
 //! (see the family doc in `mod.rs`).
 
 use super::*;
+use crate::contract::MX_BLOCK;
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0};
@@ -101,13 +102,13 @@ pub(super) fn validate_mxfp8(
     w.expect_dtype(OP, "w", DType::F8E4M3)?;
     w_s.expect_dtype(OP, "w_s", DType::E8M0)?;
     let (m, n, k) = linear_dims(OP, a, w)?;
-    let kb = k.div_ceil(GEMM_BLOCK);
+    let kb = k.div_ceil(MX_BLOCK);
     expect_act_scales(OP, a_s, &[m, kb])?;
     expect_shape(
         OP,
         "w_s",
         w_s,
-        &[n.div_ceil(GEMM_BLOCK), kb],
+        &[n.div_ceil(MX_BLOCK), kb],
         "(one E8M0 scale per 32 × 32 block of w)",
     )?;
     let device = common_device(OP, &[("a", a), ("a_s", a_s), ("w", w), ("w_s", w_s)])?;

@@ -3,6 +3,7 @@
 //! offsets / counts, and dispatch (see the family doc in `mod.rs`).
 
 use super::*;
+use crate::contract::MX_BLOCK;
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0, Fp4x2};
@@ -184,7 +185,7 @@ pub(super) fn validate_experts(
         op,
         "w_s",
         w_s,
-        &[e, n, k.div_ceil(GEMM_BLOCK)],
+        &[e, n, k.div_ceil(MX_BLOCK)],
         "(one E8M0 scale per output row of each expert per 32 along K)",
     )?;
     Ok((e, n))
@@ -237,7 +238,7 @@ pub(super) fn validate_contiguous(
     let [t, k] = dims(OP, "a", a, "[T, K]")?;
     check_fp4_k(OP, a, k)?;
     let (e, n) = validate_experts(OP, w, w_s, k)?;
-    expect_act_scales(OP, a_s, &[t, k.div_ceil(GEMM_BLOCK)])?;
+    expect_act_scales(OP, a_s, &[t, k.div_ceil(MX_BLOCK)])?;
     expect_shape(
         OP,
         "offsets",
@@ -285,7 +286,7 @@ pub(super) fn validate_masked(
             format!("[{e}, max_m, {k}] (one slab of rows per expert of w)"),
         ));
     }
-    expect_act_scales(OP, a_s, &[e, max_m, k.div_ceil(GEMM_BLOCK)])?;
+    expect_act_scales(OP, a_s, &[e, max_m, k.div_ceil(MX_BLOCK)])?;
     expect_shape(OP, "counts", counts, &[e], "(valid rows per expert)")?;
     let device = grouped_device(OP, [a, a_s, w, w_s], ("counts", counts), None)?;
     Ok(Grouped {

@@ -79,10 +79,6 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use half::bf16;
 
-/// K elements per scale block (activations and weights), and output rows per
-/// dense FP8 weight scale.
-pub const GEMM_BLOCK: usize = 32;
-
 /// Largest M for which [`GemmImpl::Auto`] runs the skinny kernel, and the
 /// largest M [`GemmImpl::Skinny`] accepts. Measured at M = 64 on the H200
 /// (bench of 6600bd8): the skinny kernel is faster on six of the eight

@@ -2,6 +2,7 @@
 //! the index queries (see the family doc in `mod.rs`).
 
 use super::*;
+use crate::contract::MX_BLOCK;
 use crate::device::Device;
 use crate::dtype::{DType, Fp4x2};
 use crate::error::Result;
@@ -53,7 +54,7 @@ pub fn index_key_quant_into(x: &Tensor, out: &mut Tensor) -> Result<()> {
 pub(super) fn validate_quant(x: &Tensor) -> Result<(Device, usize)> {
     x.expect_dtype(QUANT, "x", DType::BF16)?;
     let dim = match x.shape().last() {
-        Some(&d) if d > 0 && d.is_multiple_of(INDEX_KEY_GROUP) && d <= i32::MAX as usize => d,
+        Some(&d) if d > 0 && d.is_multiple_of(MX_BLOCK) && d <= i32::MAX as usize => d,
         _ => {
             return Err(shape_error(
                 QUANT,

@@ -40,9 +40,6 @@ use crate::ops::shape_error;
 use crate::tensor::Tensor;
 use half::bf16;
 
-/// Values sharing one E8M0 scale in an index-key row.
-pub const INDEX_KEY_GROUP: usize = 32;
-
 /// Largest `heads × dim` of a score query (its decoded fp32 copy lives in
 /// 48 KiB of shared memory together with the head weights).
 pub const INDEX_SCORE_MAX_HEADS_X_DIM: usize = 11_776;

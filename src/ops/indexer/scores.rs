@@ -2,6 +2,7 @@
 //! tensor-core CUDA kernels (see the family doc in `mod.rs`).
 
 use super::*;
+use crate::contract::MX_BLOCK;
 use crate::cpu_backend;
 use crate::device::Device;
 use crate::dtype::{DType, Fp4x2};
@@ -53,7 +54,7 @@ pub fn index_scores_into_with(
         Device::Cpu => {
             let (qb, wb) = (q.as_slice::<Fp4x2>()?, w.as_slice::<bf16>()?);
             let (kb, vis) = (keys.as_slice::<Fp4x2>()?, visible.as_slice::<i32>()?);
-            let row = s.dim / 2 + s.dim / 32;
+            let row = s.dim / 2 + s.dim / MX_BLOCK;
             let decode = |rows: &[Fp4x2]| -> Vec<bf16> {
                 rows.chunks_exact(row)
                     .flat_map(|r| {
