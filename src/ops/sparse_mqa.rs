@@ -31,6 +31,9 @@ use half::bf16;
 
 const OP: &str = "sparse_mqa";
 
+/// Queries from which the CPU path spreads the queries over threads.
+const PARALLEL_QUERIES: usize = 64;
+
 /// The head dimension the CUDA kernel takes (448 NoPE + 64 RoPE in V4.1).
 pub const SPARSE_MQA_CUDA_DIM: usize = 512;
 /// Query heads per CUDA work unit: the CUDA path needs a multiple of it.
@@ -253,6 +256,14 @@ fn cpu(
         o.copy_from_slice(&r.out);
         l.copy_from_slice(&r.lse);
     };
+    // Queries are independent, so threads change nothing in the result;
+    // they pay off only for prefill-sized batches.
+    if s.t < PARALLEL_QUERIES {
+        for (t, (ot, lt)) in o.chunks_mut(s.h * s.d).zip(l.chunks_mut(s.h)).enumerate() {
+            query(t, ot, lt);
+        }
+        return Ok(());
+    }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let per = s.t.div_ceil(threads).max(1);
     std::thread::scope(|scope| {

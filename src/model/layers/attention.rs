@@ -4,19 +4,29 @@
 //! sparse MQA with sink over the paged caches, the inverse RoPE and the
 //! grouped output LoRA.
 //!
-//! Index lists (deepinfer's one layout for prefill, chunks and decode): the
-//! window part of the query at position p has exactly `window` entries,
-//! positions max(0, p + 1 − window) + k for k < window in ascending order,
-//! −1 for those beyond p (trailing); the compressed part is the indexer's
-//! list (ascending entry indices, −1 trailing). This is the reference's
-//! prefill list for prompts of at least `window` tokens; the reference's
-//! decode list puts the −1 first while the ring fills, and its prefill of a
-//! shorter prompt has only S window entries. Because the attention rounds
-//! against a running maximum in 64-entry blocks (§3.10), those reference
-//! variants can differ from ours in the last bits for p < window − 1 when
-//! lists exceed 64 entries; with one layout, a query's result is the same
-//! whether its token came in a prompt, a chunk or a decode step, and
-//! whatever else is in the batch.
+//! Index lists (deepinfer's one layout for prefill, chunks and decode, as
+//! `serving.md` §4 asks: the same KV layout and reduction order however a
+//! token arrives): the window part of the query at position p has exactly
+//! `window` entries, positions max(0, p + 1 − window) + k for k < window in
+//! ascending order, −1 for those beyond p (trailing); the compressed part is
+//! the indexer's list (ascending entry indices, −1 trailing). Relation to
+//! the reference, which has only a whole-prompt prefill and one-token
+//! decode and lays the two out differently:
+//! - prefill of S ≥ window tokens: identical for every query;
+//! - decode at p ≥ window − 1: identical;
+//! - decode at p < window − 1 (the reference puts the −1 first) and prefill
+//!   of S < window tokens (the reference's window part is S wide, so its
+//!   compressed part starts at list position S): the same entries in the
+//!   same order, shifted against the 64-entry blocks of the online softmax
+//!   (§3.10), so the BF16 rounding of p can differ in the last bits where a
+//!   list holds more than 64 entries. On configs whose lists fit one block
+//!   (window + top-k ≤ 64, such as `models/tiny`) all layouts agree bitwise.
+//!
+//! The reference's GPU kernel accumulates P·V into the rescaled accumulator
+//! inside its tensor-core GEMM, while its own CPU port (`kernel_cpu.py`),
+//! the spec and `cpu_backend::sparse_attention` add each block's P·V sum to
+//! it: the two orders differ in the last bits, as any two fp32 summation
+//! orders do (the spec matches the reference "up to summation order").
 
 use super::linear::{Bf16Linear, Fp8Linear};
 use crate::contract::{RopeParams, Yarn};
