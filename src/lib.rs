@@ -14,6 +14,7 @@ pub mod cpu_backend;
 pub mod cuda_backend;
 pub mod device;
 pub mod dtype;
+pub mod engine;
 pub mod error;
 pub mod kernels;
 pub mod kv_format;

@@ -1,0 +1,155 @@
+//! Sampling a token from one row of logits (`serving.md` §4): greedy at
+//! temperature 0 (the lowest id among equal maxima), otherwise softmax of
+//! logits / temperature restricted by top-k and top-p, drawn by inverse CDF
+//! with one counter-based uniform ([`super::rng`]).
+//!
+//! Invariant: the result depends only on the row, the parameters and the
+//! uniform; candidates are ordered by logit descending then id ascending,
+//! and all arithmetic after the logits is f64 in that order.
+
+use crate::error::{Error, Result};
+
+/// The sampling parameters of one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]; 1 keeps everything.
+    pub top_p: f32,
+    /// Candidates kept by logit; 0 keeps all.
+    pub top_k: usize,
+    /// New tokens at most.
+    pub max_tokens: usize,
+    /// Token ids that end the request (the stop token is part of the output).
+    pub stop: Vec<u32>,
+    /// The request's seed: with the same inputs, the same tokens.
+    pub seq_seed: u64,
+    /// Whether to return each sampled token's log-probability (of the
+    /// temperature-scaled, unrestricted distribution).
+    pub logprobs: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_tokens: 16,
+            stop: Vec::new(),
+            seq_seed: 0,
+            logprobs: false,
+        }
+    }
+}
+
+fn bad(arg: &'static str, value: String, why: &'static str) -> Error {
+    Error::Argument {
+        op: "SamplingParams",
+        arg,
+        value,
+        why,
+    }
+}
+
+impl SamplingParams {
+    /// Checks the parameters against a vocabulary of `vocab` ids and a
+    /// limit of `max_tokens_limit` new tokens.
+    pub fn validate(&self, vocab: usize, max_tokens_limit: usize) -> Result<()> {
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            return Err(bad(
+                "temperature",
+                self.temperature.to_string(),
+                "must be finite and >= 0",
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(bad("top_p", self.top_p.to_string(), "must be in (0, 1]"));
+        }
+        if self.max_tokens == 0 || self.max_tokens > max_tokens_limit {
+            return Err(bad(
+                "max_tokens",
+                self.max_tokens.to_string(),
+                "must be at least 1 and fit the pool's context with the prompt",
+            ));
+        }
+        if let Some(&s) = self.stop.iter().find(|&&s| s as usize >= vocab) {
+            return Err(bad(
+                "stop",
+                s.to_string(),
+                "stop token id outside the vocabulary",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A sampled token and its log-probability under softmax(logits / T)
+/// (0 for greedy).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sample {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// Samples one row with uniform `u` in [0, 1).
+pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
+    let argmax = || {
+        let mut best = 0;
+        for (i, &v) in logits.iter().enumerate() {
+            if v > logits[best] || logits[best].is_nan() && !v.is_nan() {
+                best = i;
+            }
+        }
+        best
+    };
+    if p.temperature == 0.0 {
+        return Sample {
+            token: argmax() as u32,
+            logprob: 0.0,
+        };
+    }
+    let t = f64::from(p.temperature);
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let z: Vec<f64> = order.iter().map(|&i| f64::from(logits[i]) / t).collect();
+    let max = z.first().copied().unwrap_or(0.0);
+    let w: Vec<f64> = z.iter().map(|&x| (x - max).exp()).collect();
+    let total: f64 = w.iter().sum();
+    let mut keep = if p.top_k == 0 {
+        w.len()
+    } else {
+        p.top_k.min(w.len())
+    };
+    if p.top_p < 1.0 {
+        let (mut acc, target) = (0.0, f64::from(p.top_p) * total);
+        for (i, &x) in w[..keep].iter().enumerate() {
+            acc += x;
+            if acc >= target {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    let kept: f64 = w[..keep].iter().sum();
+    let (mut acc, target) = (0.0, u * kept);
+    let mut pick = keep.saturating_sub(1);
+    for (i, &x) in w[..keep].iter().enumerate() {
+        acc += x;
+        if acc > target {
+            pick = i;
+            break;
+        }
+    }
+    match order.get(pick) {
+        Some(&id) => Sample {
+            token: id as u32,
+            logprob: (w[pick] / total).ln() as f32,
+        },
+        // A row of NaNs: nothing to sample from; the greedy rule picks id 0.
+        None => Sample {
+            token: argmax() as u32,
+            logprob: f32::NAN,
+        },
+    }
+}
