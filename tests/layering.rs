@@ -64,7 +64,10 @@ fn nothing_below_the_ops_imports_them_or_the_model() {
         "numpy_rng.rs",
         "error.rs",
     ] {
-        let bad = offending(rel, &["crate::ops", "super::ops", "crate::model", "crate::engine"]);
+        let bad = offending(
+            rel,
+            &["crate::ops", "super::ops", "crate::model", "crate::engine"],
+        );
         assert!(
             bad.is_empty(),
             "{rel} imports from above it:\n{}",

@@ -1,5 +1,5 @@
-//! The deepinfer command line. `run` (the default) is offline inference on
-//! the CPU reference model — the embedded tiny default unless `--model`
+//! The deepinfer command line. `run` (the default) is offline inference
+//! (greedy or sampled, through the engine) on the CPU reference model — the embedded tiny default unless `--model`
 //! names a directory with a config and safetensors shards; `slice` runs the
 //! first kernel slice on any device; `info` reports the build and devices;
 //! `gen-weights` writes a deterministic random-weight checkpoint.
@@ -7,8 +7,9 @@
 mod slice;
 
 use clap::{Parser, Subcommand};
+use deepinfer::engine::{Engine, EngineConfig, SamplingParams};
 use deepinfer::model::checkpoint::{GenerateOptions, generate_from_dir};
-use deepinfer::model::runner::{default_model, default_model_dir, generate_greedy, load_model};
+use deepinfer::model::runner::{default_model, default_model_dir, load_model};
 use deepinfer::{Device, Error};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -25,7 +26,8 @@ const DEFAULT_PROMPT: &str = "0,17,42,7,99,3,250,11,64,5,128,31";
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Offline greedy generation on the CPU reference model.
+    /// Offline generation on the CPU reference model (greedy unless a
+    /// temperature is given).
     Run {
         /// Model directory (config + shards); default: the embedded tiny model.
         #[arg(long)]
@@ -36,6 +38,18 @@ enum Cmd {
         /// Tokens to generate.
         #[arg(long, default_value_t = 32)]
         max_new: usize,
+        /// Sampling temperature; 0 is greedy.
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// Nucleus mass in (0, 1].
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// Candidates kept by logit; 0 keeps all.
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// The request's seed (same seed, same tokens).
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
     },
     /// Run the RMSNorm → FP8 quantiser slice on a small input.
     Slice {
@@ -68,7 +82,11 @@ enum Cmd {
     },
 }
 
-fn run(model: Option<&Path>, prompt: &str, max_new: usize) -> deepinfer::model::Result<()> {
+fn run(
+    model: Option<&Path>,
+    prompt: &str,
+    sampling: SamplingParams,
+) -> deepinfer::model::Result<()> {
     let prompt: Vec<u32> = prompt
         .split(',')
         .map(|t| {
@@ -90,7 +108,21 @@ fn run(model: Option<&Path>, prompt: &str, max_new: usize) -> deepinfer::model::
             default_model()?
         }
     };
-    let out = generate_greedy(&model, &prompt, max_new, Some(model.cfg.tokens.eos))?;
+    let sampling = SamplingParams {
+        stop: vec![model.cfg.tokens.eos],
+        ..sampling
+    };
+    let engine = Engine::new(
+        model,
+        EngineConfig {
+            max_seqs: 1,
+            max_context: prompt.len() + sampling.max_tokens + 1,
+            ..EngineConfig::default()
+        },
+    );
+    let out = engine
+        .generate(std::slice::from_ref(&prompt), &[sampling])
+        .remove(0)?;
     let secs = |d: std::time::Duration| d.as_secs_f64().max(1e-9);
     println!("prompt ({} tokens): {prompt:?}", prompt.len());
     println!("generated ({} tokens): {:?}", out.tokens.len(), out.tokens);
@@ -153,12 +185,31 @@ fn main() -> ExitCode {
         model: None,
         prompt: DEFAULT_PROMPT.into(),
         max_new: 32,
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: 0,
+        seed: 0,
     }) {
         Cmd::Run {
             model,
             prompt,
             max_new,
-        } => run(model.as_deref(), &prompt, max_new),
+            temperature,
+            top_p,
+            top_k,
+            seed,
+        } => run(
+            model.as_deref(),
+            &prompt,
+            SamplingParams {
+                temperature,
+                top_p,
+                top_k,
+                max_tokens: max_new,
+                seq_seed: seed,
+                ..SamplingParams::default()
+            },
+        ),
         Cmd::Slice { device, rows, dim } => slice::run(&device, rows, dim).map_err(Into::into),
         Cmd::Info => {
             info();
