@@ -24,7 +24,7 @@
 //!
 //! The reference's GPU kernel accumulates P·V into the rescaled accumulator
 //! inside its tensor-core GEMM, while its own CPU port (`kernel_cpu.py`),
-//! the spec and `cpu_backend::sparse_attention` add each block's P·V sum to
+//! the spec and our CPU reference (`ops::sparse_mqa` on the CPU) add each block's P·V sum to
 //! it: the two orders differ in the last bits, as any two fp32 summation
 //! orders do (the spec matches the reference "up to summation order").
 
