@@ -11,6 +11,7 @@ mod moe_route;
 mod rms_norm;
 mod rms_norm_act_quant;
 mod rope;
+mod sparse_mqa;
 mod swiglu;
 
 pub use act_quant::{
@@ -40,6 +41,9 @@ pub use rms_norm_act_quant::{
     RMS_NORM_ACT_QUANT_MAX_DIM, rms_norm_act_quant_fp8, rms_norm_act_quant_fp8_into,
 };
 pub use rope::{inverse_rope, inverse_rope_into, rope, rope_into};
+pub use sparse_mqa::{
+    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, sparse_mqa, sparse_mqa_into,
+};
 pub use swiglu::{swiglu_act_quant_fp8, swiglu_act_quant_fp8_into};
 
 use crate::device::Device;

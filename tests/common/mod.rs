@@ -3,6 +3,7 @@
 //! and comparison metrics.
 #![allow(dead_code)]
 
+pub mod attention;
 #[cfg(feature = "torch-ref")]
 pub mod torch;
 

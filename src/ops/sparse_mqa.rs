@@ -1,0 +1,273 @@
+//! Sparse MQA over V4.1's native cache rows (`v41-flash.md` §3.3, §3.8,
+//! §3.10, §11): every query head attends to one shared latent (K = V) chosen
+//! per query from two flat row pools, the FP8 window rows and the FP4
+//! compressed rows, with a per-head sink; on the CPU reference or the CUDA
+//! kernel of `kernels-cuda/attention/`.
+//!
+//! Rows are [`crate::cpu_backend::kv_format`]'s: a window row is `D` e4m3
+//! bytes then `D/32` E8M0 scales ([`kv_format::window_row_bytes`], 528 at
+//! D 512); a compressed row is `D/2` packed e2m1 bytes then `D/16` e4m3
+//! scales ([`kv_format::compressed_row_bytes`], 288). Row numbers are
+//! physical rows of the pools (a paged cache translates positions through its
+//! block table before the call).
+//!
+//! Invariants a caller must know: query t attends to the list
+//! `window_idx[t] ‖ compressed_idx[t]` in that order, walked in blocks of 64
+//! with the reference's numerics ([`cpu_backend::sparse_attention::sparse_mqa`]);
+//! an entry below 0 or at or beyond its pool's row count is "no row" and is
+//! never read; duplicates are attended twice; the sink joins the denominator
+//! only; a query with no valid row outputs zeros and lse = +∞. On the CPU the
+//! result is bitwise the reference applied to the decoded rows
+//! `[window rows ‖ compressed rows]` with the compressed indices offset by
+//! `Nw`. One query's result never depends on the other queries or on `T`.
+
+use super::{common_device, shape_error};
+use crate::cpu_backend::{self, kv_format};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::Result;
+use crate::tensor::Tensor;
+use half::bf16;
+
+const OP: &str = "sparse_mqa";
+
+/// The head dimension the CUDA kernel takes (448 NoPE + 64 RoPE in V4.1).
+pub const SPARSE_MQA_CUDA_DIM: usize = 512;
+/// Query heads per CUDA work unit: the CUDA path needs a multiple of it.
+pub const SPARSE_MQA_CUDA_HEAD_GROUP: usize = 64;
+
+/// Attention of BF16 `q` `[T, H, D]` (D a positive multiple of 64; on CUDA
+/// D = 512 and H a multiple of 64) over the window rows `window`
+/// `[Nw, window_row_bytes(D)]` (U8) chosen by `window_idx` `[T, Kw]` (I32)
+/// and, when given, the compressed rows `[Nc, compressed_row_bytes(D)]` (U8)
+/// chosen by `[T, Kc]` (I32), Kw + Kc ≥ 1, with per-head sink logits `sink`
+/// `[H]` (F32). Returns out `[T, H, D]` (BF16) and lse `[T, H]` (F32, natural
+/// log, sink included).
+pub fn sparse_mqa(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let s = validate(q, window, window_idx, compressed, sink)?;
+    let device = q.device();
+    let mut out = Tensor::empty(&device, DType::BF16, &[s.t, s.h, s.d])?;
+    let mut lse = Tensor::empty(&device, DType::F32, &[s.t, s.h])?;
+    sparse_mqa_into(q, window, window_idx, compressed, sink, &mut out, &mut lse)?;
+    Ok((out, lse))
+}
+
+/// [`sparse_mqa`] into a preallocated BF16 `out` `[T, H, D]` and F32 `lse`
+/// `[T, H]`.
+pub fn sparse_mqa_into(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+) -> Result<()> {
+    let s = validate(q, window, window_idx, compressed, sink)?;
+    out.expect_output(OP, "out", DType::BF16, &[s.t, s.h, s.d])?;
+    lse.expect_output(OP, "lse", DType::F32, &[s.t, s.h])?;
+    match common_device(OP, &[("q", q), ("out", out), ("lse", lse)])? {
+        Device::Cpu => cpu(q, window, window_idx, compressed, sink, out, lse, s),
+        d @ Device::Cuda(_) => Err(crate::error::Error::DeviceUnavailable {
+            device: d.to_string(),
+            why: format!("{OP} has no CUDA kernel yet (CPU only in this build)"),
+        }),
+    }
+}
+
+/// Shape of a validated call.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SparseMqaShape {
+    /// Queries.
+    pub t: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Head (latent) dimension.
+    pub d: usize,
+    /// Window rows in the pool and window entries per query.
+    pub nw: usize,
+    pub kw: usize,
+    /// Compressed rows in the pool and compressed entries per query (0, 0
+    /// for a window-only layer).
+    pub nc: usize,
+    pub kc: usize,
+}
+
+fn validate(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+) -> Result<SparseMqaShape> {
+    q.expect_dtype(OP, "q", DType::BF16)?;
+    window.expect_dtype(OP, "window", DType::U8)?;
+    window_idx.expect_dtype(OP, "window_idx", DType::I32)?;
+    sink.expect_dtype(OP, "sink", DType::F32)?;
+    let mut named = vec![
+        ("q", q),
+        ("window", window),
+        ("window_idx", window_idx),
+        ("sink", sink),
+    ];
+    if let Some((rows, idx)) = compressed {
+        rows.expect_dtype(OP, "compressed", DType::U8)?;
+        idx.expect_dtype(OP, "compressed_idx", DType::I32)?;
+        named.extend([("compressed", rows), ("compressed_idx", idx)]);
+    }
+    let device = common_device(OP, &named)?;
+    let (t, h, d) = match *q.shape() {
+        [t, h, d] if h > 0 && d > 0 && d.is_multiple_of(64) => (t, h, d),
+        _ => {
+            return Err(shape_error(
+                OP,
+                "q",
+                q,
+                "[T, H > 0, D] with D a positive multiple of 64".into(),
+            ));
+        }
+    };
+    if matches!(device, Device::Cuda(_))
+        && (d != SPARSE_MQA_CUDA_DIM || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP))
+    {
+        return Err(shape_error(
+            OP,
+            "q",
+            q,
+            format!(
+                "[T, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of {SPARSE_MQA_CUDA_HEAD_GROUP} \
+                 (the CUDA kernel's shape)"
+            ),
+        ));
+    }
+    let rows = |name: &'static str, pool: &Tensor, bytes: usize| match *pool.shape() {
+        [n, b] if b == bytes => Ok(n),
+        _ => Err(shape_error(
+            OP,
+            name,
+            pool,
+            format!("[rows, {bytes}] (one encoded row of D = {d} per row)"),
+        )),
+    };
+    let list = |name: &'static str, idx: &Tensor| match *idx.shape() {
+        [tt, k] if tt == t && k <= i32::MAX as usize => Ok(k),
+        _ => Err(shape_error(OP, name, idx, format!("[{t}, K] (q's T)"))),
+    };
+    let nw = rows("window", window, kv_format::window_row_bytes(d))?;
+    let kw = list("window_idx", window_idx)?;
+    let (nc, kc) = match compressed {
+        Some((pool, idx)) => (
+            rows("compressed", pool, kv_format::compressed_row_bytes(d))?,
+            list("compressed_idx", idx)?,
+        ),
+        None => (0, 0),
+    };
+    if kw + kc == 0 {
+        return Err(shape_error(
+            OP,
+            "window_idx",
+            window_idx,
+            format!("[{t}, Kw] with Kw + Kc ≥ 1 (Kc = 0 here): every query needs a list"),
+        ));
+    }
+    if kw + kc > i32::MAX as usize {
+        return Err(shape_error(
+            OP,
+            "window_idx",
+            window_idx,
+            format!("[{t}, Kw] with Kw + Kc < 2^31 (Kc = {kc})"),
+        ));
+    }
+    if sink.shape() != [h] {
+        return Err(shape_error(OP, "sink", sink, format!("[{h}] (q's heads)")));
+    }
+    Ok(SparseMqaShape {
+        t,
+        h,
+        d,
+        nw,
+        kw,
+        nc,
+        kc,
+    })
+}
+
+/// The CPU reference: per query, the listed rows decoded into a local row
+/// table (out-of-range entries become −1) and
+/// [`cpu_backend::sparse_attention::sparse_mqa`] over it. The queries run on
+/// the machine's threads; each query's result is computed by one thread
+/// alone, so it does not depend on the split.
+#[allow(clippy::too_many_arguments)]
+fn cpu(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+    s: SparseMqaShape,
+) -> Result<()> {
+    let (qv, sinkv) = (q.as_slice::<bf16>()?, sink.as_slice::<f32>()?);
+    let (wrows, widx) = (window.as_slice::<u8>()?, window_idx.as_slice::<i32>()?);
+    let (crows, cidx): (&[u8], &[i32]) = match compressed {
+        Some((rows, idx)) => (rows.as_slice::<u8>()?, idx.as_slice::<i32>()?),
+        None => (&[], &[]),
+    };
+    let (wbytes, cbytes) = (
+        kv_format::window_row_bytes(s.d),
+        kv_format::compressed_row_bytes(s.d),
+    );
+    let (o, l) = (out.as_mut_slice::<bf16>()?, lse.as_mut_slice::<f32>()?);
+    let query = |t: usize, o: &mut [bf16], l: &mut [f32]| {
+        let mut rows: Vec<bf16> = Vec::with_capacity((s.kw + s.kc) * s.d);
+        let mut local = Vec::with_capacity(s.kw + s.kc);
+        let lists = [
+            (&widx[t * s.kw..(t + 1) * s.kw], s.nw, wrows, wbytes, true),
+            (&cidx[t * s.kc..(t + 1) * s.kc], s.nc, crows, cbytes, false),
+        ];
+        for (list, n, pool, bytes, is_window) in lists {
+            for &i in list {
+                match usize::try_from(i).ok().filter(|&i| i < n) {
+                    Some(i) => {
+                        let row = &pool[i * bytes..(i + 1) * bytes];
+                        local.push((rows.len() / s.d) as i32);
+                        rows.extend(if is_window {
+                            kv_format::decode_window_row(row, s.d)
+                        } else {
+                            kv_format::decode_compressed_row(row, s.d)
+                        });
+                    }
+                    None => local.push(-1),
+                }
+            }
+        }
+        let qt = &qv[t * s.h * s.d..(t + 1) * s.h * s.d];
+        let r = cpu_backend::sparse_attention::sparse_mqa(qt, &rows, &local, sinkv, s.d);
+        o.copy_from_slice(&r.out);
+        l.copy_from_slice(&r.lse);
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = s.t.div_ceil(threads).max(1);
+    std::thread::scope(|scope| {
+        for (chunk, (oc, lc)) in o
+            .chunks_mut(per * s.h * s.d)
+            .zip(l.chunks_mut(per * s.h))
+            .enumerate()
+        {
+            let query = &query;
+            scope.spawn(move || {
+                for (j, (ot, lt)) in oc.chunks_mut(s.h * s.d).zip(lc.chunks_mut(s.h)).enumerate() {
+                    query(chunk * per + j, ot, lt);
+                }
+            });
+        }
+    });
+    Ok(())
+}
