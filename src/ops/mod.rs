@@ -41,6 +41,8 @@ pub use rms_norm_act_quant::{
     RMS_NORM_ACT_QUANT_MAX_DIM, rms_norm_act_quant_fp8, rms_norm_act_quant_fp8_into,
 };
 pub use rope::{inverse_rope, inverse_rope_into, rope, rope_into};
+#[cfg_attr(not(deepinfer_cuda), allow(unused_imports))]
+pub(crate) use sparse_mqa::SparseMqaShape;
 pub use sparse_mqa::{
     SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, sparse_mqa, sparse_mqa_into,
 };

@@ -74,10 +74,12 @@ pub fn sparse_mqa_into(
     lse.expect_output(OP, "lse", DType::F32, &[s.t, s.h])?;
     match common_device(OP, &[("q", q), ("out", out), ("lse", lse)])? {
         Device::Cpu => cpu(q, window, window_idx, compressed, sink, out, lse, s),
-        d @ Device::Cuda(_) => Err(crate::error::Error::DeviceUnavailable {
-            device: d.to_string(),
-            why: format!("{OP} has no CUDA kernel yet (CPU only in this build)"),
-        }),
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::sparse_mqa::sparse_mqa(
+            &dev, q, window, window_idx, compressed, sink, out, lse, s,
+        ),
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(OP, &d)),
     }
 }
 
@@ -134,15 +136,18 @@ fn validate(
         }
     };
     if matches!(device, Device::Cuda(_))
-        && (d != SPARSE_MQA_CUDA_DIM || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP))
+        && (d != SPARSE_MQA_CUDA_DIM
+            || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP)
+            || t > i32::MAX as usize
+            || h / SPARSE_MQA_CUDA_HEAD_GROUP > u16::MAX as usize)
     {
         return Err(shape_error(
             OP,
             "q",
             q,
             format!(
-                "[T, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of {SPARSE_MQA_CUDA_HEAD_GROUP} \
-                 (the CUDA kernel's shape)"
+                "[T < 2^31, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of \
+                 {SPARSE_MQA_CUDA_HEAD_GROUP} below 2^22 (the CUDA kernel's shape)"
             ),
         ));
     }

@@ -1,0 +1,406 @@
+// Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11), version 1:
+// one CTA per (query, 64 heads), mma.sync BF16 tensor cores, a producer
+// warpgroup that gathers and dequantises rows into shared memory.
+// Layouts, numerics and the design: kernels-cuda/attention/README.md.
+//
+// Rows (cpu_backend::kv_format): a window row is 512 e4m3 bytes then 16 E8M0
+// scale bytes (one per 32 values, 528 bytes); a compressed row is 256 bytes of
+// packed e2m1 (even element in the low nibble) then 32 e4m3 scale bytes (one
+// per 16 values, 288 bytes). Query t attends to window_idx[t] || compressed_idx[t]
+// in that order, in blocks of 64 entries; an entry < 0 or >= its pool's row
+// count is no row: it is never read, its tile row is zero and its logit -inf.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "deepinfer/params.h"
+
+namespace {
+
+constexpr int kDim = 512;          // latent width (K = V)
+constexpr int kHeads = 64;         // query heads per CTA
+constexpr int kBlock = 64;         // entries per online-softmax block
+constexpr int kWindowRow = 528;    // bytes of a window row
+constexpr int kCompressedRow = 288; // bytes of a compressed row
+constexpr int kProducerWarps = 4;  // warpgroup 0: gather + dequantise
+constexpr int kConsumerWarps = 8;  // warpgroups 1-2: tensor cores
+constexpr int kRowBytes = kDim * 2;             // one BF16 row in shared memory
+constexpr int kTileBytes = kBlock * kRowBytes;  // 64 rows x 512 BF16 = 64 KiB
+constexpr int kQBytes = kHeads * kRowBytes;     // 64 heads x 512 BF16 = 64 KiB
+constexpr int kExchFloats = 32 * 32;            // per consumer warp: 32 partials x 32 lanes
+constexpr int kProducerRegs = 72;
+constexpr int kConsumerRegs = 208;
+
+// Shared memory carve-up (bytes): Q, two row tiles, the partial-logit
+// exchange, the per-entry logit bias (0 or -inf) of each tile, 4 mbarriers.
+constexpr int kOffTiles = kQBytes;
+constexpr int kOffExch = kOffTiles + 2 * kTileBytes;
+constexpr int kOffBias = kOffExch + kConsumerWarps * kExchFloats * 4;
+constexpr int kOffBars = kOffBias + 2 * kBlock * 4;
+constexpr int kSmemBytes = kOffBars + 4 * 8;
+static_assert(kSmemBytes == DI_SPARSE_MQA_SMEM_BYTES, "params.h smem size");
+static_assert((kProducerWarps + kConsumerWarps) * 32 == DI_SPARSE_MQA_THREADS, "params.h threads");
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+
+// Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
+// 1024-byte-row tile: chunks are XOR-swizzled by the row's low 3 bits, so the
+// 8 rows an ldmatrix reads at one logical chunk hit 8 different bank groups.
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint64_t *bar, uint32_t arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrivals));
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// Named barrier `id` over `threads` threads (the two warps of a head group).
+__device__ __forceinline__ void pair_sync(int id) {
+    asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x16 BF16, row) * b (16x8 BF16, col), fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// E8M0 byte -> f32 (0xFF NaN; byte 0 is the subnormal 2^-127), numerics::e8m0_to_f32.
+__device__ __forceinline__ float e8m0_f32(uint32_t b) {
+    if (b == 0xFFu) return __uint_as_float(0x7FC00000u);
+    if (b == 0u) return __uint_as_float(0x00400000u);
+    return __uint_as_float(b << 23);
+}
+
+// Two e4m3 codes (low byte first) times `s` -> packed BF16 pair. The f32
+// product is exact (a 4-bit significand times a power of two) unless it
+// leaves the f32 range, and rounds to BF16 as bf16::from_f32 does.
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t pair, float s) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+    return pack_bf16(f.x * s, f.y * s);
+}
+
+// The byte of two e2m1 codes (even element low) as an f16 pair holding
+// e2m1 * 2^-14 exactly: the 3 magnitude bits land on the f16 exponent/mantissa
+// boundary (code 1 is the subnormal 0.5 * 2^-14), the sign on bit 15.
+__device__ __forceinline__ uint32_t e2m1x2_as_f16x2(uint32_t b) {
+    return ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
+}
+
+// Two e2m1 codes times `s2` (the e4m3 scale x 2^14) -> packed BF16 pair; the
+// f32 product e2m1 x e4m3 is exact, so this equals kv_format's decode.
+__device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, float s2) {
+    const uint32_t bits = e2m1x2_as_f16x2(byte);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&bits));
+    return pack_bf16(f.x * s2, f.y * s2);
+}
+
+// Producer: warp `pw` fills rows pw*16 .. pw*16+15 of every tile; lane l
+// decodes values 16l .. 16l+15 of a row (32 BF16 bytes, tile chunks 2l, 2l+1).
+__device__ __forceinline__ void produce(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
+                                        int lane, int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    const int total = p.kw + p.kc;
+    const uint8_t *window = static_cast<const uint8_t *>(p.window);
+    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        // Lanes 0..15 (and their twins 16..31) resolve the warp's 16 entries:
+        // kind 1 = window row, 2 = compressed row, 0 = no row.
+        const int e = j * kBlock + pw * 16 + (lane & 15);
+        int kind = 0, row = 0;
+        if (e < p.kw) {
+            const int i = p.window_idx[t * p.kw + e];
+            if (i >= 0 && i < p.nw) kind = 1, row = i;
+        } else if (e < total) {
+            const int i = p.compressed_idx[t * p.kc + (e - p.kw)];
+            if (i >= 0 && i < p.nc) kind = 2, row = i;
+        }
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+#pragma unroll 1
+        for (int half = 0; half < 2; ++half) {
+            uint4 v[8];
+            uint32_t sc[8];
+            int kinds[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = half * 8 + i;
+                kinds[i] = __shfl_sync(0xFFFFFFFFu, kind, r);
+                const int64_t at = __shfl_sync(0xFFFFFFFFu, row, r);
+                v[i] = make_uint4(0, 0, 0, 0);
+                sc[i] = 0;
+                if (kinds[i] == 1) {
+                    const uint8_t *src = window + at * kWindowRow;
+                    v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + lane);
+                    sc[i] = __ldg(src + kDim + lane / 2);
+                } else if (kinds[i] == 2) {
+                    const uint8_t *src = comp + at * kCompressedRow;
+                    const uint2 w = __ldg(reinterpret_cast<const uint2 *>(src) + lane);
+                    v[i].x = w.x;
+                    v[i].y = w.y;
+                    sc[i] = __ldg(src + kDim / 2 + lane);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = pw * 16 + half * 8 + i;
+                uint32_t o[8];
+                if (kinds[i] == 1) {
+                    const float s = e8m0_f32(sc[i]);
+                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        o[2 * k] = e4m3x2_scaled(w[k] & 0xFFFFu, s);
+                        o[2 * k + 1] = e4m3x2_scaled(w[k] >> 16, s);
+                    }
+                } else if (kinds[i] == 2) {
+                    const __half_raw hs = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc[i]), __NV_E4M3);
+                    const float s2 = __half2float(*reinterpret_cast<const __half *>(&hs)) * 16384.0f;
+                    const uint32_t w[2] = {v[i].x, v[i].y};
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, s2);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) o[k] = 0;
+                }
+                *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+            }
+        }
+        bar_arrive(&full[b]);
+    }
+}
+
+// Consumer warp cw (0..7): heads 16*hg .. 16*hg+15 (hg = cw & 3) and output
+// dims 256*dh .. 256*dh+255 (dh = cw >> 2). Per block it computes its partial
+// logits over its 256 dims, adds its partner's (warp cw ^ 4) through shared
+// memory, then the online softmax (identical in both warps) and P.V for its dims.
+__device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *smem, int cw,
+                                        int lane, int64_t t, int h0, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
+    float *exch = reinterpret_cast<float *>(smem + kOffExch);
+    float *mine = exch + cw * kExchFloats;
+    const float *partner = exch + (cw ^ 4) * kExchFloats;
+    const int hg = cw & 3, dh = cw >> 2;
+    const int g = lane >> 2, c = lane & 3;
+    uint8_t *sq = smem;
+    const uint32_t sq_addr = smem_addr(sq);
+
+    // This warp's Q sub-tile (16 heads x 256 dims), 16-byte async copies.
+    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = hg * 16 + i, chunk = dh * 32 + lane;
+        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sq_addr + swz(r, chunk)),
+                     "l"(src)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+
+    float acc[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+    const float scale = p.scale;
+    constexpr float kLog2e = 1.4426950408889634f;
+
+    // Step-0 ldmatrix addresses: Q (A of Q.K^T), the tile as K (B, 8 keys x
+    // 16 dims per pair of matrices) and as V (B transposed, 16 keys x 8 dims).
+    const uint32_t qa0 = swz(hg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), dh * 32 + (lane >> 4));
+    const uint32_t kb0 = swz((lane & 7) + 8 * (lane >> 4), dh * 32 + ((lane >> 3) & 1));
+    const uint32_t vb0 = swz((lane & 7) + 8 * ((lane >> 3) & 1), dh * 32 + (lane >> 4));
+
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        bar_wait(&full[b], (j >> 1) & 1);
+        const uint32_t tile = smem_addr(smem + kOffTiles + b * kTileBytes);
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        // Chunk numbers are dh*32 | 2*ks | lane bit, disjoint bit fields, so the
+        // swizzled address of step ks is the step-0 address XOR 32*ks bytes.
+#pragma unroll 1
+        for (int ks = 0; ks < 16; ++ks) {
+            uint32_t a[4];
+            ldsm_x4(sq_addr + (qa0 ^ (ks << 5)), a);
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                uint32_t bf[4];
+                ldsm_x4(tile + (kb0 ^ (ks << 5)) + np * 16 * kRowBytes, bf);
+                mma_bf16(s[2 * np], a, bf[0], bf[1]);
+                mma_bf16(s[2 * np + 1], a, bf[2], bf[3]);
+            }
+        }
+        // Full logits = this warp's partial + the partner's (a + b == b + a,
+        // so both warps hold identical logits).
+#pragma unroll
+        for (int i = 0; i < 32; ++i) mine[i * 32 + lane] = s[i / 4][i % 4];
+        pair_sync(1 + hg);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];
+        pair_sync(1 + hg);
+
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float2 bb = *reinterpret_cast<const float2 *>(&bias[b * kBlock + 8 * n + 2 * c]);
+            s[n][0] = s[n][0] * scale + bb.x;
+            s[n][1] = s[n][1] * scale + bb.y;
+            s[n][2] = s[n][2] * scale + bb.x;
+            s[n][3] = s[n][3] * scale + bb.y;
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 2));
+        const float al0 = expf(m0 - mx0), al1 = expf(m1 - mx1);
+        uint32_t pa[4][4];
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float p00 = ex2((s[n][0] - mx0) * kLog2e), p01 = ex2((s[n][1] - mx0) * kLog2e);
+            const float p10 = ex2((s[n][2] - mx1) * kLog2e), p11 = ex2((s[n][3] - mx1) * kLog2e);
+            ps0 += p00 + p01;
+            ps1 += p10 + p11;
+            pa[n / 2][(n & 1) * 2] = pack_bf16(p00, p01);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p10, p11);
+        }
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+        m0 = mx0;
+        m1 = mx1;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            acc[n][0] *= al0;
+            acc[n][1] *= al0;
+            acc[n][2] *= al1;
+            acc[n][3] *= al1;
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+            for (int np = 0; np < 16; ++np) {
+                uint32_t bf[4];
+                ldsm_x4_t(tile + (vb0 ^ (np << 5)) + ks * 16 * kRowBytes, bf);
+                mma_bf16(acc[2 * np], pa[ks], bf[0], bf[1]);
+                mma_bf16(acc[2 * np + 1], pa[ks], bf[2], bf[3]);
+            }
+        }
+        bar_arrive(&empty[b]);
+    }
+
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
+    const int h_lo = h0 + hg * 16 + g;
+    l0 += expf(p.sink[h_lo] - m0);
+    l1 += expf(p.sink[h_lo + 8] - m1);
+    // The output tile goes through this warp's own Q sub-tile (no other warp
+    // reads it) so the global stores are whole 16-byte chunks.
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        const int chunk = dh * 32 + n, r = hg * 16 + g;
+        *reinterpret_cast<uint32_t *>(sq + swz(r, chunk) + 4 * c) = pack_bf16(acc[n][0] / l0, acc[n][1] / l0);
+        *reinterpret_cast<uint32_t *>(sq + swz(r + 8, chunk) + 4 * c) = pack_bf16(acc[n][2] / l1, acc[n][3] / l1);
+    }
+    __syncwarp();
+    uint8_t *out = static_cast<uint8_t *>(p.out);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = hg * 16 + i, chunk = dh * 32 + lane;
+        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
+            *reinterpret_cast<const uint4 *>(sq + swz(r, chunk));
+    }
+    if (dh == 0 && c == 0) {
+        p.lse[t * p.h + h_lo] = logf(l0) + m0;
+        p.lse[t * p.h + h_lo + 8] = logf(l1) + m1;
+    }
+}
+
+}  // namespace
+
+// Grid (T, H / 64), DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES of
+// dynamic shared memory. Warpgroup 0 produces BF16 row tiles (two buffers),
+// warpgroups 1-2 consume them.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v1(const __grid_constant__ di_sparse_mqa_params p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * kHeads;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps * 32);
+        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[2], kConsumerWarps * 32);
+        bar_init(&bars[3], kConsumerWarps * 32);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+        produce(p, smem, warp, lane, t, blocks);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
+    }
+}
