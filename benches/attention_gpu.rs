@@ -13,7 +13,9 @@
 //! benches/peers/attention_torch.py, same shapes): torch gather + bmm +
 //! softmax over a BF16 copy of the pools, and FlashMLA SM90 (`flashmla_sm90`,
 //! its own 584-byte layout, from its bench in the same device run).
-//! DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
+//! Every kernel version is timed: the default one as the record name, the
+//! others as `<name>_v1`, `<name>_v2`. DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64},
+//! s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -22,6 +24,7 @@ mod harness;
 #[cfg(deepinfer_cuda)]
 mod gpu {
     use super::harness::Harness;
+    use deepinfer::ops::SparseMqaKernel;
     use deepinfer::{DType, Device, Tensor, ops};
     use half::bf16;
     use serde_json::json;
@@ -95,31 +98,36 @@ mod gpu {
     ) {
         let mut out = Tensor::empty(&h.dev, DType::BF16, &[t, H, D]).unwrap();
         let mut lse = Tensor::empty(&h.dev, DType::F32, &[t, H]).unwrap();
-        let us = h.time_us(|i| {
-            let (q, wi, ci) = &sets[i % sets.len()];
-            ops::sparse_mqa_into(
-                q,
-                window,
-                wi,
-                Some((compressed, ci)),
-                sink,
-                &mut out,
-                &mut lse,
-            )
-            .unwrap()
-        });
         let flops = 2.0 * (H * t * (KW + KC) * (D + D)) as f64;
         let bytes = t * (KW * WROW + KC * CROW + 2 * H * D * 2 + H * 4);
-        h.record_gemm(
-            op,
-            op,
-            shape,
-            Ok(us),
-            flops,
-            bytes,
-            "T*(128*528 + 512*288) rows read (repeats counted) + T*64*512*2*2 (q, out) + T*64*4 (lse)",
-            Vec::new(),
-        );
+        for kernel in [
+            SparseMqaKernel::V1,
+            SparseMqaKernel::V2,
+            SparseMqaKernel::V3,
+        ] {
+            let us = h.time_us(|i| {
+                let (q, wi, ci) = &sets[i % sets.len()];
+                let comp = Some((compressed, ci));
+                ops::sparse_mqa_into_with(q, window, wi, comp, sink, &mut out, &mut lse, kernel)
+                    .unwrap()
+            });
+            // The default version carries the record name; the others a suffix.
+            let name = if kernel == SparseMqaKernel::default() {
+                op.to_string()
+            } else {
+                format!("{op}_{}", format!("{kernel:?}").to_lowercase())
+            };
+            h.record_gemm(
+                &name,
+                op,
+                shape.clone(),
+                Ok(us),
+                flops,
+                bytes,
+                "T*(128*528 + 512*288) rows read (repeats counted) + T*64*512*2*2 (q, out) + T*64*4 (lse)",
+                Vec::new(),
+            );
+        }
     }
 
     fn queries(dev: &Device, t: usize, rng: &mut Rng) -> Tensor {

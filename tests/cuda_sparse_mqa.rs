@@ -6,7 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance); CUDA-only shape limits as typed errors. DEEPINFER_QUICK=1
+//! invariance); the kernel versions bitwise equal to each other; CUDA-only
+//! shape limits as typed errors. DEEPINFER_QUICK=1
 //! keeps to small shapes (the compute-sanitizer pass, where the out-of-range
 //! entries show that nothing outside the pools is read). Built only for
 //! DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
@@ -29,7 +30,8 @@ use common::attention::{compressed_pool, index_lists, window_pool};
 use deepinfer::cpu_backend::kv_format;
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
-use deepinfer::{Device, Error, Tensor, ops};
+use deepinfer::ops::SparseMqaKernel;
+use deepinfer::{DType, Device, Error, Tensor, ops};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -100,11 +102,31 @@ impl Inputs {
         }
     }
 
-    /// (out, lse) on the inputs' device, copied to the host.
+    /// (out, lse) of the default kernel on the inputs' device, on the host.
     fn run(&self) -> (Vec<bf16>, Vec<f32>) {
         let comp = self.compressed.as_ref().map(|(r, i)| (r, i));
         let (out, lse) =
             ops::sparse_mqa(&self.q, &self.window, &self.widx, comp, &self.sink).unwrap();
+        (out.to_vec::<bf16>().unwrap(), lse.to_vec::<f32>().unwrap())
+    }
+
+    /// (out, lse) of one CUDA kernel version into fresh (poisoned) outputs.
+    fn run_with(&self, dev: &Device, kernel: SparseMqaKernel) -> (Vec<bf16>, Vec<f32>) {
+        let comp = self.compressed.as_ref().map(|(r, i)| (r, i));
+        let (t, h) = (self.q.shape()[0], self.q.shape()[1]);
+        let mut out = Tensor::empty(dev, DType::BF16, &[t, h, D]).unwrap();
+        let mut lse = Tensor::empty(dev, DType::F32, &[t, h]).unwrap();
+        ops::sparse_mqa_into_with(
+            &self.q,
+            &self.window,
+            &self.widx,
+            comp,
+            &self.sink,
+            &mut out,
+            &mut lse,
+            kernel,
+        )
+        .unwrap();
         (out.to_vec::<bf16>().unwrap(), lse.to_vec::<f32>().unwrap())
     }
 }
@@ -157,7 +179,24 @@ fn sparse_mqa_matches_the_cpu_op() {
     for (t, h, w, c, holes) in cases {
         let host = Inputs::random(&mut rng, t, h, w, c, holes);
         let label = format!("T {t} H {h} window {w:?} compressed {c:?} holes {holes}");
-        compare(&label, &host.to(&dev).run(), &host.run());
+        let want = host.run();
+        let gpu_inputs = host.to(&dev);
+        let v1 = gpu_inputs.run_with(&dev, SparseMqaKernel::V1);
+        compare(&format!("{label} V1"), &v1, &want);
+        // Every version decodes the rows exactly and shares the consumers,
+        // so the versions agree bit for bit.
+        for kernel in [SparseMqaKernel::V2, SparseMqaKernel::V3] {
+            let got = gpu_inputs.run_with(&dev, kernel);
+            let bits = |v: &(Vec<bf16>, Vec<f32>)| {
+                let o: Vec<u16> = v.0.iter().map(|x| x.to_bits()).collect();
+                let l: Vec<u32> = v.1.iter().map(|x| x.to_bits()).collect();
+                (o, l)
+            };
+            assert!(
+                bits(&got) == bits(&v1),
+                "{label}: {kernel:?} differs from V1"
+            );
+        }
     }
 }
 

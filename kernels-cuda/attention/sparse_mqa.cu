@@ -29,8 +29,8 @@ constexpr int kRowBytes = kDim * 2;             // one BF16 row in shared memory
 constexpr int kTileBytes = kBlock * kRowBytes;  // 64 rows x 512 BF16 = 64 KiB
 constexpr int kQBytes = kHeads * kRowBytes;     // 64 heads x 512 BF16 = 64 KiB
 constexpr int kExchFloats = 32 * 32;            // per consumer warp: 32 partials x 32 lanes
-constexpr int kProducerRegs = 72;
-constexpr int kConsumerRegs = 208;
+constexpr int kProducerRegs = 96;
+constexpr int kConsumerRegs = 200;
 
 // Shared memory carve-up (bytes): Q, two row tiles, the partial-logit
 // exchange, the per-entry logit bias (0 or -inf) of each tile, 4 mbarriers.
@@ -376,6 +376,231 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
     }
 }
 
+// ---- version 3: exact e2m1 -> BF16 by byte permutes -------------------------
+// The BF16 of an e2m1 magnitude (3 bits) is one of 8 values; two prmt table
+// lookups give its high and low bytes for four nibbles at once, two more
+// interleave them into BF16 pairs, and a prmt in sign-replicate mode spreads
+// the nibble signs. The pair is then multiplied by the BF16 scale: e2m1 x e4m3
+// has at most 6 significant bits and lies in [2^-10, 2688], so the BF16
+// product is exact and equals kv_format's f32 decode rounded to BF16.
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// Eight e2m1 codes (w, even element in the low nibble) times the BF16 scale
+// pair `s2` -> four packed BF16 pairs in element order.
+__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, __nv_bfloat162 s2, uint32_t (&o)[4]) {
+    // BF16 bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6 (high: 00 3F 3F 3F 40 40 40 40,
+    // low: 00 00 80 C0 00 40 80 C0).
+    const uint32_t mag = w & 0x77777777u, z = w << 4;
+    const uint32_t hi_a = prmt(0x3F3F3F00u, 0x40404040u, mag);
+    const uint32_t lo_a = prmt(0xC0800000u, 0xC0804000u, mag);
+    const uint32_t hi_b = prmt(0x3F3F3F00u, 0x40404040u, mag >> 16);
+    const uint32_t lo_b = prmt(0xC0800000u, 0xC0804000u, mag >> 16);
+    const uint32_t v[4] = {prmt(lo_a, hi_a, 0x5140u), prmt(lo_a, hi_a, 0x7362u),
+                           prmt(lo_b, hi_b, 0x5140u), prmt(lo_b, hi_b, 0x7362u)};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        // Byte k of z has the even element's sign as its msb, byte k of w the
+        // odd one's: replicate them into bytes 1 and 3, keep bits 15 and 31.
+        const uint32_t sign = prmt(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
+        uint32_t x = v[k] | sign;
+        __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
+        o[k] = *reinterpret_cast<uint32_t *>(&r);
+    }
+}
+
+// e4m3 scale byte -> BF16 pair (exact: e4m3 values are BF16 values).
+__device__ __forceinline__ __nv_bfloat162 e4m3_bf16x2(uint32_t b) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+    const float f = __half2float(*reinterpret_cast<const __half *>(&h));
+    return __floats2bfloat162_rn(f, f);
+}
+
+// ---- version 2: the producer hides the gather latency ----------------------
+// Index entries are resolved three blocks ahead (their loads overlap a whole
+// block of work), the rows of block j+2 are prefetched into L2 while block j
+// is filled, and a warp whose 16 rows hold no window row loads all 16
+// compressed rows at once (16 lanes per row, 16-byte loads) instead of in two
+// batches of 8.
+
+// Entry e of query t: kind 1 (window row), 2 (compressed row) or 0 (no row).
+__device__ __forceinline__ void resolve(const di_sparse_mqa_params &p, int64_t t, int e, int &kind,
+                                        int &row) {
+    kind = 0;
+    row = 0;
+    if (e < p.kw) {
+        const int i = p.window_idx[t * p.kw + e];
+        if (i >= 0 && i < p.nw) kind = 1, row = i;
+    } else if (e < p.kw + p.kc) {
+        const int i = p.compressed_idx[t * p.kc + (e - p.kw)];
+        if (i >= 0 && i < p.nc) kind = 2, row = i;
+    }
+}
+
+__device__ __forceinline__ void prefetch_l2(const uint8_t *a) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+// Lanes l and l + 16 touch every 128-byte line of their row (l & 15).
+__device__ __forceinline__ void prefetch_row(const di_sparse_mqa_params &p, int kind, int64_t row,
+                                             int lane) {
+    const bool hi = lane >= 16;
+    if (kind == 1) {
+        const uint8_t *a = static_cast<const uint8_t *>(p.window) + row * kWindowRow;
+        if (!hi) {
+            prefetch_l2(a);
+            prefetch_l2(a + 256);
+            prefetch_l2(a + kWindowRow - 1);
+        } else {
+            prefetch_l2(a + 128);
+            prefetch_l2(a + 384);
+        }
+    } else if (kind == 2) {
+        const uint8_t *a = static_cast<const uint8_t *>(p.compressed) + row * kCompressedRow;
+        prefetch_l2(hi ? a + 128 : a);
+        if (!hi) prefetch_l2(a + kCompressedRow - 1);
+    }
+}
+
+template <bool kPermuteFp4>
+__device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
+                                           int lane, int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    const uint8_t *window = static_cast<const uint8_t *>(p.window);
+    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
+    const int mine = pw * 16 + (lane & 15);
+    int k0, r0, k1, r1, k2, r2;
+    resolve(p, t, mine, k0, r0);
+    resolve(p, t, kBlock + mine, k1, r1);
+    resolve(p, t, 2 * kBlock + mine, k2, r2);
+    prefetch_row(p, k1, r1, lane);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        prefetch_row(p, k2, r2, lane);
+        int k3, r3;
+        resolve(p, t, (j + 3) * kBlock + mine, k3, r3);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+        if (__any_sync(0xFFFFFFFFu, k0 == 1)) {
+            // Window rows present: one row per warp load, two batches of 8.
+#pragma unroll 1
+            for (int half = 0; half < 2; ++half) {
+                uint4 v[8];
+                uint32_t sc[8];
+                int kinds[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int r = half * 8 + i;
+                    kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
+                    const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
+                    v[i] = make_uint4(0, 0, 0, 0);
+                    sc[i] = 0;
+                    if (kinds[i] == 1) {
+                        const uint8_t *src = window + at * kWindowRow;
+                        v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + lane);
+                        sc[i] = __ldg(src + kDim + lane / 2);
+                    } else if (kinds[i] == 2) {
+                        const uint8_t *src = comp + at * kCompressedRow;
+                        const uint2 w = __ldg(reinterpret_cast<const uint2 *>(src) + lane);
+                        v[i].x = w.x;
+                        v[i].y = w.y;
+                        sc[i] = __ldg(src + kDim / 2 + lane);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int r = pw * 16 + half * 8 + i;
+                    uint32_t o[8];
+                    if (kinds[i] == 1) {
+                        const float s = e8m0_f32(sc[i]);
+                        const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            o[2 * k] = e4m3x2_scaled(w[k] & 0xFFFFu, s);
+                            o[2 * k + 1] = e4m3x2_scaled(w[k] >> 16, s);
+                        }
+                    } else if (kinds[i] == 2) {
+                        const __half_raw hs = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc[i]), __NV_E4M3);
+                        const float s2 = __half2float(*reinterpret_cast<const __half *>(&hs)) * 16384.0f;
+                        const uint32_t w[2] = {v[i].x, v[i].y};
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, s2);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) o[k] = 0;
+                    }
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                    if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+                }
+            }
+        } else {
+            // Compressed rows (or none) only: lanes 0-15 take even rows,
+            // 16-31 odd rows; lane part (lane & 15) decodes values
+            // 32*part .. 32*part+31 (16 bytes, two e4m3 scales).
+            const int part = lane & 15;
+            uint4 v[8];
+            uint32_t sc[8];
+            int kinds[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = 2 * i + (lane >> 4);
+                kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
+                const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
+                v[i] = make_uint4(0, 0, 0, 0);
+                sc[i] = 0;
+                if (kinds[i] == 2) {
+                    const uint8_t *src = comp + at * kCompressedRow;
+                    v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + part);
+                    sc[i] = __ldg(reinterpret_cast<const unsigned short *>(src + kDim / 2) + part);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = pw * 16 + 2 * i + (lane >> 4);
+                uint32_t o[16];
+                if (kinds[i] == 2 && kPermuteFp4) {
+                    const __nv_bfloat162 s_lo = e4m3_bf16x2(sc[i] & 0xFFu), s_hi = e4m3_bf16x2(sc[i] >> 8);
+                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        uint32_t q4[4];
+                        e2m1x8_scaled(w[k], k < 2 ? s_lo : s_hi, q4);
+#pragma unroll
+                        for (int m = 0; m < 4; ++m) o[4 * k + m] = q4[m];
+                    }
+                } else if (kinds[i] == 2) {
+                    const __half2_raw hs = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sc[i]), __NV_E4M3);
+                    const float2 sf = __half22float2(*reinterpret_cast<const __half2 *>(&hs));
+                    const float s_lo = sf.x * 16384.0f, s_hi = sf.y * 16384.0f;
+                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                    for (int k = 0; k < 16; ++k)
+                        o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, k < 8 ? s_lo : s_hi);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) o[k] = 0;
+                }
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 4 * part + q)) =
+                        make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+                if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+            }
+        }
+        bar_arrive(&full[b]);
+        k0 = k1, r0 = r1;
+        k1 = k2, r1 = r2;
+        k2 = k3, r2 = r3;
+    }
+}
+
 }  // namespace
 
 // Grid (T, H / 64), DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES of
@@ -399,6 +624,58 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     if (warp < kProducerWarps) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
         produce(p, smem, warp, lane, t, blocks);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
+    }
+}
+
+// Version 2: version 1's consumers and layout with produce_v2 (same grid,
+// threads and shared memory; bitwise the same results).
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v2(const __grid_constant__ di_sparse_mqa_params p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * kHeads;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps * 32);
+        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[2], kConsumerWarps * 32);
+        bar_init(&bars[3], kConsumerWarps * 32);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+        produce_v2<false>(p, smem, warp, lane, t, blocks);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
+    }
+}
+
+// Version 3: version 2 with the byte-permute FP4 decode (bitwise the same
+// results).
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v3(const __grid_constant__ di_sparse_mqa_params p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * kHeads;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps * 32);
+        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[2], kConsumerWarps * 32);
+        bar_init(&bars[3], kConsumerWarps * 32);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+        produce_v2<true>(p, smem, warp, lane, t, blocks);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
         consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);

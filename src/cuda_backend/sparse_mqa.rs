@@ -1,4 +1,4 @@
-//! Sparse MQA launch (`kernels-cuda/attention/`): one CTA of
+//! Sparse MQA launches (`kernels-cuda/attention/`, versions 1-3): one CTA of
 //! `DI_SPARSE_MQA_THREADS` threads per (query, 64 heads). The caller is
 //! [`crate::ops::sparse_mqa_into`], which has checked dtypes, shapes (D 512,
 //! H a multiple of 64), devices and the output shapes; index values are not
@@ -11,7 +11,7 @@ use super::{allow_smem, launch, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
-use crate::ops::{SPARSE_MQA_CUDA_HEAD_GROUP, SparseMqaShape};
+use crate::ops::{SPARSE_MQA_CUDA_HEAD_GROUP, SparseMqaKernel, SparseMqaShape};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
@@ -22,7 +22,8 @@ const THREADS: u32 = 384;
 /// static-asserts its carve-up).
 const SMEM: u32 = 229_920;
 
-/// out `[T, H, 512]` and lse `[T, H]` of `sparse_mqa_v1`.
+/// out `[T, H, 512]` and lse `[T, H]` of the chosen kernel version (all three
+/// share the grid, block and shared-memory layout).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_mqa(
     dev: &CudaDevice,
@@ -34,11 +35,16 @@ pub(crate) fn sparse_mqa(
     out: &mut Tensor,
     lse: &mut Tensor,
     s: SparseMqaShape,
+    version: SparseMqaKernel,
 ) -> Result<()> {
     if s.t == 0 {
         return Ok(());
     }
-    let kernel = kernels::attention::SPARSE_MQA_V1;
+    let kernel = match version {
+        SparseMqaKernel::V1 => kernels::attention::SPARSE_MQA_V1,
+        SparseMqaKernel::V2 => kernels::attention::SPARSE_MQA_V2,
+        SparseMqaKernel::V3 => kernels::attention::SPARSE_MQA_V3,
+    };
     allow_smem(dev, kernel, SMEM)?;
     let (qp, _gq) = read_ptr(q.cuda().expect("validated: q is on this device"), dev);
     let (wp, _gw) = read_ptr(window.cuda().expect("validated"), dev);

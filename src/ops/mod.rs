@@ -44,7 +44,8 @@ pub use rope::{inverse_rope, inverse_rope_into, rope, rope_into};
 #[cfg_attr(not(deepinfer_cuda), allow(unused_imports))]
 pub(crate) use sparse_mqa::SparseMqaShape;
 pub use sparse_mqa::{
-    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, sparse_mqa, sparse_mqa_into,
+    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, SparseMqaKernel, sparse_mqa, sparse_mqa_into,
+    sparse_mqa_into_with,
 };
 pub use swiglu::{swiglu_act_quant_fp8, swiglu_act_quant_fp8_into};
 

@@ -69,6 +69,46 @@ pub fn sparse_mqa_into(
     out: &mut Tensor,
     lse: &mut Tensor,
 ) -> Result<()> {
+    sparse_mqa_into_with(
+        q,
+        window,
+        window_idx,
+        compressed,
+        sink,
+        out,
+        lse,
+        SparseMqaKernel::default(),
+    )
+}
+
+/// Which CUDA kernel version runs the op (`kernels-cuda/attention/README.md`
+/// gives their designs and measurements). All versions give bitwise the same
+/// result; the CPU has one reference and ignores this.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SparseMqaKernel {
+    /// `sparse_mqa_v1`: the first kernel (producer batches of 8 rows).
+    V1,
+    /// `sparse_mqa_v2`: indices resolved ahead, rows prefetched into L2,
+    /// compressed rows loaded 16 at a time.
+    V2,
+    /// `sparse_mqa_v3`: V2 with the byte-permute FP4 decode.
+    #[default]
+    V3,
+}
+
+/// [`sparse_mqa_into`] with an explicit CUDA kernel version (tests and
+/// benches).
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_mqa_into_with(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+    kernel: SparseMqaKernel,
+) -> Result<()> {
     let s = validate(q, window, window_idx, compressed, sink)?;
     out.expect_output(OP, "out", DType::BF16, &[s.t, s.h, s.d])?;
     lse.expect_output(OP, "lse", DType::F32, &[s.t, s.h])?;
@@ -76,10 +116,13 @@ pub fn sparse_mqa_into(
         Device::Cpu => cpu(q, window, window_idx, compressed, sink, out, lse, s),
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => crate::cuda_backend::sparse_mqa::sparse_mqa(
-            &dev, q, window, window_idx, compressed, sink, out, lse, s,
+            &dev, q, window, window_idx, compressed, sink, out, lse, s, kernel,
         ),
         #[cfg(not(deepinfer_cuda))]
-        d @ Device::Cuda(_) => Err(super::kernels_not_built(OP, &d)),
+        d @ Device::Cuda(_) => {
+            let _ = kernel;
+            Err(super::kernels_not_built(OP, &d))
+        }
     }
 }
 
