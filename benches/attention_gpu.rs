@@ -95,16 +95,13 @@ mod gpu {
         compressed: &Tensor,
         sets: &[(Tensor, Tensor, Tensor)],
         sink: &Tensor,
+        kernels: &[SparseMqaKernel],
     ) {
         let mut out = Tensor::empty(&h.dev, DType::BF16, &[t, H, D]).unwrap();
         let mut lse = Tensor::empty(&h.dev, DType::F32, &[t, H]).unwrap();
         let flops = 2.0 * (H * t * (KW + KC) * (D + D)) as f64;
         let bytes = t * (KW * WROW + KC * CROW + 2 * H * D * 2 + H * 4);
-        for kernel in [
-            SparseMqaKernel::V1,
-            SparseMqaKernel::V2,
-            SparseMqaKernel::V3,
-        ] {
+        for &kernel in kernels {
             let us = h.time_us(|i| {
                 let (q, wi, ci) = &sets[i % sets.len()];
                 let comp = Some((compressed, ci));
@@ -115,7 +112,7 @@ mod gpu {
             let name = if kernel == SparseMqaKernel::default() {
                 op.to_string()
             } else {
-                format!("{op}_{}", format!("{kernel:?}").to_lowercase())
+                format!("{op}_{}", version_name(kernel))
             };
             h.record_gemm(
                 &name,
@@ -129,6 +126,34 @@ mod gpu {
             );
         }
     }
+
+    /// Record suffix of a non-default version.
+    fn version_name(k: SparseMqaKernel) -> &'static str {
+        match k {
+            SparseMqaKernel::V1 => "v1",
+            SparseMqaKernel::V2 => "v2",
+            SparseMqaKernel::V3 => "v3",
+            SparseMqaKernel::V3Heads32 => "v3_h32",
+            SparseMqaKernel::V3Heads16 => "v3_h16",
+            SparseMqaKernel::V4 => "v4",
+        }
+    }
+
+    /// Decode times every version; prefill (where version 4 takes 64-head
+    /// CTAs, version 3) leaves the smaller CTAs out.
+    const DECODE_KERNELS: [SparseMqaKernel; 6] = [
+        SparseMqaKernel::V1,
+        SparseMqaKernel::V2,
+        SparseMqaKernel::V3,
+        SparseMqaKernel::V3Heads32,
+        SparseMqaKernel::V3Heads16,
+        SparseMqaKernel::V4,
+    ];
+    const PREFILL_KERNELS: [SparseMqaKernel; 3] = [
+        SparseMqaKernel::V1,
+        SparseMqaKernel::V2,
+        SparseMqaKernel::V4,
+    ];
 
     fn queries(dev: &Device, t: usize, rng: &mut Rng) -> Tensor {
         let q: Vec<bf16> = (0..t * H * D)
@@ -197,6 +222,7 @@ mod gpu {
                     &compressed,
                     &sets,
                     &sink,
+                    &DECODE_KERNELS,
                 );
             }
         }
@@ -229,6 +255,7 @@ mod gpu {
                 &compressed,
                 &sets,
                 &sink,
+                &PREFILL_KERNELS,
             );
         }
         h.finish();

@@ -184,8 +184,15 @@ fn sparse_mqa_matches_the_cpu_op() {
         let v1 = gpu_inputs.run_with(&dev, SparseMqaKernel::V1);
         compare(&format!("{label} V1"), &v1, &want);
         // Every version decodes the rows exactly and shares the consumers,
-        // so the versions agree bit for bit.
-        for kernel in [SparseMqaKernel::V2, SparseMqaKernel::V3] {
+        // whose per-head arithmetic is the same in every CTA size, so the
+        // versions agree bit for bit.
+        for kernel in [
+            SparseMqaKernel::V2,
+            SparseMqaKernel::V3,
+            SparseMqaKernel::V3Heads32,
+            SparseMqaKernel::V3Heads16,
+            SparseMqaKernel::V4,
+        ] {
             let got = gpu_inputs.run_with(&dev, kernel);
             let bits = |v: &(Vec<bf16>, Vec<f32>)| {
                 let o: Vec<u16> = v.0.iter().map(|x| x.to_bits()).collect();

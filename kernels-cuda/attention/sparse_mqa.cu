@@ -19,29 +19,40 @@
 namespace {
 
 constexpr int kDim = 512;          // latent width (K = V)
-constexpr int kHeads = 64;         // query heads per CTA
 constexpr int kBlock = 64;         // entries per online-softmax block
 constexpr int kWindowRow = 528;    // bytes of a window row
 constexpr int kCompressedRow = 288; // bytes of a compressed row
 constexpr int kProducerWarps = 4;  // warpgroup 0: gather + dequantise
-constexpr int kConsumerWarps = 8;  // warpgroups 1-2: tensor cores
 constexpr int kRowBytes = kDim * 2;             // one BF16 row in shared memory
 constexpr int kTileBytes = kBlock * kRowBytes;  // 64 rows x 512 BF16 = 64 KiB
-constexpr int kQBytes = kHeads * kRowBytes;     // 64 heads x 512 BF16 = 64 KiB
 constexpr int kExchFloats = 32 * 32;            // per consumer warp: 32 partials x 32 lanes
 constexpr int kProducerRegs = 96;
 constexpr int kConsumerRegs = 200;
-
-// Shared memory carve-up (bytes): Q, two row tiles, the partial-logit
-// exchange, the per-entry logit bias (0 or -inf) of each tile, 4 mbarriers.
-constexpr int kOffTiles = kQBytes;
-constexpr int kOffExch = kOffTiles + 2 * kTileBytes;
-constexpr int kOffBias = kOffExch + kConsumerWarps * kExchFloats * 4;
-constexpr int kOffBars = kOffBias + 2 * kBlock * 4;
-constexpr int kSmemBytes = kOffBars + 4 * 8;
-static_assert(kSmemBytes == DI_SPARSE_MQA_SMEM_BYTES, "params.h smem size");
-static_assert((kProducerWarps + kConsumerWarps) * 32 == DI_SPARSE_MQA_THREADS, "params.h threads");
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+
+// Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
+// per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
+// (1024-aligned), then Q (16 rows per head group) and the partial-logit
+// exchange (one slot per consumer warp). A CTA covers 16 * HG heads with
+// 2 * HG consumer warps (HG head groups x 2 halves of the 512 dims).
+constexpr int kOffBars = 0;
+constexpr int kOffBias = 64;
+constexpr int kOffTiles = 1024;
+template <int HG> struct Layout {
+    static constexpr int heads = 16 * HG;
+    static constexpr int consumer_warps = 2 * HG;
+    static constexpr int threads = (kProducerWarps + consumer_warps) * 32;
+    static constexpr int q = kOffTiles + 2 * kTileBytes;
+    static constexpr int exch = q + heads * kRowBytes;
+    static constexpr int bytes = exch + consumer_warps * kExchFloats * 4;
+};
+static_assert(kOffBias + 2 * kBlock * 4 <= kOffTiles, "bias fits before the tiles");
+static_assert(Layout<4>::bytes == DI_SPARSE_MQA_SMEM_BYTES && Layout<4>::threads == DI_SPARSE_MQA_THREADS,
+              "params.h: 64 heads per CTA");
+static_assert(Layout<2>::bytes == DI_SPARSE_MQA_H32_SMEM_BYTES && Layout<2>::threads == DI_SPARSE_MQA_H32_THREADS,
+              "params.h: 32 heads per CTA");
+static_assert(Layout<1>::bytes == DI_SPARSE_MQA_H16_SMEM_BYTES && Layout<1>::threads == DI_SPARSE_MQA_H16_THREADS,
+              "params.h: 16 heads per CTA");
 
 // Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
 // 1024-byte-row tile: chunks are XOR-swizzled by the row's low 3 bits, so the
@@ -223,21 +234,24 @@ __device__ __forceinline__ void produce(const di_sparse_mqa_params &p, uint8_t *
     }
 }
 
-// Consumer warp cw (0..7): heads 16*hg .. 16*hg+15 (hg = cw & 3) and output
-// dims 256*dh .. 256*dh+255 (dh = cw >> 2). Per block it computes its partial
-// logits over its 256 dims, adds its partner's (warp cw ^ 4) through shared
-// memory, then the online softmax (identical in both warps) and P.V for its dims.
+// Consumer warp cw (0 .. 2*HG-1): heads 16*hg .. 16*hg+15 of the CTA (hg =
+// cw % HG) and output dims 256*dh .. 256*dh+255 (dh = cw / HG). Per block it
+// computes its partial logits over its 256 dims, adds its partner's (the
+// warp of the same head group and the other dims) through shared memory,
+// then the online softmax (identical in both warps) and P.V for its dims.
+// No value depends on HG: a head's result is the same in any CTA shape.
+template <int HG>
 __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *smem, int cw,
                                         int lane, int64_t t, int h0, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
     const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
-    float *exch = reinterpret_cast<float *>(smem + kOffExch);
+    float *exch = reinterpret_cast<float *>(smem + Layout<HG>::exch);
     float *mine = exch + cw * kExchFloats;
-    const float *partner = exch + (cw ^ 4) * kExchFloats;
-    const int hg = cw & 3, dh = cw >> 2;
+    const float *partner = exch + ((cw + HG) % (2 * HG)) * kExchFloats;
+    const int hg = cw % HG, dh = cw / HG;
     const int g = lane >> 2, c = lane & 3;
-    uint8_t *sq = smem;
+    uint8_t *sq = smem + Layout<HG>::q;
     const uint32_t sq_addr = smem_addr(sq);
 
     // This warp's Q sub-tile (16 heads x 256 dims), 16-byte async copies.
@@ -428,7 +442,7 @@ __device__ __forceinline__ __nv_bfloat162 e4m3_bf16x2(uint32_t b) {
 // batches of 8.
 
 // Entry e of query t: kind 1 (window row), 2 (compressed row) or 0 (no row).
-__device__ __forceinline__ void resolve(const di_sparse_mqa_params &p, int64_t t, int e, int &kind,
+__device__ __forceinline__ void resolve(const di_sparse_mqa_params &p, int64_t t, int64_t e, int &kind,
                                         int &row) {
     kind = 0;
     row = 0;
@@ -477,14 +491,14 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
     const int mine = pw * 16 + (lane & 15);
     int k0, r0, k1, r1, k2, r2;
     resolve(p, t, mine, k0, r0);
-    resolve(p, t, kBlock + mine, k1, r1);
-    resolve(p, t, 2 * kBlock + mine, k2, r2);
+    resolve(p, t, int64_t{kBlock} + mine, k1, r1);
+    resolve(p, t, int64_t{2 * kBlock} + mine, k2, r2);
     prefetch_row(p, k1, r1, lane);
     for (int j = 0; j < blocks; ++j) {
         const int b = j & 1;
         prefetch_row(p, k2, r2, lane);
         int k3, r3;
-        resolve(p, t, (j + 3) * kBlock + mine, k3, r3);
+        resolve(p, t, int64_t{j + 3} * kBlock + mine, k3, r3);
         if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
         uint8_t *tile = smem + kOffTiles + b * kTileBytes;
         if (__any_sync(0xFFFFFFFFu, k0 == 1)) {
@@ -601,83 +615,64 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
     }
 }
 
+
+// The kernel body: grid (T, H / (16 * HG)), Layout<HG>::threads threads and
+// Layout<HG>::bytes of dynamic shared memory. Warpgroup 0 produces BF16 row
+// tiles (two buffers) with producer version PV (1, 2, or 3 = 2 with the
+// byte-permute FP4 decode); the 2 * HG consumer warps use them. With 64 heads
+// the register file is split by setmaxnreg (producers 96, consumers 200);
+// smaller CTAs fit in it without.
+template <int HG, int PV> __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * Layout<HG>::heads;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps * 32);
+        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[2], Layout<HG>::consumer_warps * 32);
+        bar_init(&bars[3], Layout<HG>::consumer_warps * 32);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        if constexpr (HG == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+        if constexpr (PV == 1) produce(p, smem, warp, lane, t, blocks);
+        else produce_v2<PV == 3>(p, smem, warp, lane, t, blocks);
+    } else {
+        if constexpr (HG == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        consume<HG>(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
+    }
+}
+
 }  // namespace
 
-// Grid (T, H / 64), DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES of
-// dynamic shared memory. Warpgroup 0 produces BF16 row tiles (two buffers),
-// warpgroups 1-2 consume them.
+// Versions 1-3: 64 heads per CTA, DI_SPARSE_MQA_THREADS threads and
+// DI_SPARSE_MQA_SMEM_BYTES; bitwise the same results.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v1(const __grid_constant__ di_sparse_mqa_params p) {
-    extern __shared__ __align__(1024) uint8_t smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * kHeads;
-    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
-    if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
-        bar_init(&bars[2], kConsumerWarps * 32);
-        bar_init(&bars[3], kConsumerWarps * 32);
-    }
-    __syncthreads();
-    if (warp < kProducerWarps) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
-        produce(p, smem, warp, lane, t, blocks);
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-        consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
-    }
+    sparse_mqa_body<4, 1>(p);
 }
 
-// Version 2: version 1's consumers and layout with produce_v2 (same grid,
-// threads and shared memory; bitwise the same results).
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v2(const __grid_constant__ di_sparse_mqa_params p) {
-    extern __shared__ __align__(1024) uint8_t smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * kHeads;
-    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
-    if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
-        bar_init(&bars[2], kConsumerWarps * 32);
-        bar_init(&bars[3], kConsumerWarps * 32);
-    }
-    __syncthreads();
-    if (warp < kProducerWarps) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
-        produce_v2<false>(p, smem, warp, lane, t, blocks);
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-        consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
-    }
+    sparse_mqa_body<4, 2>(p);
 }
 
-// Version 3: version 2 with the byte-permute FP4 decode (bitwise the same
-// results).
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v3(const __grid_constant__ di_sparse_mqa_params p) {
-    extern __shared__ __align__(1024) uint8_t smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * kHeads;
-    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
-    if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
-        bar_init(&bars[2], kConsumerWarps * 32);
-        bar_init(&bars[3], kConsumerWarps * 32);
-    }
-    __syncthreads();
-    if (warp < kProducerWarps) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
-        produce_v2<true>(p, smem, warp, lane, t, blocks);
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-        consume(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
-    }
+    sparse_mqa_body<4, 3>(p);
+}
+
+// Version 3 with 32 and 16 heads per CTA (grid (T, H / 32) or (T, H / 16)):
+// more CTAs for few queries, the same result per head.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
+    sparse_mqa_v3_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 3>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
+    sparse_mqa_v3_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 3>(p);
 }

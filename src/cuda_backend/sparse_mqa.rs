@@ -1,29 +1,46 @@
-//! Sparse MQA launches (`kernels-cuda/attention/`, versions 1-3): one CTA of
-//! `DI_SPARSE_MQA_THREADS` threads per (query, 64 heads). The caller is
+//! Sparse MQA launches (`kernels-cuda/attention/`): one CTA per (query, 64
+//! heads) for versions 1-3, per (query, 16, 32 or 64 heads) for version 3's
+//! smaller CTAs and version 4 (version 3 with the CTA size chosen from the
+//! number of CTAs it gives; a head's result does not depend on it). The caller is
 //! [`crate::ops::sparse_mqa_into`], which has checked dtypes, shapes (D 512,
 //! H a multiple of 64), devices and the output shapes; index values are not
 //! checked here: the kernel treats every entry outside its pool as no row and
-//! never reads it. The grid is (T, H / 64) whatever T is, and no CTA's work
-//! depends on another's, so a query's result does not depend on the batch.
+//! never reads it. No CTA's work depends on another's and a head's
+//! arithmetic is the same in every CTA size, so a query's result does not
+//! depend on the batch (nor on the CTA size version 4 picks from it).
 
 use super::params::di_sparse_mqa_params;
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
-use crate::ops::{SPARSE_MQA_CUDA_HEAD_GROUP, SparseMqaKernel, SparseMqaShape};
+use crate::ops::{SparseMqaKernel, SparseMqaShape};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
-/// Threads per CTA (`DI_SPARSE_MQA_THREADS`: a producer warpgroup and two
-/// tensor-core warpgroups).
-const THREADS: u32 = 384;
-/// Dynamic shared memory per CTA (`DI_SPARSE_MQA_SMEM_BYTES`; the kernel
-/// static-asserts its carve-up).
-const SMEM: u32 = 229_920;
+/// (heads, threads, dynamic shared memory) of a CTA: 64 heads
+/// (`DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer warpgroup
+/// and two tensor-core warpgroups), 32 and 16 heads (the `_H32`, `_H16`
+/// sizes); the kernel static-asserts its carve-up.
+const CTA_64: (usize, u32, u32) = (64, 384, 230_400);
+const CTA_32: (usize, u32, u32) = (32, 256, 181_248);
+const CTA_16: (usize, u32, u32) = (16, 192, 156_672);
 
-/// out `[T, H, 512]` and lse `[T, H]` of the chosen kernel version (all three
-/// share the grid, block and shared-memory layout).
+/// Time of one CTA relative to a 64-head CTA (the same list), by heads per
+/// CTA: version 4 takes the CTA size with the fewest waves × this.
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.55), (16, 0.32)];
+
+/// Heads per CTA for version 4: the size whose waves (CTAs over the SMs,
+/// one CTA per SM) times its relative cost is least, ties to the larger CTA.
+fn v4_heads(t: usize, h: usize, sms: usize) -> usize {
+    let cost = |&(heads, c): &(usize, f64)| (t * (h / heads)).div_ceil(sms.max(1)) as f64 * c;
+    CTA_COST
+        .iter()
+        .min_by(|a, b| cost(a).total_cmp(&cost(b)))
+        .map_or(64, |&(heads, _)| heads)
+}
+
+/// out `[T, H, 512]` and lse `[T, H]` of the chosen kernel version.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_mqa(
     dev: &CudaDevice,
@@ -40,12 +57,23 @@ pub(crate) fn sparse_mqa(
     if s.t == 0 {
         return Ok(());
     }
-    let kernel = match version {
-        SparseMqaKernel::V1 => kernels::attention::SPARSE_MQA_V1,
-        SparseMqaKernel::V2 => kernels::attention::SPARSE_MQA_V2,
-        SparseMqaKernel::V3 => kernels::attention::SPARSE_MQA_V3,
+    use kernels::attention::{
+        SPARSE_MQA_V1, SPARSE_MQA_V2, SPARSE_MQA_V3, SPARSE_MQA_V3_H16, SPARSE_MQA_V3_H32,
     };
-    allow_smem(dev, kernel, SMEM)?;
+    let v3 = |heads| match heads {
+        16 => (SPARSE_MQA_V3_H16, CTA_16),
+        32 => (SPARSE_MQA_V3_H32, CTA_32),
+        _ => (SPARSE_MQA_V3, CTA_64),
+    };
+    let (kernel, (heads, threads, smem)) = match version {
+        SparseMqaKernel::V1 => (SPARSE_MQA_V1, CTA_64),
+        SparseMqaKernel::V2 => (SPARSE_MQA_V2, CTA_64),
+        SparseMqaKernel::V3 => v3(64),
+        SparseMqaKernel::V3Heads32 => v3(32),
+        SparseMqaKernel::V3Heads16 => v3(16),
+        SparseMqaKernel::V4 => v3(v4_heads(s.t, s.h, dev.sm_count())),
+    };
+    allow_smem(dev, kernel, smem)?;
     let (qp, _gq) = read_ptr(q.cuda().expect("validated: q is on this device"), dev);
     let (wp, _gw) = read_ptr(window.cuda().expect("validated"), dev);
     let (wip, _gwi) = read_ptr(window_idx.cuda().expect("validated"), dev);
@@ -80,9 +108,9 @@ pub(crate) fn sparse_mqa(
         scale: (s.d as f64).powf(-0.5) as f32,
     };
     let cfg = LaunchConfig {
-        grid_dim: (s.t as u32, (s.h / SPARSE_MQA_CUDA_HEAD_GROUP) as u32, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: SMEM,
+        grid_dim: (s.t as u32, (s.h / heads) as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
     };
     launch(dev, kernel, cfg, &p)
 }

@@ -92,8 +92,15 @@ pub enum SparseMqaKernel {
     /// compressed rows loaded 16 at a time.
     V2,
     /// `sparse_mqa_v3`: V2 with the byte-permute FP4 decode.
-    #[default]
     V3,
+    /// `sparse_mqa_v3_h32`: V3 with 32 heads per CTA.
+    V3Heads32,
+    /// `sparse_mqa_v3_h16`: V3 with 16 heads per CTA.
+    V3Heads16,
+    /// V3 with 16, 32 or 64 heads per CTA, chosen from the number of CTAs
+    /// each gives (more CTAs for few queries).
+    #[default]
+    V4,
 }
 
 /// [`sparse_mqa_into`] with an explicit CUDA kernel version (tests and
@@ -182,7 +189,7 @@ fn validate(
         && (d != SPARSE_MQA_CUDA_DIM
             || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP)
             || t > i32::MAX as usize
-            || h / SPARSE_MQA_CUDA_HEAD_GROUP > u16::MAX as usize)
+            || h / 16 > u16::MAX as usize)
     {
         return Err(shape_error(
             OP,
@@ -190,7 +197,7 @@ fn validate(
             q,
             format!(
                 "[T < 2^31, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of \
-                 {SPARSE_MQA_CUDA_HEAD_GROUP} below 2^22 (the CUDA kernel's shape)"
+                 {SPARSE_MQA_CUDA_HEAD_GROUP} below 2^20 (the CUDA kernel's shape)"
             ),
         ));
     }

@@ -215,10 +215,15 @@ typedef struct di_sparse_mqa_params {
     float scale;                   /* 512^-0.5 */
 } di_sparse_mqa_params;
 
-/* sparse_mqa_v1: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
- * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory (the kernel static-asserts
- * its carve-up). */
+/* sparse_mqa_v1/v2/v3: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
+ * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory; sparse_mqa_v3_h32 and
+ * _h16: grid (t, h / 32) and (t, h / 16) with the _H32 / _H16 sizes (the
+ * kernel static-asserts its carve-up). */
 #define DI_SPARSE_MQA_THREADS 384
-#define DI_SPARSE_MQA_SMEM_BYTES 229920
+#define DI_SPARSE_MQA_SMEM_BYTES 230400
+#define DI_SPARSE_MQA_H32_THREADS 256
+#define DI_SPARSE_MQA_H32_SMEM_BYTES 181248
+#define DI_SPARSE_MQA_H16_THREADS 192
+#define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
 
 #endif
