@@ -480,7 +480,7 @@ __device__ __forceinline__ void prefetch_row(const di_sparse_mqa_params &p, int 
     }
 }
 
-template <bool kPermuteFp4>
+template <bool kPermuteFp4, bool kSpread>
 __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
                                            int lane, int64_t t, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
@@ -549,10 +549,56 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 #pragma unroll
                         for (int k = 0; k < 8; ++k) o[k] = 0;
                     }
-                    *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
-                    *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                    if (kSpread) {
+                        // Lanes 4-7 of every 8 store their odd chunk first, so
+                        // each store covers all 8 chunk slots of a 128-byte row
+                        // span (no bank conflict).
+                        const bool odd = (lane >> 2) & 1;
+                        const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + odd)) = odd ? hi : lo;
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + !odd)) = odd ? lo : hi;
+                    } else {
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                    }
                     if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
                 }
+            }
+        } else if (kSpread) {
+            // Compressed rows (or none) only, stores without bank conflicts:
+            // lanes 0-15 take even rows, 16-31 odd rows; lane part (lane & 15)
+            // decodes chunks part + 16q (q < 4, 8 values each: one 32-bit
+            // word of nibbles and one e4m3 scale per pair of chunks).
+            const int part = lane & 15;
+            uint32_t w[8][4], sc[8];
+            int kinds[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = 2 * i + (lane >> 4);
+                kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
+                const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
+                sc[i] = 0;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) w[i][q] = 0;
+                if (kinds[i] == 2) {
+                    const uint8_t *src = comp + at * kCompressedRow;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        w[i][q] = __ldg(reinterpret_cast<const uint32_t *>(src) + part + 16 * q);
+                        sc[i] |= uint32_t{__ldg(src + kDim / 2 + part / 2 + 8 * q)} << (8 * q);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = pw * 16 + 2 * i + (lane >> 4);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    uint32_t o4[4] = {0, 0, 0, 0};
+                    if (kinds[i] == 2) e2m1x8_scaled(w[i][q], e4m3_bf16x2((sc[i] >> (8 * q)) & 0xFFu), o4);
+                    *reinterpret_cast<uint4 *>(tile + swz(r, part + 16 * q)) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+                }
+                if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
             }
         } else {
             // Compressed rows (or none) only: lanes 0-15 take even rows,
@@ -618,8 +664,9 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 
 // The kernel body: grid (T, H / (16 * HG)), Layout<HG>::threads threads and
 // Layout<HG>::bytes of dynamic shared memory. Warpgroup 0 produces BF16 row
-// tiles (two buffers) with producer version PV (1, 2, or 3 = 2 with the
-// byte-permute FP4 decode); the 2 * HG consumer warps use them. With 64 heads
+// tiles (two buffers) with producer version PV (1, 2, 3 = 2 with the
+// byte-permute FP4 decode, 4 = 3 with conflict-free stores); the 2 * HG
+// consumer warps use them. With 64 heads
 // the register file is split by setmaxnreg (producers 96, consumers 200);
 // smaller CTAs fit in it without.
 template <int HG, int PV> __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
@@ -639,7 +686,7 @@ template <int HG, int PV> __device__ __forceinline__ void sparse_mqa_body(const 
     if (warp < kProducerWarps) {
         if constexpr (HG == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
         if constexpr (PV == 1) produce(p, smem, warp, lane, t, blocks);
-        else produce_v2<PV == 3>(p, smem, warp, lane, t, blocks);
+        else produce_v2<PV >= 3, PV >= 4>(p, smem, warp, lane, t, blocks);
     } else {
         if constexpr (HG == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
         consume<HG>(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
@@ -665,14 +712,20 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_body<4, 3>(p);
 }
 
-// Version 3 with 32 and 16 heads per CTA (grid (T, H / 32) or (T, H / 16)):
-// more CTAs for few queries, the same result per head.
+// Version 4: version 3 with bank-conflict-free producer stores, with 64, 32
+// and 16 heads per CTA (grid (T, H / 64), (T, H / 32), (T, H / 16)): more
+// CTAs for few queries, the same result per head.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v4(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<4, 4>(p);
+}
+
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
-    sparse_mqa_v3_h32(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<2, 3>(p);
+    sparse_mqa_v4_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 4>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
-    sparse_mqa_v3_h16(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<1, 3>(p);
+    sparse_mqa_v4_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 4>(p);
 }

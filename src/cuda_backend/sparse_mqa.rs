@@ -1,6 +1,6 @@
 //! Sparse MQA launches (`kernels-cuda/attention/`): one CTA per (query, 64
-//! heads) for versions 1-3, per (query, 16, 32 or 64 heads) for version 3's
-//! smaller CTAs and version 4 (version 3 with the CTA size chosen from the
+//! heads) for versions 1-4, per (query, 16 or 32 heads) for version 4's
+//! smaller CTAs, and `Auto` (version 4 with the CTA size chosen from the
 //! number of CTAs it gives; a head's result does not depend on it). The caller is
 //! [`crate::ops::sparse_mqa_into`], which has checked dtypes, shapes (D 512,
 //! H a multiple of 64), devices and the output shapes; index values are not
@@ -27,12 +27,14 @@ const CTA_32: (usize, u32, u32) = (32, 256, 181_248);
 const CTA_16: (usize, u32, u32) = (16, 192, 156_672);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
-/// CTA: version 4 takes the CTA size with the fewest waves × this.
-const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.55), (16, 0.32)];
+/// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
+/// the H200 with version 3 (bench of 7d8d5a5, 640 rows): 65.0, 47.2 and
+/// 44.0 µs per CTA.
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.73), (16, 0.68)];
 
-/// Heads per CTA for version 4: the size whose waves (CTAs over the SMs,
-/// one CTA per SM) times its relative cost is least, ties to the larger CTA.
-fn v4_heads(t: usize, h: usize, sms: usize) -> usize {
+/// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
+/// CTA per SM) times its relative cost is least, ties to the larger CTA.
+fn auto_heads(t: usize, h: usize, sms: usize) -> usize {
     let cost = |&(heads, c): &(usize, f64)| (t * (h / heads)).div_ceil(sms.max(1)) as f64 * c;
     CTA_COST
         .iter()
@@ -58,20 +60,22 @@ pub(crate) fn sparse_mqa(
         return Ok(());
     }
     use kernels::attention::{
-        SPARSE_MQA_V1, SPARSE_MQA_V2, SPARSE_MQA_V3, SPARSE_MQA_V3_H16, SPARSE_MQA_V3_H32,
+        SPARSE_MQA_V1, SPARSE_MQA_V2, SPARSE_MQA_V3, SPARSE_MQA_V4, SPARSE_MQA_V4_H16,
+        SPARSE_MQA_V4_H32,
     };
-    let v3 = |heads| match heads {
-        16 => (SPARSE_MQA_V3_H16, CTA_16),
-        32 => (SPARSE_MQA_V3_H32, CTA_32),
-        _ => (SPARSE_MQA_V3, CTA_64),
+    let v4 = |heads| match heads {
+        16 => (SPARSE_MQA_V4_H16, CTA_16),
+        32 => (SPARSE_MQA_V4_H32, CTA_32),
+        _ => (SPARSE_MQA_V4, CTA_64),
     };
     let (kernel, (heads, threads, smem)) = match version {
         SparseMqaKernel::V1 => (SPARSE_MQA_V1, CTA_64),
         SparseMqaKernel::V2 => (SPARSE_MQA_V2, CTA_64),
-        SparseMqaKernel::V3 => v3(64),
-        SparseMqaKernel::V3Heads32 => v3(32),
-        SparseMqaKernel::V3Heads16 => v3(16),
-        SparseMqaKernel::V4 => v3(v4_heads(s.t, s.h, dev.sm_count())),
+        SparseMqaKernel::V3 => (SPARSE_MQA_V3, CTA_64),
+        SparseMqaKernel::V4 => v4(64),
+        SparseMqaKernel::V4Heads32 => v4(32),
+        SparseMqaKernel::V4Heads16 => v4(16),
+        SparseMqaKernel::Auto => v4(auto_heads(s.t, s.h, dev.sm_count())),
     };
     allow_smem(dev, kernel, smem)?;
     let (qp, _gq) = read_ptr(q.cuda().expect("validated: q is on this device"), dev);
