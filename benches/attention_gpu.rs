@@ -14,9 +14,9 @@
 //! softmax over a BF16 copy of the pools, and FlashMLA SM90 (`flashmla_sm90`,
 //! its own 584-byte layout, from its bench in the same device run).
 //! Every kernel version is timed: the default (`Auto`) as the record name,
-//! the others as `<name>_v1`, `_v2`, `_v3`, `_v4`, `_v4_h32`, `_v4_h16`
-//! (prefill: v1-v3 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64},
-//! s_q ∈ {1, 2}, prefill 4096.
+//! the others as `<name>_v1`, `_v2`, `_v3`, `_v3_h32`, `_v3_h16`, `_v4`,
+//! `_v4_h32`, `_v4_h16`, `_v5_h32`, `_v5_h16` (prefill: v1-v4 and the
+//! default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -134,27 +134,38 @@ mod gpu {
             SparseMqaKernel::V1 => "v1",
             SparseMqaKernel::V2 => "v2",
             SparseMqaKernel::V3 => "v3",
+            SparseMqaKernel::V3Heads32 => "v3_h32",
+            SparseMqaKernel::V3Heads16 => "v3_h16",
             SparseMqaKernel::V4 => "v4",
             SparseMqaKernel::V4Heads32 => "v4_h32",
             SparseMqaKernel::V4Heads16 => "v4_h16",
+            SparseMqaKernel::V5Heads32 => "v5_h32",
+            SparseMqaKernel::V5Heads16 => "v5_h16",
             SparseMqaKernel::Auto => "auto",
         }
     }
 
     /// Decode times every version; prefill (where `Auto` takes 64-head CTAs,
-    /// version 4) leaves the smaller CTAs out.
-    const DECODE_KERNELS: [SparseMqaKernel; 6] = [
+    /// version 3) leaves the smaller CTAs out.
+    const DECODE_KERNELS: [SparseMqaKernel; 11] = [
         SparseMqaKernel::V1,
         SparseMqaKernel::V2,
         SparseMqaKernel::V3,
+        SparseMqaKernel::V3Heads32,
+        SparseMqaKernel::V3Heads16,
+        SparseMqaKernel::V4,
         SparseMqaKernel::V4Heads32,
         SparseMqaKernel::V4Heads16,
-        SparseMqaKernel::V4,
+        SparseMqaKernel::V5Heads32,
+        SparseMqaKernel::V5Heads16,
+        SparseMqaKernel::Auto,
     ];
-    const PREFILL_KERNELS: [SparseMqaKernel; 3] = [
+    const PREFILL_KERNELS: [SparseMqaKernel; 5] = [
         SparseMqaKernel::V1,
         SparseMqaKernel::V2,
+        SparseMqaKernel::V3,
         SparseMqaKernel::V4,
+        SparseMqaKernel::Auto,
     ];
 
     fn queries(dev: &Device, t: usize, rng: &mut Rng) -> Tensor {

@@ -189,9 +189,13 @@ fn sparse_mqa_matches_the_cpu_op() {
         for kernel in [
             SparseMqaKernel::V2,
             SparseMqaKernel::V3,
+            SparseMqaKernel::V3Heads32,
+            SparseMqaKernel::V3Heads16,
+            SparseMqaKernel::V4,
             SparseMqaKernel::V4Heads32,
             SparseMqaKernel::V4Heads16,
-            SparseMqaKernel::V4,
+            SparseMqaKernel::V5Heads32,
+            SparseMqaKernel::V5Heads16,
             SparseMqaKernel::Auto,
         ] {
             let got = gpu_inputs.run_with(&dev, kernel);

@@ -29,6 +29,10 @@ constexpr int kExchFloats = 32 * 32;            // per consumer warp: 32 partial
 constexpr int kProducerRegs = 96;
 constexpr int kConsumerRegs = 200;
 static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+// Version 5 (8 producer warps, one consumer warpgroup).
+constexpr int kProducerRegs8 = 120;
+constexpr int kConsumerRegs8 = 248;
+static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= 65536, "register file (version 5)");
 
 // Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
 // per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
@@ -53,6 +57,8 @@ static_assert(Layout<2>::bytes == DI_SPARSE_MQA_H32_SMEM_BYTES && Layout<2>::thr
               "params.h: 32 heads per CTA");
 static_assert(Layout<1>::bytes == DI_SPARSE_MQA_H16_SMEM_BYTES && Layout<1>::threads == DI_SPARSE_MQA_H16_THREADS,
               "params.h: 16 heads per CTA");
+// Version 5: 8 producer warps and one consumer warpgroup (padded for 16 heads).
+static_assert(12 * 32 == DI_SPARSE_MQA_THREADS, "version 5 threads");
 
 // Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
 // 1024-byte-row tile: chunks are XOR-swizzled by the row's low 3 bits, so the
@@ -480,7 +486,7 @@ __device__ __forceinline__ void prefetch_row(const di_sparse_mqa_params &p, int 
     }
 }
 
-template <bool kPermuteFp4, bool kSpread>
+template <bool kPermuteFp4, bool kSpread, int NP>
 __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
                                            int lane, int64_t t, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
@@ -488,7 +494,8 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
     float *bias = reinterpret_cast<float *>(smem + kOffBias);
     const uint8_t *window = static_cast<const uint8_t *>(p.window);
     const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
-    const int mine = pw * 16 + (lane & 15);
+    constexpr int RW = kBlock / NP;  // rows per producer warp (16 or 8)
+    const int mine = pw * RW + (lane % RW);
     int k0, r0, k1, r1, k2, r2;
     resolve(p, t, mine, k0, r0);
     resolve(p, t, int64_t{kBlock} + mine, k1, r1);
@@ -504,7 +511,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
         if (__any_sync(0xFFFFFFFFu, k0 == 1)) {
             // Window rows present: one row per warp load, two batches of 8.
 #pragma unroll 1
-            for (int half = 0; half < 2; ++half) {
+            for (int half = 0; half < RW / 8; ++half) {
                 uint4 v[8];
                 uint32_t sc[8];
                 int kinds[8];
@@ -529,7 +536,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                 }
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    const int r = pw * 16 + half * 8 + i;
+                    const int r = pw * RW + half * 8 + i;
                     uint32_t o[8];
                     if (kinds[i] == 1) {
                         const float s = e8m0_f32(sc[i]);
@@ -573,7 +580,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
             uint32_t w[8][4], sc[8];
             int kinds[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < RW / 2; ++i) {
                 const int r = 2 * i + (lane >> 4);
                 kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
                 const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
@@ -590,8 +597,8 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                 }
             }
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int r = pw * 16 + 2 * i + (lane >> 4);
+            for (int i = 0; i < RW / 2; ++i) {
+                const int r = pw * RW + 2 * i + (lane >> 4);
 #pragma unroll
                 for (int q = 0; q < 4; ++q) {
                     uint32_t o4[4] = {0, 0, 0, 0};
@@ -609,7 +616,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
             uint32_t sc[8];
             int kinds[8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
+            for (int i = 0; i < RW / 2; ++i) {
                 const int r = 2 * i + (lane >> 4);
                 kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
                 const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
@@ -622,8 +629,8 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                 }
             }
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int r = pw * 16 + 2 * i + (lane >> 4);
+            for (int i = 0; i < RW / 2; ++i) {
+                const int r = pw * RW + 2 * i + (lane >> 4);
                 uint32_t o[16];
                 if (kinds[i] == 2 && kPermuteFp4) {
                     const __nv_bfloat162 s_lo = e4m3_bf16x2(sc[i] & 0xFFu), s_hi = e4m3_bf16x2(sc[i] >> 8);
@@ -665,11 +672,12 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 // The kernel body: grid (T, H / (16 * HG)), Layout<HG>::threads threads and
 // Layout<HG>::bytes of dynamic shared memory. Warpgroup 0 produces BF16 row
 // tiles (two buffers) with producer version PV (1, 2, 3 = 2 with the
-// byte-permute FP4 decode, 4 = 3 with conflict-free stores); the 2 * HG
-// consumer warps use them. With 64 heads
+// byte-permute FP4 decode, 4 = 3 with conflict-free stores, 5 = 3 with 8
+// producer warps of 8 rows each); the 2 * HG consumer warps use them. With 64 heads
 // the register file is split by setmaxnreg (producers 96, consumers 200);
 // smaller CTAs fit in it without.
-template <int HG, int PV> __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
+template <int HG, int PV, int NP = kProducerWarps>
+__device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
     extern __shared__ __align__(1024) uint8_t smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
@@ -677,19 +685,22 @@ template <int HG, int PV> __device__ __forceinline__ void sparse_mqa_body(const 
     const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
     if (threadIdx.x == 0) {
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[0], NP * 32);
+        bar_init(&bars[1], NP * 32);
         bar_init(&bars[2], Layout<HG>::consumer_warps * 32);
         bar_init(&bars[3], Layout<HG>::consumer_warps * 32);
     }
     __syncthreads();
-    if (warp < kProducerWarps) {
-        if constexpr (HG == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if (warp < NP) {
+        if constexpr (NP == 8) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs8));
+        else if constexpr (HG == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
         if constexpr (PV == 1) produce(p, smem, warp, lane, t, blocks);
-        else produce_v2<PV >= 3, PV >= 4>(p, smem, warp, lane, t, blocks);
+        else produce_v2<PV >= 3, PV == 4, NP>(p, smem, warp, lane, t, blocks);
     } else {
-        if constexpr (HG == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-        consume<HG>(p, smem, warp - kProducerWarps, lane, t, h0, blocks);
+        if constexpr (NP == 8) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs8));
+        else if constexpr (HG == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        // Padding warps of a version-5 consumer warpgroup have no work.
+        if (warp - NP < Layout<HG>::consumer_warps) consume<HG>(p, smem, warp - NP, lane, t, h0, blocks);
     }
 }
 
@@ -728,4 +739,29 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
     sparse_mqa_v4_h16(const __grid_constant__ di_sparse_mqa_params p) {
     sparse_mqa_body<1, 4>(p);
+}
+
+// Version 3 with 32 and 16 heads per CTA (grid (T, H / 32), (T, H / 16)):
+// more CTAs for few queries, the same result per head.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
+    sparse_mqa_v3_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 3>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
+    sparse_mqa_v3_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 3>(p);
+}
+
+// Version 5: version 3's 32- and 16-head CTAs with 8 producer warps (two
+// warpgroups, 8 rows each) and one consumer warpgroup (for 16 heads, two of
+// its warps idle): DI_SPARSE_MQA_THREADS threads, the _H32 / _H16 shared memory.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v5_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 3, 8>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v5_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 3, 8>(p);
 }

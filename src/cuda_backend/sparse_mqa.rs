@@ -1,7 +1,7 @@
-//! Sparse MQA launches (`kernels-cuda/attention/`): one CTA per (query, 64
-//! heads) for versions 1-4, per (query, 16 or 32 heads) for version 4's
-//! smaller CTAs, and `Auto` (version 4 with the CTA size chosen from the
-//! number of CTAs it gives; a head's result does not depend on it). The caller is
+//! Sparse MQA launches (`kernels-cuda/attention/`): one CTA per (query, 64,
+//! 32 or 16 heads) by version, and `Auto` (version 3 at 64 heads, version 5
+//! at 32 or 16, the CTA size chosen from the number of CTAs it gives; a
+//! head's result does not depend on it). The caller is
 //! [`crate::ops::sparse_mqa_into`], which has checked dtypes, shapes (D 512,
 //! H a multiple of 64), devices and the output shapes; index values are not
 //! checked here: the kernel treats every entry outside its pool as no row and
@@ -21,16 +21,21 @@ use cudarc::driver::LaunchConfig;
 /// (heads, threads, dynamic shared memory) of a CTA: 64 heads
 /// (`DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer warpgroup
 /// and two tensor-core warpgroups), 32 and 16 heads (the `_H32`, `_H16`
-/// sizes); the kernel static-asserts its carve-up.
+/// sizes), and version 5's 32 and 16 heads (two producer warpgroups and one
+/// consumer warpgroup: `DI_SPARSE_MQA_THREADS` threads, the `_H32` / `_H16`
+/// shared memory); the kernel static-asserts its carve-up.
 const CTA_64: (usize, u32, u32) = (64, 384, 230_400);
 const CTA_32: (usize, u32, u32) = (32, 256, 181_248);
 const CTA_16: (usize, u32, u32) = (16, 192, 156_672);
+const CTA_32_V5: (usize, u32, u32) = (32, 384, 181_248);
+const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
-/// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
-/// the H200 with version 3 (bench of 7d8d5a5, 640 rows): 65.0, 47.2 and
-/// 44.0 µs per CTA.
-const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.73), (16, 0.68)];
+/// CTA: `Auto` takes the CTA size with the fewest waves × this. Predicted
+/// for version 5 from version 3's H200 measurement (bench of 7d8d5a5: 65.0,
+/// 47.2 and 44.0 µs per 64-, 32- and 16-head CTA, the small ones bound by
+/// their one producer warpgroup, which version 5 doubles).
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.5), (16, 0.46)];
 
 /// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
 /// CTA per SM) times its relative cost is least, ties to the larger CTA.
@@ -59,23 +64,24 @@ pub(crate) fn sparse_mqa(
     if s.t == 0 {
         return Ok(());
     }
-    use kernels::attention::{
-        SPARSE_MQA_V1, SPARSE_MQA_V2, SPARSE_MQA_V3, SPARSE_MQA_V4, SPARSE_MQA_V4_H16,
-        SPARSE_MQA_V4_H32,
-    };
-    let v4 = |heads| match heads {
-        16 => (SPARSE_MQA_V4_H16, CTA_16),
-        32 => (SPARSE_MQA_V4_H32, CTA_32),
-        _ => (SPARSE_MQA_V4, CTA_64),
+    use kernels::attention as k;
+    let auto = |heads| match heads {
+        16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
+        32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
+        _ => (k::SPARSE_MQA_V3, CTA_64),
     };
     let (kernel, (heads, threads, smem)) = match version {
-        SparseMqaKernel::V1 => (SPARSE_MQA_V1, CTA_64),
-        SparseMqaKernel::V2 => (SPARSE_MQA_V2, CTA_64),
-        SparseMqaKernel::V3 => (SPARSE_MQA_V3, CTA_64),
-        SparseMqaKernel::V4 => v4(64),
-        SparseMqaKernel::V4Heads32 => v4(32),
-        SparseMqaKernel::V4Heads16 => v4(16),
-        SparseMqaKernel::Auto => v4(auto_heads(s.t, s.h, dev.sm_count())),
+        SparseMqaKernel::V1 => (k::SPARSE_MQA_V1, CTA_64),
+        SparseMqaKernel::V2 => (k::SPARSE_MQA_V2, CTA_64),
+        SparseMqaKernel::V3 => (k::SPARSE_MQA_V3, CTA_64),
+        SparseMqaKernel::V3Heads32 => (k::SPARSE_MQA_V3_H32, CTA_32),
+        SparseMqaKernel::V3Heads16 => (k::SPARSE_MQA_V3_H16, CTA_16),
+        SparseMqaKernel::V4 => (k::SPARSE_MQA_V4, CTA_64),
+        SparseMqaKernel::V4Heads32 => (k::SPARSE_MQA_V4_H32, CTA_32),
+        SparseMqaKernel::V4Heads16 => (k::SPARSE_MQA_V4_H16, CTA_16),
+        SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
+        SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
+        SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
     };
     allow_smem(dev, kernel, smem)?;
     let (qp, _gq) = read_ptr(q.cuda().expect("validated: q is on this device"), dev);

@@ -93,14 +93,22 @@ pub enum SparseMqaKernel {
     V2,
     /// `sparse_mqa_v3`: V2 with the byte-permute FP4 decode.
     V3,
+    /// `sparse_mqa_v3_h32`: V3 with 32 heads per CTA.
+    V3Heads32,
+    /// `sparse_mqa_v3_h16`: V3 with 16 heads per CTA.
+    V3Heads16,
     /// `sparse_mqa_v4`: V3 with bank-conflict-free producer stores.
     V4,
     /// `sparse_mqa_v4_h32`: V4 with 32 heads per CTA.
     V4Heads32,
     /// `sparse_mqa_v4_h16`: V4 with 16 heads per CTA.
     V4Heads16,
-    /// V4 with 16, 32 or 64 heads per CTA, chosen from the number of CTAs
-    /// each gives (more, smaller CTAs for few queries).
+    /// `sparse_mqa_v5_h32`: V3Heads32 with 8 producer warps.
+    V5Heads32,
+    /// `sparse_mqa_v5_h16`: V3Heads16 with 8 producer warps.
+    V5Heads16,
+    /// V3 with 64 heads per CTA or V5 with 32 or 16, the CTA size chosen from
+    /// the number of CTAs each gives (more, smaller CTAs for few queries).
     #[default]
     Auto,
 }
