@@ -31,11 +31,10 @@ const CTA_32_V5: (usize, u32, u32) = (32, 384, 181_248);
 const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
-/// CTA: `Auto` takes the CTA size with the fewest waves × this. Predicted
-/// for version 5 from version 3's H200 measurement (bench of 7d8d5a5: 65.0,
-/// 47.2 and 44.0 µs per 64-, 32- and 16-head CTA, the small ones bound by
-/// their one producer warpgroup, which version 5 doubles).
-const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.5), (16, 0.46)];
+/// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
+/// the H200 (bench of 6530954, 640 rows, one wave): 65.3 µs per 64-head
+/// CTA (version 3), 43.3 and 40.2 µs per 32- and 16-head CTA (version 5).
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.66), (16, 0.62)];
 
 /// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
 /// CTA per SM) times its relative cost is least, ties to the larger CTA.
