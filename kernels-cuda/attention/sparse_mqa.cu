@@ -1,6 +1,7 @@
-// Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11), version 1:
-// one CTA per (query, 64 heads), mma.sync BF16 tensor cores, a producer
-// warpgroup that gathers and dequantises rows into shared memory.
+// Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11), versions
+// 1-5: one CTA per (query, 16, 32 or 64 heads), mma.sync BF16 tensor cores,
+// producer warps that gather and dequantise rows into shared memory. All
+// versions give bitwise the same results.
 // Layouts, numerics and the design: kernels-cuda/attention/README.md.
 //
 // Rows (cpu_backend::kv_format): a window row is 512 e4m3 bytes then 16 E8M0

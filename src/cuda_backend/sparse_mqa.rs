@@ -7,7 +7,7 @@
 //! checked here: the kernel treats every entry outside its pool as no row and
 //! never reads it. No CTA's work depends on another's and a head's
 //! arithmetic is the same in every CTA size, so a query's result does not
-//! depend on the batch (nor on the CTA size version 4 picks from it).
+//! depend on the batch (nor on the CTA size `Auto` picks from it).
 
 use super::params::di_sparse_mqa_params;
 use super::{allow_smem, launch, read_ptr, write_ptr};
