@@ -111,3 +111,53 @@ pub struct MhcPre {
     pub post: Tensor,
     pub comb: Tensor,
 }
+
+/// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
+/// gives their designs and measurements). All versions give bitwise the same
+/// result; the CPU has one reference and ignores this.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SparseMqaKernel {
+    /// `sparse_mqa_v1`: the first kernel (producer batches of 8 rows).
+    V1,
+    /// `sparse_mqa_v2`: indices resolved ahead, rows prefetched into L2,
+    /// compressed rows loaded 16 at a time.
+    V2,
+    /// `sparse_mqa_v3`: V2 with the byte-permute FP4 decode.
+    V3,
+    /// `sparse_mqa_v3_h32`: V3 with 32 heads per CTA.
+    V3Heads32,
+    /// `sparse_mqa_v3_h16`: V3 with 16 heads per CTA.
+    V3Heads16,
+    /// `sparse_mqa_v4`: V3 with bank-conflict-free producer stores.
+    V4,
+    /// `sparse_mqa_v4_h32`: V4 with 32 heads per CTA.
+    V4Heads32,
+    /// `sparse_mqa_v4_h16`: V4 with 16 heads per CTA.
+    V4Heads16,
+    /// `sparse_mqa_v5_h32`: V3Heads32 with 8 producer warps.
+    V5Heads32,
+    /// `sparse_mqa_v5_h16`: V3Heads16 with 8 producer warps.
+    V5Heads16,
+    /// V3 with 64 heads per CTA or V5 with 32 or 16, the CTA size chosen from
+    /// the number of CTAs each gives (more, smaller CTAs for few queries).
+    #[default]
+    Auto,
+}
+
+/// Shape of a validated `ops::sparse_mqa` call.
+#[derive(Clone, Copy, Debug)]
+pub struct SparseMqaShape {
+    /// Queries.
+    pub t: usize,
+    /// Query heads.
+    pub h: usize,
+    /// Head (latent) dimension.
+    pub d: usize,
+    /// Window rows in the pool and window entries per query.
+    pub nw: usize,
+    pub kw: usize,
+    /// Compressed rows in the pool and compressed entries per query (0, 0
+    /// for a window-only layer).
+    pub nc: usize,
+    pub kc: usize,
+}

@@ -10,6 +10,7 @@ pub mod gemm;
 pub mod gemm_skinny;
 pub mod indexer;
 mod rms_norm;
+pub(crate) mod sparse_mqa;
 mod tilelang;
 mod tilelang_mhc;
 mod tilelang_moe_route;
@@ -63,6 +64,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_score_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_topk_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_block_params {}
+// SAFETY: as above (addresses, integers and one float).
+unsafe impl cudarc::driver::DeviceRepr for params::di_sparse_mqa_params {}
 
 /// Device address of a buffer's first byte, for a kernel that reads it.
 /// The returned guard must outlive the launch that uses the address.

@@ -22,6 +22,7 @@
 //! `Nw`. One query's result never depends on the other queries or on `T`.
 
 use super::{common_device, shape_error};
+pub use crate::contract::{SparseMqaKernel, SparseMqaShape};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -72,34 +73,46 @@ pub fn sparse_mqa_into(
     out: &mut Tensor,
     lse: &mut Tensor,
 ) -> Result<()> {
+    sparse_mqa_into_with(
+        q,
+        window,
+        window_idx,
+        compressed,
+        sink,
+        out,
+        lse,
+        SparseMqaKernel::default(),
+    )
+}
+
+/// [`sparse_mqa_into`] with an explicit CUDA kernel version (tests and
+/// benches).
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_mqa_into_with(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+    kernel: SparseMqaKernel,
+) -> Result<()> {
     let s = validate(q, window, window_idx, compressed, sink)?;
     out.expect_output(OP, "out", DType::BF16, &[s.t, s.h, s.d])?;
     lse.expect_output(OP, "lse", DType::F32, &[s.t, s.h])?;
     match common_device(OP, &[("q", q), ("out", out), ("lse", lse)])? {
         Device::Cpu => cpu(q, window, window_idx, compressed, sink, out, lse, s),
-        d @ Device::Cuda(_) => Err(crate::error::Error::DeviceUnavailable {
-            device: d.to_string(),
-            why: format!("{OP} has no CUDA kernel yet (CPU only in this build)"),
-        }),
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::sparse_mqa::sparse_mqa(
+            &dev, q, window, window_idx, compressed, sink, out, lse, s, kernel,
+        ),
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => {
+            let _ = kernel;
+            Err(super::kernels_not_built(OP, &d))
+        }
     }
-}
-
-/// Shape of a validated call.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct SparseMqaShape {
-    /// Queries.
-    pub t: usize,
-    /// Query heads.
-    pub h: usize,
-    /// Head (latent) dimension.
-    pub d: usize,
-    /// Window rows in the pool and window entries per query.
-    pub nw: usize,
-    pub kw: usize,
-    /// Compressed rows in the pool and compressed entries per query (0, 0
-    /// for a window-only layer).
-    pub nc: usize,
-    pub kc: usize,
 }
 
 fn validate(
@@ -137,15 +150,18 @@ fn validate(
         }
     };
     if matches!(device, Device::Cuda(_))
-        && (d != SPARSE_MQA_CUDA_DIM || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP))
+        && (d != SPARSE_MQA_CUDA_DIM
+            || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP)
+            || t > i32::MAX as usize
+            || h / 16 > u16::MAX as usize)
     {
         return Err(shape_error(
             OP,
             "q",
             q,
             format!(
-                "[T, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of {SPARSE_MQA_CUDA_HEAD_GROUP} \
-                 (the CUDA kernel's shape)"
+                "[T < 2^31, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of \
+                 {SPARSE_MQA_CUDA_HEAD_GROUP} below 2^20 (the CUDA kernel's shape)"
             ),
         ));
     }

@@ -191,4 +191,39 @@ typedef struct di_gemm_skinny_reduce_params {
     int32_t out_f32;
 } di_gemm_skinny_reduce_params;
 
+/* ---- attention/: sparse MQA over the V4.1 cache rows ---------------------- */
+
+/* out[t, h] = softmax over window_idx[t] || compressed_idx[t] (blocks of 64,
+ * sink in the denominator) of (q[t, h] . row) * scale, times the rows (K = V);
+ * lse[t, h] natural log. Rows: window [nw, 528] (512 e4m3 + 16 E8M0), compressed
+ * [nc, 288] (256 B packed e2m1 + 32 e4m3); an index < 0 or >= its pool's row
+ * count is no row (never read). D = 512, h a multiple of 64. */
+typedef struct di_sparse_mqa_params {
+    const void *q;                 /* bf16 [t, h, 512] */
+    const void *window;            /* u8 [nw, 528] */
+    const int32_t *window_idx;     /* [t, kw] */
+    const void *compressed;        /* u8 [nc, 288] (unused when kc == 0) */
+    const int32_t *compressed_idx; /* [t, kc] */
+    const float *sink;             /* [h] */
+    void *out;                     /* bf16 [t, h, 512] */
+    float *lse;                    /* [t, h] */
+    int64_t nw;                    /* window rows (indices >= nw are no row) */
+    int64_t nc;                    /* compressed rows */
+    int32_t h;
+    int32_t kw;
+    int32_t kc;
+    float scale;                   /* 512^-0.5 */
+} di_sparse_mqa_params;
+
+/* sparse_mqa_v1/v2/v3: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
+ * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory; sparse_mqa_v3_h32 and
+ * _h16: grid (t, h / 32) and (t, h / 16) with the _H32 / _H16 sizes (the
+ * kernel static-asserts its carve-up). */
+#define DI_SPARSE_MQA_THREADS 384
+#define DI_SPARSE_MQA_SMEM_BYTES 230400
+#define DI_SPARSE_MQA_H32_THREADS 256
+#define DI_SPARSE_MQA_H32_SMEM_BYTES 181248
+#define DI_SPARSE_MQA_H16_THREADS 192
+#define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
+
 #endif

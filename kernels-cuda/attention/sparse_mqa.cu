@@ -1,0 +1,768 @@
+// Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11), versions
+// 1-5: one CTA per (query, 16, 32 or 64 heads), mma.sync BF16 tensor cores,
+// producer warps that gather and dequantise rows into shared memory. All
+// versions give bitwise the same results.
+// Layouts, numerics and the design: kernels-cuda/attention/README.md.
+//
+// Rows (cpu_backend::kv_format): a window row is 512 e4m3 bytes then 16 E8M0
+// scale bytes (one per 32 values, 528 bytes); a compressed row is 256 bytes of
+// packed e2m1 (even element in the low nibble) then 32 e4m3 scale bytes (one
+// per 16 values, 288 bytes). Query t attends to window_idx[t] || compressed_idx[t]
+// in that order, in blocks of 64 entries; an entry < 0 or >= its pool's row
+// count is no row: it is never read, its tile row is zero and its logit -inf.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <stdint.h>
+
+#include "deepinfer/params.h"
+
+namespace {
+
+constexpr int kDim = 512;          // latent width (K = V)
+constexpr int kBlock = 64;         // entries per online-softmax block
+constexpr int kWindowRow = 528;    // bytes of a window row
+constexpr int kCompressedRow = 288; // bytes of a compressed row
+constexpr int kProducerWarps = 4;  // warpgroup 0: gather + dequantise
+constexpr int kRowBytes = kDim * 2;             // one BF16 row in shared memory
+constexpr int kTileBytes = kBlock * kRowBytes;  // 64 rows x 512 BF16 = 64 KiB
+constexpr int kExchFloats = 32 * 32;            // per consumer warp: 32 partials x 32 lanes
+constexpr int kProducerRegs = 96;
+constexpr int kConsumerRegs = 200;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+// Version 5 (8 producer warps, one consumer warpgroup).
+constexpr int kProducerRegs8 = 120;
+constexpr int kConsumerRegs8 = 248;
+static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= 65536, "register file (version 5)");
+
+// Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
+// per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
+// (1024-aligned), then Q (16 rows per head group) and the partial-logit
+// exchange (one slot per consumer warp). A CTA covers 16 * HG heads with
+// 2 * HG consumer warps (HG head groups x 2 halves of the 512 dims).
+constexpr int kOffBars = 0;
+constexpr int kOffBias = 64;
+constexpr int kOffTiles = 1024;
+template <int HG> struct Layout {
+    static constexpr int heads = 16 * HG;
+    static constexpr int consumer_warps = 2 * HG;
+    static constexpr int threads = (kProducerWarps + consumer_warps) * 32;
+    static constexpr int q = kOffTiles + 2 * kTileBytes;
+    static constexpr int exch = q + heads * kRowBytes;
+    static constexpr int bytes = exch + consumer_warps * kExchFloats * 4;
+};
+static_assert(kOffBias + 2 * kBlock * 4 <= kOffTiles, "bias fits before the tiles");
+static_assert(Layout<4>::bytes == DI_SPARSE_MQA_SMEM_BYTES && Layout<4>::threads == DI_SPARSE_MQA_THREADS,
+              "params.h: 64 heads per CTA");
+static_assert(Layout<2>::bytes == DI_SPARSE_MQA_H32_SMEM_BYTES && Layout<2>::threads == DI_SPARSE_MQA_H32_THREADS,
+              "params.h: 32 heads per CTA");
+static_assert(Layout<1>::bytes == DI_SPARSE_MQA_H16_SMEM_BYTES && Layout<1>::threads == DI_SPARSE_MQA_H16_THREADS,
+              "params.h: 16 heads per CTA");
+// Version 5: 8 producer warps and one consumer warpgroup (padded for 16 heads).
+static_assert(12 * 32 == DI_SPARSE_MQA_THREADS, "version 5 threads");
+
+// Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
+// 1024-byte-row tile: chunks are XOR-swizzled by the row's low 3 bits, so the
+// 8 rows an ldmatrix reads at one logical chunk hit 8 different bank groups.
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+    return static_cast<uint32_t>(row * kRowBytes + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void bar_init(uint64_t *bar, uint32_t arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrivals));
+}
+
+__device__ __forceinline__ void bar_arrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+__device__ __forceinline__ void bar_wait(uint64_t *bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_addr(bar)),
+        "r"(parity)
+        : "memory");
+}
+
+// Named barrier `id` over `threads` threads (the two warps of a head group).
+__device__ __forceinline__ void pair_sync(int id) {
+    asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// d += a (16x16 BF16, row) * b (16x8 BF16, col), fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// E8M0 byte -> f32 (0xFF NaN; byte 0 is the subnormal 2^-127), numerics::e8m0_to_f32.
+__device__ __forceinline__ float e8m0_f32(uint32_t b) {
+    if (b == 0xFFu) return __uint_as_float(0x7FC00000u);
+    if (b == 0u) return __uint_as_float(0x00400000u);
+    return __uint_as_float(b << 23);
+}
+
+// Two e4m3 codes (low byte first) times `s` -> packed BF16 pair. The f32
+// product is exact (a 4-bit significand times a power of two) unless it
+// leaves the f32 range, and rounds to BF16 as bf16::from_f32 does.
+__device__ __forceinline__ uint32_t e4m3x2_scaled(uint32_t pair, float s) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+    return pack_bf16(f.x * s, f.y * s);
+}
+
+// The byte of two e2m1 codes (even element low) as an f16 pair holding
+// e2m1 * 2^-14 exactly: the 3 magnitude bits land on the f16 exponent/mantissa
+// boundary (code 1 is the subnormal 0.5 * 2^-14), the sign on bit 15.
+__device__ __forceinline__ uint32_t e2m1x2_as_f16x2(uint32_t b) {
+    return ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
+}
+
+// Two e2m1 codes times `s2` (the e4m3 scale x 2^14) -> packed BF16 pair; the
+// f32 product e2m1 x e4m3 is exact, so this equals kv_format's decode.
+__device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, float s2) {
+    const uint32_t bits = e2m1x2_as_f16x2(byte);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&bits));
+    return pack_bf16(f.x * s2, f.y * s2);
+}
+
+// Producer: warp `pw` fills rows pw*16 .. pw*16+15 of every tile; lane l
+// decodes values 16l .. 16l+15 of a row (32 BF16 bytes, tile chunks 2l, 2l+1).
+__device__ __forceinline__ void produce(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
+                                        int lane, int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    const int total = p.kw + p.kc;
+    const uint8_t *window = static_cast<const uint8_t *>(p.window);
+    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        // Lanes 0..15 (and their twins 16..31) resolve the warp's 16 entries:
+        // kind 1 = window row, 2 = compressed row, 0 = no row.
+        const int e = j * kBlock + pw * 16 + (lane & 15);
+        int kind = 0, row = 0;
+        if (e < p.kw) {
+            const int i = p.window_idx[t * p.kw + e];
+            if (i >= 0 && i < p.nw) kind = 1, row = i;
+        } else if (e < total) {
+            const int i = p.compressed_idx[t * p.kc + (e - p.kw)];
+            if (i >= 0 && i < p.nc) kind = 2, row = i;
+        }
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+#pragma unroll 1
+        for (int half = 0; half < 2; ++half) {
+            uint4 v[8];
+            uint32_t sc[8];
+            int kinds[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = half * 8 + i;
+                kinds[i] = __shfl_sync(0xFFFFFFFFu, kind, r);
+                const int64_t at = __shfl_sync(0xFFFFFFFFu, row, r);
+                v[i] = make_uint4(0, 0, 0, 0);
+                sc[i] = 0;
+                if (kinds[i] == 1) {
+                    const uint8_t *src = window + at * kWindowRow;
+                    v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + lane);
+                    sc[i] = __ldg(src + kDim + lane / 2);
+                } else if (kinds[i] == 2) {
+                    const uint8_t *src = comp + at * kCompressedRow;
+                    const uint2 w = __ldg(reinterpret_cast<const uint2 *>(src) + lane);
+                    v[i].x = w.x;
+                    v[i].y = w.y;
+                    sc[i] = __ldg(src + kDim / 2 + lane);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int r = pw * 16 + half * 8 + i;
+                uint32_t o[8];
+                if (kinds[i] == 1) {
+                    const float s = e8m0_f32(sc[i]);
+                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        o[2 * k] = e4m3x2_scaled(w[k] & 0xFFFFu, s);
+                        o[2 * k + 1] = e4m3x2_scaled(w[k] >> 16, s);
+                    }
+                } else if (kinds[i] == 2) {
+                    const __half_raw hs = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc[i]), __NV_E4M3);
+                    const float s2 = __half2float(*reinterpret_cast<const __half *>(&hs)) * 16384.0f;
+                    const uint32_t w[2] = {v[i].x, v[i].y};
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, s2);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 8; ++k) o[k] = 0;
+                }
+                *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+            }
+        }
+        bar_arrive(&full[b]);
+    }
+}
+
+// Consumer warp cw (0 .. 2*HG-1): heads 16*hg .. 16*hg+15 of the CTA (hg =
+// cw % HG) and output dims 256*dh .. 256*dh+255 (dh = cw / HG). Per block it
+// computes its partial logits over its 256 dims, adds its partner's (the
+// warp of the same head group and the other dims) through shared memory,
+// then the online softmax (identical in both warps) and P.V for its dims.
+// No value depends on HG: a head's result is the same in any CTA shape.
+template <int HG>
+__device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *smem, int cw,
+                                        int lane, int64_t t, int h0, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
+    float *exch = reinterpret_cast<float *>(smem + Layout<HG>::exch);
+    float *mine = exch + cw * kExchFloats;
+    const float *partner = exch + ((cw + HG) % (2 * HG)) * kExchFloats;
+    const int hg = cw % HG, dh = cw / HG;
+    const int g = lane >> 2, c = lane & 3;
+    uint8_t *sq = smem + Layout<HG>::q;
+    const uint32_t sq_addr = smem_addr(sq);
+
+    // This warp's Q sub-tile (16 heads x 256 dims), 16-byte async copies.
+    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = hg * 16 + i, chunk = dh * 32 + lane;
+        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sq_addr + swz(r, chunk)),
+                     "l"(src)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+
+    float acc[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+    const float scale = p.scale;
+    constexpr float kLog2e = 1.4426950408889634f;
+
+    // Step-0 ldmatrix addresses: Q (A of Q.K^T), the tile as K (B, 8 keys x
+    // 16 dims per pair of matrices) and as V (B transposed, 16 keys x 8 dims).
+    const uint32_t qa0 = swz(hg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), dh * 32 + (lane >> 4));
+    const uint32_t kb0 = swz((lane & 7) + 8 * (lane >> 4), dh * 32 + ((lane >> 3) & 1));
+    const uint32_t vb0 = swz((lane & 7) + 8 * ((lane >> 3) & 1), dh * 32 + (lane >> 4));
+
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        bar_wait(&full[b], (j >> 1) & 1);
+        const uint32_t tile = smem_addr(smem + kOffTiles + b * kTileBytes);
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        // Chunk numbers are dh*32 | 2*ks | lane bit, disjoint bit fields, so the
+        // swizzled address of step ks is the step-0 address XOR 32*ks bytes.
+#pragma unroll 1
+        for (int ks = 0; ks < 16; ++ks) {
+            uint32_t a[4];
+            ldsm_x4(sq_addr + (qa0 ^ (ks << 5)), a);
+#pragma unroll
+            for (int np = 0; np < 4; ++np) {
+                uint32_t bf[4];
+                ldsm_x4(tile + (kb0 ^ (ks << 5)) + np * 16 * kRowBytes, bf);
+                mma_bf16(s[2 * np], a, bf[0], bf[1]);
+                mma_bf16(s[2 * np + 1], a, bf[2], bf[3]);
+            }
+        }
+        // Full logits = this warp's partial + the partner's (a + b == b + a,
+        // so both warps hold identical logits).
+#pragma unroll
+        for (int i = 0; i < 32; ++i) mine[i * 32 + lane] = s[i / 4][i % 4];
+        pair_sync(1 + hg);
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];
+        pair_sync(1 + hg);
+
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float2 bb = *reinterpret_cast<const float2 *>(&bias[b * kBlock + 8 * n + 2 * c]);
+            s[n][0] = s[n][0] * scale + bb.x;
+            s[n][1] = s[n][1] * scale + bb.y;
+            s[n][2] = s[n][2] * scale + bb.x;
+            s[n][3] = s[n][3] * scale + bb.y;
+            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 2));
+        const float al0 = expf(m0 - mx0), al1 = expf(m1 - mx1);
+        uint32_t pa[4][4];
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float p00 = ex2((s[n][0] - mx0) * kLog2e), p01 = ex2((s[n][1] - mx0) * kLog2e);
+            const float p10 = ex2((s[n][2] - mx1) * kLog2e), p11 = ex2((s[n][3] - mx1) * kLog2e);
+            ps0 += p00 + p01;
+            ps1 += p10 + p11;
+            pa[n / 2][(n & 1) * 2] = pack_bf16(p00, p01);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p10, p11);
+        }
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+        m0 = mx0;
+        m1 = mx1;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            acc[n][0] *= al0;
+            acc[n][1] *= al0;
+            acc[n][2] *= al1;
+            acc[n][3] *= al1;
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+            for (int np = 0; np < 16; ++np) {
+                uint32_t bf[4];
+                ldsm_x4_t(tile + (vb0 ^ (np << 5)) + ks * 16 * kRowBytes, bf);
+                mma_bf16(acc[2 * np], pa[ks], bf[0], bf[1]);
+                mma_bf16(acc[2 * np + 1], pa[ks], bf[2], bf[3]);
+            }
+        }
+        bar_arrive(&empty[b]);
+    }
+
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
+    const int h_lo = h0 + hg * 16 + g;
+    l0 += expf(p.sink[h_lo] - m0);
+    l1 += expf(p.sink[h_lo + 8] - m1);
+    // The output tile goes through this warp's own Q sub-tile (no other warp
+    // reads it) so the global stores are whole 16-byte chunks.
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        const int chunk = dh * 32 + n, r = hg * 16 + g;
+        *reinterpret_cast<uint32_t *>(sq + swz(r, chunk) + 4 * c) = pack_bf16(acc[n][0] / l0, acc[n][1] / l0);
+        *reinterpret_cast<uint32_t *>(sq + swz(r + 8, chunk) + 4 * c) = pack_bf16(acc[n][2] / l1, acc[n][3] / l1);
+    }
+    __syncwarp();
+    uint8_t *out = static_cast<uint8_t *>(p.out);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = hg * 16 + i, chunk = dh * 32 + lane;
+        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
+            *reinterpret_cast<const uint4 *>(sq + swz(r, chunk));
+    }
+    if (dh == 0 && c == 0) {
+        p.lse[t * p.h + h_lo] = logf(l0) + m0;
+        p.lse[t * p.h + h_lo + 8] = logf(l1) + m1;
+    }
+}
+
+// ---- version 3: exact e2m1 -> BF16 by byte permutes -------------------------
+// The BF16 of an e2m1 magnitude (3 bits) is one of 8 values; two prmt table
+// lookups give its high and low bytes for four nibbles at once, two more
+// interleave them into BF16 pairs, and a prmt in sign-replicate mode spreads
+// the nibble signs. The pair is then multiplied by the BF16 scale: e2m1 x e4m3
+// has at most 6 significant bits and lies in [2^-10, 2688], so the BF16
+// product is exact and equals kv_format's f32 decode rounded to BF16.
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// Eight e2m1 codes (w, even element in the low nibble) times the BF16 scale
+// pair `s2` -> four packed BF16 pairs in element order.
+__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, __nv_bfloat162 s2, uint32_t (&o)[4]) {
+    // BF16 bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6 (high: 00 3F 3F 3F 40 40 40 40,
+    // low: 00 00 80 C0 00 40 80 C0).
+    const uint32_t mag = w & 0x77777777u, z = w << 4;
+    const uint32_t hi_a = prmt(0x3F3F3F00u, 0x40404040u, mag);
+    const uint32_t lo_a = prmt(0xC0800000u, 0xC0804000u, mag);
+    const uint32_t hi_b = prmt(0x3F3F3F00u, 0x40404040u, mag >> 16);
+    const uint32_t lo_b = prmt(0xC0800000u, 0xC0804000u, mag >> 16);
+    const uint32_t v[4] = {prmt(lo_a, hi_a, 0x5140u), prmt(lo_a, hi_a, 0x7362u),
+                           prmt(lo_b, hi_b, 0x5140u), prmt(lo_b, hi_b, 0x7362u)};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        // Byte k of z has the even element's sign as its msb, byte k of w the
+        // odd one's: replicate them into bytes 1 and 3, keep bits 15 and 31.
+        const uint32_t sign = prmt(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
+        uint32_t x = v[k] | sign;
+        __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
+        o[k] = *reinterpret_cast<uint32_t *>(&r);
+    }
+}
+
+// e4m3 scale byte -> BF16 pair (exact: e4m3 values are BF16 values).
+__device__ __forceinline__ __nv_bfloat162 e4m3_bf16x2(uint32_t b) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+    const float f = __half2float(*reinterpret_cast<const __half *>(&h));
+    return __floats2bfloat162_rn(f, f);
+}
+
+// ---- version 2: the producer hides the gather latency ----------------------
+// Index entries are resolved three blocks ahead (their loads overlap a whole
+// block of work), the rows of block j+2 are prefetched into L2 while block j
+// is filled, and a warp whose 16 rows hold no window row loads all 16
+// compressed rows at once (16 lanes per row, 16-byte loads) instead of in two
+// batches of 8.
+
+// Entry e of query t: kind 1 (window row), 2 (compressed row) or 0 (no row).
+__device__ __forceinline__ void resolve(const di_sparse_mqa_params &p, int64_t t, int64_t e, int &kind,
+                                        int &row) {
+    kind = 0;
+    row = 0;
+    if (e < p.kw) {
+        const int i = p.window_idx[t * p.kw + e];
+        if (i >= 0 && i < p.nw) kind = 1, row = i;
+    } else if (e < p.kw + p.kc) {
+        const int i = p.compressed_idx[t * p.kc + (e - p.kw)];
+        if (i >= 0 && i < p.nc) kind = 2, row = i;
+    }
+}
+
+__device__ __forceinline__ void prefetch_l2(const uint8_t *a) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+}
+
+// Lanes l and l + 16 touch every 128-byte line of their row (l & 15).
+__device__ __forceinline__ void prefetch_row(const di_sparse_mqa_params &p, int kind, int64_t row,
+                                             int lane) {
+    const bool hi = lane >= 16;
+    if (kind == 1) {
+        const uint8_t *a = static_cast<const uint8_t *>(p.window) + row * kWindowRow;
+        if (!hi) {
+            prefetch_l2(a);
+            prefetch_l2(a + 256);
+            prefetch_l2(a + kWindowRow - 1);
+        } else {
+            prefetch_l2(a + 128);
+            prefetch_l2(a + 384);
+        }
+    } else if (kind == 2) {
+        const uint8_t *a = static_cast<const uint8_t *>(p.compressed) + row * kCompressedRow;
+        prefetch_l2(hi ? a + 128 : a);
+        if (!hi) prefetch_l2(a + kCompressedRow - 1);
+    }
+}
+
+template <bool kPermuteFp4, bool kSpread, int NP>
+__device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
+                                           int lane, int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    const uint8_t *window = static_cast<const uint8_t *>(p.window);
+    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
+    constexpr int RW = kBlock / NP;  // rows per producer warp (16 or 8)
+    const int mine = pw * RW + (lane % RW);
+    int k0, r0, k1, r1, k2, r2;
+    resolve(p, t, mine, k0, r0);
+    resolve(p, t, int64_t{kBlock} + mine, k1, r1);
+    resolve(p, t, int64_t{2 * kBlock} + mine, k2, r2);
+    prefetch_row(p, k1, r1, lane);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        prefetch_row(p, k2, r2, lane);
+        int k3, r3;
+        resolve(p, t, int64_t{j + 3} * kBlock + mine, k3, r3);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+        if (__any_sync(0xFFFFFFFFu, k0 == 1)) {
+            // Window rows present: one row per warp load, two batches of 8.
+#pragma unroll 1
+            for (int half = 0; half < RW / 8; ++half) {
+                uint4 v[8];
+                uint32_t sc[8];
+                int kinds[8];
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int r = half * 8 + i;
+                    kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
+                    const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
+                    v[i] = make_uint4(0, 0, 0, 0);
+                    sc[i] = 0;
+                    if (kinds[i] == 1) {
+                        const uint8_t *src = window + at * kWindowRow;
+                        v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + lane);
+                        sc[i] = __ldg(src + kDim + lane / 2);
+                    } else if (kinds[i] == 2) {
+                        const uint8_t *src = comp + at * kCompressedRow;
+                        const uint2 w = __ldg(reinterpret_cast<const uint2 *>(src) + lane);
+                        v[i].x = w.x;
+                        v[i].y = w.y;
+                        sc[i] = __ldg(src + kDim / 2 + lane);
+                    }
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    const int r = pw * RW + half * 8 + i;
+                    uint32_t o[8];
+                    if (kinds[i] == 1) {
+                        const float s = e8m0_f32(sc[i]);
+                        const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                        for (int k = 0; k < 4; ++k) {
+                            o[2 * k] = e4m3x2_scaled(w[k] & 0xFFFFu, s);
+                            o[2 * k + 1] = e4m3x2_scaled(w[k] >> 16, s);
+                        }
+                    } else if (kinds[i] == 2) {
+                        const __half_raw hs = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc[i]), __NV_E4M3);
+                        const float s2 = __half2float(*reinterpret_cast<const __half *>(&hs)) * 16384.0f;
+                        const uint32_t w[2] = {v[i].x, v[i].y};
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, s2);
+                    } else {
+#pragma unroll
+                        for (int k = 0; k < 8; ++k) o[k] = 0;
+                    }
+                    if (kSpread) {
+                        // Lanes 4-7 of every 8 store their odd chunk first, so
+                        // each store covers all 8 chunk slots of a 128-byte row
+                        // span (no bank conflict).
+                        const bool odd = (lane >> 2) & 1;
+                        const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + odd)) = odd ? hi : lo;
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + !odd)) = odd ? lo : hi;
+                    } else {
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                    }
+                    if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+                }
+            }
+        } else if (kSpread) {
+            // Compressed rows (or none) only, stores without bank conflicts:
+            // lanes 0-15 take even rows, 16-31 odd rows; lane part (lane & 15)
+            // decodes chunks part + 16q (q < 4, 8 values each: one 32-bit
+            // word of nibbles and one e4m3 scale per pair of chunks).
+            const int part = lane & 15;
+            uint32_t w[8][4], sc[8];
+            int kinds[8];
+#pragma unroll
+            for (int i = 0; i < RW / 2; ++i) {
+                const int r = 2 * i + (lane >> 4);
+                kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
+                const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
+                sc[i] = 0;
+#pragma unroll
+                for (int q = 0; q < 4; ++q) w[i][q] = 0;
+                if (kinds[i] == 2) {
+                    const uint8_t *src = comp + at * kCompressedRow;
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        w[i][q] = __ldg(reinterpret_cast<const uint32_t *>(src) + part + 16 * q);
+                        sc[i] |= uint32_t{__ldg(src + kDim / 2 + part / 2 + 8 * q)} << (8 * q);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RW / 2; ++i) {
+                const int r = pw * RW + 2 * i + (lane >> 4);
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    uint32_t o4[4] = {0, 0, 0, 0};
+                    if (kinds[i] == 2) e2m1x8_scaled(w[i][q], e4m3_bf16x2((sc[i] >> (8 * q)) & 0xFFu), o4);
+                    *reinterpret_cast<uint4 *>(tile + swz(r, part + 16 * q)) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+                }
+                if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+            }
+        } else {
+            // Compressed rows (or none) only: lanes 0-15 take even rows,
+            // 16-31 odd rows; lane part (lane & 15) decodes values
+            // 32*part .. 32*part+31 (16 bytes, two e4m3 scales).
+            const int part = lane & 15;
+            uint4 v[8];
+            uint32_t sc[8];
+            int kinds[8];
+#pragma unroll
+            for (int i = 0; i < RW / 2; ++i) {
+                const int r = 2 * i + (lane >> 4);
+                kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
+                const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
+                v[i] = make_uint4(0, 0, 0, 0);
+                sc[i] = 0;
+                if (kinds[i] == 2) {
+                    const uint8_t *src = comp + at * kCompressedRow;
+                    v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + part);
+                    sc[i] = __ldg(reinterpret_cast<const unsigned short *>(src + kDim / 2) + part);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < RW / 2; ++i) {
+                const int r = pw * RW + 2 * i + (lane >> 4);
+                uint32_t o[16];
+                if (kinds[i] == 2 && kPermuteFp4) {
+                    const __nv_bfloat162 s_lo = e4m3_bf16x2(sc[i] & 0xFFu), s_hi = e4m3_bf16x2(sc[i] >> 8);
+                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        uint32_t q4[4];
+                        e2m1x8_scaled(w[k], k < 2 ? s_lo : s_hi, q4);
+#pragma unroll
+                        for (int m = 0; m < 4; ++m) o[4 * k + m] = q4[m];
+                    }
+                } else if (kinds[i] == 2) {
+                    const __half2_raw hs = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sc[i]), __NV_E4M3);
+                    const float2 sf = __half22float2(*reinterpret_cast<const __half2 *>(&hs));
+                    const float s_lo = sf.x * 16384.0f, s_hi = sf.y * 16384.0f;
+                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
+#pragma unroll
+                    for (int k = 0; k < 16; ++k)
+                        o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, k < 8 ? s_lo : s_hi);
+                } else {
+#pragma unroll
+                    for (int k = 0; k < 16; ++k) o[k] = 0;
+                }
+#pragma unroll
+                for (int q = 0; q < 4; ++q)
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 4 * part + q)) =
+                        make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
+                if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
+            }
+        }
+        bar_arrive(&full[b]);
+        k0 = k1, r0 = r1;
+        k1 = k2, r1 = r2;
+        k2 = k3, r2 = r3;
+    }
+}
+
+
+// The kernel body: grid (T, H / (16 * HG)), Layout<HG>::threads threads and
+// Layout<HG>::bytes of dynamic shared memory. Warpgroup 0 produces BF16 row
+// tiles (two buffers) with producer version PV (1, 2, 3 = 2 with the
+// byte-permute FP4 decode, 4 = 3 with conflict-free stores, 5 = 3 with 8
+// producer warps of 8 rows each); the 2 * HG consumer warps use them. With 64 heads
+// the register file is split by setmaxnreg (producers 96, consumers 200);
+// smaller CTAs fit in it without.
+template <int HG, int PV, int NP = kProducerWarps>
+__device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * Layout<HG>::heads;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], NP * 32);
+        bar_init(&bars[1], NP * 32);
+        bar_init(&bars[2], Layout<HG>::consumer_warps * 32);
+        bar_init(&bars[3], Layout<HG>::consumer_warps * 32);
+    }
+    __syncthreads();
+    if (warp < NP) {
+        if constexpr (NP == 8) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs8));
+        else if constexpr (HG == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+        if constexpr (PV == 1) produce(p, smem, warp, lane, t, blocks);
+        else produce_v2<PV >= 3, PV == 4, NP>(p, smem, warp, lane, t, blocks);
+    } else {
+        if constexpr (NP == 8) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs8));
+        else if constexpr (HG == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        // Padding warps of a version-5 consumer warpgroup have no work.
+        if (warp - NP < Layout<HG>::consumer_warps) consume<HG>(p, smem, warp - NP, lane, t, h0, blocks);
+    }
+}
+
+}  // namespace
+
+// Versions 1-3: 64 heads per CTA, DI_SPARSE_MQA_THREADS threads and
+// DI_SPARSE_MQA_SMEM_BYTES; bitwise the same results.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v1(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<4, 1>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v2(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<4, 2>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v3(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<4, 3>(p);
+}
+
+// Version 4: version 3 with bank-conflict-free producer stores, with 64, 32
+// and 16 heads per CTA (grid (T, H / 64), (T, H / 32), (T, H / 16)): more
+// CTAs for few queries, the same result per head.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v4(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<4, 4>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
+    sparse_mqa_v4_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 4>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
+    sparse_mqa_v4_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 4>(p);
+}
+
+// Version 3 with 32 and 16 heads per CTA (grid (T, H / 32), (T, H / 16)):
+// more CTAs for few queries, the same result per head.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
+    sparse_mqa_v3_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 3>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
+    sparse_mqa_v3_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 3>(p);
+}
+
+// Version 5: version 3's 32- and 16-head CTAs with 8 producer warps (two
+// warpgroups, 8 rows each) and one consumer warpgroup (for 16 heads, two of
+// its warps idle): DI_SPARSE_MQA_THREADS threads, the _H32 / _H16 shared memory.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v5_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<2, 3, 8>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v5_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_body<1, 3, 8>(p);
+}

@@ -1,0 +1,125 @@
+//! Sparse MQA launches (`kernels-cuda/attention/`): one CTA per (query, 64,
+//! 32 or 16 heads) by version, and `Auto` (version 3 at 64 heads, version 5
+//! at 32 or 16, the CTA size chosen from the number of CTAs it gives; a
+//! head's result does not depend on it). The caller is
+//! [`crate::ops::sparse_mqa_into`], which has checked dtypes, shapes (D 512,
+//! H a multiple of 64), devices and the output shapes; index values are not
+//! checked here: the kernel treats every entry outside its pool as no row and
+//! never reads it. No CTA's work depends on another's and a head's
+//! arithmetic is the same in every CTA size, so a query's result does not
+//! depend on the batch (nor on the CTA size `Auto` picks from it).
+
+use super::params::di_sparse_mqa_params;
+use super::{allow_smem, launch, read_ptr, write_ptr};
+use crate::contract::{SparseMqaKernel, SparseMqaShape};
+use crate::device::CudaDevice;
+use crate::error::Result;
+use crate::kernels;
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+
+/// (heads, threads, dynamic shared memory) of a CTA: 64 heads
+/// (`DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer warpgroup
+/// and two tensor-core warpgroups), 32 and 16 heads (the `_H32`, `_H16`
+/// sizes), and version 5's 32 and 16 heads (two producer warpgroups and one
+/// consumer warpgroup: `DI_SPARSE_MQA_THREADS` threads, the `_H32` / `_H16`
+/// shared memory); the kernel static-asserts its carve-up.
+const CTA_64: (usize, u32, u32) = (64, 384, 230_400);
+const CTA_32: (usize, u32, u32) = (32, 256, 181_248);
+const CTA_16: (usize, u32, u32) = (16, 192, 156_672);
+const CTA_32_V5: (usize, u32, u32) = (32, 384, 181_248);
+const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
+
+/// Time of one CTA relative to a 64-head CTA (the same list), by heads per
+/// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
+/// the H200 (bench of 6530954, 640 rows, one wave): 65.3 µs per 64-head
+/// CTA (version 3), 43.3 and 40.2 µs per 32- and 16-head CTA (version 5).
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.66), (16, 0.62)];
+
+/// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
+/// CTA per SM) times its relative cost is least, ties to the larger CTA.
+fn auto_heads(t: usize, h: usize, sms: usize) -> usize {
+    let cost = |&(heads, c): &(usize, f64)| (t * (h / heads)).div_ceil(sms.max(1)) as f64 * c;
+    CTA_COST
+        .iter()
+        .min_by(|a, b| cost(a).total_cmp(&cost(b)))
+        .map_or(64, |&(heads, _)| heads)
+}
+
+/// out `[T, H, 512]` and lse `[T, H]` of the chosen kernel version.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn sparse_mqa(
+    dev: &CudaDevice,
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+    s: SparseMqaShape,
+    version: SparseMqaKernel,
+) -> Result<()> {
+    if s.t == 0 {
+        return Ok(());
+    }
+    use kernels::attention as k;
+    let auto = |heads| match heads {
+        16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
+        32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
+        _ => (k::SPARSE_MQA_V3, CTA_64),
+    };
+    let (kernel, (heads, threads, smem)) = match version {
+        SparseMqaKernel::V1 => (k::SPARSE_MQA_V1, CTA_64),
+        SparseMqaKernel::V2 => (k::SPARSE_MQA_V2, CTA_64),
+        SparseMqaKernel::V3 => (k::SPARSE_MQA_V3, CTA_64),
+        SparseMqaKernel::V3Heads32 => (k::SPARSE_MQA_V3_H32, CTA_32),
+        SparseMqaKernel::V3Heads16 => (k::SPARSE_MQA_V3_H16, CTA_16),
+        SparseMqaKernel::V4 => (k::SPARSE_MQA_V4, CTA_64),
+        SparseMqaKernel::V4Heads32 => (k::SPARSE_MQA_V4_H32, CTA_32),
+        SparseMqaKernel::V4Heads16 => (k::SPARSE_MQA_V4_H16, CTA_16),
+        SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
+        SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
+        SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
+    };
+    allow_smem(dev, kernel, smem)?;
+    let (qp, _gq) = read_ptr(q.cuda().expect("validated: q is on this device"), dev);
+    let (wp, _gw) = read_ptr(window.cuda().expect("validated"), dev);
+    let (wip, _gwi) = read_ptr(window_idx.cuda().expect("validated"), dev);
+    let (sp, _gs) = read_ptr(sink.cuda().expect("validated"), dev);
+    let comp = compressed.map(|(rows, idx)| {
+        (
+            read_ptr(rows.cuda().expect("validated"), dev),
+            read_ptr(idx.cuda().expect("validated"), dev),
+        )
+    });
+    let (cp, cip) = comp
+        .as_ref()
+        .map_or((std::ptr::null(), std::ptr::null()), |((c, _), (ci, _))| {
+            (*c, *ci)
+        });
+    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    let (lp, _gl) = write_ptr(lse.cuda_mut().expect("validated"), dev);
+    let p = di_sparse_mqa_params {
+        q: qp,
+        window: wp,
+        window_idx: wip as *const i32,
+        compressed: cp,
+        compressed_idx: cip as *const i32,
+        sink: sp as *const f32,
+        out: op,
+        lse: lp as *mut f32,
+        nw: s.nw as i64,
+        nc: s.nc as i64,
+        h: s.h as i32,
+        kw: s.kw as i32,
+        kc: s.kc as i32,
+        scale: (s.d as f64).powf(-0.5) as f32,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (s.t as u32, (s.h / heads) as u32, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    launch(dev, kernel, cfg, &p)
+}

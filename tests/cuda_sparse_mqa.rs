@@ -1,0 +1,329 @@
+//! The sparse MQA kernel against the CPU op (`ops::sparse_mqa` on the host,
+//! itself bitwise the reference over the decoded rows): fresh random pools
+//! and queries, outputs NaN-poisoned before the kernel runs, lists with −1,
+//! duplicates and out-of-range numbers (i32::MAX, i32::MIN, Nw, Nc + 1000),
+//! Kc = 0 (window-only layers), Kw = 0, Kw + Kc not a multiple of 64, an
+//! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
+//! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
+//! query's result bitwise equal alone and inside batches (batch
+//! invariance); the kernel versions bitwise equal to each other; CUDA-only
+//! shape limits as typed errors. DEEPINFER_QUICK=1
+//! keeps to small shapes (the compute-sanitizer pass, where the out-of-range
+//! entries show that nothing outside the pools is read). Built only for
+//! DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
+//!
+//! Tolerances. The kernel differs from the CPU only in the order of the fp32
+//! sums (tensor-core dot products, P·V and the denominator) and in exp
+//! (`ex2.approx` for the probabilities, relative error < 2^-21). Those move
+//! an fp32 value by ~1e-6 relative, so a BF16 output (or a BF16-rounded
+//! probability) lands on the other side of a rounding boundary with
+//! probability ~1e-6 / 2^-8 ≈ 3e-4. calc_diff(out) must stay below 1e-6:
+//! that is what one output in ~8 off by one BF16 ulp would give (one ulp is
+//! 2^-8 to 2^-7 relative, calc_diff = Σ(x−y)² / Σ(x²+y²)), far above the
+//! expected ~1e-8 and far below any indexing or masking error (≥ 1e-3).
+//! lse: |Δ| ≤ 1e-4 (its fp32 error is ~1e-6 of l), +∞ exactly where the CPU's is.
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use common::attention::{compressed_pool, index_lists, window_pool};
+use deepinfer::device::CudaDevice;
+use deepinfer::kv_format;
+use deepinfer::numerics::calc_diff;
+use deepinfer::ops::SparseMqaKernel;
+use deepinfer::{DType, Device, Error, Tensor, ops};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+const D: usize = 512;
+const OUT_LIMIT: f64 = 1e-6;
+const LSE_TOL: f32 = 1e-4;
+
+fn gpu() -> Device {
+    let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
+    Device::Cuda(dev.with_poisoned_allocations())
+}
+
+fn quick() -> bool {
+    std::env::var("DEEPINFER_QUICK").is_ok_and(|v| v == "1")
+}
+
+/// Host inputs of one call.
+struct Inputs {
+    q: Tensor,
+    window: Tensor,
+    widx: Tensor,
+    compressed: Option<(Tensor, Tensor)>,
+    sink: Tensor,
+}
+
+impl Inputs {
+    #[allow(clippy::too_many_arguments)]
+    fn random(
+        rng: &mut StdRng,
+        t: usize,
+        h: usize,
+        (nw, kw): (usize, usize),
+        comp: Option<(usize, usize)>,
+        holes: f64,
+    ) -> Inputs {
+        let q = common::random_activations(rng, t * h * D, 1.0);
+        let window = window_pool(rng, nw, D, 1.0);
+        let widx = index_lists(rng, t, kw, nw, holes);
+        let compressed = comp.map(|(nc, kc)| {
+            let rows = compressed_pool(rng, nc, D, 1.0);
+            let idx = index_lists(rng, t, kc, nc, holes);
+            (
+                Tensor::from_vec(rows, &[nc, kv_format::compressed_row_bytes(D)]).unwrap(),
+                Tensor::from_vec(idx, &[t, kc]).unwrap(),
+            )
+        });
+        let sink: Vec<f32> = (0..h).map(|_| rng.random_range(-3.0..3.0)).collect();
+        Inputs {
+            q: Tensor::from_vec(q, &[t, h, D]).unwrap(),
+            window: Tensor::from_vec(window, &[nw, kv_format::window_row_bytes(D)]).unwrap(),
+            widx: Tensor::from_vec(widx, &[t, kw]).unwrap(),
+            compressed,
+            sink: Tensor::from_vec(sink, &[h]).unwrap(),
+        }
+    }
+
+    fn to(&self, dev: &Device) -> Inputs {
+        Inputs {
+            q: self.q.to_device(dev).unwrap(),
+            window: self.window.to_device(dev).unwrap(),
+            widx: self.widx.to_device(dev).unwrap(),
+            compressed: self
+                .compressed
+                .as_ref()
+                .map(|(r, i)| (r.to_device(dev).unwrap(), i.to_device(dev).unwrap())),
+            sink: self.sink.to_device(dev).unwrap(),
+        }
+    }
+
+    /// (out, lse) of the default kernel on the inputs' device, on the host.
+    fn run(&self) -> (Vec<bf16>, Vec<f32>) {
+        let comp = self.compressed.as_ref().map(|(r, i)| (r, i));
+        let (out, lse) =
+            ops::sparse_mqa(&self.q, &self.window, &self.widx, comp, &self.sink).unwrap();
+        (out.to_vec::<bf16>().unwrap(), lse.to_vec::<f32>().unwrap())
+    }
+
+    /// (out, lse) of one CUDA kernel version into fresh (poisoned) outputs.
+    fn run_with(&self, dev: &Device, kernel: SparseMqaKernel) -> (Vec<bf16>, Vec<f32>) {
+        let comp = self.compressed.as_ref().map(|(r, i)| (r, i));
+        let (t, h) = (self.q.shape()[0], self.q.shape()[1]);
+        let mut out = Tensor::empty(dev, DType::BF16, &[t, h, D]).unwrap();
+        let mut lse = Tensor::empty(dev, DType::F32, &[t, h]).unwrap();
+        ops::sparse_mqa_into_with(
+            &self.q,
+            &self.window,
+            &self.widx,
+            comp,
+            &self.sink,
+            &mut out,
+            &mut lse,
+            kernel,
+        )
+        .unwrap();
+        (out.to_vec::<bf16>().unwrap(), lse.to_vec::<f32>().unwrap())
+    }
+}
+
+fn compare(label: &str, got: &(Vec<bf16>, Vec<f32>), want: &(Vec<bf16>, Vec<f32>)) {
+    assert_eq!(got.0.len(), want.0.len(), "{label}");
+    assert!(
+        got.0.iter().all(|v| v.is_finite()),
+        "{label}: non-finite output"
+    );
+    let diff = calc_diff(&common::to_f64(&got.0), &common::to_f64(&want.0));
+    eprintln!("{label}: calc_diff {diff:.3e}");
+    assert!(
+        diff <= OUT_LIMIT,
+        "{label}: calc_diff {diff:e} > {OUT_LIMIT:e}"
+    );
+    for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
+        let ok = if w.is_infinite() {
+            g == w
+        } else {
+            (g - w).abs() <= LSE_TOL
+        };
+        assert!(ok, "{label}: lse[{i}] {g} vs {w}");
+    }
+}
+
+/// (T, H, window (Nw, Kw), compressed (Nc, Kc), share of odd entries).
+type Case = (usize, usize, (usize, usize), Option<(usize, usize)>, f64);
+
+#[test]
+fn sparse_mqa_matches_the_cpu_op() {
+    let dev = gpu();
+    let mut rng = common::rng("sparse_mqa_cuda");
+    let mut cases: Vec<Case> = vec![
+        (1, 64, (300, 128), Some((2000, 512)), 0.05),
+        (2, 64, (200, 128), None, 0.2),
+        (6, 64, (50, 37), Some((90, 100)), 0.3),
+        (3, 64, (10, 0), Some((70, 65)), 0.2),
+        (2, 128, (64, 64), Some((64, 1)), 0.1),
+        (1, 64, (5, 1), None, 0.0),
+        (2, 64, (3, 70), Some((2, 70)), 0.5),
+    ];
+    if !quick() {
+        cases.extend([
+            (64, 64, (64 * 128, 128), Some((20_000, 512)), 0.02),
+            (257, 64, (257 * 128, 128), Some((30_000, 512)), 0.02),
+            (33, 64, (100, 129), Some((1000, 700)), 0.1),
+        ]);
+    }
+    for (t, h, w, c, holes) in cases {
+        let host = Inputs::random(&mut rng, t, h, w, c, holes);
+        let label = format!("T {t} H {h} window {w:?} compressed {c:?} holes {holes}");
+        let want = host.run();
+        let gpu_inputs = host.to(&dev);
+        let v1 = gpu_inputs.run_with(&dev, SparseMqaKernel::V1);
+        compare(&format!("{label} V1"), &v1, &want);
+        // Every version decodes the rows exactly and shares the consumers,
+        // whose per-head arithmetic is the same in every CTA size, so the
+        // versions agree bit for bit.
+        for kernel in [
+            SparseMqaKernel::V2,
+            SparseMqaKernel::V3,
+            SparseMqaKernel::V3Heads32,
+            SparseMqaKernel::V3Heads16,
+            SparseMqaKernel::V4,
+            SparseMqaKernel::V4Heads32,
+            SparseMqaKernel::V4Heads16,
+            SparseMqaKernel::V5Heads32,
+            SparseMqaKernel::V5Heads16,
+            SparseMqaKernel::Auto,
+        ] {
+            let got = gpu_inputs.run_with(&dev, kernel);
+            let bits = |v: &(Vec<bf16>, Vec<f32>)| {
+                let o: Vec<u16> = v.0.iter().map(|x| x.to_bits()).collect();
+                let l: Vec<u32> = v.1.iter().map(|x| x.to_bits()).collect();
+                (o, l)
+            };
+            assert!(
+                bits(&got) == bits(&v1),
+                "{label}: {kernel:?} differs from V1"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_empty_list_gives_zeros_and_infinite_lse() {
+    let dev = gpu();
+    let mut rng = common::rng("sparse_mqa_cuda_empty");
+    let mut host = Inputs::random(&mut rng, 3, 64, (4, 70), Some((4, 30)), 0.0);
+    // Query 1: −1 and out-of-range numbers only.
+    let mut widx = host.widx.to_vec::<i32>().unwrap();
+    let bad = [-1, 4, i32::MAX, i32::MIN, 1000];
+    for (k, e) in widx[70..140].iter_mut().enumerate() {
+        *e = bad[k % bad.len()];
+    }
+    host.widx = Tensor::from_vec(widx, &[3, 70]).unwrap();
+    let (rows, cidx) = host.compressed.take().unwrap();
+    let mut cidx = cidx.to_vec::<i32>().unwrap();
+    for (k, e) in cidx[30..60].iter_mut().enumerate() {
+        *e = bad[k % bad.len()];
+    }
+    host.compressed = Some((rows, Tensor::from_vec(cidx, &[3, 30]).unwrap()));
+    let got = host.to(&dev).run();
+    compare("empty query", &got, &host.run());
+    let (out, lse) = got;
+    assert!(out[64 * D..128 * D].iter().all(|v| v.to_bits() == 0));
+    assert!(lse[64..128].iter().all(|&v| v == f32::INFINITY));
+}
+
+#[test]
+fn a_query_alone_equals_the_same_query_in_a_batch() {
+    let dev = gpu();
+    let mut rng = common::rng("sparse_mqa_cuda_batch");
+    let t = if quick() { 5 } else { 70 };
+    let host = Inputs::random(&mut rng, t, 64, (500, 128), Some((3000, 512)), 0.1);
+    let batch = host.to(&dev).run();
+    let kw = 128;
+    let kc = 512;
+    let (widx, cidx) = (
+        host.widx.to_vec::<i32>().unwrap(),
+        host.compressed.as_ref().unwrap().1.to_vec::<i32>().unwrap(),
+    );
+    let q = host.q.to_vec::<bf16>().unwrap();
+    for i in [0, t / 2, t - 1] {
+        let alone = Inputs {
+            q: Tensor::from_vec(q[i * 64 * D..(i + 1) * 64 * D].to_vec(), &[1, 64, D]).unwrap(),
+            window: host.window.clone(),
+            widx: Tensor::from_vec(widx[i * kw..(i + 1) * kw].to_vec(), &[1, kw]).unwrap(),
+            compressed: Some((
+                host.compressed.as_ref().unwrap().0.clone(),
+                Tensor::from_vec(cidx[i * kc..(i + 1) * kc].to_vec(), &[1, kc]).unwrap(),
+            )),
+            sink: host.sink.clone(),
+        };
+        let (out, lse) = alone.to(&dev).run();
+        let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&out),
+            bits(&batch.0[i * 64 * D..(i + 1) * 64 * D]),
+            "query {i} out"
+        );
+        let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            fbits(&lse),
+            fbits(&batch.1[i * 64..(i + 1) * 64]),
+            "query {i} lse"
+        );
+    }
+}
+
+#[test]
+fn cuda_shape_limits_are_typed_errors() {
+    let dev = gpu();
+    let mut rng = common::rng("sparse_mqa_cuda_errors");
+    for (h, d) in [(32, 512), (64, 256), (96, 512)] {
+        let q =
+            Tensor::from_vec(common::random_activations(&mut rng, h * d, 1.0), &[1, h, d]).unwrap();
+        let wb = kv_format::window_row_bytes(d);
+        let w = Tensor::from_vec(vec![0u8; 2 * wb], &[2, wb]).unwrap();
+        let wi = Tensor::from_vec(vec![0i32, 1], &[1, 2]).unwrap();
+        let s = Tensor::from_vec(vec![0f32; h], &[h]).unwrap();
+        let (q, w, wi, s) = (
+            q.to_device(&dev).unwrap(),
+            w.to_device(&dev).unwrap(),
+            wi.to_device(&dev).unwrap(),
+            s.to_device(&dev).unwrap(),
+        );
+        let e = ops::sparse_mqa(&q, &w, &wi, None, &s)
+            .map(|_| ())
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Shape {
+                    op: "sparse_mqa",
+                    tensor: "q",
+                    ..
+                }
+            ),
+            "H {h} D {d}: {e}"
+        );
+    }
+    let host = Inputs::random(&mut rng, 1, 64, (4, 4), None, 0.0);
+    let mut g = host.to(&dev);
+    g.window = host.window.clone();
+    let e = ops::sparse_mqa(&g.q, &g.window, &g.widx, None, &g.sink)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DeviceMismatch {
+                tensor: "window",
+                ..
+            }
+        ),
+        "{e}"
+    );
+}
