@@ -57,6 +57,14 @@ pub enum Error {
         device: String,
         why: &'static str,
     },
+    /// An allocation would take more memory than the device has available.
+    #[error("{what}: needs {bytes} bytes, {device} has {available} available")]
+    OutOfMemory {
+        what: &'static str,
+        bytes: usize,
+        device: String,
+        available: usize,
+    },
     /// A paged cache has no free page left for a sequence.
     #[error("{cache}: out of pages (sequence {seq} needs {needed} more, {free} free of {total})")]
     OutOfPages {

@@ -25,7 +25,11 @@ pub struct Tensor {
     storage: Storage,
 }
 
-fn check_fp4_shape(dtype: DType, shape: &[usize]) -> Result<()> {
+/// Checks a shape for `dtype`: an even last dimension for packed FP4, and
+/// an element count and byte size that fit `isize` (checked arithmetic, so
+/// an absurd shape is an error in release builds too, never a wrapped
+/// size). Returns the element count.
+fn check_shape(dtype: DType, shape: &[usize]) -> Result<usize> {
     if dtype == DType::F4E2M1x2 && shape.last().is_some_and(|d| d % 2 != 0) {
         return Err(Error::Shape {
             op: "Tensor::new",
@@ -34,16 +38,31 @@ fn check_fp4_shape(dtype: DType, shape: &[usize]) -> Result<()> {
             expected: "an even last dimension (two e2m1 values per byte)".into(),
         });
     }
-    Ok(())
+    let too_big = || Error::Shape {
+        op: "Tensor::new",
+        tensor: "self",
+        got: shape.to_vec(),
+        expected: format!("at most {} bytes of {dtype}", isize::MAX),
+    };
+    let numel = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(too_big)?;
+    let bytes = numel
+        .checked_mul(dtype.storage_bytes(1))
+        .ok_or_else(too_big)?;
+    if bytes > isize::MAX as usize {
+        return Err(too_big());
+    }
+    Ok(numel)
 }
 
 impl Tensor {
     /// A host tensor from typed data. `data.len() * T::PER_UNIT` must equal the
     /// product of `shape`.
     pub fn from_vec<T: Element>(data: Vec<T>, shape: &[usize]) -> Result<Tensor> {
-        check_fp4_shape(T::DTYPE, shape)?;
-        let numel: usize = shape.iter().product();
-        if data.len() * T::PER_UNIT != numel {
+        let numel = check_shape(T::DTYPE, shape)?;
+        if data.len().checked_mul(T::PER_UNIT) != Some(numel) {
             return Err(Error::DataLength {
                 dtype: T::DTYPE,
                 shape: shape.to_vec(),
@@ -61,8 +80,7 @@ impl Tensor {
     /// A host tensor of `dtype` whose every byte is `byte` (0xFF poisons f32,
     /// bf16 and e4m3 with NaN).
     pub fn filled_bytes(dtype: DType, shape: &[usize], byte: u8) -> Result<Tensor> {
-        check_fp4_shape(dtype, shape)?;
-        let numel: usize = shape.iter().product();
+        let numel = check_shape(dtype, shape)?;
         let bytes = vec![byte; dtype.storage_bytes(numel)];
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -75,8 +93,7 @@ impl Tensor {
     /// uninitialised, or 0xFF when the CUDA handle poisons, on a GPU). Used for
     /// outputs that an op's `_into` variant overwrites completely.
     pub fn empty(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        check_fp4_shape(dtype, shape)?;
-        let bytes = dtype.storage_bytes(shape.iter().product());
+        let bytes = dtype.storage_bytes(check_shape(dtype, shape)?);
         let storage = match device {
             Device::Cpu => Storage::Host(HostStorage::from_le_bytes(dtype, &vec![0; bytes])),
             Device::Cuda(d) => Storage::Cuda(d.alloc(bytes)?),
@@ -95,8 +112,7 @@ impl Tensor {
 
     /// The same data under another shape of the same element count.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
-        check_fp4_shape(self.dtype, shape)?;
-        if shape.iter().product::<usize>() != self.numel() {
+        if check_shape(self.dtype, shape)? != self.numel() {
             return Err(Error::Shape {
                 op: "Tensor::reshape",
                 tensor: "self",

@@ -282,3 +282,48 @@ fn greedy_requests_equal_the_runner_and_bad_ones_fail_alone() {
         );
     }
 }
+
+#[test]
+fn absurd_lengths_are_typed_errors_before_any_allocation() {
+    let engine = Engine::new(
+        tiny_model(3),
+        EngineConfig {
+            max_context: deepinfer::engine::MAX_CONTEXT,
+            ..EngineConfig::default()
+        },
+    );
+    let huge = SamplingParams {
+        max_tokens: usize::MAX,
+        ..SamplingParams::default()
+    };
+    let e = engine
+        .generate(&[vec![1, 2]], &[huge])
+        .remove(0)
+        .unwrap_err();
+    assert!(e.to_string().contains("max_tokens"), "{e}");
+    // Legal on paper, far beyond this machine: the pool refuses by size.
+    let big = SamplingParams {
+        max_tokens: 1 << 30,
+        ..SamplingParams::default()
+    };
+    let e = engine
+        .generate(&[vec![1, 2]], &[big])
+        .remove(0)
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("bytes") || e.to_string().contains("2^31"),
+        "{e}"
+    );
+    let bad = Engine::new(
+        tiny_model(3),
+        EngineConfig {
+            max_seqs: 0,
+            ..EngineConfig::default()
+        },
+    );
+    let e = bad
+        .generate(&[vec![1]], &[SamplingParams::default()])
+        .remove(0)
+        .unwrap_err();
+    assert!(e.to_string().contains("max_seqs"), "{e}");
+}

@@ -291,3 +291,27 @@ fn a_kernel_missing_from_its_family_is_named() {
     );
     assert!(deepinfer::kernels::family("no_such_family").is_err());
 }
+
+#[test]
+fn absurd_tensor_sizes_are_errors_not_wrapped_sizes() {
+    let huge = 1usize << 33;
+    let e = Tensor::from_vec(Vec::<f32>::new(), &[huge, huge]).unwrap_err();
+    assert!(e.to_string().contains("bytes of F32"), "{e}");
+    let e = Tensor::empty(&Device::Cpu, DType::F32, &[1 << 62]).unwrap_err();
+    assert!(e.to_string().contains("bytes of F32"), "{e}");
+    assert!(Tensor::filled_bytes(DType::BF16, &[usize::MAX, 2], 0).is_err());
+    assert!(Tensor::zeros(&Device::Cpu, DType::I64, &[1 << 61]).is_err());
+    let t = Tensor::from_vec(vec![0u8; 4], &[4]).unwrap();
+    assert!(
+        t.clone().reshape(&[huge, huge, 4]).is_err(),
+        "a wrapping product is no 4 elements"
+    );
+    assert!(t.reshape(&[2, 2]).is_ok());
+    // Zero-sized dimensions stay legal.
+    assert_eq!(
+        Tensor::from_vec(Vec::<f32>::new(), &[0, huge])
+            .unwrap()
+            .numel(),
+        0
+    );
+}

@@ -88,6 +88,15 @@ impl CudaDevice {
         })
     }
 
+    /// Free device memory in bytes (`cuMemGetInfo`).
+    pub fn free_memory(&self) -> Result<usize> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the CUDA context"))?;
+        let (free, _) = cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))?;
+        Ok(free)
+    }
+
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }

@@ -33,6 +33,21 @@ impl Device {
         })
     }
 
+    /// Memory an allocation on this device can still take, in bytes: the
+    /// host's `MemAvailable` (Linux; `None` where it cannot be read) or the
+    /// GPU's free memory.
+    pub fn available_memory(&self) -> Result<Option<usize>> {
+        match self {
+            Device::Cpu => Ok(std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemAvailable:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok())
+                    .map(|kb| kb.saturating_mul(1024))
+            })),
+            Device::Cuda(d) => d.free_memory().map(Some),
+        }
+    }
+
     /// Same physical device (CUDA: same ordinal).
     pub fn same_as(&self, other: &Device) -> bool {
         match (self, other) {

@@ -20,6 +20,9 @@ use crate::model::{Error, Result};
 use rng::Domain;
 use std::time::{Duration, Instant};
 
+/// The largest `max_context`: positions index cache rows with i32.
+pub const MAX_CONTEXT: usize = i32::MAX as usize;
+
 /// Limits of one engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
@@ -94,6 +97,19 @@ impl Engine {
             return prompts
                 .iter()
                 .map(|_| Err(Error::from(clone_arg(&e))))
+                .collect();
+        }
+        let c = self.config;
+        if c.max_seqs == 0 || c.max_context < 2 || c.max_context > MAX_CONTEXT || c.page_rows == 0 {
+            return prompts
+                .iter()
+                .map(|_| {
+                    Err(arg(
+                        "config",
+                        format!("{c:?}"),
+                        "max_seqs and page_rows >= 1, 2 <= max_context <= 2^31 - 1",
+                    ))
+                })
                 .collect();
         }
         let cfg = &self.model.cfg;

@@ -316,6 +316,18 @@ impl StatePool {
     /// A pool for `cfg`'s model on `device` with the pages of `pool`.
     pub fn new(cfg: &ModelConfig, device: &Device, pool: PoolConfig) -> Result<StatePool> {
         pool.validate()?;
+        let bytes = pool.memory_bytes(cfg)?;
+        if let Some(available) = device.available_memory()?
+            && bytes > available
+        {
+            return Err(OpError::OutOfMemory {
+                what: "StatePool::new",
+                bytes,
+                device: device.to_string(),
+                available,
+            }
+            .into());
+        }
         let plans = cfg.layer_plans()?;
         let hd = cfg.attention.head_dim;
         let mut sources = Vec::new();

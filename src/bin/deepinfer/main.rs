@@ -7,7 +7,7 @@
 mod slice;
 
 use clap::{Parser, Subcommand};
-use deepinfer::engine::{Engine, EngineConfig, SamplingParams};
+use deepinfer::engine::{Engine, EngineConfig, MAX_CONTEXT, SamplingParams};
 use deepinfer::model::checkpoint::{GenerateOptions, generate_from_dir};
 use deepinfer::model::runner::{default_model, default_model_dir, load_model};
 use deepinfer::{Device, Error};
@@ -116,7 +116,11 @@ fn run(
         model,
         EngineConfig {
             max_seqs: 1,
-            max_context: prompt.len() + sampling.max_tokens + 1,
+            max_context: prompt
+                .len()
+                .saturating_add(sampling.max_tokens)
+                .saturating_add(1)
+                .min(MAX_CONTEXT),
             ..EngineConfig::default()
         },
     );
