@@ -221,6 +221,63 @@ fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
 }
 
 #[test]
+fn sequences_added_and_freed_mid_stream_never_touch_each_others_pages() {
+    let mut rng = common::rng("model_pool_churn");
+    let (model, _) = tiny_model(rng.random());
+    let vocab = model.cfg.vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..9)
+        .map(|_| {
+            let n = rng.random_range(5..40);
+            prompt(&mut rng, n, vocab)
+        })
+        .collect();
+    let alone: Vec<Vec<f32>> = prompts.iter().map(|t| prefill(&model, t)).collect();
+    // Room for three live sequences at a time: freed pages are reused by
+    // the next sequence while the others keep running.
+    let mut p = pool(&model, 3, 40, 40);
+    let mut waiting: Vec<usize> = (0..prompts.len()).collect();
+    let mut live: Vec<(usize, deepinfer::model::pool::SeqId, usize)> = Vec::new();
+    let mut got: Vec<Vec<f32>> = vec![Vec::new(); prompts.len()];
+    while !waiting.is_empty() || !live.is_empty() {
+        while live.len() < 3 && !waiting.is_empty() && rng.random_bool(0.6) {
+            let i = waiting.remove(0);
+            live.push((i, p.add_sequence().unwrap(), 0));
+        }
+        if live.is_empty() {
+            continue;
+        }
+        let chunks: Vec<usize> = live
+            .iter()
+            .map(|&(i, _, done)| rng.random_range(1..=(prompts[i].len() - done).min(6)))
+            .collect();
+        let inputs: Vec<SeqInput> = live
+            .iter()
+            .zip(&chunks)
+            .map(|(&(i, seq, done), &c)| SeqInput {
+                seq,
+                tokens: &prompts[i][done..done + c],
+            })
+            .collect();
+        let out = model.step(&mut p, &inputs, Capture::default()).unwrap();
+        let all = logits(&out);
+        for ((entry, &c), rows) in live.iter_mut().zip(&chunks).zip(&out.rows) {
+            got[entry.0].extend_from_slice(&all[rows.start * vocab..rows.end * vocab]);
+            entry.2 += c;
+        }
+        live.retain(|&(i, seq, done)| {
+            let finished = done == prompts[i].len();
+            if finished {
+                p.free_sequence(seq).unwrap();
+            }
+            !finished
+        });
+    }
+    for (i, (g, a)) in got.iter().zip(&alone).enumerate() {
+        assert!(bits(g) == bits(a), "sequence {i} differs after the churn");
+    }
+}
+
+#[test]
 fn the_pool_frees_pages_and_running_out_is_a_typed_error() {
     let mut rng = common::rng("model_pool");
     let (model, _) = tiny_model(rng.random());

@@ -85,11 +85,16 @@ pub fn generate_greedy(
     })
 }
 
-/// Loads a model directory holding a config and its safetensors shards.
-/// Engram uses the modulo token map (no tokenizer-derived map ships yet).
-pub fn load_model(dir: &Path) -> Result<Model> {
+/// Loads a model directory holding a config and its safetensors shards;
+/// `check_finite` scans every tensor for NaN/±Inf first. Engram uses the
+/// modulo token map (no tokenizer-derived map ships yet).
+pub fn load_model(dir: &Path, check_finite: bool) -> Result<Model> {
     let cfg = ModelConfig::from_dir(dir)?;
-    let ck = Checkpoint::load(dir, &cfg, &LoadOptions::default())?;
+    let options = LoadOptions {
+        check_finite,
+        ..LoadOptions::default()
+    };
+    let ck = Checkpoint::load(dir, &cfg, &options)?;
     let (weights, _) = load_weights(&ck, &cfg, modulo_token_map(&cfg))?;
     Model::new(cfg, weights)
 }
@@ -134,5 +139,6 @@ pub fn default_model() -> Result<Model> {
             }
         }
     }
-    load_model(&dir)
+    // The embedded model is small: always checked for NaN/±Inf.
+    load_model(&dir, true)
 }

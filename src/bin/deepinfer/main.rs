@@ -50,6 +50,10 @@ enum Cmd {
         /// The request's seed (same seed, same tokens).
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Scan every weight for NaN/±Inf before running (always on for the
+        /// embedded default model).
+        #[arg(long)]
+        check_finite: bool,
     },
     /// Run the RMSNorm → FP8 quantiser slice on a small input.
     Slice {
@@ -84,6 +88,7 @@ enum Cmd {
 
 fn run(
     model: Option<&Path>,
+    check_finite: bool,
     prompt: &str,
     sampling: SamplingParams,
 ) -> deepinfer::model::Result<()> {
@@ -99,7 +104,7 @@ fn run(
         })
         .collect::<Result<_, _>>()?;
     let model = match model {
-        Some(dir) => load_model(dir)?,
+        Some(dir) => load_model(dir, check_finite)?,
         None => {
             eprintln!(
                 "model: embedded tiny default ({})",
@@ -193,6 +198,7 @@ fn main() -> ExitCode {
         top_p: 1.0,
         top_k: 0,
         seed: 0,
+        check_finite: false,
     }) {
         Cmd::Run {
             model,
@@ -202,8 +208,10 @@ fn main() -> ExitCode {
             top_p,
             top_k,
             seed,
+            check_finite,
         } => run(
             model.as_deref(),
+            check_finite,
             &prompt,
             SamplingParams {
                 temperature,
