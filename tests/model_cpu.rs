@@ -520,3 +520,40 @@ fn a_config_that_contradicts_the_checkpoint_is_rejected_by_name() {
         "wrong expert shape named: {msg}"
     );
 }
+
+#[test]
+fn hub_cache_snapshots_resolve_like_hf_hub() {
+    use deepinfer::model::runner::{resolve_hf, resolve_model};
+    let hub = TempDir::new("hub");
+    let root = hub
+        .path()
+        .join("models--deepseek-ai--DeepSeek-V4.1-Flash-1017");
+    std::fs::create_dir_all(root.join("snapshots/abc123")).unwrap();
+    std::fs::create_dir_all(root.join("refs")).unwrap();
+    std::fs::write(root.join("refs/main"), "abc123\n").unwrap();
+    let want = root.join("snapshots/abc123");
+    assert_eq!(
+        resolve_hf("deepseek-ai/DeepSeek-V4.1-Flash-1017", hub.path()),
+        Ok(want.clone())
+    );
+    assert_eq!(
+        resolve_hf("deepseek-ai/DeepSeek-V4.1-Flash-1017@abc123", hub.path()),
+        Ok(want)
+    );
+    let e = resolve_hf("deepseek-ai/DeepSeek-V4.1-Flash-1017@zzz", hub.path()).unwrap_err();
+    assert!(e.ends_with("snapshots/zzz"), "{}", e.display());
+    let e = resolve_hf("other/model", hub.path()).unwrap_err();
+    assert!(
+        e.ends_with("models--other--model/refs/main"),
+        "{}",
+        e.display()
+    );
+    // A plain path: a directory resolves to itself, a missing one says where it looked.
+    let dir = hub.path().to_str().unwrap();
+    assert_eq!(
+        resolve_model(Some(dir)).unwrap(),
+        Some(hub.path().to_path_buf())
+    );
+    let e = resolve_model(Some("/nonexistent/model")).unwrap_err();
+    assert!(e.to_string().contains("/nonexistent/model"), "{e}");
+}

@@ -99,6 +99,88 @@ pub fn load_model(dir: &Path, check_finite: bool) -> Result<Model> {
     Model::new(cfg, weights)
 }
 
+/// Where a model named on the command line lives, resolved offline the way
+/// DeepInfer and `hf-hub` do:
+/// - `hf:ORG/NAME[@REV]`: the Hugging Face cache, `$HF_HUB_CACHE`, else
+///   `$HF_HOME/hub`, else `~/.cache/huggingface/hub`, then
+///   `models--ORG--NAME/snapshots/REV` (REV defaults to the commit that
+///   `refs/main` names);
+/// - anything else: a directory path.
+///
+/// `None` (no `--model`) falls back to `DEEPINFER_HF_MODEL_DIR` when it is
+/// set; the caller then uses the embedded default. A missing model is an
+/// error listing where it looked.
+pub fn resolve_model(name: Option<&str>) -> Result<Option<PathBuf>> {
+    let name = match name {
+        Some(n) => n.to_string(),
+        None => match std::env::var("DEEPINFER_HF_MODEL_DIR") {
+            Ok(d) if !d.is_empty() => d,
+            _ => return Ok(None),
+        },
+    };
+    let missing = |looked: Vec<PathBuf>| {
+        Error::Op(crate::Error::Argument {
+            op: "resolve_model",
+            arg: "model",
+            value: format!(
+                "{name} (looked in {})",
+                looked
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            why: "no model directory with a config there",
+        })
+    };
+    let Some(repo) = name.strip_prefix("hf:") else {
+        let dir = PathBuf::from(&name);
+        return if dir.is_dir() {
+            Ok(Some(dir))
+        } else {
+            Err(missing(vec![dir]))
+        };
+    };
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    let hub = env("HF_HUB_CACHE")
+        .or_else(|| env("HF_HOME").map(|h| h.join("hub")))
+        .unwrap_or_else(|| {
+            env("HOME")
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join(".cache/huggingface/hub")
+        });
+    resolve_hf(repo, &hub)
+        .map(Some)
+        .map_err(|looked| missing(vec![looked]))
+}
+
+/// The snapshot directory of `ORG/NAME[@REV]` in the hub cache `hub`
+/// (`models--ORG--NAME/snapshots/REV`, REV from `refs/main` when absent),
+/// or the path that was missing.
+pub fn resolve_hf(repo: &str, hub: &Path) -> std::result::Result<PathBuf, PathBuf> {
+    let (repo, rev) = match repo.split_once('@') {
+        Some((r, v)) => (r, Some(v.to_string())),
+        None => (repo, None),
+    };
+    let root = hub.join(format!("models--{}", repo.replace('/', "--")));
+    let rev = match rev {
+        Some(r) => r,
+        None => {
+            let refs = root.join("refs/main");
+            std::fs::read_to_string(&refs)
+                .map_err(|_| refs)?
+                .trim()
+                .to_string()
+        }
+    };
+    let dir = root.join("snapshots").join(&rev);
+    if dir.is_dir() { Ok(dir) } else { Err(dir) }
+}
+
 /// The cache directory of the embedded default model.
 pub fn default_model_dir() -> PathBuf {
     let base = std::env::var_os("DEEPINFER_CACHE")

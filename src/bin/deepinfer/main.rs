@@ -9,7 +9,7 @@ mod slice;
 use clap::{Parser, Subcommand};
 use deepinfer::engine::{Engine, EngineConfig, MAX_CONTEXT, SamplingParams};
 use deepinfer::model::checkpoint::{GenerateOptions, generate_from_dir};
-use deepinfer::model::runner::{default_model, default_model_dir, load_model};
+use deepinfer::model::runner::{default_model, default_model_dir, load_model, resolve_model};
 use deepinfer::{Device, Error};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -29,9 +29,11 @@ enum Cmd {
     /// Offline generation on the CPU reference model (greedy unless a
     /// temperature is given).
     Run {
-        /// Model directory (config + shards); default: the embedded tiny model.
+        /// Model directory (config + shards) or `hf:ORG/NAME[@REV]` in the
+        /// Hugging Face cache; default: `$DEEPINFER_HF_MODEL_DIR`, else the
+        /// embedded tiny model.
         #[arg(long)]
-        model: Option<PathBuf>,
+        model: Option<String>,
         /// Comma-separated prompt token ids.
         #[arg(long, default_value = DEFAULT_PROMPT)]
         prompt: String,
@@ -87,7 +89,7 @@ enum Cmd {
 }
 
 fn run(
-    model: Option<&Path>,
+    model: Option<&str>,
     check_finite: bool,
     prompt: &str,
     sampling: SamplingParams,
@@ -103,8 +105,8 @@ fn run(
             })
         })
         .collect::<Result<_, _>>()?;
-    let model = match model {
-        Some(dir) => load_model(dir, check_finite)?,
+    let model = match resolve_model(model)? {
+        Some(dir) => load_model(&dir, check_finite)?,
         None => {
             eprintln!(
                 "model: embedded tiny default ({})",
