@@ -9,13 +9,9 @@ mod common;
 
 use deepinfer::engine::rng::{Domain, philox4x32_10, uniform};
 use deepinfer::engine::{Engine, EngineConfig, SamplingParams, StopReason, sample_row};
-use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate};
-use deepinfer::model::config::ModelConfig;
 use deepinfer::model::forward::Model;
-use deepinfer::model::load::{load_weights, modulo_token_map};
 use deepinfer::model::runner::generate_greedy;
 use rand::Rng;
-use std::path::Path;
 
 #[test]
 fn philox_matches_the_random123_known_answers() {
@@ -129,21 +125,7 @@ fn sampled_frequencies_follow_the_softmax() {
 }
 
 fn tiny_model(seed: u64) -> Model {
-    let cfg =
-        ModelConfig::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny")).unwrap();
-    let dir = common::TempDir::new("engine");
-    generate(
-        &cfg,
-        dir.path(),
-        &GenerateOptions {
-            seed,
-            shard_bytes: 4 << 20,
-        },
-    )
-    .unwrap();
-    let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
-    let (weights, _) = load_weights(&ck, &cfg, modulo_token_map(&cfg)).unwrap();
-    Model::new(cfg, weights).unwrap()
+    common::tiny::tiny_model(seed).0
 }
 
 #[test]

@@ -14,33 +14,14 @@
 mod common;
 
 use common::TempDir;
+use common::tiny::tiny_model;
 use deepinfer::Error;
 use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate};
 use deepinfer::model::config::ModelConfig;
-use deepinfer::model::dspark::DsparkWeights;
 use deepinfer::model::forward::{Capture, Model, SeqInput};
-use deepinfer::model::load::{load_weights, modulo_token_map};
 use deepinfer::model::pool::{PoolConfig, StatePool};
 use rand::Rng;
 use std::path::Path;
-
-fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
-    let cfg =
-        ModelConfig::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny")).unwrap();
-    let dir = TempDir::new("model");
-    generate(
-        &cfg,
-        dir.path(),
-        &GenerateOptions {
-            seed,
-            shard_bytes: 4 << 20,
-        },
-    )
-    .unwrap();
-    let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
-    let (weights, dspark) = load_weights(&ck, &cfg, modulo_token_map(&cfg)).unwrap();
-    (Model::new(cfg, weights).unwrap(), dspark)
-}
 
 /// A pool for `seqs` sequences of up to `context` tokens, fed in chunks of
 /// up to `chunk`, with small pages (so tables span many pages).
