@@ -309,3 +309,42 @@ fn absurd_lengths_are_typed_errors_before_any_allocation() {
         .unwrap_err();
     assert!(e.to_string().contains("max_seqs"), "{e}");
 }
+
+#[test]
+fn teacher_forced_scores_equal_the_logprobs_of_generation_bitwise() {
+    let mut rng = common::rng("engine_score");
+    let engine = Engine::new(
+        tiny_model(rng.random()),
+        EngineConfig {
+            max_context: 64,
+            ..EngineConfig::default()
+        },
+    );
+    let vocab = engine.model.cfg.vocab_size as u32;
+    let prompt: Vec<u32> = (0..11).map(|_| rng.random_range(0..vocab)).collect();
+    let sp = SamplingParams {
+        temperature: 1.0,
+        max_tokens: 14,
+        seq_seed: rng.random(),
+        logprobs: true,
+        ..SamplingParams::default()
+    };
+    let out = engine
+        .generate(std::slice::from_ref(&prompt), &[sp])
+        .remove(0)
+        .unwrap();
+    let scored = engine.score(&prompt, &out.tokens, 1.0).unwrap();
+    let want = out.logprobs.unwrap();
+    assert_eq!(
+        scored.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        "score {scored:?} vs generate {want:?}"
+    );
+    assert!(scored.iter().all(|&l| l <= 0.0 && l.is_finite()));
+    assert!(engine.score(&prompt, &[], 1.0).is_err());
+    assert!(engine.score(&prompt, &[1], 0.0).is_err());
+    assert!(
+        engine.score(&prompt, &[vocab], 1.0).is_err(),
+        "a token outside the vocabulary"
+    );
+}

@@ -12,7 +12,7 @@
 pub mod rng;
 pub mod sampling;
 
-pub use sampling::{Sample, SamplingParams, sample_row};
+pub use sampling::{Sample, SamplingParams, logprob, sample_row};
 
 use crate::model::forward::{Capture, Model, SeqInput};
 use crate::model::pool::{PoolConfig, SeqId, StatePool};
@@ -82,6 +82,53 @@ struct Live {
 impl Engine {
     pub fn new(model: Model, config: EngineConfig) -> Engine {
         Engine { model, config }
+    }
+
+    /// Teacher-forced scoring: one prefill of `prompt ‖ continuation`, and
+    /// for every continuation token its log-probability under
+    /// softmax(logits / `temperature`) at its position (computed exactly as
+    /// [`sample_row`] reports the logprob of a sampled token).
+    pub fn score(
+        &self,
+        prompt: &[u32],
+        continuation: &[u32],
+        temperature: f32,
+    ) -> Result<Vec<f32>> {
+        if prompt.is_empty() || continuation.is_empty() {
+            return Err(arg(
+                "prompt",
+                format!("{} + {} tokens", prompt.len(), continuation.len()),
+                "scoring needs a prompt and a continuation",
+            ));
+        }
+        if !(temperature.is_finite() && temperature > 0.0) {
+            return Err(arg(
+                "temperature",
+                temperature.to_string(),
+                "scoring needs a finite temperature > 0",
+            ));
+        }
+        let tokens: Vec<u32> = prompt.iter().chain(continuation).copied().collect();
+        let pc = PoolConfig::fitting(
+            &self.model.cfg,
+            1,
+            tokens.len(),
+            tokens.len(),
+            self.config.page_rows,
+        )?;
+        let mut pool = StatePool::new(&self.model.cfg, &self.model.device(), pc)?;
+        let seq = pool.add_sequence()?;
+        let out = self.model.forward(&mut pool, seq, &tokens)?;
+        let v = self.model.cfg.vocab_size;
+        let host = out.logits.to_vec::<f32>()?;
+        Ok(continuation
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let r = prompt.len() - 1 + i;
+                logprob(&host[r * v..(r + 1) * v], t, temperature)
+            })
+            .collect())
     }
 
     /// Runs every request to completion; result i belongs to request i.

@@ -92,6 +92,29 @@ pub struct Sample {
     pub logprob: f32,
 }
 
+/// The candidates of a row ordered by logit descending then id ascending
+/// (NaNs left out), and their weights exp(z − z_max) for z = logit / t, in
+/// that order, with their sum.
+fn weights(logits: &[f32], t: f64) -> (Vec<usize>, Vec<f64>, f64) {
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let z: Vec<f64> = order.iter().map(|&i| f64::from(logits[i]) / t).collect();
+    let max = z.first().copied().unwrap_or(0.0);
+    let w: Vec<f64> = z.iter().map(|&x| (x - max).exp()).collect();
+    let total = w.iter().sum();
+    (order, w, total)
+}
+
+/// ln softmax(logits / temperature)[token], computed exactly as
+/// [`sample_row`] reports it (the teacher-forced score of a token).
+pub fn logprob(logits: &[f32], token: u32, temperature: f32) -> f32 {
+    let (order, w, total) = weights(logits, f64::from(temperature));
+    match order.iter().position(|&i| i == token as usize) {
+        Some(k) => (w[k] / total).ln() as f32,
+        None => f32::NAN,
+    }
+}
+
 /// Samples one row with uniform `u` in [0, 1).
 pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
     let argmax = || {
@@ -109,13 +132,7 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
             logprob: 0.0,
         };
     }
-    let t = f64::from(p.temperature);
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    let z: Vec<f64> = order.iter().map(|&i| f64::from(logits[i]) / t).collect();
-    let max = z.first().copied().unwrap_or(0.0);
-    let w: Vec<f64> = z.iter().map(|&x| (x - max).exp()).collect();
-    let total: f64 = w.iter().sum();
+    let (order, w, total) = weights(logits, f64::from(p.temperature));
     let mut keep = if p.top_k == 0 {
         w.len()
     } else {

@@ -1,6 +1,7 @@
 //! The deepinfer command line. `run` (the default) is offline inference
 //! (greedy or sampled, through the engine) on the CPU reference model — the embedded tiny default unless `--model`
-//! names a directory with a config and safetensors shards; `slice` runs the
+//! names a directory with a config and safetensors shards; `score` gives
+//! teacher-forced log-probabilities of a continuation; `slice` runs the
 //! first kernel slice on any device; `info` reports the build and devices;
 //! `gen-weights` writes a deterministic random-weight checkpoint.
 
@@ -57,6 +58,22 @@ enum Cmd {
         #[arg(long)]
         check_finite: bool,
     },
+    /// Teacher-forced scoring: the log-probability of each continuation
+    /// token after the prompt (the mode for comparing implementations).
+    Score {
+        /// As for `run`.
+        #[arg(long)]
+        model: Option<String>,
+        /// Comma-separated prompt token ids.
+        #[arg(long, default_value = DEFAULT_PROMPT)]
+        prompt: String,
+        /// Comma-separated continuation token ids.
+        #[arg(long)]
+        continuation: String,
+        /// Temperature of the scored distribution.
+        #[arg(long, default_value_t = 1.0)]
+        temperature: f32,
+    },
     /// Run the RMSNorm → FP8 quantiser slice on a small input.
     Slice {
         /// cpu, cuda[:N] or ascend[:N].
@@ -88,33 +105,63 @@ enum Cmd {
     },
 }
 
+/// Comma-separated token ids, or a typed error naming the bad one.
+fn parse_ids(arg: &'static str, text: &str) -> deepinfer::model::Result<Vec<u32>> {
+    Ok(text
+        .split(',')
+        .map(|t| {
+            t.trim().parse().map_err(|_| Error::Argument {
+                op: "deepinfer",
+                arg,
+                value: t.into(),
+                why: "expected comma-separated token ids",
+            })
+        })
+        .collect::<Result<_, _>>()?)
+}
+
+fn load(
+    model: Option<&str>,
+    check_finite: bool,
+) -> deepinfer::model::Result<deepinfer::model::forward::Model> {
+    match resolve_model(model)? {
+        Some(dir) => load_model(&dir, check_finite),
+        None => {
+            eprintln!(
+                "model: embedded tiny default ({})",
+                default_model_dir().display()
+            );
+            default_model()
+        }
+    }
+}
+
+fn score(
+    model: Option<&str>,
+    prompt: &str,
+    continuation: &str,
+    temperature: f32,
+) -> deepinfer::model::Result<()> {
+    let prompt = parse_ids("prompt", prompt)?;
+    let continuation = parse_ids("continuation", continuation)?;
+    let model = load(model, false)?;
+    let engine = Engine::new(model, EngineConfig::default());
+    let lp = engine.score(&prompt, &continuation, temperature)?;
+    for (t, l) in continuation.iter().zip(&lp) {
+        println!("{t}\t{l}");
+    }
+    println!("sum\t{}", lp.iter().map(|&l| f64::from(l)).sum::<f64>());
+    Ok(())
+}
+
 fn run(
     model: Option<&str>,
     check_finite: bool,
     prompt: &str,
     sampling: SamplingParams,
 ) -> deepinfer::model::Result<()> {
-    let prompt: Vec<u32> = prompt
-        .split(',')
-        .map(|t| {
-            t.trim().parse().map_err(|_| Error::Argument {
-                op: "run",
-                arg: "prompt",
-                value: t.into(),
-                why: "expected comma-separated token ids",
-            })
-        })
-        .collect::<Result<_, _>>()?;
-    let model = match resolve_model(model)? {
-        Some(dir) => load_model(&dir, check_finite)?,
-        None => {
-            eprintln!(
-                "model: embedded tiny default ({})",
-                default_model_dir().display()
-            );
-            default_model()?
-        }
-    };
+    let prompt = parse_ids("prompt", prompt)?;
+    let model = load(model, check_finite)?;
     let sampling = SamplingParams {
         stop: vec![model.cfg.tokens.eos],
         ..sampling
@@ -224,6 +271,12 @@ fn main() -> ExitCode {
                 ..SamplingParams::default()
             },
         ),
+        Cmd::Score {
+            model,
+            prompt,
+            continuation,
+            temperature,
+        } => score(model.as_deref(), &prompt, &continuation, temperature),
         Cmd::Slice { device, rows, dim } => slice::run(&device, rows, dim).map_err(Into::into),
         Cmd::Info => {
             info();
