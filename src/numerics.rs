@@ -207,3 +207,16 @@ pub fn calc_diff(x: &[f64], y: &[f64]) -> f64 {
     }
     1.0 - 2.0 * xy / denom
 }
+
+/// Index of the largest value (ties to the lowest index; a NaN never wins
+/// over a number; 0 for an empty or all-NaN slice): the greedy rule of
+/// `ops::argmax` and of the engine's sampler.
+pub fn argmax(values: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] || values[best].is_nan() && !v.is_nan() {
+            best = i;
+        }
+    }
+    best
+}

@@ -205,7 +205,7 @@ impl Tensor {
             });
         }
         let rb = self.row_bytes();
-        self.copy_bytes(dst_row * rb, src, src_row * rb, n * rb)
+        self.copy_bytes(OP, dst_row * rb, src, src_row * rb, n * rb)
     }
 
     /// Copies `n` elements of `src` from flat element `src_at` over flat
@@ -231,10 +231,17 @@ impl Tensor {
             });
         }
         let w = self.dtype.storage_bytes(1);
-        self.copy_bytes(dst_at * w, src, src_at * w, n * w)
+        self.copy_bytes(OP, dst_at * w, src, src_at * w, n * w)
     }
 
-    fn copy_bytes(&mut self, d0: usize, src: &Tensor, s0: usize, len: usize) -> Result<()> {
+    fn copy_bytes(
+        &mut self,
+        op: &'static str,
+        d0: usize,
+        src: &Tensor,
+        s0: usize,
+        len: usize,
+    ) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -249,7 +256,7 @@ impl Tensor {
                 d.copy_range_from(d0, s, s0, len)
             }
             _ => Err(Error::DeviceMismatch {
-                op: "Tensor::copy_rows_from",
+                op,
                 tensor: "src",
                 got: src.device().to_string(),
                 expected: self.device().to_string(),

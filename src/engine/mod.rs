@@ -135,15 +135,16 @@ impl Engine {
     pub fn generate(&self, prompts: &[Vec<u32>], params: &[SamplingParams]) -> Vec<Result<Output>> {
         let mut results: Vec<Option<Result<Output>>> = (0..prompts.len()).map(|_| None).collect();
         if prompts.len() != params.len() {
-            let e = crate::Error::Argument {
-                op: "Engine::generate",
-                arg: "params",
-                value: format!("{} for {} prompts", params.len(), prompts.len()),
-                why: "one SamplingParams per prompt",
-            };
+            let count = format!("{} for {} prompts", params.len(), prompts.len());
             return prompts
                 .iter()
-                .map(|_| Err(Error::from(clone_arg(&e))))
+                .map(|_| {
+                    Err(arg(
+                        "params",
+                        count.clone(),
+                        "one SamplingParams per prompt",
+                    ))
+                })
                 .collect();
         }
         let c = self.config;
@@ -349,23 +350,6 @@ fn arg(arg: &'static str, value: String, why: &'static str) -> Error {
         value,
         why,
     })
-}
-
-fn clone_arg(e: &crate::Error) -> crate::Error {
-    match e {
-        crate::Error::Argument {
-            op,
-            arg,
-            value,
-            why,
-        } => crate::Error::Argument {
-            op,
-            arg,
-            value: value.clone(),
-            why,
-        },
-        _ => unreachable!("only argument errors are cloned"),
-    }
 }
 
 /// The batch's error for each of its requests (errors are not `Clone`; the

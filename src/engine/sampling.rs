@@ -117,15 +117,7 @@ pub fn logprob(logits: &[f32], token: u32, temperature: f32) -> f32 {
 
 /// Samples one row with uniform `u` in [0, 1).
 pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
-    let argmax = || {
-        let mut best = 0;
-        for (i, &v) in logits.iter().enumerate() {
-            if v > logits[best] || logits[best].is_nan() && !v.is_nan() {
-                best = i;
-            }
-        }
-        best
-    };
+    let argmax = || crate::numerics::argmax(logits);
     if p.temperature == 0.0 {
         return Sample {
             token: argmax() as u32,

@@ -63,16 +63,7 @@ pub fn argmax(logits: &Tensor) -> Result<Tensor> {
     cpu_only(ARGMAX, &logits.device())?;
     let x = logits.as_slice::<f32>()?;
     let ids: Vec<i32> = (0..t)
-        .map(|r| {
-            let row = &x[r * v..(r + 1) * v];
-            let mut best = 0;
-            for (i, &val) in row.iter().enumerate() {
-                if val > row[best] || row[best].is_nan() && !val.is_nan() {
-                    best = i;
-                }
-            }
-            best as i32
-        })
+        .map(|r| crate::numerics::argmax(&x[r * v..(r + 1) * v]) as i32)
         .collect();
     Tensor::from_vec(ids, &[t])
 }

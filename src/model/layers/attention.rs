@@ -202,17 +202,19 @@ impl Attention {
             AttentionPlan::Sparse { selection, .. } => {
                 let lists = match selection {
                     Selection::Indexer { candidates_from } => {
-                        let iw = self
-                            .indexer
-                            .as_ref()
-                            .ok_or_else(|| missing(plan, "indexer"))?;
+                        let iw = self.indexer.as_ref().ok_or_else(|| {
+                            missing(plan, "an index source without indexer weights")
+                        })?;
                         self.index(cfg, plan, iw, x, &qr, b, pool, published, candidates_from)?
                     }
-                    Selection::Reuse { index_source } => published
-                        .topk
-                        .get(&index_source)
-                        .cloned()
-                        .ok_or_else(|| missing(plan, "a published top-k of its index source"))?,
+                    Selection::Reuse { index_source } => {
+                        published.topk.get(&index_source).cloned().ok_or_else(|| {
+                            missing(
+                                plan,
+                                "a reuse layer whose index source published nothing in this step",
+                            )
+                        })?
+                    }
                 };
                 published.topk.insert(plan.layer, lists.clone());
                 lists
@@ -342,7 +344,7 @@ impl Attention {
         let device = x.device();
         let src = plan
             .kv_source()
-            .ok_or_else(|| missing(plan, "a KV source"))?;
+            .ok_or_else(|| missing(plan, "a sparse layer without a KV source"))?;
         let q = ops::rope(
             &iw.wq_b.forward(qr)?,
             &b.positions,
@@ -382,7 +384,7 @@ impl Attention {
             if plan.candidate_source {
                 let cand = cfg
                     .candidate
-                    .ok_or_else(|| missing(plan, "candidate settings"))?;
+                    .ok_or_else(|| missing(plan, "a candidate layer without candidate settings"))?;
                 cands.push(ops::index_candidates(
                     &scores,
                     &visible,
@@ -392,14 +394,16 @@ impl Attention {
             }
             lists.push(match candidates_from {
                 Some(cs) => {
-                    let cand = cfg
-                        .candidate
-                        .ok_or_else(|| missing(plan, "candidate settings"))?;
+                    let cand = cfg.candidate.ok_or_else(|| {
+                        missing(plan, "a candidate layer without candidate settings")
+                    })?;
                     let mask = published
                         .candidates
                         .get(&cs)
                         .map(|v| &v[i])
-                        .ok_or_else(|| missing(plan, "the candidate source's blocks"))?;
+                        .ok_or_else(|| {
+                            missing(plan, "the candidate source did not publish its blocks")
+                        })?;
                     ops::index_reindex_topk(&scores, mask, cand.block_size, &visible, k, 0)?
                 }
                 None => ops::index_topk(&scores, &visible, k, 0)?,
@@ -412,18 +416,14 @@ impl Attention {
     }
 }
 
-fn missing(plan: &LayerPlan, what: &'static str) -> crate::Error {
+/// The error of a layer whose weights or published inputs contradict its
+/// role (the config validation rules it out; `why` says which part).
+fn missing(plan: &LayerPlan, why: &'static str) -> crate::Error {
     crate::Error::Argument {
         op: "Attention::forward",
         arg: "layer",
         value: plan.layer.to_string(),
-        why: match what {
-            "indexer" => "an index source without indexer weights",
-            "a KV source" => "a sparse layer without a KV source",
-            "candidate settings" => "a candidate layer without candidate settings",
-            "the candidate source's blocks" => "the candidate source did not publish its blocks",
-            _ => "a reuse layer whose index source published nothing in this step",
-        },
+        why,
     }
 }
 
