@@ -8,12 +8,12 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use deepinfer::model::forward::{Capture, SeqInput};
 use deepinfer::model::pool::{PoolConfig, StatePool};
-use deepinfer::model::runner::default_model;
+use deepinfer::model::runner::{DefaultModel, default_model};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 fn bench(c: &mut Criterion) {
-    let model = default_model().expect("the embedded default model loads");
+    let model = default_model(DefaultModel::Tiny).expect("the embedded default model loads");
     let prompt: Vec<u32> = (0..64u32)
         .map(|i| (i * 37 + 11) % model.cfg.vocab_size as u32)
         .collect();

@@ -960,3 +960,24 @@ fn tiny_widths_fit_the_quantizer_blocks() {
     let primes = c.engram.table_primes().unwrap();
     assert_eq!(primes[0][..2], [1009, 1013]);
 }
+
+/// The real-vocabulary default is the tiny model with V4.1's vocabulary,
+/// image and noise ids and compressed-vocabulary size, and nothing else.
+#[test]
+fn tiny_v4vocab_is_tiny_with_the_real_vocabulary() {
+    let dir = "models/tiny-v4vocab";
+    let hf = ModelConfig::from_hf_json(&read(&format!("{dir}/config.json"))).unwrap();
+    let flat =
+        ModelConfig::from_inference_json(&read(&format!("{dir}/inference-config.json"))).unwrap();
+    assert_eq!(hf, flat);
+    assert_eq!(hf.vocab_size, 129_280);
+    assert_eq!(hf.engram.compressed_vocab, 99_092);
+    assert_eq!(hf.dspark.noise_token_id, 128_799);
+    let tiny = ModelConfig::from_dir(&repo(TINY)).unwrap();
+    let mut same = hf.clone();
+    same.vocab_size = tiny.vocab_size;
+    same.engram.compressed_vocab = tiny.engram.compressed_vocab;
+    same.dspark.noise_token_id = tiny.dspark.noise_token_id;
+    same.tokens.image = tiny.tokens.image;
+    assert_eq!(same, tiny);
+}

@@ -9,66 +9,52 @@
 //! batch from [`EngineConfig`], and every sequence is freed when the batch
 //! ends, on success or error.
 
+pub mod config;
+pub mod request;
 pub mod rng;
 pub mod sampling;
+pub mod structured;
 
+pub use config::{EngineConfig, MAX_CONTEXT, YocoMode};
+pub use request::{Output, Prompt, StopReason};
 pub use sampling::{Sample, SamplingParams, logprob, sample_row};
+pub use structured::{SchemaType, StructuredOutput};
 
 use crate::model::forward::{Capture, Model, SeqInput};
 use crate::model::pool::{PoolConfig, SeqId, StatePool};
+use crate::model::runner::load_model;
+use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
 use rng::Domain;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Instant;
 
-/// The largest `max_context`: positions index cache rows with i32.
-pub const MAX_CONTEXT: usize = i32::MAX as usize;
-
-/// Limits of one engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// Requests per batch at most.
-    pub max_seqs: usize,
-    /// Prompt plus generated tokens per request at most.
-    pub max_context: usize,
-    /// Rows per pool page.
-    pub page_rows: usize,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            max_seqs: 16,
-            max_context: 4096,
-            page_rows: 64,
-        }
-    }
-}
-
-/// Why a request stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// `max_tokens` were generated.
-    Length,
-    /// This stop token was generated (it is the last output token).
-    Stop(u32),
-}
-
-/// A finished request.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Output {
-    pub tokens: Vec<u32>,
-    pub stop: StopReason,
-    /// Per generated token, when asked for.
-    pub logprobs: Option<Vec<f32>>,
-    /// The batch's prefill step and decode loop (shared by its requests).
-    pub prefill: Duration,
-    pub decode: Duration,
-}
-
-/// A model and the limits its batches run under.
+/// A model, its tokenizer when it has one, and the limits its batches run
+/// under.
 pub struct Engine {
     pub model: Model,
     pub config: EngineConfig,
+    pub tokenizer: Option<Tokenizer>,
+}
+
+/// A generated token as it is sampled: request `request`'s `index`-th
+/// output token (for streaming; see [`Engine::generate_streaming`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TokenEvent {
+    pub request: usize,
+    pub index: usize,
+    pub token: u32,
+}
+
+/// A teacher-forced score.
+#[derive(Debug)]
+pub struct Scored {
+    /// Per continuation token, its log-probability.
+    pub logprobs: Vec<f32>,
+    /// F32 `[continuation, V]`: row i is the logits that predicted
+    /// continuation token i (the prompt's last position, then each
+    /// continuation position but the last).
+    pub logits: crate::Tensor,
 }
 
 struct Live {
@@ -80,20 +66,64 @@ struct Live {
 }
 
 impl Engine {
-    pub fn new(model: Model, config: EngineConfig) -> Engine {
-        Engine { model, config }
+    /// An engine without a tokenizer (prompts and outputs are token ids);
+    /// `config` is checked against the model ([`EngineConfig::validate`]).
+    pub fn new(model: Model, config: EngineConfig) -> Result<Engine> {
+        config.validate(&model.cfg)?;
+        Ok(Engine {
+            model,
+            config,
+            tokenizer: None,
+        })
+    }
+
+    /// Text prompts, output text and stop strings through `tokenizer`.
+    pub fn with_tokenizer(self, tokenizer: Tokenizer) -> Engine {
+        Engine {
+            tokenizer: Some(tokenizer),
+            ..self
+        }
+    }
+
+    /// The model of `dir` ([`load_model`]) with the directory's
+    /// `tokenizer.json` when it has one; `config.max_context` is capped at
+    /// the model's trained positions ([`ModelConfig::max_position`]).
+    ///
+    /// [`ModelConfig::max_position`]: crate::model::config::ModelConfig::max_position
+    pub fn from_dir(dir: &Path, config: EngineConfig, check_finite: bool) -> Result<Engine> {
+        let model = load_model(dir, check_finite)?;
+        let config = EngineConfig {
+            max_context: config.max_context.min(model.cfg.max_position()),
+            ..config
+        };
+        let engine = Engine::new(model, config)?;
+        Ok(if dir.join(TOKENIZER_FILE).is_file() {
+            engine.with_tokenizer(Tokenizer::from_dir(dir)?)
+        } else {
+            engine
+        })
+    }
+
+    /// A prompt's ids: text through the tokenizer.
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>> {
+        match prompt {
+            Prompt::Ids(ids) => Ok(ids.clone()),
+            Prompt::Text(text) => match &self.tokenizer {
+                Some(t) => Ok(t.encode(text)?),
+                None => Err(arg(
+                    "prompt",
+                    format!("text of {} bytes", text.len()),
+                    "a text prompt needs a model with a tokenizer.json",
+                )),
+            },
+        }
     }
 
     /// Teacher-forced scoring: one prefill of `prompt ‖ continuation`, and
     /// for every continuation token its log-probability under
     /// softmax(logits / `temperature`) at its position (computed exactly as
     /// [`sample_row`] reports the logprob of a sampled token).
-    pub fn score(
-        &self,
-        prompt: &[u32],
-        continuation: &[u32],
-        temperature: f32,
-    ) -> Result<Vec<f32>> {
+    pub fn score(&self, prompt: &[u32], continuation: &[u32], temperature: f32) -> Result<Scored> {
         if prompt.is_empty() || continuation.is_empty() {
             return Err(arg(
                 "prompt",
@@ -120,19 +150,35 @@ impl Engine {
         let seq = pool.add_sequence()?;
         let out = self.model.forward(&mut pool, seq, &tokens)?;
         let v = self.model.cfg.vocab_size;
-        let host = out.logits.to_vec::<f32>()?;
-        Ok(continuation
+        let logits = out
+            .logits
+            .narrow_rows(prompt.len() - 1, continuation.len())?;
+        let host = logits.to_vec::<f32>()?;
+        let logprobs = continuation
             .iter()
             .enumerate()
-            .map(|(i, &t)| {
-                let r = prompt.len() - 1 + i;
-                logprob(&host[r * v..(r + 1) * v], t, temperature)
-            })
-            .collect())
+            .map(|(i, &t)| logprob(&host[i * v..(i + 1) * v], t, temperature))
+            .collect();
+        Ok(Scored { logprobs, logits })
     }
 
     /// Runs every request to completion; result i belongs to request i.
-    pub fn generate(&self, prompts: &[Vec<u32>], params: &[SamplingParams]) -> Vec<Result<Output>> {
+    pub fn generate<P: Clone + Into<Prompt>>(
+        &self,
+        prompts: &[P],
+        params: &[SamplingParams],
+    ) -> Vec<Result<Output>> {
+        self.generate_streaming(prompts, params, &mut |_| {})
+    }
+
+    /// [`Engine::generate`], calling `on_token` for every token as it is
+    /// sampled.
+    pub fn generate_streaming<P: Clone + Into<Prompt>>(
+        &self,
+        prompts: &[P],
+        params: &[SamplingParams],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Vec<Result<Output>> {
         let mut results: Vec<Option<Result<Output>>> = (0..prompts.len()).map(|_| None).collect();
         if prompts.len() != params.len() {
             let count = format!("{} for {} prompts", params.len(), prompts.len());
@@ -147,22 +193,18 @@ impl Engine {
                 })
                 .collect();
         }
-        let c = self.config;
-        if c.max_seqs == 0 || c.max_context < 2 || c.max_context > MAX_CONTEXT || c.page_rows == 0 {
-            return prompts
-                .iter()
-                .map(|_| {
-                    Err(arg(
-                        "config",
-                        format!("{c:?}"),
-                        "max_seqs and page_rows >= 1, 2 <= max_context <= 2^31 - 1",
-                    ))
-                })
-                .collect();
-        }
         let cfg = &self.model.cfg;
         let mut ok = Vec::new();
+        let mut ids: Vec<Vec<u32>> = Vec::with_capacity(prompts.len());
         for (i, (p, sp)) in prompts.iter().zip(params).enumerate() {
+            let p = match self.encode(&p.clone().into()) {
+                Ok(p) => p,
+                Err(e) => {
+                    results[i] = Some(Err(e));
+                    ids.push(Vec::new());
+                    continue;
+                }
+            };
             let check = || -> Result<()> {
                 if p.is_empty() {
                     return Err(arg("prompt", "[]".into(), "the prompt is empty"));
@@ -182,12 +224,20 @@ impl Engine {
                     ));
                 }
                 sp.validate(cfg.vocab_size, self.config.max_context - p.len())?;
+                if !sp.stop_strings.is_empty() && self.tokenizer.is_none() {
+                    return Err(arg(
+                        "stop_strings",
+                        format!("{:?}", sp.stop_strings),
+                        "stop strings need a model with a tokenizer.json",
+                    ));
+                }
                 Ok(())
             };
             match check() {
                 Ok(()) => ok.push(i),
                 Err(e) => results[i] = Some(Err(e)),
             }
+            ids.push(p);
             if ok.len() > self.config.max_seqs {
                 results[i] = Some(Err(arg(
                     "prompts",
@@ -198,7 +248,7 @@ impl Engine {
             }
         }
         if !ok.is_empty() {
-            match self.run(prompts, params, &ok) {
+            match self.run(&ids, params, &ok, on_token) {
                 Ok(outs) => {
                     for (i, o) in ok.iter().zip(outs) {
                         results[*i] = Some(Ok(o));
@@ -222,6 +272,7 @@ impl Engine {
         prompts: &[Vec<u32>],
         params: &[SamplingParams],
         which: &[usize],
+        on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<Vec<Output>> {
         let longest = which
             .iter()
@@ -262,7 +313,7 @@ impl Engine {
             .enumerate()
             .map(|(k, r)| (k, r.end - 1))
             .collect();
-        self.sample(&out.logits, &last, &mut live, params, prompts)?;
+        self.sample(&out.logits, &last, &mut live, params, prompts, on_token)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
         loop {
@@ -286,19 +337,35 @@ impl Engine {
                 .collect();
             let out = self.model.step(&mut pool, &inputs, Capture::default())?;
             let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
-            self.sample(&out.logits, &rows, &mut live, params, prompts)?;
+            self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
         }
         let decode = t1.elapsed();
-        Ok(live
-            .into_iter()
-            .map(|l| Output {
-                tokens: l.tokens,
-                stop: l.done.expect("loop ends when every request is done"),
-                logprobs: params[l.index].logprobs.then_some(l.logprobs),
-                prefill,
-                decode,
+        live.into_iter()
+            .map(|l| {
+                let stop = l.done.expect("loop ends when every request is done");
+                let text = match &self.tokenizer {
+                    Some(t) => {
+                        let mut text = t.decode(&l.tokens)?;
+                        if let StopReason::StopString(s) = &stop
+                            && let Some(at) = text.find(s.as_str())
+                        {
+                            text.truncate(at);
+                        }
+                        Some(text)
+                    }
+                    None => None,
+                };
+                Ok(Output {
+                    prompt: prompts[l.index].clone(),
+                    tokens: l.tokens,
+                    text,
+                    stop,
+                    logprobs: params[l.index].logprobs.then_some(l.logprobs),
+                    prefill,
+                    decode,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// For each (k, r) of `rows`: samples row r of `logits` for request
@@ -311,6 +378,7 @@ impl Engine {
         live: &mut [Live],
         params: &[SamplingParams],
         prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let v = self.model.cfg.vocab_size;
         let host = logits.to_vec::<f32>()?;
@@ -333,13 +401,45 @@ impl Engine {
             );
             l.tokens.push(s.token);
             l.logprobs.push(s.logprob);
+            on_token(TokenEvent {
+                request: l.index,
+                index: l.tokens.len() - 1,
+                token: s.token,
+            });
             if p.stop.contains(&s.token) {
                 l.done = Some(StopReason::Stop(s.token));
+            } else if let Some(hit) = self.stop_string(&l.tokens, &p.stop_strings)? {
+                l.done = Some(StopReason::StopString(hit));
             } else if l.tokens.len() == p.max_tokens {
                 l.done = Some(StopReason::Length);
             }
         }
         Ok(())
+    }
+}
+
+impl Engine {
+    /// The first of `stops` that the decoded output now ends within: only
+    /// the text of the last tokens is decoded (a stop string of n bytes
+    /// spans at most n tokens, plus up to 3 of a split UTF-8 character).
+    fn stop_string(&self, tokens: &[u32], stops: &[String]) -> Result<Option<String>> {
+        let Some(tok) = &self.tokenizer else {
+            return Ok(None);
+        };
+        if stops.is_empty() {
+            return Ok(None);
+        }
+        let longest = stops.iter().map(String::len).max().unwrap_or(0);
+        let tail = &tokens[tokens.len().saturating_sub(longest + 3)..];
+        let last = &tokens[tokens.len() - 1..];
+        let text = tok.decode(tail)?;
+        let before = tok.decode(&tail[..tail.len() - last.len()])?;
+        // A hit that was already complete before the last token would have
+        // stopped the request then; only the new text can complete one.
+        Ok(stops
+            .iter()
+            .find(|s| text.contains(s.as_str()) && !before.contains(s.as_str()))
+            .cloned())
     }
 }
 

@@ -22,11 +22,16 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Token ids that end the request (the stop token is part of the output).
     pub stop: Vec<u32>,
+    /// Strings that end the request once the decoded output contains one
+    /// (needs a tokenizer; the output text ends before it).
+    pub stop_strings: Vec<String>,
     /// The request's seed: with the same inputs, the same tokens.
     pub seq_seed: u64,
     /// Whether to return each sampled token's log-probability (of the
     /// temperature-scaled, unrestricted distribution).
     pub logprobs: bool,
+    /// The output constraint, if any (needs a tokenizer).
+    pub so_args: Option<super::StructuredOutput>,
 }
 
 impl Default for SamplingParams {
@@ -37,8 +42,10 @@ impl Default for SamplingParams {
             top_k: 0,
             max_tokens: 16,
             stop: Vec::new(),
+            stop_strings: Vec::new(),
             seq_seed: 0,
             logprobs: false,
+            so_args: None,
         }
     }
 }
@@ -78,6 +85,13 @@ impl SamplingParams {
                 "stop",
                 s.to_string(),
                 "stop token id outside the vocabulary",
+            ));
+        }
+        if let Some(s) = self.stop_strings.iter().find(|s| s.is_empty()) {
+            return Err(bad(
+                "stop_strings",
+                format!("{s:?}"),
+                "a stop string must not be empty",
             ));
         }
         Ok(())

@@ -1,4 +1,4 @@
-//! The model's error: a bad config, a bad checkpoint, or an error of the op
+//! The model's error: a bad config, checkpoint, tokenizer or Engram map, or an error of the op
 //! API underneath (bad input to an op, an unavailable device, a pool out of
 //! pages). The crate's root [`crate::Error`] knows nothing of the model.
 //!
@@ -7,6 +7,8 @@
 
 use super::checkpoint::CheckpointError;
 use super::config::ConfigError;
+use super::engram_map::MapError;
+use super::tokenizer::TokenizerError;
 
 /// Errors of the model runner.
 #[derive(Debug, thiserror::Error)]
@@ -17,6 +19,13 @@ pub enum Error {
     /// A checkpoint is unreadable, inconsistent with its config, or unwritable.
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] CheckpointError),
+    /// A tokenizer is missing or unreadable, or its Engram map disagrees
+    /// with the config.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    /// An Engram token-map file is missing, corrupt or the wrong length.
+    #[error("engram token map: {0}")]
+    EngramMap(#[from] MapError),
     /// An op, tensor, device or pool error.
     #[error(transparent)]
     Op(#[from] crate::Error),

@@ -11,11 +11,13 @@ pub mod batch;
 pub mod checkpoint;
 pub mod config;
 pub mod dspark;
+pub mod engram_map;
 pub mod error;
 pub mod forward;
 pub mod layers;
 pub mod load;
 pub mod pool;
 pub mod runner;
+pub mod tokenizer;
 
 pub use error::{Error, Result};

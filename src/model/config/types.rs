@@ -250,4 +250,20 @@ impl ModelConfig {
     pub fn n_total_layers(&self) -> usize {
         self.n_layers + self.dspark.n_stages
     }
+
+    /// The longest sequence its positions are trained for: YaRN's original
+    /// length × factor (1,048,576 for V4.1, its `max_position_embeddings`);
+    /// without YaRN, unbounded (`usize::MAX`; the engine caps it).
+    pub fn max_position(&self) -> usize {
+        let y = &self.rope.yarn;
+        if y.original_seq_len == 0 {
+            return usize::MAX;
+        }
+        let n = y.original_seq_len as f64 * y.factor.max(1.0);
+        if n >= usize::MAX as f64 {
+            usize::MAX
+        } else {
+            n as usize
+        }
+    }
 }
