@@ -6,9 +6,8 @@
 mod common;
 
 use common::TempDir;
-use deepinfer::engine::{Engine, EngineConfig, Prompt, SamplingParams, StopReason};
+use deepinfer::engine::{Prompt, SamplingParams, StopReason};
 use deepinfer::model::Error;
-use deepinfer::model::checkpoint::{GenerateOptions, generate};
 use deepinfer::model::config::ModelConfig;
 use deepinfer::model::engram_map::{self, MAP_FILE};
 use deepinfer::model::runner::{TINY_V4VOCAB_CONFIG, v4_tokenizer_path};
@@ -179,36 +178,10 @@ fn missing_short_and_corrupt_maps_are_typed_errors() {
     );
 }
 
-/// The real-vocabulary tiny model in `dir` (generated weights, the real
-/// tokenizer and its map), as an engine.
-fn v4vocab_engine(dir: &Path, seed: u64) -> Engine {
-    let cfg = v4vocab_config();
-    generate(
-        &cfg,
-        dir,
-        &GenerateOptions {
-            seed,
-            shard_bytes: 64 << 20,
-        },
-    )
-    .unwrap();
-    write(dir, "config.json", TINY_V4VOCAB_CONFIG);
-    std::fs::copy(v4_tokenizer_path().unwrap(), dir.join(TOKENIZER_FILE)).unwrap();
-    Engine::from_dir(
-        dir,
-        EngineConfig {
-            max_context: 256,
-            ..EngineConfig::default()
-        },
-        false,
-    )
-    .unwrap()
-}
-
 #[test]
 fn text_in_text_out_with_stop_strings_on_the_real_vocabulary() {
     let dir = TempDir::new("v4vocab");
-    let engine = v4vocab_engine(dir.path(), common::rng("v4vocab").random());
+    let engine = common::tiny::v4vocab_engine(dir.path(), common::rng("v4vocab").random());
     let tok = engine.tokenizer.as_ref().unwrap();
     let p = SamplingParams {
         temperature: 1.0,
@@ -332,7 +305,7 @@ mod interop {
 
         // And the engine runs them: greedy from the rendered ids equals
         // greedy from the rendered text.
-        let engine = v4vocab_engine(&dir.path().join("model"), 11);
+        let engine = common::tiny::v4vocab_engine(&dir.path().join("model"), 11);
         let p = SamplingParams {
             max_tokens: 6,
             ..SamplingParams::default()

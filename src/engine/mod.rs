@@ -18,7 +18,7 @@ pub mod structured;
 pub use config::{EngineConfig, MAX_CONTEXT, YocoMode};
 pub use request::{Output, Prompt, StopReason};
 pub use sampling::{Sample, SamplingParams, logprob, sample_row};
-pub use structured::{SchemaType, StructuredOutput};
+pub use structured::{Constraint, Grammars, SchemaType, StructuredOutput};
 
 use crate::model::forward::{Capture, Model, SeqInput};
 use crate::model::pool::{PoolConfig, SeqId, StatePool};
@@ -27,6 +27,7 @@ use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
 use rng::Domain;
 use std::path::Path;
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// A model, its tokenizer when it has one, and the limits its batches run
@@ -35,6 +36,7 @@ pub struct Engine {
     pub model: Model,
     pub config: EngineConfig,
     pub tokenizer: Option<Tokenizer>,
+    grammars: OnceLock<Grammars>,
 }
 
 /// A generated token as it is sampled: request `request`'s `index`-th
@@ -74,6 +76,7 @@ impl Engine {
             model,
             config,
             tokenizer: None,
+            grammars: OnceLock::new(),
         })
     }
 
@@ -81,6 +84,7 @@ impl Engine {
     pub fn with_tokenizer(self, tokenizer: Tokenizer) -> Engine {
         Engine {
             tokenizer: Some(tokenizer),
+            grammars: OnceLock::new(),
             ..self
         }
     }
@@ -102,6 +106,23 @@ impl Engine {
         } else {
             engine
         })
+    }
+
+    /// The grammar compiler over the tokenizer, built on first use.
+    pub fn grammars(&self) -> Result<&Grammars> {
+        if let Some(g) = self.grammars.get() {
+            return Ok(g);
+        }
+        let Some(tok) = &self.tokenizer else {
+            return Err(arg(
+                "so_args",
+                "a constraint".into(),
+                "structured output needs a model with a tokenizer.json",
+            ));
+        };
+        let t = self.model.cfg.tokens;
+        let g = Grammars::new(tok, t.eos, t.bos)?;
+        Ok(self.grammars.get_or_init(|| g))
     }
 
     /// A prompt's ids: text through the tokenizer.
@@ -196,6 +217,7 @@ impl Engine {
         let cfg = &self.model.cfg;
         let mut ok = Vec::new();
         let mut ids: Vec<Vec<u32>> = Vec::with_capacity(prompts.len());
+        let mut constraints: Vec<Option<Constraint>> = (0..prompts.len()).map(|_| None).collect();
         for (i, (p, sp)) in prompts.iter().zip(params).enumerate() {
             let p = match self.encode(&p.clone().into()) {
                 Ok(p) => p,
@@ -233,8 +255,18 @@ impl Engine {
                 }
                 Ok(())
             };
-            match check() {
-                Ok(()) => ok.push(i),
+            let constraint = || -> Result<Option<Constraint>> {
+                check()?;
+                match &sp.so_args {
+                    None => Ok(None),
+                    Some(so) => Ok(Some(self.grammars()?.compile(so)?)),
+                }
+            };
+            match constraint() {
+                Ok(c) => {
+                    ok.push(i);
+                    constraints[i] = c;
+                }
                 Err(e) => results[i] = Some(Err(e)),
             }
             ids.push(p);
@@ -248,7 +280,7 @@ impl Engine {
             }
         }
         if !ok.is_empty() {
-            match self.run(&ids, params, &ok, on_token) {
+            match self.run(&ids, params, &ok, &mut constraints, on_token) {
                 Ok(outs) => {
                     for (i, o) in ok.iter().zip(outs) {
                         results[*i] = Some(Ok(o));
@@ -272,6 +304,7 @@ impl Engine {
         prompts: &[Vec<u32>],
         params: &[SamplingParams],
         which: &[usize],
+        constraints: &mut [Option<Constraint>],
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<Vec<Output>> {
         let longest = which
@@ -313,7 +346,15 @@ impl Engine {
             .enumerate()
             .map(|(k, r)| (k, r.end - 1))
             .collect();
-        self.sample(&out.logits, &last, &mut live, params, prompts, on_token)?;
+        self.sample(
+            &out.logits,
+            &last,
+            &mut live,
+            params,
+            prompts,
+            constraints,
+            on_token,
+        )?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
         loop {
@@ -337,7 +378,15 @@ impl Engine {
                 .collect();
             let out = self.model.step(&mut pool, &inputs, Capture::default())?;
             let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
-            self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
+            self.sample(
+                &out.logits,
+                &rows,
+                &mut live,
+                params,
+                prompts,
+                constraints,
+                on_token,
+            )?;
         }
         let decode = t1.elapsed();
         live.into_iter()
@@ -378,6 +427,7 @@ impl Engine {
         live: &mut [Live],
         params: &[SamplingParams],
         prompts: &[Vec<u32>],
+        constraints: &mut [Option<Constraint>],
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let v = self.model.cfg.vocab_size;
@@ -394,11 +444,20 @@ impl Engine {
                     "non-finite logit",
                 ));
             }
-            let s = sample_row(
-                row,
-                p,
-                rng::uniform(p.seq_seed, position, 0, Domain::Target),
-            );
+            let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
+            let constraint = &mut constraints[l.index];
+            let s = match constraint {
+                Some(c) => {
+                    let mut masked = row.to_vec();
+                    c.mask(&mut masked)?;
+                    sample_row(&masked, p, u)
+                }
+                None => sample_row(row, p, u),
+            };
+            let grammar_done = match constraint {
+                Some(c) => c.consume(s.token)?,
+                None => false,
+            };
             l.tokens.push(s.token);
             l.logprobs.push(s.logprob);
             on_token(TokenEvent {
@@ -410,6 +469,8 @@ impl Engine {
                 l.done = Some(StopReason::Stop(s.token));
             } else if let Some(hit) = self.stop_string(&l.tokens, &p.stop_strings)? {
                 l.done = Some(StopReason::StopString(hit));
+            } else if grammar_done {
+                l.done = Some(StopReason::Grammar);
             } else if l.tokens.len() == p.max_tokens {
                 l.done = Some(StopReason::Length);
             }

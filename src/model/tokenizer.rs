@@ -124,6 +124,55 @@ impl Tokenizer {
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }
+
+    /// The bytes each id stands for, for byte-level BPE vocabularies (the
+    /// V4 series'): a vocabulary entry's symbols mapped back through the
+    /// GPT-2 byte alphabet; an added token's content, prefixed with
+    /// `special_marker` when it is special. A symbol outside the alphabet
+    /// (not a byte-level tokenizer) is an error.
+    pub fn token_bytes(&self, special_marker: u8) -> Result<Vec<Vec<u8>>, TokenizerError> {
+        let alphabet = byte_alphabet();
+        let added = self.inner.get_added_tokens_decoder();
+        (0..self.len as u32)
+            .map(|id| {
+                if let Some(t) = added.get(&id) {
+                    let mut b = Vec::with_capacity(t.content.len() + 1);
+                    if t.special {
+                        b.push(special_marker);
+                    }
+                    b.extend_from_slice(t.content.as_bytes());
+                    return Ok(b);
+                }
+                let sym = self.inner.id_to_token(id).unwrap_or_default();
+                sym.chars()
+                    .map(|c| {
+                        alphabet.get(&c).copied().ok_or(TokenizerError::Codec {
+                            what: "token bytes",
+                            message: format!("id {id} ({sym:?}) is not a byte-level BPE symbol"),
+                        })
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+/// The GPT-2 byte alphabet: printable bytes stand for themselves, the rest
+/// for U+0100 onwards in byte order.
+fn byte_alphabet() -> HashMap<char, u8> {
+    let mut next = 0x100u32;
+    (0..=255u8)
+        .map(|b| {
+            let own = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+            let c = if own {
+                b as char
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap_or('\0')
+            };
+            (c, b)
+        })
+        .collect()
 }
 
 /// The private-use sentinel that protects a lone space from `Strip`.

@@ -27,3 +27,34 @@ pub fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
     let (weights, dspark) = load_weights(&ck, &cfg, modulo_token_map(&cfg)).unwrap();
     (Model::new(cfg, weights).unwrap(), dspark)
 }
+
+/// The real-vocabulary tiny model (`models/tiny-v4vocab`) written to `dir`
+/// with weights from `seed`, the real tokenizer and its Engram map, as an
+/// engine.
+pub fn v4vocab_engine(dir: &Path, seed: u64) -> deepinfer::engine::Engine {
+    use deepinfer::engine::{Engine, EngineConfig};
+    use deepinfer::model::runner::{TINY_V4VOCAB_CONFIG, v4_tokenizer_path};
+    let cfg = ModelConfig::from_hf_json(TINY_V4VOCAB_CONFIG).unwrap();
+    generate(
+        &cfg,
+        dir,
+        &GenerateOptions {
+            seed,
+            shard_bytes: 64 << 20,
+        },
+    )
+    .unwrap();
+    std::fs::write(dir.join("config.json"), TINY_V4VOCAB_CONFIG).unwrap();
+    let tok = v4_tokenizer_path().expect("the V4 tokenizer (scripts/setup installs it)");
+    std::fs::copy(tok, dir.join("tokenizer.json")).unwrap();
+    Engine::from_dir(
+        dir,
+        EngineConfig {
+            max_context: 256,
+            max_seqs: 64,
+            ..EngineConfig::default()
+        },
+        false,
+    )
+    .unwrap()
+}
