@@ -111,13 +111,28 @@ impl Constraint {
             .matcher
             .compute_mask()
             .map_err(|e| bad(e.to_string(), "the grammar failed to compute a mask"))?;
+        // Word by word (bit i of word w is id 32w + i): whole words of
+        // masked ids are filled at once.
+        let words = allowed.as_slice();
         let mut any = false;
-        for (id, x) in row.iter_mut().enumerate() {
-            if id < self.vocab && allowed.is_allowed(id as u32) {
-                any = true;
-            } else {
-                *x = f32::NAN;
+        let known = self.vocab.min(row.len());
+        for (w, chunk) in row[..known].chunks_mut(32).enumerate() {
+            let bits = words.get(w).copied().unwrap_or(0);
+            if bits == 0 {
+                chunk.fill(f32::NAN);
+                continue;
             }
+            any = true;
+            if bits != u32::MAX {
+                for (i, x) in chunk.iter_mut().enumerate() {
+                    if bits >> i & 1 == 0 {
+                        *x = f32::NAN;
+                    }
+                }
+            }
+        }
+        if row.len() > self.vocab {
+            row[self.vocab..].fill(f32::NAN);
         }
         if any {
             Ok(())
