@@ -394,7 +394,12 @@ impl Engine {
                 let stop = l.done.expect("loop ends when every request is done");
                 let text = match &self.tokenizer {
                     Some(t) => {
-                        let mut text = t.decode(&l.tokens)?;
+                        // The stop token ends the output; it is not text.
+                        let body = match stop {
+                            StopReason::Stop(_) => &l.tokens[..l.tokens.len() - 1],
+                            _ => &l.tokens[..],
+                        };
+                        let mut text = t.decode(body)?;
                         if let StopReason::StopString(s) = &stop
                             && let Some(at) = text.find(s.as_str())
                         {

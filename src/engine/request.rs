@@ -70,7 +70,9 @@ pub struct Output {
     /// The prompt's ids (a text prompt as encoded).
     pub prompt: Vec<u32>,
     pub tokens: Vec<u32>,
-    /// The generated text, when the model has a tokenizer.
+    /// The generated text, when the model has a tokenizer: the tokens
+    /// decoded with special tokens kept, less a final stop token, and cut
+    /// before a stop string.
     pub text: Option<String>,
     pub stop: StopReason,
     /// Per generated token, when asked for.
