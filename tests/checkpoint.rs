@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use deepinfer::dtype::DType;
 use deepinfer::model::checkpoint::{
-    Checkpoint, CheckpointDType, CheckpointError, Format, GenerateOptions, LoadOptions, Manifest,
-    Param, Role, TensorProblem, generate, generate_from_dir, param_bytes,
+    Checkpoint, CheckpointDType, CheckpointError, Format, GenerateOptions, INDEX_FILE,
+    LISTED_PROBLEMS, LoadOptions, Manifest, Param, Role, TensorProblem, generate,
+    generate_from_dir, param_bytes,
 };
 use deepinfer::model::config::ModelConfig;
 use deepinfer::numerics::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, unpack_fp4};
@@ -655,6 +656,8 @@ fn a_tensor_in_two_shards_is_a_duplicate() {
         .collect();
     let extra = dir.path().join("zz-extra.safetensors");
     write_shard(&extra, &copy);
+    // Without an index every shard is read.
+    std::fs::remove_file(dir.path().join(INDEX_FILE)).unwrap();
     let err = load(dir.path(), false).unwrap_err();
     let message = err.to_string();
     let CheckpointError::Invalid { problems, .. } = &err else {
@@ -734,4 +737,107 @@ fn quantised_weights_use_the_v41_scales() {
             .fold(0.0f32, f32::max);
         assert!((3.0..=6.0).contains(&top), "group max {top}");
     }
+}
+
+fn index(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join(INDEX_FILE)).unwrap()).unwrap()
+}
+
+fn set_index(dir: &Path, v: &serde_json::Value) {
+    std::fs::write(dir.join(INDEX_FILE), v.to_string()).unwrap();
+}
+
+#[test]
+fn the_index_names_the_shards_and_a_stray_file_is_ignored() {
+    let dir = generate_tiny("index-stray", 4);
+    std::fs::write(dir.path().join("stray.safetensors"), b"not a shard at all").unwrap();
+    let ckpt = load(dir.path(), false).expect("the stray shard is not read");
+    assert!(
+        ckpt.shard_paths()
+            .all(|p| !p.ends_with("stray.safetensors"))
+    );
+
+    // A listed shard that is absent.
+    let mut v = index(dir.path());
+    let (name, file) = {
+        let map = v["weight_map"].as_object().unwrap();
+        let (n, f) = map.iter().next().unwrap();
+        (n.clone(), f.as_str().unwrap().to_string())
+    };
+    v["weight_map"][&name] = "model-99999-of-99999.safetensors".into();
+    set_index(dir.path(), &v);
+    let err = load(dir.path(), false).unwrap_err();
+    assert!(
+        matches!(&err, CheckpointError::MissingShard { file, .. } if file == "model-99999-of-99999.safetensors"),
+        "{err}"
+    );
+
+    // A tensor listed in another existing shard than the one holding it.
+    let other = v["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|f| f.as_str().unwrap().to_string())
+        .find(|f| *f != file && !f.starts_with("model-99999"))
+        .expect("the tiny checkpoint has several shards");
+    v["weight_map"][&name] = other.clone().into();
+    set_index(dir.path(), &v);
+    let err = load(dir.path(), false).unwrap_err();
+    let CheckpointError::Invalid { problems, .. } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(
+        problems,
+        &[TensorProblem::WrongShard {
+            name: name.clone(),
+            listed: other,
+            file: dir.path().join(&file),
+        }]
+    );
+
+    // Indexes that are not weight maps.
+    for (text, want) in [
+        ("{".to_string(), "EOF"),
+        ("{\"metadata\": {}}".to_string(), "weight_map"),
+        (
+            format!("{{\"weight_map\": {{\"{name}\": \"../x.safetensors\"}}}}"),
+            "file name",
+        ),
+        (
+            format!("{{\"weight_map\": {{\"{name}\": 3}}}}"),
+            "file name",
+        ),
+    ] {
+        std::fs::write(dir.path().join(INDEX_FILE), &text).unwrap();
+        let err = load(dir.path(), false).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::BadIndex { .. }) && err.to_string().contains(want),
+            "{text}: {err}"
+        );
+    }
+}
+
+#[test]
+fn long_problem_lists_show_the_first_20_and_a_count() {
+    let dir = edited_tiny("many-missing", |t| {
+        t.retain(|r| !r.0.starts_with("layers."))
+    });
+    let err = load(dir.path(), false).unwrap_err();
+    let CheckpointError::Invalid { problems, .. } = &err else {
+        panic!("{err}");
+    };
+    assert!(problems.len() > LISTED_PROBLEMS + 1, "{}", problems.len());
+    let message = err.to_string();
+    assert_eq!(
+        message.lines().filter(|l| l.starts_with("  - ")).count(),
+        LISTED_PROBLEMS
+    );
+    assert!(
+        message.ends_with(&format!(
+            "... and {} more",
+            problems.len() - LISTED_PROBLEMS
+        )),
+        "{message}"
+    );
+    assert!(message.contains(&format!("{} problem(s)", problems.len())));
 }

@@ -6,7 +6,9 @@
 //! Invariant: generation is deterministic — greedy argmax with ties to the
 //! lowest token id — so the same model and prompt always give the same tokens.
 
-use super::checkpoint::{Checkpoint, CheckpointError, GenerateOptions, LoadOptions, generate};
+use super::checkpoint::{
+    Checkpoint, CheckpointError, GenerateOptions, INDEX_FILE, LoadOptions, generate,
+};
 use super::config::ModelConfig;
 use super::engram_map;
 use super::forward::Model;
@@ -274,7 +276,7 @@ pub fn ensure_default_model(which: DefaultModel) -> Result<PathBuf> {
     if dir.join(engram_map::MAP_FILE).is_file() {
         return Ok(dir);
     }
-    if dir.join("model.safetensors.index.json").is_file() {
+    if dir.join(INDEX_FILE).is_file() {
         // Generated before the map file existed: the weights are the same.
         std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
     }

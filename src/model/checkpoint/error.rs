@@ -1,6 +1,7 @@
 //! [`CheckpointError`]: every way a checkpoint is rejected or cannot be
 //! written. Invariant: each message names the file, directory or tensor at
-//! fault; a structural mismatch lists every problem found, not only the first.
+//! fault; a structural mismatch counts every problem found and lists the first
+//! [`LISTED_PROBLEMS`] of them.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -21,6 +22,16 @@ pub enum CheckpointError {
     },
     #[error("no *.safetensors shard in {}", .dir.display())]
     NoShards { dir: PathBuf },
+    /// `model.safetensors.index.json` is not a weight map.
+    #[error("{}: {why}", .path.display())]
+    BadIndex { path: PathBuf, why: String },
+    /// A shard the index lists is not in the directory.
+    #[error("{} lists shard {file}, which is not in {}", .index.display(), .dir.display())]
+    MissingShard {
+        index: PathBuf,
+        dir: PathBuf,
+        file: String,
+    },
     /// The safetensors header or data layout is invalid: a header length
     /// beyond the file, data offsets beyond the buffer, unparsable JSON, ...
     #[error("shard {} is truncated or corrupt: {source}", .path.display())]
@@ -96,6 +107,13 @@ pub enum TensorProblem {
         first: PathBuf,
         second: PathBuf,
     },
+    /// The index's weight map puts a tensor in another shard than the one
+    /// that holds it.
+    WrongShard {
+        name: String,
+        listed: String,
+        file: PathBuf,
+    },
 }
 
 impl TensorProblem {
@@ -106,7 +124,8 @@ impl TensorProblem {
             | TensorProblem::Unexpected { name, .. }
             | TensorProblem::WrongDType { name, .. }
             | TensorProblem::WrongShape { name, .. }
-            | TensorProblem::Duplicate { name, .. } => name,
+            | TensorProblem::Duplicate { name, .. }
+            | TensorProblem::WrongShard { name, .. } => name,
         }
     }
 }
@@ -150,7 +169,30 @@ impl fmt::Display for TensorProblem {
                 first.display(),
                 second.display()
             ),
+            TensorProblem::WrongShard { name, listed, file } => write!(
+                f,
+                "`{name}` is in {}, but the index lists it in {listed}",
+                file.display()
+            ),
         }
+    }
+}
+
+/// Problems listed in full in a message; the rest are counted.
+pub const LISTED_PROBLEMS: usize = 20;
+
+/// Appends the first [`LISTED_PROBLEMS`] items, one per line, and a count
+/// of the others.
+fn list<T: fmt::Display>(message: &mut String, items: &[T]) {
+    for item in items.iter().take(LISTED_PROBLEMS) {
+        message.push_str("\n  - ");
+        message.push_str(&item.to_string());
+    }
+    if items.len() > LISTED_PROBLEMS {
+        message.push_str(&format!(
+            "\n  ... and {} more",
+            items.len() - LISTED_PROBLEMS
+        ));
     }
 }
 
@@ -182,7 +224,7 @@ fn invalid_message(dir: &std::path::Path, problems: &[TensorProblem]) -> String 
     let count = |pick: fn(&TensorProblem) -> bool| problems.iter().filter(|p| pick(p)).count();
     let mut message = format!(
         "checkpoint {} does not match the config: {} problem(s) ({} missing, {} unexpected, \
-         {} wrong dtype, {} wrong shape, {} duplicated)",
+         {} wrong dtype, {} wrong shape, {} duplicated, {} in another shard than the index says)",
         dir.display(),
         problems.len(),
         count(|p| matches!(p, TensorProblem::Missing { .. })),
@@ -190,19 +232,14 @@ fn invalid_message(dir: &std::path::Path, problems: &[TensorProblem]) -> String 
         count(|p| matches!(p, TensorProblem::WrongDType { .. })),
         count(|p| matches!(p, TensorProblem::WrongShape { .. })),
         count(|p| matches!(p, TensorProblem::Duplicate { .. })),
+        count(|p| matches!(p, TensorProblem::WrongShard { .. })),
     );
-    for problem in problems {
-        message.push_str("\n  - ");
-        message.push_str(&problem.to_string());
-    }
+    list(&mut message, problems);
     message
 }
 
 fn non_finite_message(values: &[NonFiniteValue]) -> String {
     let mut message = format!("{} tensor(s) hold NaN or infinite values", values.len());
-    for value in values {
-        message.push_str("\n  - ");
-        message.push_str(&value.to_string());
-    }
+    list(&mut message, values);
     message
 }

@@ -105,7 +105,7 @@ pub fn generate(
         "metadata": { "total_size": manifest.total_bytes() },
         "weight_map": weight_map,
     });
-    let index_path = out.join("model.safetensors.index.json");
+    let index_path = out.join(super::INDEX_FILE);
     std::fs::write(&index_path, format!("{index:#}\n")).map_err(io_at(&index_path))?;
     // safetensors writes through a private (0600) temporary file; give the
     // shards the permissions of an ordinarily created file, the index's.

@@ -1,5 +1,8 @@
 //! Loads a directory of `*.safetensors` shards, memory-mapped, against a
-//! [`Manifest`], and hands out typed views of its tensors.
+//! [`Manifest`], and hands out typed views of its tensors. With a
+//! `model.safetensors.index.json`, only the shards it lists are read (a
+//! stray shard is ignored with one warning) and every tensor must sit in
+//! the shard the index names.
 //!
 //! Loading maps every shard, parses and checks each header with the
 //! safetensors crate (a header length beyond the file or data offsets beyond
@@ -133,8 +136,26 @@ impl Headers {
     /// The entries of the expected tensors that match, and every problem:
     /// duplicates, then missing / wrong dtype / wrong shape in manifest
     /// order, then unexpected tensors in shard order.
-    fn match_manifest(&self, manifest: &Manifest) -> (HashMap<String, Entry>, Vec<TensorProblem>) {
+    fn match_manifest(
+        &self,
+        manifest: &Manifest,
+        index: Option<&WeightMap>,
+    ) -> (HashMap<String, Entry>, Vec<TensorProblem>) {
         let mut problems = self.duplicates.clone();
+        if let Some(index) = index {
+            for (name, tensor) in &self.found {
+                let file = self.file(tensor);
+                let held = file.file_name().and_then(|f| f.to_str()).unwrap_or("");
+                let listed = index.get(name).map(String::as_str).unwrap_or("no shard");
+                if listed != held {
+                    problems.push(TensorProblem::WrongShard {
+                        name: name.clone(),
+                        listed: listed.to_string(),
+                        file,
+                    });
+                }
+            }
+        }
         let mut entries = HashMap::with_capacity(manifest.len());
         for spec in manifest.tensors() {
             let Some(&i) = self.by_name.get(&spec.name) else {
@@ -210,14 +231,14 @@ impl Checkpoint {
         manifest: Manifest,
         options: &LoadOptions,
     ) -> Result<Checkpoint, CheckpointError> {
-        let paths = shard_paths(dir)?;
+        let (paths, index) = shard_paths(dir)?;
         let mut total = 0u64;
         for path in &paths {
             total += std::fs::metadata(path).map_err(io(path))?.len();
         }
         let passes = if options.check_finite { 2 } else { 1 };
         let bar = progress_bar(options.progress, total, passes);
-        let loaded = Checkpoint::map_and_check(dir, manifest, paths, options, &bar);
+        let loaded = Checkpoint::map_and_check(dir, manifest, paths, index.as_ref(), options, &bar);
         bar.finish_and_clear();
         loaded
     }
@@ -226,12 +247,13 @@ impl Checkpoint {
         dir: &Path,
         manifest: Manifest,
         paths: Vec<PathBuf>,
+        index: Option<&WeightMap>,
         options: &LoadOptions,
         bar: &ProgressBar,
     ) -> Result<Checkpoint, CheckpointError> {
         bar.set_message("mapping shards");
         let headers = Headers::read(paths, bar)?;
-        let (entries, problems) = headers.match_manifest(&manifest);
+        let (entries, problems) = headers.match_manifest(&manifest, index);
         if !problems.is_empty() {
             return Err(CheckpointError::Invalid {
                 dir: dir.to_path_buf(),
@@ -336,22 +358,99 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     }
 }
 
-/// The `*.safetensors` files of `dir`, sorted by name.
-fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
-    let mut paths = Vec::new();
+/// The Hugging Face index's file name inside a checkpoint directory.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Tensor name → the shard file the index lists it in.
+type WeightMap = HashMap<String, String>;
+
+/// The index's weight map; `None` when the directory has no index.
+fn read_index(dir: &Path) -> Result<Option<WeightMap>, CheckpointError> {
+    let path = dir.join(INDEX_FILE);
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let bad = |why: String| CheckpointError::BadIndex {
+        path: path.clone(),
+        why,
+    };
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| bad("no \"weight_map\" object".into()))?;
+    map.iter()
+        .map(|(name, file)| {
+            let file = file
+                .as_str()
+                .filter(|f| {
+                    f.ends_with(".safetensors") && !f.contains(['/', '\\'])
+                })
+                .ok_or_else(|| {
+                    bad(format!(
+                        "weight_map[{name:?}] = {file} is not a *.safetensors file name in the directory"
+                    ))
+                })?;
+            Ok((name.clone(), file.to_string()))
+        })
+        .collect::<Result<WeightMap, _>>()
+        .map(Some)
+}
+
+/// The shards of `dir`, sorted by name: the files that
+/// `model.safetensors.index.json` lists when there is one (every listed
+/// file must exist; other `*.safetensors` files are ignored with one
+/// warning), else every `*.safetensors` file. Returns the index too.
+fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>), CheckpointError> {
+    let mut present = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io(dir))? {
         let path = entry.map_err(io(dir))?.path();
         if path.extension() == Some("safetensors".as_ref()) && path.is_file() {
-            paths.push(path);
+            present.push(path);
         }
     }
+    present.sort();
+    let index = read_index(dir)?;
+    let paths = match &index {
+        None => present,
+        Some(map) => {
+            let mut listed: Vec<&String> = map.values().collect();
+            listed.sort();
+            listed.dedup();
+            let mut paths = Vec::with_capacity(listed.len());
+            for file in listed {
+                let path = dir.join(file);
+                if !path.is_file() {
+                    return Err(CheckpointError::MissingShard {
+                        index: dir.join(INDEX_FILE),
+                        dir: dir.to_path_buf(),
+                        file: file.clone(),
+                    });
+                }
+                paths.push(path);
+            }
+            let stray: Vec<String> = present
+                .iter()
+                .filter(|p| !paths.contains(p))
+                .map(|p| p.display().to_string())
+                .collect();
+            if !stray.is_empty() {
+                tracing::warn!(
+                    "ignoring {} shard(s) that {INDEX_FILE} does not list: {}",
+                    stray.len(),
+                    stray.join(", ")
+                );
+            }
+            paths
+        }
+    };
     if paths.is_empty() {
         return Err(CheckpointError::NoShards {
             dir: dir.to_path_buf(),
         });
     }
-    paths.sort();
-    Ok(paths)
+    Ok((paths, index))
 }
 
 fn map_shard(path: &Path) -> Result<Mmap, CheckpointError> {

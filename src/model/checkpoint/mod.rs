@@ -25,9 +25,9 @@ pub mod manifest;
 mod param;
 mod view;
 
-pub use error::{CheckpointError, NonFiniteValue, TensorProblem};
+pub use error::{CheckpointError, LISTED_PROBLEMS, NonFiniteValue, TensorProblem};
 pub use generate::{GenerateOptions, Generated, generate, generate_from_dir, param_bytes};
-pub use loader::{Checkpoint, LoadOptions, PROGRESS_THRESHOLD, Progress};
+pub use loader::{Checkpoint, INDEX_FILE, LoadOptions, PROGRESS_THRESHOLD, Progress};
 pub use manifest::Manifest;
 pub use param::{CheckpointDType, Format, Param, Role, TensorSpec};
 pub use view::TensorView;
