@@ -62,6 +62,7 @@ pub struct Scored {
 struct Live {
     index: usize,
     seq: SeqId,
+    constraint: Option<Constraint>,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     done: Option<StopReason>,
@@ -326,6 +327,7 @@ impl Engine {
             live.push(Live {
                 index: i,
                 seq: pool.add_sequence()?,
+                constraint: constraints[i].take(),
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 done: None,
@@ -346,15 +348,7 @@ impl Engine {
             .enumerate()
             .map(|(k, r)| (k, r.end - 1))
             .collect();
-        self.sample(
-            &out.logits,
-            &last,
-            &mut live,
-            params,
-            prompts,
-            constraints,
-            on_token,
-        )?;
+        self.sample(&out.logits, &last, &mut live, params, prompts, on_token)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
         loop {
@@ -378,15 +372,7 @@ impl Engine {
                 .collect();
             let out = self.model.step(&mut pool, &inputs, Capture::default())?;
             let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
-            self.sample(
-                &out.logits,
-                &rows,
-                &mut live,
-                params,
-                prompts,
-                constraints,
-                on_token,
-            )?;
+            self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
         }
         let decode = t1.elapsed();
         live.into_iter()
@@ -432,7 +418,6 @@ impl Engine {
         live: &mut [Live],
         params: &[SamplingParams],
         prompts: &[Vec<u32>],
-        constraints: &mut [Option<Constraint>],
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let v = self.model.cfg.vocab_size;
@@ -450,7 +435,7 @@ impl Engine {
                 ));
             }
             let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
-            let constraint = &mut constraints[l.index];
+            let constraint = &mut l.constraint;
             let s = match constraint {
                 Some(c) => {
                     let mut masked = row.to_vec();

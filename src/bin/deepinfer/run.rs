@@ -4,8 +4,8 @@
 //! dump.
 //!
 //! Invariant: a bad request line fails alone (its output line carries the
-//! error, naming the line and key); bad flags fail the command before any
-//! model is loaded.
+//! error, naming the line and key); malformed flags fail the command
+//! before any model is loaded.
 
 use crate::engine_args::EngineArgs;
 use clap::Args;
@@ -295,15 +295,15 @@ impl Streamer<'_> {
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
+    let prompt = match (&a.prompt, &a.prompt_text) {
+        (_, Some(t)) => Prompt::Text(t.clone()),
+        (Some(ids), None) => Prompt::Ids(parse_ids("--prompt", ids)?),
+        (None, None) => Prompt::Ids(parse_ids("--prompt", DEFAULT_PROMPT)?),
+    };
     let engine = a.engine.engine()?;
     let defaults = a.defaults(engine.model.cfg.tokens.eos)?;
     let secs = |d: std::time::Duration| d.as_secs_f64().max(1e-9);
     let Some(path) = &a.prompts else {
-        let prompt = match (&a.prompt, &a.prompt_text) {
-            (_, Some(t)) => Prompt::Text(t.clone()),
-            (Some(ids), None) => Prompt::Ids(parse_ids("--prompt", ids)?),
-            (None, None) => Prompt::Ids(parse_ids("--prompt", DEFAULT_PROMPT)?),
-        };
         let mut streamer = Streamer {
             engine: &engine,
             tokens: Vec::new(),
@@ -455,17 +455,18 @@ pub struct ScoreArgs {
 }
 
 pub fn score(a: &ScoreArgs) -> Result<()> {
-    let engine = a.engine.engine()?;
     let prompt = match (&a.prompt, &a.prompt_text) {
-        (_, Some(t)) => engine.encode(&Prompt::Text(t.clone()))?,
-        (Some(ids), None) => parse_ids("--prompt", ids)?,
-        (None, None) => parse_ids("--prompt", DEFAULT_PROMPT)?,
+        (_, Some(t)) => Prompt::Text(t.clone()),
+        (Some(ids), None) => Prompt::Ids(parse_ids("--prompt", ids)?),
+        (None, None) => Prompt::Ids(parse_ids("--prompt", DEFAULT_PROMPT)?),
     };
     let continuation = match (&a.continuation, &a.continuation_text) {
-        (_, Some(t)) => engine.encode(&Prompt::Text(t.clone()))?,
-        (Some(ids), None) => parse_ids("--continuation", ids)?,
-        (None, None) => Vec::new(),
+        (_, Some(t)) => Prompt::Text(t.clone()),
+        (Some(ids), None) => Prompt::Ids(parse_ids("--continuation", ids)?),
+        (None, None) => Prompt::Ids(Vec::new()),
     };
+    let engine = a.engine.engine()?;
+    let (prompt, continuation) = (engine.encode(&prompt)?, engine.encode(&continuation)?);
     let scored = engine.score(&prompt, &continuation, a.temperature)?;
     for (t, l) in continuation.iter().zip(&scored.logprobs) {
         println!("{t}\t{l}");

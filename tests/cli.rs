@@ -1,0 +1,279 @@
+//! The command line as a user meets it: bad flags, switches and JSONL lines
+//! are clear errors (a bad line fails alone), a JSONL batch writes one
+//! result per line, and `score --dump-logits` writes the logits that
+//! `score` printed log-probabilities of. Runs the built binary on the tiny
+//! default, generated into a private cache.
+
+mod common;
+
+use common::TempDir;
+use std::process::{Command, Output};
+
+fn deepinfer(cache: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_deepinfer"));
+    c.args(args)
+        .env("DEEPINFER_CACHE", cache.path())
+        .env_remove("RUST_LOG");
+    for var in [
+        "DEEPINFER_HF_MODEL_DIR",
+        "DEEPINFER_BATCH_INVARIANT",
+        "DEEPINFER_DETERMINISTIC_SAMPLING",
+        "DEEPINFER_ENABLE_MTP_VARLEN",
+        "DEEPINFER_USE_NEXTN_DECODE",
+        "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE",
+        "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS",
+    ] {
+        c.env_remove(var);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("the deepinfer binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn fails_with(cache: &TempDir, args: &[&str], env: &[(&str, &str)], want: &[&str]) {
+    let o = deepinfer(cache, args, env);
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{args:?} {env:?} succeeded: {e}");
+    for w in want {
+        assert!(e.contains(w), "{args:?} {env:?}: {e:?} lacks {w:?}");
+    }
+}
+
+#[test]
+fn bad_flags_and_switches_are_clear_errors() {
+    let cache = TempDir::new("cli-bad");
+    let none: &[(&str, &str)] = &[];
+    fails_with(&cache, &["run", "--max-new", "abc"], none, &["--max-new"]);
+    fails_with(
+        &cache,
+        &["run", "--prompt", "1,x,3"],
+        none,
+        &["= x", "token ids"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--prompt", "1,999999"],
+        none,
+        &["999999", "vocabulary"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--max-new", "99999999999999"],
+        none,
+        &["max_tokens", "99999999999999"],
+    );
+    fails_with(&cache, &["run", "--temperature=-1"], none, &["temperature"]);
+    fails_with(
+        &cache,
+        &["run", "--prompt-text", "hi"],
+        none,
+        &["tokenizer"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--stop", "x"],
+        none,
+        &["stop", "tokenizer"],
+    );
+    fails_with(&cache, &["run", "--regex", "a+"], none, &["tokenizer"]);
+    fails_with(
+        &cache,
+        &["run", "--batch-invariant", "2"],
+        none,
+        &["--batch-invariant", "0 or 1"],
+    );
+    fails_with(
+        &cache,
+        &["run"],
+        &[("DEEPINFER_BATCH_INVARIANT", "yes")],
+        &["DEEPINFER_BATCH_INVARIANT"],
+    );
+    fails_with(
+        &cache,
+        &["run"],
+        &[("DEEPINFER_DETERMINISTIC_SAMPLING", "1")],
+        &["BATCH_INVARIANT=1", "MTP_VARLEN=0"],
+    );
+    // A flag beats its variable: the same contradiction, lifted by the flag.
+    let o = deepinfer(
+        &cache,
+        &["run", "--max-new", "2", "--batch-invariant", "1"],
+        &[
+            ("DEEPINFER_DETERMINISTIC_SAMPLING", "1"),
+            ("DEEPINFER_BATCH_INVARIANT", "0"),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    fails_with(
+        &cache,
+        &["run", "--nextn", "2"],
+        none,
+        &["speculative decoding", "not landed"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--yoco-mode", "compact"],
+        none,
+        &["compact prefill", "not landed"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--yoco-mode", "fast"],
+        none,
+        &["exact or compact"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--yoco-keep-tokens", "3"],
+        none,
+        &["KEEP_TOKENS", "minimum 13"],
+    );
+    fails_with(
+        &cache,
+        &["run", "--model", "/nonexistent/model"],
+        none,
+        &["/nonexistent/model"],
+    );
+    // An unknown DEEPINFER_* variable is warned about, not fatal.
+    let o = deepinfer(
+        &cache,
+        &["run", "--max-new", "2"],
+        &[("DEEPINFER_BATCH_INVARIENT", "1")],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("DEEPINFER_BATCH_INVARIENT"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn a_jsonl_batch_writes_a_line_per_request_and_bad_lines_fail_alone() {
+    let cache = TempDir::new("cli-jsonl");
+    let dir = TempDir::new("cli-jsonl-files");
+    let input = dir.path().join("in.jsonl");
+    let output = dir.path().join("out.jsonl");
+    std::fs::write(
+        &input,
+        [
+            r#"{"prompt_ids": [0, 5, 9], "max_tokens": 4}"#,
+            r#"{"prompt_ids": [0, 5, 9], "max_tokens": 4, "temperature": 1.0, "seed": 3, "logprobs": true}"#,
+            r#"{"prompt_ids": [0, 5, 9], "max_tokens": 4, "colour": "red"}"#,
+            r#"not json"#,
+            r#"{"max_tokens": 4}"#,
+            r#"{"prompt_ids": [0, -1]}"#,
+            "",
+            r#"{"prompt_ids": [3], "max_tokens": 0}"#,
+        ]
+        .join("\n"),
+    )
+    .unwrap();
+    let o = deepinfer(
+        &cache,
+        &[
+            "run",
+            "--prompts",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 7);
+    for (i, l) in lines.iter().enumerate() {
+        assert_eq!(l["index"], i);
+    }
+    assert_eq!(lines[0]["tokens"].as_array().unwrap().len(), 4);
+    assert_eq!(lines[1]["logprobs"].as_array().unwrap().len(), 4);
+    let err = |i: usize| lines[i]["error"].as_str().unwrap_or_default().to_string();
+    assert!(
+        err(2).contains("line 3") && err(2).contains("colour") && err(2).contains("unknown key"),
+        "{}",
+        err(2)
+    );
+    assert!(err(3).contains("line 4"), "{}", err(3));
+    assert!(
+        err(4).contains("line 5") && err(4).contains("prompt"),
+        "{}",
+        err(4)
+    );
+    assert!(
+        err(5).contains("line 6") && err(5).contains("prompt_ids"),
+        "{}",
+        err(5)
+    );
+    assert!(err(6).contains("max_tokens"), "{}", err(6));
+    // The greedy request alone gives the same tokens as in the batch.
+    let alone = deepinfer(&cache, &["run", "--prompt", "0,5,9", "--max-new", "4"], &[]);
+    let text = String::from_utf8_lossy(&alone.stdout);
+    let want: Vec<String> = lines[0]["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
+    assert!(
+        text.contains(&format!("output: {}", want.join(","))),
+        "{text}"
+    );
+}
+
+#[test]
+fn score_dumps_the_logits_it_scored() {
+    let cache = TempDir::new("cli-score");
+    let dir = TempDir::new("cli-score-files");
+    let dump = dir.path().join("logits.safetensors");
+    let o = deepinfer(
+        &cache,
+        &[
+            "score",
+            "--prompt",
+            "0,17,42",
+            "--continuation",
+            "7,99,3",
+            "--dump-logits",
+            dump.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: Vec<f32> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .take(3)
+        .map(|l| l.split('\t').nth(1).unwrap().parse().unwrap())
+        .collect();
+    let bytes = std::fs::read(&dump).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let logits = st.tensor("logits").unwrap();
+    assert_eq!(logits.shape(), [3, 512]);
+    let tokens = st.tensor("tokens").unwrap();
+    assert_eq!(tokens.shape(), [3]);
+    let rows: Vec<f32> = logits
+        .data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    // Each printed logprob is ln softmax of its dumped row (f64, 1e-5).
+    for (i, (&t, &lp)) in [7usize, 99, 3].iter().zip(&printed).enumerate() {
+        let row = &rows[i * 512..(i + 1) * 512];
+        let m = row.iter().fold(f64::MIN, |a, &x| a.max(f64::from(x)));
+        let z: f64 = row.iter().map(|&x| (f64::from(x) - m).exp()).sum();
+        let want = f64::from(row[t]) - m - z.ln();
+        assert!(
+            (want - f64::from(lp)).abs() < 1e-5,
+            "token {t}: {want} vs {lp}"
+        );
+    }
+}
