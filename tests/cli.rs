@@ -277,3 +277,27 @@ fn score_dumps_the_logits_it_scored() {
         );
     }
 }
+
+#[test]
+fn absurd_sizes_are_refused_before_allocation() {
+    let cache = TempDir::new("cli-sizes");
+    let none: &[(&str, &str)] = &[];
+    fails_with(
+        &cache,
+        &["slice", "--rows", "100000000"],
+        none,
+        &["--rows", "4096"],
+    );
+    fails_with(&cache, &["slice", "--dim", "0"], none, &["--dim"]);
+    fails_with(
+        &cache,
+        &["run", "--max-new", "18446744073709551615"],
+        none,
+        &["max_tokens"],
+    );
+    let o = deepinfer(&cache, &["run", "--max-new", "18446744073709551615"], none);
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("output:"),
+        "no output header before the error"
+    );
+}

@@ -981,3 +981,74 @@ fn tiny_v4vocab_is_tiny_with_the_real_vocabulary() {
     same.tokens.image = tiny.tokens.image;
     assert_eq!(same, tiny);
 }
+
+/// Every size limit is at least 8× V4.1-Flash's value, which the table
+/// states correctly, and a value past the limit is refused by name before
+/// anything is sized from it (both forms).
+#[test]
+fn size_limits_refuse_absurd_configs_by_name() {
+    use deepinfer::model::config::{ConfigForm, LIMITS};
+    let official: serde_json::Value =
+        serde_json::from_str(&read("models/deepseek-v4.1-flash/config.json")).unwrap();
+    let at = |v: &serde_json::Value, path: &str| -> Option<u64> {
+        path.split('.')
+            .try_fold(v, |v, k| v.get(k))
+            .and_then(|v| v.as_u64())
+    };
+    for (key, limit, v41) in LIMITS {
+        let path = key.name(ConfigForm::HuggingFace);
+        assert_eq!(at(&official, path), Some(v41), "{path}");
+        assert!(limit >= 8 * v41, "{path}: limit {limit}");
+        for (dir, form) in [
+            (TINY, ConfigForm::HuggingFace),
+            (TINY, ConfigForm::Inference),
+        ] {
+            let file = match form {
+                ConfigForm::HuggingFace => "config.json",
+                ConfigForm::Inference => "inference-config.json",
+            };
+            let mut v: serde_json::Value =
+                serde_json::from_str(&read(&format!("{dir}/{file}"))).unwrap();
+            let name = key.name(form);
+            let mut slot = &mut v;
+            for k in name.split('.') {
+                slot = slot
+                    .get_mut(k)
+                    .unwrap_or_else(|| panic!("{name} in {file}"));
+            }
+            *slot = serde_json::json!(limit + 1);
+            let t = std::time::Instant::now();
+            let e = match form {
+                ConfigForm::HuggingFace => ModelConfig::from_hf_json(&v.to_string()),
+                ConfigForm::Inference => ModelConfig::from_inference_json(&v.to_string()),
+            }
+            .unwrap_err();
+            assert!(t.elapsed().as_secs() < 2, "{name}: {:?}", t.elapsed());
+            assert!(
+                matches!(e, ConfigError::TooLarge { .. })
+                    && e.to_string().contains(&key.to_string()),
+                "{name} = {}: {e}",
+                limit + 1
+            );
+        }
+    }
+}
+
+#[test]
+fn large_epsilons_and_yarn_without_a_length_are_refused() {
+    for (edit, want) in [
+        (("rms_norm_eps", serde_json::json!(1e300)), "rms_norm_eps"),
+        (("hc_eps", serde_json::json!(0.5)), "hc_eps"),
+    ] {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&read(&format!("{TINY}/config.json"))).unwrap();
+        v["text_config"][edit.0] = edit.1;
+        let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+    let mut v: serde_json::Value =
+        serde_json::from_str(&read(&format!("{TINY}/config.json"))).unwrap();
+    v["text_config"]["rope_scaling"]["original_max_position_embeddings"] = serde_json::json!(0);
+    let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
+    assert!(e.to_string().contains("original"), "{e}");
+}

@@ -275,6 +275,9 @@ impl Streamer<'_> {
     fn push(&mut self, e: TokenEvent) {
         self.tokens.push(e.token);
         let mut out = std::io::stdout().lock();
+        if e.index == 0 {
+            let _ = write!(out, "output: ");
+        }
         match &self.engine.tokenizer {
             Some(t) => {
                 if let Ok(text) = t.decode(&self.tokens)
@@ -318,7 +321,6 @@ pub fn run(a: &RunArgs) -> Result<()> {
                     Prompt::Ids(ids) => format!("{ids:?}"),
                 }
             );
-            print!("output: ");
         }
         let r = engine
             .generate_streaming(std::slice::from_ref(&prompt), &[defaults], &mut |e| {

@@ -27,8 +27,27 @@ fn input(rows: usize, dim: usize) -> (Tensor, Tensor) {
     )
 }
 
+/// The slice prints every row: more than this is not a demo but a mistake.
+const MAX_ROWS: usize = 4096;
+/// RMSNorm's widest row (V4.1: 5120).
+const MAX_DIM: usize = 1 << 16;
+
 pub fn run(device: &str, rows: usize, dim: usize) -> deepinfer::Result<()> {
     let device: Device = device.parse()?;
+    for (arg, value, max) in [("--rows", rows, MAX_ROWS), ("--dim", dim, MAX_DIM)] {
+        if value == 0 || value > max {
+            return Err(deepinfer::Error::Argument {
+                op: "deepinfer slice",
+                arg,
+                value: value.to_string(),
+                why: if arg == "--rows" {
+                    "must be in 1..=4096 (the slice prints every row)"
+                } else {
+                    "must be in 1..=65536"
+                },
+            });
+        }
+    }
     let (x, w) = input(rows, dim);
     let (x, w) = (x.to_device(&device)?, w.to_device(&device)?);
     let y = ops::rms_norm(&x, &w, 1e-20)?;

@@ -48,6 +48,17 @@ pub enum ConfigError {
         value: String,
         why: String,
     },
+    /// A size beyond the documented maximum of [`super::validate::LIMITS`].
+    #[error(
+        "{key} = {value} exceeds the limit {limit} (V4.1-Flash uses {v41}); \
+         such a config would size memory or loops without bound"
+    )]
+    TooLarge {
+        key: Key,
+        value: u64,
+        limit: u64,
+        v41: u64,
+    },
     #[error("{key} is 0; it must be positive")]
     Zero { key: Key },
     #[error("{key} = {value} is not a multiple of {of}")]

@@ -6,14 +6,51 @@
 //! so one config always yields the same error.
 
 use super::error::ConfigError;
-use super::keys;
+use super::keys::{self, Key};
 use super::types::{ModelConfig, WeightFormat};
 use crate::contract::MX_BLOCK;
+
+/// Documented maxima of every config size that scales memory or a loop:
+/// (key, limit, V4.1-Flash's value). Each limit is at least 8× the value
+/// V4.1-Flash uses, so any real model of the family fits, while a typo of a
+/// few orders of magnitude is refused before anything is allocated.
+pub const LIMITS: [(Key, u64, u64); 26] = [
+    (keys::VOCAB_SIZE, 1 << 21, 129_280),
+    (keys::HIDDEN_SIZE, 1 << 16, 5120),
+    (keys::N_LAYERS, 512, 40),
+    (keys::N_HEADS, 1024, 64),
+    (keys::HEAD_DIM, 4096, 512),
+    (keys::Q_LORA_RANK, 1 << 16, 1280),
+    (keys::O_GROUPS, 1024, 8),
+    (keys::O_LORA_RANK, 1 << 16, 1024),
+    (keys::WINDOW, 1 << 16, 128),
+    (keys::INDEX_N_HEADS, 1024, 32),
+    (keys::INDEX_HEAD_DIM, 4096, 128),
+    (keys::INDEX_TOPK, 1 << 16, 512),
+    (keys::CANDIDATE_TOPK_BLOCKS, 1 << 16, 2048),
+    (keys::CANDIDATE_BLOCK_SIZE, 1 << 16, 8),
+    (keys::HC_MULT, 64, 4),
+    (keys::HC_SINKHORN_ITERS, 1000, 20),
+    (keys::N_ROUTED_EXPERTS, 1 << 14, 384),
+    (keys::N_SHARED_EXPERTS, 64, 1),
+    (keys::MOE_INTER_DIM, 1 << 17, 2304),
+    (keys::ENGRAM_MAX_NGRAM, 32, 4),
+    (keys::ENGRAM_N_HEADS, 256, 8),
+    (keys::ENGRAM_HEAD_DIM, 4096, 256),
+    (keys::DSPARK_STAGES, 64, 3),
+    (keys::DSPARK_BLOCK_SIZE, 256, 5),
+    (keys::DSPARK_MARKOV_RANK, 1 << 16, 256),
+    (keys::DSPARK_N_ROUTED_EXPERTS, 1 << 14, 128),
+];
+
+/// Rows of one Engram table at most (V4.1: 384,016,682, 101 GB).
+pub const ENGRAM_TABLE_ROWS_LIMIT: u64 = 1 << 32;
 
 impl ModelConfig {
     /// Checks every value and the layer roles; the loaders call it.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_nonzero()?;
+        self.check_limits()?;
         self.check_block_multiples()?;
         self.check_dims()?;
         self.check_floats()?;
@@ -64,6 +101,92 @@ impl ModelConfig {
             Some((key, _)) => Err(ConfigError::Zero { key }),
             None => Ok(()),
         }
+    }
+
+    /// Every size that scales memory or a loop against [`LIMITS`]; the
+    /// floats that are only meaningful small (epsilons) against 0.1.
+    fn check_limits(&self) -> Result<(), ConfigError> {
+        let (a, m, e, d) = (&self.attention, &self.moe, &self.engram, &self.dspark);
+        let value = |key: Key| -> u64 {
+            let v = match key {
+                k if k == keys::VOCAB_SIZE => self.vocab_size,
+                k if k == keys::HIDDEN_SIZE => self.hidden_size,
+                k if k == keys::N_LAYERS => self.n_layers,
+                k if k == keys::N_HEADS => a.n_heads,
+                k if k == keys::HEAD_DIM => a.head_dim,
+                k if k == keys::Q_LORA_RANK => a.q_lora_rank,
+                k if k == keys::O_GROUPS => a.o_groups,
+                k if k == keys::O_LORA_RANK => a.o_lora_rank,
+                k if k == keys::WINDOW => a.window,
+                k if k == keys::INDEX_N_HEADS => self.indexer.n_heads,
+                k if k == keys::INDEX_HEAD_DIM => self.indexer.head_dim,
+                k if k == keys::INDEX_TOPK => self.indexer.topk,
+                k if k == keys::CANDIDATE_TOPK_BLOCKS => {
+                    self.candidate.map_or(0, |c| c.topk_blocks)
+                }
+                k if k == keys::CANDIDATE_BLOCK_SIZE => self.candidate.map_or(0, |c| c.block_size),
+                k if k == keys::HC_MULT => self.mhc.mult,
+                k if k == keys::HC_SINKHORN_ITERS => self.mhc.sinkhorn_iters,
+                k if k == keys::N_ROUTED_EXPERTS => m.n_routed_experts,
+                k if k == keys::N_SHARED_EXPERTS => m.n_shared_experts,
+                k if k == keys::MOE_INTER_DIM => m.inter_dim,
+                k if k == keys::ENGRAM_MAX_NGRAM => e.max_ngram,
+                k if k == keys::ENGRAM_N_HEADS => e.n_heads,
+                k if k == keys::ENGRAM_HEAD_DIM => e.head_dim,
+                k if k == keys::DSPARK_STAGES => d.n_stages,
+                k if k == keys::DSPARK_BLOCK_SIZE => d.block_size,
+                k if k == keys::DSPARK_MARKOV_RANK => d.markov_rank,
+                k if k == keys::DSPARK_N_ROUTED_EXPERTS => d.n_routed_experts,
+                _ => 0,
+            };
+            v as u64
+        };
+        for &(key, limit, v41) in LIMITS.iter() {
+            let v = value(key);
+            if v > limit {
+                return Err(ConfigError::TooLarge {
+                    key,
+                    value: v,
+                    limit,
+                    v41,
+                });
+            }
+        }
+        if let Some(&rows) = e.table_rows.iter().max()
+            && rows > ENGRAM_TABLE_ROWS_LIMIT
+        {
+            return Err(ConfigError::TooLarge {
+                key: keys::ENGRAM_TABLE_ROWS,
+                value: rows,
+                limit: ENGRAM_TABLE_ROWS_LIMIT,
+                v41: 384_016_682,
+            });
+        }
+        for (key, eps) in [
+            (keys::NORM_EPS, self.norm_eps),
+            (keys::HC_EPS, self.mhc.eps),
+        ] {
+            if eps > 0.1 {
+                return Err(ConfigError::BadValue {
+                    key,
+                    value: eps.to_string(),
+                    why: "an epsilon above 0.1 swamps the statistic it guards".into(),
+                });
+            }
+        }
+        let y = &self.rope.yarn;
+        if y.factor > 1.0 && y.original_seq_len == 0 {
+            return Err(ConfigError::BadValue {
+                key: keys::YARN_ORIGINAL_LEN,
+                value: "0".into(),
+                why: format!(
+                    "YaRN scaling ({} = {}) needs the original length",
+                    keys::YARN_FACTOR,
+                    y.factor
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Widths along which FP8 activations, FP8 weight blocks, FP4 groups or
