@@ -841,3 +841,24 @@ fn long_problem_lists_show_the_first_20_and_a_count() {
     );
     assert!(message.contains(&format!("{} problem(s)", problems.len())));
 }
+
+/// The official config's 474 GiB checkpoint is refused before a byte is
+/// written when the file system has less room (every machine here).
+#[test]
+fn the_generator_refuses_a_checkpoint_that_does_not_fit() {
+    let dir = TempDir::new("nospace");
+    let need = Manifest::new(&official()).unwrap().total_bytes();
+    let err = generate(&official(), dir.path(), &GenerateOptions::default()).unwrap_err();
+    match err {
+        CheckpointError::NoSpace { need: n, free, .. } => {
+            assert_eq!(n, need);
+            assert!(free < need);
+        }
+        other => panic!("expected NoSpace, got {other}"),
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing written"
+    );
+}

@@ -72,6 +72,15 @@ fn gen_weights(
         seed,
         shard_bytes: shard_mib.saturating_mul(1 << 20),
     };
+    let cfg = deepinfer::model::config::ModelConfig::from_dir(config)?;
+    let manifest = deepinfer::model::checkpoint::Manifest::new(&cfg)?;
+    eprintln!(
+        "writing {} tensors, {} bytes ({:.2} GiB), to {}",
+        manifest.len(),
+        manifest.total_bytes(),
+        manifest.total_bytes() as f64 / (1u64 << 30) as f64,
+        out.display()
+    );
     let generated = generate_from_dir(config, out, &options)?;
     println!(
         "wrote {} tensors ({} bytes) in {} shard(s) to {}",

@@ -66,6 +66,13 @@ pub enum CheckpointError {
         #[source]
         source: SafeTensorError,
     },
+    /// The checkpoint would not fit the output's file system.
+    #[error(
+        "the checkpoint needs {need} bytes ({:.1} GiB) but {} has {free} bytes free",
+        *.need as f64 / (1u64 << 30) as f64,
+        .dir.display()
+    )]
+    NoSpace { dir: PathBuf, need: u64, free: u64 },
     #[error(
         "{} already holds *.safetensors shards; write a new checkpoint into an \
          empty directory",

@@ -76,7 +76,8 @@ pub struct Generated {
 }
 
 /// Writes the checkpoint of `config` into `out` (created if needed; it must
-/// not already hold `*.safetensors` files).
+/// not already hold `*.safetensors` files, and its file system must have
+/// room for all of it: checked before the first byte is written).
 pub fn generate(
     config: &ModelConfig,
     out: &Path,
@@ -90,6 +91,16 @@ pub fn generate(
                 dir: out.to_path_buf(),
             });
         }
+    }
+    let need = manifest.total_bytes();
+    if let Some(free) = free_bytes(out)
+        && free < need
+    {
+        return Err(CheckpointError::NoSpace {
+            dir: out.to_path_buf(),
+            need,
+            free,
+        });
     }
     let plan = plan_shards(manifest.params(), options.shard_bytes);
     let mut shards = Vec::with_capacity(plan.len());
@@ -120,6 +131,25 @@ pub fn generate(
         tensors: manifest.len(),
         bytes: manifest.total_bytes(),
     })
+}
+
+/// Bytes available to an unprivileged writer on the file system of `dir`
+/// (`statvfs`); `None` when the call fails (the write then reports its own
+/// error if space runs out).
+fn free_bytes(dir: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `path` is a NUL-terminated C string that outlives the call, and
+    // `st` points to writable memory of the size `statvfs` fills; the struct
+    // is read only when the call reports success (0).
+    let rc = unsafe { libc::statvfs(path.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return None;
+    }
+    // SAFETY: statvfs returned 0, so it initialised the whole struct.
+    let st = unsafe { st.assume_init() };
+    Some((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }
 
 /// Reads the config in `config_dir` ([`ModelConfig::from_dir`]), writes its
