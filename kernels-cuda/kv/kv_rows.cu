@@ -150,7 +150,7 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
     if (p.positions != nullptr) {
         for (int q = tid; q < live_rows * pairs; q += kThreads) {
             const int i = q / pairs, k = q % pairs;
-            const float angle = __fmul_rn(float(p.positions[r0 + i]), __ldg(p.freqs + k));
+            const float angle = __fmul_rn(float(p.positions[r0 + i]), p.freqs[k]);
             double sn, cn;
             sincos(double(angle), &sn, &cn);
             s.cs[i * pairs + k] = make_float2(float(cn), float(sn));

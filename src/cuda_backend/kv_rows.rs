@@ -95,13 +95,8 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         .map_err(|_| limit(op, "rows", c.rows, "more rows than the CUDA grid takes"))?;
     let null = std::ptr::null::<c_void>();
     let ptr = |t: &'a Tensor| read_ptr(t.cuda().expect("validated: on this device"), dev);
-    let table = if freqs.is_empty() {
-        None
-    } else {
-        let bytes: Vec<u8> = freqs.iter().flat_map(|f| f.to_le_bytes()).collect();
-        Some(dev.upload(&bytes)?)
-    };
-    let table_p = table.as_ref().map(|t| read_ptr(t, dev));
+    let mut table = [0.0f32; KV_ROWS_CUDA_MAX_ROPE_DIM / 2];
+    table[..freqs.len()].copy_from_slice(freqs);
     let (kernel, x_p, kv_p, score_p, pend_p, groups_p, kv_rows, pending_rows) = match c.input {
         KvInput::Bf16(x) => (
             kernels::kv::KV_ROWS_BF16,
@@ -149,10 +144,7 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         groups: r(&groups_p).cast(),
         norm: r(&norm_p),
         positions: r(&pos_p).cast(),
-        freqs: table_p.as_ref().map_or(null, |(p, _)| *p).cast(),
-        latent: latent_p
-            .as_ref()
-            .map_or(std::ptr::null_mut(), |(p, _)| *p),
+        latent: latent_p.as_ref().map_or(std::ptr::null_mut(), |(p, _)| *p),
         out: out_p.as_ref().map_or(std::ptr::null_mut(), |(p, _)| *p),
         slots: r(&slots_p).cast(),
         rows: c.rows as i64,
@@ -168,6 +160,7 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
             KvRowFormat::IndexKey => 2,
         },
         eps: c.norm.map_or(0.0, |(_, e)| e),
+        freqs: table,
     };
     let smem = (ROWS_PER_CTA * (2 * c.dim + 16 + 4 + 32 + 4 * rope_dim)) as u32;
     if smem > 48 << 10 {
@@ -179,8 +172,8 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         shared_mem_bytes: smem,
     };
     // What `launch` relies on: every address comes from a live buffer whose
-    // guard (x_p … latent_p, table_p) is held until after the launch (the
-    // table's stream-ordered free follows the kernel); the caller validated
+    // guard (x_p … latent_p) is held until after the launch; the frequency
+    // table travels by value in the struct; the caller validated
     // x/kv/score/pending [.., dim], groups [rows, 2], norm [dim], positions,
     // slots [rows], latent [rows, dim] and the pool [out_rows, row bytes of
     // the format], which bound everything the kernel touches; the kernel

@@ -209,7 +209,8 @@ impl<'a> RowsIn<'a> {
                 ));
             }
         }
-        out.slots.expect_output(self.op, "slots", DType::I32, &[self.rows])?;
+        out.slots
+            .expect_output(self.op, "slots", DType::I32, &[self.rows])?;
         if let Some(l) = &out.latent {
             l.expect_output(self.op, "latent", DType::BF16, &[self.rows, self.dim])?;
         }
@@ -217,7 +218,11 @@ impl<'a> RowsIn<'a> {
     }
 
     /// Every tensor of the call with its name (for the device check).
-    fn tensors<'t>(&'t self, dest: &'t Dest<'_>, latent: &'t Option<&mut Tensor>) -> Vec<(&'static str, &'t Tensor)> {
+    fn tensors<'t>(
+        &'t self,
+        dest: &'t Dest<'_>,
+        latent: &'t Option<&mut Tensor>,
+    ) -> Vec<(&'static str, &'t Tensor)> {
         let mut v = Vec::new();
         match &self.input {
             Input::Bf16(x) => v.push(("x", *x)),
@@ -278,7 +283,11 @@ impl<'a> RowsIn<'a> {
                 groups,
             } => {
                 let groups: Vec<[i32; 2]> = match groups {
-                    Some(g) => g.as_slice::<i32>()?.chunks_exact(2).map(|p| [p[0], p[1]]).collect(),
+                    Some(g) => g
+                        .as_slice::<i32>()?
+                        .chunks_exact(2)
+                        .map(|p| [p[0], p[1]])
+                        .collect(),
                     None => (0..self.rows as i32).map(|j| [2 * j, 2 * j + 1]).collect(),
                 };
                 let pending = match pending {

@@ -245,7 +245,6 @@ typedef struct di_kv_rows_params {
                                     NULL: group i is kv rows 2i, 2i + 1 */
     const void *norm;            /* bf16 [dim] RMSNorm weight, or NULL (no norm) */
     const int64_t *positions;    /* [rows], or NULL (no RoPE) */
-    const float *freqs;          /* [rope_dim / 2] fp32 (cpu_backend::rope_freqs) */
     void *latent;                /* bf16 [rows, dim] or NULL */
     void *out;                   /* bytes [out_rows, row_bytes] or NULL */
     const int32_t *slots;        /* [rows] or NULL */
@@ -254,9 +253,10 @@ typedef struct di_kv_rows_params {
     int64_t pending_rows;
     int64_t out_rows;
     int32_t dim;                 /* multiple of 32 (16 for the compressed format), <= DI_KV_MAX_DIM */
-    int32_t rope_dim;            /* multiple of 8, <= DI_KV_MAX_ROPE_DIM and dim */
+    int32_t rope_dim;            /* multiple of 8, <= DI_KV_MAX_ROPE_DIM (256) and dim */
     int32_t format;
     float eps;
+    float freqs[128];            /* [rope_dim / 2] fp32 (cpu_backend::rope_freqs), by value */
 } di_kv_rows_params;
 
 /* Row formats (kv_format): 528-byte FP8 window row, 288-byte FP4 compressed
