@@ -12,10 +12,13 @@
 // CPU does (they can differ only where the double result lies within an ulp
 // of an fp32 rounding midpoint).
 //
-// CTA = DI_KV_ROWS_PER_CTA rows, DI_KV_THREADS threads:
-//   1. every thread: 16-byte chunks (8 values) of the rows into shared memory
-//      as BF16 (a row of x, or the pooled value), and the rows' cos/sin table;
-//   2. thread i < 16: the sum of squares of row i, sequentially (the CPU's
+// CTA = a tile of R rows (16 BF16 rows, or 8 pooled entries), DI_KV_THREADS
+// threads, in three phases:
+//   1. every thread issues the loads of all its chunks (16 bytes of BF16, or
+//      kv and score of both members, 8 values each) before it uses any, then,
+//      while they are in flight, the tile's cos/sin table; the values go to
+//      shared memory as BF16 (pooled first for an entry), with the norm weight;
+//   2. thread i < R: the sum of squares of row i, sequentially (the CPU's
 //      order), and its inverse RMS;
 //   3. every thread: chunk -> norm -> latent store -> RoPE -> quantise (the
 //      scale group's amax over 2 or 4 lanes by xor shuffles) -> row store.
@@ -29,7 +32,6 @@ using namespace deepinfer;
 
 namespace {
 
-constexpr int kRows = DI_KV_ROWS_PER_CTA;
 constexpr int kThreads = DI_KV_THREADS;
 constexpr float kInvE4M3Max = 1.0f / 448.0f;
 constexpr float kFp8AmaxFloor = 1e-4f;
@@ -79,29 +81,46 @@ __device__ __forceinline__ void load8(const float *p, float (&v)[8]) {
     v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
 }
 
-// Shared memory carve-up (see DI_KV_ROWS_PER_CTA in params.h).
-struct Smem {
-    uint16_t *vals;    // [kRows][dim + 8] BF16 bits
-    float2 *cs;        // [kRows][rope_dim / 2] (cos, sin)
-    const float **src; // [kRows][4] kv0, kv1, score0, score1 (pool2); NULL row: skip
-    float *inv;        // [kRows] inverse RMS
-    int stride;        // BF16 per vals row
+// Rows per CTA and chunks whose loads one thread issues before it uses any:
+// BF16 rows 16 per CTA, 8 chunks (16 B each) in flight per thread (one DRAM
+// round trip for a 512-wide tile); pooled rows 8 per CTA, 2 chunks (4 x 32 B
+// each: kv and score of both tokens) per batch.
+template <bool kPool2> struct Tile;
+template <> struct Tile<false> {
+    static constexpr int kRows = DI_KV_ROWS_BF16;
+    static constexpr int kBatch = 8;
+};
+template <> struct Tile<true> {
+    static constexpr int kRows = DI_KV_ROWS_POOL2;
+    static constexpr int kBatch = 2;
 };
 
-__device__ __forceinline__ Smem carve(unsigned char *smem, const di_kv_rows_params &p) {
+// Shared memory carve-up (DI_KV_SMEM_BYTES in params.h).
+struct Smem {
+    uint16_t *vals; // [rows][dim + 8] BF16 bits (the pad spreads the row sums' banks)
+    uint16_t *w;    // [dim] norm weight
+    float2 *cs;     // [rows][rope_dim / 2] (cos, sin)
+    float *inv;     // [rows] inverse RMS
+    int *ok;        // [rows] the row exists (pool2: both members in range)
+    int stride;     // BF16 per vals row
+};
+
+__device__ __forceinline__ Smem carve(unsigned char *smem, const di_kv_rows_params &p, int rows) {
     Smem s;
     s.stride = p.dim + 8;
     s.vals = reinterpret_cast<uint16_t *>(smem);
-    unsigned char *at = smem + size_t(kRows) * s.stride * 2;
+    unsigned char *at = smem + size_t(rows) * s.stride * 2;
+    s.w = reinterpret_cast<uint16_t *>(at);
+    at += size_t(p.dim) * 2;
     s.cs = reinterpret_cast<float2 *>(at);
-    at += size_t(kRows) * (p.rope_dim / 2) * sizeof(float2);
-    s.src = reinterpret_cast<const float **>(at);
-    at += size_t(kRows) * 4 * sizeof(const float *);
+    at += size_t(rows) * (p.rope_dim / 2) * sizeof(float2);
     s.inv = reinterpret_cast<float *>(at);
+    s.ok = reinterpret_cast<int *>(at + rows * sizeof(float));
     return s;
 }
 
-// The f32 row of group source r (>= 0 kv, < 0 pending), or NULL if out of range.
+// Member r of a group (>= 0 a kv row, < 0 a pending row) as (kv, score)
+// row pointers, or false if out of range.
 __device__ __forceinline__ bool source(const di_kv_rows_params &p, int32_t r, const float **kv,
                                        const float **score) {
     if (r >= 0) {
@@ -117,72 +136,109 @@ __device__ __forceinline__ bool source(const di_kv_rows_params &p, int32_t r, co
     return true;
 }
 
+// The tile's cos/sin table: fp32 angle, double cos/sin rounded once.
+__device__ __forceinline__ void rope_table(const di_kv_rows_params &p, const Smem &s, int64_t r0,
+                                           int live_rows) {
+    const int pairs = p.rope_dim / 2;
+    for (int q = threadIdx.x; q < live_rows * pairs; q += kThreads) {
+        const int i = q / pairs, k = q % pairs;
+        const float angle = __fmul_rn(float(p.positions[r0 + i]), p.freqs[k]);
+        double sn, cn;
+        sincos(double(angle), &sn, &cn);
+        s.cs[i * pairs + k] = make_float2(float(cn), float(sn));
+    }
+}
+
+// Phase 1, BF16 rows: every chunk of the tile into shared memory.
+__device__ __forceinline__ void load_bf16(const di_kv_rows_params &p, const Smem &s, int64_t r0,
+                                          int live_rows) {
+    constexpr int kB = Tile<false>::kBatch;
+    const int vecs = p.dim / 8, tasks = live_rows * vecs;
+    const uint4 *x = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(p.x) + r0 * p.dim);
+    for (int b0 = 0; b0 < tasks; b0 += kThreads * kB) {
+        uint4 raw[kB];
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+            const int q = b0 + u * kThreads + threadIdx.x;
+            if (q < tasks) raw[u] = __ldg(x + q); /* the tile's rows are contiguous */
+        }
+        if (b0 == 0 && p.positions != nullptr) rope_table(p, s, r0, live_rows);
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+            const int q = b0 + u * kThreads + threadIdx.x;
+            if (q < tasks) *reinterpret_cast<uint4 *>(s.vals + (q / vecs) * s.stride + (q % vecs) * 8) = raw[u];
+        }
+    }
+    if (threadIdx.x < live_rows) s.ok[threadIdx.x] = 1;
+}
+
+// Phase 1, pooled rows: each thread resolves the groups of its own chunks.
+__device__ __forceinline__ void load_pool2(const di_kv_rows_params &p, const Smem &s, int64_t r0,
+                                           int live_rows) {
+    constexpr int kB = Tile<true>::kBatch;
+    const int vecs = p.dim / 8, tasks = live_rows * vecs;
+    for (int b0 = 0; b0 < tasks; b0 += kThreads * kB) {
+        float k0[kB][8], k1[kB][8], s0[kB][8], s1[kB][8];
+        bool ok[kB];
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+            const int q = b0 + u * kThreads + threadIdx.x;
+            ok[u] = false;
+            if (q >= tasks) continue;
+            const int64_t g = r0 + q / vecs;
+            const int c = (q % vecs) * 8;
+            const int32_t a = p.groups ? p.groups[2 * g] : int32_t(2 * g);
+            const int32_t b = p.groups ? p.groups[2 * g + 1] : int32_t(2 * g + 1);
+            const float *ka, *kb, *sa, *sb;
+            ok[u] = source(p, a, &ka, &sa) && source(p, b, &kb, &sb);
+            if (!ok[u]) continue;
+            load8(ka + c, k0[u]);
+            load8(kb + c, k1[u]);
+            load8(sa + c, s0[u]);
+            load8(sb + c, s1[u]);
+        }
+        if (b0 == 0 && p.positions != nullptr) rope_table(p, s, r0, live_rows);
+#pragma unroll
+        for (int u = 0; u < kB; ++u) {
+            const int q = b0 + u * kThreads + threadIdx.x;
+            if (q >= tasks) continue;
+            const int i = q / vecs, c = (q % vecs) * 8;
+            if (c == 0) s.ok[i] = ok[u];
+            if (!ok[u]) continue;
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = pool2(k0[u][j], k1[u][j], s0[u][j], s1[u][j]);
+            *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c) = pack8(v);
+        }
+    }
+}
+
 template <bool kPool2>
 __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
+    constexpr int kRowsT = Tile<kPool2>::kRows;
     extern __shared__ __align__(16) unsigned char smem[];
-    const Smem s = carve(smem, p);
+    const Smem s = carve(smem, p, kRowsT);
     const int tid = threadIdx.x;
     const int vecs = p.dim / 8;
-    const int total = kRows * vecs;
     const int pairs = p.rope_dim / 2;
-    const int64_t r0 = int64_t(blockIdx.x) * kRows;
-    const int live_rows = int(min(int64_t(kRows), p.rows - r0));
+    const int64_t r0 = int64_t(blockIdx.x) * kRowsT;
+    const int live_rows = int(min(int64_t(kRowsT), p.rows - r0));
 
-    // Row sources: a pool2 group's two rows, or x's row (src[i][0] marks live).
-    if (tid < kRows) {
-        const float **src = s.src + 4 * tid;
-        src[0] = src[1] = src[2] = src[3] = nullptr;
-        const int64_t g = r0 + tid;
-        if (tid < live_rows) {
-            if constexpr (kPool2) {
-                const int32_t a = p.groups ? p.groups[2 * g] : int32_t(2 * g);
-                const int32_t b = p.groups ? p.groups[2 * g + 1] : int32_t(2 * g + 1);
-                const float *k0, *k1, *s0, *s1;
-                if (source(p, a, &k0, &s0) && source(p, b, &k1, &s1)) {
-                    src[0] = k0; src[1] = k1; src[2] = s0; src[3] = s1;
-                }
-            } else {
-                src[0] = static_cast<const float *>(p.x); /* any non-NULL mark */
-            }
-        }
+    // 1. The norm weight, then the tile's values (and the RoPE table, while
+    //    the loads are in flight) into shared memory as BF16.
+    if (p.norm != nullptr) {
+        const uint4 *w = static_cast<const uint4 *>(p.norm);
+        for (int q = tid; q < vecs; q += kThreads) reinterpret_cast<uint4 *>(s.w)[q] = __ldg(w + q);
     }
-    // cos/sin of every (row, pair): fp32 angle, double cos/sin rounded once.
-    if (p.positions != nullptr) {
-        for (int q = tid; q < live_rows * pairs; q += kThreads) {
-            const int i = q / pairs, k = q % pairs;
-            const float angle = __fmul_rn(float(p.positions[r0 + i]), p.freqs[k]);
-            double sn, cn;
-            sincos(double(angle), &sn, &cn);
-            s.cs[i * pairs + k] = make_float2(float(cn), float(sn));
-        }
-    }
-    __syncthreads();
-
-    // 1. Values into shared memory as BF16.
-    for (int q = tid; q < live_rows * vecs; q += kThreads) {
-        const int i = q / vecs, c = (q % vecs) * 8;
-        const float **src = s.src + 4 * i;
-        if (src[0] == nullptr) continue;
-        uint4 w;
-        if constexpr (kPool2) {
-            float k0[8], k1[8], s0[8], s1[8], v[8];
-            load8(src[0] + c, k0);
-            load8(src[1] + c, k1);
-            load8(src[2] + c, s0);
-            load8(src[3] + c, s1);
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = pool2(k0[j], k1[j], s0[j], s1[j]);
-            w = pack8(v);
-        } else {
-            w = __ldg(reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(p.x) +
-                                                       (r0 + i) * p.dim + c));
-        }
-        *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c) = w;
+    if constexpr (kPool2) {
+        load_pool2(p, s, r0, live_rows);
+    } else {
+        load_bf16(p, s, r0, live_rows);
     }
     __syncthreads();
 
     // 2. Inverse RMS, the sum of squares in index order (one thread per row).
-    if (p.norm != nullptr && tid < live_rows) {
+    if (p.norm != nullptr && tid < live_rows && s.ok[tid]) {
         const uint16_t *row = s.vals + tid * s.stride;
         float sum = 0.0f;
         for (int c = 0; c < p.dim; c += 8) {
@@ -197,6 +253,7 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
 
     // 3. Norm, latent, RoPE, quantiser, row store. Every lane runs every
     //    iteration (the group shuffles need the whole warp).
+    const int total = kRowsT * vecs;
     const int group = p.format == DI_KV_FORMAT_COMPRESSED ? 16 : 32;
     const int lanes = group / 8;
     const int rope_from = p.dim - p.rope_dim;
@@ -206,7 +263,7 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
     for (int base = 0; base < total; base += kThreads) {
         const int q = base + tid;
         const int i = q / vecs, c = (q % vecs) * 8;
-        const bool live = q < live_rows * vecs && s.src[4 * i] != nullptr;
+        const bool live = q < live_rows * vecs && s.ok[i];
         const int64_t g = r0 + i;
         float v[8];
         float amax = p.format == DI_KV_FORMAT_WINDOW       ? kFp8AmaxFloor
@@ -217,7 +274,7 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
             unpack8(*reinterpret_cast<const uint4 *>(s.vals + i * s.stride + c), v);
             if (p.norm != nullptr) {
                 float w[8];
-                unpack8(__ldg(reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(p.norm) + c)), w);
+                unpack8(*reinterpret_cast<const uint4 *>(s.w + c), w);
                 const float inv = s.inv[i];
 #pragma unroll
                 for (int j = 0; j < 8; ++j)

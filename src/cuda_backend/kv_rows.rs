@@ -15,8 +15,10 @@ use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 use std::ffi::c_void;
 
-/// Rows per CTA and threads (`DI_KV_ROWS_PER_CTA`, `DI_KV_THREADS`).
-const ROWS_PER_CTA: usize = 16;
+/// Rows per CTA of the BF16 and the pooling kernel, and threads
+/// (`DI_KV_ROWS_BF16`, `DI_KV_ROWS_POOL2`, `DI_KV_THREADS`).
+const ROWS_BF16: usize = 16;
+const ROWS_POOL2: usize = 8;
 const THREADS: u32 = 128;
 
 /// What a row writer reads.
@@ -91,7 +93,11 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
     if c.rows == 0 {
         return Ok(());
     }
-    let ctas = u32::try_from(c.rows.div_ceil(ROWS_PER_CTA))
+    let tile = match c.input {
+        KvInput::Bf16(_) => ROWS_BF16,
+        KvInput::Pool2 { .. } => ROWS_POOL2,
+    };
+    let ctas = u32::try_from(c.rows.div_ceil(tile))
         .map_err(|_| limit(op, "rows", c.rows, "more rows than the CUDA grid takes"))?;
     let null = std::ptr::null::<c_void>();
     let ptr = |t: &'a Tensor| read_ptr(t.cuda().expect("validated: on this device"), dev);
@@ -162,7 +168,7 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         eps: c.norm.map_or(0.0, |(_, e)| e),
         freqs: table,
     };
-    let smem = (ROWS_PER_CTA * (2 * c.dim + 16 + 4 + 32 + 4 * rope_dim)) as u32;
+    let smem = (tile * (2 * c.dim + 16 + 4 * rope_dim + 8) + 2 * c.dim) as u32;
     if smem > 48 << 10 {
         allow_smem(dev, kernel, smem)?;
     }

@@ -264,10 +264,11 @@ typedef struct di_kv_rows_params {
 #define DI_KV_FORMAT_WINDOW 0
 #define DI_KV_FORMAT_COMPRESSED 1
 #define DI_KV_FORMAT_INDEX_KEY 2
-/* Grid ceil(rows / DI_KV_ROWS_PER_CTA) of DI_KV_THREADS threads; dynamic
- * shared memory DI_KV_ROWS_PER_CTA * (2 * dim + 16 + 4 + 32 + 4 * rope_dim)
- * bytes. */
-#define DI_KV_ROWS_PER_CTA 16
+/* Grid ceil(rows / R) of DI_KV_THREADS threads, R = DI_KV_ROWS_BF16
+ * (kv_rows_bf16) or DI_KV_ROWS_POOL2 (kv_rows_pool2); dynamic shared memory
+ * R * (2 * dim + 16 + 4 * rope_dim + 8) + 2 * dim bytes. */
+#define DI_KV_ROWS_BF16 16
+#define DI_KV_ROWS_POOL2 8
 #define DI_KV_THREADS 128
 #define DI_KV_MAX_DIM 4096
 #define DI_KV_MAX_ROPE_DIM 256
