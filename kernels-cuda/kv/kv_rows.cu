@@ -14,10 +14,12 @@
 //
 // CTA = a tile of R rows (16 BF16 rows, or 8 pooled entries), DI_KV_THREADS
 // threads, in three phases:
-//   1. every thread issues the loads of all its chunks (16 bytes of BF16, or
-//      kv and score of both members, 8 values each) before it uses any, then,
-//      while they are in flight, the tile's cos/sin table; the values go to
-//      shared memory as BF16 (pooled first for an entry), with the norm weight;
+//   1. BF16 rows: every thread issues the loads of all its chunks (16 bytes,
+//      8 values) before it uses any and computes the tile's cos/sin table
+//      while they are in flight; pooled rows: the groups' members resolved
+//      once per tile, then one chunk (kv and score of both members) per
+//      thread at a time, pooled; the values go to shared memory as BF16, with
+//      the norm weight. No runtime integer division anywhere (Div below);
 //   2. thread i < R: the sum of squares of row i, sequentially (the CPU's
 //      order), and its inverse RMS;
 //   3. every thread: chunk -> norm -> latent store -> RoPE -> quantise (the
@@ -83,8 +85,8 @@ __device__ __forceinline__ void load8(const float *p, float (&v)[8]) {
 
 // Rows per CTA and chunks whose loads one thread issues before it uses any:
 // BF16 rows 16 per CTA, 8 chunks (16 B each) in flight per thread (one DRAM
-// round trip for a 512-wide tile); pooled rows 8 per CTA, 2 chunks (4 x 32 B
-// each: kv and score of both tokens) per batch.
+// round trip for a 512-wide tile); pooled rows 8 per CTA, one chunk (4 x 32
+// B: kv and score of both members) per batch, for a small register budget.
 template <bool kPool2> struct Tile;
 template <> struct Tile<false> {
     static constexpr int kRows = DI_KV_ROWS_BF16;
@@ -92,17 +94,27 @@ template <> struct Tile<false> {
 };
 template <> struct Tile<true> {
     static constexpr int kRows = DI_KV_ROWS_POOL2;
-    static constexpr int kBatch = 2;
+    static constexpr int kBatch = 1;
 };
 
-// Shared memory carve-up (DI_KV_SMEM_BYTES in params.h).
+// q / d for q * d < 2^32 by a multiply-high with m = floor((2^32 - 1) / d) + 1
+// (exact there: the error of m is below 1 / d per unit of q / 2^32); d = 1,
+// whose m would be 2^32, is q itself.
+struct Div {
+    uint32_t d, m;
+    __device__ __forceinline__ explicit Div(uint32_t d_) : d(d_), m(0xFFFFFFFFu / d_ + 1u) {}
+    __device__ __forceinline__ uint32_t div(uint32_t q) const { return d == 1 ? q : __umulhi(q, m); }
+};
+
+// Shared memory carve-up (DI_KV_* in params.h).
 struct Smem {
-    uint16_t *vals; // [rows][dim + 8] BF16 bits (the pad spreads the row sums' banks)
-    uint16_t *w;    // [dim] norm weight
-    float2 *cs;     // [rows][rope_dim / 2] (cos, sin)
-    float *inv;     // [rows] inverse RMS
-    int *ok;        // [rows] the row exists (pool2: both members in range)
-    int stride;     // BF16 per vals row
+    uint16_t *vals;     // [rows][dim + 8] BF16 bits (the pad spreads the row sums' banks)
+    uint16_t *w;        // [dim] norm weight
+    float2 *cs;         // [rows][rope_dim / 2] (cos, sin)
+    const float **src;  // [rows][4] kv0, kv1, score0, score1 (pool2); NULL: no row
+    float *inv;         // [rows] inverse RMS
+    int *ok;            // [rows] the row exists
+    int stride;         // BF16 per vals row
 };
 
 __device__ __forceinline__ Smem carve(unsigned char *smem, const di_kv_rows_params &p, int rows) {
@@ -114,6 +126,8 @@ __device__ __forceinline__ Smem carve(unsigned char *smem, const di_kv_rows_para
     at += size_t(p.dim) * 2;
     s.cs = reinterpret_cast<float2 *>(at);
     at += size_t(rows) * (p.rope_dim / 2) * sizeof(float2);
+    s.src = reinterpret_cast<const float **>(at);
+    at += size_t(rows) * 4 * sizeof(const float *);
     s.inv = reinterpret_cast<float *>(at);
     s.ok = reinterpret_cast<int *>(at + rows * sizeof(float));
     return s;
@@ -139,136 +153,186 @@ __device__ __forceinline__ bool source(const di_kv_rows_params &p, int32_t r, co
 // The tile's cos/sin table: fp32 angle, double cos/sin rounded once.
 __device__ __forceinline__ void rope_table(const di_kv_rows_params &p, const Smem &s, int64_t r0,
                                            int live_rows) {
-    const int pairs = p.rope_dim / 2;
-    for (int q = threadIdx.x; q < live_rows * pairs; q += kThreads) {
-        const int i = q / pairs, k = q % pairs;
+    const uint32_t pairs = uint32_t(p.rope_dim) / 2;
+    const Div by_pairs(pairs);
+    for (uint32_t q = threadIdx.x; q < live_rows * pairs; q += kThreads) {
+        const uint32_t i = by_pairs.div(q), k = q - i * pairs;
         const float angle = __fmul_rn(float(p.positions[r0 + i]), p.freqs[k]);
         double sn, cn;
         sincos(double(angle), &sn, &cn);
-        s.cs[i * pairs + k] = make_float2(float(cn), float(sn));
+        s.cs[q] = make_float2(float(cn), float(sn));
     }
 }
 
 // Phase 1, BF16 rows: every chunk of the tile into shared memory.
 __device__ __forceinline__ void load_bf16(const di_kv_rows_params &p, const Smem &s, int64_t r0,
-                                          int live_rows) {
+                                          int live_rows, Div by_vecs) {
     constexpr int kB = Tile<false>::kBatch;
-    const int vecs = p.dim / 8, tasks = live_rows * vecs;
+    const uint32_t tasks = live_rows * by_vecs.d;
     const uint4 *x = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(p.x) + r0 * p.dim);
-    for (int b0 = 0; b0 < tasks; b0 += kThreads * kB) {
+    for (uint32_t b0 = 0; b0 < tasks; b0 += kThreads * kB) {
         uint4 raw[kB];
 #pragma unroll
         for (int u = 0; u < kB; ++u) {
-            const int q = b0 + u * kThreads + threadIdx.x;
+            const uint32_t q = b0 + u * kThreads + threadIdx.x;
             if (q < tasks) raw[u] = __ldg(x + q); /* the tile's rows are contiguous */
         }
         if (b0 == 0 && p.positions != nullptr) rope_table(p, s, r0, live_rows);
 #pragma unroll
         for (int u = 0; u < kB; ++u) {
-            const int q = b0 + u * kThreads + threadIdx.x;
-            if (q < tasks) *reinterpret_cast<uint4 *>(s.vals + (q / vecs) * s.stride + (q % vecs) * 8) = raw[u];
+            const uint32_t q = b0 + u * kThreads + threadIdx.x;
+            if (q >= tasks) continue;
+            const uint32_t i = by_vecs.div(q);
+            *reinterpret_cast<uint4 *>(s.vals + i * s.stride + (q - i * by_vecs.d) * 8) = raw[u];
         }
     }
     if (threadIdx.x < live_rows) s.ok[threadIdx.x] = 1;
 }
 
-// Phase 1, pooled rows: each thread resolves the groups of its own chunks.
+// Phase 1, pooled rows: the groups' members (resolved once per tile), then
+// one chunk per thread and batch.
 __device__ __forceinline__ void load_pool2(const di_kv_rows_params &p, const Smem &s, int64_t r0,
-                                           int live_rows) {
-    constexpr int kB = Tile<true>::kBatch;
-    const int vecs = p.dim / 8, tasks = live_rows * vecs;
-    for (int b0 = 0; b0 < tasks; b0 += kThreads * kB) {
-        float k0[kB][8], k1[kB][8], s0[kB][8], s1[kB][8];
-        bool ok[kB];
+                                           int live_rows, Div by_vecs) {
+    if (threadIdx.x < live_rows) {
+        const int64_t g = r0 + threadIdx.x;
+        const int32_t a = p.groups ? p.groups[2 * g] : int32_t(2 * g);
+        const int32_t b = p.groups ? p.groups[2 * g + 1] : int32_t(2 * g + 1);
+        const float **src = s.src + 4 * threadIdx.x;
+        const bool ok = source(p, a, &src[0], &src[2]) && source(p, b, &src[1], &src[3]);
+        s.ok[threadIdx.x] = ok;
+    }
+    if (p.positions != nullptr) rope_table(p, s, r0, live_rows);
+    __syncthreads();
+    const uint32_t tasks = live_rows * by_vecs.d;
+    for (uint32_t q = threadIdx.x; q < tasks; q += kThreads) {
+        const uint32_t i = by_vecs.div(q), c = (q - i * by_vecs.d) * 8;
+        if (!s.ok[i]) continue;
+        const float *const *src = s.src + 4 * i;
+        float k0[8], k1[8], s0[8], s1[8], v[8];
+        load8(src[0] + c, k0);
+        load8(src[1] + c, k1);
+        load8(src[2] + c, s0);
+        load8(src[3] + c, s1);
 #pragma unroll
-        for (int u = 0; u < kB; ++u) {
-            const int q = b0 + u * kThreads + threadIdx.x;
-            ok[u] = false;
-            if (q >= tasks) continue;
-            const int64_t g = r0 + q / vecs;
-            const int c = (q % vecs) * 8;
-            const int32_t a = p.groups ? p.groups[2 * g] : int32_t(2 * g);
-            const int32_t b = p.groups ? p.groups[2 * g + 1] : int32_t(2 * g + 1);
-            const float *ka, *kb, *sa, *sb;
-            ok[u] = source(p, a, &ka, &sa) && source(p, b, &kb, &sb);
-            if (!ok[u]) continue;
-            load8(ka + c, k0[u]);
-            load8(kb + c, k1[u]);
-            load8(sa + c, s0[u]);
-            load8(sb + c, s1[u]);
-        }
-        if (b0 == 0 && p.positions != nullptr) rope_table(p, s, r0, live_rows);
-#pragma unroll
-        for (int u = 0; u < kB; ++u) {
-            const int q = b0 + u * kThreads + threadIdx.x;
-            if (q >= tasks) continue;
-            const int i = q / vecs, c = (q % vecs) * 8;
-            if (c == 0) s.ok[i] = ok[u];
-            if (!ok[u]) continue;
-            float v[8];
-#pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = pool2(k0[u][j], k1[u][j], s0[u][j], s1[u][j]);
-            *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c) = pack8(v);
-        }
+        for (int j = 0; j < 8; ++j) v[j] = pool2(k0[j], k1[j], s0[j], s1[j]);
+        *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c) = pack8(v);
     }
 }
 
-template <bool kPool2>
+// Per format: values per scale, the amax floor, bytes of a row.
+template <int kFormat> struct Format {
+    static constexpr uint32_t kGroup = kFormat == DI_KV_FORMAT_COMPRESSED ? 16 : 32;
+    static constexpr float kFloor = kFormat == DI_KV_FORMAT_WINDOW       ? kFp8AmaxFloor
+                                    : kFormat == DI_KV_FORMAT_COMPRESSED ? kFp4E4M3AmaxFloor
+                                                                         : kFp4E8M0AmaxFloor;
+    __device__ __forceinline__ static uint32_t row_bytes(uint32_t dim) {
+        return kFormat == DI_KV_FORMAT_WINDOW ? dim + dim / 32 : dim / 2 + dim / kGroup;
+    }
+};
+
+// Quantises one chunk (8 values at column c, amax of its scale group) into
+// its row.
+template <int kFormat>
+__device__ __forceinline__ void store_chunk(uint8_t *row, uint32_t dim, uint32_t c, const float (&v)[8],
+                                            float amax, uint32_t row_bytes) {
+    const bool lead = (c % Format<kFormat>::kGroup) == 0;
+    if constexpr (kFormat == DI_KV_FORMAT_WINDOW) {
+        const int e = ceil_pow2_exponent(amax, kInvE4M3Max);
+        // 1 / 2^e as the CPU forms it (1 / e8m0): 2^-e, and the subnormal
+        // 2^-127 for e = 127 (exact either way).
+        const float inv = e == 127 ? __uint_as_float(0x00400000u) : exp2_neg(e);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            lo |= uint32_t(f32_to_e4m3(__fmul_rn(v[j], inv))) << (8 * j);
+            hi |= uint32_t(f32_to_e4m3(__fmul_rn(v[j + 4], inv))) << (8 * j);
+        }
+        if (row_bytes % 8 == 0) {
+            *reinterpret_cast<uint2 *>(row + c) = make_uint2(lo, hi);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                row[c + j] = uint8_t(lo >> (8 * j));
+                row[c + 4 + j] = uint8_t(hi >> (8 * j));
+            }
+        }
+        if (lead) row[dim + c / 32] = uint8_t(e + 127);
+    } else {
+        float sc;
+        uint8_t scale_byte;
+        if constexpr (kFormat == DI_KV_FORMAT_COMPRESSED) {
+            scale_byte = f32_to_e4m3(__fdiv_rn(amax, 6.0f));
+            sc = e4m3_to_f32(scale_byte);
+        } else {
+            const int e = ceil_pow2_exponent(amax, kInvE2M1Max);
+            scale_byte = uint8_t(e + 127);
+            sc = e8m0_to_f32(uint32_t(scale_byte));
+        }
+        uint32_t packed = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) packed |= f32_to_e2m1(clamp6(__fdiv_rn(v[j], sc))) << (4 * j);
+        if (row_bytes % 4 == 0) {
+            *reinterpret_cast<uint32_t *>(row + c / 2) = packed;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) row[c / 2 + j] = uint8_t(packed >> (8 * j));
+        }
+        if (lead) row[dim / 2 + c / Format<kFormat>::kGroup] = scale_byte;
+    }
+}
+
+template <bool kPool2, int kFormat>
 __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
     constexpr int kRowsT = Tile<kPool2>::kRows;
+    using F = Format<kFormat>;
     extern __shared__ __align__(16) unsigned char smem[];
     const Smem s = carve(smem, p, kRowsT);
-    const int tid = threadIdx.x;
-    const int vecs = p.dim / 8;
-    const int pairs = p.rope_dim / 2;
+    const uint32_t tid = threadIdx.x;
+    const uint32_t dim = uint32_t(p.dim);
+    const Div by_vecs(dim / 8);
+    const uint32_t pairs = uint32_t(p.rope_dim) / 2;
     const int64_t r0 = int64_t(blockIdx.x) * kRowsT;
     const int live_rows = int(min(int64_t(kRowsT), p.rows - r0));
 
     // 1. The norm weight, then the tile's values (and the RoPE table, while
-    //    the loads are in flight) into shared memory as BF16.
+    //    the BF16 loads are in flight) into shared memory as BF16.
     if (p.norm != nullptr) {
         const uint4 *w = static_cast<const uint4 *>(p.norm);
-        for (int q = tid; q < vecs; q += kThreads) reinterpret_cast<uint4 *>(s.w)[q] = __ldg(w + q);
+        for (uint32_t q = tid; q < by_vecs.d; q += kThreads) reinterpret_cast<uint4 *>(s.w)[q] = __ldg(w + q);
     }
     if constexpr (kPool2) {
-        load_pool2(p, s, r0, live_rows);
+        load_pool2(p, s, r0, live_rows, by_vecs);
     } else {
-        load_bf16(p, s, r0, live_rows);
+        load_bf16(p, s, r0, live_rows, by_vecs);
     }
     __syncthreads();
 
     // 2. Inverse RMS, the sum of squares in index order (one thread per row).
-    if (p.norm != nullptr && tid < live_rows && s.ok[tid]) {
+    if (p.norm != nullptr && int(tid) < live_rows && s.ok[tid]) {
         const uint16_t *row = s.vals + tid * s.stride;
         float sum = 0.0f;
-        for (int c = 0; c < p.dim; c += 8) {
+        for (uint32_t c = 0; c < dim; c += 8) {
             float v[8];
             unpack8(*reinterpret_cast<const uint4 *>(row + c), v);
 #pragma unroll
             for (int j = 0; j < 8; ++j) sum = __fadd_rn(sum, __fmul_rn(v[j], v[j]));
         }
-        s.inv[tid] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(p.dim)), p.eps)));
+        s.inv[tid] = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(sum, float(dim)), p.eps)));
     }
     __syncthreads();
 
     // 3. Norm, latent, RoPE, quantiser, row store. Every lane runs every
     //    iteration (the group shuffles need the whole warp).
-    const int total = kRowsT * vecs;
-    const int group = p.format == DI_KV_FORMAT_COMPRESSED ? 16 : 32;
-    const int lanes = group / 8;
-    const int rope_from = p.dim - p.rope_dim;
-    const int64_t row_bytes = p.format == DI_KV_FORMAT_WINDOW ? p.dim + p.dim / 32
-                              : p.format == DI_KV_FORMAT_COMPRESSED ? p.dim / 2 + p.dim / 16
-                                                                    : p.dim / 2 + p.dim / 32;
-    for (int base = 0; base < total; base += kThreads) {
-        const int q = base + tid;
-        const int i = q / vecs, c = (q % vecs) * 8;
-        const bool live = q < live_rows * vecs && s.ok[i];
+    const uint32_t total = kRowsT * by_vecs.d, live_total = live_rows * by_vecs.d;
+    const uint32_t rope_from = dim - uint32_t(p.rope_dim);
+    const uint32_t row_bytes = F::row_bytes(dim);
+    for (uint32_t base = 0; base < total; base += kThreads) {
+        const uint32_t q = base + tid;
+        const uint32_t i = by_vecs.div(q), c = (q - i * by_vecs.d) * 8;
+        const bool live = q < live_total && s.ok[i];
         const int64_t g = r0 + i;
         float v[8];
-        float amax = p.format == DI_KV_FORMAT_WINDOW       ? kFp8AmaxFloor
-                     : p.format == DI_KV_FORMAT_COMPRESSED ? kFp4E4M3AmaxFloor
-                                                           : kFp4E8M0AmaxFloor;
+        float amax = F::kFloor;
         int64_t slot = -1;
         if (live) {
             unpack8(*reinterpret_cast<const uint4 *>(s.vals + i * s.stride + c), v);
@@ -281,7 +345,7 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
                     v[j] = bf16_bits_to_f32(f32_to_bf16_bits(__fmul_rn(w[j], __fmul_rn(v[j], inv))));
             }
             if (p.latent != nullptr) {
-                *reinterpret_cast<uint4 *>(static_cast<__nv_bfloat16 *>(p.latent) + g * p.dim + c) = pack8(v);
+                *reinterpret_cast<uint4 *>(static_cast<__nv_bfloat16 *>(p.latent) + g * dim + c) = pack8(v);
             }
             if (p.positions != nullptr && c >= rope_from) {
                 const float2 *cs = s.cs + i * pairs + (c - rope_from) / 2;
@@ -297,63 +361,30 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
             for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
             slot = p.slots != nullptr ? int64_t(p.slots[g]) : g;
         }
-        for (int o = 1; o < lanes; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+#pragma unroll
+        for (uint32_t o = 1; o < F::kGroup / 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (!live || p.out == nullptr || slot < 0 || slot >= p.out_rows) continue;
-        uint8_t *row = static_cast<uint8_t *>(p.out) + slot * row_bytes;
-        const bool lead = (c % group) == 0;
-        if (p.format == DI_KV_FORMAT_WINDOW) {
-            const int e = ceil_pow2_exponent(amax, kInvE4M3Max);
-            // 1 / 2^e as the CPU forms it (exact; e = 127 gives the subnormal 2^-127).
-            const float inv = __fdiv_rn(1.0f, e8m0_to_f32(uint32_t(e + 127)));
-            uint32_t lo = 0, hi = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                lo |= uint32_t(f32_to_e4m3(__fmul_rn(v[j], inv))) << (8 * j);
-                hi |= uint32_t(f32_to_e4m3(__fmul_rn(v[j + 4], inv))) << (8 * j);
-            }
-            if (row_bytes % 8 == 0) {
-                *reinterpret_cast<uint2 *>(row + c) = make_uint2(lo, hi);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    row[c + j] = uint8_t(lo >> (8 * j));
-                    row[c + 4 + j] = uint8_t(hi >> (8 * j));
-                }
-            }
-            if (lead) row[p.dim + c / 32] = uint8_t(e + 127);
-        } else {
-            float sc;
-            uint8_t scale_byte;
-            if (p.format == DI_KV_FORMAT_COMPRESSED) {
-                scale_byte = f32_to_e4m3(__fdiv_rn(amax, 6.0f));
-                sc = e4m3_to_f32(scale_byte);
-            } else {
-                const int e = ceil_pow2_exponent(amax, kInvE2M1Max);
-                scale_byte = uint8_t(e + 127);
-                sc = e8m0_to_f32(uint32_t(scale_byte));
-            }
-            uint32_t packed = 0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) packed |= f32_to_e2m1(clamp6(__fdiv_rn(v[j], sc))) << (4 * j);
-            if (row_bytes % 4 == 0) {
-                *reinterpret_cast<uint32_t *>(row + c / 2) = packed;
-            } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) row[c / 2 + j] = uint8_t(packed >> (8 * j));
-            }
-            if (lead) row[p.dim / 2 + c / group] = scale_byte;
-        }
+        store_chunk<kFormat>(static_cast<uint8_t *>(p.out) + slot * row_bytes, dim, c, v, amax, row_bytes);
+    }
+}
+
+template <bool kPool2>
+__device__ __forceinline__ void kv_rows_dispatch(const di_kv_rows_params &p) {
+    switch (p.format) {
+        case DI_KV_FORMAT_WINDOW: kv_rows_body<kPool2, DI_KV_FORMAT_WINDOW>(p); break;
+        case DI_KV_FORMAT_COMPRESSED: kv_rows_body<kPool2, DI_KV_FORMAT_COMPRESSED>(p); break;
+        default: kv_rows_body<kPool2, DI_KV_FORMAT_INDEX_KEY>(p); break;
     }
 }
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS, 8)
     kv_rows_bf16(const __grid_constant__ di_kv_rows_params p) {
-    kv_rows_body<false>(p);
+    kv_rows_dispatch<false>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS, 8)
     kv_rows_pool2(const __grid_constant__ di_kv_rows_params p) {
-    kv_rows_body<true>(p);
+    kv_rows_dispatch<true>(p);
 }

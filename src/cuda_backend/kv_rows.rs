@@ -168,7 +168,7 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         eps: c.norm.map_or(0.0, |(_, e)| e),
         freqs: table,
     };
-    let smem = (tile * (2 * c.dim + 16 + 4 * rope_dim + 8) + 2 * c.dim) as u32;
+    let smem = (tile * (2 * c.dim + 16 + 4 * rope_dim + 40) + 2 * c.dim) as u32;
     if smem > 48 << 10 {
         allow_smem(dev, kernel, smem)?;
     }

@@ -266,7 +266,7 @@ typedef struct di_kv_rows_params {
 #define DI_KV_FORMAT_INDEX_KEY 2
 /* Grid ceil(rows / R) of DI_KV_THREADS threads, R = DI_KV_ROWS_BF16
  * (kv_rows_bf16) or DI_KV_ROWS_POOL2 (kv_rows_pool2); dynamic shared memory
- * R * (2 * dim + 16 + 4 * rope_dim + 8) + 2 * dim bytes. */
+ * R * (2 * dim + 16 + 4 * rope_dim + 40) + 2 * dim bytes. */
 #define DI_KV_ROWS_BF16 16
 #define DI_KV_ROWS_POOL2 8
 #define DI_KV_THREADS 128
