@@ -286,3 +286,59 @@ fn bad_inputs_are_typed_errors() {
     .unwrap_err();
     assert_eq!(named(e), "groups");
 }
+
+/// The CUDA compressed-row quantiser divides by the e4m3 scale as
+/// q0 = v · RN(1/s), rem = fma(−s, q0, v), q = rem == 0 ? q0 : fma(rem, 1/s, q0)
+/// (`kernels-cuda/kv/kv_rows.cu`). For every BF16 v and every e4m3 scale the
+/// quantiser can produce (s ≥ 2^-9) whose quotient is finite (a scale is at
+/// least amax / 6 rounded, so no reachable quotient overflows) this gives
+/// the e2m1 code of the IEEE quotient v / s, which the CPU reference uses;
+/// the quotient itself is equal wherever |v / s| ≥ 1e-30.
+#[test]
+fn the_cuda_fp4_division_gives_the_ieee_quotients_code() {
+    use deepinfer::numerics::{e4m3_to_f32, f32_to_e2m1};
+    let mut pairs = 0;
+    for sb in 0u8..=0x7E {
+        let s = e4m3_to_f32(deepinfer::E4M3(sb));
+        if s < 1.0 / 512.0 {
+            continue;
+        }
+        let r = 1.0 / s;
+        for vb in 0..=u16::MAX {
+            let v = f32::from_bits(u32::from(vb) << 16);
+            let want = v / s;
+            if !want.is_finite() {
+                continue;
+            }
+            let q0 = v * r;
+            let rem = (-s).mul_add(q0, v);
+            let q = if rem == 0.0 { q0 } else { rem.mul_add(r, q0) };
+            let code = |x: f32| f32_to_e2m1(x.clamp(-6.0, 6.0));
+            assert_eq!(code(q), code(want), "v {v:e} s {s}");
+            if want.abs() >= 1e-30 {
+                assert_eq!(q.to_bits(), want.to_bits(), "v {v:e} s {s}");
+            }
+            pairs += 1;
+        }
+    }
+    assert!(pairs > 8_000_000);
+}
+
+/// The CUDA ratio-2 pooling forms e / (1 + e) (e ∈ [0, 1], the weight of
+/// the token with the lower score; the other weight is the reciprocal
+/// RN(1 / sum)) as q0 = e · r, rem = fma(−sum, q0, e), q = rem == 0 ? q0 :
+/// fma(rem, r, q0) with r = RN(1 / sum) (`kernels-cuda/kv/kv_rows.cu`). For
+/// every f32 e in [0, 1] this is the IEEE quotient e / sum the CPU reference
+/// computes (all 2^30 of them; a few seconds).
+#[test]
+fn the_cuda_pooling_division_gives_the_ieee_quotient() {
+    for bits in 0u32..=1.0f32.to_bits() {
+        let e = f32::from_bits(bits);
+        let sum = 1.0 + e;
+        let r = 1.0 / sum;
+        let q0 = e * r;
+        let rem = (-sum).mul_add(q0, e);
+        let q = if rem == 0.0 { q0 } else { rem.mul_add(r, q0) };
+        assert_eq!(q.to_bits(), (e / sum).to_bits(), "e {e:e}");
+    }
+}

@@ -63,15 +63,40 @@ __device__ __forceinline__ uint4 pack8(const float (&v)[8]) {
     return make_uint4(u[0], u[1], u[2], u[3]);
 }
 
-// e^x as the correctly rounded fp32 (numerics::exp: double, rounded once).
-// exp(+-0) is exactly 1 in double, so the shortcut changes nothing.
-__device__ __forceinline__ float exp_f32(float x) { return x == 0.0f ? 1.0f : float(exp(double(x))); }
+// Two f32 -> two saturating e4m3 bytes (a in the low byte), one
+// instruction; the same rounding as f32_to_e4m3.
+__device__ __forceinline__ uint32_t e4m3x2(float a, float b) {
+    return uint32_t(__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3));
+}
 
-// One channel of pool_ratio2: softmax over the two tokens' scores, in fp32.
+// e^x as the correctly rounded fp32 (numerics::exp: double, rounded once).
+__device__ __forceinline__ float exp_f32(float x) { return float(exp(double(x))); }
+
+// a / b for a in [0, 1], b = RN(1 + a) and r = RN(1 / b): q0 = a * r, one
+// FMA residual, one FMA correction (q0 when the residual is 0). Equal to the
+// IEEE quotient for every such a (tests/kv_writers_cpu.rs checks all 2^30).
+__device__ __forceinline__ float div_by_sum(float a, float b, float r) {
+    const float q0 = __fmul_rn(a, r);
+    const float rem = __fmaf_rn(-b, q0, a);
+    return rem == 0.0f ? q0 : __fmaf_rn(rem, r, q0);
+}
+
+// One channel of pool_ratio2: softmax over the two tokens' scores, in fp32,
+// exactly e0 / sum * k0 + e1 / sum * k1 with e_t = exp(s_t - max). One of
+// the differences is 0 (its exp is 1) unless a score is NaN or infinite, so
+// one exp per channel, 1 / sum as the reciprocal and the other quotient by
+// div_by_sum; the rest takes the plain formula.
 __device__ __forceinline__ float pool2(float k0, float k1, float s0, float s1) {
     const float m = fmaxf(s0, s1);
-    const float e0 = exp_f32(__fsub_rn(s0, m));
-    const float e1 = exp_f32(__fsub_rn(s1, m));
+    const float d0 = __fsub_rn(s0, m), d1 = __fsub_rn(s1, m);
+    const bool first = d0 == 0.0f;
+    if (first || d1 == 0.0f) {
+        const float e = exp_f32(first ? d1 : d0);  // the other token's weight, in [0, 1]
+        const float sum = __fadd_rn(1.0f, e), r = __frcp_rn(sum), q = div_by_sum(e, sum, r);
+        const float w0 = first ? r : q, w1 = first ? q : r;
+        return __fadd_rn(__fmul_rn(w0, k0), __fmul_rn(w1, k1));
+    }
+    const float e0 = exp_f32(d0), e1 = exp_f32(d1);
     const float sum = __fadd_rn(e0, e1);
     return __fadd_rn(__fmul_rn(__fdiv_rn(e0, sum), k0), __fmul_rn(__fdiv_rn(e1, sum), k1));
 }
@@ -241,12 +266,11 @@ __device__ __forceinline__ void store_chunk(uint8_t *row, uint32_t dim, uint32_t
         // 1 / 2^e as the CPU forms it (1 / e8m0): 2^-e, and the subnormal
         // 2^-127 for e = 127 (exact either way).
         const float inv = e == 127 ? __uint_as_float(0x00400000u) : exp2_neg(e);
-        uint32_t lo = 0, hi = 0;
+        uint32_t b[4];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            lo |= uint32_t(f32_to_e4m3(__fmul_rn(v[j], inv))) << (8 * j);
-            hi |= uint32_t(f32_to_e4m3(__fmul_rn(v[j + 4], inv))) << (8 * j);
-        }
+        for (int k = 0; k < 4; ++k)
+            b[k] = e4m3x2(__fmul_rn(v[2 * k], inv), __fmul_rn(v[2 * k + 1], inv));
+        const uint32_t lo = b[0] | (b[1] << 16), hi = b[2] | (b[3] << 16);
         if (row_bytes % 8 == 0) {
             *reinterpret_cast<uint2 *>(row + c) = make_uint2(lo, hi);
         } else {
@@ -258,19 +282,35 @@ __device__ __forceinline__ void store_chunk(uint8_t *row, uint32_t dim, uint32_t
         }
         if (lead) row[dim + c / 32] = uint8_t(e + 127);
     } else {
-        float sc;
+        // v / scale for every value of the chunk. Index keys: the scale is a
+        // power of two, so the product with its exact reciprocal is the
+        // quotient. Compressed rows: q0 = v * r with r = RN(1 / s), one FMA
+        // residual and one FMA correction (q0 itself when the residual is 0,
+        // which keeps -0); for every BF16 v and e4m3 s >= 2^-9 this gives the
+        // IEEE quotient wherever it is finite and >= 1e-30 in magnitude, and
+        // the same e2m1 code below that (tests/kv_writers_cpu.rs checks all
+        // 8.2 million pairs).
+        float q[8];
         uint8_t scale_byte;
         if constexpr (kFormat == DI_KV_FORMAT_COMPRESSED) {
             scale_byte = f32_to_e4m3(__fdiv_rn(amax, 6.0f));
-            sc = e4m3_to_f32(scale_byte);
+            const float sc = e4m3_to_f32(scale_byte), r = __frcp_rn(sc);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                const float q0 = __fmul_rn(v[j], r);
+                const float rem = __fmaf_rn(-sc, q0, v[j]);
+                q[j] = rem == 0.0f ? q0 : __fmaf_rn(rem, r, q0);
+            }
         } else {
             const int e = ceil_pow2_exponent(amax, kInvE2M1Max);
             scale_byte = uint8_t(e + 127);
-            sc = e8m0_to_f32(uint32_t(scale_byte));
+            const float r = e == 127 ? __uint_as_float(0x00400000u) : exp2_neg(e);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) q[j] = __fmul_rn(v[j], r);
         }
         uint32_t packed = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) packed |= f32_to_e2m1(clamp6(__fdiv_rn(v[j], sc))) << (4 * j);
+        for (int j = 0; j < 8; ++j) packed |= f32_to_e2m1(clamp6(q[j])) << (4 * j);
         if (row_bytes % 4 == 0) {
             *reinterpret_cast<uint32_t *>(row + c / 2) = packed;
         } else {
