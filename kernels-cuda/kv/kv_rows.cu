@@ -34,7 +34,6 @@ using namespace deepinfer;
 
 namespace {
 
-constexpr int kThreads = DI_KV_THREADS;
 constexpr float kInvE4M3Max = 1.0f / 448.0f;
 constexpr float kFp8AmaxFloor = 1e-4f;
 constexpr float kFp4E4M3AmaxFloor = 6.0f / 512.0f;
@@ -43,6 +42,14 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as
 
 __device__ __forceinline__ uint32_t f32_to_bf16_bits(float x) {
     return uint32_t(__bfloat16_as_ushort(__float2bfloat16_rn(x)));
+}
+
+// (a, b) rounded to BF16 (nearest even) and back to f32, one conversion.
+__device__ __forceinline__ void round_bf16x2(float a, float b, float &ra, float &rb) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    const uint32_t u = *reinterpret_cast<const uint32_t *>(&h);
+    ra = __uint_as_float(u << 16);
+    rb = __uint_as_float(u & 0xFFFF0000u);
 }
 
 // Eight BF16 (one 16-byte chunk) -> f32.
@@ -101,25 +108,35 @@ __device__ __forceinline__ float pool2(float k0, float k1, float s0, float s1) {
     return __fadd_rn(__fmul_rn(__fdiv_rn(e0, sum), k0), __fmul_rn(__fdiv_rn(e1, sum), k1));
 }
 
-__device__ __forceinline__ void load8(const float *p, float (&v)[8]) {
-    const float4 a = __ldg(reinterpret_cast<const float4 *>(p));
-    const float4 b = __ldg(reinterpret_cast<const float4 *>(p) + 1);
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
-    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+// 16 bytes global -> shared without registers (cp.async, L2 only).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
 }
 
-// Rows per CTA and chunks whose loads one thread issues before it uses any:
-// BF16 rows 16 per CTA, 8 chunks (16 B each) in flight per thread (one DRAM
-// round trip for a 512-wide tile); pooled rows 8 per CTA, one chunk (4 x 32
-// B: kv and score of both members) per batch, for a small register budget.
+// Waits for this thread's cp.async copies; the caller's barrier publishes them.
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+// fp32(p) for a position (RN from int64; the int32 conversion, a faster
+// instruction, gives the same value wherever p fits).
+__device__ __forceinline__ float position_f32(int64_t p) {
+    return p == int64_t(int32_t(p)) ? float(int32_t(p)) : float(p);
+}
+
+// Tiles: BF16 rows 16 per CTA of 128 threads; pooled entries 8 per CTA of
+// 256 threads, their fp32 member rows staged through shared memory in slabs
+// of 256 columns. Both copy global memory to shared memory with cp.async, so
+// a CTA has its whole tile in flight without holding it in registers.
 template <bool kPool2> struct Tile;
 template <> struct Tile<false> {
     static constexpr int kRows = DI_KV_ROWS_BF16;
-    static constexpr int kBatch = 8;
+    static constexpr int kThreads = DI_KV_THREADS_BF16;
 };
 template <> struct Tile<true> {
     static constexpr int kRows = DI_KV_ROWS_POOL2;
-    static constexpr int kBatch = 1;
+    static constexpr int kThreads = DI_KV_THREADS_POOL2;
+    static constexpr int kSlab = DI_KV_POOL2_SLAB;
 };
 
 // q / d for q * d < 2^32 by a multiply-high with m = floor((2^32 - 1) / d) + 1
@@ -139,6 +156,8 @@ struct Smem {
     const float **src;  // [rows][4] kv0, kv1, score0, score1 (pool2); NULL: no row
     float *inv;         // [rows] inverse RMS
     int *ok;            // [rows] the row exists
+    int64_t *slot;      // [rows] its pool row
+    float *raw;         // pool2: [rows][4][kSlab] fp32 member rows of one slab
     int stride;         // BF16 per vals row
 };
 
@@ -153,8 +172,13 @@ __device__ __forceinline__ Smem carve(unsigned char *smem, const di_kv_rows_para
     at += size_t(rows) * (p.rope_dim / 2) * sizeof(float2);
     s.src = reinterpret_cast<const float **>(at);
     at += size_t(rows) * 4 * sizeof(const float *);
+    s.slot = reinterpret_cast<int64_t *>(at);
+    at += size_t(rows) * sizeof(int64_t);
     s.inv = reinterpret_cast<float *>(at);
-    s.ok = reinterpret_cast<int *>(at + rows * sizeof(float));
+    at += size_t(rows) * sizeof(float);
+    s.ok = reinterpret_cast<int *>(at);
+    at += size_t(rows) * sizeof(int);
+    s.raw = reinterpret_cast<float *>(at); /* 16-byte aligned: rows is a multiple of 2 */
     return s;
 }
 
@@ -176,48 +200,42 @@ __device__ __forceinline__ bool source(const di_kv_rows_params &p, int32_t r, co
 }
 
 // The tile's cos/sin table: fp32 angle, double cos/sin rounded once.
+template <int kThreads>
 __device__ __forceinline__ void rope_table(const di_kv_rows_params &p, const Smem &s, int64_t r0,
                                            int live_rows) {
     const uint32_t pairs = uint32_t(p.rope_dim) / 2;
     const Div by_pairs(pairs);
     for (uint32_t q = threadIdx.x; q < live_rows * pairs; q += kThreads) {
         const uint32_t i = by_pairs.div(q), k = q - i * pairs;
-        const float angle = __fmul_rn(float(p.positions[r0 + i]), p.freqs[k]);
+        const float angle = __fmul_rn(position_f32(p.positions[r0 + i]), p.freqs[k]);
         double sn, cn;
         sincos(double(angle), &sn, &cn);
         s.cs[q] = make_float2(float(cn), float(sn));
     }
 }
 
-// Phase 1, BF16 rows: every chunk of the tile into shared memory.
+// Phase 1, BF16 rows: every chunk of the tile into shared memory (in flight
+// together), the RoPE table computed meanwhile.
 __device__ __forceinline__ void load_bf16(const di_kv_rows_params &p, const Smem &s, int64_t r0,
                                           int live_rows, Div by_vecs) {
-    constexpr int kB = Tile<false>::kBatch;
+    constexpr int kThreads = Tile<false>::kThreads;
     const uint32_t tasks = live_rows * by_vecs.d;
     const uint4 *x = reinterpret_cast<const uint4 *>(static_cast<const __nv_bfloat16 *>(p.x) + r0 * p.dim);
-    for (uint32_t b0 = 0; b0 < tasks; b0 += kThreads * kB) {
-        uint4 raw[kB];
-#pragma unroll
-        for (int u = 0; u < kB; ++u) {
-            const uint32_t q = b0 + u * kThreads + threadIdx.x;
-            if (q < tasks) raw[u] = __ldg(x + q); /* the tile's rows are contiguous */
-        }
-        if (b0 == 0 && p.positions != nullptr) rope_table(p, s, r0, live_rows);
-#pragma unroll
-        for (int u = 0; u < kB; ++u) {
-            const uint32_t q = b0 + u * kThreads + threadIdx.x;
-            if (q >= tasks) continue;
-            const uint32_t i = by_vecs.div(q);
-            *reinterpret_cast<uint4 *>(s.vals + i * s.stride + (q - i * by_vecs.d) * 8) = raw[u];
-        }
+    for (uint32_t q = threadIdx.x; q < tasks; q += kThreads) {
+        const uint32_t i = by_vecs.div(q);
+        cp_async16(s.vals + i * s.stride + (q - i * by_vecs.d) * 8, x + q); /* the tile's rows are contiguous */
     }
     if (threadIdx.x < live_rows) s.ok[threadIdx.x] = 1;
+    if (p.positions != nullptr) rope_table<kThreads>(p, s, r0, live_rows);
+    cp_async_wait_all();
 }
 
-// Phase 1, pooled rows: the groups' members (resolved once per tile), then
-// one chunk per thread and batch.
+// Phase 1, pooled entries: the groups' members (resolved once per tile),
+// then per slab of columns the four member rows of every entry into shared
+// memory (in flight together) and their pooling into the BF16 values.
 __device__ __forceinline__ void load_pool2(const di_kv_rows_params &p, const Smem &s, int64_t r0,
-                                           int live_rows, Div by_vecs) {
+                                           int live_rows) {
+    constexpr int kThreads = Tile<true>::kThreads, kSlab = Tile<true>::kSlab;
     if (threadIdx.x < live_rows) {
         const int64_t g = r0 + threadIdx.x;
         const int32_t a = p.groups ? p.groups[2 * g] : int32_t(2 * g);
@@ -226,21 +244,29 @@ __device__ __forceinline__ void load_pool2(const di_kv_rows_params &p, const Sme
         const bool ok = source(p, a, &src[0], &src[2]) && source(p, b, &src[1], &src[3]);
         s.ok[threadIdx.x] = ok;
     }
-    if (p.positions != nullptr) rope_table(p, s, r0, live_rows);
+    if (p.positions != nullptr) rope_table<kThreads>(p, s, r0, live_rows);
     __syncthreads();
-    const uint32_t tasks = live_rows * by_vecs.d;
-    for (uint32_t q = threadIdx.x; q < tasks; q += kThreads) {
-        const uint32_t i = by_vecs.div(q), c = (q - i * by_vecs.d) * 8;
-        if (!s.ok[i]) continue;
-        const float *const *src = s.src + 4 * i;
-        float k0[8], k1[8], s0[8], s1[8], v[8];
-        load8(src[0] + c, k0);
-        load8(src[1] + c, k1);
-        load8(src[2] + c, s0);
-        load8(src[3] + c, s1);
+    for (uint32_t c0 = 0; c0 < uint32_t(p.dim); c0 += kSlab) {
+        const uint32_t width = min(uint32_t(kSlab), uint32_t(p.dim) - c0);
+        const Div by_q4(width / 4), by_rq4(4 * (width / 4)), by_q8(width / 8);
+        // Member rows: [entry][member][width] fp32, 16 bytes per copy.
+        for (uint32_t q = threadIdx.x; q < live_rows * by_rq4.d; q += kThreads) {
+            const uint32_t i = by_rq4.div(q), rest = q - i * by_rq4.d;
+            const uint32_t m = by_q4.div(rest), c4 = rest - m * by_q4.d;
+            if (s.ok[i]) cp_async16(s.raw + (i * 4 + m) * kSlab + 4 * c4, s.src[4 * i + m] + c0 + 4 * c4);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        for (uint32_t q = threadIdx.x; q < live_rows * by_q8.d; q += kThreads) {
+            const uint32_t i = by_q8.div(q), c = (q - i * by_q8.d) * 8;
+            if (!s.ok[i]) continue;
+            const float *r = s.raw + i * 4 * kSlab + c;
+            float v[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = pool2(k0[j], k1[j], s0[j], s1[j]);
-        *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c) = pack8(v);
+            for (int j = 0; j < 8; ++j) v[j] = pool2(r[j], r[kSlab + j], r[2 * kSlab + j], r[3 * kSlab + j]);
+            *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c0 + c) = pack8(v);
+        }
+        __syncthreads();
     }
 }
 
@@ -323,7 +349,7 @@ __device__ __forceinline__ void store_chunk(uint8_t *row, uint32_t dim, uint32_t
 
 template <bool kPool2, int kFormat>
 __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
-    constexpr int kRowsT = Tile<kPool2>::kRows;
+    constexpr int kRowsT = Tile<kPool2>::kRows, kThreads = Tile<kPool2>::kThreads;
     using F = Format<kFormat>;
     extern __shared__ __align__(16) unsigned char smem[];
     const Smem s = carve(smem, p, kRowsT);
@@ -340,8 +366,12 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
         const uint4 *w = static_cast<const uint4 *>(p.norm);
         for (uint32_t q = tid; q < by_vecs.d; q += kThreads) reinterpret_cast<uint4 *>(s.w)[q] = __ldg(w + q);
     }
+    if (int(tid) < live_rows) {
+        const int64_t g = r0 + tid;
+        s.slot[tid] = p.slots != nullptr ? int64_t(p.slots[g]) : g;
+    }
     if constexpr (kPool2) {
-        load_pool2(p, s, r0, live_rows, by_vecs);
+        load_pool2(p, s, r0, live_rows);
     } else {
         load_bf16(p, s, r0, live_rows, by_vecs);
     }
@@ -381,8 +411,9 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
                 unpack8(*reinterpret_cast<const uint4 *>(s.w + c), w);
                 const float inv = s.inv[i];
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    v[j] = bf16_bits_to_f32(f32_to_bf16_bits(__fmul_rn(w[j], __fmul_rn(v[j], inv))));
+                for (int j = 0; j < 8; j += 2)
+                    round_bf16x2(__fmul_rn(w[j], __fmul_rn(v[j], inv)), __fmul_rn(w[j + 1], __fmul_rn(v[j + 1], inv)),
+                                 v[j], v[j + 1]);
             }
             if (p.latent != nullptr) {
                 *reinterpret_cast<uint4 *>(static_cast<__nv_bfloat16 *>(p.latent) + g * dim + c) = pack8(v);
@@ -393,13 +424,13 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
                 for (int k = 0; k < 4; ++k) {
                     const float x0 = v[2 * k], x1 = v[2 * k + 1];
                     const float cn = cs[k].x, sn = cs[k].y;
-                    v[2 * k] = bf16_bits_to_f32(f32_to_bf16_bits(__fsub_rn(__fmul_rn(x0, cn), __fmul_rn(x1, sn))));
-                    v[2 * k + 1] = bf16_bits_to_f32(f32_to_bf16_bits(__fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cn))));
+                    round_bf16x2(__fsub_rn(__fmul_rn(x0, cn), __fmul_rn(x1, sn)),
+                                 __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, cn)), v[2 * k], v[2 * k + 1]);
                 }
             }
 #pragma unroll
             for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
-            slot = p.slots != nullptr ? int64_t(p.slots[g]) : g;
+            slot = s.slot[i];
         }
 #pragma unroll
         for (uint32_t o = 1; o < F::kGroup / 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -419,12 +450,12 @@ __device__ __forceinline__ void kv_rows_dispatch(const di_kv_rows_params &p) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS, 8)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_BF16, 8)
     kv_rows_bf16(const __grid_constant__ di_kv_rows_params p) {
     kv_rows_dispatch<false>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS, 8)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_POOL2, 4)
     kv_rows_pool2(const __grid_constant__ di_kv_rows_params p) {
     kv_rows_dispatch<true>(p);
 }
