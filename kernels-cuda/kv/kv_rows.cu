@@ -14,12 +14,12 @@
 //
 // CTA = a tile of R rows (16 BF16 rows, or 8 pooled entries), DI_KV_THREADS
 // threads, in three phases:
-//   1. BF16 rows: every thread issues the loads of all its chunks (16 bytes,
-//      8 values) before it uses any and computes the tile's cos/sin table
-//      while they are in flight; pooled rows: the groups' members resolved
-//      once per tile, then one chunk (kv and score of both members) per
-//      thread at a time, pooled; the values go to shared memory as BF16, with
-//      the norm weight. No runtime integer division anywhere (Div below);
+//   1. BF16 rows: the whole tile copied to shared memory by cp.async, the
+//      tile's cos/sin table computed while it is in flight; pooled rows: the
+//      groups' members resolved once per tile, then one chunk (kv and score
+//      of both members, 8 values) per thread at a time, pooled; the values go
+//      to shared memory as BF16, with the norm weight and each row's slot.
+//      No runtime integer division anywhere (Div below);
 //   2. thread i < R: the sum of squares of row i, sequentially (the CPU's
 //      order), and its inverse RMS;
 //   3. every thread: chunk -> norm -> latent store -> RoPE -> quantise (the
@@ -108,6 +108,13 @@ __device__ __forceinline__ float pool2(float k0, float k1, float s0, float s1) {
     return __fadd_rn(__fmul_rn(__fdiv_rn(e0, sum), k0), __fmul_rn(__fdiv_rn(e1, sum), k1));
 }
 
+__device__ __forceinline__ void load8(const float *p, float (&v)[8]) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(p));
+    const float4 b = __ldg(reinterpret_cast<const float4 *>(p) + 1);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
 // 16 bytes global -> shared without registers (cp.async, L2 only).
 __device__ __forceinline__ void cp_async16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(uint32_t(__cvta_generic_to_shared(dst))), "l"(src) : "memory");
@@ -124,10 +131,9 @@ __device__ __forceinline__ float position_f32(int64_t p) {
     return p == int64_t(int32_t(p)) ? float(int32_t(p)) : float(p);
 }
 
-// Tiles: BF16 rows 16 per CTA of 128 threads; pooled entries 8 per CTA of
-// 256 threads, their fp32 member rows staged through shared memory in slabs
-// of 256 columns. Both copy global memory to shared memory with cp.async, so
-// a CTA has its whole tile in flight without holding it in registers.
+// Tiles: BF16 rows 32 per CTA of 256 threads, copied to shared memory by
+// cp.async (the whole tile in flight without registers; one full warp for
+// the row sums); pooled entries 8 per CTA of 128 threads.
 template <bool kPool2> struct Tile;
 template <> struct Tile<false> {
     static constexpr int kRows = DI_KV_ROWS_BF16;
@@ -136,7 +142,6 @@ template <> struct Tile<false> {
 template <> struct Tile<true> {
     static constexpr int kRows = DI_KV_ROWS_POOL2;
     static constexpr int kThreads = DI_KV_THREADS_POOL2;
-    static constexpr int kSlab = DI_KV_POOL2_SLAB;
 };
 
 // q / d for q * d < 2^32 by a multiply-high with m = floor((2^32 - 1) / d) + 1
@@ -157,7 +162,6 @@ struct Smem {
     float *inv;         // [rows] inverse RMS
     int *ok;            // [rows] the row exists
     int64_t *slot;      // [rows] its pool row
-    float *raw;         // pool2: [rows][4][kSlab] fp32 member rows of one slab
     int stride;         // BF16 per vals row
 };
 
@@ -177,8 +181,6 @@ __device__ __forceinline__ Smem carve(unsigned char *smem, const di_kv_rows_para
     s.inv = reinterpret_cast<float *>(at);
     at += size_t(rows) * sizeof(float);
     s.ok = reinterpret_cast<int *>(at);
-    at += size_t(rows) * sizeof(int);
-    s.raw = reinterpret_cast<float *>(at); /* 16-byte aligned: rows is a multiple of 2 */
     return s;
 }
 
@@ -231,11 +233,12 @@ __device__ __forceinline__ void load_bf16(const di_kv_rows_params &p, const Smem
 }
 
 // Phase 1, pooled entries: the groups' members (resolved once per tile),
-// then per slab of columns the four member rows of every entry into shared
-// memory (in flight together) and their pooling into the BF16 values.
+// then each thread loads the four member chunks (8 values each) of one
+// entry and pools them (the exp dominates; the loads of the other warps and
+// CTAs overlap it).
 __device__ __forceinline__ void load_pool2(const di_kv_rows_params &p, const Smem &s, int64_t r0,
-                                           int live_rows) {
-    constexpr int kThreads = Tile<true>::kThreads, kSlab = Tile<true>::kSlab;
+                                           int live_rows, Div by_vecs) {
+    constexpr int kThreads = Tile<true>::kThreads;
     if (threadIdx.x < live_rows) {
         const int64_t g = r0 + threadIdx.x;
         const int32_t a = p.groups ? p.groups[2 * g] : int32_t(2 * g);
@@ -246,27 +249,19 @@ __device__ __forceinline__ void load_pool2(const di_kv_rows_params &p, const Sme
     }
     if (p.positions != nullptr) rope_table<kThreads>(p, s, r0, live_rows);
     __syncthreads();
-    for (uint32_t c0 = 0; c0 < uint32_t(p.dim); c0 += kSlab) {
-        const uint32_t width = min(uint32_t(kSlab), uint32_t(p.dim) - c0);
-        const Div by_q4(width / 4), by_rq4(4 * (width / 4)), by_q8(width / 8);
-        // Member rows: [entry][member][width] fp32, 16 bytes per copy.
-        for (uint32_t q = threadIdx.x; q < live_rows * by_rq4.d; q += kThreads) {
-            const uint32_t i = by_rq4.div(q), rest = q - i * by_rq4.d;
-            const uint32_t m = by_q4.div(rest), c4 = rest - m * by_q4.d;
-            if (s.ok[i]) cp_async16(s.raw + (i * 4 + m) * kSlab + 4 * c4, s.src[4 * i + m] + c0 + 4 * c4);
-        }
-        cp_async_wait_all();
-        __syncthreads();
-        for (uint32_t q = threadIdx.x; q < live_rows * by_q8.d; q += kThreads) {
-            const uint32_t i = by_q8.div(q), c = (q - i * by_q8.d) * 8;
-            if (!s.ok[i]) continue;
-            const float *r = s.raw + i * 4 * kSlab + c;
-            float v[8];
+    const uint32_t tasks = live_rows * by_vecs.d;
+    for (uint32_t q = threadIdx.x; q < tasks; q += kThreads) {
+        const uint32_t i = by_vecs.div(q), c = (q - i * by_vecs.d) * 8;
+        if (!s.ok[i]) continue;
+        const float *const *src = s.src + 4 * i;
+        float k0[8], k1[8], s0[8], s1[8], v[8];
+        load8(src[0] + c, k0);
+        load8(src[1] + c, k1);
+        load8(src[2] + c, s0);
+        load8(src[3] + c, s1);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = pool2(r[j], r[kSlab + j], r[2 * kSlab + j], r[3 * kSlab + j]);
-            *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c0 + c) = pack8(v);
-        }
-        __syncthreads();
+        for (int j = 0; j < 8; ++j) v[j] = pool2(k0[j], k1[j], s0[j], s1[j]);
+        *reinterpret_cast<uint4 *>(s.vals + i * s.stride + c) = pack8(v);
     }
 }
 
@@ -371,7 +366,7 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
         s.slot[tid] = p.slots != nullptr ? int64_t(p.slots[g]) : g;
     }
     if constexpr (kPool2) {
-        load_pool2(p, s, r0, live_rows);
+        load_pool2(p, s, r0, live_rows, by_vecs);
     } else {
         load_bf16(p, s, r0, live_rows, by_vecs);
     }
@@ -450,12 +445,12 @@ __device__ __forceinline__ void kv_rows_dispatch(const di_kv_rows_params &p) {
 
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_BF16, 8)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_BF16, 4)
     kv_rows_bf16(const __grid_constant__ di_kv_rows_params p) {
     kv_rows_dispatch<false>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_POOL2, 4)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_POOL2, 7)
     kv_rows_pool2(const __grid_constant__ di_kv_rows_params p) {
     kv_rows_dispatch<true>(p);
 }

@@ -15,14 +15,13 @@ use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 use std::ffi::c_void;
 
-/// Rows and threads per CTA of the BF16 and the pooling kernel, and the
-/// pooling kernel's slab of columns (`DI_KV_ROWS_BF16`, `DI_KV_THREADS_BF16`,
-/// `DI_KV_ROWS_POOL2`, `DI_KV_THREADS_POOL2`, `DI_KV_POOL2_SLAB`).
-const ROWS_BF16: usize = 16;
-const THREADS_BF16: u32 = 128;
+/// Rows and threads per CTA of the BF16 and the pooling kernel
+/// (`DI_KV_ROWS_BF16`, `DI_KV_THREADS_BF16`, `DI_KV_ROWS_POOL2`,
+/// `DI_KV_THREADS_POOL2`).
+const ROWS_BF16: usize = 32;
+const THREADS_BF16: u32 = 256;
 const ROWS_POOL2: usize = 8;
-const THREADS_POOL2: u32 = 256;
-const POOL2_SLAB: usize = 256;
+const THREADS_POOL2: u32 = 128;
 
 /// What a row writer reads.
 pub(crate) enum KvInput<'a> {
@@ -96,9 +95,9 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
     if c.rows == 0 {
         return Ok(());
     }
-    let (tile, threads, raw) = match c.input {
-        KvInput::Bf16(_) => (ROWS_BF16, THREADS_BF16, 0),
-        KvInput::Pool2 { .. } => (ROWS_POOL2, THREADS_POOL2, ROWS_POOL2 * 4 * POOL2_SLAB * 4),
+    let (tile, threads) = match c.input {
+        KvInput::Bf16(_) => (ROWS_BF16, THREADS_BF16),
+        KvInput::Pool2 { .. } => (ROWS_POOL2, THREADS_POOL2),
     };
     let ctas = u32::try_from(c.rows.div_ceil(tile))
         .map_err(|_| limit(op, "rows", c.rows, "more rows than the CUDA grid takes"))?;
@@ -171,7 +170,7 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         eps: c.norm.map_or(0.0, |(_, e)| e),
         freqs: table,
     };
-    let smem = (tile * (2 * c.dim + 16 + 4 * rope_dim + 48) + 2 * c.dim + raw) as u32;
+    let smem = (tile * (2 * c.dim + 16 + 4 * rope_dim + 48) + 2 * c.dim) as u32;
     if smem > 48 << 10 {
         allow_smem(dev, kernel, smem)?;
     }

@@ -267,12 +267,11 @@ typedef struct di_kv_rows_params {
 /* Grid ceil(rows / R) of T threads: R, T = DI_KV_ROWS_BF16, DI_KV_THREADS_BF16
  * (kv_rows_bf16) or DI_KV_ROWS_POOL2, DI_KV_THREADS_POOL2 (kv_rows_pool2);
  * dynamic shared memory R * (2 * dim + 16 + 4 * rope_dim + 48) + 2 * dim
- * bytes, plus R * 4 * DI_KV_POOL2_SLAB * 4 for kv_rows_pool2. */
-#define DI_KV_ROWS_BF16 16
-#define DI_KV_THREADS_BF16 128
+ * bytes. */
+#define DI_KV_ROWS_BF16 32
+#define DI_KV_THREADS_BF16 256
 #define DI_KV_ROWS_POOL2 8
-#define DI_KV_THREADS_POOL2 256
-#define DI_KV_POOL2_SLAB 256
+#define DI_KV_THREADS_POOL2 128
 #define DI_KV_MAX_DIM 4096
 #define DI_KV_MAX_ROPE_DIM 256
 
