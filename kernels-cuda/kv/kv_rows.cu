@@ -450,7 +450,7 @@ extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_BF16, 4)
     kv_rows_dispatch<false>(p);
 }
 
-extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_POOL2, 7)
+extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_POOL2, 8)
     kv_rows_pool2(const __grid_constant__ di_kv_rows_params p) {
     kv_rows_dispatch<true>(p);
 }
