@@ -161,3 +161,43 @@ pub struct SparseMqaShape {
     pub nc: usize,
     pub kc: usize,
 }
+
+/// The three encoded cache rows of `kv_format` (`v41-flash.md` §11), as the
+/// row writers (`ops::kv_rows`, `ops::compressor_rows_into`) produce them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvRowFormat {
+    /// The window ring row: e4m3 values, one E8M0 scale per 32 (528 bytes
+    /// at 512).
+    Window,
+    /// The compressed-KV row: packed e2m1, one E4M3 scale per 16 (288 bytes
+    /// at 512).
+    Compressed,
+    /// The index-key row: packed e2m1, one E8M0 scale per 32 (68 bytes at
+    /// 128).
+    IndexKey,
+}
+
+impl KvRowFormat {
+    /// Values sharing one scale; a row's width must be a multiple of it.
+    pub fn group(self) -> usize {
+        match self {
+            KvRowFormat::Compressed => FP4_KV_GROUP,
+            KvRowFormat::Window | KvRowFormat::IndexKey => MX_BLOCK,
+        }
+    }
+
+    /// Bytes of the encoded row of `dim` values.
+    pub fn row_bytes(self, dim: usize) -> usize {
+        match self {
+            KvRowFormat::Window => dim + dim / MX_BLOCK,
+            KvRowFormat::Compressed => dim / 2 + dim / FP4_KV_GROUP,
+            KvRowFormat::IndexKey => dim / 2 + dim / MX_BLOCK,
+        }
+    }
+}
+
+/// Widest row (values) and RoPE slice the CUDA row writers take
+/// (`DI_KV_MAX_DIM`, `DI_KV_MAX_ROPE_DIM`).
+pub const KV_ROWS_CUDA_MAX_DIM: usize = 4096;
+/// See [`KV_ROWS_CUDA_MAX_DIM`].
+pub const KV_ROWS_CUDA_MAX_ROPE_DIM: usize = 256;

@@ -13,7 +13,7 @@
 //! (e4m3 × 2^e and e2m1 × e4m3 are BF16-representable). `dim` must be a
 //! multiple of the scale group (callers validate).
 
-use crate::contract::{FP4_KV_GROUP, MX_BLOCK};
+use crate::contract::{FP4_KV_GROUP, KvRowFormat, MX_BLOCK};
 use crate::dtype::{E4M3, E8M0, Fp4x2};
 use crate::numerics::{
     act_quant_block, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, fp4_e4m3_quant_block,
@@ -23,17 +23,26 @@ use half::bf16;
 
 /// Bytes of a window-KV row of `dim` values.
 pub fn window_row_bytes(dim: usize) -> usize {
-    dim + dim / MX_BLOCK
+    KvRowFormat::Window.row_bytes(dim)
 }
 
 /// Bytes of a compressed-KV row of `dim` values.
 pub fn compressed_row_bytes(dim: usize) -> usize {
-    dim / 2 + dim / FP4_KV_GROUP
+    KvRowFormat::Compressed.row_bytes(dim)
 }
 
 /// Bytes of an index-key row of `dim` values.
 pub fn index_key_row_bytes(dim: usize) -> usize {
-    dim / 2 + dim / MX_BLOCK
+    KvRowFormat::IndexKey.row_bytes(dim)
+}
+
+/// The encoded row of `format` (one of the three encoders below).
+pub fn encode_row(format: KvRowFormat, row: &[bf16]) -> Vec<u8> {
+    match format {
+        KvRowFormat::Window => encode_window_row(row),
+        KvRowFormat::Compressed => encode_compressed_row(row),
+        KvRowFormat::IndexKey => encode_index_key_row(row),
+    }
 }
 
 /// FP8 e4m3 values with one E8M0 scale per 32 (§10.1 rules).

@@ -136,6 +136,60 @@ impl Harness {
         }));
     }
 
+    /// Records one memory-bound measurement against a device-to-device copy
+    /// of the same bytes measured in this run ([`Harness::copy_us`] of
+    /// `bytes / 2`, which reads and writes `bytes`): GB/s over `bytes`
+    /// (described by `formula`), the share of that copy's bandwidth and of
+    /// the 2 GiB ceiling.
+    #[allow(
+        dead_code,
+        clippy::too_many_arguments,
+        reason = "only the cache-writer bench compares with a same-bytes copy"
+    )]
+    pub fn record_vs_copy(
+        &mut self,
+        op: &str,
+        shape: Value,
+        us: f64,
+        bytes: usize,
+        formula: &str,
+        copy_us: f64,
+    ) {
+        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        let copy_gbps = bytes as f64 / (copy_us * 1e-6) / 1e9;
+        let pct_same = 100.0 * gbps / copy_gbps;
+        let pct = 100.0 * gbps / self.copy_gbps;
+        let dims: Vec<String> = shape
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        println!(
+            "{op:<22} {:<28} {us:>9.2} us {gbps:>6.0} GB/s  {pct_same:>5.1}% of the same-bytes copy ({copy_us:.2} us, {copy_gbps:.0} GB/s)  {pct:>5.1}% of the 2 GiB copy",
+            dims.join(" ")
+        );
+        self.records.push(json!({
+            "op": op, "shape": shape, "ours_us": us, "tflops": Value::Null, "gbps": gbps,
+            "flop_formula": "memory-bound; not reported", "bytes_formula": formula,
+            "pct_of_copy": pct, "pct_of_same_bytes_copy": pct_same,
+            "peers": [ { "name": "cuda_memcpy_d2d_same_bytes", "us": copy_us, "gbps": copy_gbps } ],
+        }));
+    }
+
+    /// Median µs of a device-to-device copy of `bytes` (bytes read + bytes
+    /// written = 2 · `bytes`), rotating over buffers so L2 holds none.
+    #[allow(
+        dead_code,
+        reason = "only the cache-writer bench measures same-bytes copies"
+    )]
+    pub fn copy_us(&self, bytes: usize) -> f64 {
+        let n = Self::copies(2 * bytes);
+        let src: Vec<CudaBuffer> = (0..n).map(|_| self.cuda.alloc(bytes).unwrap()).collect();
+        let mut dst: Vec<CudaBuffer> = (0..n).map(|_| self.cuda.alloc(bytes).unwrap()).collect();
+        self.time_us(|i| dst[i % n].copy_from(&src[i % n]).unwrap())
+    }
+
     /// Records one GEMM (or grouped GEMM) measurement: `us` or the error
     /// that prevented it, TFLOP/s over `flops` (2·M·N·K summed over groups),
     /// GB/s over `bytes` (described by `bytes_formula`), the peers measured

@@ -7,6 +7,7 @@ pub mod compressor;
 pub mod engram;
 mod gemm;
 pub mod indexer;
+pub mod kv_rows;
 pub mod mhc;
 pub mod moe;
 pub mod moe_layout;

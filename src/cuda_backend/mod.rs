@@ -9,6 +9,7 @@ pub mod blas;
 pub mod gemm;
 pub mod gemm_skinny;
 pub mod indexer;
+pub(crate) mod kv_rows;
 mod rms_norm;
 pub(crate) mod sparse_mqa;
 mod tilelang;
@@ -66,6 +67,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_topk_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_block_params {}
 // SAFETY: as above (addresses, integers and one float).
 unsafe impl cudarc::driver::DeviceRepr for params::di_sparse_mqa_params {}
+// SAFETY: as above (addresses, integers and one float).
+unsafe impl cudarc::driver::DeviceRepr for params::di_kv_rows_params {}
 
 /// Device address of a buffer's first byte, for a kernel that reads it.
 /// The returned guard must outlive the launch that uses the address.

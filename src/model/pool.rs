@@ -661,6 +661,24 @@ impl StatePool {
         Ok(())
     }
 
+    /// The window pool rows (physical) of positions `pos0 .. pos0 + n` of
+    /// ring `ring` of `seq`, which count as written from now on: the caller
+    /// stores the rows there (one row writer call for a whole step). The
+    /// pages must be reserved.
+    pub(crate) fn claim_ring_rows(
+        &mut self,
+        seq: SeqId,
+        ring: usize,
+        pos0: usize,
+        n: usize,
+    ) -> Result<Vec<i32>> {
+        let pr = self.cfg.page_rows;
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        let rows = claim_rows(&s.rings[ring], pr, pos0, n, "ring")?;
+        s.ring_end[ring] = s.ring_end[ring].max(pos0 + n);
+        Ok(rows)
+    }
+
     /// Physical row of position `pos` in ring `ring` of `seq`, if held.
     pub(crate) fn ring_row(&self, seq: SeqId, ring: usize, pos: usize) -> Result<Option<usize>> {
         let s = self.get(seq)?;
@@ -669,45 +687,29 @@ impl StatePool {
             .flatten())
     }
 
-    /// Appends `n` encoded entries (and, when the source owns keys, their
-    /// key rows) of `layer`'s source for `seq`.
-    pub(crate) fn append_entries(
+    /// Claims the next `n` entries of `layer`'s source for `seq` (they
+    /// count from now on; the caller stores them): their first entry index
+    /// and their physical rows in the compressed pool and, when the source
+    /// owns keys, in the key pool. The pages must be reserved.
+    pub(crate) fn claim_entries(
         &mut self,
         seq: SeqId,
         layer: usize,
-        entries: &Tensor,
-        keys: Option<&Tensor>,
-        row0: usize,
         n: usize,
-    ) -> Result<()> {
+    ) -> Result<(usize, Vec<i32>, Option<Vec<i32>>)> {
         let src = self.source(layer)?;
         let pr = self.cfg.page_rows;
+        let keys = self.sources[src].keys;
         let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
         let j0 = s.n_entries[src];
-        write_runs(
-            &s.entries[src],
-            pr,
-            &mut self.comp_pages.rows,
-            j0,
-            entries,
-            row0,
-            n,
-            "entries",
-        )?;
-        if let Some(k) = keys {
-            write_runs(
-                &s.keys[src],
-                pr,
-                &mut self.key_pages.rows,
-                j0,
-                k,
-                row0,
-                n,
-                "keys",
-            )?;
-        }
+        let rows = claim_rows(&s.entries[src], pr, j0, n, "entries")?;
+        let key_rows = if keys {
+            Some(claim_rows(&s.keys[src], pr, j0, n, "keys")?)
+        } else {
+            None
+        };
         s.n_entries[src] += n;
-        Ok(())
+        Ok((j0, rows, key_rows))
     }
 
     /// Physical row of entry `j` of `layer`'s source for `seq`, if it exists.
@@ -742,19 +744,13 @@ impl StatePool {
         Ok(out)
     }
 
-    /// The partial group of `layer`'s ratio-2 source for `seq`: F32 kv and
-    /// score rows `[1, head_dim]`.
-    pub(crate) fn pending(&self, seq: SeqId, layer: usize) -> Result<Option<(Tensor, Tensor)>> {
+    /// The row of the partial group of `layer`'s ratio-2 source for `seq`
+    /// in the pending tensors ([`StatePool::compressor_io`]), if it holds
+    /// one.
+    pub(crate) fn pending_row_of(&self, seq: SeqId, layer: usize) -> Result<Option<usize>> {
         let src = self.source(layer)?;
         let s = self.get(seq)?;
-        if !s.pending[src] {
-            return Ok(None);
-        }
-        let row = self.pending_row(s.slot, src);
-        Ok(Some((
-            self.pending_kv.narrow_rows(row, 1)?,
-            self.pending_score.narrow_rows(row, 1)?,
-        )))
+        Ok(s.pending[src].then(|| self.pending_row(s.slot, src)))
     }
 
     /// Stores (or clears, `None`) the partial group: row `row` of `kv` and
@@ -828,6 +824,22 @@ impl StatePool {
         &self.ring_pages.rows
     }
 
+    /// The window row pool, for the row writer of [`StatePool::claim_ring_rows`].
+    pub(crate) fn window_rows_mut(&mut self) -> &mut Tensor {
+        &mut self.ring_pages.rows
+    }
+
+    /// What a compressor reads and writes: the partial groups (F32 kv and
+    /// score `[max_seqs · gated, head_dim]`), the compressed row pool and
+    /// the index-key pool.
+    pub(crate) fn compressor_io(&mut self) -> CompressorIo<'_> {
+        CompressorIo {
+            pending: (&self.pending_kv, &self.pending_score),
+            entries: &mut self.comp_pages.rows,
+            keys: &mut self.key_pages.rows,
+        }
+    }
+
     /// The compressed row pool (U8 `[rows, 288]`).
     pub fn compressed_rows(&self) -> &Tensor {
         &self.comp_pages.rows
@@ -837,6 +849,13 @@ impl StatePool {
     pub(crate) fn stage_ring(&self, stage: usize) -> usize {
         self.n_layers + stage
     }
+}
+
+/// The tensors of [`StatePool::compressor_io`].
+pub(crate) struct CompressorIo<'a> {
+    pub pending: (&'a Tensor, &'a Tensor),
+    pub entries: &'a mut Tensor,
+    pub keys: &'a mut Tensor,
 }
 
 fn unknown(seq: SeqId) -> OpError {
@@ -881,4 +900,28 @@ fn write_runs(
         i += run;
     }
     Ok(())
+}
+
+/// Physical rows of logical rows `at .. at + n` of `table`, as I32 (pools
+/// stay below 2^31 rows).
+fn claim_rows(
+    table: &BlockTable,
+    pr: usize,
+    at: usize,
+    n: usize,
+    what: &'static str,
+) -> Result<Vec<i32>> {
+    (at..at + n)
+        .map(|r| {
+            table.row(r, pr).map(|p| p as i32).ok_or_else(|| {
+                OpError::Argument {
+                    op: "StatePool::claim",
+                    arg: what,
+                    value: r.to_string(),
+                    why: "row has no reserved page (reserve the step first)",
+                }
+                .into()
+            })
+        })
+        .collect()
 }

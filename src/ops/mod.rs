@@ -22,9 +22,9 @@ mod rope;
 mod sparse_mqa;
 mod swiglu;
 
-pub use crate::contract::{FP4_KV_GROUP, MX_BLOCK};
+pub use crate::contract::{FP4_KV_GROUP, KvRowFormat, MX_BLOCK};
 pub use act_quant::{ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with};
-pub use compressor::compress_ratio2;
+pub use compressor::{compress_ratio2, compressor_rows_into};
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding};
 pub use engram::{engram_gate_update, engram_lookup, engram_rows};
@@ -42,7 +42,9 @@ pub use indexer::{
     index_mask_scores, index_mask_scores_into, index_reindex_topk, index_reindex_topk_into,
     index_scores, index_scores_into, index_scores_into_with, index_topk, index_topk_into,
 };
-pub use kv_cache::{compressed_rows, window_rows};
+pub use kv_cache::{
+    RowNorm, RowRope, RowsOut, compressed_rows, kv_row_layout, kv_rows, kv_rows_into, window_rows,
+};
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
 pub use moe::{moe_combine, moe_permute};
 pub use moe_route::{

@@ -46,12 +46,24 @@ pub fn rms_norm_into(x: &Tensor, weight: &Tensor, eps: f32, out: &mut Tensor) ->
 
 fn validate(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Device> {
     x.expect_dtype(OP, "x", DType::BF16)?;
-    weight.expect_dtype(OP, "weight", DType::BF16)?;
     let (_, dim) = rows_and_last(OP, "x", x)?;
     check_i32(OP, "x", x, dim)?;
+    check_norm_args(OP, weight, dim, eps)?;
+    common_device(OP, &[("x", x), ("weight", weight)])
+}
+
+/// The checks of an RMSNorm's BF16 `weight` (`[dim]`) and `eps` (finite,
+/// non-negative), shared with the row writers that normalise in place.
+pub(super) fn check_norm_args(
+    op: &'static str,
+    weight: &Tensor,
+    dim: usize,
+    eps: f32,
+) -> Result<()> {
+    weight.expect_dtype(op, "weight", DType::BF16)?;
     if weight.shape() != [dim] {
         return Err(Error::Shape {
-            op: OP,
+            op,
             tensor: "weight",
             got: weight.shape().to_vec(),
             expected: format!("[{dim}] (the last dimension of x)"),
@@ -59,11 +71,11 @@ fn validate(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Device> {
     }
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::Argument {
-            op: OP,
+            op,
             arg: "eps",
             value: eps.to_string(),
             why: "must be finite and non-negative",
         });
     }
-    common_device(OP, &[("x", x), ("weight", weight)])
+    Ok(())
 }

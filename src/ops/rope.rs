@@ -223,6 +223,22 @@ fn validate(
             expected: format!("[{tokens}] (one position per token of x)"),
         });
     }
+    check_rope_args(op, rope_dim, head_dim, params)?;
+    Ok(Layout {
+        tokens,
+        heads,
+        head_dim,
+    })
+}
+
+/// The checks of `rope_dim` (even, positive, at most `head_dim`) and of the
+/// layer's parameters, shared with the row writers that rotate in place.
+pub(super) fn check_rope_args(
+    op: &'static str,
+    rope_dim: usize,
+    head_dim: usize,
+    params: &RopeParams,
+) -> Result<()> {
     if rope_dim == 0 || !rope_dim.is_multiple_of(2) || rope_dim > head_dim {
         return Err(Error::Argument {
             op,
@@ -255,9 +271,5 @@ fn validate(
             });
         }
     }
-    Ok(Layout {
-        tokens,
-        heads,
-        head_dim,
-    })
+    Ok(())
 }

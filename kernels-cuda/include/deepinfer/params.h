@@ -226,4 +226,53 @@ typedef struct di_sparse_mqa_params {
 #define DI_SPARSE_MQA_H16_THREADS 192
 #define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
 
+/* Cache-row writers (kernels-cuda/kv/README.md): per row, an input value
+ * (kv_rows_bf16: a BF16 row of x; kv_rows_pool2: the ratio-2 compressor's
+ * two-way softmax pooling of two fp32 kv/score rows, rounded to BF16), then
+ * the optional RMSNorm (latent = its BF16 output, written when latent is
+ * set), the optional RoPE on the last rope_dim values, then the cache row of
+ * `format` (DI_KV_FORMAT_*) written to out row slots[i] (row i when slots is
+ * NULL; a slot outside [0, out_rows) is not written). A pool2 group whose
+ * source row is out of range writes nothing. Bitwise the CPU composition of
+ * cpu_backend::{compressor, rms_norm, rope} and kv_format. */
+typedef struct di_kv_rows_params {
+    const void *x;               /* bf16 [rows, dim] (kv_rows_bf16) */
+    const float *kv;             /* f32 [kv_rows, dim] (kv_rows_pool2) */
+    const float *score;          /* f32 [kv_rows, dim] */
+    const float *pending_kv;     /* f32 [pending_rows, dim] or NULL */
+    const float *pending_score;  /* f32 [pending_rows, dim] or NULL */
+    const int32_t *groups;       /* [rows, 2]: r >= 0 kv row r, r < 0 pending row -1 - r;
+                                    NULL: group i is kv rows 2i, 2i + 1 */
+    const void *norm;            /* bf16 [dim] RMSNorm weight, or NULL (no norm) */
+    const int64_t *positions;    /* [rows], or NULL (no RoPE) */
+    void *latent;                /* bf16 [rows, dim] or NULL */
+    void *out;                   /* bytes [out_rows, row_bytes] or NULL */
+    const int32_t *slots;        /* [rows] or NULL */
+    int64_t rows;
+    int64_t kv_rows;
+    int64_t pending_rows;
+    int64_t out_rows;
+    int32_t dim;                 /* multiple of 32 (16 for the compressed format), <= DI_KV_MAX_DIM */
+    int32_t rope_dim;            /* multiple of 8, <= DI_KV_MAX_ROPE_DIM (256) and dim */
+    int32_t format;
+    float eps;
+    float freqs[128];            /* [rope_dim / 2] fp32 (cpu_backend::rope_freqs), by value */
+} di_kv_rows_params;
+
+/* Row formats (kv_format): 528-byte FP8 window row, 288-byte FP4 compressed
+ * row (E4M3 scales per 16), FP4 index-key row (E8M0 scales per 32). */
+#define DI_KV_FORMAT_WINDOW 0
+#define DI_KV_FORMAT_COMPRESSED 1
+#define DI_KV_FORMAT_INDEX_KEY 2
+/* Grid ceil(rows / R) of T threads: R, T = DI_KV_ROWS_BF16, DI_KV_THREADS_BF16
+ * (kv_rows_bf16) or DI_KV_ROWS_POOL2, DI_KV_THREADS_POOL2 (kv_rows_pool2);
+ * dynamic shared memory R * (2 * dim + 16 + 4 * rope_dim + 48) + 2 * dim
+ * bytes. */
+#define DI_KV_ROWS_BF16 32
+#define DI_KV_THREADS_BF16 256
+#define DI_KV_ROWS_POOL2 8
+#define DI_KV_THREADS_POOL2 128
+#define DI_KV_MAX_DIM 4096
+#define DI_KV_MAX_ROPE_DIM 256
+
 #endif

@@ -29,12 +29,13 @@
 //! orders do (the spec matches the reference "up to summation order").
 
 use super::linear::{Bf16Linear, Fp8Linear};
-use crate::contract::{RopeParams, Yarn};
+use crate::contract::{KvRowFormat, RopeParams, Yarn};
+use crate::dtype::DType;
 use crate::model::batch::Batch;
 use crate::model::config::{AttentionPlan, LayerPlan, ModelConfig, Selection};
 use crate::model::error::Result;
 use crate::model::pool::StatePool;
-use crate::ops;
+use crate::ops::{self, RowNorm, RowRope, RowsOut};
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 
@@ -139,7 +140,7 @@ impl Attention {
     }
 
     /// The encoded window rows U8 `[T, 528]` of the inputs: FP8 of
-    /// RoPE(kv_norm(wkv · x)).
+    /// RoPE(kv_norm(wkv · x)), in one row-writer pass after the projection.
     pub fn window_kv(
         &self,
         cfg: &ModelConfig,
@@ -147,9 +148,58 @@ impl Attention {
         positions: &Tensor,
         rope: &RopeParams,
     ) -> Result<Tensor> {
-        let kv = ops::rms_norm(&self.wkv.forward(x)?, &self.kv_norm, cfg.norm_eps as f32)?;
-        let kv = ops::rope(&kv, positions, 1, cfg.attention.rope_head_dim, rope)?;
-        Ok(ops::window_rows(&kv)?)
+        let (norm, rope) = self.window_prologue(cfg, positions, rope);
+        Ok(ops::kv_rows(
+            &self.wkv.forward(x)?,
+            KvRowFormat::Window,
+            Some(norm),
+            Some(rope),
+        )?)
+    }
+
+    /// [`Attention::window_kv`] stored straight into the window pool at
+    /// `slots` (I32 `[T]`).
+    fn write_window_kv(
+        &self,
+        cfg: &ModelConfig,
+        x: &Tensor,
+        positions: &Tensor,
+        rope: &RopeParams,
+        pool: &mut Tensor,
+        slots: &Tensor,
+    ) -> Result<()> {
+        let (norm, rope) = self.window_prologue(cfg, positions, rope);
+        Ok(ops::kv_rows_into(
+            &self.wkv.forward(x)?,
+            KvRowFormat::Window,
+            Some(norm),
+            Some(rope),
+            RowsOut {
+                pool,
+                slots,
+                latent: None,
+            },
+        )?)
+    }
+
+    /// The window row's `kv_norm` and RoPE (the last `rope_head_dim` dims).
+    fn window_prologue<'a>(
+        &'a self,
+        cfg: &ModelConfig,
+        positions: &'a Tensor,
+        rope: &'a RopeParams,
+    ) -> (RowNorm<'a>, RowRope<'a>) {
+        (
+            RowNorm {
+                weight: &self.kv_norm,
+                eps: cfg.norm_eps as f32,
+            },
+            RowRope {
+                positions,
+                rope_dim: cfg.attention.rope_head_dim,
+                params: rope,
+            },
+        )
     }
 
     /// Sparse MQA of `q` over the window pool and (for sparse layers) the
@@ -190,10 +240,13 @@ impl Attention {
     ) -> Result<(Tensor, Vec<Tensor>)> {
         let rope = rope_params(plan);
         let (q, qr) = self.query(cfg, x, &b.positions, &rope)?;
-        let rows = self.window_kv(cfg, x, &b.positions, &rope)?;
+        let mut slots = vec![-1i32; x.rows()];
         for e in &b.entries {
-            pool.write_ring(e.seq, plan.layer, e.start, &rows, e.row, e.len)?;
+            let rows = pool.claim_ring_rows(e.seq, plan.layer, e.start, e.len)?;
+            slots[e.row..e.row + e.len].copy_from_slice(&rows);
         }
+        let slots = host_i32(slots, &[x.rows()], &x.device())?;
+        self.write_window_kv(cfg, x, &b.positions, &rope, pool.window_rows_mut(), &slots)?;
         if let Some(c) = &self.compressor {
             self.compress(cfg, plan, c, x, b, pool)?;
         }
@@ -237,9 +290,10 @@ impl Attention {
         Ok((f, lists))
     }
 
-    /// A KV source's compressor over every entry's new tokens: appends the
-    /// entries (and index keys) of each group completed in this step; a
-    /// ratio-2 source keeps an odd trailing token as the partial group.
+    /// A KV source's compressor over every entry's new tokens: stores the
+    /// entries (and index keys) of each group completed in this step straight
+    /// into the pools; a ratio-2 source keeps an odd trailing token as the
+    /// partial group.
     fn compress(
         &self,
         cfg: &ModelConfig,
@@ -251,76 +305,110 @@ impl Attention {
     ) -> Result<()> {
         let eps = cfg.norm_eps as f32;
         let rd = cfg.attention.rope_head_dim;
-        // Per entry: its new latents (pre-norm BF16 rows).
-        let mut latents = Vec::with_capacity(b.entries.len());
+        let device = x.device();
+        let rope = rope_params(plan);
+        let keys = self.indexer.as_ref().and_then(|i| i.keys.as_ref());
+        // Per entry, the members of its new groups in token order: its
+        // partial group's pending token (r < 0: pending row −1 − r) first,
+        // then its new rows; and the row left pending afterwards.
+        let mut members = Vec::new();
+        let mut tails = Vec::new();
+        let mut counts = Vec::with_capacity(b.entries.len());
+        for e in &b.entries {
+            let mut m = Vec::with_capacity(e.len + 1);
+            if c.wgate.is_some() {
+                if let Some(r) = pool.pending_row_of(e.seq, plan.layer)? {
+                    m.push(-1 - r as i32);
+                }
+                m.extend((e.row..e.row + e.len).map(|r| r as i32));
+                tails.push((e.seq, (m.len() % 2 == 1).then(|| e.row + e.len - 1)));
+                m.truncate(m.len() / 2 * 2);
+                counts.push(m.len() / 2);
+            } else {
+                m.extend((e.row..e.row + e.len).map(|r| r as i32));
+                counts.push(e.len);
+            }
+            members.extend(m);
+        }
+        // Their entry positions and pool rows (claimed now, stored below).
+        let mut positions = Vec::new();
+        let (mut slots, mut key_slots) = (Vec::new(), Vec::new());
+        for (e, &n) in b.entries.iter().zip(&counts) {
+            let (j0, rows, key_rows) = pool.claim_entries(e.seq, plan.layer, n)?;
+            positions.extend((j0..j0 + n).map(|j| (j * plan.ratio) as i64));
+            slots.extend(rows);
+            key_slots.extend(key_rows.unwrap_or_default());
+        }
+        let n = positions.len();
+        let pos = host_i64(positions, &device)?;
+        let slots = host_i32(slots, &[n], &device)?;
+        let norm = RowNorm {
+            weight: &c.norm,
+            eps,
+        };
+        let row_rope = RowRope {
+            positions: &pos,
+            rope_dim: rd,
+            params: &rope,
+        };
+        let mut latent = match keys {
+            Some(_) if n > 0 => Some(Tensor::empty(
+                &device,
+                DType::BF16,
+                &[n, cfg.attention.head_dim],
+            )?),
+            _ => None,
+        };
+        let io = pool.compressor_io();
+        let out = RowsOut {
+            pool: io.entries,
+            slots: &slots,
+            latent: latent.as_mut(),
+        };
         match &c.wgate {
             Some(wgate) => {
                 let kv = c.wkv.forward_f32(x)?;
                 let score = wgate.forward_f32(x)?;
-                for e in &b.entries {
-                    let (mut k_parts, mut s_parts) = (Vec::new(), Vec::new());
-                    if let Some((pk, ps)) = pool.pending(e.seq, plan.layer)? {
-                        k_parts.push(pk);
-                        s_parts.push(ps);
-                    }
-                    k_parts.push(kv.narrow_rows(e.row, e.len)?);
-                    s_parts.push(score.narrow_rows(e.row, e.len)?);
-                    let kk = Tensor::cat_rows(&k_parts.iter().collect::<Vec<_>>())?;
-                    let ss = Tensor::cat_rows(&s_parts.iter().collect::<Vec<_>>())?;
-                    let pairs = kk.rows() / 2;
-                    if kk.rows() % 2 == 1 {
-                        pool.set_pending(e.seq, plan.layer, Some((&kk, &ss, kk.rows() - 1)))?;
-                    } else {
-                        pool.set_pending(e.seq, plan.layer, None)?;
-                    }
-                    latents.push(if pairs == 0 {
-                        None
-                    } else {
-                        Some(ops::compress_ratio2(
-                            &kk.narrow_rows(0, 2 * pairs)?,
-                            &ss.narrow_rows(0, 2 * pairs)?,
-                        )?)
-                    });
+                if n > 0 {
+                    let groups = host_i32(members, &[n, 2], &device)?;
+                    ops::compressor_rows_into(
+                        &kv,
+                        &score,
+                        Some(io.pending),
+                        &groups,
+                        norm,
+                        row_rope,
+                        out,
+                    )?;
+                }
+                for (seq, tail) in tails {
+                    pool.set_pending(seq, plan.layer, tail.map(|r| (&kv, &score, r)))?;
                 }
             }
-            None => {
-                let kv = c.wkv.forward(x)?;
-                for e in &b.entries {
-                    latents.push(Some(kv.narrow_rows(e.row, e.len)?));
-                }
-            }
+            None => ops::kv_rows_into(
+                &c.wkv.forward(x)?,
+                KvRowFormat::Compressed,
+                Some(norm),
+                Some(row_rope),
+                out,
+            )?,
         }
-        let mut parts = Vec::new();
-        let mut positions = Vec::new();
-        let mut counts = Vec::with_capacity(b.entries.len());
-        for (e, l) in b.entries.iter().zip(&latents) {
-            let n = l.as_ref().map_or(0, |l| l.rows());
-            let j0 = pool.entries(e.seq, plan.layer)?;
-            positions.extend((j0..j0 + n).map(|j| (j * plan.ratio) as i64));
-            if let Some(l) = l {
-                parts.push(l);
-            }
-            counts.push(n);
-        }
-        if parts.is_empty() {
-            return Ok(());
-        }
-        let device = x.device();
-        let latent = ops::rms_norm(&Tensor::cat_rows(&parts)?, &c.norm, eps)?;
-        let pos = host_i64(positions, &device)?;
-        let rope = rope_params(plan);
-        let keys = match self.indexer.as_ref().and_then(|i| i.keys.as_ref()) {
-            Some(kw) => {
-                let k = ops::rms_norm(&kw.wk.forward(&latent)?, &kw.k_norm, eps)?;
-                Some(ops::index_key_quant(&ops::rope(&k, &pos, 1, rd, &rope)?)?)
-            }
-            None => None,
-        };
-        let entries = ops::compressed_rows(&ops::rope(&latent, &pos, 1, rd, &rope)?)?;
-        let mut row = 0;
-        for (e, n) in b.entries.iter().zip(counts) {
-            pool.append_entries(e.seq, plan.layer, &entries, keys.as_ref(), row, n)?;
-            row += n;
+        if let (Some(kw), Some(latent)) = (keys, latent) {
+            let key_slots = host_i32(key_slots, &[n], &device)?;
+            ops::kv_rows_into(
+                &kw.wk.forward(&latent)?,
+                KvRowFormat::IndexKey,
+                Some(RowNorm {
+                    weight: &kw.k_norm,
+                    eps,
+                }),
+                Some(row_rope),
+                RowsOut {
+                    pool: pool.compressor_io().keys,
+                    slots: &key_slots,
+                    latent: None,
+                },
+            )?;
         }
         Ok(())
     }
