@@ -859,7 +859,10 @@ fn the_generator_refuses_a_checkpoint_that_does_not_fit() {
         .and_then(|l| l.trim().parse().ok())
         .unwrap();
     // Never start a 474 GiB write on a machine that could take it.
-    assert!(avail < need, "{avail} bytes free: this test needs a smaller disk");
+    assert!(
+        avail < need,
+        "{avail} bytes free: this test needs a smaller disk"
+    );
     let err = generate(&official(), dir.path(), &GenerateOptions::default()).unwrap_err();
     match err {
         CheckpointError::NoSpace { need: n, free, .. } => {

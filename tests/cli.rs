@@ -83,6 +83,12 @@ fn bad_flags_and_switches_are_clear_errors() {
     fails_with(&cache, &["run", "--regex", "a+"], none, &["tokenizer"]);
     fails_with(
         &cache,
+        &["run", "--json-schema", "missing-schema.json"],
+        none,
+        &["--json-schema", "no such file"],
+    );
+    fails_with(
+        &cache,
         &["run", "--batch-invariant", "2"],
         none,
         &["--batch-invariant", "0 or 1"],
@@ -170,6 +176,7 @@ fn a_jsonl_batch_writes_a_line_per_request_and_bad_lines_fail_alone() {
             r#"{"prompt_ids": [0, -1]}"#,
             "",
             r#"{"prompt_ids": [3], "max_tokens": 0}"#,
+            r#"{"prompt_ids": [3], "prompt": "both"}"#,
         ]
         .join("\n"),
     )
@@ -185,13 +192,15 @@ fn a_jsonl_batch_writes_a_line_per_request_and_bad_lines_fail_alone() {
         ],
         &[],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
+    // Bad lines make the command fail, after every line's result is written.
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("6 of 8 requests"), "{}", stderr(&o));
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines.len(), 7);
+    assert_eq!(lines.len(), 8);
     for (i, l) in lines.iter().enumerate() {
         assert_eq!(l["index"], i);
     }
@@ -215,6 +224,7 @@ fn a_jsonl_batch_writes_a_line_per_request_and_bad_lines_fail_alone() {
         err(5)
     );
     assert!(err(6).contains("max_tokens"), "{}", err(6));
+    assert!(err(7).contains("not both"), "{}", err(7));
     // The greedy request alone gives the same tokens as in the batch.
     let alone = deepinfer(&cache, &["run", "--prompt", "0,5,9", "--max-new", "4"], &[]);
     let text = String::from_utf8_lossy(&alone.stdout);

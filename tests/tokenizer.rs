@@ -101,11 +101,15 @@ fn the_map_is_cached_beside_the_model_and_checked() {
     // A changed tokenizer (same vocabulary, other bytes) rebuilds the cache.
     let mut text = std::fs::read_to_string(&tok_path).unwrap();
     text.push('\n');
-    std::fs::write(dir.path().join(TOKENIZER_FILE), text).unwrap();
-    let stale = std::fs::metadata(dir.path().join(MAP_FILE)).unwrap().len();
+    std::fs::write(dir.path().join(TOKENIZER_FILE), &text).unwrap();
     assert_eq!(engram_map::load_or_build(dir.path(), &cfg).unwrap(), built);
-    let after = std::fs::read_to_string(dir.path().join(MAP_FILE)).unwrap();
-    assert_eq!(after.len() as u64, stale, "same map, new hash");
+    // The cache now records the edited file's FNV-1a 64 (computed here).
+    let fnv = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let cached: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join(MAP_FILE)).unwrap()).unwrap();
+    assert_eq!(cached["tokenizer_fnv1a64"], format!("{fnv:016x}"));
 
     // A wrong class count in the config is reported with the count.
     let mut wrong = cfg.clone();

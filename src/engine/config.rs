@@ -85,17 +85,46 @@ pub const SWITCHES: [&str; 6] = [
     "DEEPINFER_YOCO_PREFILL_KEEP_TOKENS",
 ];
 
-/// Other `DEEPINFER_*` variables the project reads (build, cache, model
-/// and test settings), which are not engine switches but not unknown.
-const OTHER_KNOWN: [&str; 8] = [
+/// Other `DEEPINFER_*` variables the project reads (build, kernel choice,
+/// cache, model, bench and test settings): not engine switches, not unknown.
+const OTHER_KNOWN: [&str; 37] = [
     "DEEPINFER_ACCELERATOR",
+    "DEEPINFER_ACT_QUANT_FP8_KERNEL",
+    "DEEPINFER_ASCEND_ARCH",
+    "DEEPINFER_ASCEND_FP8_NATIVE",
+    "DEEPINFER_BENCH_COMMIT",
+    "DEEPINFER_BENCH_DATE",
+    "DEEPINFER_BENCH_JSON",
+    "DEEPINFER_BENCH_OUT",
+    "DEEPINFER_BENCH_QUICK",
     "DEEPINFER_CACHE",
+    "DEEPINFER_COMMIT",
+    "DEEPINFER_CUDA_ARCHS",
+    "DEEPINFER_CUDA_ROOT",
+    "DEEPINFER_DUMP_DIR",
     "DEEPINFER_HF_MODEL_DIR",
+    "DEEPINFER_MHC_EXPAND_KERNEL",
+    "DEEPINFER_MHC_PRE_KERNEL",
+    "DEEPINFER_MOE_LAYOUT_KERNEL",
+    "DEEPINFER_MOE_ROUTE_KERNEL",
+    "DEEPINFER_ONLY",
+    "DEEPINFER_PEERS_JSON",
+    "DEEPINFER_PYTHON",
+    "DEEPINFER_QUICK",
+    "DEEPINFER_REQUIRE_TILELANG",
+    "DEEPINFER_RMS_NORM_ACT_QUANT_FP8_KERNEL",
+    "DEEPINFER_ROPE_KERNEL",
+    "DEEPINFER_SANITIZER_TIMEOUT",
+    "DEEPINFER_SEED",
+    "DEEPINFER_SETUP_TILELANG",
+    "DEEPINFER_SKIP",
+    "DEEPINFER_SWIGLU_ACT_QUANT_FP8_KERNEL",
+    "DEEPINFER_TEST_TIMEOUT",
+    "DEEPINFER_TILELANG",
+    "DEEPINFER_TILELANG_PYTHON",
     "DEEPINFER_V4_TOKENIZER",
     "DEEPINFER_VENV",
-    "DEEPINFER_CUDA_ROOT",
-    "DEEPINFER_ONLY",
-    "DEEPINFER_SKIP",
+    "DEEPINFER_WGMMA_E4M3_CUH",
 ];
 
 fn bad(arg: &'static str, value: String, why: &'static str) -> OpError {

@@ -1,5 +1,5 @@
-//! Offline inference over the batched model step: requests (token-id
-//! prompts with [`SamplingParams`]) run together — one prefill step for all
+//! Offline inference over the batched model step: requests (text or
+//! token-id prompts with [`SamplingParams`]) run together — one prefill step for all
 //! prompts, then one decode step per token for every live request — with
 //! counter-based sampling, so a request's tokens depend only on its own
 //! prompt, parameters and seed (on the CPU, bitwise whatever its batch).
@@ -63,6 +63,8 @@ struct Live {
     index: usize,
     seq: SeqId,
     constraint: Option<Constraint>,
+    /// This request's own failure (it stops; the others go on).
+    failed: Option<Error>,
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     done: Option<StopReason>,
@@ -81,13 +83,27 @@ impl Engine {
         })
     }
 
-    /// Text prompts, output text and stop strings through `tokenizer`.
-    pub fn with_tokenizer(self, tokenizer: Tokenizer) -> Engine {
-        Engine {
+    /// Text prompts, output text and stop strings through `tokenizer`,
+    /// whose ids must all be rows of the model's embedding (a tokenizer
+    /// with fewer ids than the vocabulary is allowed; a sampled id past it
+    /// fails its request when decoded).
+    pub fn with_tokenizer(self, tokenizer: Tokenizer) -> Result<Engine> {
+        if tokenizer.len() > self.model.cfg.vocab_size {
+            return Err(arg(
+                "tokenizer",
+                format!(
+                    "{} ids for a {}-id vocabulary",
+                    tokenizer.len(),
+                    self.model.cfg.vocab_size
+                ),
+                "the tokenizer has ids the model cannot embed",
+            ));
+        }
+        Ok(Engine {
             tokenizer: Some(tokenizer),
             grammars: OnceLock::new(),
             ..self
-        }
+        })
     }
 
     /// The model of `dir` ([`load_model`]) with the directory's
@@ -103,7 +119,7 @@ impl Engine {
         };
         let engine = Engine::new(model, config)?;
         Ok(if dir.join(TOKENIZER_FILE).is_file() {
-            engine.with_tokenizer(Tokenizer::from_dir(dir)?)
+            engine.with_tokenizer(Tokenizer::from_dir(dir)?)?
         } else {
             engine
         })
@@ -284,7 +300,7 @@ impl Engine {
             match self.run(&ids, params, &ok, &mut constraints, on_token) {
                 Ok(outs) => {
                     for (i, o) in ok.iter().zip(outs) {
-                        results[*i] = Some(Ok(o));
+                        results[*i] = Some(o);
                     }
                 }
                 Err(e) => {
@@ -307,7 +323,7 @@ impl Engine {
         which: &[usize],
         constraints: &mut [Option<Constraint>],
         on_token: &mut dyn FnMut(TokenEvent),
-    ) -> Result<Vec<Output>> {
+    ) -> Result<Vec<Result<Output>>> {
         let longest = which
             .iter()
             .map(|&i| prompts[i].len() + params[i].max_tokens)
@@ -328,6 +344,7 @@ impl Engine {
                 index: i,
                 seq: pool.add_sequence()?,
                 constraint: constraints[i].take(),
+                failed: None,
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 done: None,
@@ -375,14 +392,24 @@ impl Engine {
             self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
         }
         let decode = t1.elapsed();
-        live.into_iter()
+        Ok(live
+            .into_iter()
             .map(|l| {
+                if let Some(e) = l.failed {
+                    return Err(e);
+                }
                 let stop = l.done.expect("loop ends when every request is done");
+                let p = &params[l.index];
                 let text = match &self.tokenizer {
                     Some(t) => {
-                        // The stop token ends the output; it is not text.
-                        let body = match stop {
-                            StopReason::Stop(_) => &l.tokens[..l.tokens.len() - 1],
+                        // A final stop token or EOS ends the output; it is
+                        // not text.
+                        let body = match l.tokens.split_last() {
+                            Some((last, body))
+                                if p.stop.contains(last) || *last == self.model.cfg.tokens.eos =>
+                            {
+                                body
+                            }
                             _ => &l.tokens[..],
                         };
                         let mut text = t.decode(body)?;
@@ -400,12 +427,12 @@ impl Engine {
                     tokens: l.tokens,
                     text,
                     stop,
-                    logprobs: params[l.index].logprobs.then_some(l.logprobs),
+                    logprobs: p.logprobs.then_some(l.logprobs),
                     prefill,
                     decode,
                 })
             })
-            .collect()
+            .collect())
     }
 
     /// For each (k, r) of `rows`: samples row r of `logits` for request
@@ -424,46 +451,61 @@ impl Engine {
         let host = logits.to_vec::<f32>()?;
         for &(k, r) in rows {
             let l = &mut live[k];
-            let p = &params[l.index];
-            let position = (prompts[l.index].len() + l.tokens.len()) as u64;
-            let row = &host[r * v..(r + 1) * v];
-            if let Some(bad) = row.iter().position(|x| !x.is_finite()) {
-                return Err(arg(
-                    "logits",
-                    format!("{} at vocabulary id {bad}, position {position}", row[bad]),
-                    "non-finite logit",
-                ));
-            }
-            let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
-            let constraint = &mut l.constraint;
-            let s = match constraint {
-                Some(c) => {
-                    let mut masked = row.to_vec();
-                    c.mask(&mut masked)?;
-                    sample_row(&masked, p, u)
-                }
-                None => sample_row(row, p, u),
-            };
-            let grammar_done = match constraint {
-                Some(c) => c.consume(s.token)?,
-                None => false,
-            };
-            l.tokens.push(s.token);
-            l.logprobs.push(s.logprob);
-            on_token(TokenEvent {
-                request: l.index,
-                index: l.tokens.len() - 1,
-                token: s.token,
-            });
-            if p.stop.contains(&s.token) {
-                l.done = Some(StopReason::Stop(s.token));
-            } else if let Some(hit) = self.stop_string(&l.tokens, &p.stop_strings)? {
-                l.done = Some(StopReason::StopString(hit));
-            } else if grammar_done {
-                l.done = Some(StopReason::Grammar);
-            } else if l.tokens.len() == p.max_tokens {
+            if let Err(e) = self.sample_one(&host[r * v..(r + 1) * v], l, params, prompts, on_token)
+            {
+                l.failed = Some(e);
                 l.done = Some(StopReason::Length);
             }
+        }
+        Ok(())
+    }
+
+    /// Samples one request's next token from its logits `row`.
+    fn sample_one(
+        &self,
+        row: &[f32],
+        l: &mut Live,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
+        let p = &params[l.index];
+        let position = (prompts[l.index].len() + l.tokens.len()) as u64;
+        if let Some(bad) = row.iter().position(|x| !x.is_finite()) {
+            return Err(arg(
+                "logits",
+                format!("{} at vocabulary id {bad}, position {position}", row[bad]),
+                "non-finite logit",
+            ));
+        }
+        let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
+        let s = match &mut l.constraint {
+            Some(c) => {
+                let mut masked = row.to_vec();
+                c.mask(&mut masked)?;
+                sample_row(&masked, p, u)
+            }
+            None => sample_row(row, p, u),
+        };
+        let grammar_done = match &mut l.constraint {
+            Some(c) => c.consume(s.token)?,
+            None => false,
+        };
+        l.tokens.push(s.token);
+        l.logprobs.push(s.logprob);
+        on_token(TokenEvent {
+            request: l.index,
+            index: l.tokens.len() - 1,
+            token: s.token,
+        });
+        if p.stop.contains(&s.token) {
+            l.done = Some(StopReason::Stop(s.token));
+        } else if let Some(hit) = self.stop_string(&l.tokens, &p.stop_strings)? {
+            l.done = Some(StopReason::StopString(hit));
+        } else if grammar_done {
+            l.done = Some(StopReason::Grammar);
+        } else if l.tokens.len() == p.max_tokens {
+            l.done = Some(StopReason::Length);
         }
         Ok(())
     }

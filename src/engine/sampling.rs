@@ -28,7 +28,8 @@ pub struct SamplingParams {
     /// The request's seed: with the same inputs, the same tokens.
     pub seq_seed: u64,
     /// Whether to return each sampled token's log-probability (of the
-    /// temperature-scaled, unrestricted distribution).
+    /// temperature-scaled distribution, unrestricted by top-k/top-p; under
+    /// `so_args`, of the grammar-masked distribution).
     pub logprobs: bool,
     /// The output constraint, if any (needs a tokenizer).
     pub so_args: Option<super::StructuredOutput>,

@@ -23,15 +23,15 @@ pub struct EngineArgs {
     /// `$DEEPINFER_HF_MODEL_DIR`, else the embedded default (--default).
     #[arg(long)]
     pub model: Option<String>,
-    /// Which embedded default runs when no model is named.
-    #[arg(long = "default", value_enum, default_value = "tiny")]
-    pub default_model: DefaultChoice,
+    /// Which embedded default runs when no model is named (default: tiny).
+    #[arg(long = "default", value_enum)]
+    pub default_model: Option<DefaultChoice>,
     /// Scan every weight for NaN/±Inf before running (always on for the
     /// embedded defaults).
     #[arg(long)]
     pub check_finite: bool,
     /// Requests per batch at most.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 16)]
     pub max_seqs: usize,
     /// DEEPINFER_BATCH_INVARIANT (0/1).
     #[arg(long, value_name = "0|1")]
@@ -85,9 +85,17 @@ impl EngineArgs {
     /// default (generated on first use).
     pub fn model_dir(&self) -> Result<(PathBuf, bool)> {
         Ok(match resolve_model(self.model.as_deref())? {
-            Some(dir) => (dir, self.check_finite),
+            Some(dir) => {
+                if self.default_model.is_some() {
+                    tracing::warn!(
+                        model = %dir.display(),
+                        "--default is ignored: a model is named (--model or DEEPINFER_HF_MODEL_DIR)"
+                    );
+                }
+                (dir, self.check_finite)
+            }
             None => {
-                let which = match self.default_model {
+                let which = match self.default_model.unwrap_or(DefaultChoice::Tiny) {
                     DefaultChoice::Tiny => DefaultModel::Tiny,
                     DefaultChoice::TinyV4vocab => DefaultModel::TinyV4Vocab,
                 };

@@ -96,20 +96,27 @@ pub fn parse_ids(arg: &'static str, text: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// A flag that names a file or holds the text itself.
-fn file_or_inline(text: &str) -> Result<String> {
+/// A flag that names a file or holds the text itself: an existing file is
+/// read; text ending in a file extension (`.json`, `.lark`, `.ebnf`,
+/// `.gbnf`, `.txt`) that names no file is an error, not a schema.
+fn file_or_inline(arg: &'static str, text: &str) -> Result<String> {
     let p = Path::new(text);
     if text.len() < 4096 && p.is_file() {
-        std::fs::read_to_string(p).map_err(|source| {
+        return std::fs::read_to_string(p).map_err(|source| {
             deepinfer::model::checkpoint::CheckpointError::Io {
                 path: p.to_path_buf(),
                 source,
             }
             .into()
-        })
-    } else {
-        Ok(text.to_string())
+        });
     }
+    let looks_like_a_file = [".json", ".lark", ".ebnf", ".gbnf", ".txt"]
+        .iter()
+        .any(|ext| text.ends_with(ext));
+    if looks_like_a_file {
+        return Err(bad(arg, text.to_string(), "no such file"));
+    }
+    Ok(text.to_string())
 }
 
 impl RunArgs {
@@ -117,7 +124,7 @@ impl RunArgs {
         let so_args = match (&self.json_schema, &self.regex, &self.grammar) {
             (Some(s), _, _) => Some(StructuredOutput {
                 schema_type: SchemaType::Json,
-                schema: file_or_inline(s)?,
+                schema: file_or_inline("--json-schema", s)?,
             }),
             (_, Some(r), _) => Some(StructuredOutput {
                 schema_type: SchemaType::Regex,
@@ -125,7 +132,7 @@ impl RunArgs {
             }),
             (_, _, Some(g)) => Some(StructuredOutput {
                 schema_type: SchemaType::Ebnf,
-                schema: file_or_inline(g)?,
+                schema: file_or_inline("--grammar", g)?,
             }),
             _ => None,
         };
@@ -179,6 +186,9 @@ fn parse_request(
     let mut prompt = None;
     for (k, v) in &m {
         match k.as_str() {
+            "prompt" | "prompt_ids" if prompt.is_some() => {
+                return Err(at(k, "give prompt or prompt_ids, not both"));
+            }
             "prompt" => {
                 prompt = Some(Prompt::Text(
                     v.as_str()
@@ -203,7 +213,7 @@ fn parse_request(
                     .and_then(|a| a.iter().map(|s| s.as_str().map(String::from)).collect())
                     .ok_or_else(|| at(k, "expected an array of strings"))?
             }
-            "stop_ids" => p.stop = ids(k, v)?,
+            "stop_ids" => p.stop.extend(ids(k, v)?),
             "so_args" => p.so_args = Some(so_args(v).map_err(|why| at(k, why))?),
             _ => return Err(at(k, "unknown key")),
         }
@@ -263,30 +273,40 @@ fn output_json(index: usize, r: &Result<Output>) -> Value {
     }
 }
 
-/// Streams one request's text (or ids) to stdout as it is sampled:
-/// decoded text is printed once it no longer ends in a split character.
+/// Streams one request's text (or ids) to stdout as it is sampled. Text is
+/// printed once it no longer ends in a split character, holding back as
+/// many bytes as the longest stop string (the final text may end before
+/// one); stop tokens and EOS are not text. [`Streamer::finish`] prints what
+/// was held back of the final text.
 struct Streamer<'a> {
     engine: &'a Engine,
+    skip: Vec<u32>,
+    holdback: usize,
     tokens: Vec<u32>,
     printed: usize,
 }
 
 impl Streamer<'_> {
     fn push(&mut self, e: TokenEvent) {
-        self.tokens.push(e.token);
         let mut out = std::io::stdout().lock();
         if e.index == 0 {
             let _ = write!(out, "output: ");
         }
         match &self.engine.tokenizer {
+            Some(_) if self.skip.contains(&e.token) => {}
             Some(t) => {
+                self.tokens.push(e.token);
                 if let Ok(text) = t.decode(&self.tokens)
                     && !text.ends_with('\u{FFFD}')
-                    && text.len() > self.printed
-                    && text.is_char_boundary(self.printed)
                 {
-                    let _ = write!(out, "{}", &text[self.printed..]);
-                    self.printed = text.len();
+                    let mut end = text.len().saturating_sub(self.holdback);
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    if end > self.printed && text.is_char_boundary(self.printed) {
+                        let _ = write!(out, "{}", &text[self.printed..end]);
+                        self.printed = end;
+                    }
                 }
             }
             None => {
@@ -294,6 +314,16 @@ impl Streamer<'_> {
             }
         }
         let _ = out.flush();
+    }
+
+    fn finish(&mut self, o: &Output) {
+        if let Some(text) = &o.text
+            && text.len() > self.printed
+            && text.is_char_boundary(self.printed)
+        {
+            print!("{}", &text[self.printed..]);
+        }
+        println!();
     }
 }
 
@@ -307,8 +337,17 @@ pub fn run(a: &RunArgs) -> Result<()> {
     let defaults = a.defaults(engine.model.cfg.tokens.eos)?;
     let secs = |d: std::time::Duration| d.as_secs_f64().max(1e-9);
     let Some(path) = &a.prompts else {
+        let mut skip = defaults.stop.clone();
+        skip.push(engine.model.cfg.tokens.eos);
         let mut streamer = Streamer {
             engine: &engine,
+            skip,
+            holdback: defaults
+                .stop_strings
+                .iter()
+                .map(String::len)
+                .max()
+                .unwrap_or(0),
             tokens: Vec::new(),
             printed: 0,
         };
@@ -334,7 +373,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         }
         let o = r?;
         if stream {
-            println!();
+            streamer.finish(&o);
         }
         println!(
             "prompt {} tokens, generated {} tokens ({:?}); prefill {:.1} tokens/s, decode {:.1} tokens/s ({})",
@@ -410,6 +449,13 @@ pub fn run(a: &RunArgs) -> Result<()> {
         t0.elapsed().as_secs_f64(),
         generated as f64 / secs(t0.elapsed())
     );
+    if failed > 0 {
+        return Err(bad(
+            "--prompts",
+            format!("{failed} of {} requests", results.len()),
+            "requests failed (their lines carry the errors)",
+        ));
+    }
     Ok(())
 }
 
