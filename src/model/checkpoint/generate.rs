@@ -149,7 +149,10 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised the whole struct.
     let st = unsafe { st.assume_init() };
-    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
+    // The fields are 64-bit here but 32-bit on some targets.
+    #[allow(clippy::useless_conversion)]
+    let (avail, frsize) = (u64::from(st.f_bavail), u64::from(st.f_frsize));
+    Some(avail.saturating_mul(frsize))
 }
 
 /// Reads the config in `config_dir` ([`ModelConfig::from_dir`]), writes its
