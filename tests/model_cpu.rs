@@ -16,7 +16,9 @@ mod common;
 use common::TempDir;
 use common::tiny::tiny_model;
 use deepinfer::Error;
-use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate};
+use deepinfer::model::checkpoint::{
+    Checkpoint, CheckpointError, GenerateOptions, LoadOptions, TensorProblem, generate,
+};
 use deepinfer::model::config::ModelConfig;
 use deepinfer::model::forward::{Capture, Model, SeqInput};
 use deepinfer::model::pool::{PoolConfig, StatePool};
@@ -489,17 +491,32 @@ fn a_config_that_contradicts_the_checkpoint_is_rejected_by_name() {
         .map(|_| ())
         .unwrap_err();
     let msg = e.to_string();
+    let CheckpointError::Invalid { problems, .. } = &e else {
+        panic!("expected Invalid: {msg}");
+    };
+    let missing = format!(
+        "layers.0.ffn.experts.{}.w1.weight",
+        cfg.moe.n_routed_experts
+    );
     assert!(
-        msg.contains(&format!(
-            "layers.0.ffn.experts.{}.w1.weight",
-            cfg.moe.n_routed_experts
+        problems
+            .iter()
+            .any(|p| matches!(p, TensorProblem::Missing { name, .. } if *name == missing)),
+        "missing expert named"
+    );
+    assert!(
+        problems.iter().any(|p| matches!(
+            p,
+            TensorProblem::WrongShape { name, .. } if name == "layers.0.ffn.experts.0.w1.weight"
         )),
-        "missing expert named: {msg}"
+        "wrong expert shape named"
     );
+    // The message counts every problem and lists the first 20.
     assert!(
-        msg.contains("layers.0.ffn.experts.0.w1.weight"),
-        "wrong expert shape named: {msg}"
+        msg.contains(&format!("{} problem(s)", problems.len())),
+        "{msg}"
     );
+    assert!(msg.contains("layers.0.ffn.experts.0.w1.weight"), "{msg}");
 }
 
 #[test]
