@@ -220,3 +220,11 @@ pub fn argmax(values: &[f32]) -> usize {
     }
     best
 }
+
+/// FNV-1a 64 of `bytes`: the content hash of the fatbin registry, the
+/// generator's per-tensor streams and the Engram map cache.
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -238,22 +238,12 @@ mod interop {
     use super::*;
     use std::process::Command;
 
-    fn python() -> std::path::PathBuf {
-        std::env::var_os("DEEPINFER_VENV")
-            .map(std::path::PathBuf::from)
-            .unwrap_or_else(|| {
-                std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
-                    .join(".cache/deepinfer/venv")
-            })
-            .join("bin/python")
-    }
-
     fn reference(dir: &Path) -> serde_json::Value {
         let texts = dir.join("texts.json");
         let out = dir.join("ref.json");
         std::fs::write(&texts, serde_json::to_string(&SAMPLES).unwrap()).unwrap();
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let run = Command::new(python())
+        let run = Command::new(common::python())
             .arg(root.join("tests/python/tokenizer_ref.py"))
             .arg("--tokenizer")
             .arg(v4_tokenizer_path().unwrap())

@@ -19,17 +19,8 @@ use deepinfer::model::load::{load_weights, modulo_token_map};
 use deepinfer::model::runner::single_sequence_pool;
 use deepinfer::numerics::calc_diff;
 use rand::Rng;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-fn python() -> PathBuf {
-    std::env::var_os("DEEPINFER_VENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/deepinfer/venv")
-        })
-        .join("bin/python")
-}
 
 fn parse_lists(v: &serde_json::Value) -> Vec<Vec<i64>> {
     v.as_array()
@@ -97,7 +88,7 @@ fn cpu_model_matches_the_torch_reference() {
         dir.path().join("index.json"),
     );
     let ids: Vec<String> = tokens.iter().map(|t| t.to_string()).collect();
-    let out = Command::new(python())
+    let out = Command::new(common::python())
         .arg(root.join("tests/torch/reference_model.py"))
         .args(["--model-dir".as_ref(), dir.path().as_os_str()])
         .args(["--tokens", &ids.join(",")])

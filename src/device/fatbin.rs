@@ -13,9 +13,7 @@
 /// FNV-1a 64 of an image; `build.rs` stores it in the registry so that any
 /// later corruption of the embedded bytes is caught before the driver sees them.
 pub fn checksum(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::numerics::fnv1a64(bytes)
 }
 
 /// Checks a cubin's ELF header: 64-bit little-endian, machine EM_CUDA (190),

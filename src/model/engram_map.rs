@@ -17,6 +17,7 @@ use super::config::ModelConfig;
 use super::tokenizer::{TOKENIZER_FILE, Tokenizer, TokenizerError, engram_token_map};
 use crate::model::checkpoint::CheckpointError;
 use crate::model::error::{Error, Result};
+use crate::numerics::fnv1a64;
 
 /// The map's file name inside a model directory.
 pub const MAP_FILE: &str = "engram_token_map.json";
@@ -43,21 +44,6 @@ pub enum MapError {
     },
 }
 
-fn fnv1a64(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| {
-        Error::Checkpoint(CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    }
-}
-
 /// A parsed map file.
 struct MapFile {
     tokenizer_hash: Option<u64>,
@@ -72,7 +58,7 @@ fn read_map(path: &Path) -> Result<MapFile> {
             why,
         })
     };
-    let text = std::fs::read_to_string(path).map_err(io(path))?;
+    let text = std::fs::read_to_string(path).map_err(CheckpointError::io(path))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
     if v.get("format").and_then(Value::as_str) != Some(FORMAT) {
         return Err(corrupt(format!("\"format\" is not \"{FORMAT}\"")));
@@ -124,8 +110,8 @@ pub fn write_map(
         "map": map,
     });
     let tmp = dir.join(format!("{MAP_FILE}.tmp{}", std::process::id()));
-    std::fs::write(&tmp, v.to_string()).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io(&path))
+    std::fs::write(&tmp, v.to_string()).map_err(CheckpointError::io(&tmp))?;
+    Ok(std::fs::rename(&tmp, &path).map_err(CheckpointError::io(&path))?)
 }
 
 /// Checks a map against the config (entry count, class count).
@@ -169,7 +155,9 @@ pub fn load_or_build(dir: &Path, cfg: &ModelConfig) -> Result<Vec<i64>> {
     }
     let (map_path, tok_path) = (dir.join(MAP_FILE), dir.join(TOKENIZER_FILE));
     let tok_hash = if tok_path.is_file() {
-        Some(fnv1a64(&std::fs::read(&tok_path).map_err(io(&tok_path))?))
+        Some(fnv1a64(
+            &std::fs::read(&tok_path).map_err(CheckpointError::io(&tok_path))?,
+        ))
     } else {
         None
     };

@@ -269,16 +269,12 @@ pub fn default_model_dir(which: DefaultModel) -> PathBuf {
 /// first use sees a whole model or none).
 pub fn ensure_default_model(which: DefaultModel) -> Result<PathBuf> {
     let dir = default_model_dir(which);
-    let io = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| Error::from(CheckpointError::Io { path, source })
-    };
     if dir.join(engram_map::MAP_FILE).is_file() {
         return Ok(dir);
     }
     if dir.join(INDEX_FILE).is_file() {
         // Generated before the map file existed: the weights are the same.
-        std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        std::fs::remove_dir_all(&dir).map_err(CheckpointError::io(&dir))?;
     }
     let cfg = ModelConfig::from_hf_json(which.config())?;
     let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
@@ -291,7 +287,7 @@ pub fn ensure_default_model(which: DefaultModel) -> Result<PathBuf> {
             ..GenerateOptions::default()
         },
     )?;
-    std::fs::write(tmp.join("config.json"), which.config()).map_err(io(&tmp))?;
+    std::fs::write(tmp.join("config.json"), which.config()).map_err(CheckpointError::io(&tmp))?;
     match which {
         DefaultModel::Tiny => {
             let map = modulo_token_map(&cfg);
@@ -300,7 +296,7 @@ pub fn ensure_default_model(which: DefaultModel) -> Result<PathBuf> {
         DefaultModel::TinyV4Vocab => {
             let tok = v4_tokenizer_path()?;
             let dst = tmp.join(TOKENIZER_FILE);
-            std::fs::copy(&tok, &dst).map_err(io(&dst))?;
+            std::fs::copy(&tok, &dst).map_err(CheckpointError::io(&dst))?;
             engram_map::load_or_build(&tmp, &cfg)?;
         }
     }
@@ -308,7 +304,7 @@ pub fn ensure_default_model(which: DefaultModel) -> Result<PathBuf> {
         // Another process may have finished first; its copy is identical.
         let _ = std::fs::remove_dir_all(&tmp);
         if !dir.join(engram_map::MAP_FILE).is_file() {
-            return Err(io(&dir)(e));
+            return Err(CheckpointError::io(&dir)(e).into());
         }
     }
     Ok(dir)

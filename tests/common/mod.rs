@@ -14,6 +14,18 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::ops::RangeInclusive;
 
+/// The set-up virtualenv's Python (`$DEEPINFER_VENV`, default
+/// `~/.cache/deepinfer/venv`), which runs the Python references.
+pub fn python() -> std::path::PathBuf {
+    std::env::var_os("DEEPINFER_VENV")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var("HOME").unwrap_or_default())
+                .join(".cache/deepinfer/venv")
+        })
+        .join("bin/python")
+}
+
 /// A fresh RNG per test run; DEEPINFER_SEED=<n> replays one.
 pub fn rng(test: &str) -> StdRng {
     let seed = std::env::var("DEEPINFER_SEED")

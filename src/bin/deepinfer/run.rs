@@ -14,6 +14,7 @@ use deepinfer::engine::{
     Engine, Output, Prompt, SamplingParams, SchemaType, StopReason, StructuredOutput, TokenEvent,
 };
 use deepinfer::model::Result;
+use deepinfer::model::checkpoint::CheckpointError;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{Map, Value, json};
 use std::io::Write;
@@ -96,19 +97,29 @@ pub fn parse_ids(arg: &'static str, text: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
+/// The prompt of an `--X IDS` / `--X-text TEXT` flag pair (text wins; they
+/// conflict in clap), else the ids of `default` (none when it is empty).
+fn prompt_flags(
+    flag: &'static str,
+    ids: &Option<String>,
+    text: &Option<String>,
+    default: &str,
+) -> Result<Prompt> {
+    Ok(match (ids, text) {
+        (_, Some(t)) => Prompt::Text(t.clone()),
+        (Some(ids), None) => Prompt::Ids(parse_ids(flag, ids)?),
+        (None, None) if default.is_empty() => Prompt::Ids(Vec::new()),
+        (None, None) => Prompt::Ids(parse_ids(flag, default)?),
+    })
+}
+
 /// A flag that names a file or holds the text itself: an existing file is
 /// read; text ending in a file extension (`.json`, `.lark`, `.ebnf`,
 /// `.gbnf`, `.txt`) that names no file is an error, not a schema.
 fn file_or_inline(arg: &'static str, text: &str) -> Result<String> {
     let p = Path::new(text);
     if text.len() < 4096 && p.is_file() {
-        return std::fs::read_to_string(p).map_err(|source| {
-            deepinfer::model::checkpoint::CheckpointError::Io {
-                path: p.to_path_buf(),
-                source,
-            }
-            .into()
-        });
+        return Ok(std::fs::read_to_string(p).map_err(CheckpointError::io(p))?);
     }
     let looks_like_a_file = [".json", ".lark", ".ebnf", ".gbnf", ".txt"]
         .iter()
@@ -328,11 +339,7 @@ impl Streamer<'_> {
 }
 
 pub fn run(a: &RunArgs) -> Result<()> {
-    let prompt = match (&a.prompt, &a.prompt_text) {
-        (_, Some(t)) => Prompt::Text(t.clone()),
-        (Some(ids), None) => Prompt::Ids(parse_ids("--prompt", ids)?),
-        (None, None) => Prompt::Ids(parse_ids("--prompt", DEFAULT_PROMPT)?),
-    };
+    let prompt = prompt_flags("--prompt", &a.prompt, &a.prompt_text, DEFAULT_PROMPT)?;
     let engine = a.engine.engine()?;
     let defaults = a.defaults(engine.model.cfg.tokens.eos)?;
     let secs = |d: std::time::Duration| d.as_secs_f64().max(1e-9);
@@ -386,12 +393,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         );
         return Ok(());
     };
-    let text = std::fs::read_to_string(path).map_err(|source| {
-        deepinfer::model::checkpoint::CheckpointError::Io {
-            path: path.clone(),
-            source,
-        }
-    })?;
+    let text = std::fs::read_to_string(path).map_err(CheckpointError::io(path))?;
     let mut results: Vec<Option<Result<Output>>> = Vec::new();
     let mut reqs = Vec::new();
     for (n, line) in text.lines().enumerate() {
@@ -460,16 +462,12 @@ pub fn run(a: &RunArgs) -> Result<()> {
 }
 
 fn write_jsonl(path: &Path, lines: &[Value]) -> Result<()> {
-    let io = |source| deepinfer::model::checkpoint::CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     let mut text = String::new();
     for l in lines {
         text.push_str(&l.to_string());
         text.push('\n');
     }
-    std::fs::write(path, text).map_err(io)?;
+    std::fs::write(path, text).map_err(CheckpointError::io(path))?;
     Ok(())
 }
 
@@ -503,16 +501,9 @@ pub struct ScoreArgs {
 }
 
 pub fn score(a: &ScoreArgs) -> Result<()> {
-    let prompt = match (&a.prompt, &a.prompt_text) {
-        (_, Some(t)) => Prompt::Text(t.clone()),
-        (Some(ids), None) => Prompt::Ids(parse_ids("--prompt", ids)?),
-        (None, None) => Prompt::Ids(parse_ids("--prompt", DEFAULT_PROMPT)?),
-    };
-    let continuation = match (&a.continuation, &a.continuation_text) {
-        (_, Some(t)) => Prompt::Text(t.clone()),
-        (Some(ids), None) => Prompt::Ids(parse_ids("--continuation", ids)?),
-        (None, None) => Prompt::Ids(Vec::new()),
-    };
+    let prompt = prompt_flags("--prompt", &a.prompt, &a.prompt_text, DEFAULT_PROMPT)?;
+    // No continuation: the engine's own error says scoring needs one.
+    let continuation = prompt_flags("--continuation", &a.continuation, &a.continuation_text, "")?;
     let engine = a.engine.engine()?;
     let (prompt, continuation) = (engine.encode(&prompt)?, engine.encode(&continuation)?);
     let scored = engine.score(&prompt, &continuation, a.temperature)?;
@@ -537,10 +528,6 @@ pub fn score(a: &ScoreArgs) -> Result<()> {
 
 fn dump_logits(path: &Path, logits: &deepinfer::Tensor, tokens: &[u32]) -> Result<()> {
     use safetensors::tensor::{Dtype, TensorView};
-    let io = |source| deepinfer::model::checkpoint::CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
     let bytes: Vec<u8> = logits
         .to_vec::<f32>()?
         .iter()
@@ -570,6 +557,6 @@ fn dump_logits(path: &Path, logits: &deepinfer::Tensor, tokens: &[u32]) -> Resul
             "could not serialise the logits",
         )
     })?;
-    std::fs::write(path, data).map_err(io)?;
+    std::fs::write(path, data).map_err(CheckpointError::io(path))?;
     Ok(())
 }

@@ -83,6 +83,16 @@ pub enum CheckpointError {
     Config(#[from] ConfigError),
 }
 
+impl CheckpointError {
+    /// The `Io` error of a failed access to `path`, for `map_err`.
+    pub fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+        move |source| CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
 /// One way a checkpoint's tensors differ from the manifest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TensorProblem {

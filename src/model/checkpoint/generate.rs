@@ -84,9 +84,11 @@ pub fn generate(
     options: &GenerateOptions,
 ) -> Result<Generated, CheckpointError> {
     let manifest = Manifest::new(config)?;
-    std::fs::create_dir_all(out).map_err(io_at(out))?;
-    for entry in std::fs::read_dir(out).map_err(io_at(out))? {
-        if entry.map_err(io_at(out))?.path().extension() == Some("safetensors".as_ref()) {
+    std::fs::create_dir_all(out).map_err(CheckpointError::io(out))?;
+    for entry in std::fs::read_dir(out).map_err(CheckpointError::io(out))? {
+        if entry.map_err(CheckpointError::io(out))?.path().extension()
+            == Some("safetensors".as_ref())
+        {
             return Err(CheckpointError::OutputNotEmpty {
                 dir: out.to_path_buf(),
             });
@@ -117,14 +119,15 @@ pub fn generate(
         "weight_map": weight_map,
     });
     let index_path = out.join(super::INDEX_FILE);
-    std::fs::write(&index_path, format!("{index:#}\n")).map_err(io_at(&index_path))?;
+    std::fs::write(&index_path, format!("{index:#}\n"))
+        .map_err(CheckpointError::io(&index_path))?;
     // safetensors writes through a private (0600) temporary file; give the
     // shards the permissions of an ordinarily created file, the index's.
     let permissions = std::fs::metadata(&index_path)
-        .map_err(io_at(&index_path))?
+        .map_err(CheckpointError::io(&index_path))?
         .permissions();
     for shard in &shards {
-        std::fs::set_permissions(shard, permissions.clone()).map_err(io_at(shard))?;
+        std::fs::set_permissions(shard, permissions.clone()).map_err(CheckpointError::io(shard))?;
     }
     Ok(Generated {
         shards,
@@ -173,7 +176,7 @@ pub fn generate_from_dir(
     for name in CONFIG_FILES.iter().filter(|_| !same_dir) {
         let from = config_dir.join(name);
         if from.is_file() {
-            std::fs::copy(&from, out.join(name)).map_err(io_at(&from))?;
+            std::fs::copy(&from, out.join(name)).map_err(CheckpointError::io(&from))?;
         }
     }
     Ok(generated)
@@ -183,13 +186,6 @@ pub fn generate_from_dir(
 /// [`Param::tensors`], exactly what [`generate`] writes.
 pub fn param_bytes(param: &Param, seed: u64) -> Vec<Vec<u8>> {
     encode(param, &param_values(param, seed))
-}
-
-fn io_at(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
 }
 
 /// Groups consecutive parameters into shards of at most `limit` bytes.
@@ -258,9 +254,7 @@ struct SplitMix64(u64);
 impl SplitMix64 {
     /// A stream for one tensor: the run seed mixed with FNV-1a of `name`.
     fn new(seed: u64, name: &str) -> SplitMix64 {
-        let fnv = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        });
+        let fnv = crate::numerics::fnv1a64(name.as_bytes());
         let mut mixer = SplitMix64(seed);
         SplitMix64(mixer.next_u64() ^ fnv)
     }

@@ -234,7 +234,9 @@ impl Checkpoint {
         let (paths, index) = shard_paths(dir)?;
         let mut total = 0u64;
         for path in &paths {
-            total += std::fs::metadata(path).map_err(io(path))?.len();
+            total += std::fs::metadata(path)
+                .map_err(CheckpointError::io(path))?
+                .len();
         }
         let passes = if options.check_finite { 2 } else { 1 };
         let bar = progress_bar(options.progress, total, passes);
@@ -351,13 +353,6 @@ impl Checkpoint {
     }
 }
 
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
-    move |source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 /// The Hugging Face index's file name inside a checkpoint directory.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
@@ -374,7 +369,7 @@ fn read_index(dir: &Path) -> Result<Option<WeightMap>, CheckpointError> {
         path: path.clone(),
         why,
     };
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    let text = std::fs::read_to_string(&path).map_err(CheckpointError::io(&path))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     let map = v
         .get("weight_map")
@@ -404,8 +399,8 @@ fn read_index(dir: &Path) -> Result<Option<WeightMap>, CheckpointError> {
 /// warning), else every `*.safetensors` file. Returns the index too.
 fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>), CheckpointError> {
     let mut present = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(io(dir))? {
-        let path = entry.map_err(io(dir))?.path();
+    for entry in std::fs::read_dir(dir).map_err(CheckpointError::io(dir))? {
+        let path = entry.map_err(CheckpointError::io(dir))?.path();
         if path.extension() == Some("safetensors".as_ref()) && path.is_file() {
             present.push(path);
         }
@@ -454,7 +449,7 @@ fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>), Checkpoi
 }
 
 fn map_shard(path: &Path) -> Result<Mmap, CheckpointError> {
-    let file = File::open(path).map_err(io(path))?;
+    let file = File::open(path).map_err(CheckpointError::io(path))?;
     // SAFETY: `Mmap::map` is unsafe because the file could be modified or
     // truncated by someone else while mapped. The invariant callers uphold:
     // a checkpoint's shards are not modified while a `Checkpoint` maps them
@@ -464,7 +459,7 @@ fn map_shard(path: &Path) -> Result<Mmap, CheckpointError> {
     // of it. Views index it with byte ranges validated against its length at
     // load time, so a broken invariant could change values or raise SIGBUS,
     // never produce an out-of-bounds slice.
-    unsafe { Mmap::map(&file) }.map_err(io(path))
+    unsafe { Mmap::map(&file) }.map_err(CheckpointError::io(path))
 }
 
 /// The tensors a shard's header declares, in data order, with absolute byte
