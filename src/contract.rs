@@ -44,8 +44,12 @@ pub const ONE_HOT_PRE: [f32; HC_STREAMS] = [1.0, 0.0, 0.0, 0.0];
 pub fn ngram_ids(history: &[Option<i64>], pad: i64) -> [i64; 4] {
     let mut ids = [pad; 4];
     for (shift, slot) in ids.iter_mut().enumerate() {
-        match history.len().checked_sub(1 + shift).map(|i| history[i]) {
-            Some(Some(id)) => *slot = id,
+        match history
+            .len()
+            .checked_sub(1 + shift)
+            .and_then(|i| history.get(i))
+        {
+            Some(&Some(id)) => *slot = id,
             _ => break,
         }
     }

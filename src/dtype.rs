@@ -83,6 +83,8 @@ pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
     fn view(s: &HostStorage) -> Option<&[Self]>;
     fn view_mut(s: &mut HostStorage) -> Option<&mut [Self]>;
     fn put_le(self, out: &mut Vec<u8>);
+    /// Decodes one element from its little-endian bytes (a short slice
+    /// reads as zero bytes; callers pass exact chunks).
     fn get_le(bytes: &[u8]) -> Self;
 }
 
@@ -129,11 +131,23 @@ impl HostStorage {
 
     /// Copies `len` storage bytes of `src` (same variant) from byte `s0` to
     /// byte `d0` of `self`. Byte offsets are whole elements (callers copy
-    /// whole rows).
-    pub fn copy_bytes_from(&mut self, d0: usize, src: &HostStorage, s0: usize, len: usize) {
-        fn cp<T: Copy>(d: &mut [T], s: &[T], d0: usize, s0: usize, len: usize) {
+    /// whole rows). A range past either storage, or two variants, is
+    /// refused (`false`) and nothing is copied.
+    #[must_use]
+    pub fn copy_bytes_from(&mut self, d0: usize, src: &HostStorage, s0: usize, len: usize) -> bool {
+        fn cp<T: Copy>(d: &mut [T], s: &[T], d0: usize, s0: usize, len: usize) -> bool {
             let w = std::mem::size_of::<T>();
-            d[d0 / w..(d0 + len) / w].copy_from_slice(&s[s0 / w..(s0 + len) / w]);
+            let range = |at: usize| Some(at / w..at.checked_add(len)? / w);
+            match (
+                range(d0).and_then(|r| d.get_mut(r)),
+                range(s0).and_then(|r| s.get(r)),
+            ) {
+                (Some(d), Some(s)) if d.len() == s.len() => {
+                    d.copy_from_slice(s);
+                    true
+                }
+                _ => false,
+            }
         }
         match (self, src) {
             (HostStorage::F32(d), HostStorage::F32(s)) => cp(d, s, d0, s0, len),
@@ -144,8 +158,31 @@ impl HostStorage {
             (HostStorage::I32(d), HostStorage::I32(s)) => cp(d, s, d0, s0, len),
             (HostStorage::I64(d), HostStorage::I64(s)) => cp(d, s, d0, s0, len),
             (HostStorage::U8(d), HostStorage::U8(s)) => cp(d, s, d0, s0, len),
-            (d, s) => unreachable!("callers check dtypes: {:?} vs {:?}", d.dtype(), s.dtype()),
+            _ => false,
         }
+    }
+
+    /// Typed storage of `bytes` storage bytes, each byte `byte`. The memory
+    /// is reserved with `try_reserve_exact`: an allocation the host refuses
+    /// is `None`, never an abort.
+    pub fn try_filled(dtype: DType, bytes: usize, byte: u8) -> Option<HostStorage> {
+        fn fill<T: Element>(bytes: usize, byte: u8) -> Option<Vec<T>> {
+            let n = bytes / std::mem::size_of::<T>();
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, T::get_le(&[byte; 8]));
+            Some(v)
+        }
+        Some(match dtype {
+            DType::F32 => HostStorage::F32(fill(bytes, byte)?),
+            DType::BF16 => HostStorage::BF16(fill(bytes, byte)?),
+            DType::F8E4M3 => HostStorage::F8E4M3(fill(bytes, byte)?),
+            DType::E8M0 => HostStorage::E8M0(fill(bytes, byte)?),
+            DType::F4E2M1x2 => HostStorage::F4E2M1x2(fill(bytes, byte)?),
+            DType::I32 => HostStorage::I32(fill(bytes, byte)?),
+            DType::I64 => HostStorage::I64(fill(bytes, byte)?),
+            DType::U8 => HostStorage::U8(fill(bytes, byte)?),
+        })
     }
 
     /// Little-endian bytes of the storage, as a device copy expects them.
@@ -192,7 +229,7 @@ mod private {
 }
 
 macro_rules! element {
-    ($t:ty, $variant:ident, $per:expr, |$x:ident| $enc:expr, |$b:ident| $dec:expr) => {
+    ($t:ty, $variant:ident, $per:expr, $n:expr, |$x:ident| $enc:expr, |$b:ident| $dec:expr) => {
         impl private::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$variant;
@@ -216,28 +253,30 @@ macro_rules! element {
                 let $x = self;
                 out.extend_from_slice(&$enc);
             }
-            fn get_le($b: &[u8]) -> Self {
+            fn get_le(bytes: &[u8]) -> Self {
+                let $b: [u8; $n] = bytes
+                    .get(..$n)
+                    .and_then(|b| b.try_into().ok())
+                    .unwrap_or([0; $n]);
                 $dec
             }
         }
     };
 }
 
-element!(f32, F32, 1, |x| x.to_le_bytes(), |b| f32::from_le_bytes([
-    b[0], b[1], b[2], b[3]
-]));
-element!(bf16, BF16, 1, |x| x.to_bits().to_le_bytes(), |b| {
-    bf16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+element!(f32, F32, 1, 4, |x| x.to_le_bytes(), |b| f32::from_le_bytes(
+    b
+));
+element!(bf16, BF16, 1, 2, |x| x.to_bits().to_le_bytes(), |b| {
+    bf16::from_bits(u16::from_le_bytes(b))
 });
-element!(E4M3, F8E4M3, 1, |x| [x.0], |b| E4M3(b[0]));
-element!(E8M0, E8M0, 1, |x| [x.0], |b| E8M0(b[0]));
-element!(Fp4x2, F4E2M1x2, 2, |x| [x.0], |b| Fp4x2(b[0]));
-element!(i32, I32, 1, |x| x.to_le_bytes(), |b| i32::from_le_bytes([
-    b[0], b[1], b[2], b[3]
-]));
-element!(i64, I64, 1, |x| x.to_le_bytes(), |b| {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    i64::from_le_bytes(a)
-});
-element!(u8, U8, 1, |x| [x], |b| b[0]);
+element!(E4M3, F8E4M3, 1, 1, |x| [x.0], |b| E4M3(b[0]));
+element!(E8M0, E8M0, 1, 1, |x| [x.0], |b| E8M0(b[0]));
+element!(Fp4x2, F4E2M1x2, 2, 1, |x| [x.0], |b| Fp4x2(b[0]));
+element!(i32, I32, 1, 4, |x| x.to_le_bytes(), |b| i32::from_le_bytes(
+    b
+));
+element!(i64, I64, 1, 8, |x| x.to_le_bytes(), |b| i64::from_le_bytes(
+    b
+));
+element!(u8, U8, 1, 1, |x| [x], |b| b[0]);

@@ -56,19 +56,34 @@ pub fn encode_window_row(row: &[bf16]) -> Vec<u8> {
     q.into_iter().map(|v| v.0).chain(scales).collect()
 }
 
+/// A row's `dim` values and its scales, each scale repeated over its group
+/// of `group` values. A row shorter than its format decodes to fewer values
+/// (the callers check lengths; this never reads past the row).
+fn split_row(bytes: &[u8], values: usize, group: usize) -> (&[u8], impl Iterator<Item = u8> + '_) {
+    let (v, s) = bytes.split_at_checked(values).unwrap_or((bytes, &[]));
+    (
+        v,
+        s.iter().flat_map(move |&x| std::iter::repeat_n(x, group)),
+    )
+}
+
 pub fn decode_window_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
-    let (values, scales) = bytes.split_at(dim);
+    let (values, scales) = split_row(bytes, dim, MX_BLOCK);
     values
         .iter()
-        .enumerate()
-        .map(|(i, &v)| {
-            bf16::from_f32(e4m3_to_f32(E4M3(v)) * e8m0_to_f32(E8M0(scales[i / MX_BLOCK])))
-        })
+        .zip(scales)
+        .map(|(&v, s)| bf16::from_f32(e4m3_to_f32(E4M3(v)) * e8m0_to_f32(E8M0(s))))
         .collect()
 }
 
 fn pack(nibbles: &[u8]) -> impl Iterator<Item = u8> + '_ {
-    nibbles.chunks(2).map(|p| pack_fp4(p[0], p[1]).0)
+    nibbles.chunks(2).map(|p| {
+        pack_fp4(
+            p.first().copied().unwrap_or(0),
+            p.get(1).copied().unwrap_or(0),
+        )
+        .0
+    })
 }
 
 fn unpack(values: &[u8]) -> impl Iterator<Item = u8> + '_ {
@@ -90,10 +105,10 @@ pub fn encode_compressed_row(row: &[bf16]) -> Vec<u8> {
 }
 
 pub fn decode_compressed_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
-    let (values, scales) = bytes.split_at(dim / 2);
+    let (values, scales) = split_row(bytes, dim / 2, FP4_KV_GROUP);
     unpack(values)
-        .enumerate()
-        .map(|(i, n)| bf16::from_f32(e2m1_to_f32(n) * e4m3_to_f32(E4M3(scales[i / FP4_KV_GROUP]))))
+        .zip(scales)
+        .map(|(n, s)| bf16::from_f32(e2m1_to_f32(n) * e4m3_to_f32(E4M3(s))))
         .collect()
 }
 
@@ -109,9 +124,9 @@ pub fn encode_index_key_row(row: &[bf16]) -> Vec<u8> {
 }
 
 pub fn decode_index_key_row(bytes: &[u8], dim: usize) -> Vec<bf16> {
-    let (values, scales) = bytes.split_at(dim / 2);
+    let (values, scales) = split_row(bytes, dim / 2, MX_BLOCK);
     unpack(values)
-        .enumerate()
-        .map(|(i, n)| bf16::from_f32(e2m1_to_f32(n) * e8m0_to_f32(E8M0(scales[i / MX_BLOCK]))))
+        .zip(scales)
+        .map(|(n, s)| bf16::from_f32(e2m1_to_f32(n) * e8m0_to_f32(E8M0(s))))
         .collect()
 }

@@ -7,6 +7,24 @@
 //! the reference implementation of every op and `cuda_backend` the launches;
 //! [`ops`] is the safe API that validates its inputs and dispatches on the
 //! tensors' device. [`numerics`] holds the bit-exact conversions.
+//!
+//! No panic is reachable from the public API through a value the caller
+//! controls: library code has no `unwrap`, `expect`, `panic!`, unchecked
+//! indexing or narrowing `as` casts (the lints below, run by `scripts/test`
+//! with `-D warnings`). A module that indexes opens with the invariant that
+//! bounds its indices (`cpu_backend`: slice lengths are the op layer's
+//! validated shapes; `ops`: indices follow the shapes the op validated at its
+//! entry), and a cast that cannot lose a value says why beside it.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing,
+        clippy::cast_possible_truncation
+    )
+)]
 
 pub mod contract;
 pub mod cpu_backend;

@@ -80,7 +80,10 @@ pub const E2M1_VALUES: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 /// e2m1 nibble → f32 (exact).
 #[inline]
 pub fn e2m1_to_f32(nibble: u8) -> f32 {
-    let m = E2M1_VALUES[(nibble & 7) as usize];
+    let m = E2M1_VALUES
+        .get(usize::from(nibble & 7))
+        .copied()
+        .unwrap_or(0.0); // & 7: always in
     if nibble & 8 != 0 { -m } else { m }
 }
 
@@ -166,13 +169,36 @@ pub fn fp4_e4m3_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E4M3 {
     scale
 }
 
+/// x rounded once to the nearest fp32 (ties to even; beyond fp32's range
+/// ±Inf, NaN stays NaN): the one f64 → f32 narrowing of the crate, named so
+/// that it reads as the rounding it is.
+#[inline]
+#[allow(clippy::cast_possible_truncation)] // rounding is the point
+pub fn round_f32(x: f64) -> f32 {
+    x as f32
+}
+
+/// The low 32 bits of `x` (a counter-based RNG's word split).
+#[inline]
+#[allow(clippy::cast_possible_truncation)] // dropping the high bits is the point
+pub fn low_u32(x: u64) -> u32 {
+    x as u32
+}
+
+/// The low 64 bits of `x` (PCG64's output and Lemire's reduction).
+#[inline]
+#[allow(clippy::cast_possible_truncation)] // dropping the high bits is the point
+pub fn low_u64(x: u128) -> u64 {
+    x as u64
+}
+
 /// e^x as the correctly rounded fp32 value (evaluated in f64, rounded
 /// once). The spec leaves the last ulp of transcendentals open; fixing it to
 /// the correctly rounded value makes every implementation that does the same
 /// (the torch reference model included) agree bit for bit.
 #[inline]
 pub fn exp(x: f32) -> f32 {
-    (x as f64).exp() as f32
+    round_f32(f64::from(x).exp())
 }
 
 /// σ(x) = 1 / (1 + e^−x) in fp32 with [`exp`].
@@ -188,7 +214,7 @@ pub fn softplus(x: f32) -> f32 {
     if x > 20.0 {
         x
     } else {
-        (x as f64).exp().ln_1p() as f32
+        round_f32(f64::from(x).exp().ln_1p())
     }
 }
 
@@ -212,13 +238,14 @@ pub fn calc_diff(x: &[f64], y: &[f64]) -> f64 {
 /// over a number; 0 for an empty or all-NaN slice): the greedy rule of
 /// `ops::argmax` and of the engine's sampler.
 pub fn argmax(values: &[f32]) -> usize {
-    let mut best = 0;
+    let mut best: Option<(usize, f32)> = None;
     for (i, &v) in values.iter().enumerate() {
-        if v > values[best] || values[best].is_nan() && !v.is_nan() {
-            best = i;
+        match best {
+            Some((_, b)) if !(v > b || b.is_nan() && !v.is_nan()) => {}
+            _ => best = Some((i, v)),
         }
     }
-    best
+    best.map_or(0, |(i, _)| i)
 }
 
 /// FNV-1a 64 of `bytes`: the content hash of the fatbin registry, the

@@ -81,11 +81,10 @@ impl Tensor {
     /// bf16 and e4m3 with NaN).
     pub fn filled_bytes(dtype: DType, shape: &[usize], byte: u8) -> Result<Tensor> {
         let numel = check_shape(dtype, shape)?;
-        let bytes = vec![byte; dtype.storage_bytes(numel)];
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
-            storage: Storage::Host(HostStorage::from_le_bytes(dtype, &bytes)),
+            storage: Storage::Host(host_filled(dtype, dtype.storage_bytes(numel), byte)?),
         })
     }
 
@@ -95,7 +94,7 @@ impl Tensor {
     pub fn empty(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         let bytes = dtype.storage_bytes(check_shape(dtype, shape)?);
         let storage = match device {
-            Device::Cpu => Storage::Host(HostStorage::from_le_bytes(dtype, &vec![0; bytes])),
+            Device::Cpu => Storage::Host(host_filled(dtype, bytes, 0)?),
             Device::Cuda(d) => Storage::Cuda(d.alloc(bytes)?),
         };
         Ok(Tensor {
@@ -137,16 +136,19 @@ impl Tensor {
 
     /// Rows `start .. start + len` as a new tensor on the same device.
     pub fn narrow_rows(&self, start: usize, len: usize) -> Result<Tensor> {
-        let mut shape = self.shape.clone();
-        if shape.is_empty() || start + len > shape[0] {
+        let rows = self.shape.first().copied();
+        if start
+            .checked_add(len)
+            .is_none_or(|end| rows.is_none_or(|r| end > r))
+        {
             return Err(Error::Shape {
                 op: "Tensor::narrow_rows",
                 tensor: "self",
                 got: self.shape.clone(),
-                expected: format!("at least {} rows", start + len),
+                expected: format!("at least {start} + {len} rows"),
             });
         }
-        shape[0] = len;
+        let shape = rows_replaced(&self.shape, len);
         let mut out = Tensor::empty(&self.device(), self.dtype, &shape)?;
         out.copy_rows_from(0, self, start, len)?;
         Ok(out)
@@ -163,8 +165,7 @@ impl Tensor {
                 why: "needs at least one tensor",
             });
         };
-        let mut shape = first.shape.clone();
-        shape[0] = parts.iter().map(|p| p.rows()).sum();
+        let shape = rows_replaced(&first.shape, parts.iter().map(|p| p.rows()).sum());
         let mut out = Tensor::empty(&first.device(), first.dtype, &shape)?;
         let mut at = 0;
         for p in parts {
@@ -186,21 +187,23 @@ impl Tensor {
     ) -> Result<()> {
         const OP: &str = "Tensor::copy_rows_from";
         src.expect_dtype(OP, "src", self.dtype)?;
-        if self.shape.is_empty()
-            || src.shape.is_empty()
-            || self.shape[1..] != src.shape[1..]
-            || dst_row + n > self.shape[0]
-            || src_row + n > src.shape[0]
+        let fits = |row: usize, shape: &[usize]| {
+            shape
+                .first()
+                .is_some_and(|&rows| row.checked_add(n).is_some_and(|end| end <= rows))
+        };
+        if self.shape.get(1..) != src.shape.get(1..)
+            || !fits(dst_row, &self.shape)
+            || !fits(src_row, &src.shape)
         {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "src",
                 got: src.shape.clone(),
                 expected: format!(
-                    "rows {src_row}..{} of the row shape of self {:?} (rows {dst_row}..{} written)",
-                    src_row + n,
+                    "rows {src_row}..{src_row}+{n} of the row shape of self {:?} \
+                     (rows {dst_row}..{dst_row}+{n} written)",
                     self.shape.get(1..).unwrap_or(&[]),
-                    dst_row + n
                 ),
             });
         }
@@ -219,15 +222,14 @@ impl Tensor {
     ) -> Result<()> {
         const OP: &str = "Tensor::copy_elems_from";
         src.expect_dtype(OP, "src", self.dtype)?;
-        if self.dtype == DType::F4E2M1x2 || dst_at + n > self.numel() || src_at + n > src.numel() {
+        let past = |at: usize, numel: usize| at.checked_add(n).is_none_or(|end| end > numel);
+        if self.dtype == DType::F4E2M1x2 || past(dst_at, self.numel()) || past(src_at, src.numel())
+        {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "src",
                 got: src.shape.clone(),
-                expected: format!(
-                    "elements {src_at}..{} of a byte-addressable dtype",
-                    src_at + n
-                ),
+                expected: format!("elements {src_at}..{src_at}+{n} of a byte-addressable dtype"),
             });
         }
         let w = self.dtype.storage_bytes(1);
@@ -247,8 +249,16 @@ impl Tensor {
         }
         match (&mut self.storage, &src.storage) {
             (Storage::Host(d), Storage::Host(s)) => {
-                d.copy_bytes_from(d0, s, s0, len);
-                Ok(())
+                if d.copy_bytes_from(d0, s, s0, len) {
+                    Ok(())
+                } else {
+                    Err(Error::Argument {
+                        op,
+                        arg: "bytes",
+                        value: format!("{len} bytes from {s0} to {d0}"),
+                        why: "the range runs past a tensor's storage",
+                    })
+                }
             }
             (Storage::Cuda(d), Storage::Cuda(s))
                 if d.device().ordinal() == s.device().ordinal() =>
@@ -301,7 +311,12 @@ impl Tensor {
             });
         }
         match &self.storage {
-            Storage::Host(h) => Ok(T::view(h).expect("host storage variant matches dtype")),
+            Storage::Host(h) => T::view(h).ok_or(Error::DType {
+                op: "Tensor::as_slice",
+                tensor: "self (host storage)",
+                got: self.dtype,
+                expected: T::DTYPE,
+            }),
             Storage::Cuda(b) => Err(Error::DeviceMismatch {
                 op: "Tensor::as_slice",
                 tensor: "self",
@@ -321,8 +336,14 @@ impl Tensor {
                 expected: T::DTYPE,
             });
         }
+        let dtype = self.dtype;
         match &mut self.storage {
-            Storage::Host(h) => Ok(T::view_mut(h).expect("host storage variant matches dtype")),
+            Storage::Host(h) => T::view_mut(h).ok_or(Error::DType {
+                op: "Tensor::as_mut_slice",
+                tensor: "self (host storage)",
+                got: dtype,
+                expected: T::DTYPE,
+            }),
             Storage::Cuda(b) => Err(Error::DeviceMismatch {
                 op: "Tensor::as_mut_slice",
                 tensor: "self",
@@ -402,4 +423,36 @@ impl Tensor {
         }
         Ok(())
     }
+}
+
+/// Host allocations from this size up are first compared with the host's
+/// available memory (one read of `/proc/meminfo`; small ones skip it).
+const CHECKED_HOST_BYTES: usize = 1 << 30;
+
+/// Host storage of `bytes` bytes, each `byte`: an allocation larger than
+/// the available memory, or one the allocator refuses, is
+/// [`Error::OutOfMemory`] instead of an abort or the OOM killer.
+fn host_filled(dtype: DType, bytes: usize, byte: u8) -> Result<HostStorage> {
+    let oom = |available: Option<usize>| Error::OutOfMemory {
+        what: "a host tensor",
+        bytes,
+        device: "cpu".into(),
+        available: available.unwrap_or(0),
+    };
+    if bytes >= CHECKED_HOST_BYTES {
+        let available = Device::Cpu.available_memory()?;
+        if available.is_some_and(|a| bytes > a) {
+            return Err(oom(available));
+        }
+    }
+    HostStorage::try_filled(dtype, bytes, byte)
+        .ok_or_else(|| oom(Device::Cpu.available_memory().ok().flatten()))
+}
+
+/// `shape` with its leading (row) dimension replaced by `rows` (a rank-0
+/// shape becomes `[rows]`).
+fn rows_replaced(shape: &[usize], rows: usize) -> Vec<usize> {
+    std::iter::once(rows)
+        .chain(shape.iter().skip(1).copied())
+        .collect()
 }

@@ -312,6 +312,39 @@ fn absurd_lengths_are_typed_errors_before_any_allocation() {
 }
 
 #[test]
+fn a_pool_budget_refuses_a_batch_it_cannot_hold_and_admits_one_it_can() {
+    let with_budget = |bytes| {
+        Engine::new(
+            tiny_model(3),
+            EngineConfig {
+                pool_memory: Some(bytes),
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let params = SamplingParams {
+        max_tokens: 4,
+        ..SamplingParams::default()
+    };
+    let e = with_budget(1 << 10)
+        .generate(&[vec![1, 2, 3]], std::slice::from_ref(&params))
+        .remove(0)
+        .unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("state pool") && msg.contains("1024 available"),
+        "{msg}"
+    );
+    // The same request within a budget of 64 MiB runs.
+    let out = with_budget(64 << 20)
+        .generate(&[vec![1, 2, 3]], &[params])
+        .remove(0)
+        .unwrap();
+    assert_eq!(out.tokens.len(), 4);
+}
+
+#[test]
 fn teacher_forced_scores_equal_the_logprobs_of_generation_bitwise() {
     let mut rng = common::rng("engine_score");
     let engine = Engine::new(

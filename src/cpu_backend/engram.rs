@@ -86,7 +86,7 @@ pub fn gate(stream: &[bf16], key: &[bf16], q_weight: &[bf16], k_weight: &[bf16],
     let dot = dot
         * (1.0 / (ss / d + eps).sqrt())
         * (1.0 / (kk / d + eps).sqrt())
-        * (d as f64).powf(-0.5) as f32;
+        * crate::numerics::round_f32((d as f64).powf(-0.5));
     let x = dot.signum() * dot.abs().max(1e-6).sqrt();
     sigmoid(x)
 }

@@ -48,16 +48,16 @@ pub fn yarn_band(theta: f64, rope_dim: usize, yarn: &Yarn) -> (i64, i64) {
 /// ramp = clamp((i − low) / max(high − low, 0.001), 0, 1), smooth = 1 − ramp,
 /// freq ← (freq / factor) · (1 − smooth) + freq · smooth, all in fp32.
 pub fn rope_freqs(params: &RopeParams, rope_dim: usize) -> Vec<f32> {
-    let theta = params.theta as f32;
+    let theta = crate::numerics::round_f32(params.theta);
     let freqs = (0..rope_dim / 2).map(|i| {
         let e = (2 * i) as f32 / rope_dim as f32;
-        1.0 / ((theta as f64).powf(e as f64) as f32)
+        1.0 / crate::numerics::round_f32(f64::from(theta).powf(f64::from(e)))
     });
     match params.yarn {
         Some(yarn) if yarn.original_seq_len > 0 => {
             let (low, high) = yarn_band(params.theta, rope_dim, &yarn);
             let span = (high.saturating_sub(low) as f32).max(0.001);
-            let factor = yarn.factor as f32;
+            let factor = crate::numerics::round_f32(yarn.factor);
             freqs
                 .enumerate()
                 .map(|(i, f)| {
@@ -117,9 +117,12 @@ fn rotate(
     let mut cos_sin = vec![(0.0f32, 0.0f32); freqs.len()];
     for (&p, token) in positions.iter().zip(out.chunks_exact_mut(token_len)) {
         for (cs, &f) in cos_sin.iter_mut().zip(&freqs) {
-            let angle = (p as f32 * f) as f64;
-            let sin = angle.sin() as f32;
-            *cs = (angle.cos() as f32, if inverse { -sin } else { sin });
+            let angle = f64::from(p as f32 * f);
+            let sin = crate::numerics::round_f32(angle.sin());
+            *cs = (
+                crate::numerics::round_f32(angle.cos()),
+                if inverse { -sin } else { sin },
+            );
         }
         for head in token.chunks_exact_mut(head_dim) {
             let slice = &mut head[head_dim - rope_dim..];

@@ -50,7 +50,7 @@ pub struct AttnOut {
 /// `indices`, with per-head `sink` logits and softmax scale dim^−½.
 pub fn sparse_mqa(q: &[bf16], rows: &[bf16], indices: &[i32], sink: &[f32], dim: usize) -> AttnOut {
     let heads = sink.len();
-    let scale = (dim as f64).powf(-0.5) as f32;
+    let scale = crate::numerics::round_f32((dim as f64).powf(-0.5));
     let mut out = Vec::with_capacity(heads * dim);
     let mut lse = Vec::with_capacity(heads);
     let mut p = [0.0f32; ATTN_BLOCK];

@@ -196,7 +196,11 @@ impl CudaDevice {
 
     /// Loads (once) the module of `family`, after checking its image.
     pub fn module(&self, family: &'static Family) -> Result<Arc<CudaModule>> {
-        let mut modules = self.modules.lock().expect("module cache lock poisoned");
+        let mut modules = self
+            .modules
+            .lock()
+            // A poisoned cache still holds only fully loaded modules.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(m) = modules.get(family.name) {
             return Ok(m.clone());
         }

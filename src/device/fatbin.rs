@@ -22,17 +22,17 @@ fn check_cubin(body: &[u8]) -> Result<(), String> {
     if body.len() < 64 || !body.starts_with(b"\x7fELF") {
         return Err("is not an ELF image".into());
     }
-    if body[4] != 2 || body[5] != 1 {
+    if body.get(4..6) != Some(&[2, 1]) {
         return Err("is not a 64-bit little-endian ELF".into());
     }
-    if u16_at(body, 18) != 190 {
+    if u16_at(body, 18)? != 190 {
         return Err(format!(
             "has ELF machine {} instead of EM_CUDA (190)",
-            u16_at(body, 18)
+            u16_at(body, 18)?
         ));
     }
-    let shoff = u64_at(body, 40);
-    let (shentsize, shnum) = (u16_at(body, 58) as u64, u16_at(body, 60) as u64);
+    let shoff = u64_at(body, 40)?;
+    let (shentsize, shnum) = (u16_at(body, 58)? as u64, u16_at(body, 60)? as u64);
     if shentsize != 64
         || shoff
             .checked_add(shentsize * shnum)
@@ -57,16 +57,21 @@ pub struct Entry {
     pub payload_bytes: u64,
 }
 
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_le_bytes([b[at], b[at + 1]])
+/// The `N` bytes at `at`, or the error of an image too short to hold them.
+fn bytes_at<const N: usize>(b: &[u8], at: usize) -> Result<[u8; N], String> {
+    at.checked_add(N)
+        .and_then(|end| b.get(at..end))
+        .and_then(|s| <[u8; N]>::try_from(s).ok())
+        .ok_or_else(|| format!("is truncated: {N} bytes at byte {at} of {}", b.len()))
 }
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+fn u16_at(b: &[u8], at: usize) -> Result<u16, String> {
+    bytes_at(b, at).map(u16::from_le_bytes)
 }
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(a)
+fn u32_at(b: &[u8], at: usize) -> Result<u32, String> {
+    bytes_at(b, at).map(u32::from_le_bytes)
+}
+fn u64_at(b: &[u8], at: usize) -> Result<u64, String> {
+    bytes_at(b, at).map(u64::from_le_bytes)
 }
 
 /// Walks `image` and returns its entries, or a sentence saying what is wrong.
@@ -77,33 +82,34 @@ pub fn validate(image: &[u8]) -> Result<Vec<Entry>, String> {
             image.len()
         ));
     }
-    if u32_at(image, 0) != MAGIC {
-        return Err(format!("bad magic {:#010x}", u32_at(image, 0)));
+    if u32_at(image, 0)? != MAGIC {
+        return Err(format!("bad magic {:#010x}", u32_at(image, 0)?));
     }
-    let header = u16_at(image, 6) as usize;
-    let payload = u64_at(image, 8);
+    let header = u16_at(image, 6)? as usize;
+    let payload = u64_at(image, 8)?;
     if header != OUTER_HEADER {
         return Err(format!("unexpected header size {header}"));
     }
     let end = (header as u64)
         .checked_add(payload)
         .filter(|&e| e <= image.len() as u64)
+        .and_then(|e| usize::try_from(e).ok())
         .ok_or_else(|| {
             format!(
                 "truncated: header announces {payload} payload bytes, only {} present",
                 image.len() - header
             )
-        })? as usize;
+        })?;
     let mut entries = Vec::new();
     let mut at = header;
     while at < end {
         if end - at < MIN_ENTRY_HEADER {
             return Err(format!("entry header at byte {at} runs past the payload"));
         }
-        let kind = u16_at(image, at);
-        let entry_header = u32_at(image, at + 4) as usize;
-        let size = u64_at(image, at + 8);
-        let arch = u32_at(image, at + 28);
+        let kind = u16_at(image, at)?;
+        let entry_header = u32_at(image, at + 4)? as usize;
+        let size = u64_at(image, at + 8)?;
+        let arch = u32_at(image, at + 28)?;
         if entry_header < MIN_ENTRY_HEADER {
             return Err(format!("entry at byte {at} has header size {entry_header}"));
         }
@@ -111,13 +117,15 @@ pub fn validate(image: &[u8]) -> Result<Vec<Entry>, String> {
             .checked_add(entry_header as u64)
             .and_then(|x| x.checked_add(size))
             .filter(|&n| n <= end as u64)
-            .ok_or_else(|| format!("entry at byte {at} (sm_{arch}) runs past the payload"))?
-            as usize;
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| format!("entry at byte {at} (sm_{arch}) runs past the payload"))?;
         if !matches!(kind, 1 | 2) {
             return Err(format!("entry at byte {at} has unknown kind {kind}"));
         }
-        let compressed = u32_at(image, at + 16) != 0;
-        let body = &image[at + entry_header..next];
+        let compressed = u32_at(image, at + 16)? != 0;
+        let body = image
+            .get(at + entry_header..next)
+            .ok_or_else(|| format!("entry at byte {at} has a header past its end"))?;
         if kind == 2 && !compressed {
             check_cubin(body)
                 .map_err(|why| format!("cubin entry at byte {at} (sm_{arch}) {why}"))?;

@@ -45,6 +45,11 @@ pub struct EngineConfig {
     pub max_context: usize,
     /// Rows per pool page.
     pub page_rows: usize,
+    /// Bytes the state pool of one batch may take (`None`: what the device
+    /// has available, which `StatePool::new` checks). A batch whose pool
+    /// needs more fails with [`crate::Error::OutOfMemory`] before anything
+    /// is allocated.
+    pub pool_memory: Option<usize>,
     /// No kernel choice depends on the batch (`ARCHITECTURE.md`, "Batch
     /// invariance").
     pub batch_invariant: bool,
@@ -65,6 +70,7 @@ impl Default for EngineConfig {
             max_seqs: 16,
             max_context: 4096,
             page_rows: 64,
+            pool_memory: None,
             batch_invariant: false,
             deterministic_sampling: false,
             mtp_varlen: false,

@@ -8,6 +8,13 @@
 //! naming the parameter; the others complete. The pool is sized for the
 //! batch from [`EngineConfig`], and every sequence is freed when the batch
 //! ends, on success or error.
+//!
+//! Indexing invariant: an index is a request's position in the call's
+//! prompt list (the results, ids, constraints and parameters each hold one
+//! entry per prompt, checked at entry), a live request's number, or its row
+//! of the step's `[rows, vocab]` logits. So the crate's `indexing_slicing`
+//! lint is lifted here.
+#![allow(clippy::indexing_slicing)]
 
 pub mod config;
 pub mod request;
@@ -177,14 +184,7 @@ impl Engine {
             ));
         }
         let tokens: Vec<u32> = prompt.iter().chain(continuation).copied().collect();
-        let pc = PoolConfig::fitting(
-            &self.model.cfg,
-            1,
-            tokens.len(),
-            tokens.len(),
-            self.config.page_rows,
-        )?;
-        let mut pool = StatePool::new(&self.model.cfg, &self.model.device(), pc)?;
+        let mut pool = self.pool(1, tokens.len(), tokens.len())?;
         let seq = pool.add_sequence()?;
         let out = self.model.forward(&mut pool, seq, &tokens)?;
         let v = self.model.cfg.vocab_size;
@@ -312,7 +312,16 @@ impl Engine {
         }
         results
             .into_iter()
-            .map(|r| r.expect("every request answered"))
+            .enumerate()
+            .map(|(i, r)| {
+                r.unwrap_or_else(|| {
+                    Err(arg(
+                        "prompts",
+                        i.to_string(),
+                        "the request was left unanswered",
+                    ))
+                })
+            })
             .collect()
     }
 
@@ -330,14 +339,7 @@ impl Engine {
             .max()
             .unwrap_or(1);
         let chunk = which.iter().map(|&i| prompts[i].len()).max().unwrap_or(1);
-        let pc = PoolConfig::fitting(
-            &self.model.cfg,
-            which.len(),
-            longest,
-            chunk,
-            self.config.page_rows,
-        )?;
-        let mut pool = StatePool::new(&self.model.cfg, &self.model.device(), pc)?;
+        let mut pool = self.pool(which.len(), longest, chunk)?;
         let mut live = Vec::with_capacity(which.len());
         for &i in which {
             live.push(Live {
@@ -369,16 +371,16 @@ impl Engine {
         let prefill = t0.elapsed();
         let t1 = Instant::now();
         loop {
-            let active: Vec<usize> = (0..live.len())
-                .filter(|&k| live[k].done.is_none())
-                .collect();
+            // A live request has sampled at least its prefill token.
+            let (active, toks): (Vec<usize>, Vec<[u32; 1]>) = live
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.done.is_none())
+                .filter_map(|(k, l)| l.tokens.last().map(|&t| (k, [t])))
+                .unzip();
             if active.is_empty() {
                 break;
             }
-            let toks: Vec<[u32; 1]> = active
-                .iter()
-                .map(|&k| [*live[k].tokens.last().expect("sampled")])
-                .collect();
             let inputs: Vec<SeqInput> = active
                 .iter()
                 .zip(&toks)
@@ -398,7 +400,13 @@ impl Engine {
                 if let Some(e) = l.failed {
                     return Err(e);
                 }
-                let stop = l.done.expect("loop ends when every request is done");
+                let Some(stop) = l.done else {
+                    return Err(arg(
+                        "prompts",
+                        l.index.to_string(),
+                        "the request left the decode loop unfinished",
+                    ));
+                };
                 let p = &params[l.index];
                 let text = match &self.tokenizer {
                     Some(t) => {
@@ -533,6 +541,30 @@ impl Engine {
             .iter()
             .find(|s| text.contains(s.as_str()) && !before.contains(s.as_str()))
             .cloned())
+    }
+}
+
+impl Engine {
+    /// The state pool of one batch: `seqs` sequences of up to `context`
+    /// tokens fed in chunks of up to `chunk`, within the configured budget
+    /// (checked before anything is allocated).
+    fn pool(&self, seqs: usize, context: usize, chunk: usize) -> Result<StatePool> {
+        let cfg = &self.model.cfg;
+        let device = self.model.device();
+        let pc = PoolConfig::fitting(cfg, seqs, context, chunk, self.config.page_rows)?;
+        if let Some(budget) = self.config.pool_memory {
+            let bytes = pc.memory_bytes(cfg)?;
+            if bytes > budget {
+                return Err(crate::Error::OutOfMemory {
+                    what: "the batch's state pool",
+                    bytes,
+                    device: format!("the pool budget (pool_memory) on {device}"),
+                    available: budget,
+                }
+                .into());
+            }
+        }
+        StatePool::new(cfg, &device, pc)
     }
 }
 

@@ -9,6 +9,8 @@
 //! block; the domains keep target sampling, draft proposals and rejection
 //! coins apart.
 
+use crate::numerics::low_u32;
+
 /// What a draw is for; each has its own counter space.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Domain {
@@ -36,9 +38,9 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
         let p1 = u64::from(M1) * u64::from(c[2]);
         c = [
             (p1 >> 32) as u32 ^ c[1] ^ k[0],
-            p1 as u32,
+            low_u32(p1),
             (p0 >> 32) as u32 ^ c[3] ^ k[1],
-            p0 as u32,
+            low_u32(p0),
         ];
     }
     c
@@ -49,12 +51,12 @@ pub fn philox4x32_10(counter: [u32; 4], key: [u32; 2]) -> [u32; 4] {
 pub fn uniform(seed: u64, position: u64, slot: u32, domain: Domain) -> f64 {
     let x = philox4x32_10(
         [
-            position as u32,
+            low_u32(position),
             (position >> 32) as u32,
             slot,
             domain as u32,
         ],
-        [seed as u32, (seed >> 32) as u32],
+        [low_u32(seed), (seed >> 32) as u32],
     );
     let bits = (u64::from(x[0]) | u64::from(x[1]) << 32) >> 11;
     bits as f64 * (1.0 / (1u64 << 53) as f64)

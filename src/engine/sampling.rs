@@ -111,27 +111,38 @@ pub struct Sample {
 /// (NaNs left out), and their weights exp(z − z_max) for z = logit / t, in
 /// that order, with their sum.
 fn weights(logits: &[f32], t: f64) -> (Vec<usize>, Vec<f64>, f64) {
-    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| !logits[i].is_nan()).collect();
-    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    let z: Vec<f64> = order.iter().map(|&i| f64::from(logits[i]) / t).collect();
-    let max = z.first().copied().unwrap_or(0.0);
-    let w: Vec<f64> = z.iter().map(|&x| (x - max).exp()).collect();
+    let mut cand: Vec<(usize, f32)> = logits
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, x)| !x.is_nan())
+        .collect();
+    cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let z = |x: f32| f64::from(x) / t;
+    let max = cand.first().map_or(0.0, |&(_, x)| z(x));
+    let w: Vec<f64> = cand.iter().map(|&(_, x)| (z(x) - max).exp()).collect();
     let total = w.iter().sum();
-    (order, w, total)
+    (cand.into_iter().map(|(i, _)| i).collect(), w, total)
 }
 
 /// ln softmax(logits / temperature)[token], computed exactly as
 /// [`sample_row`] reports it (the teacher-forced score of a token).
 pub fn logprob(logits: &[f32], token: u32, temperature: f32) -> f32 {
     let (order, w, total) = weights(logits, f64::from(temperature));
-    match order.iter().position(|&i| i == token as usize) {
-        Some(k) => (w[k] / total).ln() as f32,
+    match order.iter().zip(&w).find(|&(&i, _)| i == token as usize) {
+        Some((_, &wk)) => crate::numerics::round_f32((wk / total).ln()),
         None => f32::NAN,
     }
 }
 
-/// Samples one row with uniform `u` in [0, 1).
+/// Samples one row with uniform `u` in [0, 1). Token ids are u32: only the
+/// first 2^32 entries of a (longer, absurd) row can be sampled.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "every id indexes the row, cut to 2^32 entries at entry"
+)]
 pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
+    let logits = logits.get(..1 << 32).unwrap_or(logits);
     let argmax = || crate::numerics::argmax(logits);
     if p.temperature == 0.0 {
         return Sample {
@@ -147,7 +158,7 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
     };
     if p.top_p < 1.0 {
         let (mut acc, target) = (0.0, f64::from(p.top_p) * total);
-        for (i, &x) in w[..keep].iter().enumerate() {
+        for (i, &x) in w.iter().take(keep).enumerate() {
             acc += x;
             if acc >= target {
                 keep = i + 1;
@@ -155,20 +166,20 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
             }
         }
     }
-    let kept: f64 = w[..keep].iter().sum();
+    let kept: f64 = w.iter().take(keep).sum();
     let (mut acc, target) = (0.0, u * kept);
     let mut pick = keep.saturating_sub(1);
-    for (i, &x) in w[..keep].iter().enumerate() {
+    for (i, &x) in w.iter().take(keep).enumerate() {
         acc += x;
         if acc > target {
             pick = i;
             break;
         }
     }
-    match order.get(pick) {
-        Some(&id) => Sample {
+    match order.get(pick).zip(w.get(pick)) {
+        Some((&id, &wp)) => Sample {
             token: id as u32,
-            logprob: (w[pick] / total).ln() as f32,
+            logprob: crate::numerics::round_f32((wp / total).ln()),
         },
         // A row of NaNs: nothing to sample from; the greedy rule picks id 0.
         None => Sample {

@@ -61,7 +61,12 @@ impl Grammars {
             ));
         }
         let info = TokRxInfo {
-            vocab_size: words.len() as u32,
+            vocab_size: u32::try_from(words.len()).map_err(|_| {
+                bad(
+                    format!("{} tokens", words.len()),
+                    "token ids are 32-bit: a vocabulary holds at most 2^32 words",
+                )
+            })?,
             tok_eos: eos,
             tok_bos: Some(bos),
             tok_pad: None,
@@ -122,8 +127,8 @@ impl Constraint {
         // masked ids are filled at once.
         let words = allowed.as_slice();
         let mut any = false;
-        let known = self.vocab.min(row.len());
-        for (w, chunk) in row[..known].chunks_mut(32).enumerate() {
+        let (known, beyond) = row.split_at_mut(self.vocab.min(row.len()));
+        for (w, chunk) in known.chunks_mut(32).enumerate() {
             let bits = words.get(w).copied().unwrap_or(0);
             if bits == 0 {
                 chunk.fill(f32::NAN);
@@ -138,9 +143,7 @@ impl Constraint {
                 }
             }
         }
-        if row.len() > self.vocab {
-            row[self.vocab..].fill(f32::NAN);
-        }
+        beyond.fill(f32::NAN);
         if any {
             Ok(())
         } else {

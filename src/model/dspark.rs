@@ -76,7 +76,7 @@ impl Model {
         let main_x = ops::rms_norm(
             &dw.main_proj.forward(features)?,
             &dw.main_norm,
-            self.cfg.norm_eps as f32,
+            crate::numerics::round_f32(self.cfg.norm_eps),
         )?;
         let positions = self.positions(start, len)?;
         for s in 0..dw.stages.len() {
@@ -156,7 +156,7 @@ impl Model {
         let base = self.weights.head.forward_f32(&ops::rms_norm(
             &hidden,
             &dw.norm,
-            cfg.norm_eps as f32,
+            crate::numerics::round_f32(cfg.norm_eps),
         )?)?;
         self.markov_and_confidence(dw, &hidden, &base, next)
     }
@@ -182,8 +182,8 @@ impl Model {
             let logits = ops::add(&base.narrow_rows(i, 1)?, &dw.markov_head.forward_f32(&e)?)?;
             let input = ops::cat_cols(&[&hidden.narrow_rows(i, 1)?, &e])?;
             let conf = dw.confidence.forward_f32(&input)?.to_vec::<f32>()?;
-            draft.confidence_logits.push(conf[0]);
-            token = ops::argmax(&logits)?.to_vec::<i32>()?[0] as u32;
+            draft.confidence_logits.extend(conf.first());
+            token = super::runner::greedy_id(&logits)?;
             draft.tokens.push(token);
         }
         Ok(draft)

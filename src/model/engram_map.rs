@@ -74,7 +74,8 @@ fn read_map(path: &Path) -> Result<MapFile> {
     let classes = v
         .get("classes")
         .and_then(Value::as_u64)
-        .ok_or_else(|| corrupt("\"classes\" is not a count".into()))? as usize;
+        .and_then(|c| usize::try_from(c).ok())
+        .ok_or_else(|| corrupt("\"classes\" is not a count".into()))?;
     let map = v
         .get("map")
         .and_then(Value::as_array)
@@ -83,7 +84,7 @@ fn read_map(path: &Path) -> Result<MapFile> {
         .enumerate()
         .map(|(i, c)| {
             c.as_i64()
-                .filter(|&c| c >= 0 && (c as usize) < classes)
+                .filter(|&c| usize::try_from(c).is_ok_and(|c| c < classes))
                 .ok_or_else(|| corrupt(format!("map[{i}] = {c} is not a class below {classes}")))
         })
         .collect::<Result<Vec<i64>>>()?;
@@ -128,7 +129,7 @@ fn check(cfg: &ModelConfig, path: &Path, map: &[i64], classes: usize) -> Result<
         let first = map
             .iter()
             .enumerate()
-            .filter(|&(_, &c)| c as usize >= expected)
+            .filter(|&(_, &c)| usize::try_from(c).is_ok_and(|c| c >= expected))
             .take(8)
             .map(|(id, c)| format!("id {id} -> class {c}"))
             .collect::<Vec<_>>();

@@ -157,8 +157,8 @@ impl Model {
 
     pub(crate) fn mhc_params(&self) -> MhcParams {
         MhcParams {
-            eps: self.cfg.norm_eps as f32,
-            hc_eps: self.cfg.mhc.eps as f32,
+            eps: crate::numerics::round_f32(self.cfg.norm_eps),
+            hc_eps: crate::numerics::round_f32(self.cfg.mhc.eps),
             iters: self.cfg.mhc.sinkhorn_iters,
         }
     }
@@ -167,9 +167,9 @@ impl Model {
         let m = self.cfg.moe;
         MoeParams {
             top_k,
-            route_scale: m.route_scale as f32,
-            gate_temp: m.gate_temp as f32,
-            swiglu_limit: m.swiglu_limit as f32,
+            route_scale: crate::numerics::round_f32(m.route_scale),
+            gate_temp: crate::numerics::round_f32(m.gate_temp),
+            swiglu_limit: crate::numerics::round_f32(m.swiglu_limit),
         }
     }
 
@@ -294,10 +294,16 @@ impl Model {
         for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
             let mut trace = LayerTrace::default();
             if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
-                streams = e.forward(&streams, ng, cfg.norm_eps as f32)?;
+                streams = e.forward(&streams, ng, crate::numerics::round_f32(cfg.norm_eps))?;
             }
             if let Some(i) = plan.dspark_target {
-                targets[i] = Some(ops::hc_stream_mean(&streams)?);
+                let slot = targets.get_mut(i).ok_or_else(|| crate::Error::Argument {
+                    op: "forward",
+                    arg: "dspark_target",
+                    value: i.to_string(),
+                    why: "a target index past the config's target layers",
+                })?;
+                *slot = Some(ops::hc_stream_mean(&streams)?);
             }
             if capture.streams {
                 trace.streams = Some(streams.clone());
@@ -353,7 +359,17 @@ impl Model {
         b: &Batch,
         compressed: &[Vec<Option<i64>>],
     ) -> Result<Tensor> {
-        let pad = self.weights.engram_token_map[self.cfg.engram.pad_id as usize];
+        let pad_id = self.cfg.engram.pad_id;
+        let pad = usize::try_from(pad_id)
+            .ok()
+            .and_then(|p| self.weights.engram_token_map.get(p))
+            .copied()
+            .ok_or_else(|| crate::Error::Argument {
+                op: "engram",
+                arg: "engram_pad_id",
+                value: pad_id.to_string(),
+                why: "outside the Engram token map",
+            })?;
         let mut out = Vec::with_capacity(b.positions.rows() * 4);
         for (e, c) in b.entries.iter().zip(compressed) {
             let mut hist = pool.history(e.seq)?;
@@ -369,7 +385,11 @@ impl Model {
     /// Final collapse with the last pre, `norm`, and the fp32 head.
     fn head(&self, streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
         let u = ops::hc_collapse(streams, pre)?;
-        let h = ops::rms_norm(&u, &self.weights.norm, self.cfg.norm_eps as f32)?;
+        let h = ops::rms_norm(
+            &u,
+            &self.weights.norm,
+            crate::numerics::round_f32(self.cfg.norm_eps),
+        )?;
         Ok(self.weights.head.forward_f32(&h)?)
     }
 }

@@ -42,10 +42,17 @@ fn fp8_dequantized(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -
     let w = ck.e4m3(&format!("{base}.weight"))?;
     let s = ck.e8m0(&format!("{base}.scale"))?;
     let kb = in_dim.div_ceil(MX_BLOCK);
-    let v: Vec<bf16> = (0..out_dim * in_dim)
-        .map(|i| {
+    // The manifest checked both shapes; a scale it lacks would read NaN.
+    let v: Vec<bf16> = w
+        .iter()
+        .take(out_dim * in_dim)
+        .enumerate()
+        .map(|(i, &wi)| {
             let (r, c) = (i / in_dim, i % in_dim);
-            bf16::from_f32(e4m3_to_f32(w[i]) * e8m0_to_f32(s[(r / MX_BLOCK) * kb + c / MX_BLOCK]))
+            let si = s
+                .get((r / MX_BLOCK) * kb + c / MX_BLOCK)
+                .map_or(f32::NAN, |&x| e8m0_to_f32(x));
+            bf16::from_f32(e4m3_to_f32(wi) * si)
         })
         .collect();
     Ok(Tensor::from_vec(v, &[out_dim, in_dim])?)
@@ -279,8 +286,9 @@ pub fn load_weights(
     }
     let plans = cfg.layer_plans()?;
     let d = cfg.hidden_size;
-    let blocks = plans[..cfg.n_layers]
+    let blocks = plans
         .iter()
+        .take(cfg.n_layers)
         .map(|plan| {
             block(
                 ck,
@@ -303,8 +311,9 @@ pub fn load_weights(
         return Ok((weights, None));
     }
     let last = format!("mtp.{}", ds.n_stages - 1);
-    let stages = plans[cfg.n_layers..]
+    let stages = plans
         .iter()
+        .skip(cfg.n_layers)
         .enumerate()
         .map(|(s, plan)| block(ck, cfg, plan, &format!("mtp.{s}"), ds.n_routed_experts))
         .collect::<Result<Vec<_>>>()?;

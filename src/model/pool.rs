@@ -17,6 +17,14 @@
 //! pages are reserved for a whole step before anything is written, all or
 //! nothing, so running out of pages is an [`OpError::OutOfPages`] that leaves
 //! every sequence as it was; freeing a sequence returns all its pages.
+//!
+//! Indexing invariant: every ring, source and slot number is the pool's
+//! own (`source()` maps a layer to its source or fails; a ring is a layer or
+//! DSpark stage of the plan the pool was built from), and every
+//! per-sequence vector holds one entry per ring or source; sequence ids go
+//! through `get`/`get_mut`, which fail on an unknown id. So the crate's
+//! `indexing_slicing` lint is lifted here.
+#![allow(clippy::indexing_slicing)]
 
 use super::config::{LayerPlan, ModelConfig};
 use crate::device::Device;
@@ -212,7 +220,9 @@ impl Pages {
         Ok(Pages {
             name,
             rows: Tensor::zeros(device, dtype, &[pages * page_rows, row_width])?,
-            free: (0..pages as u32).rev().collect(),
+            free: (0..u32::try_from(pages).map_err(|_| too_many(name, pages))?)
+                .rev()
+                .collect(),
             total: pages,
         })
     }
@@ -451,7 +461,7 @@ impl StatePool {
                     pages: VecDeque::with_capacity(t.pages.len()),
                 };
                 for &p in &t.pages {
-                    let q = pages.free.pop().expect("checked: enough free pages");
+                    let q = take_page(pages, id)?;
                     let rows = pages.rows.narrow_rows(p as usize * pr, pr)?;
                     pages.rows.copy_rows_from(q as usize * pr, &rows, 0, pr)?;
                     nt.pages.push_back(q);
@@ -466,14 +476,14 @@ impl StatePool {
         let slot = self.get(id)?.slot;
         for i in 0..self.sources.len() {
             if src.pending[i] {
-                let (from, to) = (self.pending_row(src.slot, i), self.pending_row(slot, i));
+                let (from, to) = (self.pending_row(src.slot, i)?, self.pending_row(slot, i)?);
                 for t in [&mut self.pending_kv, &mut self.pending_score] {
                     let row = t.narrow_rows(from, 1)?;
                     t.copy_rows_from(to, &row, 0, 1)?;
                 }
             }
         }
-        let s = self.seqs.get_mut(&id).expect("just added");
+        let s = self.get_mut(id)?;
         *s = Sequence {
             slot,
             rings,
@@ -532,6 +542,10 @@ impl StatePool {
 
     fn get(&self, seq: SeqId) -> Result<&Sequence> {
         Ok(self.seqs.get(&seq).ok_or_else(|| unknown(seq))?)
+    }
+
+    fn get_mut(&mut self, seq: SeqId) -> Result<&mut Sequence> {
+        Ok(self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?)
     }
 
     fn source(&self, layer: usize) -> Result<usize> {
@@ -600,15 +614,15 @@ impl StatePool {
             }
         }
         for (seq, [rings, comp, keys]) in plan {
-            let s = self.seqs.get_mut(&seq).expect("checked above");
+            let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
             for (t, n) in s.rings.iter_mut().zip(rings) {
-                grow(t, n, &mut self.ring_pages.free);
+                grow(t, n, &mut self.ring_pages, seq)?;
             }
             for (t, n) in s.entries.iter_mut().zip(comp) {
-                grow(t, n, &mut self.comp_pages.free);
+                grow(t, n, &mut self.comp_pages, seq)?;
             }
             for (t, n) in s.keys.iter_mut().zip(keys) {
-                grow(t, n, &mut self.key_pages.free);
+                grow(t, n, &mut self.key_pages, seq)?;
             }
         }
         Ok(())
@@ -629,8 +643,8 @@ impl StatePool {
             }
             .into());
         }
-        let s = self.seqs.get_mut(&seq).expect("checked above");
-        grow(&mut s.rings[ring], need, &mut self.ring_pages.free);
+        let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
+        grow(&mut s.rings[ring], need, &mut self.ring_pages, seq)?;
         Ok(())
     }
 
@@ -680,11 +694,13 @@ impl StatePool {
     }
 
     /// Physical row of position `pos` in ring `ring` of `seq`, if held.
-    pub(crate) fn ring_row(&self, seq: SeqId, ring: usize, pos: usize) -> Result<Option<usize>> {
+    pub(crate) fn ring_row(&self, seq: SeqId, ring: usize, pos: usize) -> Result<Option<i32>> {
         let s = self.get(seq)?;
-        Ok((pos < s.ring_end[ring])
+        (pos < s.ring_end[ring])
             .then(|| s.rings[ring].row(pos, self.cfg.page_rows))
-            .flatten())
+            .flatten()
+            .map(phys_i32)
+            .transpose()
     }
 
     /// Claims the next `n` entries of `layer`'s source for `seq` (they
@@ -713,12 +729,14 @@ impl StatePool {
     }
 
     /// Physical row of entry `j` of `layer`'s source for `seq`, if it exists.
-    pub(crate) fn entry_row(&self, seq: SeqId, layer: usize, j: usize) -> Result<Option<usize>> {
+    pub(crate) fn entry_row(&self, seq: SeqId, layer: usize, j: usize) -> Result<Option<i32>> {
         let src = self.source(layer)?;
         let s = self.get(seq)?;
-        Ok((j < s.n_entries[src])
+        (j < s.n_entries[src])
             .then(|| s.entries[src].row(j, self.cfg.page_rows))
-            .flatten())
+            .flatten()
+            .map(phys_i32)
+            .transpose()
     }
 
     /// The first `n` index keys of `layer`'s source for `seq`, contiguous:
@@ -747,10 +765,12 @@ impl StatePool {
     /// The row of the partial group of `layer`'s ratio-2 source for `seq`
     /// in the pending tensors ([`StatePool::compressor_io`]), if it holds
     /// one.
-    pub(crate) fn pending_row_of(&self, seq: SeqId, layer: usize) -> Result<Option<usize>> {
+    pub(crate) fn pending_row_of(&self, seq: SeqId, layer: usize) -> Result<Option<i32>> {
         let src = self.source(layer)?;
         let s = self.get(seq)?;
-        Ok(s.pending[src].then(|| self.pending_row(s.slot, src)))
+        s.pending[src]
+            .then(|| self.pending_row(s.slot, src).and_then(phys_i32))
+            .transpose()
     }
 
     /// Stores (or clears, `None`) the partial group: row `row` of `kv` and
@@ -763,21 +783,24 @@ impl StatePool {
     ) -> Result<()> {
         let src = self.source(layer)?;
         let slot = self.get(seq)?.slot;
-        let row = self.pending_row(slot, src);
+        let row = self.pending_row(slot, src)?;
         if let Some((kv, score, r)) = group {
             self.pending_kv.copy_rows_from(row, kv, r, 1)?;
             self.pending_score.copy_rows_from(row, score, r, 1)?;
         }
-        self.seqs.get_mut(&seq).expect("checked above").pending[src] = group.is_some();
+        self.get_mut(seq)?.pending[src] = group.is_some();
         Ok(())
     }
 
-    fn pending_row(&self, slot: usize, src: usize) -> usize {
+    fn pending_row(&self, slot: usize, src: usize) -> Result<usize> {
         let gated = self.sources.iter().filter(|s| s.gated.is_some()).count();
-        slot * gated
-            + self.sources[src]
-                .gated
-                .expect("only ratio-2 sources keep partial groups")
+        let g = self.sources[src].gated.ok_or(OpError::Argument {
+            op: "StatePool",
+            arg: "source",
+            value: src.to_string(),
+            why: "only ratio-2 sources keep partial groups",
+        })?;
+        Ok(slot * gated + g)
     }
 
     /// The Engram history of `seq`: the last (up to) three compressed ids,
@@ -858,6 +881,26 @@ pub(crate) struct CompressorIo<'a> {
     pub keys: &'a mut Tensor,
 }
 
+/// A physical row as the kernels' int32 index: `PoolConfig::validate` keeps
+/// every pool below 2^31 rows, so this fails only if that check is broken.
+fn phys_i32(row: usize) -> Result<i32> {
+    Ok(i32::try_from(row).map_err(|_| OpError::Argument {
+        op: "StatePool",
+        arg: "row",
+        value: row.to_string(),
+        why: "a physical row beyond the int32 index space",
+    })?)
+}
+
+fn too_many(cache: &'static str, pages: usize) -> OpError {
+    OpError::Argument {
+        op: "StatePool::new",
+        arg: cache,
+        value: pages.to_string(),
+        why: "more than 2^32 pages",
+    }
+}
+
 fn unknown(seq: SeqId) -> OpError {
     OpError::Argument {
         op: "StatePool",
@@ -867,11 +910,25 @@ fn unknown(seq: SeqId) -> OpError {
     }
 }
 
-fn grow(t: &mut BlockTable, n: usize, free: &mut Vec<u32>) {
+/// Appends `n` free pages to `t` (the caller reserved them).
+fn grow(t: &mut BlockTable, n: usize, pages: &mut Pages, seq: SeqId) -> Result<()> {
     for _ in 0..n {
-        t.pages
-            .push_back(free.pop().expect("reserved: enough free pages"));
+        let p = take_page(pages, seq)?;
+        t.pages.push_back(p);
     }
+    Ok(())
+}
+
+/// A free page; running dry after a reservation said the pages were there
+/// is reported as out of pages rather than trusted.
+fn take_page(pages: &mut Pages, seq: SeqId) -> Result<u32> {
+    Ok(pages.free.pop().ok_or(OpError::OutOfPages {
+        cache: pages.name,
+        seq,
+        needed: 1,
+        free: 0,
+        total: pages.total,
+    })?)
 }
 
 /// Copies `n` rows of `src` (from `row0`) to logical rows `at ..` of
@@ -913,7 +970,7 @@ fn claim_rows(
 ) -> Result<Vec<i32>> {
     (at..at + n)
         .map(|r| {
-            table.row(r, pr).map(|p| p as i32).ok_or_else(|| {
+            table.row(r, pr).map(phys_i32).transpose()?.ok_or_else(|| {
                 OpError::Argument {
                     op: "StatePool::claim",
                     arg: what,

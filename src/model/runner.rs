@@ -47,8 +47,24 @@ pub fn single_sequence_pool(model: &Model, max_context: usize) -> Result<StatePo
 /// The greedy next token of the last row of `logits` (F32 `[T, V]`):
 /// ties to the lowest id.
 fn greedy_last(logits: &crate::tensor::Tensor) -> Result<u32> {
-    let last = logits.narrow_rows(logits.rows() - 1, 1)?;
-    Ok(ops::argmax(&last)?.to_vec::<i32>()?[0] as u32)
+    let last = logits.narrow_rows(logits.rows().saturating_sub(1), 1)?;
+    greedy_id(&last)
+}
+
+/// The greedy id of a one-row F32 `[1, V]` `logits` (ties to the lowest).
+pub(crate) fn greedy_id(logits: &crate::tensor::Tensor) -> Result<u32> {
+    let ids = ops::argmax(logits)?.to_vec::<i32>()?;
+    ids.first()
+        .and_then(|&id| u32::try_from(id).ok())
+        .ok_or_else(|| {
+            crate::Error::Argument {
+                op: "greedy",
+                arg: "logits",
+                value: format!("{:?}", logits.shape()),
+                why: "argmax gave no token id",
+            }
+            .into()
+        })
 }
 
 /// Greedily generates up to `max_new` tokens after `prompt`, stopping after

@@ -133,7 +133,7 @@ impl Tokenizer {
     pub fn token_bytes(&self, special_marker: u8) -> Result<Vec<Vec<u8>>, TokenizerError> {
         let alphabet = byte_alphabet();
         let added = self.inner.get_added_tokens_decoder();
-        (0..self.len as u32)
+        (0..u32::try_from(self.len).unwrap_or(u32::MAX))
             .map(|id| {
                 if let Some(t) = added.get(&id) {
                     let mut b = Vec::with_capacity(t.content.len() + 1);
@@ -211,7 +211,8 @@ pub fn engram_token_map(tok: &Tokenizer) -> Result<(Vec<i64>, usize), TokenizerE
     let norm = engram_normalizer()?;
     let mut classes: HashMap<String, i64> = HashMap::new();
     let mut map = Vec::with_capacity(tok.len());
-    for id in 0..tok.len() as u32 {
+    // Ids are u32: a tokenizer holds at most 2^32 of them.
+    for id in 0..u32::try_from(tok.len()).unwrap_or(u32::MAX) {
         let text = tok.decode(&[id])?;
         let key = if text.contains('\u{FFFD}') {
             tok.id_to_token(id)

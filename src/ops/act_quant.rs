@@ -62,7 +62,6 @@ fn validate(x: &Tensor) -> Result<(Device, Vec<usize>)> {
     x.expect_dtype(OP, "x", DType::BF16)?;
     let (_, k) = rows_and_last(OP, "x", x)?;
     check_i32(OP, "x", x, k)?;
-    let mut scale_shape = x.shape().to_vec();
-    *scale_shape.last_mut().expect("rank >= 1") = k.div_ceil(MX_BLOCK);
+    let scale_shape = super::with_last(x.shape(), k.div_ceil(MX_BLOCK));
     Ok((common_device(OP, &[("x", x)])?, scale_shape))
 }

@@ -63,7 +63,7 @@ pub fn argmax(logits: &Tensor) -> Result<Tensor> {
     cpu_only(ARGMAX, &logits.device())?;
     let x = logits.as_slice::<f32>()?;
     let ids: Vec<i32> = (0..t)
-        .map(|r| crate::numerics::argmax(&x[r * v..(r + 1) * v]) as i32)
+        .map(|r| super::i32_sat(crate::numerics::argmax(&x[r * v..(r + 1) * v])))
         .collect();
     Tensor::from_vec(ids, &[t])
 }

@@ -41,9 +41,11 @@ pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Resu
     let rows: Vec<i64> = ids
         .as_slice::<i64>()?
         .chunks_exact(4)
-        .flat_map(|n| {
-            let ids: [i64; 4] = n.try_into().expect("chunks of 4");
-            engram::table_rows(&engram::ngram_hashes(&ids, multipliers), primes)
+        .flat_map(|n| match *n {
+            [a, b, c, d] => {
+                engram::table_rows(&engram::ngram_hashes(&[a, b, c, d], multipliers), primes)
+            }
+            _ => Vec::new(), // chunks_exact(4) yields no other length
         })
         .map(|r| r as i64)
         .collect();

@@ -55,14 +55,13 @@ pub fn hc_collapse(streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
     let device = common_device(OP, &[("streams", streams), ("pre", pre)])?;
     cpu_only(OP, &device)?;
     let (s, p) = (streams.as_slice::<bf16>()?, pre.as_slice::<f32>()?);
-    let out: Vec<bf16> = (0..t)
-        .flat_map(|i| {
-            let pre: &[f32; HC_STREAMS] = p[i * HC_STREAMS..(i + 1) * HC_STREAMS]
-                .try_into()
-                .expect("4 values");
-            collapse(&s[i * HC_STREAMS * d..(i + 1) * HC_STREAMS * d], pre)
-        })
-        .collect();
+    let mut out: Vec<bf16> = Vec::with_capacity(t * d);
+    for (st, pre) in s
+        .chunks_exact(HC_STREAMS * d)
+        .zip(p.chunks_exact(HC_STREAMS))
+    {
+        out.extend(collapse(st, &super::array(OP, "pre", pre)?));
+    }
     Tensor::from_vec(out, &[t, d])
 }
 

@@ -288,7 +288,9 @@ impl<'a> RowsIn<'a> {
                         .chunks_exact(2)
                         .map(|p| [p[0], p[1]])
                         .collect(),
-                    None => (0..self.rows as i32).map(|j| [2 * j, 2 * j + 1]).collect(),
+                    None => (0..super::i32_sat(self.rows))
+                        .map(|j| [2 * j, 2 * j + 1])
+                        .collect(),
                 };
                 let pending = match pending {
                     Some((k, s)) => Some((k.as_slice::<f32>()?, s.as_slice::<f32>()?)),

@@ -105,8 +105,9 @@ pub fn mhc_pre_into(
         Device::Cpu => {
             let s = streams.as_slice::<bf16>()?;
             let w = hc_fn.as_slice::<f32>()?;
-            let base: &[f32; HC_MIXES] = hc_base.as_slice::<f32>()?.try_into().expect("validated");
-            let scale: &[f32; 3] = hc_scale.as_slice::<f32>()?.try_into().expect("validated");
+            let base: [f32; HC_MIXES] =
+                super::array(OP_PRE, "hc_base", hc_base.as_slice::<f32>()?)?;
+            let scale: [f32; 3] = super::array(OP_PRE, "hc_scale", hc_scale.as_slice::<f32>()?)?;
             let lag = pre_in.as_slice::<f32>()?;
             let mut u = Vec::with_capacity(t * d);
             let mut mixes = Vec::with_capacity(t * HC_MIXES);
@@ -117,11 +118,11 @@ pub fn mhc_pre_into(
                 .chunks_exact(HC_STREAMS * d)
                 .zip(lag.chunks_exact(HC_STREAMS))
             {
-                let lag: &[f32; HC_STREAMS] = lag.try_into().expect("chunk of 4");
-                u.extend(mhc::hc_collapse(tok, lag));
+                let lag: [f32; HC_STREAMS] = super::array(OP_PRE, "pre_in", lag)?;
+                u.extend(mhc::hc_collapse(tok, &lag));
                 let m = mhc::hc_mixes(tok, w, params.eps);
                 mixes.extend(m);
-                let split = mhc::hc_split(&m, scale, base, params.hc_eps, params.iters);
+                let split = mhc::hc_split(&m, &scale, &base, params.hc_eps, params.iters);
                 pre.extend(split.pre);
                 post.extend(split.post);
                 comb.extend(split.comb.iter().flatten());
@@ -191,9 +192,7 @@ pub fn mhc_expand_into(
             for tok in 0..t {
                 let mut split = HcSplit {
                     pre: [0.0; HC_STREAMS],
-                    post: po[tok * HC_STREAMS..][..HC_STREAMS]
-                        .try_into()
-                        .expect("4 values"),
+                    post: super::array(OP_EXPAND, "post", &po[tok * HC_STREAMS..])?,
                     comb: [[0.0; HC_STREAMS]; HC_STREAMS],
                 };
                 for (j, row) in split.comb.iter_mut().enumerate() {

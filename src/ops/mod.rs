@@ -2,6 +2,15 @@
 //! returning a typed [`crate::Error`] that names the offending tensor, then
 //! runs the CPU reference or the CUDA kernel for the device the inputs live on.
 //! Outputs are allocated by the op on that same device.
+//!
+//! Indexing invariant: an op's CPU path indexes host slices only with the
+//! dims it validated at its entry (every tensor's length equals its shape's
+//! product, `Tensor`'s own invariant), and every index read from a tensor
+//! (ids, offsets, permutations, slots, candidate lists) is range-checked
+//! before use, which the error tests cover. So the crate's
+//! `indexing_slicing` lint is lifted here; `unwrap`, `expect` and narrowing
+//! casts stay denied.
+#![allow(clippy::indexing_slicing)]
 
 mod act_quant;
 mod compressor;
@@ -71,8 +80,16 @@ pub(crate) fn common_device(
     op: &'static str,
     tensors: &[(&'static str, &Tensor)],
 ) -> Result<Device> {
-    let device = tensors[0].1.device();
-    for (name, t) in &tensors[1..] {
+    let Some(((_, first), rest)) = tensors.split_first() else {
+        return Err(Error::Argument {
+            op,
+            arg: "tensors",
+            value: "[]".into(),
+            why: "an op names at least one tensor",
+        });
+    };
+    let device = first.device();
+    for (name, t) in rest {
         let d = t.device();
         if !d.same_as(&device) {
             return Err(Error::DeviceMismatch {
@@ -113,6 +130,39 @@ fn rows_and_last(op: &'static str, name: &'static str, t: &Tensor) -> Result<(us
             "rank >= 1 with a non-empty last dimension".into(),
         )),
     }
+}
+
+/// `shape` with its last dimension replaced by `last` (a rank-0 shape,
+/// which every op rejects first, becomes `[last]`).
+pub(crate) fn with_last(shape: &[usize], last: usize) -> Vec<usize> {
+    let lead = shape.split_last().map_or(&[][..], |(_, lead)| lead);
+    lead.iter().copied().chain([last]).collect()
+}
+
+/// The first `N` values of `values` as an array: a short slice (a shape
+/// the op failed to check) is an error naming tensor `name`.
+pub(crate) fn array<T: Copy, const N: usize>(
+    op: &'static str,
+    name: &'static str,
+    values: &[T],
+) -> Result<[T; N]> {
+    values
+        .get(..N)
+        .and_then(|v| <[T; N]>::try_from(v).ok())
+        .ok_or_else(|| Error::Argument {
+            op,
+            arg: name,
+            value: format!("{} values", values.len()),
+            why: "fewer values than the op reads",
+        })
+}
+
+/// `v` as an int32 index or count of a CPU path. The op bounded it below
+/// 2^31 first (`check_i32` or its own limit); a value past i32 would be a
+/// missing check, and saturates to `i32::MAX`, an index every consumer
+/// rejects as out of range, rather than wrapping to a valid one.
+pub(crate) fn i32_sat(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
 }
 
 /// Kernels index rows with 32-bit ints: a last dimension must fit.

@@ -85,7 +85,7 @@ pub fn moe_route_into(
             let mut w_out = Vec::with_capacity(tokens * top_k);
             for row in z.chunks_exact(experts) {
                 let r = moe::route(row, b, top_k, route_scale);
-                id_out.extend(r.experts.iter().map(|&e| e as i32));
+                id_out.extend(r.experts.iter().map(|&e| super::i32_sat(e)));
                 w_out.extend_from_slice(&r.weights);
             }
             ids.as_mut_slice::<i32>()?.copy_from_slice(&id_out);
@@ -152,8 +152,7 @@ fn validate(
             why: "must be finite",
         });
     }
-    let mut out_shape = logits.shape().to_vec();
-    *out_shape.last_mut().expect("rank >= 1") = top_k;
+    let out_shape = super::with_last(logits.shape(), top_k);
     Ok((
         common_device(OP, &[("logits", logits), ("bias", bias)])?,
         out_shape,

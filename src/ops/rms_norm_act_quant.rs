@@ -121,8 +121,7 @@ fn validate(x: &Tensor, weight: &Tensor, eps: f32) -> Result<(Device, Vec<usize>
             why: "must be finite and non-negative",
         });
     }
-    let mut scale_shape = x.shape().to_vec();
-    *scale_shape.last_mut().expect("rank >= 1") = dim / MX_BLOCK;
+    let scale_shape = super::with_last(x.shape(), dim / MX_BLOCK);
     Ok((
         common_device(OP, &[("x", x), ("weight", weight)])?,
         scale_shape,

@@ -256,7 +256,7 @@ fn cpu(
                 match usize::try_from(i).ok().filter(|&i| i < n) {
                     Some(i) => {
                         let row = &pool[i * bytes..(i + 1) * bytes];
-                        local.push((rows.len() / s.d) as i32);
+                        local.push(super::i32_sat(rows.len() / s.d));
                         rows.extend(if is_window {
                             kv_format::decode_window_row(row, s.d)
                         } else {

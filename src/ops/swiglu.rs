@@ -129,8 +129,7 @@ fn validate(g: &Tensor, u: &Tensor, weight: &Tensor, limit: f32) -> Result<(Devi
             why: "must be finite and positive",
         });
     }
-    let mut scale_shape = g.shape().to_vec();
-    *scale_shape.last_mut().expect("rank >= 1") = inter / MX_BLOCK;
+    let scale_shape = super::with_last(g.shape(), inter / MX_BLOCK);
     Ok((
         common_device(OP, &[("g", g), ("u", u), ("weight", weight)])?,
         scale_shape,

@@ -33,6 +33,10 @@ pub struct EngineArgs {
     /// Requests per batch at most.
     #[arg(long, default_value_t = 16)]
     pub max_seqs: usize,
+    /// MiB the state pool of one batch may take (default: what the device
+    /// has available).
+    #[arg(long, value_name = "MIB")]
+    pub pool_memory_mib: Option<usize>,
     /// DEEPINFER_BATCH_INVARIANT (0/1).
     #[arg(long, value_name = "0|1")]
     pub batch_invariant: Option<String>,
@@ -60,6 +64,18 @@ impl EngineArgs {
         let mut c = EngineConfig::from_env()?;
         c.max_seqs = self.max_seqs;
         c.max_context = max_context;
+        if let Some(mib) = self.pool_memory_mib {
+            c.pool_memory =
+                Some(
+                    mib.checked_mul(1 << 20)
+                        .ok_or_else(|| deepinfer::Error::Argument {
+                            op: "deepinfer",
+                            arg: "--pool-memory-mib",
+                            value: mib.to_string(),
+                            why: "more bytes than the address space holds",
+                        })?,
+                );
+        }
         if let Some(v) = &self.batch_invariant {
             c.batch_invariant = parse_flag("--batch-invariant", v)?;
         }

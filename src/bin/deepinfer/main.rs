@@ -6,6 +6,15 @@
 //! dumps the logits); `slice` runs the first kernel slice on any device;
 //! `info` reports the build and devices; `gen-weights` writes a
 //! deterministic random-weight checkpoint.
+//!
+//! The same no-panic lints as the library (`src/lib.rs`).
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::cast_possible_truncation
+)]
 
 mod engine_args;
 mod run;

@@ -209,13 +209,27 @@ fn parse_request(
             }
             "prompt_ids" => prompt = Some(Prompt::Ids(ids(k, v)?)),
             "max_tokens" => {
-                p.max_tokens = v.as_u64().ok_or_else(|| at(k, "expected a count"))? as usize
+                p.max_tokens = v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| at(k, "expected a count"))?
             }
             "temperature" => {
-                p.temperature = v.as_f64().ok_or_else(|| at(k, "expected a number"))? as f32
+                p.temperature = deepinfer::numerics::round_f32(
+                    v.as_f64().ok_or_else(|| at(k, "expected a number"))?,
+                )
             }
-            "top_p" => p.top_p = v.as_f64().ok_or_else(|| at(k, "expected a number"))? as f32,
-            "top_k" => p.top_k = v.as_u64().ok_or_else(|| at(k, "expected a count"))? as usize,
+            "top_p" => {
+                p.top_p = deepinfer::numerics::round_f32(
+                    v.as_f64().ok_or_else(|| at(k, "expected a number"))?,
+                )
+            }
+            "top_k" => {
+                p.top_k = v
+                    .as_u64()
+                    .and_then(|n| usize::try_from(n).ok())
+                    .ok_or_else(|| at(k, "expected a count"))?
+            }
             "seed" => p.seq_seed = v.as_u64().ok_or_else(|| at(k, "expected a u64"))?,
             "logprobs" => p.logprobs = v.as_bool().ok_or_else(|| at(k, "expected a bool"))?,
             "stop" => {
@@ -427,14 +441,19 @@ pub fn run(a: &RunArgs) -> Result<()> {
             if let Ok(o) = &r {
                 generated += o.tokens.len();
             }
-            results[*i] = Some(r);
+            if let Some(slot) = results.get_mut(*i) {
+                *slot = Some(r);
+            }
         }
     }
     bar.finish_and_clear();
     let lines: Vec<Value> = results
         .iter()
         .enumerate()
-        .map(|(i, r)| output_json(i, r.as_ref().expect("every request answered")))
+        .map(|(i, r)| match r {
+            Some(r) => output_json(i, r),
+            None => json!({"index": i, "error": "the request was left unanswered"}),
+        })
         .collect();
     match &a.output {
         Some(out) => write_jsonl(out, &lines)?,

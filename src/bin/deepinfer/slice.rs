@@ -6,14 +6,15 @@ use deepinfer::numerics::{e4m3_to_f32, e8m0_to_f32};
 use deepinfer::{Device, E4M3, E8M0, Tensor, ops};
 use half::bf16;
 
-fn input(rows: usize, dim: usize) -> (Tensor, Tensor) {
+fn input(rows: usize, dim: usize) -> deepinfer::Result<(Tensor, Tensor)> {
     // A fixed pseudo-random input so the main job's output is reproducible.
     let mut state = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = move || {
         state ^= state << 13;
         state ^= state >> 7;
         state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        // The top 24 bits: exact in f32, and state >> 40 always fits a u32.
+        u32::try_from(state >> 40).map_or(0.0, |v| v as f32) / (1u32 << 24) as f32 * 2.0 - 1.0
     };
     let x: Vec<bf16> = (0..rows * dim)
         .map(|_| bf16::from_f32(next() * 3.0))
@@ -21,10 +22,10 @@ fn input(rows: usize, dim: usize) -> (Tensor, Tensor) {
     let w: Vec<bf16> = (0..dim)
         .map(|_| bf16::from_f32(1.0 + 0.1 * next()))
         .collect();
-    (
-        Tensor::from_vec(x, &[rows, dim]).expect("shape matches"),
-        Tensor::from_vec(w, &[dim]).expect("shape matches"),
-    )
+    Ok((
+        Tensor::from_vec(x, &[rows, dim])?,
+        Tensor::from_vec(w, &[dim])?,
+    ))
 }
 
 /// The slice prints every row: more than this is not a demo but a mistake.
@@ -48,7 +49,7 @@ pub fn run(device: &str, rows: usize, dim: usize) -> deepinfer::Result<()> {
             });
         }
     }
-    let (x, w) = input(rows, dim);
+    let (x, w) = input(rows, dim)?;
     let (x, w) = (x.to_device(&device)?, w.to_device(&device)?);
     let y = ops::rms_norm(&x, &w, 1e-20)?;
     let (q, s) = ops::act_quant_fp8(&y)?;
@@ -57,20 +58,26 @@ pub fn run(device: &str, rows: usize, dim: usize) -> deepinfer::Result<()> {
     let s = s.to_vec::<E8M0>()?;
     println!("deepinfer slice on {device}: rms_norm(eps=1e-20) -> act_quant_fp8, {rows}x{dim}");
     let blocks = dim.div_ceil(32);
-    for r in 0..rows {
-        let yr = &y[r * dim..(r + 1) * dim];
+    let rows_of = y
+        .chunks_exact(dim)
+        .zip(q.chunks_exact(dim))
+        .zip(s.chunks_exact(blocks));
+    for (r, ((yr, qr), sr)) in rows_of.enumerate() {
         let ms: f64 = yr.iter().map(|v| (v.to_f64()).powi(2)).sum::<f64>() / dim as f64;
-        let err = (0..dim)
-            .map(|i| {
-                let deq = e4m3_to_f32(q[r * dim + i]) * e8m0_to_f32(s[r * blocks + i / 32]);
-                (deq - yr[i].to_f32()).abs() / yr[i].to_f32().abs().max(1e-3)
+        let err = yr
+            .iter()
+            .zip(qr)
+            .zip(sr.iter().flat_map(|&b| std::iter::repeat_n(b, 32)))
+            .map(|((yv, &qv), sv)| {
+                let deq = e4m3_to_f32(qv) * e8m0_to_f32(sv);
+                (deq - yv.to_f32()).abs() / yv.to_f32().abs().max(1e-3)
             })
             .fold(0.0f32, f32::max);
         println!(
             "row {r}: mean(y^2) = {ms:.4}, first scales = 2^{:?}, max rel dequant error = {err:.4}",
-            s[r * blocks..r * blocks + blocks.min(4)]
-                .iter()
-                .map(|e| e.0 as i32 - 127)
+            sr.iter()
+                .take(4)
+                .map(|e| i32::from(e.0) - 127)
                 .collect::<Vec<_>>()
         );
     }

@@ -55,11 +55,16 @@ fn fp8_blocks(values: &[f32], rows: usize, cols: usize, block: [usize; 2]) -> Ve
                     .clone()
                     .flat_map(move |r| col_range.clone().map(move |c| r * cols + c))
             };
-            let amax = cells().fold(FP8_AMAX_FLOOR, |m, i| m.max(values[i].abs()));
+            // Every cell r · cols + c is below rows · cols = values.len().
+            let amax = cells()
+                .filter_map(|i| values.get(i))
+                .fold(FP8_AMAX_FLOOR, |m, v| m.max(v.abs()));
             let scale = ceil_pow2_scale(amax, 1.0 / E4M3_MAX);
             let s = e8m0_to_f32(scale);
             for i in cells() {
-                codes[i] = f32_to_e4m3(values[i] / s).0;
+                if let (Some(code), Some(&v)) = (codes.get_mut(i), values.get(i)) {
+                    *code = f32_to_e4m3(v / s).0;
+                }
             }
             scales.push(scale.0);
         }
@@ -77,11 +82,13 @@ fn fp4_rows(values: &[f32], cols: usize) -> Vec<Vec<u8>> {
         for (block, out) in row.chunks(MX_BLOCK).zip(nibbles.chunks_mut(MX_BLOCK)) {
             scales.push(fp4_e8m0_quant_block(block, out).0);
         }
-        packed.extend(
-            nibbles
-                .chunks(2)
-                .map(|p| pack_fp4(p[0], p.get(1).copied().unwrap_or(0)).0),
-        );
+        packed.extend(nibbles.chunks(2).map(|p| {
+            pack_fp4(
+                p.first().copied().unwrap_or(0),
+                p.get(1).copied().unwrap_or(0),
+            )
+            .0
+        }));
     }
     vec![packed, scales]
 }

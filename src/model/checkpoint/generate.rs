@@ -244,7 +244,9 @@ fn param_values(param: &Param, seed: u64) -> Vec<f32> {
         Role::HcFn { fan_in } => (0.0, 0.5 / (fan_in.max(1) as f64).sqrt()),
         Role::GateBias => (0.0, 0.01),
     };
-    (0..n).map(|_| (mean + std * rng.normal()) as f32).collect()
+    (0..n)
+        .map(|_| crate::numerics::round_f32(mean + std * rng.normal()))
+        .collect()
 }
 
 /// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a

@@ -107,8 +107,12 @@ impl Headers {
             let shard = headers.shards.len();
             let map = map_shard(&path)?;
             for (name, tensor) in read_header(&path, &map, shard)? {
-                if let Some(&first) = headers.by_name.get(&name) {
-                    let first = headers.file(&headers.found[first].1);
+                if let Some(f) = headers
+                    .by_name
+                    .get(&name)
+                    .and_then(|&i| headers.found.get(i))
+                {
+                    let first = headers.file(&f.1);
                     headers.duplicates.push(TensorProblem::Duplicate {
                         name,
                         first,
@@ -158,7 +162,11 @@ impl Headers {
         }
         let mut entries = HashMap::with_capacity(manifest.len());
         for spec in manifest.tensors() {
-            let Some(&i) = self.by_name.get(&spec.name) else {
+            let Some((_, tensor)) = self
+                .by_name
+                .get(&spec.name)
+                .and_then(|&i| self.found.get(i))
+            else {
                 problems.push(TensorProblem::Missing {
                     name: spec.name.clone(),
                     dtype: spec.dtype,
@@ -166,7 +174,6 @@ impl Headers {
                 });
                 continue;
             };
-            let tensor = &self.found[i].1;
             let dtype_ok = CheckpointDType::from_safetensors(tensor.dtype) == Some(spec.dtype);
             if !dtype_ok {
                 problems.push(TensorProblem::WrongDType {
@@ -317,12 +324,17 @@ impl Checkpoint {
                 .ok_or_else(|| CheckpointError::UnknownTensor {
                     name: name.to_string(),
                 })?;
-        let shard = &self.shards[entry.shard];
+        // The entry's shard and byte range were checked against the
+        // shard's header when the checkpoint was opened.
+        let unknown = || CheckpointError::UnknownTensor {
+            name: name.to_string(),
+        };
+        let shard = self.shards.get(entry.shard).ok_or_else(unknown)?;
         Ok(TensorView {
             name,
             dtype: entry.dtype,
             shape: &entry.shape,
-            bytes: &shard.map[entry.bytes.clone()],
+            bytes: shard.map.get(entry.bytes.clone()).ok_or_else(unknown)?,
             file: &shard.path,
         })
     }
@@ -513,11 +525,15 @@ fn progress_bar(progress: Progress, total: u64, passes: u64) -> ProgressBar {
 fn first_non_finite(dtype: CheckpointDType, bytes: &[u8]) -> Option<usize> {
     match dtype {
         CheckpointDType::F32 => bytes
-            .chunks_exact(4)
-            .position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+            .as_chunks::<4>()
+            .0
+            .iter()
+            .position(|&b| !f32::from_le_bytes(b).is_finite()),
         CheckpointDType::BF16 => bytes
-            .chunks_exact(2)
-            .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7F80 == 0x7F80),
+            .as_chunks::<2>()
+            .0
+            .iter()
+            .position(|&b| u16::from_le_bytes(b) & 0x7F80 == 0x7F80),
         // e4m3 "fn": no infinities, NaN is S.1111.111.
         CheckpointDType::F8E4M3 => bytes.iter().position(|&b| b & 0x7F == 0x7F),
         // E8M0: 0xFF is NaN.

@@ -136,7 +136,7 @@ impl Manifest {
     }
 
     pub fn get(&self, name: &str) -> Option<&TensorSpec> {
-        self.index.get(name).map(|&i| &self.tensors[i])
+        self.index.get(name).and_then(|&i| self.tensors.get(i))
     }
 
     pub fn len(&self) -> usize {

@@ -67,14 +67,14 @@ impl<'a> TensorView<'a> {
 
     pub fn to_bf16(&self) -> Result<Vec<bf16>, CheckpointError> {
         self.expect(CheckpointDType::BF16)?;
-        let value = |b: &[u8]| bf16::from_bits(u16::from_le_bytes([b[0], b[1]]));
-        Ok(self.bytes.chunks_exact(2).map(value).collect())
+        let value = |&b: &[u8; 2]| bf16::from_bits(u16::from_le_bytes(b));
+        Ok(self.bytes.as_chunks::<2>().0.iter().map(value).collect())
     }
 
     pub fn to_f32(&self) -> Result<Vec<f32>, CheckpointError> {
         self.expect(CheckpointDType::F32)?;
-        let value = |b: &[u8]| f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        Ok(self.bytes.chunks_exact(4).map(value).collect())
+        let value = |&b: &[u8; 4]| f32::from_le_bytes(b);
+        Ok(self.bytes.as_chunks::<4>().0.iter().map(value).collect())
     }
 
     pub fn to_e4m3(&self) -> Result<Vec<E4M3>, CheckpointError> {

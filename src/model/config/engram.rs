@@ -115,7 +115,8 @@ fn is_prime(n: u64) -> bool {
 }
 
 fn mul_mod(a: u64, b: u64, n: u64) -> u64 {
-    (u128::from(a) * u128::from(b) % u128::from(n)) as u64
+    // Below n, so the high half is zero.
+    crate::numerics::low_u64(u128::from(a) * u128::from(b) % u128::from(n))
 }
 
 fn pow_mod(mut base: u64, mut exp: u64, n: u64) -> u64 {

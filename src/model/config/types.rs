@@ -260,10 +260,15 @@ impl ModelConfig {
             return usize::MAX;
         }
         let n = y.original_seq_len as f64 * y.factor.max(1.0);
-        if n >= usize::MAX as f64 {
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "f64 → usize saturates, and n is in [0, usize::MAX) here"
+        )]
+        let m = if n >= usize::MAX as f64 {
             usize::MAX
         } else {
             n as usize
-        }
+        };
+        m
     }
 }

@@ -113,6 +113,22 @@ fn host_i64(v: Vec<i64>, device: &crate::device::Device) -> Result<Tensor> {
     Ok(Tensor::from_vec(v, &[n])?.to_device(device)?)
 }
 
+/// `v` as the kernels' int32 index (rows and positions; the engine's
+/// MAX_CONTEXT keeps them far below 2^31).
+fn i32_of(what: &'static str, v: usize) -> Result<i32> {
+    Ok(i32::try_from(v).map_err(|_| crate::Error::Argument {
+        op: "attention",
+        arg: what,
+        value: v.to_string(),
+        why: "beyond the int32 index space",
+    })?)
+}
+
+/// `start .. start + len` as int32 indices.
+fn i32_range(what: &'static str, start: usize, len: usize) -> Result<std::ops::Range<i32>> {
+    Ok(i32_of(what, start)?..i32_of(what, start.saturating_add(len))?)
+}
+
 fn host_i32(v: Vec<i32>, shape: &[usize], device: &crate::device::Device) -> Result<Tensor> {
     Ok(Tensor::from_vec(v, shape)?.to_device(device)?)
 }
@@ -127,7 +143,7 @@ impl Attention {
         rope: &RopeParams,
     ) -> Result<(Tensor, Tensor)> {
         let a = cfg.attention;
-        let eps = cfg.norm_eps as f32;
+        let eps = crate::numerics::round_f32(cfg.norm_eps);
         let qr = ops::rms_norm(&self.wq_a.forward(x)?, &self.q_norm, eps)?;
         let q = ops::rope(
             &self.wq_b.forward(&qr)?,
@@ -192,7 +208,7 @@ impl Attention {
         (
             RowNorm {
                 weight: &self.kv_norm,
-                eps: cfg.norm_eps as f32,
+                eps: crate::numerics::round_f32(cfg.norm_eps),
             },
             RowRope {
                 positions,
@@ -243,7 +259,10 @@ impl Attention {
         let mut slots = vec![-1i32; x.rows()];
         for e in &b.entries {
             let rows = pool.claim_ring_rows(e.seq, plan.layer, e.start, e.len)?;
-            slots[e.row..e.row + e.len].copy_from_slice(&rows);
+            slots
+                .get_mut(e.row..e.row + e.len)
+                .ok_or_else(|| missing(plan, "a batch entry past the step's rows"))?
+                .copy_from_slice(&rows);
         }
         let slots = host_i32(slots, &[x.rows()], &x.device())?;
         self.write_window_kv(cfg, x, &b.positions, &rope, pool.window_rows_mut(), &slots)?;
@@ -303,7 +322,7 @@ impl Attention {
         b: &Batch,
         pool: &mut StatePool,
     ) -> Result<()> {
-        let eps = cfg.norm_eps as f32;
+        let eps = crate::numerics::round_f32(cfg.norm_eps);
         let rd = cfg.attention.rope_head_dim;
         let device = x.device();
         let rope = rope_params(plan);
@@ -318,14 +337,14 @@ impl Attention {
             let mut m = Vec::with_capacity(e.len + 1);
             if c.wgate.is_some() {
                 if let Some(r) = pool.pending_row_of(e.seq, plan.layer)? {
-                    m.push(-1 - r as i32);
+                    m.push(-1 - r);
                 }
-                m.extend((e.row..e.row + e.len).map(|r| r as i32));
+                m.extend(i32_range("batch row", e.row, e.len)?);
                 tails.push((e.seq, (m.len() % 2 == 1).then(|| e.row + e.len - 1)));
                 m.truncate(m.len() / 2 * 2);
                 counts.push(m.len() / 2);
             } else {
-                m.extend((e.row..e.row + e.len).map(|r| r as i32));
+                m.extend(i32_range("batch row", e.row, e.len)?);
                 counts.push(e.len);
             }
             members.extend(m);
@@ -441,7 +460,7 @@ impl Attention {
             &rope_params(plan),
         )?;
         let q = ops::index_key_quant(&q.reshape(&[x.rows(), ic.n_heads, ic.head_dim])?)?;
-        let c = ((ic.head_dim * ic.n_heads) as f64).powf(-0.5) as f32;
+        let c = crate::numerics::round_f32(((ic.head_dim * ic.n_heads) as f64).powf(-0.5));
         let w = ops::scale(&iw.weights_proj.forward(x)?, c)?;
         let mut lists = Vec::with_capacity(b.entries.len());
         let mut cands = Vec::new();
@@ -459,8 +478,8 @@ impl Attention {
                 continue;
             }
             let visible: Vec<i32> = (e.start..end)
-                .map(|p| ((p + 1) / plan.ratio) as i32)
-                .collect();
+                .map(|p| i32_of("visible entries", (p + 1) / plan.ratio))
+                .collect::<Result<_>>()?;
             let visible = host_i32(visible, &[e.len], &device)?;
             let keys = pool.gather_keys(e.seq, src, n)?;
             let scores = ops::index_scores(
@@ -488,7 +507,7 @@ impl Attention {
                     let mask = published
                         .candidates
                         .get(&cs)
-                        .map(|v| &v[i])
+                        .and_then(|v| v.get(i))
                         .ok_or_else(|| {
                             missing(plan, "the candidate source did not publish its blocks")
                         })?;
@@ -532,7 +551,7 @@ pub(crate) fn window_lists(
                 idx.push(if pos > p {
                     -1
                 } else {
-                    pool.ring_row(e.seq, ring, pos)?.map_or(-1, |r| r as i32)
+                    pool.ring_row(e.seq, ring, pos)?.unwrap_or(-1)
                 });
             }
         }
@@ -550,19 +569,24 @@ fn compressed_lists(
     src: usize,
     lists: &[Tensor],
 ) -> Result<Option<Tensor>> {
-    let kc = lists.iter().map(|l| l.shape()[1]).max().unwrap_or(0);
+    let width = |l: &Tensor| l.shape().get(1).copied().unwrap_or(0);
+    let kc = lists.iter().map(width).max().unwrap_or(0);
     if kc == 0 {
         return Ok(None);
     }
     let mut idx = Vec::with_capacity(b.positions.rows() * kc);
     for (e, l) in b.entries.iter().zip(lists) {
-        let w = l.shape()[1];
+        let w = width(l);
         let host = l.to_vec::<i32>()?;
         for r in 0..e.len {
             for j in 0..kc {
-                let v = if j < w { host[r * w + j] } else { -1 };
+                let v = if j < w {
+                    host.get(r * w + j).copied().unwrap_or(-1)
+                } else {
+                    -1
+                };
                 idx.push(match usize::try_from(v) {
-                    Ok(j) => pool.entry_row(e.seq, src, j)?.map_or(-1, |r| r as i32),
+                    Ok(j) => pool.entry_row(e.seq, src, j)?.unwrap_or(-1),
                     Err(_) => -1,
                 });
             }
@@ -583,14 +607,19 @@ pub(crate) fn stage_list(
     window: usize,
     p: usize,
 ) -> Result<Tensor> {
-    let e = b.entries[0];
+    let e = *b.entries.first().ok_or(crate::Error::Argument {
+        op: "stage_list",
+        arg: "batch",
+        value: "no entries".into(),
+        why: "a DSpark block needs its sequence's entry",
+    })?;
     let mut list = Vec::new();
     for slot in 0..window.min(p + 1) {
         let pos = p - (p + window - slot) % window;
-        list.push(pool.ring_row(e.seq, ring, pos)?.map_or(-1, |r| r as i32));
+        list.push(pool.ring_row(e.seq, ring, pos)?.unwrap_or(-1));
     }
     for q in e.start..e.start + e.len {
-        list.push(pool.ring_row(e.seq, ring, q)?.map_or(-1, |r| r as i32));
+        list.push(pool.ring_row(e.seq, ring, q)?.unwrap_or(-1));
     }
     let width = list.len();
     let all: Vec<i32> = (0..e.len).flat_map(|_| list.iter().copied()).collect();

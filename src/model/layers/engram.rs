@@ -33,7 +33,14 @@ impl Engram {
     pub fn forward(&self, streams: &Tensor, ngram_ids: &Tensor, eps: f32) -> Result<Tensor> {
         let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
         let lookups = ops::engram_lookup(&self.table, &rows, self.head_dim)?;
-        let (t, c, d) = (streams.shape()[0], streams.shape()[1], streams.shape()[2]);
+        let &[t, c, d] = streams.shape() else {
+            return Err(crate::ops::shape_error(
+                "Engram::forward",
+                "streams",
+                streams,
+                "[T, 4, D]".into(),
+            ));
+        };
         let kv = self.wkv.forward(&lookups)?.reshape(&[t, c + 1, d])?;
         ops::engram_gate_update(streams, &kv, &self.q_weight, &self.k_weight, eps)
     }

@@ -53,7 +53,7 @@ impl Bf16Linear {
     }
 
     pub fn out_dim(&self) -> usize {
-        self.weight.shape()[0]
+        self.weight.shape().first().copied().unwrap_or(0)
     }
 }
 

@@ -308,26 +308,23 @@ pub(super) fn host_offsets(offsets: &Tensor, rows: usize) -> Result<Vec<usize>> 
         value,
         why,
     };
-    if v[0] != 0 {
+    let (Some(&first), Some(&last)) = (v.first(), v.last()) else {
+        return Err(bad("[]".into(), "offsets hold E + 1 ≥ 1 values"));
+    };
+    if first != 0 {
         return Err(bad(
-            format!("offsets[0] = {}", v[0]),
+            format!("offsets[0] = {first}"),
             "the first offset must be 0",
         ));
     }
-    for (i, p) in v.windows(2).enumerate() {
-        if p[1] < p[0] {
+    for (i, (&a, &b)) in v.iter().zip(v.iter().skip(1)).enumerate() {
+        if b < a {
             return Err(bad(
-                format!(
-                    "offsets[{}] = {} after offsets[{i}] = {}",
-                    i + 1,
-                    p[1],
-                    p[0]
-                ),
+                format!("offsets[{}] = {b} after offsets[{i}] = {a}", i + 1),
                 "offsets must be non-decreasing",
             ));
         }
     }
-    let last = v[v.len() - 1];
     if usize::try_from(last).ok() != Some(rows) {
         return Err(bad(
             format!(

@@ -84,7 +84,7 @@ pub fn index_candidates_into(
                 let mask = cpu_backend::indexer::candidate_mask(&row, visible, block, keep);
                 let kept = (0..n.div_ceil(block))
                     .filter(|&j| mask[j * block])
-                    .map(|j| j as i32)
+                    .map(crate::ops::i32_sat)
                     .chain(std::iter::repeat(-1));
                 for (d, v) in o[b * width..(b + 1) * width].iter_mut().zip(kept) {
                     *d = v;

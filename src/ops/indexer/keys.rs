@@ -18,8 +18,7 @@ pub(super) const QUANT: &str = "index_key_quant";
 /// per row. Used for the key cache and for the FP4 index queries.
 pub fn index_key_quant(x: &Tensor) -> Result<Tensor> {
     let (device, dim) = validate_quant(x)?;
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("rank >= 1") = index_key_row_nibbles(dim);
+    let shape = crate::ops::with_last(x.shape(), index_key_row_nibbles(dim));
     let mut out = Tensor::empty(&device, DType::F4E2M1x2, &shape)?;
     index_key_quant_into(x, &mut out)?;
     Ok(out)
@@ -28,8 +27,7 @@ pub fn index_key_quant(x: &Tensor) -> Result<Tensor> {
 /// [`index_key_quant`] into a preallocated `out` of the matching shape.
 pub fn index_key_quant_into(x: &Tensor, out: &mut Tensor) -> Result<()> {
     let (_, dim) = validate_quant(x)?;
-    let mut shape = x.shape().to_vec();
-    *shape.last_mut().expect("rank >= 1") = index_key_row_nibbles(dim);
+    let shape = crate::ops::with_last(x.shape(), index_key_row_nibbles(dim));
     out.expect_output(QUANT, "out", DType::F4E2M1x2, &shape)?;
     match common_device(QUANT, &[("x", x), ("out", out)])? {
         Device::Cpu => {

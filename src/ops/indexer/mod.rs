@@ -91,7 +91,7 @@ pub(super) fn widened_rows<'a>(
     let (sc, vis) = (scores.as_slice::<bf16>()?, visible.as_slice::<i32>()?);
     Ok(vis.iter().enumerate().map(move |(b, &v)| {
         let row = sc[b * n..(b + 1) * n].iter().map(|x| widen(*x)).collect();
-        (row, v.clamp(0, n as i32) as usize)
+        (row, usize::try_from(v).map_or(0, |v| v.min(n)))
     }))
 }
 

@@ -75,7 +75,7 @@ pub fn index_scores_into_with(
                         &own
                     }
                 };
-                let visible = vis[b].clamp(0, s.n as i32) as usize;
+                let visible = usize::try_from(vis[b]).map_or(0, |v| v.min(s.n));
                 let wh = &wb[b * s.heads..(b + 1) * s.heads];
                 let sc = cpu_backend::indexer::index_scores(&qd, kd, wh, s.dim, visible);
                 for (d, v) in o[b * s.n..(b + 1) * s.n].iter_mut().zip(sc) {
