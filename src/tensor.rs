@@ -359,18 +359,18 @@ impl Tensor {
     }
 
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
-    pub(crate) fn cuda(&self) -> Option<&CudaBuffer> {
+    pub(crate) fn cuda(&self) -> Result<&CudaBuffer> {
         match &self.storage {
-            Storage::Cuda(b) => Some(b),
-            Storage::Host(_) => None,
+            Storage::Cuda(b) => Ok(b),
+            Storage::Host(_) => Err(not_on_cuda()),
         }
     }
 
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
-    pub(crate) fn cuda_mut(&mut self) -> Option<&mut CudaBuffer> {
+    pub(crate) fn cuda_mut(&mut self) -> Result<&mut CudaBuffer> {
         match &mut self.storage {
-            Storage::Cuda(b) => Some(b),
-            Storage::Host(_) => None,
+            Storage::Cuda(b) => Ok(b),
+            Storage::Host(_) => Err(not_on_cuda()),
         }
     }
 
@@ -455,4 +455,15 @@ fn rows_replaced(shape: &[usize], rows: usize) -> Vec<usize> {
     std::iter::once(rows)
         .chain(shape.iter().skip(1).copied())
         .collect()
+}
+
+/// The error of a CUDA launch handed a host tensor (the op layer checks
+/// devices first, so only a broken check reaches it).
+fn not_on_cuda() -> Error {
+    Error::DeviceMismatch {
+        op: "CUDA launch",
+        tensor: "operand",
+        got: "cpu".into(),
+        expected: "a CUDA device".into(),
+    }
 }

@@ -2,6 +2,7 @@
 //! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel.
 
 use super::{grid_for, launch, params::di_act_quant_params, read_ptr, write_ptr};
+use super::{i32_param, u32_param};
 use crate::contract::ActQuantImpl;
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
@@ -30,21 +31,16 @@ pub fn act_quant_fp8(
     }
     let blocks = rows * k.div_ceil(32);
     if rows > 0 {
-        let xb = x.cuda().expect("validated: x is on this device");
+        let xb = x.cuda()?;
         let (xp, _gx) = read_ptr(xb, dev);
-        let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
-        let (sp, _gs) = write_ptr(
-            scale
-                .cuda_mut()
-                .expect("validated: scale is on this device"),
-            dev,
-        );
+        let (qp, _gq) = write_ptr(q.cuda_mut()?, dev);
+        let (sp, _gs) = write_ptr(scale.cuda_mut()?, dev);
         let p = di_act_quant_params {
             x: xp,
             q: qp,
             scale: sp,
             rows: rows as i64,
-            k: k as i32,
+            k: i32_param("k", k)?,
         };
         match imp {
             ActQuantImpl::Cuda => {
@@ -55,7 +51,7 @@ pub fn act_quant_fp8(
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (grid_for(work, per_cta), 1, 1),
-                    block_dim: (THREADS as u32, 1, 1),
+                    block_dim: (u32_param("THREADS", THREADS)?, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 launch(dev, kernel, cfg, &p)?;

@@ -22,6 +22,7 @@
 //! path satisfies the later load by soname). Their absence is an
 //! [`Error::DeviceUnavailable`]; a failing call is an [`Error::Blas`].
 
+use super::i32_param;
 use super::{read_ptr, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice, Device};
 use crate::dtype::DType;
@@ -128,7 +129,9 @@ fn blas_handle(dev: &CudaDevice) -> Result<SharedBlas> {
     ensure_libraries()?;
     let stream = dev.raw_stream();
     let key = Arc::as_ptr(stream) as usize;
-    let mut handles = HANDLES.lock().expect("cuBLAS handle cache lock poisoned");
+    let mut handles = HANDLES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if let Some(h) = handles.get(&key) {
         return Ok(h.clone());
     }
@@ -168,14 +171,13 @@ pub fn bf16_linear(
         _ => cudaDataType_t::CUDA_R_16BF,
     };
     let handle = blas_handle(dev)?;
-    let blas = handle.lock().expect("cuBLAS handle lock poisoned");
+    let blas = handle
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     bind(dev)?;
-    let (ap, _ga) = read_ptr(a.cuda().expect("validated: a is on this device"), dev);
-    let (wp, _gw) = read_ptr(w.cuda().expect("validated: w is on this device"), dev);
-    let (op, _go) = write_ptr(
-        out.cuda_mut().expect("validated: out is on this device"),
-        dev,
-    );
+    let (ap, _ga) = read_ptr(a.cuda()?, dev);
+    let (wp, _gw) = read_ptr(w.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: the handle is live and bound to `dev`'s stream, on which the
     // guards order these buffers. W is N × K and A is M × K BF16, row-major,
@@ -189,20 +191,20 @@ pub fn bf16_linear(
             *blas.handle(),
             cublasOperation_t::CUBLAS_OP_T,
             cublasOperation_t::CUBLAS_OP_N,
-            n as i32,
-            m as i32,
-            k as i32,
+            i32_param("n", n)?,
+            i32_param("m", m)?,
+            i32_param("k", k)?,
             (&alpha as *const f32).cast(),
             wp,
             cudaDataType_t::CUDA_R_16BF,
-            k as i32,
+            i32_param("k", k)?,
             ap,
             cudaDataType_t::CUDA_R_16BF,
-            k as i32,
+            i32_param("k", k)?,
             (&beta as *const f32).cast(),
             op,
             out_type,
-            n as i32,
+            i32_param("n", n)?,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
@@ -442,12 +444,12 @@ impl Fp8TensorwisePlan {
         }
         let dev = &self.dev;
         bind(dev)?;
-        let (ap, _ga) = read_ptr(a.cuda().expect("checked: on this device"), dev);
-        let (wp, _gw) = read_ptr(w.cuda().expect("checked: on this device"), dev);
-        let (asp, _gas) = read_ptr(a_scale.cuda().expect("checked: on this device"), dev);
-        let (wsp, _gws) = read_ptr(w_scale.cuda().expect("checked: on this device"), dev);
+        let (ap, _ga) = read_ptr(a.cuda()?, dev);
+        let (wp, _gw) = read_ptr(w.cuda()?, dev);
+        let (asp, _gas) = read_ptr(a_scale.cuda()?, dev);
+        let (wsp, _gws) = read_ptr(w_scale.cuda()?, dev);
         let (wsb, _gwb) = write_ptr(&mut self.workspace, dev);
-        let (op, _go) = write_ptr(out.cuda_mut().expect("checked: on this device"), dev);
+        let (op, _go) = write_ptr(out.cuda_mut()?, dev);
         // cuBLASLt's A is our W and its B our A.
         set_desc(&self.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsp)?;
         set_desc(&self.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &asp)?;

@@ -23,6 +23,7 @@
 
 use super::params::di_mx_gemm_params;
 use super::tma::{Swizzle, encode_u8};
+use super::u32_param;
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
@@ -96,8 +97,9 @@ pub fn mxfp8_gemm_with(
     version: LargeKernel,
 ) -> Result<()> {
     const OP: &str = "mxfp8_gemm";
-    let (m, k) = (a.shape()[0], a.shape()[1]);
-    let n = b.shape()[0];
+    let (&[m, k], Some(&n)) = (a.shape(), b.shape().first()) else {
+        return Err(rank_error(OP, a, "A [M, K] and B [N, K]"));
+    };
     check_k(OP, "a", a, k, 16)?;
     let kernel = match (out.dtype(), version) {
         (DType::BF16, LargeKernel::V1) => kernels::gemm::MXFP8_GEMM_BF16,
@@ -116,17 +118,17 @@ pub fn mxfp8_gemm_with(
     }
     let tiles = m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
     fit_i32(OP, "out", out, tiles)?;
-    let (ap, _ga) = read_ptr(a.cuda().expect("validated: a is on this device"), dev);
-    let (asp, _gas) = read_ptr(a_s.cuda().expect("validated: a_s is on this device"), dev);
-    let (bp, _gb) = read_ptr(b.cuda().expect("validated: b is on this device"), dev);
-    let (bsp, _gbs) = read_ptr(b_s.cuda().expect("validated: b_s is on this device"), dev);
+    let (ap, _ga) = read_ptr(a.cuda()?, dev);
+    let (asp, _gas) = read_ptr(a_s.cuda()?, dev);
+    let (bp, _gb) = read_ptr(b.cuda()?, dev);
+    let (bsp, _gbs) = read_ptr(b_s.cuda()?, dev);
     let a_map = encode_u8(
         OP,
         "a",
         ap,
         &[k as u64, m as u64],
         &[k as u64],
-        &[128, BLOCK_M as u32],
+        &[128, u32_param("BLOCK_M", BLOCK_M)?],
         Swizzle::B128,
     )?;
     let b_map = encode_u8(
@@ -135,13 +137,10 @@ pub fn mxfp8_gemm_with(
         bp,
         &[k as u64, n as u64],
         &[k as u64],
-        &[128, BLOCK_N as u32],
+        &[128, u32_param("BLOCK_N", BLOCK_N)?],
         Swizzle::B128,
     )?;
-    let (op, _go) = write_ptr(
-        out.cuda_mut().expect("validated: out is on this device"),
-        dev,
-    );
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let p = di_mx_gemm_params {
         a_map,
         b_map,
@@ -195,8 +194,9 @@ pub fn mxfp4_grouped_contiguous_with(
     version: LargeKernel,
 ) -> Result<()> {
     const OP: &str = "mxfp4_grouped_contiguous";
-    let (t, k) = (a.shape()[0], a.shape()[1]);
-    let (e, n) = (b.shape()[0], b.shape()[1]);
+    let (&[t, k], &[e, n, ..]) = (a.shape(), b.shape()) else {
+        return Err(rank_error(OP, a, "A [T, K] and B [E, N, K/2]"));
+    };
     check_k(OP, "b", b, k, 32)?;
     let kernel = match (out.dtype(), version) {
         (DType::BF16, LargeKernel::V1) => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_BF16,
@@ -217,23 +217,18 @@ pub fn mxfp4_grouped_contiguous_with(
     // Σ_e ⌈rows_e / 128⌉ ≤ T / 128 + E for any clamped, monotone offsets.
     let tiles_bound = (t / BLOCK_M + e) * n.div_ceil(BLOCK_N);
     fit_i32(OP, "out", out, tiles_bound)?;
-    let (ap, _ga) = read_ptr(a.cuda().expect("validated: a is on this device"), dev);
-    let (asp, _gas) = read_ptr(a_s.cuda().expect("validated: a_s is on this device"), dev);
-    let (bp, _gb) = read_ptr(b.cuda().expect("validated: b is on this device"), dev);
-    let (bsp, _gbs) = read_ptr(b_s.cuda().expect("validated: b_s is on this device"), dev);
-    let (offp, _goff) = read_ptr(
-        offsets
-            .cuda()
-            .expect("validated: offsets is on this device"),
-        dev,
-    );
+    let (ap, _ga) = read_ptr(a.cuda()?, dev);
+    let (asp, _gas) = read_ptr(a_s.cuda()?, dev);
+    let (bp, _gb) = read_ptr(b.cuda()?, dev);
+    let (bsp, _gbs) = read_ptr(b_s.cuda()?, dev);
+    let (offp, _goff) = read_ptr(offsets.cuda()?, dev);
     let a_map = encode_u8(
         OP,
         "a",
         ap,
         &[k as u64, t as u64],
         &[k as u64],
-        &[128, BLOCK_M as u32],
+        &[128, u32_param("BLOCK_M", BLOCK_M)?],
         Swizzle::B128,
     )?;
     let row_bytes = (k / 2) as u64;
@@ -243,13 +238,10 @@ pub fn mxfp4_grouped_contiguous_with(
         bp,
         &[row_bytes, n as u64, e as u64],
         &[row_bytes, row_bytes * n as u64],
-        &[64, BLOCK_N as u32, 1],
+        &[64, u32_param("BLOCK_N", BLOCK_N)?, 1],
         Swizzle::None,
     )?;
-    let (op, _go) = write_ptr(
-        out.cuda_mut().expect("validated: out is on this device"),
-        dev,
-    );
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let p = di_mx_gemm_params {
         a_map,
         b_map,
@@ -289,6 +281,16 @@ fn check_k(
     Ok(())
 }
 
+/// The op validated the ranks first: this names a broken check.
+fn rank_error(op: &'static str, a: &Tensor, expected: &str) -> Error {
+    Error::Shape {
+        op,
+        tensor: "a",
+        got: a.shape().to_vec(),
+        expected: expected.into(),
+    }
+}
+
 fn fit_i32(op: &'static str, tensor: &'static str, t: &Tensor, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::Shape {
         op,
@@ -317,7 +319,7 @@ fn run(
     p: &di_mx_gemm_params,
 ) -> Result<()> {
     allow_smem(dev, kernel, smem)?;
-    let grid = tiles.clamp(1, dev.sm_count()) as u32;
+    let grid = u32_param("grid", tiles.clamp(1, dev.sm_count()))?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),
         block_dim: (THREADS, 1, 1),

@@ -37,6 +37,7 @@
 
 use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params};
 use super::{allow_smem, launch, read_ptr, write_ptr};
+use super::{i32_param, u32_param};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -135,14 +136,23 @@ fn ensure<'s>(
             dev.alloc(bytes)?
         });
     }
-    Ok(slot.as_mut().expect("just ensured"))
+    slot.as_mut().ok_or(Error::Argument {
+        op: "gemm_skinny",
+        arg: "workspace",
+        value: bytes.to_string(),
+        why: "the split-K workspace was not allocated",
+    })
 }
 
 /// Resident CTAs of `kernel` with `smem` bytes of dynamic shared memory on
 /// `dev` (at least 1). Call after [`allow_smem`].
 fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize> {
     let key = (dev.ordinal(), kernel.name);
-    if let Some(&v) = SLOTS.lock().expect("slot cache lock poisoned").get(&key) {
+    if let Some(&v) = SLOTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&key)
+    {
         return Ok(v);
     }
     let during = |what: &str| format!("{what} for {}::{}", kernel.family.name, kernel.name);
@@ -156,7 +166,7 @@ fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize
     let v = (per_sm as usize * dev.sm_count()).max(1);
     SLOTS
         .lock()
-        .expect("slot cache lock poisoned")
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(key, v);
     Ok(v)
 }
@@ -244,18 +254,18 @@ pub fn mxfp8_gemm_skinny_with(
         b_scale: bsp,
         counts: std::ptr::null(),
         out: std::ptr::null_mut(),
-        m: m as i32,
-        n: n as i32,
-        k: k as i32,
+        m: i32_param("m", m)?,
+        n: i32_param("n", n)?,
+        k: i32_param("k", k)?,
         experts: 1,
-        chunks_per_split: chunks_per_split as i32,
+        chunks_per_split: i32_param("chunks_per_split", chunks_per_split)?,
         out_f32: out_f32 as i32,
         workspace: std::ptr::null_mut(),
         tickets: std::ptr::null_mut(),
-        token_halves: halves as i32,
+        token_halves: i32_param("halves", halves)?,
     };
     let cfg = LaunchConfig {
-        grid_dim: (tiles as u32, splits as u32, 1),
+        grid_dim: (u32_param("tiles", tiles)?, u32_param("splits", splits)?, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
@@ -269,7 +279,9 @@ pub fn mxfp8_gemm_skinny_with(
     // Split K: fp32 partials [splits, M, N] in the stream's cached workspace
     // (held locked until the launches are queued), summed in split order.
     let count = m * n;
-    let mut cache = SCRATCH.lock().expect("skinny scratch lock poisoned");
+    let mut cache = SCRATCH
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let scratch = cache
         .entry(Arc::as_ptr(dev.raw_stream()) as usize)
         .or_default();
@@ -296,11 +308,15 @@ pub fn mxfp8_gemm_skinny_with(
         partials: wp as *const f32,
         out: op,
         count: count as i64,
-        splits: splits as i32,
+        splits: i32_param("splits", splits)?,
         out_f32: out_f32 as i32,
     };
     let cfg = LaunchConfig {
-        grid_dim: (count.div_ceil(256).clamp(1, 132 * 8) as u32, 1, 1),
+        grid_dim: (
+            u32_param("grid", count.div_ceil(256).clamp(1, 132 * 8))?,
+            1,
+            1,
+        ),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -397,16 +413,29 @@ pub fn mxfp4_grouped_masked_with(
         ),
     };
     let nt = token_tile(max_m.min(cap));
-    let kernel = kernels[nt.trailing_zeros() as usize - 3];
+    // nt is a power of two in 8..=32 (token_tile).
+    let kernel = kernels
+        .get((nt.trailing_zeros() as usize).saturating_sub(3))
+        .copied()
+        .ok_or(Error::Argument {
+            op: "gemm_skinny",
+            arg: "token tile",
+            value: nt.to_string(),
+            why: "no kernel for this token tile",
+        })?;
     let smem = smem_bytes(true, nt, version);
     let tiles = n.div_ceil(TILE_N);
     allow_smem(dev, kernel, smem)?;
     let slots = resident_ctas(dev, kernel, smem)?;
     let grid_dim = match version {
-        SkinnyVersion::V1 => (tiles as u32, (slots / tiles).clamp(1, e) as u32, 1),
+        SkinnyVersion::V1 => (
+            u32_param("tiles", tiles)?,
+            u32_param("grid", (slots / tiles).clamp(1, e))?,
+            1,
+        ),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
         SkinnyVersion::V2 => (
-            slots.min(tiles * e * max_m.div_ceil(nt as usize)) as u32,
+            u32_param("grid", slots.min(tiles * e * max_m.div_ceil(nt as usize)))?,
             1,
             1,
         ),
@@ -425,10 +454,10 @@ pub fn mxfp4_grouped_masked_with(
         b_scale: bsp,
         counts: cp as *const i32,
         out: op,
-        m: max_m as i32,
-        n: n as i32,
-        k: k as i32,
-        experts: e as i32,
+        m: i32_param("max_m", max_m)?,
+        n: i32_param("n", n)?,
+        k: i32_param("k", k)?,
+        experts: i32_param("e", e)?,
         chunks_per_split: 0,
         out_f32: out_f32 as i32,
         workspace: std::ptr::null_mut(),
@@ -479,6 +508,10 @@ fn token_tile(rows: usize) -> u32 {
 /// 45056, 50176, 60416, 80896; dense V2 n8..n32 53248, 47104, 56320; FP4 V2
 /// 40960, 47104, 58368), and [`tests::smem_matches_the_kernel_layout`] the
 /// same numbers here.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "TILE_N is the constant 128"
+)]
 fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let x_off = if fp4 { 4096 } else { 8192 };
     let data = x_off + nt * 128;
@@ -563,7 +596,7 @@ fn out_kind(op: &'static str, out: &Tensor) -> Result<bool> {
 }
 
 fn buf<'t>(op: &'static str, name: &'static str, t: &'t Tensor) -> Result<&'t CudaBuffer> {
-    t.cuda().ok_or_else(|| not_on_gpu(op, name, t))
+    t.cuda().map_err(|_| not_on_gpu(op, name, t))
 }
 
 fn buf_mut<'t>(
@@ -571,10 +604,10 @@ fn buf_mut<'t>(
     name: &'static str,
     t: &'t mut Tensor,
 ) -> Result<&'t mut CudaBuffer> {
-    if t.cuda().is_none() {
+    if t.cuda().is_err() {
         return Err(not_on_gpu(op, name, t));
     }
-    t.cuda_mut().ok_or(Error::DeviceMismatch {
+    t.cuda_mut().map_err(|_| Error::DeviceMismatch {
         op,
         tensor: name,
         got: "host memory".into(),

@@ -13,6 +13,7 @@ use super::params::{
     di_indexer_topk_params,
 };
 use super::{allow_smem, grid_for, launch, read_ptr, write_ptr};
+use super::{i32_param, u32_param};
 use crate::Device;
 use crate::contract::{ScoreKernel, ScoreShape};
 use crate::device::CudaDevice;
@@ -59,20 +60,17 @@ pub fn index_key_quant(
     if rows == 0 {
         return Ok(());
     }
-    let (xp, _gx) = read_ptr(x.cuda().expect("validated: x is on this device"), dev);
-    let (op, _go) = write_ptr(
-        out.cuda_mut().expect("validated: out is on this device"),
-        dev,
-    );
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let p = di_indexer_quant_params {
         x: xp,
         out: op,
         rows: rows as i64,
-        dim: dim as i32,
+        dim: i32_param("dim", dim)?,
     };
     let cfg = LaunchConfig {
         grid_dim: (grid_for(rows * dim.div_ceil(128), QUANT_THREADS / 32), 1, 1),
-        block_dim: (QUANT_THREADS as u32, 1, 1),
+        block_dim: (u32_param("QUANT_THREADS", QUANT_THREADS)?, 1, 1),
         shared_mem_bytes: 0,
     };
     launch(dev, kernels::indexer::INDEXER_KEY_QUANT, cfg, &p)
@@ -100,11 +98,11 @@ pub(crate) fn index_scores(
     kernel: ScoreKernel,
 ) -> Result<()> {
     let row_bytes = s.dim / 2 + s.dim / 32;
-    let (qp, _gq) = read_ptr(q.cuda().expect("validated"), dev);
-    let (wp, _gw) = read_ptr(w.cuda().expect("validated"), dev);
-    let (kp, _gk) = read_ptr(keys.cuda().expect("validated"), dev);
-    let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
-    let (sp, _gs) = write_ptr(scores.cuda_mut().expect("validated"), dev);
+    let (qp, _gq) = read_ptr(q.cuda()?, dev);
+    let (wp, _gw) = read_ptr(w.cuda()?, dev);
+    let (kp, _gk) = read_ptr(keys.cuda()?, dev);
+    let (vp, _gv) = read_ptr(visible.cuda()?, dev);
+    let (sp, _gs) = write_ptr(scores.cuda_mut()?, dev);
     let key_addr = kp as usize;
     let fits = s.dim == FAST_DIM && s.heads <= FAST_MAX_HEADS && key_addr.is_multiple_of(4);
     let fast = match kernel {
@@ -138,9 +136,9 @@ pub(crate) fn index_scores(
         } else {
             0
         },
-        batch: s.batch as i32,
-        heads: s.heads as i32,
-        dim: s.dim as i32,
+        batch: i32_param("batch", s.batch)?,
+        heads: i32_param("heads", s.heads)?,
+        dim: i32_param("dim", s.dim)?,
     };
     if fast {
         return index_scores_fast(dev, &p, s);
@@ -149,12 +147,12 @@ pub(crate) fn index_scores(
     // grid); the grid's y is the batch row.
     let cfg = LaunchConfig {
         grid_dim: (
-            s.n.div_ceil(SCORE_THREADS).min(1024) as u32,
-            s.batch as u32,
+            u32_param("grid", s.n.div_ceil(SCORE_THREADS).min(1024))?,
+            u32_param("batch", s.batch)?,
             1,
         ),
-        block_dim: (SCORE_THREADS as u32, 1, 1),
-        shared_mem_bytes: score_smem_bytes(s.heads, s.dim) as u32,
+        block_dim: (u32_param("SCORE_THREADS", SCORE_THREADS)?, 1, 1),
+        shared_mem_bytes: u32_param("shared memory", score_smem_bytes(s.heads, s.dim))?,
     };
     launch(dev, kernels::indexer::INDEXER_SCORES_EXACT, cfg, &p)
 }
@@ -168,8 +166,12 @@ fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShap
     let needed = s.n.div_ceil(FAST_TILE).div_ceil(warps).max(1);
     let fill = (FAST_CTAS_PER_SM * dev.sm_count()).div_ceil(s.batch);
     let cfg = LaunchConfig {
-        grid_dim: (needed.min(fill.max(1)) as u32, s.batch as u32, 1),
-        block_dim: (FAST_THREADS as u32, 1, 1),
+        grid_dim: (
+            u32_param("grid", needed.min(fill.max(1)))?,
+            u32_param("batch", s.batch)?,
+            1,
+        ),
+        block_dim: (u32_param("FAST_THREADS", FAST_THREADS)?, 1, 1),
         shared_mem_bytes: FAST_SMEM,
     };
     launch(dev, kernel, cfg, p)
@@ -201,11 +203,11 @@ pub fn index_topk(
     let device = Device::Cuda(dev.clone());
     let mut hist_hi = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
     let mut hist_lo = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
-    let (sp, _gs) = read_ptr(scores.cuda().expect("validated"), dev);
-    let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
-    let (hp, _gh) = write_ptr(hist_hi.cuda_mut().expect("allocated on dev"), dev);
-    let (lp, _gl) = write_ptr(hist_lo.cuda_mut().expect("allocated on dev"), dev);
-    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    let (sp, _gs) = read_ptr(scores.cuda()?, dev);
+    let (vp, _gv) = read_ptr(visible.cuda()?, dev);
+    let (hp, _gh) = write_ptr(hist_hi.cuda_mut()?, dev);
+    let (lp, _gl) = write_ptr(hist_lo.cuda_mut()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let p = di_indexer_topk_params {
         scores: sp,
         visible: vp as *const i32,
@@ -214,13 +216,17 @@ pub fn index_topk(
         out: op as *mut i32,
         n: n as i64,
         seg_len: seg_len as i64,
-        batch: batch as i32,
-        k: k as i32,
-        segments: segments as i32,
-        offset: offset as i32,
+        batch: i32_param("batch", batch)?,
+        k: i32_param("k", k)?,
+        segments: i32_param("segments", segments)?,
+        offset: i32_param("offset", offset)?,
     };
     let cfg = LaunchConfig {
-        grid_dim: (segments as u32, batch as u32, 1),
+        grid_dim: (
+            u32_param("segments", segments)?,
+            u32_param("batch", batch)?,
+            1,
+        ),
         block_dim: (TOPK_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -237,8 +243,8 @@ const MASK_MAX_SPAN: usize = 2048;
 /// candidate list, so a CTA should cover more entries than the list has).
 const MASK_MIN_SPAN: usize = 256;
 
-fn block_params(batch: usize, n: usize, block: usize, k: usize) -> di_indexer_block_params {
-    di_indexer_block_params {
+fn block_params(batch: usize, n: usize, block: usize, k: usize) -> Result<di_indexer_block_params> {
+    Ok(di_indexer_block_params {
         scores: std::ptr::null(),
         visible: std::ptr::null(),
         block_scores: std::ptr::null_mut(),
@@ -247,11 +253,11 @@ fn block_params(batch: usize, n: usize, block: usize, k: usize) -> di_indexer_bl
         out: std::ptr::null_mut(),
         n: n as i64,
         blocks: n.div_ceil(block) as i64,
-        batch: batch as i32,
-        block: block as i32,
-        k: k as i32,
+        batch: i32_param("batch", batch)?,
+        block: i32_param("block", block)?,
+        k: i32_param("k", k)?,
         span: 0,
-    }
+    })
 }
 
 /// Candidate blocks of every row of BF16 `scores` `[batch, n]` into I32
@@ -276,35 +282,35 @@ pub fn index_candidates(
     let blocks = n.div_ceil(block);
     let device = Device::Cuda(dev.clone());
     let mut block_scores = Tensor::empty(&device, DType::BF16, &[batch, blocks])?;
-    let mut p = block_params(batch, n, block, k);
+    let mut p = block_params(batch, n, block, k)?;
     {
-        let (sp, _gs) = read_ptr(scores.cuda().expect("validated"), dev);
-        let (vp, _gv) = read_ptr(visible.cuda().expect("validated"), dev);
-        let (bp, _gb) = write_ptr(block_scores.cuda_mut().expect("allocated on dev"), dev);
+        let (sp, _gs) = read_ptr(scores.cuda()?, dev);
+        let (vp, _gv) = read_ptr(visible.cuda()?, dev);
+        let (bp, _gb) = write_ptr(block_scores.cuda_mut()?, dev);
         p.scores = sp;
         p.visible = vp as *const i32;
         p.block_scores = bp;
         let cfg = LaunchConfig {
             grid_dim: (
-                blocks.div_ceil(BLOCK_THREADS).min(4096) as u32,
-                batch as u32,
+                u32_param("grid", blocks.div_ceil(BLOCK_THREADS).min(4096))?,
+                u32_param("batch", batch)?,
                 1,
             ),
-            block_dim: (BLOCK_THREADS as u32, 1, 1),
+            block_dim: (u32_param("BLOCK_THREADS", BLOCK_THREADS)?, 1, 1),
             shared_mem_bytes: 0,
         };
         launch(dev, kernels::indexer::INDEXER_BLOCK_SCORES, cfg, &p)?;
     }
     index_topk(dev, &block_scores, visible, out, batch, blocks, k, 0)?;
-    let (bp, _gb) = read_ptr(block_scores.cuda().expect("allocated on dev"), dev);
-    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    let (bp, _gb) = read_ptr(block_scores.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     p.scores = std::ptr::null();
     p.visible = std::ptr::null();
     p.block_scores = bp as *mut std::ffi::c_void;
     p.cand_in = op as *const i32;
     p.cand_out = op as *mut i32;
     let cfg = LaunchConfig {
-        grid_dim: (batch as u32, 1, 1),
+        grid_dim: (u32_param("batch", batch)?, 1, 1),
         block_dim: (TOPK_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -339,17 +345,21 @@ pub fn index_mask_scores(
     }
     let blocks = n.div_ceil(block);
     let span = mask_span(batch, blocks);
-    let mut p = block_params(batch, n, block, k);
-    let (sp, _gs) = read_ptr(scores.cuda().expect("validated"), dev);
-    let (cp, _gc) = read_ptr(candidates.cuda().expect("validated"), dev);
-    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
+    let mut p = block_params(batch, n, block, k)?;
+    let (sp, _gs) = read_ptr(scores.cuda()?, dev);
+    let (cp, _gc) = read_ptr(candidates.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     p.scores = sp;
     p.cand_in = cp as *const i32;
     p.out = op;
-    p.span = span as i32;
+    p.span = i32_param("span", span)?;
     let cfg = LaunchConfig {
-        grid_dim: (blocks.div_ceil(span) as u32, batch as u32, 1),
-        block_dim: (BLOCK_THREADS as u32, 1, 1),
+        grid_dim: (
+            u32_param("grid", blocks.div_ceil(span))?,
+            u32_param("batch", batch)?,
+            1,
+        ),
+        block_dim: (u32_param("BLOCK_THREADS", BLOCK_THREADS)?, 1, 1),
         shared_mem_bytes: 0,
     };
     launch(dev, kernels::indexer::INDEXER_MASK_SCORES, cfg, &p)

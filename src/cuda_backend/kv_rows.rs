@@ -7,6 +7,7 @@
 
 use super::params::di_kv_rows_params;
 use super::{allow_smem, launch, read_ptr, write_ptr};
+use super::{i32_param, u32_param};
 use crate::contract::{KV_ROWS_CUDA_MAX_DIM, KV_ROWS_CUDA_MAX_ROPE_DIM, KvRowFormat};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
@@ -102,13 +103,15 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
     let ctas = u32::try_from(c.rows.div_ceil(tile))
         .map_err(|_| limit(op, "rows", c.rows, "more rows than the CUDA grid takes"))?;
     let null = std::ptr::null::<c_void>();
-    let ptr = |t: &'a Tensor| read_ptr(t.cuda().expect("validated: on this device"), dev);
+    let ptr = |t: &'a Tensor| -> Result<_> { Ok(read_ptr(t.cuda()?, dev)) };
     let mut table = [0.0f32; KV_ROWS_CUDA_MAX_ROPE_DIM / 2];
-    table[..freqs.len()].copy_from_slice(freqs);
+    for (t, &f) in table.iter_mut().zip(freqs) {
+        *t = f;
+    }
     let (kernel, x_p, kv_p, score_p, pend_p, groups_p, kv_rows, pending_rows) = match c.input {
         KvInput::Bf16(x) => (
             kernels::kv::KV_ROWS_BF16,
-            Some(ptr(x)),
+            Some(ptr(x)?),
             None,
             None,
             None,
@@ -124,24 +127,26 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         } => (
             kernels::kv::KV_ROWS_POOL2,
             None,
-            Some(ptr(kv)),
-            Some(ptr(score)),
-            pending.map(|(k, s)| (ptr(k), ptr(s))),
-            groups.map(ptr),
+            Some(ptr(kv)?),
+            Some(ptr(score)?),
+            pending.map(|(k, s)| Ok((ptr(k)?, ptr(s)?))).transpose()?,
+            groups.map(ptr).transpose()?,
             kv.rows(),
             pending.map_or(0, |(k, _)| k.rows()),
         ),
     };
-    let norm_p = c.norm.map(|(w, _)| ptr(w));
-    let pos_p = c.rope.as_ref().map(|(p, _)| ptr(p));
-    let slots_p = c.out.as_ref().and_then(|(_, s)| s.map(ptr));
+    let norm_p = c.norm.map(|(w, _)| ptr(w)).transpose()?;
+    let pos_p = c.rope.as_ref().map(|(p, _)| ptr(p)).transpose()?;
+    let slots_p = c.out.as_ref().and_then(|(_, s)| s.map(ptr)).transpose()?;
     let out_rows = c.out.as_ref().map_or(0, |(pool, _)| pool.rows());
-    let out_p = c
-        .out
-        .map(|(pool, _)| write_ptr(pool.cuda_mut().expect("validated: on this device"), dev));
-    let latent_p = c
-        .latent
-        .map(|l| write_ptr(l.cuda_mut().expect("validated: on this device"), dev));
+    let out_p = match c.out {
+        Some((pool, _)) => Some(write_ptr(pool.cuda_mut()?, dev)),
+        None => None,
+    };
+    let latent_p = match c.latent {
+        Some(l) => Some(write_ptr(l.cuda_mut()?, dev)),
+        None => None,
+    };
     let r = |p: &Option<(*const c_void, _)>| p.as_ref().map_or(null, |(p, _)| *p);
     let p = di_kv_rows_params {
         x: r(&x_p),
@@ -159,8 +164,8 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         kv_rows: kv_rows as i64,
         pending_rows: pending_rows as i64,
         out_rows: out_rows as i64,
-        dim: c.dim as i32,
-        rope_dim: rope_dim as i32,
+        dim: i32_param("dim", c.dim)?,
+        rope_dim: i32_param("rope_dim", rope_dim)?,
         // DI_KV_FORMAT_WINDOW, _COMPRESSED, _INDEX_KEY (params.h).
         format: match c.format {
             KvRowFormat::Window => 0,
@@ -170,7 +175,10 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         eps: c.norm.map_or(0.0, |(_, e)| e),
         freqs: table,
     };
-    let smem = (tile * (2 * c.dim + 16 + 4 * rope_dim + 48) + 2 * c.dim) as u32;
+    let smem = u32_param(
+        "shared memory",
+        tile * (2 * c.dim + 16 + 4 * rope_dim + 48) + 2 * c.dim,
+    )?;
     if smem > 48 << 10 {
         allow_smem(dev, kernel, smem)?;
     }

@@ -37,7 +37,8 @@ use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
     non_camel_case_types,
     non_snake_case,
     non_upper_case_globals,
-    dead_code
+    dead_code,
+    clippy::indexing_slicing // bindgen's layout assertions
 )]
 pub mod params {
     include!(concat!(env!("OUT_DIR"), "/params.rs"));
@@ -70,8 +71,32 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_sparse_mqa_params {}
 // SAFETY: as above (addresses, integers and one float).
 unsafe impl cudarc::driver::DeviceRepr for params::di_kv_rows_params {}
 
+/// `v` as a kernel's int32 parameter. The op validated its sizes first; a
+/// value past 2^31 − 1 is still an error naming it, never a wrapped launch.
+fn i32_param(what: &'static str, v: usize) -> Result<i32> {
+    i32::try_from(v).map_err(|_| param_error(what, v, "a kernel's int32 parameter"))
+}
+
+/// `v` as a launch dimension, shared-memory size or uint32 parameter.
+fn u32_param(what: &'static str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| param_error(what, v, "a launch's uint32 value"))
+}
+
+fn param_error(what: &'static str, v: usize, why: &'static str) -> Error {
+    Error::Argument {
+        op: "CUDA launch",
+        arg: what,
+        value: v.to_string(),
+        why,
+    }
+}
+
 /// Device address of a buffer's first byte, for a kernel that reads it.
 /// The returned guard must outlive the launch that uses the address.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "CUDA hosts are 64-bit: a device address fits usize"
+)]
 fn read_ptr<'a>(
     buf: &'a CudaBuffer,
     dev: &'a CudaDevice,
@@ -81,6 +106,10 @@ fn read_ptr<'a>(
 }
 
 /// Device address of a buffer's first byte, for a kernel that writes it.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "CUDA hosts are 64-bit: a device address fits usize"
+)]
 fn write_ptr<'a>(
     buf: &'a mut CudaBuffer,
     dev: &'a CudaDevice,
@@ -188,5 +217,6 @@ fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
 /// A grid for a grid-stride kernel: enough CTAs to cover `work` items of
 /// `per_cta`, capped so huge inputs loop instead of overflowing the grid.
 fn grid_for(work: usize, per_cta: usize) -> u32 {
-    work.div_ceil(per_cta).clamp(1, 132 * 64) as u32
+    const MAX_GRID: u32 = 132 * 64;
+    u32::try_from(work.div_ceil(per_cta)).map_or(MAX_GRID, |g| g.clamp(1, MAX_GRID))
 }

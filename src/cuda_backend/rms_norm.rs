@@ -2,6 +2,7 @@
 //! when dim % 8 == 0 and dim <= 32768, else the scalar kernel.
 
 use super::{grid_for, launch, params::di_rms_norm_params, read_ptr, write_ptr};
+use super::{i32_param, u32_param};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
@@ -18,10 +19,7 @@ pub fn rms_norm(
     eps: f32,
 ) -> Result<()> {
     if rows > 0 {
-        let (xb, wb) = (
-            x.cuda().expect("validated"),
-            weight.cuda().expect("validated"),
-        );
+        let (xb, wb) = (x.cuda()?, weight.cuda()?);
         // Thread count from dim alone, so every row reduces the same way at
         // any batch size. The vector kernel caches 4 groups of 8 per thread.
         let (kernel, threads) = if dim.is_multiple_of(8) && dim <= 8 * 4 * 1024 {
@@ -35,19 +33,16 @@ pub fn rms_norm(
                 dim.div_ceil(32).clamp(1, 16) * 32,
             )
         };
-        let threads = threads as u32;
+        let threads = u32_param("threads", threads)?;
         let (xp, _gx) = read_ptr(xb, dev);
         let (wp, _gw) = read_ptr(wb, dev);
-        let (op, _go) = write_ptr(
-            out.cuda_mut().expect("validated: out is on this device"),
-            dev,
-        );
+        let (op, _go) = write_ptr(out.cuda_mut()?, dev);
         let p = di_rms_norm_params {
             x: xp,
             weight: wp,
             out: op,
             rows: rows as i64,
-            dim: dim as i32,
+            dim: i32_param("dim", dim)?,
             eps,
         };
         let cfg = LaunchConfig {

@@ -11,6 +11,7 @@
 
 use super::params::di_sparse_mqa_params;
 use super::{allow_smem, launch, read_ptr, write_ptr};
+use super::{i32_param, u32_param};
 use crate::contract::{SparseMqaKernel, SparseMqaShape};
 use crate::device::CudaDevice;
 use crate::error::Result;
@@ -83,23 +84,21 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
     };
     allow_smem(dev, kernel, smem)?;
-    let (qp, _gq) = read_ptr(q.cuda().expect("validated: q is on this device"), dev);
-    let (wp, _gw) = read_ptr(window.cuda().expect("validated"), dev);
-    let (wip, _gwi) = read_ptr(window_idx.cuda().expect("validated"), dev);
-    let (sp, _gs) = read_ptr(sink.cuda().expect("validated"), dev);
-    let comp = compressed.map(|(rows, idx)| {
-        (
-            read_ptr(rows.cuda().expect("validated"), dev),
-            read_ptr(idx.cuda().expect("validated"), dev),
-        )
-    });
+    let (qp, _gq) = read_ptr(q.cuda()?, dev);
+    let (wp, _gw) = read_ptr(window.cuda()?, dev);
+    let (wip, _gwi) = read_ptr(window_idx.cuda()?, dev);
+    let (sp, _gs) = read_ptr(sink.cuda()?, dev);
+    let comp = match compressed {
+        Some((rows, idx)) => Some((read_ptr(rows.cuda()?, dev), read_ptr(idx.cuda()?, dev))),
+        None => None,
+    };
     let (cp, cip) = comp
         .as_ref()
         .map_or((std::ptr::null(), std::ptr::null()), |((c, _), (ci, _))| {
             (*c, *ci)
         });
-    let (op, _go) = write_ptr(out.cuda_mut().expect("validated"), dev);
-    let (lp, _gl) = write_ptr(lse.cuda_mut().expect("validated"), dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let (lp, _gl) = write_ptr(lse.cuda_mut()?, dev);
     let p = di_sparse_mqa_params {
         q: qp,
         window: wp,
@@ -111,13 +110,17 @@ pub(crate) fn sparse_mqa(
         lse: lp as *mut f32,
         nw: s.nw as i64,
         nc: s.nc as i64,
-        h: s.h as i32,
-        kw: s.kw as i32,
-        kc: s.kc as i32,
-        scale: (s.d as f64).powf(-0.5) as f32,
+        h: i32_param("h", s.h)?,
+        kw: i32_param("kw", s.kw)?,
+        kc: i32_param("kc", s.kc)?,
+        scale: crate::numerics::round_f32((s.d as f64).powf(-0.5)),
     };
     let cfg = LaunchConfig {
-        grid_dim: (s.t as u32, (s.h / heads) as u32, 1),
+        grid_dim: (
+            u32_param("t", s.t)?,
+            u32_param("head groups", s.h / heads)?,
+            1,
+        ),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };

@@ -4,6 +4,7 @@
 //! matches, and the registry constant makes a renamed kernel a compile error.
 
 use super::params::di_act_quant_params;
+use super::{i32_param, u32_param};
 use super::{launch_raw, read_ptr, write_ptr};
 use crate::contract::RMS_NORM_ACT_QUANT_MAX_DIM;
 use crate::device::CudaDevice;
@@ -26,7 +27,8 @@ pub fn act_quant_fp8(dev: &CudaDevice, p: &di_act_quant_params) -> Result<()> {
     })?;
     let (q, scale, x) = (p.q as u64, p.scale as u64, p.x as u64);
     let cfg = LaunchConfig {
-        grid_dim: ((groups as u64).div_ceil(128) as u32, 1, 1),
+        // n_groups < 2^31, so the grid fits a u32.
+        grid_dim: (n_groups.unsigned_abs().div_ceil(128), 1, 1),
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -91,23 +93,15 @@ pub fn rms_norm_act_quant_fp8(
     if rows == 0 {
         return Ok(());
     }
-    let n_blocks = (dim / 32) as i32;
-    let (xp, _gx) = read_ptr(x.cuda().expect("validated: x is on this device"), dev);
-    let (wp, _gw) = read_ptr(
-        weight.cuda().expect("validated: weight is on this device"),
-        dev,
-    );
-    let (yp, _gy) = write_ptr(y.cuda_mut().expect("validated: y is on this device"), dev);
-    let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
-    let (sp, _gs) = write_ptr(
-        scale
-            .cuda_mut()
-            .expect("validated: scale is on this device"),
-        dev,
-    );
+    let n_blocks = i32_param("blocks", dim / 32)?;
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (wp, _gw) = read_ptr(weight.cuda()?, dev);
+    let (yp, _gy) = write_ptr(y.cuda_mut()?, dev);
+    let (qp, _gq) = write_ptr(q.cuda_mut()?, dev);
+    let (sp, _gs) = write_ptr(scale.cuda_mut()?, dev);
     let (q, scale, weight, x, y) = (qp as u64, sp as u64, wp as u64, xp as u64, yp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (rows as u32, 1, 1),
+        grid_dim: (u32_param("rows", rows)?, 1, 1),
         block_dim: (RMS_NORM_ACT_QUANT_THREADS, 1, 1),
         shared_mem_bytes: RMS_NORM_ACT_QUANT_SMEM,
     };

@@ -4,6 +4,7 @@
 //! passes raw device addresses and scalars in the order TileLang emits
 //! (buffers by name, then scalars by name), not the program's order.
 
+use super::u32_param;
 use super::{Arg, launch_raw, read_ptr, write_ptr};
 use crate::contract::MhcPre;
 use crate::device::CudaDevice;
@@ -57,25 +58,18 @@ pub fn mhc_expand(
     if tokens == 0 {
         return Ok(());
     }
-    let (sp, _gs) = read_ptr(
-        streams
-            .cuda()
-            .expect("validated: streams is on this device"),
-        dev,
-    );
-    let (fp, _gf) = read_ptr(
-        f_out.cuda().expect("validated: f_out is on this device"),
-        dev,
-    );
-    let (pp, _gp) = read_ptr(post.cuda().expect("validated: post is on this device"), dev);
-    let (cp, _gc) = read_ptr(comb.cuda().expect("validated: comb is on this device"), dev);
-    let (op, _go) = write_ptr(
-        out.cuda_mut().expect("validated: out is on this device"),
-        dev,
-    );
+    let (sp, _gs) = read_ptr(streams.cuda()?, dev);
+    let (fp, _gf) = read_ptr(f_out.cuda()?, dev);
+    let (pp, _gp) = read_ptr(post.cuda()?, dev);
+    let (cp, _gc) = read_ptr(comb.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let (comb, f, out, post, streams) = (cp as u64, fp as u64, op as u64, pp as u64, sp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, (d / VEC).div_ceil(CHUNK) as u32, 1),
+        grid_dim: (
+            u32_param("tokens", tokens)?,
+            u32_param("chunks", (d / VEC).div_ceil(CHUNK))?,
+            1,
+        ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -161,23 +155,22 @@ pub fn mhc_pre(
     if tokens == 0 {
         return Ok(());
     }
-    let on = "validated: on this device";
-    let (sp, _g0) = read_ptr(streams.cuda().expect(on), dev);
-    let (fp, _g1) = read_ptr(hc_fn.cuda().expect(on), dev);
-    let (bp, _g2) = read_ptr(hc_base.cuda().expect(on), dev);
-    let (cp, _g3) = read_ptr(hc_scale.cuda().expect(on), dev);
-    let (lp, _g4) = read_ptr(pre_in.cuda().expect(on), dev);
-    let (up, _g5) = write_ptr(out.u.cuda_mut().expect(on), dev);
-    let (mp, _g6) = write_ptr(out.mixes.cuda_mut().expect(on), dev);
-    let (pp, _g7) = write_ptr(out.pre.cuda_mut().expect(on), dev);
-    let (qp, _g8) = write_ptr(out.post.cuda_mut().expect(on), dev);
-    let (kp, _g9) = write_ptr(out.comb.cuda_mut().expect(on), dev);
+    let (sp, _g0) = read_ptr(streams.cuda()?, dev);
+    let (fp, _g1) = read_ptr(hc_fn.cuda()?, dev);
+    let (bp, _g2) = read_ptr(hc_base.cuda()?, dev);
+    let (cp, _g3) = read_ptr(hc_scale.cuda()?, dev);
+    let (lp, _g4) = read_ptr(pre_in.cuda()?, dev);
+    let (up, _g5) = write_ptr(out.u.cuda_mut()?, dev);
+    let (mp, _g6) = write_ptr(out.mixes.cuda_mut()?, dev);
+    let (pp, _g7) = write_ptr(out.pre.cuda_mut()?, dev);
+    let (qp, _g8) = write_ptr(out.post.cuda_mut()?, dev);
+    let (kp, _g9) = write_ptr(out.comb.cuda_mut()?, dev);
     let args = [
         kp as u64, bp as u64, fp as u64, cp as u64, mp as u64, qp as u64, pp as u64, lp as u64,
         sp as u64, up as u64,
     ];
     let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, 1, 1),
+        grid_dim: (u32_param("tokens", tokens)?, 1, 1),
         block_dim: (PRE_THREADS, 1, 1),
         shared_mem_bytes: PRE_SMEM_BYTES,
     };

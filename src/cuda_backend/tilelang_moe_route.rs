@@ -5,6 +5,7 @@
 //! TileLang emits (buffers by name, then scalars by name), not the
 //! program's order.
 
+use super::{i32_param, u32_param};
 use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
@@ -49,7 +50,8 @@ pub fn moe_route(
             why: "the kernel handles 1 <= top_k <= min(experts, 16) and experts <= 1024",
         });
     }
-    let Ok(n_tokens) = i32::try_from(tokens + TOKENS_PER_CTA).map(|_| tokens as i32) else {
+    let Ok(n_tokens) = i32::try_from(tokens + TOKENS_PER_CTA).and_then(|_| i32::try_from(tokens))
+    else {
         return Err(Error::Argument {
             op: OP,
             arg: "tokens",
@@ -60,25 +62,14 @@ pub fn moe_route(
     if tokens == 0 {
         return Ok(());
     }
-    let (n_experts, k) = (experts as i32, top_k as i32);
-    let (lp, _gl) = read_ptr(
-        logits.cuda().expect("validated: logits is on this device"),
-        dev,
-    );
-    let (bp, _gb) = read_ptr(bias.cuda().expect("validated: bias is on this device"), dev);
-    let (ip, _gi) = write_ptr(
-        ids.cuda_mut().expect("validated: ids is on this device"),
-        dev,
-    );
-    let (wp, _gw) = write_ptr(
-        weights
-            .cuda_mut()
-            .expect("validated: weights is on this device"),
-        dev,
-    );
+    let (n_experts, k) = (i32_param("experts", experts)?, i32_param("top_k", top_k)?);
+    let (lp, _gl) = read_ptr(logits.cuda()?, dev);
+    let (bp, _gb) = read_ptr(bias.cuda()?, dev);
+    let (ip, _gi) = write_ptr(ids.cuda_mut()?, dev);
+    let (wp, _gw) = write_ptr(weights.cuda_mut()?, dev);
     let (bias, ids, logits, weights) = (bp as u64, ip as u64, lp as u64, wp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (tokens.div_ceil(TOKENS_PER_CTA) as u32, 1, 1),
+        grid_dim: (u32_param("grid", tokens.div_ceil(TOKENS_PER_CTA))?, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -149,27 +140,13 @@ pub fn moe_layout(
     if experts == 0 {
         return Ok(());
     }
-    let (ip, _gi) = read_ptr(ids.cuda().expect("validated: ids is on this device"), dev);
-    let (cp, _gc) = write_ptr(
-        counts
-            .cuda_mut()
-            .expect("validated: counts is on this device"),
-        dev,
-    );
-    let (op, _go) = write_ptr(
-        offsets
-            .cuda_mut()
-            .expect("validated: offsets is on this device"),
-        dev,
-    );
-    let (pp, _gp) = write_ptr(
-        perm.cuda_mut()
-            .expect("validated: permutation is on this device"),
-        dev,
-    );
+    let (ip, _gi) = read_ptr(ids.cuda()?, dev);
+    let (cp, _gc) = write_ptr(counts.cuda_mut()?, dev);
+    let (op, _go) = write_ptr(offsets.cuda_mut()?, dev);
+    let (pp, _gp) = write_ptr(perm.cuda_mut()?, dev);
     let (counts, ids, offsets, perm) = (cp as u64, ip as u64, op as u64, pp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (experts as u32, 1, 1),
+        grid_dim: (u32_param("experts", experts)?, 1, 1),
         block_dim: (LAYOUT_THREADS, 1, 1),
         shared_mem_bytes: LAYOUT_SMEM,
     };

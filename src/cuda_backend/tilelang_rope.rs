@@ -2,6 +2,7 @@
 //! `tilelang/generated/rope.sm_*.cu`): the forward rotation and its inverse
 //! on BF16 `[T, H, hd]`, one kernel with a sign flag.
 
+use super::{i32_param, u32_param};
 use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
@@ -97,9 +98,9 @@ pub fn rope(
     // Both fit: n_tok_vec <= 65,535 * 1024 (so the kernel's int32 vector
     // index, below n_tok_vec + 1024, cannot overflow either).
     let (n_tok_vec, head_vecs, rope_vecs) = (
-        n_tok_vec as i32,
-        (head_dim / VEC) as i32,
-        (rope_dim / VEC) as i32,
+        i32_param("n_tok_vec", n_tok_vec)?,
+        i32_param("head vectors", head_dim / VEC)?,
+        i32_param("rope vectors", rope_dim / VEC)?,
     );
     let inverse = i32::from(inverse);
     let table = dev.upload(
@@ -109,20 +110,16 @@ pub fn rope(
             .collect::<Vec<u8>>(),
     )?;
     let (fp, _gf) = read_ptr(&table, dev);
-    let (pp, _gp) = read_ptr(
-        positions
-            .cuda()
-            .expect("validated: positions is on this device"),
-        dev,
-    );
-    let (xp, _gx) = read_ptr(x.cuda().expect("validated: x is on this device"), dev);
-    let (op_, _go) = write_ptr(
-        out.cuda_mut().expect("validated: out is on this device"),
-        dev,
-    );
+    let (pp, _gp) = read_ptr(positions.cuda()?, dev);
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (op_, _go) = write_ptr(out.cuda_mut()?, dev);
     let (freq, out, positions, x) = (fp as u64, op_ as u64, pp as u64, xp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, chunks as u32, 1),
+        grid_dim: (
+            u32_param("tokens", tokens)?,
+            u32_param("chunks", chunks)?,
+            1,
+        ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: TABLE_BYTES,
     };

@@ -5,6 +5,7 @@
 //! TileLang emits (its parameters sorted: buffers by name, then scalars by
 //! name), not the program's order.
 
+use super::{i32_param, u32_param};
 use super::{launch_raw, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
@@ -64,23 +65,15 @@ pub fn swiglu_act_quant_fp8(
     if rows == 0 {
         return Ok(());
     }
-    let n_groups = groups as i32;
-    let (gp, _gg) = read_ptr(g.cuda().expect("validated: g is on this device"), dev);
-    let (up, _gu) = read_ptr(u.cuda().expect("validated: u is on this device"), dev);
-    let (wp, _gw) = read_ptr(
-        weight.cuda().expect("validated: weight is on this device"),
-        dev,
-    );
-    let (qp, _gq) = write_ptr(q.cuda_mut().expect("validated: q is on this device"), dev);
-    let (sp, _gs) = write_ptr(
-        scale
-            .cuda_mut()
-            .expect("validated: scale is on this device"),
-        dev,
-    );
+    let n_groups = i32_param("groups", groups)?;
+    let (gp, _gg) = read_ptr(g.cuda()?, dev);
+    let (up, _gu) = read_ptr(u.cuda()?, dev);
+    let (wp, _gw) = read_ptr(weight.cuda()?, dev);
+    let (qp, _gq) = write_ptr(q.cuda_mut()?, dev);
+    let (sp, _gs) = write_ptr(scale.cuda_mut()?, dev);
     let (g, q, scale, u, weight) = (gp as u64, qp as u64, sp as u64, up as u64, wp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (groups.div_ceil(GROUPS_PER_CTA) as u32, 1, 1),
+        grid_dim: (u32_param("grid", groups.div_ceil(GROUPS_PER_CTA))?, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };

@@ -10,6 +10,7 @@
 //! transaction byte count of a load is always the full box.
 
 use super::params::di_tensor_map;
+use super::u32_param;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 
@@ -70,7 +71,7 @@ pub(crate) fn encode_u8(
         sys::cuTensorMapEncodeTiled(
             &mut map,
             sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-            rank as u32,
+            u32_param("rank", rank)?,
             base as *mut std::ffi::c_void,
             dims.as_ptr(),
             strides.as_ptr(),
