@@ -77,6 +77,41 @@ impl Tensor {
         })
     }
 
+    /// A tensor of `dtype` and `shape` on `device` from its little-endian
+    /// bytes (`dtype`'s storage bytes of the shape, exactly): decoded into
+    /// host storage on the CPU, uploaded as they are on a GPU (no host tensor
+    /// in between, so a memory-mapped checkpoint goes straight to the device).
+    pub fn from_le_bytes(
+        device: &Device,
+        dtype: DType,
+        shape: &[usize],
+        bytes: &[u8],
+    ) -> Result<Tensor> {
+        let numel = check_shape(dtype, shape)?;
+        let expected = dtype.storage_bytes(numel);
+        if bytes.len() != expected {
+            return Err(Error::Argument {
+                op: "Tensor::from_le_bytes",
+                arg: "bytes",
+                value: format!("{} bytes for {dtype} {shape:?}", bytes.len()),
+                why: if bytes.len() < expected {
+                    "fewer bytes than the shape holds"
+                } else {
+                    "more bytes than the shape holds"
+                },
+            });
+        }
+        let storage = match device {
+            Device::Cpu => Storage::Host(HostStorage::from_le_bytes(dtype, bytes)),
+            Device::Cuda(d) => Storage::Cuda(d.upload(bytes)?),
+        };
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype,
+            storage,
+        })
+    }
+
     /// A host tensor of `dtype` whose every byte is `byte` (0xFF poisons f32,
     /// bf16 and e4m3 with NaN).
     pub fn filled_bytes(dtype: DType, shape: &[usize], byte: u8) -> Result<Tensor> {
@@ -392,6 +427,15 @@ impl Tensor {
             });
         }
         Ok(())
+    }
+
+    /// The storage as little-endian bytes (the inverse of
+    /// [`Tensor::from_le_bytes`]), downloaded from a GPU.
+    pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
+        match &self.storage {
+            Storage::Host(h) => Ok(h.to_le_bytes()),
+            Storage::Cuda(b) => b.download(),
+        }
     }
 
     /// Copies the tensor to `device` (a clone when it is already there).

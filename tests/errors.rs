@@ -366,3 +366,21 @@ fn short_cache_rows_decode_to_fewer_values_without_reading_past_them() {
         assert!(decode_index_key_row(&row, 128).len() <= 2 * len);
     }
 }
+
+#[test]
+fn tensors_from_bytes_check_the_length_and_round_trip() {
+    let bytes: Vec<u8> = (0u8..12).collect();
+    let t = Tensor::from_le_bytes(&Device::Cpu, DType::BF16, &[2, 3], &bytes).unwrap();
+    assert_eq!(t.to_le_bytes().unwrap(), bytes);
+    assert_eq!(
+        t.to_vec::<bf16>().unwrap()[1],
+        bf16::from_bits(u16::from_le_bytes([2, 3]))
+    );
+    for (dtype, shape) in [(DType::BF16, &[2usize, 2][..]), (DType::F32, &[4][..])] {
+        let e = Tensor::from_le_bytes(&Device::Cpu, dtype, shape, &bytes).unwrap_err();
+        assert!(e.to_string().contains("12 bytes"), "{e}");
+    }
+    // Packed FP4: two values per byte.
+    let t = Tensor::from_le_bytes(&Device::Cpu, DType::F4E2M1x2, &[3, 8], &bytes).unwrap();
+    assert_eq!(t.numel(), 24);
+}

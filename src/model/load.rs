@@ -7,6 +7,12 @@
 //! manifest, so every name asked for here exists with the expected dtype
 //! and shape; the dense weights are FP8 (a BF16-dense checkpoint is
 //! rejected with an error).
+//!
+//! Weights land on the device the load names. A stored tensor goes from the
+//! memory-mapped shard straight to it (on a GPU, one upload from the page
+//! cache, with no host tensor between); only the converted ones (`wo_a`
+//! dequantised, the experts stacked, the Engram rows interleaved, the mHC
+//! vectors checked) are built on the host first, one at a time.
 
 use super::checkpoint::Checkpoint;
 use super::config::{LayerPlan, ModelConfig, WeightFormat};
@@ -19,6 +25,7 @@ use super::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
 use super::layers::mhc::Hc;
 use super::layers::moe::{Moe, SharedExpert};
 use crate::contract::MX_BLOCK;
+use crate::device::Device;
 use crate::dtype::Fp4x2;
 use crate::model::error::{Error, Result};
 use crate::numerics::{e4m3_to_f32, e8m0_to_f32};
@@ -26,11 +33,41 @@ use crate::numpy_rng::engram_multipliers;
 use crate::tensor::Tensor;
 use half::bf16;
 
-fn fp8(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
+/// The checkpoint and the device its weights are loaded onto.
+#[derive(Clone, Copy)]
+struct Src<'a> {
+    ck: &'a Checkpoint,
+    dev: &'a Device,
+}
+
+impl Src<'_> {
+    /// Stored tensor `name` on the device, as `shape` (the manifest checked
+    /// its element count; the reshape restates it).
+    fn raw(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        Ok(self.ck.get(name)?.to_tensor_on(self.dev)?.reshape(shape)?)
+    }
+
+    /// A stored vector on the device.
+    fn vector(&self, name: &str) -> Result<Tensor> {
+        let t = self.ck.get(name)?.to_tensor_on(self.dev)?;
+        let n = t.numel();
+        Ok(t.reshape(&[n])?)
+    }
+
+    /// A tensor built on the host, moved to the device.
+    fn moved(&self, host: Tensor) -> Result<Tensor> {
+        Ok(match self.dev {
+            Device::Cpu => host,
+            d => host.to_device(d)?,
+        })
+    }
+}
+
+fn fp8(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
     Ok(Fp8Linear {
-        weight: Tensor::from_vec(ck.e4m3(&format!("{base}.weight"))?, &[out_dim, in_dim])?,
-        scale: Tensor::from_vec(
-            ck.e8m0(&format!("{base}.scale"))?,
+        weight: w.raw(&format!("{base}.weight"), &[out_dim, in_dim])?,
+        scale: w.raw(
+            &format!("{base}.scale"),
             &[out_dim.div_ceil(MX_BLOCK), in_dim.div_ceil(MX_BLOCK)],
         )?,
     })
@@ -38,9 +75,9 @@ fn fp8(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8
 
 /// An FP8 weight dequantised to BF16 (exact: e4m3 × 2^e), as the reference
 /// does for `wo_a`.
-fn fp8_dequantized(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Tensor> {
-    let w = ck.e4m3(&format!("{base}.weight"))?;
-    let s = ck.e8m0(&format!("{base}.scale"))?;
+fn fp8_dequantized(src: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Tensor> {
+    let w = src.ck.e4m3(&format!("{base}.weight"))?;
+    let s = src.ck.e8m0(&format!("{base}.scale"))?;
     let kb = in_dim.div_ceil(MX_BLOCK);
     // The manifest checked both shapes; a scale it lacks would read NaN.
     let v: Vec<bf16> = w
@@ -55,12 +92,12 @@ fn fp8_dequantized(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -
             bf16::from_f32(e4m3_to_f32(wi) * si)
         })
         .collect();
-    Ok(Tensor::from_vec(v, &[out_dim, in_dim])?)
+    src.moved(Tensor::from_vec(v, &[out_dim, in_dim])?)
 }
 
 /// One projection of experts `0..n` stacked `[E, out, in]`.
 fn fp4_experts(
-    ck: &Checkpoint,
+    src: Src,
     p: &str,
     which: &str,
     n: usize,
@@ -69,36 +106,30 @@ fn fp4_experts(
 ) -> Result<Fp4Experts> {
     let (mut w, mut s): (Vec<Fp4x2>, Vec<_>) = (Vec::new(), Vec::new());
     for e in 0..n {
-        w.extend(ck.fp4x2(&format!("{p}.ffn.experts.{e}.{which}.weight"))?);
-        s.extend(ck.e8m0(&format!("{p}.ffn.experts.{e}.{which}.scale"))?);
+        w.extend(
+            src.ck
+                .fp4x2(&format!("{p}.ffn.experts.{e}.{which}.weight"))?,
+        );
+        s.extend(src.ck.e8m0(&format!("{p}.ffn.experts.{e}.{which}.scale"))?);
     }
     Ok(Fp4Experts {
-        weight: Tensor::from_vec(w, &[n, out_dim, in_dim])?,
-        scale: Tensor::from_vec(s, &[n, out_dim, in_dim.div_ceil(MX_BLOCK)])?,
+        weight: src.moved(Tensor::from_vec(w, &[n, out_dim, in_dim])?)?,
+        scale: src.moved(Tensor::from_vec(
+            s,
+            &[n, out_dim, in_dim.div_ceil(MX_BLOCK)],
+        )?)?,
     })
 }
 
-fn bf16_linear(ck: &Checkpoint, base: &str, out_dim: usize, in_dim: usize) -> Result<Bf16Linear> {
+fn bf16_linear(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Bf16Linear> {
     Ok(Bf16Linear {
-        weight: Tensor::from_vec(ck.bf16(&format!("{base}.weight"))?, &[out_dim, in_dim])?,
+        weight: w.raw(&format!("{base}.weight"), &[out_dim, in_dim])?,
     })
 }
 
-fn vector_bf16(ck: &Checkpoint, name: &str) -> Result<Tensor> {
-    let v = ck.bf16(name)?;
-    let n = v.len();
-    Ok(Tensor::from_vec(v, &[n])?)
-}
-
-fn vector_f32(ck: &Checkpoint, name: &str) -> Result<Tensor> {
-    let v = ck.f32(name)?;
-    let n = v.len();
-    Ok(Tensor::from_vec(v, &[n])?)
-}
-
-fn hc(ck: &Checkpoint, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
-    let base = ck.f32(&format!("{prefix}.hc_{which}_base"))?;
-    let scale = ck.f32(&format!("{prefix}.hc_{which}_scale"))?;
+fn hc(src: Src, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
+    let base = src.ck.f32(&format!("{prefix}.hc_{which}_base"))?;
+    let scale = src.ck.f32(&format!("{prefix}.hc_{which}_scale"))?;
     if base.len() != 24 || scale.len() != 3 {
         return Err(Error::Op(crate::Error::Argument {
             op: "load weights",
@@ -112,16 +143,16 @@ fn hc(ck: &Checkpoint, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<H
         }));
     }
     Ok(Hc {
-        func: Tensor::from_vec(
-            ck.f32(&format!("{prefix}.hc_{which}_fn"))?,
+        func: src.raw(
+            &format!("{prefix}.hc_{which}_fn"),
             &[24, 4 * cfg.hidden_size],
         )?,
-        base: Tensor::from_vec(base, &[24])?,
-        scale: Tensor::from_vec(scale, &[3])?,
+        base: src.moved(Tensor::from_vec(base, &[24])?)?,
+        scale: src.moved(Tensor::from_vec(scale, &[3])?)?,
     })
 }
 
-fn attention(ck: &Checkpoint, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> Result<Attention> {
+fn attention(ck: Src, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> Result<Attention> {
     let (d, a) = (cfg.hidden_size, cfg.attention);
     let (hd, qr) = (a.head_dim, a.q_lora_rank);
     let wo_a = fp8_dequantized(
@@ -143,7 +174,7 @@ fn attention(ck: &Checkpoint, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> R
             } else {
                 None
             },
-            norm: vector_bf16(ck, &format!("{p}.attn.compressor.norm.weight"))?,
+            norm: ck.vector(&format!("{p}.attn.compressor.norm.weight"))?,
         }),
         None => None,
     };
@@ -155,7 +186,7 @@ fn attention(ck: &Checkpoint, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> R
             keys: if plan.owns_index_keys() {
                 Some(IndexKeys {
                     wk: bf16_linear(ck, &format!("{p}.attn.indexer.wk"), ihd, hd)?,
-                    k_norm: vector_bf16(ck, &format!("{p}.attn.indexer.k_norm.weight"))?,
+                    k_norm: ck.vector(&format!("{p}.attn.indexer.k_norm.weight"))?,
                 })
             } else {
                 None
@@ -166,25 +197,25 @@ fn attention(ck: &Checkpoint, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> R
     };
     Ok(Attention {
         wq_a: fp8(ck, &format!("{p}.attn.wq_a"), qr, d)?,
-        q_norm: vector_bf16(ck, &format!("{p}.attn.q_norm.weight"))?,
+        q_norm: ck.vector(&format!("{p}.attn.q_norm.weight"))?,
         wq_b: fp8(ck, &format!("{p}.attn.wq_b"), a.n_heads * hd, qr)?,
         wkv: fp8(ck, &format!("{p}.attn.wkv"), hd, d)?,
-        kv_norm: vector_bf16(ck, &format!("{p}.attn.kv_norm.weight"))?,
+        kv_norm: ck.vector(&format!("{p}.attn.kv_norm.weight"))?,
         wo_a,
         wo_b: fp8(ck, &format!("{p}.attn.wo_b"), d, a.o_groups * a.o_lora_rank)?,
-        sink: vector_f32(ck, &format!("{p}.attn.attn_sink"))?,
+        sink: ck.vector(&format!("{p}.attn.attn_sink"))?,
         compressor,
         indexer,
     })
 }
 
-fn moe(ck: &Checkpoint, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
+fn moe(ck: Src, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
     let (d, i) = (cfg.hidden_size, cfg.moe.inter_dim);
     let s = format!("{p}.ffn.shared_experts");
     let si = cfg.moe.n_shared_experts * i;
     Ok(Moe {
         gate: bf16_linear(ck, &format!("{p}.ffn.gate"), n_experts, d)?,
-        bias: vector_f32(ck, &format!("{p}.ffn.gate.bias"))?,
+        bias: ck.vector(&format!("{p}.ffn.gate.bias"))?,
         w1: fp4_experts(ck, p, "w1", n_experts, i, d)?,
         w2: fp4_experts(ck, p, "w2", n_experts, d, i)?,
         w3: fp4_experts(ck, p, "w3", n_experts, i, d)?,
@@ -196,16 +227,10 @@ fn moe(ck: &Checkpoint, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<
     })
 }
 
-fn engram(
-    ck: &Checkpoint,
-    cfg: &ModelConfig,
-    p: &str,
-    table: usize,
-    layer: usize,
-) -> Result<Engram> {
+fn engram(src: Src, cfg: &ModelConfig, p: &str, table: usize, layer: usize) -> Result<Engram> {
     let (d, e) = (cfg.hidden_size, &cfg.engram);
-    let values = ck.e4m3(&format!("{p}.engram.embed.weight"))?;
-    let scales = ck.e8m0(&format!("{p}.engram.embed.scale"))?;
+    let values = src.ck.e4m3(&format!("{p}.engram.embed.weight"))?;
+    let scales = src.ck.e8m0(&format!("{p}.engram.embed.scale"))?;
     let per_row = e.head_dim / MX_BLOCK;
     let rows_bytes = values
         .chunks(e.head_dim)
@@ -222,15 +247,15 @@ fn engram(
     let primes = e.table_primes()?.swap_remove(table);
     let streams = cfg.mhc.mult;
     Ok(Engram {
-        table: Tensor::from_vec(rows_bytes, &[n_rows, row_bytes])?,
+        table: src.moved(Tensor::from_vec(rows_bytes, &[n_rows, row_bytes])?)?,
         wkv: fp8(
-            ck,
+            src,
             &format!("{p}.engram.wkv"),
             (cfg.mhc.mult + 1) * d,
             e.columns() * e.head_dim,
         )?,
-        q_weight: Tensor::from_vec(ck.bf16(&format!("{p}.engram.q_weight"))?, &[streams, d])?,
-        k_weight: Tensor::from_vec(ck.bf16(&format!("{p}.engram.k_weight"))?, &[streams, d])?,
+        q_weight: src.raw(&format!("{p}.engram.q_weight"), &[streams, d])?,
+        k_weight: src.raw(&format!("{p}.engram.k_weight"), &[streams, d])?,
         primes,
         multipliers: engram_multipliers(layer as u64, e.compressed_vocab as u64),
         head_dim: e.head_dim,
@@ -238,15 +263,15 @@ fn engram(
 }
 
 fn block(
-    ck: &Checkpoint,
+    ck: Src,
     cfg: &ModelConfig,
     plan: &LayerPlan,
     prefix: &str,
     n_experts: usize,
 ) -> Result<Block> {
     Ok(Block {
-        attn_norm: vector_bf16(ck, &format!("{prefix}.attn_norm.weight"))?,
-        ffn_norm: vector_bf16(ck, &format!("{prefix}.ffn_norm.weight"))?,
+        attn_norm: ck.vector(&format!("{prefix}.attn_norm.weight"))?,
+        ffn_norm: ck.vector(&format!("{prefix}.ffn_norm.weight"))?,
         hc_attn: hc(ck, cfg, prefix, "attn")?,
         hc_ffn: hc(ck, cfg, prefix, "ffn")?,
         attn: attention(ck, cfg, plan, prefix)?,
@@ -267,12 +292,24 @@ pub fn modulo_token_map(cfg: &ModelConfig) -> Vec<i64> {
         .collect()
 }
 
-/// Loads the backbone and (when the config has stages) the drafter.
+/// Loads the backbone and (when the config has stages) the drafter on the
+/// CPU.
 pub fn load_weights(
     ck: &Checkpoint,
     cfg: &ModelConfig,
     token_map: Vec<i64>,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
+    load_weights_on(ck, cfg, token_map, &Device::Cpu)
+}
+
+/// [`load_weights`] onto `device`.
+pub fn load_weights_on(
+    ck: &Checkpoint,
+    cfg: &ModelConfig,
+    token_map: Vec<i64>,
+    device: &Device,
+) -> Result<(ModelWeights, Option<DsparkWeights>)> {
+    let ck = Src { ck, dev: device };
     if cfg.quant.weights != WeightFormat::Fp8 || cfg.quant.experts != WeightFormat::Fp4 {
         return Err(Error::Op(crate::Error::Argument {
             op: "load weights",
@@ -300,9 +337,9 @@ pub fn load_weights(
         })
         .collect::<Result<Vec<_>>>()?;
     let weights = ModelWeights {
-        embed: Tensor::from_vec(ck.bf16("embed.weight")?, &[cfg.vocab_size, d])?,
+        embed: ck.raw("embed.weight", &[cfg.vocab_size, d])?,
         head: bf16_linear(ck, "head", cfg.vocab_size, d)?,
-        norm: vector_bf16(ck, "norm.weight")?,
+        norm: ck.vector("norm.weight")?,
         blocks,
         engram_token_map: token_map,
     };
@@ -319,11 +356,11 @@ pub fn load_weights(
         .collect::<Result<Vec<_>>>()?;
     let dspark = DsparkWeights {
         main_proj: fp8(ck, "mtp.0.main_proj", d, ds.target_layers.len() * d)?,
-        main_norm: vector_bf16(ck, "mtp.0.main_norm.weight")?,
+        main_norm: ck.vector("mtp.0.main_norm.weight")?,
         stages,
-        norm: vector_bf16(ck, &format!("{last}.norm.weight"))?,
-        markov_embed: Tensor::from_vec(
-            ck.bf16(&format!("{last}.markov_head.embed.weight"))?,
+        norm: ck.vector(&format!("{last}.norm.weight"))?,
+        markov_embed: ck.raw(
+            &format!("{last}.markov_head.embed.weight"),
             &[cfg.vocab_size, ds.markov_rank],
         )?,
         markov_head: bf16_linear(

@@ -12,9 +12,10 @@ use super::checkpoint::{
 use super::config::ModelConfig;
 use super::engram_map;
 use super::forward::Model;
-use super::load::{load_weights, modulo_token_map};
+use super::load::{load_weights_on, modulo_token_map};
 use super::pool::{PoolConfig, StatePool};
 use super::tokenizer::{TOKENIZER_FILE, TokenizerError};
+use crate::device::Device;
 use crate::model::error::{Error, Result};
 use crate::ops;
 use std::path::{Path, PathBuf};
@@ -109,6 +110,13 @@ pub fn generate_greedy(
 /// `check_finite` scans every tensor for NaN/±Inf first. Engram layers use
 /// the directory's compressed-token map ([`engram_map::load_or_build`]).
 pub fn load_model(dir: &Path, check_finite: bool) -> Result<Model> {
+    load_model_on(dir, &Device::Cpu, check_finite)
+}
+
+/// [`load_model`] with the weights on `device`: on a GPU every stored
+/// tensor is uploaded from the memory-mapped shards directly, and only the
+/// load-time conversions pass through host memory (one tensor at a time).
+pub fn load_model_on(dir: &Path, device: &Device, check_finite: bool) -> Result<Model> {
     let cfg = ModelConfig::from_dir(dir)?;
     let options = LoadOptions {
         check_finite,
@@ -116,7 +124,7 @@ pub fn load_model(dir: &Path, check_finite: bool) -> Result<Model> {
     };
     let map = engram_map::load_or_build(dir, &cfg)?;
     let ck = Checkpoint::load(dir, &cfg, &options)?;
-    let (weights, _) = load_weights(&ck, &cfg, map)?;
+    let (weights, _) = load_weights_on(&ck, &cfg, map, device)?;
     Model::new(cfg, weights)
 }
 

@@ -5,6 +5,7 @@
 //! dtype (the loader validated the header against the manifest), so the
 //! typed conversions never see a partial element.
 
+use crate::device::Device;
 use std::path::Path;
 
 use half::bf16;
@@ -97,18 +98,23 @@ impl<'a> TensorView<'a> {
     /// becomes packed FP4 with its last dim counted in e2m1 values (twice the
     /// stored width).
     pub fn to_tensor(&self) -> crate::model::Result<Tensor> {
+        self.to_tensor_on(&Device::Cpu)
+    }
+
+    /// [`TensorView::to_tensor`] on `device`: on a GPU the bytes go from the
+    /// mapping straight into device memory, with no host tensor between.
+    pub fn to_tensor_on(&self, device: &Device) -> crate::model::Result<Tensor> {
         let mut shape = self.shape.to_vec();
-        Ok(match self.dtype {
-            CheckpointDType::BF16 => Tensor::from_vec(self.to_bf16()?, &shape)?,
-            CheckpointDType::F32 => Tensor::from_vec(self.to_f32()?, &shape)?,
-            CheckpointDType::F8E4M3 => Tensor::from_vec(self.to_e4m3()?, &shape)?,
-            CheckpointDType::F8E8M0 => Tensor::from_vec(self.to_e8m0()?, &shape)?,
-            CheckpointDType::I8 => {
-                if let Some(last) = shape.last_mut() {
-                    *last *= 2;
-                }
-                Tensor::from_vec(self.to_fp4x2()?, &shape)?
-            }
-        })
+        if self.dtype == CheckpointDType::I8
+            && let Some(last) = shape.last_mut()
+        {
+            *last = last.saturating_mul(2);
+        }
+        Ok(Tensor::from_le_bytes(
+            device,
+            self.dtype.tensor_dtype(),
+            &shape,
+            self.bytes,
+        )?)
     }
 }
