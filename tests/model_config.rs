@@ -995,7 +995,13 @@ fn size_limits_refuse_absurd_configs_by_name() {
             .try_fold(v, |v, k| v.get(k))
             .and_then(|v| v.as_u64())
     };
-    for (key, limit, v41) in LIMITS {
+    for deepinfer::model::config::Limit {
+        key,
+        max: limit,
+        v41,
+        ..
+    } in LIMITS
+    {
         let path = key.name(ConfigForm::HuggingFace);
         assert_eq!(at(&official, path), Some(v41), "{path}");
         assert!(limit >= 8 * v41, "{path}: limit {limit}");

@@ -10,37 +10,70 @@ use super::keys::{self, Key};
 use super::types::{ModelConfig, WeightFormat};
 use crate::contract::MX_BLOCK;
 
-/// Documented maxima of every config size that scales memory or a loop:
-/// (key, limit, V4.1-Flash's value). Each limit is at least 8× the value
-/// V4.1-Flash uses, so any real model of the family fits, while a typo of a
-/// few orders of magnitude is refused before anything is allocated.
-pub const LIMITS: [(Key, u64, u64); 26] = [
-    (keys::VOCAB_SIZE, 1 << 21, 129_280),
-    (keys::HIDDEN_SIZE, 1 << 16, 5120),
-    (keys::N_LAYERS, 512, 40),
-    (keys::N_HEADS, 1024, 64),
-    (keys::HEAD_DIM, 4096, 512),
-    (keys::Q_LORA_RANK, 1 << 16, 1280),
-    (keys::O_GROUPS, 1024, 8),
-    (keys::O_LORA_RANK, 1 << 16, 1024),
-    (keys::WINDOW, 1 << 16, 128),
-    (keys::INDEX_N_HEADS, 1024, 32),
-    (keys::INDEX_HEAD_DIM, 4096, 128),
-    (keys::INDEX_TOPK, 1 << 16, 512),
-    (keys::CANDIDATE_TOPK_BLOCKS, 1 << 16, 2048),
-    (keys::CANDIDATE_BLOCK_SIZE, 1 << 16, 8),
-    (keys::HC_MULT, 64, 4),
-    (keys::HC_SINKHORN_ITERS, 1000, 20),
-    (keys::N_ROUTED_EXPERTS, 1 << 14, 384),
-    (keys::N_SHARED_EXPERTS, 64, 1),
-    (keys::MOE_INTER_DIM, 1 << 17, 2304),
-    (keys::ENGRAM_MAX_NGRAM, 32, 4),
-    (keys::ENGRAM_N_HEADS, 256, 8),
-    (keys::ENGRAM_HEAD_DIM, 4096, 256),
-    (keys::DSPARK_STAGES, 64, 3),
-    (keys::DSPARK_BLOCK_SIZE, 256, 5),
-    (keys::DSPARK_MARKOV_RANK, 1 << 16, 256),
-    (keys::DSPARK_N_ROUTED_EXPERTS, 1 << 14, 128),
+/// One documented maximum: the key, the limit, V4.1-Flash's value and how
+/// to read the value from a config.
+#[derive(Clone, Copy, Debug)]
+pub struct Limit {
+    pub key: Key,
+    pub max: u64,
+    pub v41: u64,
+    pub value: fn(&ModelConfig) -> usize,
+}
+
+const fn limit(key: Key, max: u64, v41: u64, value: fn(&ModelConfig) -> usize) -> Limit {
+    Limit {
+        key,
+        max,
+        v41,
+        value,
+    }
+}
+
+/// Documented maxima of every config size that scales memory or a loop.
+/// Each limit is at least 8× the value V4.1-Flash uses, so any real model
+/// of the family fits, while a typo of a few orders of magnitude is refused
+/// before anything is allocated.
+pub const LIMITS: [Limit; 26] = [
+    limit(keys::VOCAB_SIZE, 1 << 21, 129_280, |c| c.vocab_size),
+    limit(keys::HIDDEN_SIZE, 1 << 16, 5120, |c| c.hidden_size),
+    limit(keys::N_LAYERS, 512, 40, |c| c.n_layers),
+    limit(keys::N_HEADS, 1024, 64, |c| c.attention.n_heads),
+    limit(keys::HEAD_DIM, 4096, 512, |c| c.attention.head_dim),
+    limit(keys::Q_LORA_RANK, 1 << 16, 1280, |c| {
+        c.attention.q_lora_rank
+    }),
+    limit(keys::O_GROUPS, 1024, 8, |c| c.attention.o_groups),
+    limit(keys::O_LORA_RANK, 1 << 16, 1024, |c| {
+        c.attention.o_lora_rank
+    }),
+    limit(keys::WINDOW, 1 << 16, 128, |c| c.attention.window),
+    limit(keys::INDEX_N_HEADS, 1024, 32, |c| c.indexer.n_heads),
+    limit(keys::INDEX_HEAD_DIM, 4096, 128, |c| c.indexer.head_dim),
+    limit(keys::INDEX_TOPK, 1 << 16, 512, |c| c.indexer.topk),
+    limit(keys::CANDIDATE_TOPK_BLOCKS, 1 << 16, 2048, |c| {
+        c.candidate.map_or(0, |x| x.topk_blocks)
+    }),
+    limit(keys::CANDIDATE_BLOCK_SIZE, 1 << 16, 8, |c| {
+        c.candidate.map_or(0, |x| x.block_size)
+    }),
+    limit(keys::HC_MULT, 64, 4, |c| c.mhc.mult),
+    limit(keys::HC_SINKHORN_ITERS, 1000, 20, |c| c.mhc.sinkhorn_iters),
+    limit(keys::N_ROUTED_EXPERTS, 1 << 14, 384, |c| {
+        c.moe.n_routed_experts
+    }),
+    limit(keys::N_SHARED_EXPERTS, 64, 1, |c| c.moe.n_shared_experts),
+    limit(keys::MOE_INTER_DIM, 1 << 17, 2304, |c| c.moe.inter_dim),
+    limit(keys::ENGRAM_MAX_NGRAM, 32, 4, |c| c.engram.max_ngram),
+    limit(keys::ENGRAM_N_HEADS, 256, 8, |c| c.engram.n_heads),
+    limit(keys::ENGRAM_HEAD_DIM, 4096, 256, |c| c.engram.head_dim),
+    limit(keys::DSPARK_STAGES, 64, 3, |c| c.dspark.n_stages),
+    limit(keys::DSPARK_BLOCK_SIZE, 256, 5, |c| c.dspark.block_size),
+    limit(keys::DSPARK_MARKOV_RANK, 1 << 16, 256, |c| {
+        c.dspark.markov_rank
+    }),
+    limit(keys::DSPARK_N_ROUTED_EXPERTS, 1 << 14, 128, |c| {
+        c.dspark.n_routed_experts
+    }),
 ];
 
 /// Rows of one Engram table at most (V4.1: 384,016,682, 101 GB).
@@ -106,52 +139,18 @@ impl ModelConfig {
     /// Every size that scales memory or a loop against [`LIMITS`]; the
     /// floats that are only meaningful small (epsilons) against 0.1.
     fn check_limits(&self) -> Result<(), ConfigError> {
-        let (a, m, e, d) = (&self.attention, &self.moe, &self.engram, &self.dspark);
-        let value = |key: Key| -> u64 {
-            let v = match key {
-                k if k == keys::VOCAB_SIZE => self.vocab_size,
-                k if k == keys::HIDDEN_SIZE => self.hidden_size,
-                k if k == keys::N_LAYERS => self.n_layers,
-                k if k == keys::N_HEADS => a.n_heads,
-                k if k == keys::HEAD_DIM => a.head_dim,
-                k if k == keys::Q_LORA_RANK => a.q_lora_rank,
-                k if k == keys::O_GROUPS => a.o_groups,
-                k if k == keys::O_LORA_RANK => a.o_lora_rank,
-                k if k == keys::WINDOW => a.window,
-                k if k == keys::INDEX_N_HEADS => self.indexer.n_heads,
-                k if k == keys::INDEX_HEAD_DIM => self.indexer.head_dim,
-                k if k == keys::INDEX_TOPK => self.indexer.topk,
-                k if k == keys::CANDIDATE_TOPK_BLOCKS => {
-                    self.candidate.map_or(0, |c| c.topk_blocks)
-                }
-                k if k == keys::CANDIDATE_BLOCK_SIZE => self.candidate.map_or(0, |c| c.block_size),
-                k if k == keys::HC_MULT => self.mhc.mult,
-                k if k == keys::HC_SINKHORN_ITERS => self.mhc.sinkhorn_iters,
-                k if k == keys::N_ROUTED_EXPERTS => m.n_routed_experts,
-                k if k == keys::N_SHARED_EXPERTS => m.n_shared_experts,
-                k if k == keys::MOE_INTER_DIM => m.inter_dim,
-                k if k == keys::ENGRAM_MAX_NGRAM => e.max_ngram,
-                k if k == keys::ENGRAM_N_HEADS => e.n_heads,
-                k if k == keys::ENGRAM_HEAD_DIM => e.head_dim,
-                k if k == keys::DSPARK_STAGES => d.n_stages,
-                k if k == keys::DSPARK_BLOCK_SIZE => d.block_size,
-                k if k == keys::DSPARK_MARKOV_RANK => d.markov_rank,
-                k if k == keys::DSPARK_N_ROUTED_EXPERTS => d.n_routed_experts,
-                _ => 0,
-            };
-            v as u64
-        };
-        for &(key, limit, v41) in LIMITS.iter() {
-            let v = value(key);
-            if v > limit {
+        for l in LIMITS {
+            let v = (l.value)(self) as u64;
+            if v > l.max {
                 return Err(ConfigError::TooLarge {
-                    key,
+                    key: l.key,
                     value: v,
-                    limit,
-                    v41,
+                    limit: l.max,
+                    v41: l.v41,
                 });
             }
         }
+        let e = &self.engram;
         if let Some(&rows) = e.table_rows.iter().max()
             && rows > ENGRAM_TABLE_ROWS_LIMIT
         {
