@@ -100,27 +100,8 @@ fn pool(dev: &Device, format: KvRowFormat, d: usize, n: usize) -> Tensor {
         .unwrap()
 }
 
-fn bytes(t: &Tensor) -> Vec<u8> {
-    match t.dtype() {
-        DType::U8 => t.to_vec::<u8>().unwrap(),
-        DType::F4E2M1x2 => t
-            .to_vec::<deepinfer::Fp4x2>()
-            .unwrap()
-            .into_iter()
-            .map(|b| b.0)
-            .collect(),
-        DType::BF16 => t
-            .to_vec::<bf16>()
-            .unwrap()
-            .into_iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        d => panic!("no byte view for {d:?}"),
-    }
-}
-
 fn assert_bitwise(label: &str, got: &Tensor, want: &Tensor) {
-    let (g, w) = (bytes(got), bytes(want));
+    let (g, w) = (got.to_le_bytes().unwrap(), want.to_le_bytes().unwrap());
     assert_eq!(g.len(), w.len(), "{label}: sizes");
     if let Some(i) = g.iter().zip(&w).position(|(a, b)| a != b) {
         let n = g.iter().zip(&w).filter(|(a, b)| a != b).count();
