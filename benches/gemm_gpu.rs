@@ -17,7 +17,7 @@
 //!   and cuBLAS BF16 (`cublas_bf16`), both with BF16 output.
 //! - MoE: 384 experts, FP4 weights of w1 (2304 × 5120) and w2 (5120 × 2304):
 //!   masked decode (`cuda_backend::gemm_skinny::mxfp4_grouped_masked_with`,
-//!   V1 and V2 as rows `skinny_v1` / `skinny_v2`, every expert holding 1, 4,
+//!   V1, V2 and V3 as rows `skinny_v1` / `_v2` / `_v3`, every expert holding 1, 4,
 //!   16 or 64 tokens) and contiguous prefill
 //!   (`cuda_backend::gemm::mxfp4_grouped_contiguous_with`, both versions as
 //!   rows `large_v1` / `large_v2`, the default one carrying the torch peers,
@@ -32,7 +32,8 @@
 //! the torch peers.
 //!
 //! DEEPINFER_BENCH_QUICK=1 runs a small subset (two projections, M ∈ {1,
-//! 64, 4096}, one MoE shape per layout).
+//! 64, 4096}, one MoE shape per layout); DEEPINFER_BENCH_MOE=1 the MoE rows
+//! alone (masked at 1, 4, 16 tokens; contiguous 16 × 2048 and 8 × 4096).
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -349,6 +350,7 @@ mod gpu {
                 for (label, v) in [
                     ("skinny_v1", SkinnyVersion::V1),
                     ("skinny_v2", SkinnyVersion::V2),
+                    ("skinny_v3", SkinnyVersion::V3),
                 ] {
                     let us = measure(h, |i| {
                         mxfp4_grouped_masked_with(
@@ -463,7 +465,10 @@ mod gpu {
             "op", "shape", "ours_us", "TFLOP/s", "GB/s", "%copy"
         );
         fp8_ceiling(&mut h);
-        if quick() {
+        if std::env::var("DEEPINFER_BENCH_MOE").is_ok_and(|v| v == "1") {
+            moe_masked(&mut h, &MASKED_COUNTS[..3], MOE_SHAPES);
+            moe_contiguous(&mut h, &[(16, 2048), (8, 4096)], MOE_SHAPES);
+        } else if quick() {
             for p in PROJECTIONS
                 .iter()
                 .filter(|p| p.name == "wq_a" || p.name == "wo_b")

@@ -21,6 +21,12 @@
 //! size. Inputs are fresh random codes every run (DEEPINFER_SEED replays one).
 //! DEEPINFER_QUICK=1 (the sanitizer passes) keeps a short list of small
 //! shapes that still covers the tails, split-K and empty experts.
+//! Masked V3 (max_m ≤ 16, N % 16 == 0, K % 32 == 0: `v3_layout`) runs on
+//! every case it takes, against the CPU (calc_diff < 1e-3) and against V1
+//! (calc_diff < 1e-3: its K split over warps orders the block sums
+//! differently), with odd K/32 (a half-used last block pair), 9..16 tokens
+//! (the second token mma) and repeat runs bitwise equal; the other cases
+//! must return its typed error.
 #![cfg(deepinfer_cuda)]
 
 mod common;
@@ -29,7 +35,7 @@ use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k,
+    mxfp8_gemm_skinny_with, split_k, v3_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -174,6 +180,9 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
 }
 
 const VERSIONS: [SkinnyVersion; 2] = [SkinnyVersion::V1, SkinnyVersion::V2];
+/// The masked versions on a case V3 takes.
+const MASKED_VERSIONS: [SkinnyVersion; 3] =
+    [SkinnyVersion::V1, SkinnyVersion::V2, SkinnyVersion::V3];
 
 /// The output's raw bits (BF16 or F32).
 fn bits(t: &Tensor) -> Vec<u32> {
@@ -247,6 +256,10 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         case(6, 64, 33, 48),
         case(7, 8, 136, 1296),
         case(9, 16, 8, 16),
+        // V3 tails: odd K/32 (3, 41), 16-token tiles, a single 16-row group.
+        case(7, 16, 48, 96),
+        case(5, 8, 32, 1312),
+        case(6, 3, 16, 32),
     ];
     // More than 128 experts (the kernel ranks them 128 at a time), mostly
     // empty as in decode.
@@ -262,6 +275,7 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         v.push(case(16, 64, 2304, 5120));
         v.push(case(5, 64, 5120, 2304));
         v.push(case(12, 32, 136, 1296));
+        v.push(case(10, 16, 5120, 2304));
     }
     v
 }
@@ -310,12 +324,38 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
             .collect();
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
+        let v3 = v3_layout(e, max_m, n, k).is_some();
         for dtype in [DType::BF16, DType::F32] {
             let mut results = Vec::new();
-            for version in VERSIONS {
+            let versions: &[SkinnyVersion] = if v3 { &MASKED_VERSIONS } else { &VERSIONS };
+            if !v3 {
+                let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                let err = mxfp4_grouped_masked_with(
+                    &dev,
+                    &a,
+                    &a_s,
+                    &b,
+                    &b_s,
+                    &counts,
+                    &mut out,
+                    SkinnyVersion::V3,
+                )
+                .unwrap_err();
+                assert!(matches!(err, Error::Shape { tensor: "b", .. }), "{err}");
+            }
+            for &version in versions {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
                     .unwrap();
+                if version == SkinnyVersion::V3 {
+                    let mut again = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                    mxfp4_grouped_masked_with(
+                        &dev, &a, &a_s, &b, &b_s, &counts, &mut again, version,
+                    )
+                    .unwrap();
+                    let rep = format!("V3 e={e} max_m={max_m} n={n} k={k} {dtype}");
+                    assert!(bits(&out) == bits(&again), "{rep}: repeat differs");
+                }
                 let (got, poison) = download(&out);
                 let all_bits = bits(&out);
                 let (mut vb, mut vv) = (Vec::new(), Vec::new());
@@ -339,6 +379,11 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                 results.push((vb, vv));
             }
             let what = format!("masked e={e} max_m={max_m} n={n} k={k} {dtype}");
+            if let [_, _, (_, v3v)] = &results[..] {
+                let d = calc_diff(&results[0].1, v3v);
+                assert!(d < MAX_DIFF, "{what}: V1 vs V3 calc_diff {d:e}");
+                results.truncate(2);
+            }
             compare_versions(&what, max_m <= 32, &results);
         }
     }
@@ -387,4 +432,20 @@ fn skinny_kernel_limits_are_typed_errors() {
     // M > 64.
     let err = dense_err(65, 64, DType::F32);
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
+    // V3 is masked-only.
+    let mut out = Tensor::empty(&device, DType::F32, &[4, n]).unwrap();
+    let err = mxfp8_gemm_skinny_with(
+        &dev,
+        &zeros(DType::F8E4M3, &[4, 64]),
+        &zeros(DType::E8M0, &[4, 2]),
+        &zeros(DType::F8E4M3, &[n, 64]),
+        &zeros(DType::E8M0, &[2, 2]),
+        &mut out,
+        SkinnyVersion::V3,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Argument { arg: "version", .. }),
+        "{err}"
+    );
 }

@@ -145,6 +145,11 @@ constexpr uint32_t kConsumerRegs = 216;
 constexpr int kConsumerWarps = 8;
 constexpr int kHelperWarps = 3;
 
+// Helper warp hw (0..2, warp 1 + hw) serves stage slot s: a fixed owner per
+// slot, so successive writers of a slot's scales are one warp (FP4 has 5
+// slots: warps 1, 2 own two each, warp 3 one; dense has 6: two each).
+__device__ __forceinline__ bool helper_owns(int s, int hw) { return s % kHelperWarps == hw; }
+
 template <bool kFp4> struct Layout {
     static constexpr int kStages = kFp4 ? kStagesFp4 : kStagesFp8;
     // fp32 scales per stage: A [kSteps][128 rows]; B [kSteps][128 rows] (FP4,
@@ -193,34 +198,51 @@ __device__ __forceinline__ void store_quad(float *dst, int stride, uint32_t w) {
     for (int j = 0; j < 4; ++j) dst[j * stride] = e8m0_to_f32((w >> (8 * j)) & 0xFFu);
 }
 
-// One helper warp converts the E8M0 scales of stage `st` of `tile` to fp32 in
-// shared memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128
-// output rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
+// The E8M0 scale words of one stage, as one helper lane fetched them from
+// global memory: A rows lane + 32 i, FP4 B rows lane + 32 i, or (dense,
+// lanes < 4) the 32-row block lane of B.
+struct ScaleQuads {
+    uint32_t a[4];
+    uint32_t b[4];
+};
+
+// Global loads of the E8M0 scales of stage `st` of `tile` (registers only:
+// nothing is written to shared memory, so a helper can issue them before the
+// stage's TMA has landed).
 template <bool kFp4>
-__device__ __forceinline__ void load_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
-                                            float *sa, float *sb, int lane) {
+__device__ __forceinline__ ScaleQuads fetch_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
+                                                   int lane) {
     const int kbt = (p.k + 31) / 32;
     const uint8_t *as = static_cast<const uint8_t *>(p.a_s);
     const uint8_t *bs = static_cast<const uint8_t *>(p.b_s);
-    uint32_t va[4], vb[4];
+    ScaleQuads q;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = lane + 32 * i;
-        va[i] = load_scale_quad(as, tile.row0 + r, p.m, kbt, st);
+        q.a[i] = load_scale_quad(as, tile.row0 + r, p.m, kbt, st);
+        q.b[i] = 0;
         if (kFp4) {
             const int n = tile.n0 + r;
-            vb[i] = load_scale_quad(bs + int64_t(tile.e) * p.n * kbt, n, p.n, kbt, st);
+            q.b[i] = load_scale_quad(bs + int64_t(tile.e) * p.n * kbt, n, p.n, kbt, st);
         }
     }
     if (!kFp4 && lane < kBlockN / 32) {
-        vb[0] = load_scale_quad(bs, tile.n0 / 32 + lane, (p.n + 31) / 32, kbt, st);
+        q.b[0] = load_scale_quad(bs, tile.n0 / 32 + lane, (p.n + 31) / 32, kbt, st);
     }
+    return q;
+}
+
+// One helper warp writes the fetched scales of a stage as fp32 into shared
+// memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128 output
+// rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
+template <bool kFp4>
+__device__ __forceinline__ void store_scales(const ScaleQuads &q, float *sa, float *sb, int lane) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        store_quad(sa + lane + 32 * i, kBlockM, va[i]);
-        if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, vb[i]);
+        store_quad(sa + lane + 32 * i, kBlockM, q.a[i]);
+        if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, q.b[i]);
     }
-    if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, vb[0]);
+    if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, q.b[0]);
 }
 
 // Decodes the packed 128 x 64 B e2m1 tile into the 128 x 128 B e4m3 tile in
@@ -360,22 +382,22 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                 }
             }
         } else {
-            // Helper warps 1..3 take the stages in turn (stage it goes to warp
-            // 1 + it % 3), so three stages' scale loads and FP4 decodes are
-            // in flight at once.
+            // Helper warp 1 + s % 3 owns stage slot s (helper_owns), so the
+            // same warp writes a slot's scales every round. Scales are fetched
+            // into registers after empty[s], written after full[s] (FP4).
             const int hw = warp - 1;
             int it = 0;
             for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
                  t += gridDim.x) {
                 for (int st = 0; st < num_st; ++st, ++it) {
-                    if (it % kHelperWarps != hw) continue;
                     const int s = it % S;
+                    if (!helper_owns(s, hw)) continue;
                     const uint32_t ph = (it / S) & 1;
                     mbar_wait(&empty[s], ph ^ 1);
-                    load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats,
-                                      lane);
+                    const ScaleQuads q = fetch_scales<kFp4>(p, tile, st, lane);
+                    if (kFp4) mbar_wait(&full[s], ph);
+                    store_scales<kFp4>(q, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats, lane);
                     if (kFp4) {
-                        mbar_wait(&full[s], ph);
                         decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane);
                         fence_proxy_async_smem();
                     }

@@ -75,6 +75,12 @@ pub enum SkinnyVersion {
     /// resident CTAs (no second wave), experts ranked as in V1, at most
     /// 32-token tiles.
     V2,
+    /// Masked MoE only, max_m ≤ 16 ([`v3_layout`] says which shapes): units
+    /// of 16 weight rows × all of K brought in by bulk copies, `mma.sync`
+    /// with the e2m1 weights decoded in registers, K split over the CTA's 16
+    /// warps and summed in warp order. The dense GEMM has no V3 (typed
+    /// error).
+    V3,
 }
 
 /// The version [`mxfp8_gemm_skinny`] runs for `m` rows: V2 up to 8 rows (its
@@ -98,6 +104,44 @@ pub fn masked_version(max_m: usize) -> SkinnyVersion {
     } else {
         SkinnyVersion::V1
     }
+}
+
+/// Threads of a V3 masked CTA (16 warps) and its stage bound
+/// (`skinny_v3::kThreads`, `kMaxStages` in gemm_skinny_v3.cu).
+const V3_THREADS: u32 = 512;
+const V3_MAX_STAGES: usize = 8;
+/// The dynamic shared memory V3 may take: the sm_90 opt-in limit (232448)
+/// less the 1 KiB of static shared memory ptxas reports for the V3 kernels.
+const SMEM_LIMIT: usize = 230_400;
+
+/// The V3 masked launch for `experts` × `max_m` tokens, N, K: (token tile,
+/// stages, dynamic shared memory bytes), or `None` where V3 does not apply
+/// (max_m > 16, N % 16 != 0, K % 32 != 0, or fewer than 2 stages fit). The
+/// host twin of `skinny_v3::Layout`: barriers (8 × 8 B), the E8M0 table
+/// (1 KiB), the expert list (4 B each, rounded to 16), the tokens
+/// (nt × (K + 32)), their fp32 scales (K/32 × nt × 4, rounded to 16), two
+/// partial buffers (2 × 16 warps × 16 rows × nt × 4), then the stages of
+/// 16 × (K/2 + 16) + 16 × K/32 (rounded to 16) bytes each.
+pub fn v3_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<(u32, usize, u32)> {
+    if max_m == 0 || max_m > 16 || !n.is_multiple_of(16) || !k.is_multiple_of(32) {
+        return None;
+    }
+    let nt = if max_m <= 8 { 8 } else { 16 };
+    let kb = k / 32;
+    let a16 = |v: usize| v.next_multiple_of(16);
+    let fixed = 8 * V3_MAX_STAGES
+        + 1024
+        + a16(experts.checked_mul(4)?)
+        + nt * (k + 32)
+        + a16(kb * nt * 4)
+        + 2 * 16 * 16 * nt * 4;
+    let stage = 16 * (k / 2 + 16) + a16(16 * kb);
+    let stages = SMEM_LIMIT.checked_sub(fixed)? / stage;
+    if stages < 2 {
+        return None;
+    }
+    let stages = stages.min(V3_MAX_STAGES);
+    Some((nt as u32, stages, (fixed + stages * stage) as u32))
 }
 
 /// Per-stream scratch of the split-K path (see the module doc).
@@ -228,6 +272,14 @@ pub fn mxfp8_gemm_skinny_with(
         (SkinnyVersion::V2, 8) => ks::GEMM_SKINNY_V2_FP8_N8,
         (SkinnyVersion::V2, 16) => ks::GEMM_SKINNY_V2_FP8_N16,
         (SkinnyVersion::V2, _) => ks::GEMM_SKINNY_V2_FP8_N32,
+        (SkinnyVersion::V3, _) => {
+            return Err(Error::Argument {
+                op: OP,
+                arg: "version",
+                value: "V3".into(),
+                why: "V3 is a masked-MoE kernel only; the dense GEMM runs V1 or V2",
+            });
+        }
     };
     let smem = smem_bytes(false, nt, version);
     let (splits, chunks_per_split) = split_k(n, k);
@@ -376,6 +428,66 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
+    if version == SkinnyVersion::V3 {
+        let Some((nt, _stages, smem)) = v3_layout(e, max_m, n, k) else {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "b",
+                got: b.shape().to_vec(),
+                expected: "for V3: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
+                           the tokens plus two 16-row stages within shared memory"
+                    .into(),
+            });
+        };
+        let kernel = if nt == 8 {
+            ks::GEMM_SKINNY_V3_FP4_MASKED_N8
+        } else {
+            ks::GEMM_SKINNY_V3_FP4_MASKED_N16
+        };
+        allow_smem(dev, kernel, smem)?;
+        let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+        let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+        let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+        let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+        let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
+        // The bulk copies and 16-byte token loads need 16-byte aligned bases.
+        for (name, ptr) in [("a", ap), ("b", bp), ("b_s", bsp)] {
+            if (ptr as usize) % 16 != 0 {
+                return Err(Error::Argument {
+                    op: OP,
+                    arg: name,
+                    value: format!("{ptr:p}"),
+                    why: "V3 needs 16-byte aligned device buffers",
+                });
+            }
+        }
+        let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
+        let params = di_gemm_skinny_params {
+            a: ap,
+            a_scale: asp,
+            b: bp,
+            b_scale: bsp,
+            counts: cp as *const i32,
+            out: op,
+            m: max_m as i32,
+            n: n as i32,
+            k: k as i32,
+            experts: e as i32,
+            chunks_per_split: 0,
+            out_f32: out_f32 as i32,
+            workspace: std::ptr::null_mut(),
+            tickets: std::ptr::null_mut(),
+            token_halves: 1,
+        };
+        // One CTA per SM; units (16 rows of an active expert) split evenly.
+        let units = e * (n / 16);
+        let cfg = LaunchConfig {
+            grid_dim: (dev.sm_count().min(units).max(1) as u32, 1, 1),
+            block_dim: (V3_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        return launch(dev, kernel, cfg, &params);
+    }
     let (cap, kernels) = match version {
         SkinnyVersion::V1 => (
             MAX_M,
@@ -386,7 +498,7 @@ pub fn mxfp4_grouped_masked_with(
                 ks::GEMM_SKINNY_FP4_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 => (
             32,
             [
                 ks::GEMM_SKINNY_V2_FP4_MASKED_N8,
@@ -405,7 +517,7 @@ pub fn mxfp4_grouped_masked_with(
     let grid_dim = match version {
         SkinnyVersion::V1 => (tiles as u32, (slots / tiles).clamp(1, e) as u32, 1),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 => (
             slots.min(tiles * e * max_m.div_ceil(nt as usize)) as u32,
             1,
             1,
@@ -486,7 +598,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
