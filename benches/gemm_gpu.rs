@@ -33,7 +33,8 @@
 //!
 //! DEEPINFER_BENCH_QUICK=1 runs a small subset (two projections, M ∈ {1,
 //! 64, 4096}, one MoE shape per layout); DEEPINFER_BENCH_MOE=1 the MoE rows
-//! alone (masked at 1, 4, 16 tokens; contiguous 16 × 2048 and 8 × 4096).
+//! (masked at 1, 4, 16 tokens; contiguous 16 × 2048 and 8 × 4096) and wq_a,
+//! wo_b at M = 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -466,6 +467,12 @@ mod gpu {
         );
         fp8_ceiling(&mut h);
         if std::env::var("DEEPINFER_BENCH_MOE").is_ok_and(|v| v == "1") {
+            for p in PROJECTIONS
+                .iter()
+                .filter(|p| p.name == "wq_a" || p.name == "wo_b")
+            {
+                dense(&mut h, p, &[4096]);
+            }
             moe_masked(&mut h, &MASKED_COUNTS[..3], MOE_SHAPES);
             moe_contiguous(&mut h, &[(16, 2048), (8, 4096)], MOE_SHAPES);
         } else if quick() {

@@ -143,12 +143,13 @@ constexpr int kPackedTileBytes = kBlockN * kBlockK / 2; // 8 KiB of packed e2m1
 constexpr uint32_t kProducerRegs = 72;
 constexpr uint32_t kConsumerRegs = 216;
 constexpr int kConsumerWarps = 8;
+// Arrivals on a stage's empty barrier: every consumer thread arrives after
+// its own last read of the stage (its scale reads and the wgmma operands it
+// waited for), so each reader's accesses are ordered before the helper's and
+// the producer's rewrite by that thread's own release (see README.md, "The
+// FP4 race").
+constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kHelperWarps = 3;
-
-// Helper warp hw (0..2, warp 1 + hw) serves stage slot s: a fixed owner per
-// slot, so successive writers of a slot's scales are one warp (FP4 has 5
-// slots: warps 1, 2 own two each, warp 3 one; dense has 6: two each).
-__device__ __forceinline__ bool helper_owns(int s, int hw) { return s % kHelperWarps == hw; }
 
 template <bool kFp4> struct Layout {
     static constexpr int kStages = kFp4 ? kStagesFp4 : kStagesFp8;
@@ -198,51 +199,34 @@ __device__ __forceinline__ void store_quad(float *dst, int stride, uint32_t w) {
     for (int j = 0; j < 4; ++j) dst[j * stride] = e8m0_to_f32((w >> (8 * j)) & 0xFFu);
 }
 
-// The E8M0 scale words of one stage, as one helper lane fetched them from
-// global memory: A rows lane + 32 i, FP4 B rows lane + 32 i, or (dense,
-// lanes < 4) the 32-row block lane of B.
-struct ScaleQuads {
-    uint32_t a[4];
-    uint32_t b[4];
-};
-
-// Global loads of the E8M0 scales of stage `st` of `tile` (registers only:
-// nothing is written to shared memory, so a helper can issue them before the
-// stage's TMA has landed).
+// One helper warp converts the E8M0 scales of stage `st` of `tile` to fp32 in
+// shared memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128
+// output rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
 template <bool kFp4>
-__device__ __forceinline__ ScaleQuads fetch_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
-                                                   int lane) {
+__device__ __forceinline__ void load_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
+                                            float *sa, float *sb, int lane) {
     const int kbt = (p.k + 31) / 32;
     const uint8_t *as = static_cast<const uint8_t *>(p.a_s);
     const uint8_t *bs = static_cast<const uint8_t *>(p.b_s);
-    ScaleQuads q;
+    uint32_t va[4], vb[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = lane + 32 * i;
-        q.a[i] = load_scale_quad(as, tile.row0 + r, p.m, kbt, st);
-        q.b[i] = 0;
+        va[i] = load_scale_quad(as, tile.row0 + r, p.m, kbt, st);
         if (kFp4) {
             const int n = tile.n0 + r;
-            q.b[i] = load_scale_quad(bs + int64_t(tile.e) * p.n * kbt, n, p.n, kbt, st);
+            vb[i] = load_scale_quad(bs + int64_t(tile.e) * p.n * kbt, n, p.n, kbt, st);
         }
     }
     if (!kFp4 && lane < kBlockN / 32) {
-        q.b[0] = load_scale_quad(bs, tile.n0 / 32 + lane, (p.n + 31) / 32, kbt, st);
+        vb[0] = load_scale_quad(bs, tile.n0 / 32 + lane, (p.n + 31) / 32, kbt, st);
     }
-    return q;
-}
-
-// One helper warp writes the fetched scales of a stage as fp32 into shared
-// memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128 output
-// rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
-template <bool kFp4>
-__device__ __forceinline__ void store_scales(const ScaleQuads &q, float *sa, float *sb, int lane) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        store_quad(sa + lane + 32 * i, kBlockM, q.a[i]);
-        if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, q.b[i]);
+        store_quad(sa + lane + 32 * i, kBlockM, va[i]);
+        if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, vb[i]);
     }
-    if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, q.b[0]);
+    if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, vb[0]);
 }
 
 // Decodes the packed 128 x 64 B e2m1 tile into the 128 x 128 B e4m3 tile in
@@ -345,7 +329,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
         for (int s = 0; s < S; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&ready[s], 32);
-            mbar_init(&empty[s], kConsumerWarps);
+            mbar_init(&empty[s], kConsumerThreads);
         }
         fence_barrier_init();
         tma_prefetch_map(&p.a_map);
@@ -382,22 +366,22 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                 }
             }
         } else {
-            // Helper warp 1 + s % 3 owns stage slot s (helper_owns), so the
-            // same warp writes a slot's scales every round. Scales are fetched
-            // into registers after empty[s], written after full[s] (FP4).
+            // Helper warps 1..3 take the stages in turn (stage it goes to warp
+            // 1 + it % 3), so three stages' scale loads and FP4 decodes are
+            // in flight at once.
             const int hw = warp - 1;
             int it = 0;
             for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
                  t += gridDim.x) {
                 for (int st = 0; st < num_st; ++st, ++it) {
+                    if (it % kHelperWarps != hw) continue;
                     const int s = it % S;
-                    if (!helper_owns(s, hw)) continue;
                     const uint32_t ph = (it / S) & 1;
                     mbar_wait(&empty[s], ph ^ 1);
-                    const ScaleQuads q = fetch_scales<kFp4>(p, tile, st, lane);
-                    if (kFp4) mbar_wait(&full[s], ph);
-                    store_scales<kFp4>(q, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats, lane);
+                    load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats,
+                                      lane);
                     if (kFp4) {
+                        mbar_wait(&full[s], ph);
                         decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane);
                         fence_proxy_async_smem();
                     }
@@ -438,8 +422,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                 fence_operands(f);
                 promote<kFp4>(acc, f, sa, sb, j, wrow, lane);
             }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
+            mbar_arrive(&empty[s]);
         }
         const int r0 = tile.row0 + wrow;
 #pragma unroll

@@ -245,9 +245,11 @@ __device__ __forceinline__ void retire(float (&acc)[64], float (&ring)[kRing][kF
     promote_unit<kFp4>(acc, ring[slot], v, u, wrow, lane);
 }
 
+// Every consumer thread arrives on the stage's empty barrier after its last
+// read of the stage (kConsumerThreads arrivals, see mx_gemm.cu).
 __device__ __forceinline__ void release(const StageView &v, int lane) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(v.empty);
+    (void)lane;
+    mbar_arrive(v.empty);
 }
 
 // Retires the last kLook units of a stage (kLook - 1 - kI newer units still
@@ -316,7 +318,7 @@ __device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
         for (int s = 0; s < S; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&ready[s], 32);
-            mbar_init(&empty[s], kConsumerWarps);
+            mbar_init(&empty[s], kConsumerThreads);
         }
         fence_barrier_init();
         tma_prefetch_map(&p.a_map);
@@ -353,8 +355,8 @@ __device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
                 }
             }
         } else {
-            // Helper warp 1 + s % 3 owns stage slot s (see mx_gemm.cu's
-            // helper_owns): scales to fp32, FP4 decode.
+            // Helper warps 1..3 take the stages in turn (stage `it` goes to
+            // warp 1 + it % 3): scales to fp32, FP4 decode.
             const int hw = warp - 1;
             const uint32_t lo_tab = opaque(0x3C383000u), hi_tab = opaque(0x4C484440u),
                            sign_tab = opaque(0x80808080u);
@@ -362,14 +364,14 @@ __device__ __forceinline__ void mx_gemm_v2_sm90(const di_mx_gemm_params &p) {
             for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
                  t += gridDim.x) {
                 for (int st = 0; st < num_st; ++st, ++it) {
+                    if (it % kHelperWarps != hw) continue;
                     const int s = it % S;
-                    if (!helper_owns(s, hw)) continue;
                     const uint32_t ph = (it / S) & 1;
                     mbar_wait(&empty[s], ph ^ 1);
-                    const ScaleQuads q = fetch_scales<kFp4>(p, tile, st, lane);
-                    if (kFp4) mbar_wait(&full[s], ph);
-                    store_scales<kFp4>(q, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats, lane);
+                    load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats,
+                                      lane);
                     if (kFp4) {
+                        mbar_wait(&full[s], ph);
                         decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane,
                                         lo_tab, hi_tab, sign_tab);
                         fence_proxy_async_smem();

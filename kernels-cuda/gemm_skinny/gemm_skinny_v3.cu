@@ -172,12 +172,22 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     const uint8_t *bw = static_cast<const uint8_t *>(p.b);
     const uint8_t *bs = static_cast<const uint8_t *>(p.b_scale);
     const uint32_t row_bytes = uint32_t(k / 2), ws_bytes = uint32_t(kRows * kb_n);
-    // Warp 0 issues unit i into stage i % S: lane 0 announces the bytes, lanes
-    // 0..15 copy one row each, lane 16 the unit's scales.
+    // Units are walked as (rank, group) cursors, advanced one unit at a time
+    // (no 64-bit division per unit): `next` moves one forward.
+    const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
+    auto next = [&](int &rank, int &group) {
+        if (++group == groups) {
+            group = 0;
+            ++rank;
+        }
+    };
+    int is_rank = rank0, is_group = group0;  // warp 0: the next unit to issue
+    // Warp 0 issues unit i (the issue cursor's) into stage i % S: lane 0
+    // announces the bytes, lanes 0..15 copy one row each, lane 16 the scales.
     auto issue = [&](int i) {
-        const int64_t u = u_begin + i;
-        const int e = list[u / groups];
-        const int64_t row0 = int64_t(e) * p.n + (u % groups) * kRows;
+        const int e = list[is_rank];
+        const int64_t row0 = int64_t(e) * p.n + is_group * kRows;
+        next(is_rank, is_group);
         uint8_t *st = stage0 + (i % S) * L.stage_bytes;
         uint64_t *bar = &full[i % S];
         if (lane == 0) mbar_arrive_expect_tx(bar, kRows * row_bytes + ws_bytes);
@@ -197,10 +207,10 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     // kb0 (matrices 0, 1) or kb0 + 1 (2, 3).
     const int lm_row = (lane & 7) + ((lane >> 3) & 1) * 8, lm_blk = lane >> 4;
     int cur_e = -1, cnt = 0;
-    for (int i = 0; i < n_units; ++i) {
-        const int64_t u = u_begin + i;
-        const int e = list[u / groups];
-        const int r0 = int(u % groups) * kRows;
+    int rank = rank0, group = group0;
+    for (int i = 0; i < n_units; ++i, next(rank, group)) {
+        const int e = list[rank];
+        const int r0 = group * kRows;
         if (e != cur_e) {
             // Stage the expert's tokens (all threads; the previous unit's
             // readers are past the barrier that ended it).
