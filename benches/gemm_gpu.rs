@@ -5,12 +5,10 @@
 //!
 //! - Dense: every V4.1 FP8 projection (`PROJECTIONS`) at M ∈ {1, 8, 32, 64,
 //!   128, 512, 4096, 16384} through `ops::mxfp8_linear_into` with
-//!   `GemmImpl::Auto`; at M ≤ `SKINNY_MAX_M` also both skinny versions
+//!   `GemmImpl::Auto` (row `auto`); at M ≤ `SKINNY_MAX_M` also both skinny versions
 //!   directly (`cuda_backend::gemm_skinny`, rows `skinny_v1` and
-//!   `skinny_v2`), `Large` at M = 64 to show the crossover, and at M > 64
-//!   both large-kernel versions (`GemmImpl::LargeV1` / `LargeV2`, rows
-//!   `large_v1` / `large_v2`; `auto` is the default version there; `skinny`
-//!   at M = 128 records its typed error). `wo_a` is 8 groups of
+//!   `skinny_v2`), `Large` at M = 64 to show the crossover (above 64 `auto`
+//!   is the large kernel; `skinny` at M = 128 records its typed error). `wo_a` is 8 groups of
 //!   1024 × 4096, timed as 8 dense calls (8 inputs, 8 weights) per
 //!   iteration. Peers measured here on the same (M, N, K), through cudarc:
 //!   cuBLASLt FP8 e4m3 with per-tensor scales (`cublaslt_fp8_tensorwise`)
@@ -19,9 +17,8 @@
 //!   masked decode (`cuda_backend::gemm_skinny::mxfp4_grouped_masked_with`,
 //!   V1, V2 and V3 as rows `skinny_v1` / `_v2` / `_v3`, every expert holding 1, 4,
 //!   16 or 64 tokens) and contiguous prefill
-//!   (`cuda_backend::gemm::mxfp4_grouped_contiguous_with`, both versions as
-//!   rows `large_v1` / `large_v2`, the default one carrying the torch peers,
-//!   8–32 experts × 128–8192 tokens per group).
+//!   (`cuda_backend::gemm::mxfp4_grouped_contiguous`, row `large`, with the
+//!   torch peers, 8–32 experts × 128–8192 tokens per group).
 //!
 //! Records: `ours_us`, `tflops` = 2·M·N·K (summed over groups) / time,
 //! `gbps` over the bytes that must move once: A (M·K) + its scales
@@ -44,7 +41,7 @@ mod harness;
 mod gpu {
     use super::harness::Harness;
     use deepinfer::cuda_backend::blas::Fp8TensorwisePlan;
-    use deepinfer::cuda_backend::gemm::{LargeKernel, mxfp4_grouped_contiguous_with};
+    use deepinfer::cuda_backend::gemm::mxfp4_grouped_contiguous;
     use deepinfer::cuda_backend::gemm_skinny::{
         SkinnyVersion, mxfp4_grouped_masked_with, mxfp8_gemm_skinny_with,
     };
@@ -259,11 +256,6 @@ mod gpu {
             let mut imps = vec![("auto", GemmImpl::Auto, None)];
             if m == ops::SKINNY_MAX_M {
                 imps.push(("large", GemmImpl::Large, None));
-            } else if m > ops::SKINNY_MAX_M {
-                imps.extend([
-                    ("large_v1", GemmImpl::LargeV1, None),
-                    ("large_v2", GemmImpl::LargeV2, None),
-                ]);
             }
             if m <= ops::SKINNY_MAX_M {
                 imps.extend([
@@ -399,11 +391,9 @@ mod gpu {
                 let offsets: Vec<i32> = (0..=e).map(|x| (x * per) as i32).collect();
                 let off = upload(&dev, offsets, &[e + 1], 1).remove(0);
                 let mut out = Tensor::empty(&dev, DType::BF16, &[t, n]).unwrap();
-                for (label, version) in
-                    [("large_v1", LargeKernel::V1), ("large_v2", LargeKernel::V2)]
                 {
                     let us = measure(h, |i| {
-                        mxfp4_grouped_contiguous_with(
+                        mxfp4_grouped_contiguous(
                             &h.cuda,
                             &a[i % ac],
                             &a_s[i % ac],
@@ -411,17 +401,11 @@ mod gpu {
                             &w_s[i % wc],
                             &off,
                             &mut out,
-                            version,
                         )
                     });
-                    let peer_op = if version == LargeKernel::DEFAULT {
-                        format!("moe_contiguous/{name}")
-                    } else {
-                        String::new()
-                    };
                     h.record_gemm(
-                        &format!("mxfp4_grouped_contiguous/{name}/{label}"),
-                        &peer_op,
+                        &format!("mxfp4_grouped_contiguous/{name}/large"),
+                        &format!("moe_contiguous/{name}"),
                         json!({ "experts": e, "tokens_per_expert": per, "n": n, "k": k }),
                         us,
                         2.0 * (t * n * k) as f64,

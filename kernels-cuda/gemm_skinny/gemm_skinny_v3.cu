@@ -1,5 +1,5 @@
 // Masked FP4 MoE GEMM for decode, version 3: a memory-bound design for
-// 1..16 tokens per expert (gemm_skinny_v3_fp4_masked_n{8,16}).
+// 1..16 tokens per expert (mxfp4_grouped_masked_v3_n{8,16}).
 //
 //   per expert e with c = clamp(counts[e], 0, max_m) > 0:
 //   out[e, :c, N] = A[e, :c, K] (e4m3, 1x32 E8M0) x B[e, N, K]^T (packed e2m1,
@@ -43,7 +43,7 @@
 
 namespace skinny_v3 {
 
-constexpr int kRows = 16;               // weight rows per unit (mma M)
+constexpr int kRows = 16;               // weight rows per row group (mma M)
 constexpr int kWarps = 16;              // warps per CTA; the K split
 constexpr int kThreads = kWarps * 32;   // 512
 constexpr int kMaxStages = 8;
@@ -58,17 +58,17 @@ __host__ __device__ constexpr int align16(int v) { return (v + 15) & ~15; }
 // 16 x (K/2 + 16) e2m1 bytes plus 16 x K/32 scale bytes (rounded to 16).
 struct Layout {
     int lut, list, act, act_s, part, stages, stage_bytes, w_stride, ws_off;
-    __device__ Layout(int nt, int k, int experts) {
+    __device__ Layout(int nt, int g, int k, int experts) {
         const int kb = k / 32;
         lut = 8 * kMaxStages;
         list = lut + 256 * 4;
         act = list + align16(experts * 4);
         act_s = act + nt * (k + 32);
         part = act_s + align16(kb * nt * 4);
-        stages = part + 2 * kWarps * kRows * nt * 4;
+        stages = part + 2 * kWarps * kRows * g * nt * 4;
         w_stride = k / 2 + 16;
-        ws_off = kRows * w_stride;
-        stage_bytes = ws_off + align16(kRows * kb);
+        ws_off = kRows * g * w_stride;
+        stage_bytes = ws_off + align16(kRows * g * kb);
     }
 };
 
@@ -109,20 +109,13 @@ __device__ __forceinline__ void mma_fresh(float (&d)[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
 }
 
-// Even nibbles (the low nibble of each byte) of w -> 4 e4m3 bytes worth the
-// e2m1 value times 2^-6; odd nibbles likewise.
-__device__ __forceinline__ uint32_t e2m1_even_x2e6(uint32_t w) {
-    return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-}
-__device__ __forceinline__ uint32_t e2m1_odd_x2e6(uint32_t w) {
-    return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
-}
-
-template <int NT>
+template <int NT, int G>
 __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
+    static_assert(G == 1 || G == 2, "one or two 16-row groups per unit");
+    constexpr int kUnitRows = kRows * G;
     extern __shared__ __align__(16) uint8_t smem[];
-    const Layout L(NT, p.k, p.experts);
+    const Layout L(NT, G, p.k, p.experts);
     const int S = min(kMaxStages, int((dynamic_smem_bytes() - uint32_t(L.stages)) / uint32_t(L.stage_bytes)));
     uint64_t *full = reinterpret_cast<uint64_t *>(smem);
     float *lut = reinterpret_cast<float *>(smem + L.lut);
@@ -136,7 +129,7 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
     const int k = p.k, kb_n = k / 32, ak = k + 32;
-    const int groups = p.n / kRows;
+    const int groups = p.n / kUnitRows;  // units per expert
 
     // Active experts in expert order (ballot + prefix, kThreads at a time).
     int n_active = 0;
@@ -171,7 +164,7 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
 
     const uint8_t *bw = static_cast<const uint8_t *>(p.b);
     const uint8_t *bs = static_cast<const uint8_t *>(p.b_scale);
-    const uint32_t row_bytes = uint32_t(k / 2), ws_bytes = uint32_t(kRows * kb_n);
+    const uint32_t row_bytes = uint32_t(k / 2), ws_bytes = uint32_t(kUnitRows * kb_n);
     // Units are walked as (rank, group) cursors, advanced one unit at a time
     // (no 64-bit division per unit): `next` moves one forward.
     const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
@@ -186,17 +179,16 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     // announces the bytes, lanes 0..15 copy one row each, lane 16 the scales.
     auto issue = [&](int i) {
         const int e = list[is_rank];
-        const int64_t row0 = int64_t(e) * p.n + is_group * kRows;
+        const int64_t row0 = int64_t(e) * p.n + is_group * kUnitRows;
         next(is_rank, is_group);
         uint8_t *st = stage0 + (i % S) * L.stage_bytes;
         uint64_t *bar = &full[i % S];
-        if (lane == 0) mbar_arrive_expect_tx(bar, kRows * row_bytes + ws_bytes);
+        if (lane == 0) mbar_arrive_expect_tx(bar, kUnitRows * row_bytes + ws_bytes);
         __syncwarp();
-        if (lane < kRows) {
+        if (lane < kUnitRows) {
             bulk_copy(st + lane * L.w_stride, bw + (row0 + lane) * row_bytes, row_bytes, bar);
-        } else if (lane == kRows) {
-            bulk_copy(st + L.ws_off, bs + row0 * kb_n, ws_bytes, bar);
         }
+        if (lane == 0) bulk_copy(st + L.ws_off, bs + row0 * kb_n, ws_bytes, bar);
     };
     if (warp == 0) {
         for (int i = 0; i < min(S, n_units); ++i) issue(i);
@@ -210,7 +202,7 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     int rank = rank0, group = group0;
     for (int i = 0; i < n_units; ++i, next(rank, group)) {
         const int e = list[rank];
-        const int r0 = group * kRows;
+        const int r0 = group * kUnitRows;
         if (e != cur_e) {
             // Stage the expert's tokens (all threads; the previous unit's
             // readers are past the barrier that ended it).
@@ -242,64 +234,79 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
         const uint8_t *ws = st + L.ws_off;
         const bool two = NT == 16 && cnt > 8;
 
-        float acc0[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc0[G][4], acc1[G][4];
+#pragma unroll
+        for (int rg = 0; rg < G; ++rg) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) acc0[rg][q] = acc1[rg][q] = 0.0f;
+        }
 #pragma unroll 2
         for (int pp = warp; pp < pairs; pp += kWarps) {
             const int kb0 = 2 * pp;
-            uint32_t w[4];
-            // Block kb0 + 1 == kb_n (odd K/32) reads the row padding; it is
-            // never used.
-            ldmatrix_x4(w, st + lm_row * L.w_stride + (kb0 + lm_blk) * 16);
 #pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int kb = kb0 + j;
-                if (kb >= kb_n) break;
-                const uint32_t rg = w[2 * j], rg8 = w[2 * j + 1];
-                const uint2 x = *reinterpret_cast<const uint2 *>(act + g * ak + kb * 32 + tg * 8);
-                float d[4];
-                mma_fresh(d, e2m1_even_x2e6(rg), e2m1_even_x2e6(rg8), e2m1_odd_x2e6(rg), e2m1_odd_x2e6(rg8),
-                          x.x, x.y);
-                const float sg = lut[ws[g * kb_n + kb]], sg8 = lut[ws[(g + 8) * kb_n + kb]];
-                const float2 at = *reinterpret_cast<const float2 *>(act_s + kb * NT + 2 * tg);
-                acc0[0] = fmaf(d[0], sg * at.x, acc0[0]);
-                acc0[1] = fmaf(d[1], sg * at.y, acc0[1]);
-                acc0[2] = fmaf(d[2], sg8 * at.x, acc0[2]);
-                acc0[3] = fmaf(d[3], sg8 * at.y, acc0[3]);
-                if (two) {
-                    const uint2 y = *reinterpret_cast<const uint2 *>(act + (g + 8) * ak + kb * 32 + tg * 8);
-                    float d1[4];
-                    mma_fresh(d1, e2m1_even_x2e6(rg), e2m1_even_x2e6(rg8), e2m1_odd_x2e6(rg),
-                              e2m1_odd_x2e6(rg8), y.x, y.y);
-                    const float2 at1 = *reinterpret_cast<const float2 *>(act_s + kb * NT + 8 + 2 * tg);
-                    acc1[0] = fmaf(d1[0], sg * at1.x, acc1[0]);
-                    acc1[1] = fmaf(d1[1], sg * at1.y, acc1[1]);
-                    acc1[2] = fmaf(d1[2], sg8 * at1.x, acc1[2]);
-                    acc1[3] = fmaf(d1[3], sg8 * at1.y, acc1[3]);
+            for (int rg = 0; rg < G; ++rg) {
+                uint32_t w[4];
+                // Block kb0 + 1 == kb_n (odd K/32) reads the row padding; it
+                // is never used.
+                ldmatrix_x4(w, st + (rg * kRows + lm_row) * L.w_stride + (kb0 + lm_blk) * 16);
+                const uint8_t *wsr = ws + rg * kRows * kb_n;
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int kb = kb0 + j;
+                    if (kb >= kb_n) break;
+                    const uint32_t a0 = deepinfer::e2m1_even_to_e4m3_x2e6(w[2 * j]);
+                    const uint32_t a1 = deepinfer::e2m1_even_to_e4m3_x2e6(w[2 * j + 1]);
+                    const uint32_t a2 = deepinfer::e2m1_odd_to_e4m3_x2e6(w[2 * j]);
+                    const uint32_t a3 = deepinfer::e2m1_odd_to_e4m3_x2e6(w[2 * j + 1]);
+                    const uint2 x = *reinterpret_cast<const uint2 *>(act + g * ak + kb * 32 + tg * 8);
+                    float d[4];
+                    mma_fresh(d, a0, a1, a2, a3, x.x, x.y);
+                    const float sg = lut[wsr[g * kb_n + kb]], sg8 = lut[wsr[(g + 8) * kb_n + kb]];
+                    const float2 at = *reinterpret_cast<const float2 *>(act_s + kb * NT + 2 * tg);
+                    acc0[rg][0] = fmaf(d[0], sg * at.x, acc0[rg][0]);
+                    acc0[rg][1] = fmaf(d[1], sg * at.y, acc0[rg][1]);
+                    acc0[rg][2] = fmaf(d[2], sg8 * at.x, acc0[rg][2]);
+                    acc0[rg][3] = fmaf(d[3], sg8 * at.y, acc0[rg][3]);
+                    if (two) {
+                        const uint2 y =
+                            *reinterpret_cast<const uint2 *>(act + (g + 8) * ak + kb * 32 + tg * 8);
+                        float d1[4];
+                        mma_fresh(d1, a0, a1, a2, a3, y.x, y.y);
+                        const float2 at1 = *reinterpret_cast<const float2 *>(act_s + kb * NT + 8 + 2 * tg);
+                        acc1[rg][0] = fmaf(d1[0], sg * at1.x, acc1[rg][0]);
+                        acc1[rg][1] = fmaf(d1[1], sg * at1.y, acc1[rg][1]);
+                        acc1[rg][2] = fmaf(d1[2], sg8 * at1.x, acc1[rg][2]);
+                        acc1[rg][3] = fmaf(d1[3], sg8 * at1.y, acc1[rg][3]);
+                    }
                 }
             }
         }
-        // Partials [warp][row][token] of buffer i % 2.
-        float *pw = part + ((i & 1) * kWarps + warp) * kRows * NT;
-        pw[g * NT + 2 * tg] = acc0[0];
-        pw[g * NT + 2 * tg + 1] = acc0[1];
-        pw[(g + 8) * NT + 2 * tg] = acc0[2];
-        pw[(g + 8) * NT + 2 * tg + 1] = acc0[3];
-        if (NT == 16) {
-            pw[g * NT + 8 + 2 * tg] = acc1[0];
-            pw[g * NT + 8 + 2 * tg + 1] = acc1[1];
-            pw[(g + 8) * NT + 8 + 2 * tg] = acc1[2];
-            pw[(g + 8) * NT + 8 + 2 * tg + 1] = acc1[3];
+        // Partials [warp][unit row][token] of buffer i % 2.
+        float *pw = part + ((i & 1) * kWarps + warp) * kUnitRows * NT;
+#pragma unroll
+        for (int rg = 0; rg < G; ++rg) {
+            float *pr = pw + rg * kRows * NT;
+            pr[g * NT + 2 * tg] = acc0[rg][0];
+            pr[g * NT + 2 * tg + 1] = acc0[rg][1];
+            pr[(g + 8) * NT + 2 * tg] = acc0[rg][2];
+            pr[(g + 8) * NT + 2 * tg + 1] = acc0[rg][3];
+            if (NT == 16) {
+                pr[g * NT + 8 + 2 * tg] = acc1[rg][0];
+                pr[g * NT + 8 + 2 * tg + 1] = acc1[rg][1];
+                pr[(g + 8) * NT + 8 + 2 * tg] = acc1[rg][2];
+                pr[(g + 8) * NT + 8 + 2 * tg + 1] = acc1[rg][3];
+            }
         }
         // Every warp is done with stage s, the tokens and its partials.
         __syncthreads();
         if (warp == 0 && i + S < n_units) issue(i + S);
-        if (tid < kRows * NT) {
-            const int row = tid % kRows, t = tid / kRows;
+        if (tid < kUnitRows * NT) {
+            const int row = tid % kUnitRows, t = tid / kUnitRows;
             if (t < cnt) {
-                const float *pb = part + (i & 1) * kWarps * kRows * NT + row * NT + t;
+                const float *pb = part + (i & 1) * kWarps * kUnitRows * NT + row * NT + t;
                 float sum = 0.0f;
 #pragma unroll
-                for (int w2 = 0; w2 < kWarps; ++w2) sum += pb[w2 * kRows * NT];
+                for (int w2 = 0; w2 < kWarps; ++w2) sum += pb[w2 * kUnitRows * NT];
                 sum *= 64.0f;  // the decode's 2^-6, exactly
                 const int64_t at = (int64_t(e) * p.m + t) * p.n + r0 + row;
                 if (p.out_f32) {
@@ -355,21 +362,29 @@ template <int NT> __device__ void masked_v3_simt(const di_gemm_skinny_params &p)
 }  // namespace skinny_v3
 #endif
 
-template <int NT> __device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
+template <int NT, int G> __device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    skinny_v3::masked_v3_sm90<NT>(p);
+    skinny_v3::masked_v3_sm90<NT, G>(p);
 #else
-    skinny_v3::masked_v3_simt<NT>(p);
+    skinny_v3::masked_v3_simt<NT>(p);  // G only shapes the sm_90a units
 #endif
 }
 
-// max_m <= 8 and <= 16; one CTA per SM (the host sizes the stages to the
-// shared memory).
+// max_m <= 8 and <= 16, units of 16 (_n8, _n16) or 32 weight rows (_g2, for
+// short K); one CTA per SM (the host sizes the stages to the shared memory).
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    gemm_skinny_v3_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v3<8>(p);
+    mxfp4_grouped_masked_v3_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<8, 1>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    gemm_skinny_v3_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v3<16>(p);
+    mxfp4_grouped_masked_v3_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<16, 1>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v3_n8_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<8, 2>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v3_n16_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<16, 2>(p);
 }

@@ -115,18 +115,32 @@ const V3_MAX_STAGES: usize = 8;
 const SMEM_LIMIT: usize = 230_400;
 
 /// The V3 masked launch for `experts` × `max_m` tokens, N, K: (token tile,
-/// stages, dynamic shared memory bytes), or `None` where V3 does not apply
-/// (max_m > 16, N % 16 != 0, K % 32 != 0, or fewer than 2 stages fit). The
-/// host twin of `skinny_v3::Layout`: barriers (8 × 8 B), the E8M0 table
-/// (1 KiB), the expert list (4 B each, rounded to 16), the tokens
-/// (nt × (K + 32)), their fp32 scales (K/32 × nt × 4, rounded to 16), two
-/// partial buffers (2 × 16 warps × 16 rows × nt × 4), then the stages of
-/// 16 × (K/2 + 16) + 16 × K/32 (rounded to 16) bytes each.
-pub fn v3_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<(u32, usize, u32)> {
+/// 16-row groups per unit, stages, dynamic shared memory bytes), or `None`
+/// where V3 does not apply (max_m > 16, N % 16 != 0, K % 32 != 0, or fewer
+/// than 2 stages fit). Units are 32 weight rows (two groups) when K ≤ 2560
+/// and N % 32 == 0 (short rows: bigger units amortise the per-unit barrier
+/// and reduction), else 16. The host twin of `skinny_v3::Layout`: barriers
+/// (8 × 8 B), the E8M0 table (1 KiB), the expert list (4 B each, rounded to
+/// 16), the tokens (nt × (K + 32)), their fp32 scales (K/32 × nt × 4,
+/// rounded to 16), two partial buffers (2 × 16 warps × unit rows × nt × 4),
+/// then the stages of unit rows × (K/2 + 16) + unit rows × K/32 (rounded to
+/// 16) bytes each.
+pub fn v3_layout(
+    experts: usize,
+    max_m: usize,
+    n: usize,
+    k: usize,
+) -> Option<(u32, u32, usize, u32)> {
     if max_m == 0 || max_m > 16 || !n.is_multiple_of(16) || !k.is_multiple_of(32) {
         return None;
     }
     let nt = if max_m <= 8 { 8 } else { 16 };
+    let g = if k <= 2560 && n.is_multiple_of(32) {
+        2
+    } else {
+        1
+    };
+    let rows = 16 * g;
     let kb = k / 32;
     let a16 = |v: usize| v.next_multiple_of(16);
     let fixed = 8 * V3_MAX_STAGES
@@ -134,14 +148,14 @@ pub fn v3_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<(u3
         + a16(experts.checked_mul(4)?)
         + nt * (k + 32)
         + a16(kb * nt * 4)
-        + 2 * 16 * 16 * nt * 4;
-    let stage = 16 * (k / 2 + 16) + a16(16 * kb);
+        + 2 * 16 * rows * nt * 4;
+    let stage = rows * (k / 2 + 16) + a16(rows * kb);
     let stages = SMEM_LIMIT.checked_sub(fixed)? / stage;
     if stages < 2 {
         return None;
     }
     let stages = stages.min(V3_MAX_STAGES);
-    Some((nt as u32, stages, (fixed + stages * stage) as u32))
+    Some((nt as u32, g as u32, stages, (fixed + stages * stage) as u32))
 }
 
 /// Per-stream scratch of the split-K path (see the module doc).
@@ -265,13 +279,13 @@ pub fn mxfp8_gemm_skinny_with(
         _ => (token_tile(m), 1),
     };
     let kernel = match (version, nt) {
-        (SkinnyVersion::V1, 8) => ks::GEMM_SKINNY_FP8_N8,
-        (SkinnyVersion::V1, 16) => ks::GEMM_SKINNY_FP8_N16,
-        (SkinnyVersion::V1, 32) => ks::GEMM_SKINNY_FP8_N32,
-        (SkinnyVersion::V1, _) => ks::GEMM_SKINNY_FP8_N64,
-        (SkinnyVersion::V2, 8) => ks::GEMM_SKINNY_V2_FP8_N8,
-        (SkinnyVersion::V2, 16) => ks::GEMM_SKINNY_V2_FP8_N16,
-        (SkinnyVersion::V2, _) => ks::GEMM_SKINNY_V2_FP8_N32,
+        (SkinnyVersion::V1, 8) => ks::MXFP8_GEMM_SKINNY_N8,
+        (SkinnyVersion::V1, 16) => ks::MXFP8_GEMM_SKINNY_N16,
+        (SkinnyVersion::V1, 32) => ks::MXFP8_GEMM_SKINNY_N32,
+        (SkinnyVersion::V1, _) => ks::MXFP8_GEMM_SKINNY_N64,
+        (SkinnyVersion::V2, 8) => ks::MXFP8_GEMM_SKINNY_V2_N8,
+        (SkinnyVersion::V2, 16) => ks::MXFP8_GEMM_SKINNY_V2_N16,
+        (SkinnyVersion::V2, _) => ks::MXFP8_GEMM_SKINNY_V2_N32,
         (SkinnyVersion::V3, _) => {
             return Err(Error::Argument {
                 op: OP,
@@ -356,7 +370,7 @@ pub fn mxfp8_gemm_skinny_with(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(dev, ks::GEMM_SKINNY_REDUCE, cfg, &reduce)
+    launch(dev, ks::MXFP8_GEMM_SKINNY_REDUCE, cfg, &reduce)
 }
 
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
@@ -378,7 +392,16 @@ pub fn mxfp4_grouped_masked(
     counts: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    let version = masked_version(a.shape().get(1).copied().unwrap_or(0));
+    let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
+    let (e, max_m, k, n) = (dim(a, 0), dim(a, 1), dim(a, 2), dim(b, 1));
+    // V3 where it applies up to 8 tokens per expert (bench of 2026-12-01:
+    // w1 1118 µs vs V2 1866 at 1 token, w2 1708 vs 1740 at 4), else the
+    // V1/V2 rule.
+    let version = if max_m <= 8 && v3_layout(e, max_m, n, k).is_some() {
+        SkinnyVersion::V3
+    } else {
+        masked_version(max_m)
+    };
     mxfp4_grouped_masked_with(dev, a, a_s, b, b_s, counts, out, version)
 }
 
@@ -429,7 +452,7 @@ pub fn mxfp4_grouped_masked_with(
     }
     use kernels::gemm_skinny as ks;
     if version == SkinnyVersion::V3 {
-        let Some((nt, _stages, smem)) = v3_layout(e, max_m, n, k) else {
+        let Some((nt, g, _stages, smem)) = v3_layout(e, max_m, n, k) else {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "b",
@@ -439,10 +462,11 @@ pub fn mxfp4_grouped_masked_with(
                     .into(),
             });
         };
-        let kernel = if nt == 8 {
-            ks::GEMM_SKINNY_V3_FP4_MASKED_N8
-        } else {
-            ks::GEMM_SKINNY_V3_FP4_MASKED_N16
+        let kernel = match (nt, g) {
+            (8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
+            (_, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
+            (8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
+            _ => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
         };
         allow_smem(dev, kernel, smem)?;
         let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
@@ -479,8 +503,8 @@ pub fn mxfp4_grouped_masked_with(
             tickets: std::ptr::null_mut(),
             token_halves: 1,
         };
-        // One CTA per SM; units (16 rows of an active expert) split evenly.
-        let units = e * (n / 16);
+        // One CTA per SM; units (16 g rows of an active expert) split evenly.
+        let units = e * (n / (16 * g as usize));
         let cfg = LaunchConfig {
             grid_dim: (dev.sm_count().min(units).max(1) as u32, 1, 1),
             block_dim: (V3_THREADS, 1, 1),
@@ -492,19 +516,19 @@ pub fn mxfp4_grouped_masked_with(
         SkinnyVersion::V1 => (
             MAX_M,
             [
-                ks::GEMM_SKINNY_FP4_MASKED_N8,
-                ks::GEMM_SKINNY_FP4_MASKED_N16,
-                ks::GEMM_SKINNY_FP4_MASKED_N32,
-                ks::GEMM_SKINNY_FP4_MASKED_N64,
+                ks::MXFP4_GROUPED_MASKED_N8,
+                ks::MXFP4_GROUPED_MASKED_N16,
+                ks::MXFP4_GROUPED_MASKED_N32,
+                ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
         SkinnyVersion::V2 | SkinnyVersion::V3 => (
             32,
             [
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N8,
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N16,
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N32,
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N32,
+                ks::MXFP4_GROUPED_MASKED_V2_N8,
+                ks::MXFP4_GROUPED_MASKED_V2_N16,
+                ks::MXFP4_GROUPED_MASKED_V2_N32,
+                ks::MXFP4_GROUPED_MASKED_V2_N32,
             ],
         ),
     };
@@ -705,7 +729,22 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{SkinnyVersion, smem_bytes};
+    use super::{SkinnyVersion, smem_bytes, v3_layout};
+
+    /// V3's carve-up at the bench shapes (gemm_skinny_v3.cu's `Layout`), and
+    /// the shapes it refuses.
+    #[test]
+    fn v3_layout_at_the_moe_shapes() {
+        // w1 (2304 × 5120): 16-row units, 3 stages at ≤ 8 tokens, 2 at 16.
+        assert_eq!(v3_layout(384, 1, 2304, 5120), Some((8, 1, 3, 196_672)));
+        assert_eq!(v3_layout(384, 16, 2304, 5120), Some((16, 1, 2, 215_616)));
+        // w2 (5120 × 2304): 32-row units, 4 and 3 stages.
+        assert_eq!(v3_layout(384, 4, 5120, 2304), Some((8, 2, 4, 215_104)));
+        assert_eq!(v3_layout(384, 16, 5120, 2304), Some((16, 2, 3, 229_184)));
+        assert_eq!(v3_layout(384, 17, 5120, 2304), None);
+        assert_eq!(v3_layout(4, 8, 40, 64), None);
+        assert_eq!(v3_layout(4, 8, 64, 48), None);
+    }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
     #[test]
