@@ -99,14 +99,17 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void *p) {
                  : "r"(smem_u32(p)));
 }
 
-// d = A (16 x 32 e4m3) . B (32 x 8 e4m3) from zero.
+// d = A (16 x 32 e4m3) . B (32 x 8 e4m3) from zero. sm_90 has no FP8
+// mma.sync: ptxas lowers it to e4m3 -> f16 unpacks and two HMMA.16816, then
+// adds C; with C = -0.0 that add is the identity (x + -0 == x for every x,
+// -0 included), so ptxas drops it (with +0.0 it must keep 4 FADDs per mma).
 __device__ __forceinline__ void mma_fresh(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                           uint32_t a3, uint32_t b0, uint32_t b1) {
     asm volatile(
         "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
         "{%8, %9}, {%10, %10, %10, %10};"
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(0.0f));
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(-0.0f));
 }
 
 template <int NT, int G>

@@ -95,8 +95,8 @@ pub fn dense_version(m: usize) -> SkinnyVersion {
     }
 }
 
-/// The version [`mxfp4_grouped_masked`] runs for `max_m` slots per expert:
-/// V2 up to 16 (w2 at 16 tokens per expert 1804 µs vs 2479), V1 above (64
+/// The V1/V2 choice of [`mxfp4_grouped_masked`] for `max_m` slots per
+/// expert where V3 does not run (see there): V2 up to 16 (w2 at 16 tokens per expert 1804 µs vs 2479), V1 above (64
 /// tokens: 3832 µs vs 4796). Measured on the H200, bench of 6600bd8.
 pub fn masked_version(max_m: usize) -> SkinnyVersion {
     if max_m <= 16 {
@@ -375,7 +375,12 @@ pub fn mxfp8_gemm_skinny_with(
 
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
 /// every expert e and row r < clamp(counts[e], 0, max_m),
-/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`, by the [`masked_version`] kernels.
+/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`. Runs V3 where [`v3_layout`] takes
+/// the shape and max_m ≤ 8 (or ≤ 16 for K > 2560), else the
+/// [`masked_version`] kernels. V3 sums its K blocks in another order than
+/// V1/V2 (calc_diff-equal, not bitwise), so at the max_m where the choice
+/// changes a token's result may change in its last bits; below and above
+/// that point it does not depend on the batch.
 ///
 /// `a` `[E, max_m, K]` e4m3, `a_s` `[E, max_m, ⌈K/32⌉]` E8M0, `b` `[E, N, K]`
 /// packed e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of
@@ -394,10 +399,11 @@ pub fn mxfp4_grouped_masked(
 ) -> Result<()> {
     let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
     let (e, max_m, k, n) = (dim(a, 0), dim(a, 1), dim(a, 2), dim(b, 1));
-    // V3 where it applies up to 8 tokens per expert (bench of 2026-12-01:
-    // w1 1118 µs vs V2 1866 at 1 token, w2 1708 vs 1740 at 4), else the
-    // V1/V2 rule.
-    let version = if max_m <= 8 && v3_layout(e, max_m, n, k).is_some() {
+    // V3 where it applies, up to 8 tokens per expert and, for K > 2560 (its
+    // 16-row units), up to 16; else the V1/V2 rule. Bench of 2026-12-01
+    // (d3f26b9): w1 1109 / 1749 µs (V3, 1 / 16 tokens) vs V2 1865 / 1873;
+    // w2 1439 µs (V3, 1 token) vs V2 1721, but 2562 vs 1794 at 16.
+    let version = if v3_layout(e, max_m, n, k).is_some() && (max_m <= 8 || k > 2560) {
         SkinnyVersion::V3
     } else {
         masked_version(max_m)
