@@ -35,7 +35,7 @@ use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k, v3_layout,
+    mxfp8_gemm_skinny_with, split_k, v3_layout, v4_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -180,9 +180,6 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
 }
 
 const VERSIONS: [SkinnyVersion; 2] = [SkinnyVersion::V1, SkinnyVersion::V2];
-/// The masked versions on a case V3 takes.
-const MASKED_VERSIONS: [SkinnyVersion; 3] =
-    [SkinnyVersion::V1, SkinnyVersion::V2, SkinnyVersion::V3];
 
 /// The output's raw bits (BF16 or F32).
 fn bits(t: &Tensor) -> Vec<u32> {
@@ -324,36 +321,36 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
             .collect();
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
-        let v3 = v3_layout(e, max_m, n, k).is_some();
+        let takes = [
+            (SkinnyVersion::V3, v3_layout(e, max_m, n, k).is_some()),
+            (SkinnyVersion::V4, v4_layout(e, max_m, n, k).is_some()),
+        ];
+        let mut versions = VERSIONS.to_vec();
+        versions.extend(takes.iter().filter(|t| t.1).map(|t| t.0));
         for dtype in [DType::BF16, DType::F32] {
             let mut results = Vec::new();
-            let versions: &[SkinnyVersion] = if v3 { &MASKED_VERSIONS } else { &VERSIONS };
-            if !v3 {
+            for (version, _) in takes.iter().filter(|t| !t.1) {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 let err = mxfp4_grouped_masked_with(
-                    &dev,
-                    &a,
-                    &a_s,
-                    &b,
-                    &b_s,
-                    &counts,
-                    &mut out,
-                    SkinnyVersion::V3,
+                    &dev, &a, &a_s, &b, &b_s, &counts, &mut out, *version,
                 )
                 .unwrap_err();
-                assert!(matches!(err, Error::Shape { tensor: "b", .. }), "{err}");
+                assert!(
+                    matches!(err, Error::Shape { tensor: "b", .. }),
+                    "{version:?}: {err}"
+                );
             }
-            for &version in versions {
+            for &version in &versions {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
                     .unwrap();
-                if version == SkinnyVersion::V3 {
+                if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V4) {
                     let mut again = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                     mxfp4_grouped_masked_with(
                         &dev, &a, &a_s, &b, &b_s, &counts, &mut again, version,
                     )
                     .unwrap();
-                    let rep = format!("V3 e={e} max_m={max_m} n={n} k={k} {dtype}");
+                    let rep = format!("{version:?} e={e} max_m={max_m} n={n} k={k} {dtype}");
                     assert!(bits(&out) == bits(&again), "{rep}: repeat differs");
                 }
                 let (got, poison) = download(&out);
@@ -379,11 +376,11 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                 results.push((vb, vv));
             }
             let what = format!("masked e={e} max_m={max_m} n={n} k={k} {dtype}");
-            if let [_, _, (_, v3v)] = &results[..] {
-                let d = calc_diff(&results[0].1, v3v);
-                assert!(d < MAX_DIFF, "{what}: V1 vs V3 calc_diff {d:e}");
-                results.truncate(2);
+            for (version, (_, vv)) in versions.iter().zip(&results).skip(2) {
+                let d = calc_diff(&results[0].1, vv);
+                assert!(d < MAX_DIFF, "{what}: V1 vs {version:?} calc_diff {d:e}");
             }
+            results.truncate(2);
             compare_versions(&what, max_m <= 32, &results);
         }
     }

@@ -58,12 +58,12 @@ __host__ __device__ constexpr int align16(int v) { return (v + 15) & ~15; }
 // 16 x (K/2 + 16) e2m1 bytes plus 16 x K/32 scale bytes (rounded to 16).
 struct Layout {
     int lut, list, act, act_s, part, stages, stage_bytes, w_stride, ws_off;
-    __device__ Layout(int nt, int g, int k, int experts) {
+    __device__ Layout(int nt, int g, int k, int experts, bool f16) {
         const int kb = k / 32;
         lut = 8 * kMaxStages;
         list = lut + 256 * 4;
         act = list + align16(experts * 4);
-        act_s = act + nt * (k + 32);
+        act_s = act + nt * (f16 ? 2 * k + 64 : k + 32);
         part = act_s + align16(kb * nt * 4);
         stages = part + 2 * kWarps * kRows * g * nt * 4;
         w_stride = k / 2 + 16;
@@ -112,13 +112,54 @@ __device__ __forceinline__ void mma_fresh(float (&d)[4], uint32_t a0, uint32_t a
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(-0.0f));
 }
 
-template <int NT, int G>
+// d = A (16 x 16 f16) . B (16 x 8 f16) + c, fp32 accumulate (HMMA.16816).
+__device__ __forceinline__ void hmma(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                     uint32_t b0, uint32_t b1, const float (&c)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%10, %11, %12, %13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+}
+
+// Two e4m3 bytes (the low 16 bits of v) -> f16x2, exact (F2FP.F16.E4M3.UNPACK_B).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t v) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xFFFFu), __NV_E4M3);
+    return uint32_t(h.x) | (uint32_t(h.y) << 16);
+}
+
+// One 32-deep block of one 16-row group: d = the fresh fp32 tile (times
+// 2^-6). kF16: the tokens are staged as f16 (16 bytes per thread and block:
+// phys k 0 2 4 6 1 3 5 7 of its 8), two HMMA.16816 written here; else as
+// e4m3 (8 bytes: 0 2 4 6 | 1 3 5 7) through the e4m3 mma.sync that ptxas
+// lowers to the same two HMMAs plus 4 token unpacks.
+template <bool kF16>
+__device__ __forceinline__ void block_mma(float (&d)[4], uint32_t wg, uint32_t wg8, const uint8_t *tok) {
+    const uint32_t e0 = deepinfer::e2m1_even_to_e4m3_x2e6(wg), e1 = deepinfer::e2m1_even_to_e4m3_x2e6(wg8);
+    const uint32_t o0 = deepinfer::e2m1_odd_to_e4m3_x2e6(wg), o1 = deepinfer::e2m1_odd_to_e4m3_x2e6(wg8);
+    if constexpr (kF16) {
+        const uint4 b = *reinterpret_cast<const uint4 *>(tok);
+        const float zero[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float h[4];
+        // Even phys k (0 2 | 4 6), then odd (1 3 | 5 7).
+        hmma(h, e4m3x2_to_f16x2(e0), e4m3x2_to_f16x2(e1), e4m3x2_to_f16x2(e0 >> 16), e4m3x2_to_f16x2(e1 >> 16),
+             b.x, b.y, zero);
+        hmma(d, e4m3x2_to_f16x2(o0), e4m3x2_to_f16x2(o1), e4m3x2_to_f16x2(o0 >> 16), e4m3x2_to_f16x2(o1 >> 16),
+             b.z, b.w, h);
+    } else {
+        const uint2 x = *reinterpret_cast<const uint2 *>(tok);
+        mma_fresh(d, e0, e1, o0, o1, x.x, x.y);
+    }
+}
+
+template <int NT, int G, bool kF16>
 __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
     static_assert(G == 1 || G == 2, "one or two 16-row groups per unit");
     constexpr int kUnitRows = kRows * G;
     extern __shared__ __align__(16) uint8_t smem[];
-    const Layout L(NT, G, p.k, p.experts);
+    const Layout L(NT, G, p.k, p.experts, kF16);
     const int S = min(kMaxStages, int((dynamic_smem_bytes() - uint32_t(L.stages)) / uint32_t(L.stage_bytes)));
     uint64_t *full = reinterpret_cast<uint64_t *>(smem);
     float *lut = reinterpret_cast<float *>(smem + L.lut);
@@ -131,7 +172,9 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3;
-    const int k = p.k, kb_n = k / 32, ak = k + 32;
+    const int k = p.k, kb_n = k / 32, ak = kF16 ? 2 * k + 64 : k + 32;  // token row bytes
+    constexpr int kTokBlock = kF16 ? 64 : 32;  // bytes of one token's 32-deep block
+    constexpr int kTokThread = kF16 ? 16 : 8;  // bytes of it per thread
     const int groups = p.n / kUnitRows;  // units per expert
 
     // Active experts in expert order (ballot + prefix, kThreads at a time).
@@ -213,6 +256,21 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
             cnt = max(0, min(p.m, p.counts[e]));
             const uint8_t *a = static_cast<const uint8_t *>(p.a) + int64_t(e) * p.m * k;
             const uint8_t *as = static_cast<const uint8_t *>(p.a_scale) + int64_t(e) * p.m * kb_n;
+            if constexpr (kF16) {
+                // 8 e4m3 values -> 8 f16 in phys order 0 2 4 6 1 3 5 7.
+                const int q_row = k / 8;
+                for (int q = tid; q < NT * q_row; q += kThreads) {
+                    const int t = q / q_row, c = q % q_row;
+                    uint2 v = make_uint2(0, 0);
+                    if (t < cnt) v = *reinterpret_cast<const uint2 *>(a + int64_t(t) * k + c * 8);
+                    uint4 o;
+                    o.x = e4m3x2_to_f16x2(__byte_perm(v.x, 0, 0x20));
+                    o.y = e4m3x2_to_f16x2(__byte_perm(v.y, 0, 0x20));
+                    o.z = e4m3x2_to_f16x2(__byte_perm(v.x, 0, 0x31));
+                    o.w = e4m3x2_to_f16x2(__byte_perm(v.y, 0, 0x31));
+                    *reinterpret_cast<uint4 *>(act + t * ak + c * 16) = o;
+                }
+            } else {
             const int q_row = k / 16;  // 16-byte pieces per token row
             for (int q = tid; q < NT * q_row; q += kThreads) {
                 const int t = q / q_row, c = q % q_row;
@@ -224,6 +282,7 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
                 o.z = __byte_perm(v.z, v.w, 0x6420);
                 o.w = __byte_perm(v.z, v.w, 0x7531);
                 *reinterpret_cast<uint4 *>(act + t * ak + c * 16) = o;
+            }
             }
             for (int q = tid; q < NT * kb_n; q += kThreads) {
                 const int t = q % NT, kb = q / NT;
@@ -257,13 +316,8 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
                 for (int j = 0; j < 2; ++j) {
                     const int kb = kb0 + j;
                     if (kb >= kb_n) break;
-                    const uint32_t a0 = deepinfer::e2m1_even_to_e4m3_x2e6(w[2 * j]);
-                    const uint32_t a1 = deepinfer::e2m1_even_to_e4m3_x2e6(w[2 * j + 1]);
-                    const uint32_t a2 = deepinfer::e2m1_odd_to_e4m3_x2e6(w[2 * j]);
-                    const uint32_t a3 = deepinfer::e2m1_odd_to_e4m3_x2e6(w[2 * j + 1]);
-                    const uint2 x = *reinterpret_cast<const uint2 *>(act + g * ak + kb * 32 + tg * 8);
                     float d[4];
-                    mma_fresh(d, a0, a1, a2, a3, x.x, x.y);
+                    block_mma<kF16>(d, w[2 * j], w[2 * j + 1], act + g * ak + kb * kTokBlock + tg * kTokThread);
                     const float sg = lut[wsr[g * kb_n + kb]], sg8 = lut[wsr[(g + 8) * kb_n + kb]];
                     const float2 at = *reinterpret_cast<const float2 *>(act_s + kb * NT + 2 * tg);
                     acc0[rg][0] = fmaf(d[0], sg * at.x, acc0[rg][0]);
@@ -271,10 +325,9 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
                     acc0[rg][2] = fmaf(d[2], sg8 * at.x, acc0[rg][2]);
                     acc0[rg][3] = fmaf(d[3], sg8 * at.y, acc0[rg][3]);
                     if (two) {
-                        const uint2 y =
-                            *reinterpret_cast<const uint2 *>(act + (g + 8) * ak + kb * 32 + tg * 8);
                         float d1[4];
-                        mma_fresh(d1, a0, a1, a2, a3, y.x, y.y);
+                        block_mma<kF16>(d1, w[2 * j], w[2 * j + 1],
+                                        act + (g + 8) * ak + kb * kTokBlock + tg * kTokThread);
                         const float2 at1 = *reinterpret_cast<const float2 *>(act_s + kb * NT + 8 + 2 * tg);
                         acc1[rg][0] = fmaf(d1[0], sg * at1.x, acc1[rg][0]);
                         acc1[rg][1] = fmaf(d1[1], sg * at1.y, acc1[rg][1]);
@@ -365,9 +418,10 @@ template <int NT> __device__ void masked_v3_simt(const di_gemm_skinny_params &p)
 }  // namespace skinny_v3
 #endif
 
-template <int NT, int G> __device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
+template <int NT, int G, bool kF16 = false>
+__device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    skinny_v3::masked_v3_sm90<NT, G>(p);
+    skinny_v3::masked_v3_sm90<NT, G, kF16>(p);
 #else
     skinny_v3::masked_v3_simt<NT>(p);  // G only shapes the sm_90a units
 #endif
@@ -390,4 +444,23 @@ extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16_g2(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v3<16, 2>(p);
+}
+// Version 4: version 3 with the tokens staged as f16 and the two HMMA.16816
+// per block written directly (no per-block token unpacks; more shared
+// memory for the tokens, so fewer stages).
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v4_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<8, 1, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v4_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<16, 1, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v4_n8_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<8, 2, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v4_n16_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v3<16, 2, true>(p);
 }

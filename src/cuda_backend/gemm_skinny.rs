@@ -81,6 +81,10 @@ pub enum SkinnyVersion {
     /// warps and summed in warp order. The dense GEMM has no V3 (typed
     /// error).
     V3,
+    /// V3 with the tokens staged as f16 and the two `HMMA.16816` of each
+    /// block written directly (ptxas lowers V3's e4m3 `mma.sync` to the same
+    /// HMMAs plus per-block token unpacks); [`v4_layout`] says which shapes.
+    V4,
 }
 
 /// The version [`mxfp8_gemm_skinny`] runs for `m` rows: V2 up to 8 rows (its
@@ -131,6 +135,26 @@ pub fn v3_layout(
     n: usize,
     k: usize,
 ) -> Option<(u32, u32, usize, u32)> {
+    v3_layout_for(experts, max_m, n, k, false)
+}
+
+/// [`v3_layout`] for V4: the tokens take nt × (2K + 64) bytes (f16).
+pub fn v4_layout(
+    experts: usize,
+    max_m: usize,
+    n: usize,
+    k: usize,
+) -> Option<(u32, u32, usize, u32)> {
+    v3_layout_for(experts, max_m, n, k, true)
+}
+
+fn v3_layout_for(
+    experts: usize,
+    max_m: usize,
+    n: usize,
+    k: usize,
+    f16: bool,
+) -> Option<(u32, u32, usize, u32)> {
     if max_m == 0 || max_m > 16 || !n.is_multiple_of(16) || !k.is_multiple_of(32) {
         return None;
     }
@@ -146,7 +170,7 @@ pub fn v3_layout(
     let fixed = 8 * V3_MAX_STAGES
         + 1024
         + a16(experts.checked_mul(4)?)
-        + nt * (k + 32)
+        + nt * if f16 { 2 * k + 64 } else { k + 32 }
         + a16(kb * nt * 4)
         + 2 * 16 * rows * nt * 4;
     let stage = rows * (k / 2 + 16) + a16(rows * kb);
@@ -286,12 +310,12 @@ pub fn mxfp8_gemm_skinny_with(
         (SkinnyVersion::V2, 8) => ks::MXFP8_GEMM_SKINNY_V2_N8,
         (SkinnyVersion::V2, 16) => ks::MXFP8_GEMM_SKINNY_V2_N16,
         (SkinnyVersion::V2, _) => ks::MXFP8_GEMM_SKINNY_V2_N32,
-        (SkinnyVersion::V3, _) => {
+        (SkinnyVersion::V3 | SkinnyVersion::V4, _) => {
             return Err(Error::Argument {
                 op: OP,
                 arg: "version",
-                value: "V3".into(),
-                why: "V3 is a masked-MoE kernel only; the dense GEMM runs V1 or V2",
+                value: format!("{version:?}"),
+                why: "V3 and V4 are masked-MoE kernels only; the dense GEMM runs V1 or V2",
             });
         }
     };
@@ -457,22 +481,28 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
-    if version == SkinnyVersion::V3 {
-        let Some((nt, g, _stages, smem)) = v3_layout(e, max_m, n, k) else {
+    if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V4) {
+        let v4 = version == SkinnyVersion::V4;
+        let Some((nt, g, _stages, smem)) = v3_layout_for(e, max_m, n, k, v4) else {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "b",
                 got: b.shape().to_vec(),
-                expected: "for V3: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
-                           the tokens plus two 16-row stages within shared memory"
-                    .into(),
+                expected: format!(
+                    "for {version:?}: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
+                     the tokens plus two 16-row stages within shared memory"
+                ),
             });
         };
-        let kernel = match (nt, g) {
-            (8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
-            (_, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
-            (8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
-            _ => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
+        let kernel = match (v4, nt, g) {
+            (false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
+            (false, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
+            (false, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
+            (false, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
+            (true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V4_N8,
+            (true, _, 1) => ks::MXFP4_GROUPED_MASKED_V4_N16,
+            (true, 8, _) => ks::MXFP4_GROUPED_MASKED_V4_N8_G2,
+            (true, _, _) => ks::MXFP4_GROUPED_MASKED_V4_N16_G2,
         };
         allow_smem(dev, kernel, smem)?;
         let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
@@ -487,7 +517,7 @@ pub fn mxfp4_grouped_masked_with(
                     op: OP,
                     arg: name,
                     value: format!("{ptr:p}"),
-                    why: "V3 needs 16-byte aligned device buffers",
+                    why: "V3 and V4 need 16-byte aligned device buffers",
                 });
             }
         }
@@ -528,7 +558,7 @@ pub fn mxfp4_grouped_masked_with(
                 ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 | SkinnyVersion::V3 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V4 => (
             32,
             [
                 ks::MXFP4_GROUPED_MASKED_V2_N8,
@@ -547,7 +577,7 @@ pub fn mxfp4_grouped_masked_with(
     let grid_dim = match version {
         SkinnyVersion::V1 => (tiles as u32, (slots / tiles).clamp(1, e) as u32, 1),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 | SkinnyVersion::V3 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V4 => (
             slots.min(tiles * e * max_m.div_ceil(nt as usize)) as u32,
             1,
             1,
@@ -628,7 +658,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 | SkinnyVersion::V3 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V4 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
@@ -735,7 +765,7 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{SkinnyVersion, smem_bytes, v3_layout};
+    use super::{SkinnyVersion, smem_bytes, v3_layout, v4_layout};
 
     /// V3's carve-up at the bench shapes (gemm_skinny_v3.cu's `Layout`), and
     /// the shapes it refuses.
@@ -750,6 +780,10 @@ mod tests {
         assert_eq!(v3_layout(384, 17, 5120, 2304), None);
         assert_eq!(v3_layout(4, 8, 40, 64), None);
         assert_eq!(v3_layout(4, 8, 64, 48), None);
+        // V4's f16 tokens: w1 keeps 2 stages at ≤ 8 tokens, none at 16.
+        assert_eq!(v4_layout(384, 1, 2304, 5120), Some((8, 1, 2, 194_112)));
+        assert_eq!(v4_layout(384, 16, 2304, 5120), None);
+        assert_eq!(v4_layout(384, 16, 5120, 2304), Some((16, 2, 2, 226_880)));
     }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
