@@ -344,7 +344,6 @@ mod gpu {
                     ("skinny_v1", SkinnyVersion::V1),
                     ("skinny_v2", SkinnyVersion::V2),
                     ("skinny_v3", SkinnyVersion::V3),
-                    ("skinny_v4", SkinnyVersion::V4),
                 ] {
                     let us = measure(h, |i| {
                         mxfp4_grouped_masked_with(

@@ -21,7 +21,8 @@
 //! size. Inputs are fresh random codes every run (DEEPINFER_SEED replays one).
 //! DEEPINFER_QUICK=1 (the sanitizer passes) keeps a short list of small
 //! shapes that still covers the tails, split-K and empty experts.
-//! Masked V3 (max_m ≤ 16, N % 16 == 0, K % 32 == 0: `v3_layout`) runs on
+//! Masked V3 (max_m ≤ 16, N % 16 == 0, K % 32 == 0: `v3_layout`, which
+//! also picks 16- or 32-row units and f16 or e4m3 token staging) runs on
 //! every case it takes, against the CPU (calc_diff < 1e-3) and against V1
 //! (calc_diff < 1e-3: its K split over warps orders the block sums
 //! differently), with odd K/32 (a half-used last block pair), 9..16 tokens
@@ -35,7 +36,7 @@ use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k, v3_layout, v4_layout,
+    mxfp8_gemm_skinny_with, split_k, v3_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -253,10 +254,13 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         case(6, 64, 33, 48),
         case(7, 8, 136, 1296),
         case(9, 16, 8, 16),
-        // V3 tails: odd K/32 (3, 41), 16-token tiles, a single 16-row group.
+        // V3 tails: odd K/32 (3, 41), 16-token tiles, a single 16-row group,
+        // 32-row units (N % 32 == 0, K <= 2560), f16 tokens (all of these)
+        // and e4m3 tokens (16 tokens at K = 5120, where f16 does not fit).
         case(7, 16, 48, 96),
         case(5, 8, 32, 1312),
         case(6, 3, 16, 32),
+        case(4, 16, 48, 5120),
     ];
     // More than 128 experts (the kernel ranks them 128 at a time), mostly
     // empty as in decode.
@@ -321,10 +325,7 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
             .collect();
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
-        let takes = [
-            (SkinnyVersion::V3, v3_layout(e, max_m, n, k).is_some()),
-            (SkinnyVersion::V4, v4_layout(e, max_m, n, k).is_some()),
-        ];
+        let takes = [(SkinnyVersion::V3, v3_layout(e, max_m, n, k).is_some())];
         let mut versions = VERSIONS.to_vec();
         versions.extend(takes.iter().filter(|t| t.1).map(|t| t.0));
         for dtype in [DType::BF16, DType::F32] {
@@ -344,7 +345,7 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
                     .unwrap();
-                if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V4) {
+                if version == SkinnyVersion::V3 {
                     let mut again = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                     mxfp4_grouped_masked_with(
                         &dev, &a, &a_s, &b, &b_s, &counts, &mut again, version,
