@@ -514,7 +514,7 @@ pub fn mxfp4_grouped_masked_with(
         let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
         // The bulk copies and 16-byte token loads need 16-byte aligned bases.
         for (name, ptr) in [("a", ap), ("b", bp), ("b_s", bsp)] {
-            if (ptr as usize) % 16 != 0 {
+            if !(ptr as usize).is_multiple_of(16) {
                 return Err(Error::Argument {
                     op: OP,
                     arg: name,
