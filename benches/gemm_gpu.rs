@@ -5,23 +5,20 @@
 //!
 //! - Dense: every V4.1 FP8 projection (`PROJECTIONS`) at M ∈ {1, 8, 32, 64,
 //!   128, 512, 4096, 16384} through `ops::mxfp8_linear_into` with
-//!   `GemmImpl::Auto`; at M ≤ `SKINNY_MAX_M` also both skinny versions
+//!   `GemmImpl::Auto` (row `auto`); at M ≤ `SKINNY_MAX_M` also both skinny versions
 //!   directly (`cuda_backend::gemm_skinny`, rows `skinny_v1` and
-//!   `skinny_v2`), `Large` at M = 64 to show the crossover, and at M > 64
-//!   both large-kernel versions (`GemmImpl::LargeV1` / `LargeV2`, rows
-//!   `large_v1` / `large_v2`; `auto` is the default version there; `skinny`
-//!   at M = 128 records its typed error). `wo_a` is 8 groups of
+//!   `skinny_v2`), `Large` at M = 64 to show the crossover (above 64 `auto`
+//!   is the large kernel; `skinny` at M = 128 records its typed error). `wo_a` is 8 groups of
 //!   1024 × 4096, timed as 8 dense calls (8 inputs, 8 weights) per
 //!   iteration. Peers measured here on the same (M, N, K), through cudarc:
 //!   cuBLASLt FP8 e4m3 with per-tensor scales (`cublaslt_fp8_tensorwise`)
 //!   and cuBLAS BF16 (`cublas_bf16`), both with BF16 output.
 //! - MoE: 384 experts, FP4 weights of w1 (2304 × 5120) and w2 (5120 × 2304):
 //!   masked decode (`cuda_backend::gemm_skinny::mxfp4_grouped_masked_with`,
-//!   V1 and V2 as rows `skinny_v1` / `skinny_v2`, every expert holding 1, 4,
+//!   V1, V2 and V3 as rows `skinny_v1` / `_v2` / `_v3`, every expert holding 1, 4,
 //!   16 or 64 tokens) and contiguous prefill
-//!   (`cuda_backend::gemm::mxfp4_grouped_contiguous_with`, both versions as
-//!   rows `large_v1` / `large_v2`, the default one carrying the torch peers,
-//!   8–32 experts × 128–8192 tokens per group).
+//!   (`cuda_backend::gemm::mxfp4_grouped_contiguous`, row `large`, with the
+//!   torch peers, 8–32 experts × 128–8192 tokens per group).
 //!
 //! Records: `ours_us`, `tflops` = 2·M·N·K (summed over groups) / time,
 //! `gbps` over the bytes that must move once: A (M·K) + its scales
@@ -32,7 +29,9 @@
 //! the torch peers.
 //!
 //! DEEPINFER_BENCH_QUICK=1 runs a small subset (two projections, M ∈ {1,
-//! 64, 4096}, one MoE shape per layout).
+//! 64, 4096}, one MoE shape per layout); DEEPINFER_BENCH_MOE=1 the MoE rows
+//! (masked at 1, 4, 16 tokens; contiguous 16 × 2048 and 8 × 4096) and wq_a,
+//! wo_b at M = 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -42,7 +41,7 @@ mod harness;
 mod gpu {
     use super::harness::Harness;
     use deepinfer::cuda_backend::blas::Fp8TensorwisePlan;
-    use deepinfer::cuda_backend::gemm::{LargeKernel, mxfp4_grouped_contiguous_with};
+    use deepinfer::cuda_backend::gemm::mxfp4_grouped_contiguous;
     use deepinfer::cuda_backend::gemm_skinny::{
         SkinnyVersion, mxfp4_grouped_masked_with, mxfp8_gemm_skinny_with,
     };
@@ -257,11 +256,6 @@ mod gpu {
             let mut imps = vec![("auto", GemmImpl::Auto, None)];
             if m == ops::SKINNY_MAX_M {
                 imps.push(("large", GemmImpl::Large, None));
-            } else if m > ops::SKINNY_MAX_M {
-                imps.extend([
-                    ("large_v1", GemmImpl::LargeV1, None),
-                    ("large_v2", GemmImpl::LargeV2, None),
-                ]);
             }
             if m <= ops::SKINNY_MAX_M {
                 imps.extend([
@@ -349,6 +343,7 @@ mod gpu {
                 for (label, v) in [
                     ("skinny_v1", SkinnyVersion::V1),
                     ("skinny_v2", SkinnyVersion::V2),
+                    ("skinny_v3", SkinnyVersion::V3),
                 ] {
                     let us = measure(h, |i| {
                         mxfp4_grouped_masked_with(
@@ -396,11 +391,9 @@ mod gpu {
                 let offsets: Vec<i32> = (0..=e).map(|x| (x * per) as i32).collect();
                 let off = upload(&dev, offsets, &[e + 1], 1).remove(0);
                 let mut out = Tensor::empty(&dev, DType::BF16, &[t, n]).unwrap();
-                for (label, version) in
-                    [("large_v1", LargeKernel::V1), ("large_v2", LargeKernel::V2)]
                 {
                     let us = measure(h, |i| {
-                        mxfp4_grouped_contiguous_with(
+                        mxfp4_grouped_contiguous(
                             &h.cuda,
                             &a[i % ac],
                             &a_s[i % ac],
@@ -408,17 +401,11 @@ mod gpu {
                             &w_s[i % wc],
                             &off,
                             &mut out,
-                            version,
                         )
                     });
-                    let peer_op = if version == LargeKernel::DEFAULT {
-                        format!("moe_contiguous/{name}")
-                    } else {
-                        String::new()
-                    };
                     h.record_gemm(
-                        &format!("mxfp4_grouped_contiguous/{name}/{label}"),
-                        &peer_op,
+                        &format!("mxfp4_grouped_contiguous/{name}/large"),
+                        &format!("moe_contiguous/{name}"),
                         json!({ "experts": e, "tokens_per_expert": per, "n": n, "k": k }),
                         us,
                         2.0 * (t * n * k) as f64,
@@ -463,7 +450,16 @@ mod gpu {
             "op", "shape", "ours_us", "TFLOP/s", "GB/s", "%copy"
         );
         fp8_ceiling(&mut h);
-        if quick() {
+        if std::env::var("DEEPINFER_BENCH_MOE").is_ok_and(|v| v == "1") {
+            for p in PROJECTIONS
+                .iter()
+                .filter(|p| p.name == "wq_a" || p.name == "wo_b")
+            {
+                dense(&mut h, p, &[4096]);
+            }
+            moe_masked(&mut h, &MASKED_COUNTS[..3], MOE_SHAPES);
+            moe_contiguous(&mut h, &[(16, 2048), (8, 4096)], MOE_SHAPES);
+        } else if quick() {
             for p in PROJECTIONS
                 .iter()
                 .filter(|p| p.name == "wq_a" || p.name == "wo_b")

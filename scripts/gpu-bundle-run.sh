@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the bundle folder that `cargo xtask gpu-bundle`
-# made: every test binary, the torch cross-check, compute-sanitizer memcheck
-# and racecheck over the CUDA tests, the torch peers and the benchmark. Logs
+# made: every test binary, the torch cross-check, compute-sanitizer memcheck,
+# racecheck, initcheck and synccheck over the CUDA tests (DEEPINFER_SANITIZERS
+# picks a subset), the torch peers and the benchmark. Logs
 # and JSON go under $OUT (default ./out). The last line is the summary.
 #
 # DEEPINFER_ONLY="gemm blas" restricts the CUDA tests (tests/cuda_<word>*),
@@ -73,7 +74,7 @@ fi
 rm -rf "$OUT/dump"
 
 san=""
-for tool in memcheck racecheck; do
+for tool in ${DEEPINFER_SANITIZERS:-memcheck racecheck initcheck synccheck}; do
   skipped sanitizer && break
   worst=0; summaries=""
   for t in "$B"/tests/cuda_*; do

@@ -1,8 +1,8 @@
 //! The large-M block-scaled GEMMs of `kernels-cuda/gemm/` (sm_90a: TMA +
-//! wgmma with per-32 promotion), both kernel versions (`LargeKernel::ALL`),
-//! against the CPU references of `cpu_backend::gemm` on the same quantized
-//! inputs: `mxfp8_gemm_with` against `fp8_gemm_f32` and
-//! `mxfp4_grouped_contiguous_with` against `fp4_gemm_f32` per expert group,
+//! wgmma with per-32 promotion) against the CPU references of
+//! `cpu_backend::gemm` on the same quantized inputs: `mxfp8_gemm` against
+//! `fp8_gemm_f32` and `mxfp4_grouped_contiguous` against `fp4_gemm_f32` per
+//! expert group,
 //! for BF16 and F32 outputs.
 //!
 //! Threshold: `calc_diff` < 1e-3 (the bound for FP8 and FP4 GEMMs;
@@ -13,8 +13,8 @@
 //! in 2^-10..2^4. Shapes cover real V4.1 projections, M/N/K tails and expert
 //! groups that are empty (first, middle, last), single-row, or not a multiple
 //! of the 128-row tile, and M (or an expert's rows) above 16 128-row blocks
-//! (version 2's banded tile order), K of 1 to 64 128-deep stages, odd and
-//! even (version 2 takes stages in pairs). DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
+//! (the banded tile order), K of 1 to 64 128-deep stages, odd and even (the
+//! consumers take stages in pairs). DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
 //! small shapes that still cover every tail and the empty groups.
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
 #![cfg(deepinfer_cuda)]
@@ -23,7 +23,7 @@ mod common;
 
 use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
-use deepinfer::cuda_backend::gemm::{LargeKernel, mxfp4_grouped_contiguous_with, mxfp8_gemm_with};
+use deepinfer::cuda_backend::gemm::{mxfp4_grouped_contiguous, mxfp8_gemm};
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
 use deepinfer::{DType, Device, Error, Tensor};
@@ -155,16 +155,14 @@ fn mxfp8_gemm_matches_the_cpu_reference() {
         let asd = upload(&dev, a_s.clone(), &[m, kb]);
         let bd = upload(&dev, b.clone(), &[n, k]);
         let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
-        for version in LargeKernel::ALL {
-            for dtype in [DType::BF16, DType::F32] {
-                let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-                mxfp8_gemm_with(&cdev, &ad, &asd, &bd, &bsd, &mut out, version).unwrap();
-                check(
-                    &format!("mxfp8_gemm {version:?} {m}x{n}x{k} {dtype}"),
-                    &download(&out),
-                    &expected(&reference, dtype),
-                );
-            }
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out).unwrap();
+            check(
+                &format!("mxfp8_gemm {m}x{n}x{k} {dtype}"),
+                &download(&out),
+                &expected(&reference, dtype),
+            );
         }
     }
 }
@@ -183,21 +181,19 @@ fn mxfp8_gemm_rejects_k_not_a_multiple_of_16() {
             random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES),
             &[2, kb],
         );
-        for version in LargeKernel::ALL {
-            let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
-            let e = mxfp8_gemm_with(&cdev, &a, &a_s, &b, &b_s, &mut out, version).unwrap_err();
-            assert!(
-                matches!(
-                    e,
-                    Error::Shape {
-                        op: "mxfp8_gemm",
-                        tensor: "a",
-                        ..
-                    }
-                ),
-                "{version:?}: {e}"
-            );
-        }
+        let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
+        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Shape {
+                    op: "mxfp8_gemm",
+                    tensor: "a",
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }
 
@@ -317,20 +313,14 @@ fn mxfp4_grouped_contiguous_matches_the_cpu_reference_per_group() {
                 })
             })
             .collect();
-        for (version, dtype) in LargeKernel::ALL
-            .into_iter()
-            .flat_map(|v| [(v, DType::BF16), (v, DType::F32)])
-        {
+        for dtype in [DType::BF16, DType::F32] {
             let mut out = Tensor::empty(&dev, dtype, &[t, n]).unwrap();
-            mxfp4_grouped_contiguous_with(&cdev, &ad, &asd, &bd, &bsd, &offd, &mut out, version)
-                .unwrap();
+            mxfp4_grouped_contiguous(&cdev, &ad, &asd, &bd, &bsd, &offd, &mut out).unwrap();
             let got = download(&out);
             for (g, (&(r0, r1), reference)) in ranges.iter().zip(&references).enumerate() {
                 if r1 > r0 {
                     check(
-                        &format!(
-                            "mxfp4 grouped {version:?} {offsets:?} N {n} K {k} {dtype} group {g}"
-                        ),
+                        &format!("mxfp4 grouped {offsets:?} N {n} K {k} {dtype} group {g}"),
                         &got[r0 * n..r1 * n],
                         &expected(reference, dtype),
                     );
@@ -356,23 +346,19 @@ fn mxfp4_grouped_contiguous_rejects_k_not_a_multiple_of_32() {
             &[e, n, kb],
         );
         let offsets = upload(&dev, offsets_of(&[10, 0, 60]), &[e + 1]);
-        for version in LargeKernel::ALL {
-            let mut out = Tensor::empty(&dev, DType::F32, &[t, n]).unwrap();
-            let err = mxfp4_grouped_contiguous_with(
-                &cdev, &a, &a_s, &b, &b_s, &offsets, &mut out, version,
-            )
-            .unwrap_err();
-            assert!(
-                matches!(
-                    err,
-                    Error::Shape {
-                        op: "mxfp4_grouped_contiguous",
-                        tensor: "b",
-                        ..
-                    }
-                ),
-                "{version:?}: {err}"
-            );
-        }
+        let mut out = Tensor::empty(&dev, DType::F32, &[t, n]).unwrap();
+        let err =
+            mxfp4_grouped_contiguous(&cdev, &a, &a_s, &b, &b_s, &offsets, &mut out).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Shape {
+                    op: "mxfp4_grouped_contiguous",
+                    tensor: "b",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 }

@@ -21,6 +21,13 @@
 //! size. Inputs are fresh random codes every run (DEEPINFER_SEED replays one).
 //! DEEPINFER_QUICK=1 (the sanitizer passes) keeps a short list of small
 //! shapes that still covers the tails, split-K and empty experts.
+//! Masked V3 (max_m ≤ 16, N % 16 == 0, K % 32 == 0: `v3_layout`, which
+//! also picks 16- or 32-row units and f16 or e4m3 token staging) runs on
+//! every case it takes, against the CPU (calc_diff < 1e-3) and against V1
+//! (calc_diff < 1e-3: its K split over warps orders the block sums
+//! differently), with odd K/32 (a half-used last block pair), 9..16 tokens
+//! (the second token mma) and repeat runs bitwise equal; the other cases
+//! must return its typed error.
 #![cfg(deepinfer_cuda)]
 
 mod common;
@@ -29,7 +36,7 @@ use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k,
+    mxfp8_gemm_skinny_with, split_k, v3_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -247,6 +254,13 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         case(6, 64, 33, 48),
         case(7, 8, 136, 1296),
         case(9, 16, 8, 16),
+        // V3 tails: odd K/32 (3, 41), 16-token tiles, a single 16-row group,
+        // 32-row units (N % 32 == 0, K <= 2560), f16 tokens (all of these)
+        // and e4m3 tokens (16 tokens at K = 5120, where f16 does not fit).
+        case(7, 16, 48, 96),
+        case(5, 8, 32, 1312),
+        case(6, 3, 16, 32),
+        case(4, 16, 48, 5120),
     ];
     // More than 128 experts (the kernel ranks them 128 at a time), mostly
     // empty as in decode.
@@ -262,6 +276,7 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         v.push(case(16, 64, 2304, 5120));
         v.push(case(5, 64, 5120, 2304));
         v.push(case(12, 32, 136, 1296));
+        v.push(case(10, 16, 5120, 2304));
     }
     v
 }
@@ -310,12 +325,35 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
             .collect();
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
+        let takes = [(SkinnyVersion::V3, v3_layout(e, max_m, n, k).is_some())];
+        let mut versions = VERSIONS.to_vec();
+        versions.extend(takes.iter().filter(|t| t.1).map(|t| t.0));
         for dtype in [DType::BF16, DType::F32] {
             let mut results = Vec::new();
-            for version in VERSIONS {
+            for (version, _) in takes.iter().filter(|t| !t.1) {
+                let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                let err = mxfp4_grouped_masked_with(
+                    &dev, &a, &a_s, &b, &b_s, &counts, &mut out, *version,
+                )
+                .unwrap_err();
+                assert!(
+                    matches!(err, Error::Shape { tensor: "b", .. }),
+                    "{version:?}: {err}"
+                );
+            }
+            for &version in &versions {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
                     .unwrap();
+                if version == SkinnyVersion::V3 {
+                    let mut again = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                    mxfp4_grouped_masked_with(
+                        &dev, &a, &a_s, &b, &b_s, &counts, &mut again, version,
+                    )
+                    .unwrap();
+                    let rep = format!("{version:?} e={e} max_m={max_m} n={n} k={k} {dtype}");
+                    assert!(bits(&out) == bits(&again), "{rep}: repeat differs");
+                }
                 let (got, poison) = download(&out);
                 let all_bits = bits(&out);
                 let (mut vb, mut vv) = (Vec::new(), Vec::new());
@@ -339,6 +377,11 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                 results.push((vb, vv));
             }
             let what = format!("masked e={e} max_m={max_m} n={n} k={k} {dtype}");
+            for (version, (_, vv)) in versions.iter().zip(&results).skip(2) {
+                let d = calc_diff(&results[0].1, vv);
+                assert!(d < MAX_DIFF, "{what}: V1 vs {version:?} calc_diff {d:e}");
+            }
+            results.truncate(2);
             compare_versions(&what, max_m <= 32, &results);
         }
     }
@@ -387,4 +430,20 @@ fn skinny_kernel_limits_are_typed_errors() {
     // M > 64.
     let err = dense_err(65, 64, DType::F32);
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
+    // V3 is masked-only.
+    let mut out = Tensor::empty(&device, DType::F32, &[4, n]).unwrap();
+    let err = mxfp8_gemm_skinny_with(
+        &dev,
+        &zeros(DType::F8E4M3, &[4, 64]),
+        &zeros(DType::E8M0, &[4, 2]),
+        &zeros(DType::F8E4M3, &[n, 64]),
+        &zeros(DType::E8M0, &[2, 2]),
+        &mut out,
+        SkinnyVersion::V3,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Argument { arg: "version", .. }),
+        "{err}"
+    );
 }

@@ -144,7 +144,15 @@ def moe_contiguous(recs, configs, shapes):
 
 def main():
     recs = []
-    if os.environ.get("DEEPINFER_BENCH_QUICK") == "1":
+    if os.environ.get("DEEPINFER_BENCH_MOE") == "1":
+        # The bench's DEEPINFER_BENCH_MOE subset: wq_a and wo_b at M 4096,
+        # masked decode at 1, 4, 16 tokens, two contiguous configurations.
+        for name, n, k, g in PROJECTIONS:
+            if name in ("wq_a", "wo_b"):
+                dense(recs, name, n, k, g, [4096])
+        moe_masked(recs, MASKED_COUNTS[:3], MOE_SHAPES)
+        moe_contiguous(recs, [(16, 2048), (8, 4096)], MOE_SHAPES)
+    elif os.environ.get("DEEPINFER_BENCH_QUICK") == "1":
         for name, n, k, g in PROJECTIONS:
             if name in ("wq_a", "wo_b"):
                 dense(recs, name, n, k, g, [1, 64, 4096])

@@ -8,22 +8,26 @@
 //     [E, N, K] packed e2m1 with one E8M0 scale per output row and 32 of K
 //     [E, N, ceil(K/32)]. A tile never straddles two experts.
 //
-// sm_90a (see README.md for the design and its alternatives): persistent CTAs
-// of 3 warpgroups over 128 x 128 output tiles. Warpgroup 0 produces: one
-// thread issues the TMA loads of the A tile (128 rows x 128 B of K, 128-byte
-// swizzle) and the B tile (dense: e4m3, same layout; FP4: the packed 128 x 64 B
-// tile into a staging buffer), helper warps convert the E8M0 scales of the
-// stage to fp32 in shared memory and, for FP4, decode e2m1 -> e4m3 into the
-// swizzled B tile. Warpgroups 1 and 2 each own 64 rows of the tile and run
-// wgmma m64n128k32 once per 32-deep scale block into a fresh fp32 tile
-// (scale_d = 0), double-buffered so that block k+1 is on the tensor cores
-// while block k is promoted: acc += fresh * (a_s[row] * b_s[col]) on the
-// CUDA cores (E8M0 -> fp32 is exact).
+// sm_90a (README.md has the design, the lab record of version 1 and the
+// measurements): persistent CTAs of 3 warpgroups over 128 x 128 output
+// tiles, walked in bands of 16 m-blocks (m-block fastest inside a band, then
+// n-block) so that a wave of CTAs shares A and B panels in L2. Warpgroup 0
+// produces: one thread issues the TMA loads of the A tile (128 rows x 128 B
+// of K, 128-byte swizzle) and the B tile (dense: e4m3, same layout; FP4: the
+// packed 128 x 64 B tile into a staging buffer); helper warps convert the
+// E8M0 scales of the stage to fp32 in shared memory and, for FP4, decode
+// e2m1 -> e4m3 (numerics.cuh's e2m1x8_to_e4m3x8) into the swizzled B tile.
+// Warpgroups 1 and 2 each own 64 rows of the tile and split them into two
+// n64 halves (wgmma units): unit u + 1 is issued before unit u is waited for
+// and promoted (acc += fresh * (a_s[row] * b_s[col]) on the CUDA cores, one
+// fresh fp32 tile per 32-deep scale block; E8M0 -> fp32 is exact), so the
+// tensor core has this warpgroup's next unit while it promotes.
 //
-// Pipeline barriers per stage s: full[s] (TMA bytes landed), ready[s] (helper
-// warps wrote the scales / decoded B), empty[s] (every consumer warp finished
-// reading the stage). Every role walks the same tile sequence and the same
-// stage counter, so parities agree by construction.
+// Pipeline barriers per stage s: full[s] (TMA bytes landed), ready[s] (the
+// helper warp's 32 lanes wrote the scales / decoded B), empty[s] (every one
+// of the 256 consumer threads finished reading the stage). Every role walks
+// the same tile sequence and the same stage counter, so parities agree by
+// construction.
 //
 // Other architectures (sm_100a, compile-only here) run a plain SIMT path in
 // the same entry points: one thread per output, K blocks in the CPU
@@ -33,6 +37,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
 
@@ -40,20 +45,12 @@ namespace {
 
 constexpr int kThreads = 384;
 
-__device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
-    // 0xFF is NaN, 0 is 2^-127 (an fp32 subnormal), else 2^(b - 127).
-    return b == 0xFFu ? __uint_as_float(0x7FC00000u)
-                      : b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23);
-}
-
-
 __device__ __forceinline__ int clamp_i(int v, int lo, int hi) { return min(max(v, lo), hi); }
 
 }  // namespace
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace {
-
 using namespace deepinfer::sm90;
 
 constexpr int kBlockM = 128;  // rows of A per tile (two consumer warpgroups of 64)
@@ -71,78 +68,18 @@ struct Tile {
     int e;
 };
 
-// Maps a tile index to a tile. Dense: n-block outer, m-block inner. Grouped:
-// experts in order, inside an expert n-block outer, m-block inner; an expert
-// with r rows owns ceil(r / 128) * n_blocks consecutive indices, so empty
-// experts own none. The grouped walk keeps a cursor, so a CTA that asks for
-// increasing indices reads each offset once. Group e covers rows
-// [start_e, end_e) with end_{-1} = clamp(offsets[0], 0, T),
-// start_e = end_{e-1}, end_e = clamp(offsets[e+1], start_e, T): in bounds and
-// monotone whatever the offsets hold, and exactly the offsets when they are
-// valid prefix sums.
-struct Scheduler {
-    const int32_t *offsets;
-    int rows;  // M or T
-    int groups;
-    int n_blocks;
-    int m_blocks;  // dense only
-    // Grouped cursor: current expert, its rows, first tile index, tile count.
-    int e;
-    int start;
-    int end;
-    int first;
-    int count;
-
-    __device__ Scheduler(const di_mx_gemm_params &p, bool grouped) {
-        offsets = p.offsets;
-        rows = p.m;
-        groups = p.groups;
-        n_blocks = (p.n + kBlockN - 1) / kBlockN;
-        m_blocks = (p.m + kBlockM - 1) / kBlockM;
-        e = -1;
-        start = 0;
-        end = grouped ? clamp_i(offsets[0], 0, rows) : 0;
-        first = 0;
-        count = 0;
-    }
-
-    __device__ bool dense(int t, Tile &tile) const {
-        if (t >= m_blocks * n_blocks) return false;
-        tile.row0 = (t % m_blocks) * kBlockM;
-        tile.row_end = rows;
-        tile.n0 = (t / m_blocks) * kBlockN;
-        tile.e = 0;
-        return true;
-    }
-
-    __device__ bool grouped(int t, Tile &tile) {
-        while (t >= first + count) {
-            if (e + 1 >= groups) return false;
-            first += count;
-            ++e;
-            start = end;
-            end = clamp_i(offsets[e + 1], start, rows);
-            count = ((end - start + kBlockM - 1) / kBlockM) * n_blocks;
-        }
-        const int local = t - first;
-        const int mb = (end - start + kBlockM - 1) / kBlockM;
-        tile.row0 = start + (local % mb) * kBlockM;
-        tile.row_end = end;
-        tile.n0 = (local / mb) * kBlockN;
-        tile.e = e;
-        return true;
-    }
-};
-
-
 constexpr int kStagesFp8 = 6;
 constexpr int kStagesFp4 = 5;
 constexpr int kATileBytes = kBlockM * kBlockK;          // 16 KiB
 constexpr int kBTileBytes = kBlockN * kBlockK;          // 16 KiB
 constexpr int kPackedTileBytes = kBlockN * kBlockK / 2; // 8 KiB of packed e2m1
-constexpr uint32_t kProducerRegs = 72;
-constexpr uint32_t kConsumerRegs = 216;
 constexpr int kConsumerWarps = 8;
+// Arrivals on a stage's empty barrier: every consumer thread arrives after
+// its own last read of the stage (its scale reads and the wgmma operands it
+// waited for), so each reader's accesses are ordered before the helper's and
+// the producer's rewrite by that thread's own release (see README.md, "The
+// FP4 race").
+constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kHelperWarps = 3;
 
 template <bool kFp4> struct Layout {
@@ -190,7 +127,7 @@ __device__ __forceinline__ uint32_t load_scale_quad(const uint8_t *base, int64_t
 // Stores the 4 scales of `w` as fp32 at dst[j * stride].
 __device__ __forceinline__ void store_quad(float *dst, int stride, uint32_t w) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) dst[j * stride] = e8m0_to_f32((w >> (8 * j)) & 0xFFu);
+    for (int j = 0; j < 4; ++j) dst[j * stride] = deepinfer::e8m0_to_f32((w >> (8 * j)) & 0xFFu);
 }
 
 // One helper warp converts the E8M0 scales of stage `st` of `tile` to fp32 in
@@ -223,62 +160,6 @@ __device__ __forceinline__ void load_scales(const di_mx_gemm_params &p, const Ti
     if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, vb[0]);
 }
 
-// Decodes the packed 128 x 64 B e2m1 tile into the 128 x 128 B e4m3 tile in
-// the 128-byte-swizzled layout (16-byte chunk c of row r at chunk c ^ (r % 8)).
-__device__ __forceinline__ void decode_fp4_tile(const uint8_t *packed, uint8_t *dst, int lane) {
-#pragma unroll 4
-    for (int q = lane; q < kBlockN * 8; q += 32) {
-        const int r = q >> 3, c = q & 7;
-        const uint2 in = *reinterpret_cast<const uint2 *>(packed + r * 64 + c * 8);
-        uint4 out;
-        out.x = e2m1x4_to_e4m3x4(in.x & 0xFFFFu);
-        out.y = e2m1x4_to_e4m3x4(in.x >> 16);
-        out.z = e2m1x4_to_e4m3x4(in.y & 0xFFFFu);
-        out.w = e2m1x4_to_e4m3x4(in.y >> 16);
-        *reinterpret_cast<uint4 *>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = out;
-    }
-}
-
-// One k32 step into a fresh fp32 tile (scale_d = 0) from operands at a / b
-// (tile bases plus 32 bytes per step).
-__device__ __forceinline__ void issue(float (&f)[64], const uint8_t *a, const uint8_t *b) {
-    wgmma_fence();
-    WgmmaE4M3<kBlockN>::mma(f, smem_desc_k128(a), smem_desc_k128(b), 0);
-    wgmma_commit();
-}
-
-// acc += f * (a_s[row] * b_s[col]) for scale block `j` of the stage whose
-// scales are at sa / sb. This thread holds rows r0 = wrow and r0 + 8 of the
-// warpgroup's 64, columns 8 * i + 2 * (lane % 4) + {0, 1} for i < 16
-// (register 4i + {0, 1} for r0, 4i + {2, 3} for r0 + 8).
-template <bool kFp4>
-__device__ __forceinline__ void promote(float (&acc)[64], const float (&f)[64], const float *sa,
-                                        const float *sb, int j, int wrow, int lane) {
-    const float a0 = sa[j * kBlockM + wrow];
-    const float a1 = sa[j * kBlockM + wrow + 8];
-    if (kFp4) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const float2 b = *reinterpret_cast<const float2 *>(sb + j * kBlockN + 8 * i + 2 * (lane & 3));
-            acc[4 * i + 0] = fmaf(f[4 * i + 0], a0 * b.x, acc[4 * i + 0]);
-            acc[4 * i + 1] = fmaf(f[4 * i + 1], a0 * b.y, acc[4 * i + 1]);
-            acc[4 * i + 2] = fmaf(f[4 * i + 2], a1 * b.x, acc[4 * i + 2]);
-            acc[4 * i + 3] = fmaf(f[4 * i + 3], a1 * b.y, acc[4 * i + 3]);
-        }
-    } else {
-        const float4 b = *reinterpret_cast<const float4 *>(sb + j * (kBlockN / 32));
-        const float p0[4] = {a0 * b.x, a0 * b.y, a0 * b.z, a0 * b.w};
-        const float p1[4] = {a1 * b.x, a1 * b.y, a1 * b.z, a1 * b.w};
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            acc[4 * i + 0] = fmaf(f[4 * i + 0], p0[i / 4], acc[4 * i + 0]);
-            acc[4 * i + 1] = fmaf(f[4 * i + 1], p0[i / 4], acc[4 * i + 1]);
-            acc[4 * i + 2] = fmaf(f[4 * i + 2], p1[i / 4], acc[4 * i + 2]);
-            acc[4 * i + 3] = fmaf(f[4 * i + 3], p1[i / 4], acc[4 * i + 3]);
-        }
-    }
-}
-
 template <bool kF32>
 __device__ __forceinline__ void store_pair(const di_mx_gemm_params &p, int row, int col, float x,
                                            float y) {
@@ -298,6 +179,236 @@ __device__ __forceinline__ void store_pair(const di_mx_gemm_params &p, int row, 
         } else {
             if (col < p.n) out[at] = __float2bfloat16_rn(x);
             if (col + 1 < p.n) out[at + 1] = __float2bfloat16_rn(y);
+        }
+    }
+}
+
+// Registers after setmaxnreg: the FP4 helper warps (decode) need 72, the
+// dense ones fit 56, which gives the dense consumers 224 (at 216 the paired
+// stage loop spills one register). setmaxnreg.inc waits for registers the
+// other warpgroups released, so the totals must fit what the launch gave the
+// CTA (168 per thread of 384).
+template <bool kFp4> struct Regs {
+    static constexpr uint32_t kProducer = kFp4 ? 72 : 56;
+    static constexpr uint32_t kConsumer = kFp4 ? 216 : 224;
+    static_assert(128 * kProducer + 256 * kConsumer <= 168 * 384,
+                  "setmaxnreg totals must fit the registers of the launch");
+};
+
+constexpr int kUnitN = 64;                   // columns of one wgmma unit
+constexpr int kHalves = kBlockN / kUnitN;    // units per k32 step
+constexpr int kUnits = kSteps * kHalves;     // units per stage
+constexpr int kRing = 2;                     // fresh tiles per warpgroup (ring slots)
+constexpr int kLook = kRing - 1;             // units in flight while one is promoted
+constexpr int kFreshRegs = kUnitN / 2;       // fp32 registers per thread of a fresh tile
+static_assert(kUnits % kRing == 0, "a stage must hold whole rings (slots are compile-time)");
+constexpr int kBandM = 16;                   // m-blocks per band of the tile order
+
+// Maps tile `local` of an mb x nb grid to (m-block, n-block): bands of kBandM
+// m-blocks, m-block fastest inside a band, then n-block.
+__device__ __forceinline__ void band_tile(int local, int mb, int nb, int &m, int &n) {
+    const int band_tiles = kBandM * nb;
+    const int band = local / band_tiles;
+    const int in_band = local - band * band_tiles;
+    const int rows = min(kBandM, mb - band * kBandM);  // m-blocks of this band
+    m = band * kBandM + in_band % rows;
+    n = in_band / rows;
+}
+
+// Version 1's scheduler with the banded order (same expert cursor, same
+// clamping of the offsets: group e covers [start_e, end_e) with end_{-1} =
+// clamp(offsets[0], 0, T), start_e = end_{e-1}, end_e = clamp(offsets[e+1],
+// start_e, T)).
+struct Scheduler {
+    const int32_t *offsets;
+    int rows;
+    int groups;
+    int n_blocks;
+    int m_blocks;
+    int e;
+    int start;
+    int end;
+    int first;
+    int count;
+
+    __device__ Scheduler(const di_mx_gemm_params &p, bool grouped) {
+        offsets = p.offsets;
+        rows = p.m;
+        groups = p.groups;
+        n_blocks = (p.n + kBlockN - 1) / kBlockN;
+        m_blocks = (p.m + kBlockM - 1) / kBlockM;
+        e = -1;
+        start = 0;
+        end = grouped ? clamp_i(offsets[0], 0, rows) : 0;
+        first = 0;
+        count = 0;
+    }
+
+    __device__ bool dense(int t, Tile &tile) const {
+        if (t >= m_blocks * n_blocks) return false;
+        int m, n;
+        band_tile(t, m_blocks, n_blocks, m, n);
+        tile.row0 = m * kBlockM;
+        tile.row_end = rows;
+        tile.n0 = n * kBlockN;
+        tile.e = 0;
+        return true;
+    }
+
+    __device__ bool grouped(int t, Tile &tile) {
+        while (t >= first + count) {
+            if (e + 1 >= groups) return false;
+            first += count;
+            ++e;
+            start = end;
+            end = clamp_i(offsets[e + 1], start, rows);
+            count = ((end - start + kBlockM - 1) / kBlockM) * n_blocks;
+        }
+        const int mb = (end - start + kBlockM - 1) / kBlockM;
+        int m, n;
+        band_tile(t - first, mb, n_blocks, m, n);
+        tile.row0 = start + m * kBlockM;
+        tile.row_end = end;
+        tile.n0 = n * kBlockN;
+        tile.e = e;
+        return true;
+    }
+};
+
+// Decodes the packed 128 x 64 B e2m1 tile into the 128 x 128 B e4m3 tile in
+// the 128-byte-swizzled layout (16-byte chunk c of row r at chunk c ^ (r % 8)).
+// Lane-iteration q reads packed bytes [16 (q % 4), +16) of row q / 4 (32
+// values) and writes output chunks 2 (q % 4) and 2 (q % 4) + 1.
+__device__ __forceinline__ void decode_fp4_tile(const uint8_t *packed, uint8_t *dst, int lane,
+                                                uint32_t lo_tab, uint32_t hi_tab, uint32_t sign_tab) {
+#pragma unroll 4
+    for (int q = lane; q < kBlockN * 4; q += 32) {
+        const int r = q >> 2, c = (q & 3) * 2;
+        const uint4 in = *reinterpret_cast<const uint4 *>(packed + r * 64 + (q & 3) * 16);
+        const uint2 d0 = deepinfer::e2m1x8_to_e4m3x8(in.x, lo_tab, hi_tab, sign_tab);
+        const uint2 d1 = deepinfer::e2m1x8_to_e4m3x8(in.y, lo_tab, hi_tab, sign_tab);
+        const uint2 d2 = deepinfer::e2m1x8_to_e4m3x8(in.z, lo_tab, hi_tab, sign_tab);
+        const uint2 d3 = deepinfer::e2m1x8_to_e4m3x8(in.w, lo_tab, hi_tab, sign_tab);
+        *reinterpret_cast<uint4 *>(dst + r * 128 + ((c ^ (r & 7)) << 4)) = make_uint4(d0.x, d0.y, d1.x, d1.y);
+        *reinterpret_cast<uint4 *>(dst + r * 128 + (((c + 1) ^ (r & 7)) << 4)) =
+            make_uint4(d2.x, d2.y, d3.x, d3.y);
+    }
+}
+
+// The shared-memory view of one pipeline stage, as a consumer reads it.
+struct StageView {
+    const uint8_t *a;   // this warpgroup's 64 rows of the A tile
+    const uint8_t *b;   // the 128-row B tile
+    const float *sa;    // fp32 A scales [kSteps][128]
+    const float *sb;    // fp32 B scales [kSteps][128] (FP4) or [kSteps][4] (dense)
+    uint64_t *empty;    // the stage's empty barrier
+};
+
+// Issues wgmma unit u of stage v into fresh tile f: k32 step u / kHalves,
+// columns (u % kHalves) * 64 .. + 64 of the tile (B rows 64 apart: 8 KiB).
+__device__ __forceinline__ void issue_unit(float (&f)[kFreshRegs], const StageView &v, int u) {
+    const int j = u / kHalves, h = u % kHalves;
+    wgmma_fence();
+    WgmmaE4M3<kUnitN>::mma_fresh(f, smem_desc_k128(v.a + j * 32),
+                                 smem_desc_k128(v.b + h * kUnitN * kBlockK + j * 32));
+    wgmma_commit();
+}
+
+// acc += f * (a_s[row] * b_s[col]) for unit u of stage v. This thread holds
+// rows r0 = wrow and r0 + 8 of the warpgroup's 64 and, inside the unit's 64
+// columns, 8 i + 2 (lane % 4) + {0, 1} for i < 8 (fresh register 4i + {0, 1}
+// for r0, 4i + {2, 3} for r0 + 8; the master holds half h at 32 h + ...).
+// Dense: one product per row and 32-column block (4 FMUL, then 1 FFMA per
+// element); FP4: the B scale is per column (1 FMUL + 1 FFMA per element).
+template <bool kFp4>
+__device__ __forceinline__ void promote_unit(float (&acc)[64], const float (&f)[kFreshRegs],
+                                             const StageView &v, int u, int wrow, int lane) {
+    const int j = u / kHalves, h = u % kHalves;
+    const float a0 = v.sa[j * kBlockM + wrow];
+    const float a1 = v.sa[j * kBlockM + wrow + 8];
+    float *d = acc + h * kFreshRegs;
+    if (kFp4) {
+#pragma unroll
+        for (int i = 0; i < kUnitN / 8; ++i) {
+            const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * kBlockN + h * kUnitN + 8 * i +
+                                                               2 * (lane & 3));
+            d[4 * i + 0] = fmaf(f[4 * i + 0], a0 * b.x, d[4 * i + 0]);
+            d[4 * i + 1] = fmaf(f[4 * i + 1], a0 * b.y, d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(f[4 * i + 2], a1 * b.x, d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(f[4 * i + 3], a1 * b.y, d[4 * i + 3]);
+        }
+    } else {
+        const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * (kBlockN / 32) + h * 2);
+        const float p0[2] = {a0 * b.x, a0 * b.y};
+        const float p1[2] = {a1 * b.x, a1 * b.y};
+#pragma unroll
+        for (int i = 0; i < kUnitN / 8; ++i) {
+            d[4 * i + 0] = fmaf(f[4 * i + 0], p0[i / 4], d[4 * i + 0]);
+            d[4 * i + 1] = fmaf(f[4 * i + 1], p0[i / 4], d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(f[4 * i + 2], p1[i / 4], d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(f[4 * i + 3], p1[i / 4], d[4 * i + 3]);
+        }
+    }
+}
+
+// Waits for the oldest in-flight unit (kLook newer ones may stay in flight)
+// and promotes it from ring slot `slot`.
+template <bool kFp4, int kPending>
+__device__ __forceinline__ void retire(float (&acc)[64], float (&ring)[kRing][kFreshRegs], int slot,
+                                       const StageView &v, int u, int wrow, int lane) {
+    wgmma_wait<kPending>();
+    fence_operands(ring[slot]);
+    promote_unit<kFp4>(acc, ring[slot], v, u, wrow, lane);
+}
+
+// Every consumer thread arrives on the stage's empty barrier after its last
+// read of the stage (kConsumerThreads arrivals, see mx_gemm.cu).
+__device__ __forceinline__ void release(const StageView &v, int lane) {
+    (void)lane;
+    mbar_arrive(v.empty);
+}
+
+// Retires the last kLook units of a stage (kLook - 1 - kI newer units still
+// in flight when unit kUnits - kLook + kI is retired).
+template <bool kFp4, int kI>
+__device__ __forceinline__ void drain(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
+                                      const StageView &v, int wrow, int lane) {
+    if constexpr (kI < kLook) {
+        constexpr int u = kUnits - kLook + kI;
+        retire<kFp4, kLook - 1 - kI>(acc, ring, u % kRing, v, u, wrow, lane);
+        drain<kFp4, kI + 1>(acc, ring, v, wrow, lane);
+    }
+}
+
+// The consumer pipeline over one stage: issues the stage's kUnits units (unit
+// u into ring slot u % kRing) and, after each issue, retires the unit kLook
+// older, so kLook units stay queued on the tensor core while one is
+// promoted. The first kLook retirements are the previous stage's last units
+// (kPrev: still in flight from stage_body<.., false> just before; that stage
+// is released after its last unit) or nothing (the first stage of a run).
+// Slot u % kRing is free when unit u is issued: its previous unit was
+// retired one issue earlier. The stage's own last kLook units stay in flight.
+//
+// No wgmma may stay in flight across the runtime stage loop's back edge:
+// then ptxas serialises every wgmma of the kernel (C7514, "non wgmma
+// instructions reading accumulator registers of a wgmma between start and
+// end of the pipeline stage"). So the loop body covers two stages, the
+// pipeline runs through the boundary between them (the mbarrier spin there
+// is fine for ptxas), and drains once per 256 of K. The other consumer
+// warpgroup keeps the tensor core busy during the drain.
+template <bool kFp4, bool kPrev>
+__device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
+                                           const StageView &prev, const StageView &cur, int wrow,
+                                           int lane) {
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+        issue_unit(ring[u % kRing], cur, u);
+        const int old = u - kLook;
+        if (old >= 0) {
+            retire<kFp4, kLook>(acc, ring, old % kRing, cur, old, wrow, lane);
+        } else if (kPrev) {
+            retire<kFp4, kLook>(acc, ring, (old + kUnits) % kRing, prev, old + kUnits, wrow, lane);
+            if (old + kUnits == kUnits - 1) release(prev, lane);
         }
     }
 }
@@ -323,7 +434,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
         for (int s = 0; s < S; ++s) {
             mbar_init(&full[s], 1);
             mbar_init(&ready[s], 32);
-            mbar_init(&empty[s], kConsumerWarps);
+            mbar_init(&empty[s], kConsumerThreads);
         }
         fence_barrier_init();
         tma_prefetch_map(&p.a_map);
@@ -331,11 +442,11 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
     }
     __syncthreads();
 
-    // Per-role state is built after setmaxnreg: values live across it would
-    // have to fit the producer's 40 registers (ptxas spills them otherwise).
+    // Per-role state is built after setmaxnreg (values live across it would
+    // have to fit the producer's registers).
     constexpr bool grouped = kFp4;
     if (warp < 4) {
-        regs_dealloc<kProducerRegs>();
+        regs_dealloc<Regs<kFp4>::kProducer>();
         const int num_st = (p.k + kBlockK - 1) / kBlockK;
         Scheduler sched(p, grouped);
         Tile tile;
@@ -360,10 +471,11 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                 }
             }
         } else {
-            // Helper warps 1..3 take the stages in turn (stage it goes to warp
-            // 1 + it % 3), so three stages' scale loads and FP4 decodes are
-            // in flight at once.
+            // Helper warps 1..3 take the stages in turn (stage `it` goes to
+            // warp 1 + it % 3): scales to fp32, FP4 decode.
             const int hw = warp - 1;
+            const uint32_t lo_tab = deepinfer::opaque_u32(0x3C383000u), hi_tab = deepinfer::opaque_u32(0x4C484440u),
+                           sign_tab = deepinfer::opaque_u32(0x80808080u);
             int it = 0;
             for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
                  t += gridDim.x) {
@@ -376,7 +488,8 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                                       lane);
                     if (kFp4) {
                         mbar_wait(&full[s], ph);
-                        decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane);
+                        decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane,
+                                        lo_tab, hi_tab, sign_tab);
                         fence_proxy_async_smem();
                     }
                     __syncwarp();
@@ -387,41 +500,51 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
         return;
     }
 
-    regs_alloc<kConsumerRegs>();
+    regs_alloc<Regs<kFp4>::kConsumer>();
     const int num_st = (p.k + kBlockK - 1) / kBlockK;
     Scheduler sched(p, grouped);
     Tile tile;
-    const int wg = warp / 4 - 1;                       // consumer warpgroup: rows 64 * wg of the tile
+    const int wg = warp / 4 - 1;                            // consumer warpgroup: rows 64 * wg
     const int wrow = wg * 64 + (warp % 4) * 16 + lane / 4;  // this thread's first row in the tile
-    float acc[64], f[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) f[i] = 0.0f;
+    const auto view = [&](int s) {
+        return StageView{a_tiles + s * kATileBytes + wg * 64 * kBlockK, b_tiles + s * kBTileBytes,
+                         sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats, &empty[s]};
+    };
+    float acc[64];
+    float ring[kRing][kFreshRegs];
     int it = 0;
     for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile); t += gridDim.x) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-        for (int st = 0; st < num_st; ++st, ++it) {
+        // Stages in pairs (see stage_body), then an odd last stage alone.
+        int st = 0;
+        for (; st + 2 <= num_st; st += 2, it += 2) {
+            const int s0 = it % S, s1 = (it + 1) % S;
+            const uint32_t ph0 = (it / S) & 1, ph1 = ((it + 1) / S) & 1;
+            mbar_wait(&full[s0], ph0);
+            mbar_wait(&ready[s0], ph0);
+            stage_body<kFp4, false>(acc, ring, view(s0), view(s0), wrow, lane);
+            mbar_wait(&full[s1], ph1);
+            mbar_wait(&ready[s1], ph1);
+            stage_body<kFp4, true>(acc, ring, view(s0), view(s1), wrow, lane);
+            drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+            release(view(s1), lane);
+        }
+        if (st < num_st) {
             const int s = it % S;
             const uint32_t ph = (it / S) & 1;
             mbar_wait(&full[s], ph);
             mbar_wait(&ready[s], ph);
-            const uint8_t *at = a_tiles + s * kATileBytes + wg * 64 * kBlockK;
-            const uint8_t *bt = b_tiles + s * kBTileBytes;
-            const float *sa = sa_all + s * L::kSaFloats;
-            const float *sb = sb_all + s * L::kSbFloats;
-#pragma unroll
-            for (int j = 0; j < kSteps; ++j) {
-                issue(f, at + j * 32, bt + j * 32);
-                wgmma_wait<0>();
-                fence_operands(f);
-                promote<kFp4>(acc, f, sa, sb, j, wrow, lane);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&empty[s]);
+            stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
+            drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
+            release(view(s), lane);
+            ++it;
         }
         const int r0 = tile.row0 + wrow;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
+            // Master register 32 h + 4 i' + {0..3} is column 64 h + 8 i' + ...,
+            // i.e. column 8 i + 2 (lane % 4) for i = 8 h + i'.
             const int col = tile.n0 + 8 * i + 2 * (lane & 3);
             if (r0 < tile.row_end) store_pair<kF32>(p, r0, col, acc[4 * i], acc[4 * i + 1]);
             if (r0 + 8 < tile.row_end) store_pair<kF32>(p, r0 + 8, col, acc[4 * i + 2], acc[4 * i + 3]);
@@ -432,14 +555,6 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
 }  // namespace
 #else
 namespace {
-
-// e2m1 nibble -> fp32: exponent field e = bits 1-2, mantissa m = bit 0;
-// e == 0 is the subnormal m * 0.5, else (1 + m / 2) * 2^(e - 1).
-__device__ __forceinline__ float e2m1_to_f32(uint32_t nib) {
-    const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
-    const float v = e == 0 ? 0.5f * float(m) : (1.0f + 0.5f * float(m)) * float(1u << (e - 1));
-    return (nib & 8u) ? -v : v;
-}
 
 // SIMT path (every target but sm_90a): one thread per output, grid-stride,
 // K blocks of 32 in increasing order exactly as the CPU reference (fp32 block
@@ -479,17 +594,17 @@ template <bool kFp4, bool kF32> __device__ void mx_gemm_simt(const di_mx_gemm_pa
                 float bv;
                 if (kFp4) {
                     const uint8_t byte = b[(int64_t(e) * p.n + col) * (p.k / 2) + k / 2];
-                    bv = e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xF);
+                    bv = deepinfer::e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xF);
                 } else {
                     __nv_fp8_e4m3 q;
                     q.__x = b[int64_t(col) * p.k + k];
                     bv = float(q);
                 }
-                sum = __fadd_rn(sum, __fmul_rn(float(av), bv));
+                sum = __fadd_rn(sum, __fmul_rn(deepinfer::e4m3_to_f32(av.__x), bv));
             }
-            const float sb = kFp4 ? e8m0_to_f32(bs[(int64_t(e) * p.n + col) * kbt + kb])
-                                  : e8m0_to_f32(bs[int64_t(col / 32) * kbt + kb]);
-            acc = __fadd_rn(acc, __fmul_rn(sum, __fmul_rn(e8m0_to_f32(as[int64_t(row) * kbt + kb]), sb)));
+            const float sb = kFp4 ? deepinfer::e8m0_to_f32(bs[(int64_t(e) * p.n + col) * kbt + kb])
+                                  : deepinfer::e8m0_to_f32(bs[int64_t(col / 32) * kbt + kb]);
+            acc = __fadd_rn(acc, __fmul_rn(sum, __fmul_rn(deepinfer::e8m0_to_f32(as[int64_t(row) * kbt + kb]), sb)));
         }
         if (kF32) {
             static_cast<float *>(p.out)[i] = acc;

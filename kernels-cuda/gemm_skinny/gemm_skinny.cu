@@ -1,11 +1,11 @@
 // Skinny block-scaled GEMMs for decode (M <= 64 tokens): memory-bound, so the
 // design streams the weights once at full bandwidth and keeps every SM busy.
 //
-//   gemm_skinny_fp8:       out[M, N] = A[M, K] (e4m3, 1x32 E8M0 scales)
+//   mxfp8_gemm_skinny_*:   out[M, N] = A[M, K] (e4m3, 1x32 E8M0 scales)
 //                          x B[N, K]^T (e4m3, 32x32 E8M0 scales); M in 1..64.
-//   gemm_skinny_fp4_masked: per expert e, out[e, :count_e, N] = A[e, :count_e, K]
+//   mxfp4_grouped_masked_*: per expert e, out[e, :count_e, N] = A[e, :count_e, K]
 //                          x B[e, N, K]^T (packed e2m1, E8M0 per row per 32).
-//   gemm_skinny_reduce:    out = sum over splits of f32 partials, in split order.
+//   mxfp8_gemm_skinny_reduce: out = sum over splits of f32 partials, in split order.
 //
 // Numerics (src/cpu_backend/gemm.rs): each 32-deep K block is one wgmma k-step
 // whose fp32 tile is folded into the master accumulator as
@@ -30,10 +30,14 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
 
 namespace {
+
+using deepinfer::e2m1x8_to_e4m3x8;
+using deepinfer::e8m0_to_f32;
 
 constexpr int kThreads = 128;     // one warpgroup
 constexpr int kTileN = 64;        // output features per CTA (wgmma M)
@@ -84,11 +88,6 @@ struct Tile {
     bool out_f32;
 };
 
-__device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
-    return b == 0xFFu ? __uint_as_float(0x7FC00000u)
-                      : (b == 0u ? __uint_as_float(0x00400000u) : __uint_as_float(b << 23));
-}
-
 __device__ __forceinline__ void store_out(const Tile &t, int tok, int f, float v) {
     if (tok < t.rows && f < t.n) {
         const int64_t at = int64_t(tok) * t.n + f;
@@ -136,38 +135,6 @@ __device__ __forceinline__ void cp_async_commit() {
 
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
-
-// Eight e2m1 nibbles (element i in bits 4i..4i+3) -> eight e4m3 bytes (element
-// i in byte i of the pair), exact, with lo_tab = 0x3C383000, hi_tab =
-// 0x4C484440 (e4m3 codes of the magnitudes 0, 0.5, 1, 1.5 | 2, 3, 4, 6) and
-// sign_tab = 0x80808080; the same mapping as sm90.cuh's
-// e2m1x4_to_e4m3x4 in about a third of the instructions, which matters here:
-// the FP4 decode is the largest ALU cost per weight byte. The magnitude is a
-// prmt table lookup selected by the nibbles' low 3 bits; the sign comes from
-// a prmt in sign-replicate mode (selector bit 3 = the e2m1 sign) over bytes
-// 0x80: 0x80 for + and 0xFF for -, minus 1 leaves bit 7 set exactly for -.
-__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t p, uint32_t lo_tab, uint32_t hi_tab,
-                                                 uint32_t sign_tab) {
-    const uint32_t mag = p & 0x77777777u;
-    const uint32_t lo = prmt(lo_tab, hi_tab, mag), hi = prmt(lo_tab, hi_tab, mag >> 16);
-    const uint32_t slo = prmt(sign_tab, sign_tab, p), shi = prmt(sign_tab, sign_tab, p >> 16);
-    return make_uint2(lo | ((slo - 0x01010101u) & 0x80808080u),
-                      hi | ((shi - 0x01010101u) & 0x80808080u));
-}
-
-// A constant the compiler cannot rematerialise: the decode tables stay in
-// registers for the whole tile instead of being rebuilt before every prmt.
-__device__ __forceinline__ uint32_t opaque(uint32_t v) {
-    uint32_t r;
-    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
-    return r;
 }
 
 // Byte offset of 16-byte chunk c of row r in a 128-byte-swizzled tile.
@@ -356,7 +323,7 @@ __device__ void tile_mma(const Tile &t, uint8_t *smem) {
     float tile[2][NT / 2];
 #pragma unroll
     for (int i = 0; i < NT / 2; ++i) tile[0][i] = tile[1][i] = 0.0f;
-    const DecodeTables tables{opaque(0x3C383000u), opaque(0x4C484440u), opaque(0x80808080u)};
+    const DecodeTables tables{deepinfer::opaque_u32(0x3C383000u), deepinfer::opaque_u32(0x4C484440u), deepinfer::opaque_u32(0x80808080u)};
     uint32_t slot = 0, pslot = (kSt - 1) * L::stage_bytes;  // byte offsets
     // The same stages' scales (V2; in V1 they equal slot, pslot).
     uint32_t sslot = 0, psslot = (kSt - 1) * L::sc_stride;
@@ -476,17 +443,10 @@ template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const 
 
 #else  // SIMT path: one thread per output, the CPU reference's order.
 
-__device__ __forceinline__ float e4m3_to_f32(uint8_t v) {
-    return __half2float(__half(__nv_cvt_fp8_to_halfraw(v, __NV_E4M3)));
-}
-
+// numerics.cuh's exact conversions (nibble `hi` of a packed e2m1 byte).
+__device__ __forceinline__ float e4m3_to_f32(uint8_t v) { return deepinfer::e4m3_to_f32(v); }
 __device__ __forceinline__ float e2m1_to_f32(uint8_t packed, int hi) {
-    // e2m1: exponent bits 2..1 (bias 1), mantissa bit 0; exponent 0 is the
-    // subnormal 0 or 0.5. Arithmetic, not a table (a table lands on the stack).
-    const uint32_t nib = hi ? packed >> 4 : packed & 0xFu;
-    const uint32_t e = (nib >> 1) & 3u, m = nib & 1u;
-    const float v = e == 0u ? 0.5f * float(m) : __uint_as_float(((e + 126u) << 23) | (m << 22));
-    return (nib & 8u) ? -v : v;
+    return deepinfer::e2m1_to_f32(hi ? packed >> 4 : packed & 0xFu);
 }
 
 template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const Tile &t) {
@@ -738,41 +698,41 @@ template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) 
 // that layout allows. Dense: m in (suffix / 2, suffix] (1..8 for _n8).
 // Masked: min(max_m, 64) in that range; rows beyond 64 go in further blocks.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
-    gemm_skinny_fp8_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_n8(const __grid_constant__ di_gemm_skinny_params p) {
     dense<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    gemm_skinny_fp8_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_n16(const __grid_constant__ di_gemm_skinny_params p) {
     dense<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    gemm_skinny_fp8_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_n32(const __grid_constant__ di_gemm_skinny_params p) {
     dense<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    gemm_skinny_fp8_n64(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_n64(const __grid_constant__ di_gemm_skinny_params p) {
     dense<64>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
-    gemm_skinny_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
     masked<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    gemm_skinny_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
     masked<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    gemm_skinny_fp4_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
     masked<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
-    gemm_skinny_fp4_masked_n64(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_n64(const __grid_constant__ di_gemm_skinny_params p) {
     masked<64>(p);
 }
 
 // out[i] = partials[0][i] + partials[1][i] + ... in split order, from +0.0.
 extern "C" __global__ void __launch_bounds__(256)
-    gemm_skinny_reduce(const __grid_constant__ di_gemm_skinny_reduce_params p) {
+    mxfp8_gemm_skinny_reduce(const __grid_constant__ di_gemm_skinny_reduce_params p) {
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
         float acc = 0.0f;
@@ -792,26 +752,26 @@ extern "C" __global__ void __launch_bounds__(256)
 // version 1: dense n8/n16/n32 4/4/4 (V1 4/3/3), masked n8/n16/n32 5/4/3
 // (V1 4/3/2), within the registers ptxas reports.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
-    gemm_skinny_v2_fp8_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_v2_n8(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
-    gemm_skinny_v2_fp8_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_v2_n16(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
-    gemm_skinny_v2_fp8_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp8_gemm_skinny_v2_n32(const __grid_constant__ di_gemm_skinny_params p) {
     dense_v2<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 5)
-    gemm_skinny_v2_fp4_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_v2_n8(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
-    gemm_skinny_v2_fp4_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_v2_n16(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
-    gemm_skinny_v2_fp4_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    mxfp4_grouped_masked_v2_n32(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v2<32>(p);
 }

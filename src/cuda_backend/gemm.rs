@@ -7,12 +7,13 @@
 //! persistent TMA + wgmma kernel with per-32 promotion; on other archs the
 //! same entry points run a SIMT path (see the family README).
 //!
-//! Two kernel versions exist side by side ([`LargeKernel`]): `V1`
-//! (`mx_gemm.cu`, verified on the H200) and `V2` (`mx_gemm_v2.cu`: wgmma of
-//! the next k32 step overlapped with the promotion of the previous one, a
-//! cheaper FP4 decode, L2-friendly tile order). Both take the same inputs,
-//! limits and launch shape; [`mxfp8_gemm`] and [`mxfp4_grouped_contiguous`]
-//! run [`LargeKernel::DEFAULT`], the `_with` forms a chosen version.
+//! One kernel version is built (`mx_gemm.cu`, the measured winner: n64 wgmma
+//! units in a 2-deep ring, prmt FP4 decode, banded tile order); version 1
+//! (each k32 wgmma waited for, then promoted) left the build after the H200
+//! bench (1.09–1.22× dense, 1.06–1.09× FP4 in favour of the winner); its
+//! lab record is in `kernels-cuda/gemm/README.md`. The launchers are named
+//! like their kernels (`mxfp8_gemm_{bf16,f32}`,
+//! `mxfp4_grouped_contiguous_{bf16,f32}`).
 //!
 //! Callers (the ops layer) have validated dtypes, shapes and devices. These
 //! functions check only the kernels' own limits and return typed errors for
@@ -38,39 +39,11 @@ const THREADS: u32 = 384;
 /// Output tile (rows × columns) of one CTA step.
 const BLOCK_M: usize = 128;
 const BLOCK_N: usize = 128;
-/// Dynamic shared memory of each kernel (static_asserted in mx_gemm.cu;
-/// version 2 uses the same layout).
+/// Dynamic shared memory of each kernel (static_asserted in mx_gemm.cu).
 const SMEM_FP8: u32 = 210_448;
 const SMEM_FP4: u32 = 226_424;
 
-/// Which version of the large-M kernels runs (same contract and limits).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LargeKernel {
-    /// `mx_gemm.cu`: each k32 wgmma waited for, then promoted (verified on
-    /// the H200, 450–510 TFLOP/s dense).
-    V1,
-    /// `mx_gemm_v2.cu`: n64 wgmma units in a 2-deep ring (the next unit runs
-    /// while the previous one is promoted), prmt FP4 decode, banded tile
-    /// order. Passed the GPU tests on the H200 (bundle of cda0a8c).
-    V2,
-}
-
-impl LargeKernel {
-    /// The version [`mxfp8_gemm`] and [`mxfp4_grouped_contiguous`] run (the
-    /// faster one in `benches/results/*-h200-gemm.json`).
-    pub const DEFAULT: LargeKernel = LargeKernel::V2;
-    /// Both versions, for tests and benchmarks.
-    pub const ALL: [LargeKernel; 2] = [LargeKernel::V1, LargeKernel::V2];
-}
-
-impl Default for LargeKernel {
-    fn default() -> Self {
-        LargeKernel::DEFAULT
-    }
-}
-
-/// Dense `out = A · Bᵀ` with 1×32 activation and 32×32 weight E8M0 scales,
-/// by [`LargeKernel::DEFAULT`].
+/// Dense `out = A · Bᵀ` with 1×32 activation and 32×32 weight E8M0 scales.
 ///
 /// `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]`, `b` `[N, K]` e4m3, `b_s`
 /// `[⌈N/32⌉, ⌈K/32⌉]`, `out` `[M, N]` BF16 or F32 (rounded once from the
@@ -83,30 +56,15 @@ pub fn mxfp8_gemm(
     b_s: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    mxfp8_gemm_with(dev, a, a_s, b, b_s, out, LargeKernel::DEFAULT)
-}
-
-/// [`mxfp8_gemm`] by the chosen kernel version.
-pub fn mxfp8_gemm_with(
-    dev: &CudaDevice,
-    a: &Tensor,
-    a_s: &Tensor,
-    b: &Tensor,
-    b_s: &Tensor,
-    out: &mut Tensor,
-    version: LargeKernel,
-) -> Result<()> {
     const OP: &str = "mxfp8_gemm";
     let (&[m, k], Some(&n)) = (a.shape(), b.shape().first()) else {
         return Err(rank_error(OP, a, "A [M, K] and B [N, K]"));
     };
     check_k(OP, "a", a, k, 16)?;
-    let kernel = match (out.dtype(), version) {
-        (DType::BF16, LargeKernel::V1) => kernels::gemm::MXFP8_GEMM_BF16,
-        (DType::F32, LargeKernel::V1) => kernels::gemm::MXFP8_GEMM_F32,
-        (DType::BF16, LargeKernel::V2) => kernels::gemm::MXFP8_GEMM_V2_BF16,
-        (DType::F32, LargeKernel::V2) => kernels::gemm::MXFP8_GEMM_V2_F32,
-        (got, _) => return Err(out_dtype_error(OP, got)),
+    let kernel = match out.dtype() {
+        DType::BF16 => kernels::gemm::MXFP8_GEMM_BF16,
+        DType::F32 => kernels::gemm::MXFP8_GEMM_F32,
+        got => return Err(out_dtype_error(OP, got)),
     };
     let (m32, n32, k32) = (
         fit_i32(OP, "a", a, m)?,
@@ -158,8 +116,7 @@ pub fn mxfp8_gemm_with(
     run(dev, kernel, SMEM_FP8, tiles, &p)
 }
 
-/// Contiguous-grouped MoE GEMM with FP4 expert weights, by
-/// [`LargeKernel::DEFAULT`]: rows `offsets[e]..offsets[e+1]` of `a` are
+/// Contiguous-grouped MoE GEMM with FP4 expert weights: rows `offsets[e]..offsets[e+1]` of `a` are
 /// multiplied by expert `e`'s weights.
 ///
 /// `a` `[T, K]` e4m3, `a_s` `[T, ⌈K/32⌉]`, `b` `[E, N, K]` packed e2m1,
@@ -178,32 +135,15 @@ pub fn mxfp4_grouped_contiguous(
     offsets: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    mxfp4_grouped_contiguous_with(dev, a, a_s, b, b_s, offsets, out, LargeKernel::DEFAULT)
-}
-
-/// [`mxfp4_grouped_contiguous`] by the chosen kernel version.
-#[allow(clippy::too_many_arguments)]
-pub fn mxfp4_grouped_contiguous_with(
-    dev: &CudaDevice,
-    a: &Tensor,
-    a_s: &Tensor,
-    b: &Tensor,
-    b_s: &Tensor,
-    offsets: &Tensor,
-    out: &mut Tensor,
-    version: LargeKernel,
-) -> Result<()> {
     const OP: &str = "mxfp4_grouped_contiguous";
     let (&[t, k], &[e, n, ..]) = (a.shape(), b.shape()) else {
         return Err(rank_error(OP, a, "A [T, K] and B [E, N, K/2]"));
     };
     check_k(OP, "b", b, k, 32)?;
-    let kernel = match (out.dtype(), version) {
-        (DType::BF16, LargeKernel::V1) => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_BF16,
-        (DType::F32, LargeKernel::V1) => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_F32,
-        (DType::BF16, LargeKernel::V2) => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_V2_BF16,
-        (DType::F32, LargeKernel::V2) => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_V2_F32,
-        (got, _) => return Err(out_dtype_error(OP, got)),
+    let kernel = match out.dtype() {
+        DType::BF16 => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_BF16,
+        DType::F32 => kernels::gemm::MXFP4_GROUPED_CONTIGUOUS_F32,
+        got => return Err(out_dtype_error(OP, got)),
     };
     let (t32, n32, k32) = (
         fit_i32(OP, "a", a, t)?,

@@ -76,6 +76,27 @@ pub enum SkinnyVersion {
     /// resident CTAs (no second wave), experts ranked as in V1, at most
     /// 32-token tiles.
     V2,
+    /// Masked MoE only, max_m ≤ 16 ([`v3_layout`] says which shapes): units
+    /// of 16 weight rows × all of K brought in by bulk copies, `mma.sync`
+    /// with the e2m1 weights decoded in registers, K split over the CTA's 16
+    /// warps and summed in warp order. The dense GEMM has no V3 (typed
+    /// error).
+    V3,
+}
+
+/// A V3 masked launch ([`v3_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct V3Launch {
+    /// Token tile: 8 or 16.
+    pub nt: u32,
+    /// 16-row groups per unit: 1 or 2.
+    pub groups: u32,
+    /// Pipeline stages (units in shared memory).
+    pub stages: usize,
+    /// Dynamic shared memory bytes.
+    pub smem: u32,
+    /// Tokens staged as f16 (the `_f16` kernels) rather than e4m3.
+    pub f16_tokens: bool,
 }
 
 /// The version [`mxfp8_gemm_skinny`] runs for `m` rows: V2 up to 8 rows (its
@@ -90,8 +111,8 @@ pub fn dense_version(m: usize) -> SkinnyVersion {
     }
 }
 
-/// The version [`mxfp4_grouped_masked`] runs for `max_m` slots per expert:
-/// V2 up to 16 (w2 at 16 tokens per expert 1804 µs vs 2479), V1 above (64
+/// The V1/V2 choice of [`mxfp4_grouped_masked`] for `max_m` slots per
+/// expert where V3 does not run (see there): V2 up to 16 (w2 at 16 tokens per expert 1804 µs vs 2479), V1 above (64
 /// tokens: 3832 µs vs 4796). Measured on the H200, bench of 6600bd8.
 pub fn masked_version(max_m: usize) -> SkinnyVersion {
     if max_m <= 16 {
@@ -99,6 +120,64 @@ pub fn masked_version(max_m: usize) -> SkinnyVersion {
     } else {
         SkinnyVersion::V1
     }
+}
+
+/// Threads of a V3 masked CTA (16 warps) and its stage bound
+/// (`skinny_v3::kThreads`, `kMaxStages` in gemm_skinny_v3.cu).
+const V3_THREADS: u32 = 512;
+const V3_MAX_STAGES: usize = 8;
+/// The dynamic shared memory V3 may take: the sm_90 opt-in limit (232448)
+/// less the 1 KiB of static shared memory ptxas reports for the V3 kernels.
+const SMEM_LIMIT: usize = 230_400;
+
+/// The V3 masked launch for `experts` × `max_m` tokens, N, K, or `None`
+/// where V3 does not apply (max_m > 16, N % 16 != 0, K % 32 != 0, or fewer
+/// than 2 stages fit). Units are 32 weight rows (two groups) when K ≤ 2560
+/// and N % 32 == 0 (short rows: bigger units amortise the per-unit barrier
+/// and reduction), else 16. The tokens are staged as f16 wherever that
+/// leaves at least 2 stages (measured 1.4–2.4 % faster, 2026-12-01), else
+/// as e4m3. The host twin of `skinny_v3::Layout`: barriers (8 × 8 B), the
+/// E8M0 table (1 KiB), the expert list (4 B each, rounded to 16), the
+/// tokens (nt × (K + 32) e4m3 or nt × (2K + 64) f16), their fp32 scales
+/// (K/32 × nt × 4, rounded to 16), two partial buffers (2 × 16 warps × unit
+/// rows × nt × 4), then the stages of unit rows × (K/2 + 16) + unit rows ×
+/// K/32 (rounded to 16) bytes each.
+pub fn v3_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V3Launch> {
+    v3_layout_for(experts, max_m, n, k, true).or_else(|| v3_layout_for(experts, max_m, n, k, false))
+}
+
+fn v3_layout_for(experts: usize, max_m: usize, n: usize, k: usize, f16: bool) -> Option<V3Launch> {
+    if max_m == 0 || max_m > 16 || !n.is_multiple_of(16) || !k.is_multiple_of(32) {
+        return None;
+    }
+    let nt = if max_m <= 8 { 8 } else { 16 };
+    let g = if k <= 2560 && n.is_multiple_of(32) {
+        2
+    } else {
+        1
+    };
+    let rows = 16 * g;
+    let kb = k / 32;
+    let a16 = |v: usize| v.next_multiple_of(16);
+    let fixed = 8 * V3_MAX_STAGES
+        + 1024
+        + a16(experts.checked_mul(4)?)
+        + nt * if f16 { 2 * k + 64 } else { k + 32 }
+        + a16(kb * nt * 4)
+        + 2 * 16 * rows * nt * 4;
+    let stage = rows * (k / 2 + 16) + a16(rows * kb);
+    let stages = SMEM_LIMIT.checked_sub(fixed)? / stage;
+    if stages < 2 {
+        return None;
+    }
+    let stages = stages.min(V3_MAX_STAGES);
+    Some(V3Launch {
+        nt: u32::try_from(nt).ok()?,
+        groups: u32::try_from(g).ok()?,
+        stages,
+        smem: u32::try_from(fixed + stages * stage).ok()?,
+        f16_tokens: f16,
+    })
 }
 
 /// Per-stream scratch of the split-K path (see the module doc).
@@ -231,13 +310,21 @@ pub fn mxfp8_gemm_skinny_with(
         _ => (token_tile(m), 1),
     };
     let kernel = match (version, nt) {
-        (SkinnyVersion::V1, 8) => ks::GEMM_SKINNY_FP8_N8,
-        (SkinnyVersion::V1, 16) => ks::GEMM_SKINNY_FP8_N16,
-        (SkinnyVersion::V1, 32) => ks::GEMM_SKINNY_FP8_N32,
-        (SkinnyVersion::V1, _) => ks::GEMM_SKINNY_FP8_N64,
-        (SkinnyVersion::V2, 8) => ks::GEMM_SKINNY_V2_FP8_N8,
-        (SkinnyVersion::V2, 16) => ks::GEMM_SKINNY_V2_FP8_N16,
-        (SkinnyVersion::V2, _) => ks::GEMM_SKINNY_V2_FP8_N32,
+        (SkinnyVersion::V1, 8) => ks::MXFP8_GEMM_SKINNY_N8,
+        (SkinnyVersion::V1, 16) => ks::MXFP8_GEMM_SKINNY_N16,
+        (SkinnyVersion::V1, 32) => ks::MXFP8_GEMM_SKINNY_N32,
+        (SkinnyVersion::V1, _) => ks::MXFP8_GEMM_SKINNY_N64,
+        (SkinnyVersion::V2, 8) => ks::MXFP8_GEMM_SKINNY_V2_N8,
+        (SkinnyVersion::V2, 16) => ks::MXFP8_GEMM_SKINNY_V2_N16,
+        (SkinnyVersion::V2, _) => ks::MXFP8_GEMM_SKINNY_V2_N32,
+        (SkinnyVersion::V3, _) => {
+            return Err(Error::Argument {
+                op: OP,
+                arg: "version",
+                value: "V3".into(),
+                why: "V3 is a masked-MoE kernel only; the dense GEMM runs V1 or V2",
+            });
+        }
     };
     let smem = smem_bytes(false, nt, version);
     let (splits, chunks_per_split) = split_k(n, k);
@@ -320,12 +407,17 @@ pub fn mxfp8_gemm_skinny_with(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(dev, ks::GEMM_SKINNY_REDUCE, cfg, &reduce)
+    launch(dev, ks::MXFP8_GEMM_SKINNY_REDUCE, cfg, &reduce)
 }
 
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
 /// every expert e and row r < clamp(counts[e], 0, max_m),
-/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`, by the [`masked_version`] kernels.
+/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`. Runs V3 where [`v3_layout`] takes
+/// the shape and max_m ≤ 8 (or ≤ 16 for K > 2560), else the
+/// [`masked_version`] kernels. V3 sums its K blocks in another order than
+/// V1/V2 (calc_diff-equal, not bitwise), so at the max_m where the choice
+/// changes a token's result may change in its last bits; below and above
+/// that point it does not depend on the batch.
 ///
 /// `a` `[E, max_m, K]` e4m3, `a_s` `[E, max_m, ⌈K/32⌉]` E8M0, `b` `[E, N, K]`
 /// packed e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of
@@ -342,7 +434,17 @@ pub fn mxfp4_grouped_masked(
     counts: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    let version = masked_version(a.shape().get(1).copied().unwrap_or(0));
+    let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
+    let (e, max_m, k, n) = (dim(a, 0), dim(a, 1), dim(a, 2), dim(b, 1));
+    // V3 where it applies, up to 8 tokens per expert and, for K > 2560 (its
+    // 16-row units), up to 16; else the V1/V2 rule. Bench of 2026-12-01
+    // (d3f26b9): w1 1109 / 1749 µs (V3, 1 / 16 tokens) vs V2 1865 / 1873;
+    // w2 1439 µs (V3, 1 token) vs V2 1721, but 2562 vs 1794 at 16.
+    let version = if v3_layout(e, max_m, n, k).is_some() && (max_m <= 8 || k > 2560) {
+        SkinnyVersion::V3
+    } else {
+        masked_version(max_m)
+    };
     mxfp4_grouped_masked_with(dev, a, a_s, b, b_s, counts, out, version)
 }
 
@@ -392,23 +494,95 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
+    if version == SkinnyVersion::V3 {
+        let Some(V3Launch {
+            nt,
+            groups: g,
+            smem,
+            f16_tokens,
+            ..
+        }) = v3_layout(e, max_m, n, k)
+        else {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "b",
+                got: b.shape().to_vec(),
+                expected: "for V3: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
+                           the tokens plus two 16-row stages within shared memory"
+                    .into(),
+            });
+        };
+        let kernel = match (f16_tokens, nt, g) {
+            (false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
+            (false, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
+            (false, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
+            (false, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
+            (true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8_F16,
+            (true, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16_F16,
+            (true, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2_F16,
+            (true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
+        };
+        allow_smem(dev, kernel, smem)?;
+        let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+        let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+        let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+        let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+        let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
+        // The bulk copies and 16-byte token loads need 16-byte aligned bases.
+        for (name, ptr) in [("a", ap), ("b", bp), ("b_s", bsp)] {
+            if !(ptr as usize).is_multiple_of(16) {
+                return Err(Error::Argument {
+                    op: OP,
+                    arg: name,
+                    value: format!("{ptr:p}"),
+                    why: "V3 needs 16-byte aligned device buffers",
+                });
+            }
+        }
+        let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
+        let params = di_gemm_skinny_params {
+            a: ap,
+            a_scale: asp,
+            b: bp,
+            b_scale: bsp,
+            counts: cp as *const i32,
+            out: op,
+            m: i32_param("max_m", max_m)?,
+            n: i32_param("n", n)?,
+            k: i32_param("k", k)?,
+            experts: i32_param("experts", e)?,
+            chunks_per_split: 0,
+            out_f32: out_f32 as i32,
+            workspace: std::ptr::null_mut(),
+            tickets: std::ptr::null_mut(),
+            token_halves: 1,
+        };
+        // One CTA per SM; units (16 g rows of an active expert) split evenly.
+        let units = e * (n / (16 * g as usize));
+        let cfg = LaunchConfig {
+            grid_dim: (u32_param("grid", dev.sm_count().min(units).max(1))?, 1, 1),
+            block_dim: (V3_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        return launch(dev, kernel, cfg, &params);
+    }
     let (cap, kernels) = match version {
         SkinnyVersion::V1 => (
             MAX_M,
             [
-                ks::GEMM_SKINNY_FP4_MASKED_N8,
-                ks::GEMM_SKINNY_FP4_MASKED_N16,
-                ks::GEMM_SKINNY_FP4_MASKED_N32,
-                ks::GEMM_SKINNY_FP4_MASKED_N64,
+                ks::MXFP4_GROUPED_MASKED_N8,
+                ks::MXFP4_GROUPED_MASKED_N16,
+                ks::MXFP4_GROUPED_MASKED_N32,
+                ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 => (
             32,
             [
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N8,
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N16,
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N32,
-                ks::GEMM_SKINNY_V2_FP4_MASKED_N32,
+                ks::MXFP4_GROUPED_MASKED_V2_N8,
+                ks::MXFP4_GROUPED_MASKED_V2_N16,
+                ks::MXFP4_GROUPED_MASKED_V2_N32,
+                ks::MXFP4_GROUPED_MASKED_V2_N32,
             ],
         ),
     };
@@ -434,7 +608,7 @@ pub fn mxfp4_grouped_masked_with(
             1,
         ),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 => (
             u32_param("grid", slots.min(tiles * e * max_m.div_ceil(nt as usize)))?,
             1,
             1,
@@ -519,7 +693,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
@@ -626,7 +800,32 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{SkinnyVersion, smem_bytes};
+    use super::{SkinnyVersion, V3Launch, smem_bytes, v3_layout};
+
+    /// V3's carve-up at the bench shapes (gemm_skinny_v3.cu's `Layout`), and
+    /// the shapes it refuses.
+    #[test]
+    fn v3_layout_at_the_moe_shapes() {
+        let l = |nt, groups, stages, smem, f16_tokens| {
+            Some(V3Launch {
+                nt,
+                groups,
+                stages,
+                smem,
+                f16_tokens,
+            })
+        };
+        // w1 (2304 × 5120): 16-row units; f16 tokens (2 stages) at ≤ 8
+        // tokens, e4m3 (2 stages) at 16, where f16 leaves none.
+        assert_eq!(v3_layout(384, 1, 2304, 5120), l(8, 1, 2, 194_112, true));
+        assert_eq!(v3_layout(384, 16, 2304, 5120), l(16, 1, 2, 215_616, false));
+        // w2 (5120 × 2304): 32-row units, f16 tokens.
+        assert_eq!(v3_layout(384, 4, 5120, 2304), l(8, 2, 3, 194_112, true));
+        assert_eq!(v3_layout(384, 16, 5120, 2304), l(16, 2, 2, 226_880, true));
+        assert_eq!(v3_layout(384, 17, 5120, 2304), None);
+        assert_eq!(v3_layout(4, 8, 40, 64), None);
+        assert_eq!(v3_layout(4, 8, 64, 48), None);
+    }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
     #[test]

@@ -71,6 +71,56 @@ __device__ __forceinline__ uint32_t f32_to_e2m1(float x) {
     return sign | code;
 }
 
+// ---- e2m1 -> e4m3 decodes for the tensor-core GEMMs (exact) -----------------
+
+// prmt.b32: byte i of the result is byte sel[4i..4i+3] of {b, a} (bit 3 of a
+// selector nibble replicates that byte's sign bit instead).
+__device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// A constant the compiler cannot rematerialise, so decode tables stay in
+// registers across a loop instead of being rebuilt before every prmt.
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t v) {
+    uint32_t r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+    return r;
+}
+
+// Eight e2m1 nibbles (element i in bits 4i..4i+3, even element in the low
+// nibble as the checkpoint stores them) -> eight e4m3 bytes (element i in
+// byte i of the pair). Every e2m1 value is an e4m3 value: magnitudes {0, 0.5,
+// 1, 1.5, 2, 3, 4, 6} are the e4m3 codes {00, 30, 38, 3C, 40, 44, 48, 4C}.
+// The magnitude is a prmt lookup in lo_tab = 0x3C383000 / hi_tab =
+// 0x4C484440 selected by the nibbles' low 3 bits; the sign comes from a prmt
+// in sign-replicate mode (selector bit 3 = the e2m1 sign) over sign_tab =
+// 0x80808080: 0x80 for +, 0xFF for -, and minus 1 leaves bit 7 set exactly
+// for -. Pass the tables through opaque_u32 once per loop.
+__device__ __forceinline__ uint2 e2m1x8_to_e4m3x8(uint32_t p, uint32_t lo_tab, uint32_t hi_tab,
+                                                 uint32_t sign_tab) {
+    const uint32_t mag = p & 0x77777777u;
+    const uint32_t lo = prmt_b32(lo_tab, hi_tab, mag), hi = prmt_b32(lo_tab, hi_tab, mag >> 16);
+    const uint32_t slo = prmt_b32(sign_tab, sign_tab, p), shi = prmt_b32(sign_tab, sign_tab, p >> 16);
+    return make_uint2(lo | ((slo - 0x01010101u) & 0x80808080u),
+                      hi | ((shi - 0x01010101u) & 0x80808080u));
+}
+
+// The scaled decode: the e4m3 code (s << 7) | (c << 2) of the e2m1 nibble
+// (sign s, magnitude code c) is the e2m1 value times 2^-6, exactly (e2m1 has
+// bias 1 and e4m3 bias 7, and both keep their subnormal one exponent below
+// the smallest normal, so shifting the code shifts the value by 2^-6
+// everywhere, subnormal 0.5 included). Even nibbles (the low nibble of each
+// byte of w) -> 4 e4m3 bytes, odd nibbles likewise: 3-4 instructions per 4
+// values; multiply the GEMM's result by 64 (exact) to undo the scale.
+__device__ __forceinline__ uint32_t e2m1_even_to_e4m3_x2e6(uint32_t w) {
+    return ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
+}
+__device__ __forceinline__ uint32_t e2m1_odd_to_e4m3_x2e6(uint32_t w) {
+    return ((w >> 2) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+}
+
 // Rust's f32::clamp(-6, 6): NaN stays NaN.
 __device__ __forceinline__ float clamp6(float x) { return x < -6.0f ? -6.0f : (x > 6.0f ? 6.0f : x); }
 

@@ -148,7 +148,7 @@ typedef struct di_indexer_block_params {
  *   gemm_skinny_fp8: a [m, k] e4m3 (m in 1..64), a_scale [m, ceil(k/32)] e8m0,
  *     b [n, k] e4m3, b_scale [ceil(n/32), ceil(k/32)] e8m0; counts null,
  *     experts 1. Grid (ceil(n/64), splits); with splits > 1, out is an f32
- *     workspace [splits, m, n] (out_f32 = 1) summed by gemm_skinny_reduce.
+ *     workspace [splits, m, n] (out_f32 = 1) summed by mxfp8_gemm_skinny_reduce.
  *   gemm_skinny_fp4_masked: a [experts, m = max_m, k] e4m3, a_scale
  *     [experts, max_m, ceil(k/32)], b [experts, n, k] packed e2m1 (k/2 bytes a
  *     row), b_scale [experts, n, ceil(k/32)], counts [experts] int32 (clamped

@@ -1,7 +1,7 @@
 /* Hopper (sm_90a) building blocks shared by the tensor-core kernels: shared
  * memory addresses, mbarriers, TMA tile loads, wgmma fences and shared-memory
- * matrix descriptors, register reallocation, and the exact e2m1 -> e4m3
- * decode used to feed FP4 weights to the FP8 tensor cores.
+ * matrix descriptors and register reallocation (the e2m1 decodes live in
+ * numerics.cuh).
  *
  * Everything here exists only in the sm_90a device pass
  * (__CUDA_ARCH_FEAT_SM90_ALL); kernels guard their Hopper code with the same
@@ -143,25 +143,6 @@ template <uint32_t R> __device__ __forceinline__ void regs_dealloc() {
 
 template <uint32_t R> __device__ __forceinline__ void regs_alloc() {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
-}
-
-/* ---- FP4 (e2m1) -> e4m3, exact ---------------------------------------------
- * Every e2m1 value is an e4m3 value: {0, 0.5, 1, 1.5, 2, 3, 4, 6} encode as
- * {0x00, 0x30, 0x38, 0x3C, 0x40, 0x44, 0x48, 0x4C}, the sign moves from nibble
- * bit 3 to byte bit 7. `packed` holds 4 nibbles (element i in bits 4i..4i+3,
- * even element in the low nibble as the checkpoint stores them); the result
- * holds the 4 e4m3 bytes, element i in byte i. */
-__device__ __forceinline__ uint32_t e2m1x4_to_e4m3x4(uint32_t packed) {
-    /* Spread nibble i to byte i. */
-    const uint32_t n = (packed & 0xFu) | ((packed & 0xF0u) << 4) | ((packed & 0xF00u) << 8) |
-                       ((packed & 0xF000u) << 12);
-    const uint32_t mag = n & 0x07070707u;
-    const uint32_t sign = (n & 0x08080808u) << 4;
-    uint32_t out;
-    /* Table lookup: byte i of the result is table byte mag_i (0..7). */
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out) : "r"(0x3C383000u), "r"(0x4C484440u),
-        "r"((mag & 0x7u) | ((mag >> 4) & 0x70u) | ((mag >> 8) & 0x700u) | ((mag >> 12) & 0x7000u)));
-    return out | sign;
 }
 
 }  // namespace sm90

@@ -70,14 +70,6 @@ pub fn mxfp8_linear_into(
             GemmImpl::Skinny => {
                 crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny(&dev, a, a_s, w, w_s, out)
             }
-            GemmImpl::LargeV1 | GemmImpl::LargeV2 => {
-                let version = if imp == GemmImpl::LargeV1 {
-                    crate::cuda_backend::gemm::LargeKernel::V1
-                } else {
-                    crate::cuda_backend::gemm::LargeKernel::V2
-                };
-                crate::cuda_backend::gemm::mxfp8_gemm_with(&dev, a, a_s, w, w_s, out, version)
-            }
             _ => crate::cuda_backend::gemm::mxfp8_gemm(&dev, a, a_s, w, w_s, out),
         },
         #[cfg(not(deepinfer_cuda))]

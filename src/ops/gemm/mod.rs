@@ -92,15 +92,10 @@ pub enum GemmImpl {
     /// Skinny for M ≤ [`SKINNY_MAX_M`], large above.
     #[default]
     Auto,
-    /// The wgmma kernel for any M (`kernels-cuda/gemm/`), in its default
-    /// version (`cuda_backend::gemm::LargeKernel::DEFAULT`).
+    /// The wgmma kernel for any M (`kernels-cuda/gemm/`).
     Large,
     /// The skinny kernel; M ≤ [`SKINNY_MAX_M`] only.
     Skinny,
-    /// The wgmma kernel, version 1 (`mx_gemm.cu`), for any M.
-    LargeV1,
-    /// The wgmma kernel, version 2 (`mx_gemm_v2.cu`), for any M.
-    LargeV2,
 }
 
 impl GemmImpl {
