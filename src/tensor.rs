@@ -57,6 +57,32 @@ fn check_shape(dtype: DType, shape: &[usize]) -> Result<usize> {
     Ok(numel)
 }
 
+/// Host storage from which a constructor first compares the size with the
+/// host's available memory (smaller ones are only allocated fallibly).
+const HOST_CHECK_BYTES: usize = 1 << 30;
+
+/// `bytes` host bytes all equal to `byte`, as storage of `dtype`: a typed
+/// [`Error::OutOfMemory`] when the host cannot hold them (never an abort).
+fn host_bytes(op: &'static str, dtype: DType, bytes: usize, byte: u8) -> Result<HostStorage> {
+    let oom = |available| Error::OutOfMemory {
+        what: op,
+        bytes,
+        device: Device::Cpu.to_string(),
+        available,
+    };
+    if bytes >= HOST_CHECK_BYTES
+        && let Some(available) = Device::Cpu.available_memory()?
+        // The bytes and their decoded copy are alive together.
+        && bytes.saturating_mul(2) > available
+    {
+        return Err(oom(available));
+    }
+    let mut raw = Vec::new();
+    raw.try_reserve_exact(bytes).map_err(|_| oom(0))?;
+    raw.resize(bytes, byte);
+    Ok(HostStorage::from_le_bytes(dtype, &raw))
+}
+
 impl Tensor {
     /// A host tensor from typed data. `data.len() * T::PER_UNIT` must equal the
     /// product of `shape`.
@@ -81,11 +107,16 @@ impl Tensor {
     /// bf16 and e4m3 with NaN).
     pub fn filled_bytes(dtype: DType, shape: &[usize], byte: u8) -> Result<Tensor> {
         let numel = check_shape(dtype, shape)?;
-        let bytes = vec![byte; dtype.storage_bytes(numel)];
+        let storage = host_bytes(
+            "Tensor::filled_bytes",
+            dtype,
+            dtype.storage_bytes(numel),
+            byte,
+        )?;
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
-            storage: Storage::Host(HostStorage::from_le_bytes(dtype, &bytes)),
+            storage: Storage::Host(storage),
         })
     }
 
@@ -95,7 +126,7 @@ impl Tensor {
     pub fn empty(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         let bytes = dtype.storage_bytes(check_shape(dtype, shape)?);
         let storage = match device {
-            Device::Cpu => Storage::Host(HostStorage::from_le_bytes(dtype, &vec![0; bytes])),
+            Device::Cpu => Storage::Host(host_bytes("Tensor::empty", dtype, bytes, 0)?),
             Device::Cuda(d) => Storage::Cuda(d.alloc(bytes)?),
         };
         Ok(Tensor {
@@ -138,15 +169,18 @@ impl Tensor {
     /// Rows `start .. start + len` as a new tensor on the same device.
     pub fn narrow_rows(&self, start: usize, len: usize) -> Result<Tensor> {
         let mut shape = self.shape.clone();
-        if shape.is_empty() || start + len > shape[0] {
-            return Err(Error::Shape {
-                op: "Tensor::narrow_rows",
-                tensor: "self",
-                got: self.shape.clone(),
-                expected: format!("at least {} rows", start + len),
-            });
+        let end = start.checked_add(len);
+        match (shape.first_mut(), end) {
+            (Some(rows), Some(end)) if end <= *rows => *rows = len,
+            _ => {
+                return Err(Error::Shape {
+                    op: "Tensor::narrow_rows",
+                    tensor: "self",
+                    got: self.shape.clone(),
+                    expected: format!("rank >= 1 and rows {start} + {len}"),
+                });
+            }
         }
-        shape[0] = len;
         let mut out = Tensor::empty(&self.device(), self.dtype, &shape)?;
         out.copy_rows_from(0, self, start, len)?;
         Ok(out)
@@ -163,8 +197,21 @@ impl Tensor {
                 why: "needs at least one tensor",
             });
         };
+        let rows = parts
+            .iter()
+            .try_fold(0usize, |n, p| n.checked_add(p.rows()));
         let mut shape = first.shape.clone();
-        shape[0] = parts.iter().map(|p| p.rows()).sum();
+        match (shape.first_mut(), rows) {
+            (Some(r), Some(rows)) => *r = rows,
+            _ => {
+                return Err(Error::Shape {
+                    op: "Tensor::cat_rows",
+                    tensor: "parts",
+                    got: first.shape.clone(),
+                    expected: "rank >= 1 and a row count that fits usize".into(),
+                });
+            }
+        }
         let mut out = Tensor::empty(&first.device(), first.dtype, &shape)?;
         let mut at = 0;
         for p in parts {
@@ -186,24 +233,32 @@ impl Tensor {
     ) -> Result<()> {
         const OP: &str = "Tensor::copy_rows_from";
         src.expect_dtype(OP, "src", self.dtype)?;
-        if self.shape.is_empty()
-            || src.shape.is_empty()
-            || self.shape[1..] != src.shape[1..]
-            || dst_row + n > self.shape[0]
-            || src_row + n > src.shape[0]
+        let fits = |row: usize, shape: &[usize]| {
+            row.checked_add(n)
+                .zip(shape.first())
+                .is_some_and(|(end, &rows)| end <= rows)
+        };
+        if self.shape.get(1..).is_none()
+            || self.shape.get(1..) != src.shape.get(1..)
+            || !fits(dst_row, &self.shape)
+            || !fits(src_row, &src.shape)
         {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "src",
                 got: src.shape.clone(),
                 expected: format!(
-                    "rows {src_row}..{} of the row shape of self {:?} (rows {dst_row}..{} written)",
-                    src_row + n,
+                    "rows {src_row} + {n} of the row shape of self {:?} (rows {dst_row} + {n} written)",
                     self.shape.get(1..).unwrap_or(&[]),
-                    dst_row + n
                 ),
             });
         }
+        if n == 0 {
+            // Nothing to copy; a tensor of 0 rows may have trailing
+            // dimensions whose product alone overflows ([0, 2^62, 4]).
+            return Ok(());
+        }
+        // In range: n ≥ 1 rows lie inside tensors whose byte sizes fit.
         let rb = self.row_bytes();
         self.copy_bytes(OP, dst_row * rb, src, src_row * rb, n * rb)
     }
@@ -219,15 +274,16 @@ impl Tensor {
     ) -> Result<()> {
         const OP: &str = "Tensor::copy_elems_from";
         src.expect_dtype(OP, "src", self.dtype)?;
-        if self.dtype == DType::F4E2M1x2 || dst_at + n > self.numel() || src_at + n > src.numel() {
+        let fits = |at: usize, numel: usize| at.checked_add(n).is_some_and(|end| end <= numel);
+        if self.dtype == DType::F4E2M1x2
+            || !fits(dst_at, self.numel())
+            || !fits(src_at, src.numel())
+        {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "src",
                 got: src.shape.clone(),
-                expected: format!(
-                    "elements {src_at}..{} of a byte-addressable dtype",
-                    src_at + n
-                ),
+                expected: format!("elements {src_at} + {n} of a byte-addressable dtype"),
             });
         }
         let w = self.dtype.storage_bytes(1);

@@ -56,10 +56,11 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
     const OP: &str = "engram_lookup";
     table.expect_dtype(OP, "table", DType::U8)?;
     rows.expect_dtype(OP, "rows", DType::I64)?;
-    let row_bytes = head_dim + head_dim / MX_BLOCK;
+    let row_bytes = head_dim.saturating_add(head_dim / MX_BLOCK);
     let &[r, rb] = table.shape() else {
         return Err(shape_error(OP, "table", table, "[R, row bytes]".into()));
     };
+    // rb == row_bytes bounds head_dim by a dimension of an allocated tensor.
     if head_dim == 0 || !head_dim.is_multiple_of(MX_BLOCK) || rb != row_bytes {
         return Err(shape_error(
             OP,
@@ -83,8 +84,16 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
         });
     }
     let ids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
+    let width = cols.checked_mul(head_dim).ok_or_else(|| {
+        shape_error(
+            OP,
+            "rows",
+            rows,
+            "[T, cols] with cols × head_dim in usize".into(),
+        )
+    })?;
     let out = engram::gather_rows(table.as_slice::<u8>()?, &ids, head_dim);
-    Tensor::from_vec(out, &[t, cols * head_dim])
+    Tensor::from_vec(out, &[t, width])
 }
 
 /// The gated update of the 4 streams, BF16 `[T, 4, D]`, by the projected

@@ -1,0 +1,157 @@
+//! Regression tests for what the fuzzers found (`fuzz/`, issue 15 item 4):
+//! each case once panicked, hung or aborted on an allocation, and now
+//! returns a typed error (or the right result) at once.
+
+use deepinfer::{DType, Device, Error, Tensor, ops};
+use half::bf16;
+use std::time::{Duration, Instant};
+
+fn f32s(shape: &[usize]) -> Tensor {
+    Tensor::from_vec(vec![1.0f32; shape.iter().product()], shape).unwrap()
+}
+
+fn bf16s(shape: &[usize]) -> Tensor {
+    Tensor::from_vec(vec![bf16::ONE; shape.iter().product()], shape).unwrap()
+}
+
+fn shape_error<T: std::fmt::Debug>(r: Result<T, Error>, op: &str) {
+    match r {
+        Err(Error::Shape { op: o, .. }) if o == op => {}
+        other => panic!("{op}: expected a shape error, got {other:?}"),
+    }
+}
+
+/// `start + len` and `row + n` overflowed (a debug panic; in release a
+/// wrapped range that then indexed out of bounds).
+#[test]
+fn row_ranges_that_overflow_are_shape_errors() {
+    let t = f32s(&[4, 2]);
+    shape_error(t.narrow_rows(usize::MAX, 2), "Tensor::narrow_rows");
+    shape_error(t.narrow_rows(2, usize::MAX), "Tensor::narrow_rows");
+    shape_error(t.narrow_rows(3, 2), "Tensor::narrow_rows");
+    assert_eq!(t.narrow_rows(1, 3).unwrap().shape(), &[3, 2]);
+    let mut d = f32s(&[4, 2]);
+    shape_error(
+        d.copy_rows_from(usize::MAX, &t, 0, 1),
+        "Tensor::copy_rows_from",
+    );
+    shape_error(
+        d.copy_rows_from(0, &t, usize::MAX, 2),
+        "Tensor::copy_rows_from",
+    );
+    shape_error(
+        d.copy_rows_from(1, &t, 0, usize::MAX),
+        "Tensor::copy_rows_from",
+    );
+    d.copy_rows_from(1, &t, 0, 3).unwrap();
+    // 0 rows of a row shape whose own product overflows: nothing to copy
+    // (row_bytes overflowed).
+    let z = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 62, 4]).unwrap();
+    assert_eq!(z.narrow_rows(0, 0).unwrap().shape(), &[0, 1 << 62, 4]);
+    let mut z2 = z.clone();
+    z2.copy_rows_from(0, &z, 0, 0).unwrap();
+    assert_eq!(
+        Tensor::cat_rows(&[&z, &z]).unwrap().shape(),
+        &[0, 1 << 62, 4]
+    );
+}
+
+/// A rank-0 tensor has no row axis: `cat_rows` indexed `shape[0]`, and
+/// `narrow_rows` / `copy_rows_from` must refuse it too.
+#[test]
+fn rank_zero_tensors_have_no_rows_to_concatenate() {
+    let s = Tensor::from_vec(vec![1.0f32], &[]).unwrap();
+    shape_error(Tensor::cat_rows(&[&s, &s]), "Tensor::cat_rows");
+    shape_error(s.narrow_rows(0, 0), "Tensor::narrow_rows");
+    let mut d = s.clone();
+    shape_error(d.copy_rows_from(0, &s, 0, 0), "Tensor::copy_rows_from");
+    let r = f32s(&[2, 3]);
+    assert_eq!(Tensor::cat_rows(&[&r, &r]).unwrap().shape(), &[4, 3]);
+}
+
+/// `cat_cols` of `[2^62, 0]` parts looped 2^62 times over empty rows.
+#[test]
+fn cat_cols_of_empty_parts_with_huge_row_counts_returns_at_once() {
+    let t0 = Instant::now();
+    let e = Tensor::from_vec(Vec::<f32>::new(), &[1 << 62, 0]).unwrap();
+    let out = ops::cat_cols(&[&e, &e]).unwrap();
+    assert_eq!(out.shape(), &[1 << 62, 0]);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let (a, b) = (f32s(&[2, 3]), f32s(&[2, 0]));
+    assert_eq!(ops::cat_cols(&[&a, &b, &a]).unwrap().shape(), &[2, 6]);
+}
+
+/// A huge host tensor aborted the process ("memory allocation of N bytes
+/// failed"); it is a typed out-of-memory error naming the constructor.
+#[test]
+fn host_tensors_larger_than_memory_are_out_of_memory_errors() {
+    for r in [
+        Tensor::filled_bytes(DType::F32, &[1 << 60], 0xFF),
+        Tensor::empty(&Device::Cpu, DType::I64, &[1 << 40, 1 << 10]),
+        Tensor::zeros(&Device::Cpu, DType::BF16, &[1 << 61]),
+    ] {
+        match r {
+            Err(Error::OutOfMemory { what, bytes, .. }) => {
+                assert!(what.starts_with("Tensor::"), "{what}");
+                assert!(bytes >= 1 << 50, "{bytes}");
+            }
+            other => panic!("expected OutOfMemory, got {other:?}"),
+        }
+    }
+}
+
+/// `engram_lookup` computed `head_dim + head_dim / 32` and `cols ×
+/// head_dim` unchecked (overflow panics).
+#[test]
+fn engram_lookup_with_an_overflowing_head_dim_is_a_shape_error() {
+    let table = Tensor::from_vec(vec![0u8; 2 * 33], &[2, 33]).unwrap();
+    let rows = Tensor::from_vec(vec![0i64, 1], &[1, 2]).unwrap();
+    let huge = usize::MAX - usize::MAX % 32;
+    shape_error(ops::engram_lookup(&table, &rows, huge), "engram_lookup");
+    assert_eq!(
+        ops::engram_lookup(&table, &rows, 32).unwrap().shape(),
+        &[1, 64]
+    );
+}
+
+/// `index_reindex_topk` allocated its `[batch, k]` output before checking
+/// k ≤ n: k = 2^40 aborted on the allocation.
+#[test]
+fn index_reindex_topk_checks_k_before_allocating() {
+    let scores = bf16s(&[2, 8]);
+    let candidates = Tensor::from_vec(vec![0i32; 2], &[2, 1]).unwrap();
+    let visible = Tensor::from_vec(vec![8i32; 2], &[2]).unwrap();
+    for k in [1usize << 40, usize::MAX, 9] {
+        let e = ops::index_reindex_topk(&scores, &candidates, 4, &visible, k, 0).unwrap_err();
+        assert!(
+            matches!(e, Error::Argument { arg: "k", .. }),
+            "k = {k}: {e}"
+        );
+    }
+}
+
+/// `compress_ratio2` took an odd head dim and panicked packing FP4 pairs:
+/// like `compressor_rows_into` it needs a multiple of 16.
+#[test]
+fn compress_ratio2_needs_head_dims_of_whole_fp4_groups() {
+    for hd in [1usize, 2, 8, 24] {
+        let kv = f32s(&[2, hd]);
+        shape_error(ops::compress_ratio2(&kv, &kv), "compress_ratio2");
+    }
+    let kv = f32s(&[4, 16]);
+    assert_eq!(ops::compress_ratio2(&kv, &kv).unwrap().shape(), &[2, 16]);
+}
+
+/// `embedding` reserved `T × D` elements before checking any id: an empty
+/// table of huge rows (`[0, 2^33]`) aborted on a 16 GiB allocation.
+#[test]
+fn embedding_checks_the_ids_before_allocating_the_rows() {
+    let table = Tensor::from_vec(Vec::<bf16>::new(), &[0, 1 << 33]).unwrap();
+    let ids = Tensor::from_vec(vec![0i32, 1], &[2]).unwrap();
+    let e = ops::embedding(&table, &ids).unwrap_err();
+    assert!(matches!(e, Error::Argument { arg: "ids", .. }), "{e}");
+    let table = bf16s(&[4, 8]);
+    let e = ops::embedding(&table, &Tensor::from_vec(vec![4i32], &[1]).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("outside the embedding table"), "{e}");
+    assert_eq!(ops::embedding(&table, &ids).unwrap().shape(), &[2, 8]);
+}
