@@ -155,3 +155,32 @@ fn embedding_checks_the_ids_before_allocating_the_rows() {
     assert!(e.to_string().contains("outside the embedding table"), "{e}");
     assert_eq!(ops::embedding(&table, &ids).unwrap().shape(), &[2, 8]);
 }
+
+/// A 13 KB config listing 480 Engram layers with 256 heads and 32-grams
+/// asked for 3.8 million hash primes near 2^40 and took 50 s to be
+/// refused; 12 distinct layers of 7,936 columns still took seconds. The
+/// layer lists are checked first and the prime count is bounded.
+#[test]
+fn configs_asking_for_millions_of_engram_primes_are_refused_at_once() {
+    use deepinfer::model::config::{ENGRAM_PRIMES_LIMIT, ModelConfig};
+    let tiny: serde_json::Value =
+        serde_json::from_str(include_str!("../models/tiny/config.json")).unwrap();
+    for (layers, why) in [
+        ((0..12).cycle().take(480).collect::<Vec<usize>>(), "twice"),
+        ((0..12).collect(), "hash primes"),
+    ] {
+        let mut c = tiny.clone();
+        let t = &mut c["text_config"];
+        t["engram_num_embeddings"] = serde_json::json!(vec![1; layers.len()]);
+        t["engram_layer_ids"] = serde_json::json!(layers);
+        t["engram_n_heads"] = serde_json::json!(256);
+        t["engram_max_ngram_size"] = serde_json::json!(32);
+        t["engram_vocab_size"] = serde_json::json!(1u64 << 40);
+        let t0 = Instant::now();
+        let e = ModelConfig::from_hf_json(&c.to_string()).unwrap_err();
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        let e = e.to_string();
+        assert!(e.contains("engram_layer_ids") && e.contains(why), "{e}");
+    }
+    assert!(ENGRAM_PRIMES_LIMIT >= 48 * 8);
+}
