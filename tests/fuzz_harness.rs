@@ -315,7 +315,7 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
 
     total += run(
         "config",
-        6000,
+        20000,
         (any::<u64>(), 1..8usize, any::<bool>()),
         |&(seed, n, hf)| {
             let seed_text = if hf {
@@ -328,7 +328,7 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
     );
     total += run(
         "config_bytes",
-        4000,
+        20000,
         prop::collection::vec(any::<u8>(), 0..256),
         |b| fuzz_entry::config(b),
     );
@@ -360,7 +360,7 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
     );
     total += run(
         "safetensors",
-        8000,
+        20000,
         (
             prop::collection::vec(entry, 0..5),
             0usize..4096,
@@ -405,7 +405,7 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
         prop::sample::select(vec!["embed.weight", "extra.weight", "norm.weight", "x"]);
     total += run(
         "index",
-        4000,
+        10000,
         (prop::collection::vec((tensor_names, files), 0..6), 0u8..8),
         |(map, shape)| {
             let weight_map: serde_json::Map<String, Value> = map
@@ -428,7 +428,7 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
 
     total += run(
         "request",
-        15000,
+        60000,
         (any::<u64>(), 1..6usize, 0usize..3),
         |&(seed, n, line)| {
             let seed_line = fuzz_entry::REQUEST_SEED
@@ -438,13 +438,13 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
             fuzz_entry::request(mutate_json(seed_line, seed, n).as_bytes());
         },
     );
-    total += run("prompt_ids", 10000, "[0-9, \\-+a\u{e9}]{0,40}", |s| {
+    total += run("prompt_ids", 40000, "[0-9, \\-+a\u{e9}]{0,40}", |s| {
         fuzz_entry::request(s.as_bytes())
     });
 
     total += run(
         "ops",
-        60000,
+        150000,
         (
             0..fuzz_entry::OPS,
             prop::collection::vec(any::<u8>(), 0..160),

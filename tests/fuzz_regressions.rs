@@ -184,3 +184,60 @@ fn configs_asking_for_millions_of_engram_primes_are_refused_at_once() {
     }
     assert!(ENGRAM_PRIMES_LIMIT >= 48 * 8);
 }
+
+/// Rank-1 packed FP4 rows are half a byte: `copy_rows_from` (and so
+/// `narrow_rows`, `cat_rows`) copied whole bytes per row, past the storage.
+#[test]
+fn row_copies_of_rank_one_packed_fp4_are_shape_errors() {
+    use deepinfer::Fp4x2;
+    let v = Tensor::from_vec(vec![Fp4x2(0x21); 5], &[10]).unwrap();
+    // The row copy inside refuses them.
+    shape_error(v.narrow_rows(0, 10), "Tensor::copy_rows_from");
+    shape_error(Tensor::cat_rows(&[&v, &v]), "Tensor::copy_rows_from");
+    let m = Tensor::from_vec(vec![Fp4x2(0x21); 6], &[3, 4]).unwrap();
+    assert_eq!(
+        m.narrow_rows(1, 2).unwrap().to_vec::<Fp4x2>().unwrap(),
+        vec![Fp4x2(0x21); 4]
+    );
+}
+
+/// `engram_rows` divided by zero (fewer than 3 primes), indexed past the
+/// three n-gram orders (a count not a multiple of 3) and overflowed summing
+/// primes near 2^64.
+#[test]
+fn engram_rows_needs_whole_orders_of_primes_that_fit_the_rows() {
+    let ids = Tensor::from_vec(vec![5i64; 8], &[2, 4]).unwrap();
+    let m = [3i64, 5, 7, 11];
+    for primes in [
+        vec![7u64],
+        vec![7, 11],
+        vec![7, 11, 13, 17],
+        vec![u64::MAX, u64::MAX, 3],
+        vec![1 << 62, 1 << 62, 1 << 62],
+    ] {
+        let e = ops::engram_rows(&ids, &m, &primes).unwrap_err();
+        assert!(
+            matches!(e, Error::Argument { arg: "primes", .. }),
+            "{primes:?}: {e}"
+        );
+    }
+    let rows = ops::engram_rows(&ids, &m, &[7, 11, 13]).unwrap();
+    assert_eq!(rows.shape(), &[2, 3]);
+    let r = rows.to_vec::<i64>().unwrap();
+    assert!(
+        r[0] < 7 && (7..18).contains(&r[1]) && (18..31).contains(&r[2]),
+        "{r:?}"
+    );
+}
+
+/// `engram_gate_update` computed `streams + 1` unchecked: a `[0, 2^64 − 1,
+/// D]` streams tensor (0 elements) overflowed.
+#[test]
+fn engram_gate_update_with_an_overflowing_stream_count_is_a_shape_error() {
+    let s = Tensor::from_vec(Vec::<bf16>::new(), &[0, usize::MAX, 2]).unwrap();
+    let w = bf16s(&[4, 2]);
+    shape_error(
+        ops::engram_gate_update(&s, &s, &w, &w, 1e-6),
+        "engram_gate_update",
+    );
+}

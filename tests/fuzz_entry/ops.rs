@@ -4,6 +4,7 @@
 //! expects (so the fuzzer gets past the first check), otherwise at random.
 
 use super::Bytes;
+use super::bytes::MAX_NUMEL;
 use deepinfer::contract::{RopeParams, Yarn};
 use deepinfer::ops::{
     self, ActQuantImpl, GemmImpl, KvRowFormat, MhcParams, RowNorm, RowRope, RowsOut, ScoreKernel,
@@ -317,10 +318,18 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             // Tensor constructors and row copies.
             let dtype = b.dtype(F32);
             let shape = b.shape(2);
-            let _ =
-                Tensor::filled_bytes(dtype, &shape, b.u8()).and_then(|t| t.reshape(&b.shape(2)));
+            // A legal shape is allocated as asked: only small ones, and
+            // ones beyond any host's memory (2^45 bytes: a typed
+            // OutOfMemory), or whose size overflows (a shape error).
+            let bytes = shape
+                .iter()
+                .try_fold(dtype.storage_bytes(1), |n, &d| n.checked_mul(d));
+            if bytes.is_none_or(|n| n <= MAX_NUMEL * 8 || n >= 1 << 45) {
+                let _ = Tensor::filled_bytes(dtype, &shape, b.u8())
+                    .and_then(|t| t.reshape(&b.shape(2)));
+                let _ = Tensor::empty(&cpu, dtype, &shape).map(|t| t.storage_bytes());
+            }
             let _ = Tensor::from_vec(vec![0f32; usize::from(b.u8())], &shape);
-            let _ = Tensor::empty(&cpu, dtype, &shape).map(|t| t.storage_bytes());
             let mut dst = t!(b, dtype, 2);
             let src = t!(b, dtype, 2);
             let _ = dst.narrow_rows(b.count(), b.count());
