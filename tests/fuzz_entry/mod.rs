@@ -13,7 +13,7 @@ mod bytes;
 mod ops;
 
 pub use bytes::Bytes;
-pub use ops::{OPS, ops, tensor};
+pub use ops::{OPS, ops};
 
 use deepinfer::engine::SamplingParams;
 use deepinfer::engine::request::{parse_ids, parse_request_line};

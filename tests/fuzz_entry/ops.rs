@@ -342,9 +342,3 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
     }
     Some(())
 }
-
-/// Tensor constructors and row copies alone (the last op family).
-pub fn tensor(data: &[u8]) {
-    let mut b = Bytes::new(data);
-    let _ = call(OPS - 1, &mut b);
-}
