@@ -212,6 +212,19 @@ impl Tensor {
                 });
             }
         }
+        // Every part fits the first before the output is allocated (an
+        // empty first part of huge rows must not size it).
+        for p in parts {
+            p.expect_dtype("Tensor::cat_rows", "parts", first.dtype)?;
+            if p.shape.get(1..) != first.shape.get(1..) {
+                return Err(Error::Shape {
+                    op: "Tensor::cat_rows",
+                    tensor: "parts",
+                    got: p.shape.clone(),
+                    expected: format!("rows of {:?}", first.shape.get(1..).unwrap_or(&[])),
+                });
+            }
+        }
         let mut out = Tensor::empty(&first.device(), first.dtype, &shape)?;
         let mut at = 0;
         for p in parts {

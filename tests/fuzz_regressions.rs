@@ -251,3 +251,46 @@ fn engram_gate_update_with_an_overflowing_stream_count_is_a_shape_error() {
         "engram_gate_update",
     );
 }
+
+/// `cat_rows` sized its output from the first part before checking the
+/// others: `[0, 2^26]` then `[3, 1]` allocated 768 MiB, then failed.
+#[test]
+fn cat_rows_checks_every_part_before_allocating() {
+    let empty = Tensor::from_vec(Vec::<f32>::new(), &[0, 1 << 26]).unwrap();
+    let r = f32s(&[3, 1]);
+    shape_error(Tensor::cat_rows(&[&empty, &r]), "Tensor::cat_rows");
+    let b = bf16s(&[3, 1]);
+    assert!(matches!(
+        Tensor::cat_rows(&[&r, &b]),
+        Err(Error::DType {
+            op: "Tensor::cat_rows",
+            ..
+        })
+    ));
+}
+
+/// `grouped_bf16_linear` computed `groups × K` unchecked (overflow panic).
+#[test]
+fn grouped_linear_with_an_overflowing_group_count_is_a_shape_error() {
+    let (x, w) = (bf16s(&[2, 8]), bf16s(&[4, 4]));
+    shape_error(
+        ops::grouped_bf16_linear(&x, &w, usize::MAX),
+        "grouped_bf16_linear",
+    );
+    assert_eq!(
+        ops::grouped_bf16_linear(&x, &w, 2).unwrap().shape(),
+        &[2, 4]
+    );
+}
+
+/// `hc_stream_mean` of `[2^60, 4, 0]` streams (0 elements) looped over
+/// 2^60 empty rows.
+#[test]
+fn hc_stream_mean_of_empty_rows_returns_at_once() {
+    let t0 = Instant::now();
+    let s = Tensor::from_vec(Vec::<bf16>::new(), &[1 << 60, 4, 0]).unwrap();
+    assert_eq!(ops::hc_stream_mean(&s).unwrap().shape(), &[1 << 60, 0]);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let s = bf16s(&[2, 4, 3]);
+    assert_eq!(ops::hc_stream_mean(&s).unwrap().shape(), &[2, 3]);
+}
