@@ -444,7 +444,7 @@ fn fuzzed_entry_points_return_typed_results_within_bounds() {
 
     total += run(
         "ops",
-        150000,
+        600000,
         (
             0..fuzz_entry::OPS,
             prop::collection::vec(any::<u8>(), 0..160),

@@ -294,3 +294,12 @@ fn hc_stream_mean_of_empty_rows_returns_at_once() {
     let s = bf16s(&[2, 4, 3]);
     assert_eq!(ops::hc_stream_mean(&s).unwrap().shape(), &[2, 3]);
 }
+
+/// The mHC ops computed `4 × D` unchecked: `[0, 4, 2^62]` streams (0
+/// elements) overflowed.
+#[test]
+fn mhc_streams_with_an_overflowing_width_are_shape_errors() {
+    let s = Tensor::from_vec(Vec::<bf16>::new(), &[0, 4, 1 << 62]).unwrap();
+    let f = f32s(&[0, 4]);
+    shape_error(ops::mhc_expand(&s, &bf16s(&[0, 4]), &f, &f), "mhc_expand");
+}
