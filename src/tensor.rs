@@ -57,6 +57,29 @@ fn check_shape(dtype: DType, shape: &[usize]) -> Result<usize> {
     Ok(numel)
 }
 
+/// Host storage from which a constructor first compares the size with the
+/// host's available memory (smaller ones are only allocated fallibly).
+const HOST_CHECK_BYTES: usize = 1 << 30;
+
+/// `bytes` host bytes all equal to `byte`, as storage of `dtype`: a typed
+/// [`Error::OutOfMemory`] when the host cannot hold them (never an abort).
+fn host_bytes(op: &'static str, dtype: DType, bytes: usize, byte: u8) -> Result<HostStorage> {
+    let oom = |available| Error::OutOfMemory {
+        what: op,
+        bytes,
+        device: Device::Cpu.to_string(),
+        available,
+    };
+    if bytes >= HOST_CHECK_BYTES
+        && let Some(available) = Device::Cpu.available_memory()?
+        && bytes > available
+    {
+        return Err(oom(available));
+    }
+    // Typed storage reserved fallibly, in one allocation.
+    HostStorage::try_filled(dtype, bytes, byte).ok_or_else(|| oom(0))
+}
+
 impl Tensor {
     /// A host tensor from typed data. `data.len() * T::PER_UNIT` must equal the
     /// product of `shape`.
@@ -116,10 +139,16 @@ impl Tensor {
     /// bf16 and e4m3 with NaN).
     pub fn filled_bytes(dtype: DType, shape: &[usize], byte: u8) -> Result<Tensor> {
         let numel = check_shape(dtype, shape)?;
+        let storage = host_bytes(
+            "Tensor::filled_bytes",
+            dtype,
+            dtype.storage_bytes(numel),
+            byte,
+        )?;
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
-            storage: Storage::Host(host_filled(dtype, dtype.storage_bytes(numel), byte)?),
+            storage: Storage::Host(storage),
         })
     }
 
@@ -129,7 +158,7 @@ impl Tensor {
     pub fn empty(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
         let bytes = dtype.storage_bytes(check_shape(dtype, shape)?);
         let storage = match device {
-            Device::Cpu => Storage::Host(host_filled(dtype, bytes, 0)?),
+            Device::Cpu => Storage::Host(host_bytes("Tensor::empty", dtype, bytes, 0)?),
             Device::Cuda(d) => Storage::Cuda(d.alloc(bytes)?),
         };
         Ok(Tensor {
@@ -171,19 +200,19 @@ impl Tensor {
 
     /// Rows `start .. start + len` as a new tensor on the same device.
     pub fn narrow_rows(&self, start: usize, len: usize) -> Result<Tensor> {
-        let rows = self.shape.first().copied();
-        if start
-            .checked_add(len)
-            .is_none_or(|end| rows.is_none_or(|r| end > r))
-        {
-            return Err(Error::Shape {
-                op: "Tensor::narrow_rows",
-                tensor: "self",
-                got: self.shape.clone(),
-                expected: format!("at least {start} + {len} rows"),
-            });
+        let mut shape = self.shape.clone();
+        let end = start.checked_add(len);
+        match (shape.first_mut(), end) {
+            (Some(rows), Some(end)) if end <= *rows => *rows = len,
+            _ => {
+                return Err(Error::Shape {
+                    op: "Tensor::narrow_rows",
+                    tensor: "self",
+                    got: self.shape.clone(),
+                    expected: format!("rank >= 1 and rows {start} + {len}"),
+                });
+            }
         }
-        let shape = rows_replaced(&self.shape, len);
         let mut out = Tensor::empty(&self.device(), self.dtype, &shape)?;
         out.copy_rows_from(0, self, start, len)?;
         Ok(out)
@@ -200,7 +229,34 @@ impl Tensor {
                 why: "needs at least one tensor",
             });
         };
-        let shape = rows_replaced(&first.shape, parts.iter().map(|p| p.rows()).sum());
+        let rows = parts
+            .iter()
+            .try_fold(0usize, |n, p| n.checked_add(p.rows()));
+        let mut shape = first.shape.clone();
+        match (shape.first_mut(), rows) {
+            (Some(r), Some(rows)) => *r = rows,
+            _ => {
+                return Err(Error::Shape {
+                    op: "Tensor::cat_rows",
+                    tensor: "parts",
+                    got: first.shape.clone(),
+                    expected: "rank >= 1 and a row count that fits usize".into(),
+                });
+            }
+        }
+        // Every part fits the first before the output is allocated (an
+        // empty first part of huge rows must not size it).
+        for p in parts {
+            p.expect_dtype("Tensor::cat_rows", "parts", first.dtype)?;
+            if p.shape.get(1..) != first.shape.get(1..) {
+                return Err(Error::Shape {
+                    op: "Tensor::cat_rows",
+                    tensor: "parts",
+                    got: p.shape.clone(),
+                    expected: format!("rows of {:?}", first.shape.get(1..).unwrap_or(&[])),
+                });
+            }
+        }
         let mut out = Tensor::empty(&first.device(), first.dtype, &shape)?;
         let mut at = 0;
         for p in parts {
@@ -223,11 +279,14 @@ impl Tensor {
         const OP: &str = "Tensor::copy_rows_from";
         src.expect_dtype(OP, "src", self.dtype)?;
         let fits = |row: usize, shape: &[usize]| {
-            shape
-                .first()
-                .is_some_and(|&rows| row.checked_add(n).is_some_and(|end| end <= rows))
+            row.checked_add(n)
+                .zip(shape.first())
+                .is_some_and(|(end, &rows)| end <= rows)
         };
-        if self.shape.get(1..) != src.shape.get(1..)
+        // A row of rank-1 packed FP4 is half a byte: no whole-byte copy.
+        if self.shape.get(1..).is_none()
+            || (self.dtype == DType::F4E2M1x2 && self.shape.len() == 1)
+            || self.shape.get(1..) != src.shape.get(1..)
             || !fits(dst_row, &self.shape)
             || !fits(src_row, &src.shape)
         {
@@ -236,12 +295,17 @@ impl Tensor {
                 tensor: "src",
                 got: src.shape.clone(),
                 expected: format!(
-                    "rows {src_row}..{src_row}+{n} of the row shape of self {:?} \
-                     (rows {dst_row}..{dst_row}+{n} written)",
+                    "rows {src_row} + {n} of the row shape of self {:?} (rows {dst_row} + {n} written)",
                     self.shape.get(1..).unwrap_or(&[]),
                 ),
             });
         }
+        if n == 0 {
+            // Nothing to copy; a tensor of 0 rows may have trailing
+            // dimensions whose product alone overflows ([0, 2^62, 4]).
+            return Ok(());
+        }
+        // In range: n ≥ 1 rows lie inside tensors whose byte sizes fit.
         let rb = self.row_bytes();
         self.copy_bytes(OP, dst_row * rb, src, src_row * rb, n * rb)
     }
@@ -257,14 +321,16 @@ impl Tensor {
     ) -> Result<()> {
         const OP: &str = "Tensor::copy_elems_from";
         src.expect_dtype(OP, "src", self.dtype)?;
-        let past = |at: usize, numel: usize| at.checked_add(n).is_none_or(|end| end > numel);
-        if self.dtype == DType::F4E2M1x2 || past(dst_at, self.numel()) || past(src_at, src.numel())
+        let fits = |at: usize, numel: usize| at.checked_add(n).is_some_and(|end| end <= numel);
+        if self.dtype == DType::F4E2M1x2
+            || !fits(dst_at, self.numel())
+            || !fits(src_at, src.numel())
         {
             return Err(Error::Shape {
                 op: OP,
                 tensor: "src",
                 got: src.shape.clone(),
-                expected: format!("elements {src_at}..{src_at}+{n} of a byte-addressable dtype"),
+                expected: format!("elements {src_at} + {n} of a byte-addressable dtype"),
             });
         }
         let w = self.dtype.storage_bytes(1);
@@ -467,38 +533,6 @@ impl Tensor {
         }
         Ok(())
     }
-}
-
-/// Host allocations from this size up are first compared with the host's
-/// available memory (one read of `/proc/meminfo`; small ones skip it).
-const CHECKED_HOST_BYTES: usize = 1 << 30;
-
-/// Host storage of `bytes` bytes, each `byte`: an allocation larger than
-/// the available memory, or one the allocator refuses, is
-/// [`Error::OutOfMemory`] instead of an abort or the OOM killer.
-fn host_filled(dtype: DType, bytes: usize, byte: u8) -> Result<HostStorage> {
-    let oom = |available: Option<usize>| Error::OutOfMemory {
-        what: "a host tensor",
-        bytes,
-        device: "cpu".into(),
-        available: available.unwrap_or(0),
-    };
-    if bytes >= CHECKED_HOST_BYTES {
-        let available = Device::Cpu.available_memory()?;
-        if available.is_some_and(|a| bytes > a) {
-            return Err(oom(available));
-        }
-    }
-    HostStorage::try_filled(dtype, bytes, byte)
-        .ok_or_else(|| oom(Device::Cpu.available_memory().ok().flatten()))
-}
-
-/// `shape` with its leading (row) dimension replaced by `rows` (a rank-0
-/// shape becomes `[rows]`).
-fn rows_replaced(shape: &[usize], rows: usize) -> Vec<usize> {
-    std::iter::once(rows)
-        .chain(shape.iter().skip(1).copied())
-        .collect()
 }
 
 /// The error of a CUDA launch handed a host tensor (the op layer checks

@@ -74,14 +74,6 @@ pub fn compressor_rows_into(
 ) -> Result<()> {
     const OP: &str = "compressor_rows_into";
     let hd = validate_kv(OP, kv, score)?;
-    if !hd.is_multiple_of(KvRowFormat::Compressed.group()) {
-        return Err(shape_error(
-            OP,
-            "kv",
-            kv,
-            "[R, hd] with hd a multiple of 16".into(),
-        ));
-    }
     if let Some((pk, ps)) = pending {
         for (name, t) in [("pending_kv", pk), ("pending_score", ps)] {
             t.expect_dtype(OP, name, DType::F32)?;
@@ -123,8 +115,14 @@ fn validate_kv(op: &'static str, kv: &Tensor, score: &Tensor) -> Result<usize> {
     let &[_, hd] = kv.shape() else {
         return Err(shape_error(op, "kv", kv, "[R, hd]".into()));
     };
-    if hd == 0 || hd > i32::MAX as usize {
-        return Err(shape_error(op, "kv", kv, "[R, hd] with hd > 0".into()));
+    // The compressed row packs FP4 pairs with one scale per 16 values.
+    if hd == 0 || hd > i32::MAX as usize || !hd.is_multiple_of(KvRowFormat::Compressed.group()) {
+        return Err(shape_error(
+            op,
+            "kv",
+            kv,
+            "[R, hd] with hd a positive multiple of 16".into(),
+        ));
     }
     if score.shape() != kv.shape() {
         return Err(shape_error(

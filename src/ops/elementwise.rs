@@ -70,10 +70,15 @@ pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     let named: Vec<(&'static str, &Tensor)> = parts.iter().map(|p| ("parts", *p)).collect();
     let device = common_device(OP, &named)?;
     cpu_only(OP, &device)?;
-    let total: usize = widths.iter().sum();
+    let total = widths
+        .iter()
+        .try_fold(0usize, |n, &w| n.checked_add(w))
+        .ok_or_else(|| shape_error(OP, "parts", first, "widths whose sum fits usize".into()))?;
     let mut out = Tensor::empty(&device, first.dtype(), &[t, total])?;
     let mut col = 0;
-    for (p, &w) in parts.iter().zip(&widths) {
+    // An empty part copies nothing (its T may be huge: no loop over it).
+    for (p, &w) in parts.iter().zip(&widths).filter(|&(_, &w)| w > 0) {
+        // In range: the output of [t, total] elements was allocated.
         for r in 0..t {
             out.copy_elems_from(r * total + col, p, r * w, w)?;
         }

@@ -18,6 +18,7 @@ const ARGMAX: &str = "argmax";
 /// Rows `table[ids[t]]` of a BF16 `table` `[V, D]` for I32 `ids` `[T]`:
 /// a new BF16 `[T, D]` tensor on the table's device.
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let ids_t = ids;
     table.expect_dtype(EMBED, "table", DType::BF16)?;
     ids.expect_dtype(EMBED, "ids", DType::I32)?;
     let &[v, d] = table.shape() else {
@@ -29,17 +30,28 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
     let device = super::common_device(EMBED, &[("table", table), ("ids", ids)])?;
     cpu_only(EMBED, &device)?;
     let (tab, ids) = (table.as_slice::<bf16>()?, ids.as_slice::<i32>()?);
-    let mut out = Vec::with_capacity(t * d);
-    for &id in ids {
-        let row = usize::try_from(id)
-            .ok()
-            .filter(|&r| r < v)
-            .ok_or(Error::Argument {
-                op: EMBED,
-                arg: "ids",
-                value: id.to_string(),
-                why: "token id is outside the embedding table",
-            })?;
+    // Every id is checked before the output is allocated: an empty table
+    // of huge rows ([0, 2^33]) asks for nothing.
+    let rows = ids
+        .iter()
+        .map(|&id| {
+            usize::try_from(id)
+                .ok()
+                .filter(|&r| r < v)
+                .ok_or(Error::Argument {
+                    op: EMBED,
+                    arg: "ids",
+                    value: id.to_string(),
+                    why: "token id is outside the embedding table",
+                })
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let numel = t
+        .checked_mul(d)
+        .ok_or_else(|| shape_error(EMBED, "ids", ids_t, format!("[T] with T × {d} in usize")))?;
+    let mut out = Vec::with_capacity(numel);
+    for row in rows {
+        // row < V: the table holds rows row·D .. (row + 1)·D.
         out.extend_from_slice(&tab[row * d..(row + 1) * d]);
     }
     Tensor::from_vec(out, &[t, d])

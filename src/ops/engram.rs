@@ -29,12 +29,19 @@ pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Resu
     let &[t, 4] = ids.shape() else {
         return Err(shape_error(OP, "ids", ids, "[T, 4]".into()));
     };
-    if primes.is_empty() || primes.contains(&0) {
+    // Every row is below the sum of the primes, and rows are I64.
+    let sum = primes.iter().try_fold(0u64, |s, &p| s.checked_add(p));
+    if primes.is_empty()
+        || !primes.len().is_multiple_of(engram::ORDERS.len())
+        || primes.contains(&0)
+        || sum.is_none_or(|s| i64::try_from(s).is_err())
+    {
         return Err(Error::Argument {
             op: OP,
             arg: "primes",
             value: format!("{primes:?}"),
-            why: "at least one column, every prime positive",
+            why: "a positive multiple of 3 columns (n-gram orders 2..=4 × heads), every prime \
+                  positive, their sum below 2^63",
         });
     }
     cpu_only(OP, &ids.device())?;
@@ -58,10 +65,11 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
     const OP: &str = "engram_lookup";
     table.expect_dtype(OP, "table", DType::U8)?;
     rows.expect_dtype(OP, "rows", DType::I64)?;
-    let row_bytes = head_dim + head_dim / MX_BLOCK;
+    let row_bytes = head_dim.saturating_add(head_dim / MX_BLOCK);
     let &[r, rb] = table.shape() else {
         return Err(shape_error(OP, "table", table, "[R, row bytes]".into()));
     };
+    // rb == row_bytes bounds head_dim by a dimension of an allocated tensor.
     if head_dim == 0 || !head_dim.is_multiple_of(MX_BLOCK) || rb != row_bytes {
         return Err(shape_error(
             OP,
@@ -85,8 +93,16 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
         });
     }
     let ids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
+    let width = cols.checked_mul(head_dim).ok_or_else(|| {
+        shape_error(
+            OP,
+            "rows",
+            rows,
+            "[T, cols] with cols × head_dim in usize".into(),
+        )
+    })?;
     let out = engram::gather_rows(table.as_slice::<u8>()?, &ids, head_dim);
-    Tensor::from_vec(out, &[t, cols * head_dim])
+    Tensor::from_vec(out, &[t, width])
 }
 
 /// The gated update of the 4 streams, BF16 `[T, 4, D]`, by the projected
@@ -117,8 +133,9 @@ pub fn engram_gate_update(
             "[T, streams, D]".into(),
         ));
     };
-    if kv.shape() != [t, c + 1, d] {
-        return Err(shape_error(OP, "kv", kv, format!("[{t}, {}, {d}]", c + 1)));
+    if c.checked_add(1).is_none_or(|c1| kv.shape() != [t, c1, d]) {
+        let expected = format!("[{t}, {}, {d}]", c.saturating_add(1));
+        return Err(shape_error(OP, "kv", kv, expected));
     }
     for (name, w) in [("q_weight", q_weight), ("k_weight", k_weight)] {
         if w.shape() != [c, d] {

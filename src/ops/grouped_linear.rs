@@ -38,12 +38,12 @@ pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tens
     let &[gn, k] = w.shape() else {
         return Err(shape_error(OP, "w", w, "[G·N, K]".into()));
     };
-    if k == 0 || gk != groups * k {
+    if k == 0 || groups.checked_mul(k) != Some(gk) {
         return Err(shape_error(
             OP,
             "x",
             x,
-            format!("[T, {}] (groups × w's K)", groups * k),
+            format!("[T, {groups} × {k}] (groups × w's K)"),
         ));
     }
     if gn == 0 || !gn.is_multiple_of(groups) {
@@ -58,7 +58,10 @@ pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tens
     cpu_only(OP, &device)?;
     let n = gn / groups;
     let (xs, ws) = (x.as_slice::<bf16>()?, w.as_slice::<bf16>()?);
-    let mut out = vec![bf16::ZERO; t * gn];
+    let numel = t
+        .checked_mul(gn)
+        .ok_or_else(|| shape_error(OP, "w", w, format!("[G·N, {k}] with T × G·N in usize")))?;
+    let mut out = vec![bf16::ZERO; numel];
     for g in 0..groups {
         let xg: Vec<bf16> = xs
             .chunks_exact(gk)

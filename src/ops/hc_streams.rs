@@ -70,6 +70,10 @@ pub fn hc_stream_mean(streams: &Tensor) -> Result<Tensor> {
     const OP: &str = "hc_stream_mean";
     let (t, d) = streams_dims(OP, streams)?;
     cpu_only(OP, &streams.device())?;
+    if d == 0 {
+        // No loop over T empty rows (T may be 2^62 for 0 elements).
+        return Tensor::from_vec(Vec::<bf16>::new(), &[t, 0]);
+    }
     let s = streams.as_slice::<bf16>()?;
     let out: Vec<bf16> = (0..t)
         .flat_map(|i| {

@@ -222,7 +222,9 @@ fn streams_shape(op: &'static str, streams: &Tensor) -> Result<(usize, usize)> {
     match *streams.shape() {
         [t, HC_STREAMS, d]
             if d > 0
-                && t.checked_mul(HC_STREAMS * d)
+                && HC_STREAMS
+                    .checked_mul(d)
+                    .and_then(|row| t.checked_mul(row))
                     .is_some_and(|n| i32::try_from(n).is_ok()) =>
         {
             Ok((t, d))

@@ -10,6 +10,7 @@
 use crate::engine_args::EngineArgs;
 use clap::Args;
 use deepinfer::Error;
+use deepinfer::engine::request::{parse_ids, parse_request_line};
 use deepinfer::engine::{
     Engine, Output, Prompt, SamplingParams, SchemaType, StopReason, StructuredOutput, TokenEvent,
 };
@@ -86,17 +87,6 @@ fn bad(arg: &'static str, value: String, why: &'static str) -> deepinfer::model:
     .into()
 }
 
-/// Comma-separated token ids, or a typed error naming the bad one.
-pub fn parse_ids(arg: &'static str, text: &str) -> Result<Vec<u32>> {
-    text.split(',')
-        .map(|t| {
-            t.trim()
-                .parse()
-                .map_err(|_| bad(arg, t.into(), "expected comma-separated token ids"))
-        })
-        .collect()
-}
-
 /// The prompt of an `--X IDS` / `--X-text TEXT` flag pair (text wins; they
 /// conflict in clap), else the ids of `default` (none when it is empty).
 fn prompt_flags(
@@ -159,112 +149,6 @@ impl RunArgs {
             so_args,
         })
     }
-}
-
-/// One JSONL request line over the defaults; errors name the line and key.
-fn parse_request(
-    line_no: usize,
-    line: &str,
-    d: &SamplingParams,
-) -> Result<(Prompt, SamplingParams)> {
-    let at = |key: &str, why: &'static str| {
-        bad("--prompts", format!("line {line_no}, key {key:?}"), why)
-    };
-    let v: Value = serde_json::from_str(line).map_err(|e| {
-        bad(
-            "--prompts",
-            format!("line {line_no}: {e}"),
-            "not a JSON object",
-        )
-    })?;
-    let Value::Object(m) = v else {
-        return Err(bad(
-            "--prompts",
-            format!("line {line_no}"),
-            "not a JSON object",
-        ));
-    };
-    let ids = |key: &str, v: &Value| -> Result<Vec<u32>> {
-        v.as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_u64().and_then(|x| u32::try_from(x).ok()))
-                    .collect()
-            })
-            .ok_or_else(|| at(key, "expected an array of token ids"))
-    };
-    let mut p = d.clone();
-    let mut prompt = None;
-    for (k, v) in &m {
-        match k.as_str() {
-            "prompt" | "prompt_ids" if prompt.is_some() => {
-                return Err(at(k, "give prompt or prompt_ids, not both"));
-            }
-            "prompt" => {
-                prompt = Some(Prompt::Text(
-                    v.as_str()
-                        .ok_or_else(|| at(k, "expected a string"))?
-                        .to_string(),
-                ))
-            }
-            "prompt_ids" => prompt = Some(Prompt::Ids(ids(k, v)?)),
-            "max_tokens" => {
-                p.max_tokens = v
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| at(k, "expected a count"))?
-            }
-            "temperature" => {
-                p.temperature = deepinfer::numerics::round_f32(
-                    v.as_f64().ok_or_else(|| at(k, "expected a number"))?,
-                )
-            }
-            "top_p" => {
-                p.top_p = deepinfer::numerics::round_f32(
-                    v.as_f64().ok_or_else(|| at(k, "expected a number"))?,
-                )
-            }
-            "top_k" => {
-                p.top_k = v
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| at(k, "expected a count"))?
-            }
-            "seed" => p.seq_seed = v.as_u64().ok_or_else(|| at(k, "expected a u64"))?,
-            "logprobs" => p.logprobs = v.as_bool().ok_or_else(|| at(k, "expected a bool"))?,
-            "stop" => {
-                p.stop_strings = v
-                    .as_array()
-                    .and_then(|a| a.iter().map(|s| s.as_str().map(String::from)).collect())
-                    .ok_or_else(|| at(k, "expected an array of strings"))?
-            }
-            "stop_ids" => p.stop.extend(ids(k, v)?),
-            "so_args" => p.so_args = Some(so_args(v).map_err(|why| at(k, why))?),
-            _ => return Err(at(k, "unknown key")),
-        }
-    }
-    let prompt = prompt.ok_or_else(|| at("prompt", "each line needs prompt or prompt_ids"))?;
-    Ok((prompt, p))
-}
-
-/// `{"schema_type": ..., "schema": ...}` as upstream's `so_args`.
-fn so_args(v: &Value) -> std::result::Result<StructuredOutput, &'static str> {
-    let m = v.as_object().ok_or("expected {schema_type, schema}")?;
-    let schema_type = match m.get("schema_type").and_then(Value::as_str) {
-        Some("json") => SchemaType::Json,
-        Some("regex") => SchemaType::Regex,
-        Some("ebnf") => SchemaType::Ebnf,
-        _ => return Err("schema_type must be json, regex or ebnf"),
-    };
-    let schema = match m.get("schema") {
-        Some(Value::String(s)) => s.clone(),
-        Some(o @ Value::Object(_)) if schema_type == SchemaType::Json => o.to_string(),
-        _ => return Err("schema must be a string (or a JSON Schema object)"),
-    };
-    Ok(StructuredOutput {
-        schema_type,
-        schema,
-    })
 }
 
 fn stop_json(s: &StopReason) -> Value {
@@ -414,7 +298,7 @@ pub fn run(a: &RunArgs) -> Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        match parse_request(n + 1, line, &defaults) {
+        match parse_request_line(n + 1, line, &defaults) {
             Ok(r) => {
                 reqs.push((results.len(), r));
                 results.push(None);

@@ -9,6 +9,7 @@
 use super::error::ConfigError;
 use super::keys;
 use super::types::EngramConfig;
+use super::validate::ENGRAM_PRIMES_LIMIT;
 
 impl EngramConfig {
     /// Hash columns per layer: n-gram orders 2 ..= `max_ngram` × heads.
@@ -57,6 +58,19 @@ impl EngramConfig {
                 key: keys::ENGRAM_HASH_SPACE,
                 value: self.hash_space.to_string(),
                 why: "must be positive and fit the int64 hash arithmetic".into(),
+            });
+        }
+        let primes = self.layer_ids.len().saturating_mul(self.columns());
+        if primes > ENGRAM_PRIMES_LIMIT {
+            return Err(ConfigError::BadValue {
+                key: keys::ENGRAM_LAYERS,
+                value: format!("{} layers", self.layer_ids.len()),
+                why: format!(
+                    "{} layers × {} hash columns ((max_ngram − 1) × n_heads) = {primes} hash \
+                     primes, above the limit {ENGRAM_PRIMES_LIMIT} (V4.1-Flash uses 48)",
+                    self.layer_ids.len(),
+                    self.columns()
+                ),
             });
         }
         if self.compressed_vocab > vocab_size {

@@ -39,4 +39,4 @@ pub use types::{
     MhcConfig, ModelConfig, MoeConfig, QuantConfig, RopeConfig, ScoreFunc, SpecialTokens,
     WeightFormat, YarnConfig,
 };
-pub use validate::{ENGRAM_TABLE_ROWS_LIMIT, LIMITS, Limit};
+pub use validate::{ENGRAM_PRIMES_LIMIT, ENGRAM_TABLE_ROWS_LIMIT, LIMITS, Limit};

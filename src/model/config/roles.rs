@@ -140,7 +140,7 @@ impl ModelConfig {
     }
 
     /// Every listed layer id is a backbone layer, listed once.
-    fn check_layer_lists(&self) -> Result<(), ConfigError> {
+    pub(super) fn check_layer_lists(&self) -> Result<(), ConfigError> {
         let lists = [
             (keys::KV_SOURCES, &self.kv_source_layers),
             (keys::INDEX_SOURCES, &self.index_source_layers),

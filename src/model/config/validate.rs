@@ -79,6 +79,11 @@ pub const LIMITS: [Limit; 26] = [
 /// Rows of one Engram table at most (V4.1: 384,016,682, 101 GB).
 pub const ENGRAM_TABLE_ROWS_LIMIT: u64 = 1 << 32;
 
+/// Engram hash primes at most: layers × (max_ngram − 1) × heads (V4.1: 2 ×
+/// 3 × 8 = 48). Each is searched for at load, so this bounds the time a
+/// config takes to validate (4096 primes near 2^62: about 0.1 s).
+pub const ENGRAM_PRIMES_LIMIT: usize = 4096;
+
 impl ModelConfig {
     /// Checks every value and the layer roles; the loaders call it.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -90,6 +95,8 @@ impl ModelConfig {
         self.check_tokens()?;
         self.check_quant()?;
         self.check_experts()?;
+        // Before the Engram primes: their count grows with the list length.
+        self.check_layer_lists()?;
         self.engram.check(self.vocab_size)?;
         self.layer_plans().map(drop)
     }

@@ -210,6 +210,8 @@ pub fn index_reindex_topk(
     offset: usize,
 ) -> Result<Tensor> {
     let (device, batch, _) = validate_mask(REINDEX, scores, candidates, block)?;
+    // k is checked (k ≤ n) before the [batch, k] output is allocated.
+    validate_topk(scores, visible, k, offset)?;
     let mut out = Tensor::empty(&device, DType::I32, &[batch, k])?;
     index_reindex_topk_into(scores, candidates, block, visible, k, offset, &mut out)?;
     Ok(out)
