@@ -461,6 +461,31 @@ fn the_drafter_produces_greedy_drafts_with_confidences() {
     assert_eq!(draft.tokens.len(), cfg.dspark.block_size);
     assert!(draft.tokens.iter().all(|&t| (t as usize) < cfg.vocab_size));
     assert!(draft.confidence_logits.iter().all(|c| c.is_finite()));
+    // Bad drafter inputs are typed errors that leave the rings as they were
+    // (the repeat below must still equal the first draft).
+    for bad in [cfg.vocab_size as u32, u32::MAX] {
+        let e = model
+            .dspark_draft(&dw, &mut p, seq, &f11, 11, bad)
+            .unwrap_err();
+        assert!(e.to_string().contains("next"), "{e}");
+    }
+    let two = features.narrow_rows(10, 2).unwrap();
+    let e = model
+        .dspark_draft(&dw, &mut p, seq, &two, 11, next)
+        .unwrap_err();
+    assert!(e.to_string().contains("features"), "{e}");
+    let narrow = deepinfer::Tensor::from_vec(
+        vec![half::bf16::ONE; cfg.hidden_size],
+        &[1, cfg.hidden_size],
+    )
+    .unwrap();
+    let e = model
+        .dspark_draft(&dw, &mut p, seq, &narrow, 11, next)
+        .unwrap_err();
+    assert!(e.to_string().contains("features"), "{e}");
+    let none = features.narrow_rows(0, 0).unwrap();
+    let e = model.dspark_seed(&dw, &mut p, seq, &none, 0).unwrap_err();
+    assert!(e.to_string().contains("features"), "{e}");
     let again = model
         .dspark_draft(&dw, &mut p, seq, &f11, 11, next)
         .unwrap();
@@ -468,6 +493,56 @@ fn the_drafter_produces_greedy_drafts_with_confidences() {
         draft, again,
         "drafting is deterministic and leaves the rings as they were"
     );
+}
+
+/// With capture on, a NaN is traced to the layer and sublayer where it
+/// first appears; a clean step reports none.
+#[test]
+fn a_non_finite_step_names_the_layer_it_started_in() {
+    let mut rng = common::rng("model_non_finite");
+    let (mut model, _) = tiny_model(rng.random());
+    let tokens = prompt(&mut rng, 5, model.cfg.vocab_size);
+    let capture = Capture {
+        streams: true,
+        attention: true,
+        moe: true,
+        ..Capture::default()
+    };
+    let run = |model: &Model| {
+        let mut p = pool(model, 1, 8, 8);
+        let seq = p.add_sequence().unwrap();
+        let inputs = [SeqInput {
+            seq,
+            tokens: &tokens,
+        }];
+        model.step(&mut p, &inputs, capture).unwrap()
+    };
+    assert_eq!(run(&model).first_non_finite().unwrap(), None);
+    let d = model.cfg.hidden_size;
+    model.weights.blocks[1].ffn_norm =
+        deepinfer::Tensor::from_vec(vec![half::bf16::NAN; d], &[d]).unwrap();
+    let out = run(&model);
+    let nf = out.first_non_finite().unwrap().expect("a NaN norm weight");
+    assert_eq!((nf.layer, nf.what), (Some(1), "moe"), "{nf}");
+    assert_eq!(
+        nf.to_string().split(' ').take(3).collect::<Vec<_>>(),
+        ["layer", "1", "moe"]
+    );
+    // Without capture only the logits can show it.
+    let mut p = pool(&model, 1, 8, 8);
+    let seq = p.add_sequence().unwrap();
+    let out = model
+        .step(
+            &mut p,
+            &[SeqInput {
+                seq,
+                tokens: &tokens,
+            }],
+            Capture::default(),
+        )
+        .unwrap();
+    let nf = out.first_non_finite().unwrap().expect("NaN logits");
+    assert_eq!((nf.layer, nf.what), (None, "logits"));
 }
 
 #[test]

@@ -72,7 +72,17 @@ impl Model {
         features: &Tensor,
         start: usize,
     ) -> Result<()> {
+        let width = self.cfg.dspark.target_layers.len() * self.cfg.hidden_size;
         let len = features.rows();
+        if len == 0 || features.shape() != [len, width] {
+            return Err(ops::shape_error(
+                "dspark_seed",
+                "features",
+                features,
+                format!("[T >= 1, {width}] (the target layers' features)"),
+            )
+            .into());
+        }
         let main_x = ops::rms_norm(
             &dw.main_proj.forward(features)?,
             &dw.main_norm,
@@ -109,11 +119,29 @@ impl Model {
         let cfg = &self.cfg;
         let (a, n) = (cfg.attention, cfg.dspark.block_size);
         let device = self.device();
+        if features.rows() != 1 {
+            return Err(ops::shape_error(
+                "dspark_draft",
+                "features",
+                features,
+                "one row: the features of position p".into(),
+            )
+            .into());
+        }
+        let next_id = i32::try_from(next)
+            .ok()
+            .filter(|&t| (t as usize) < cfg.vocab_size)
+            .ok_or(crate::Error::Argument {
+                op: "dspark_draft",
+                arg: "next",
+                value: next.to_string(),
+                why: "token id is not below the vocabulary size",
+            })?;
         self.dspark_seed(dw, pool, seq, features, p)?;
         for s in 0..dw.stages.len() {
             pool.reserve_ring(seq, pool.stage_ring(s), p + 1 + n)?;
         }
-        let block: Vec<i32> = std::iter::once(next as i32)
+        let block: Vec<i32> = std::iter::once(next_id)
             .chain(std::iter::repeat_n(cfg.dspark.noise_token_id as i32, n - 1))
             .collect();
         let ids = Tensor::from_vec(block, &[n])?.to_device(&device)?;

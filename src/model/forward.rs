@@ -20,9 +20,11 @@ use super::layers::moe::MoeParams;
 use super::pool::{SeqId, StatePool};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, ngram_ids};
 use crate::device::Device;
+use crate::dtype::DType;
 use crate::model::error::{Error, Result};
 use crate::ops::{self, MhcParams};
 use crate::tensor::Tensor;
+use half::bf16;
 use std::ops::Range;
 
 /// The whole text model's weights (the DSpark stages come with the drafter).
@@ -91,6 +93,65 @@ pub struct StepOutput {
     pub rows: Vec<Range<usize>>,
     /// Per backbone layer, what [`Capture`] asked for.
     pub layers: Vec<LayerTrace>,
+}
+
+/// Where a step first produced a NaN or ±Inf ([`StepOutput::first_non_finite`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NonFinite {
+    /// The backbone layer, or `None` when only the logits hold it (or
+    /// nothing was captured).
+    pub layer: Option<usize>,
+    /// `"streams"` (entering the layer), `"attention"`, `"moe"` or `"logits"`.
+    pub what: &'static str,
+    /// The first non-finite element's flat index in that tensor.
+    pub index: usize,
+}
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "layer {l} {} (element {})", self.what, self.index),
+            None => write!(f, "{} (element {})", self.what, self.index),
+        }
+    }
+}
+
+impl StepOutput {
+    /// The first captured tensor, in layer order (streams, attention, then
+    /// MoE of each layer), then the logits, that holds a NaN or ±Inf; `None`
+    /// when all are finite. With [`Capture`] on, a non-finite logit is
+    /// traced to the layer where it first appeared.
+    pub fn first_non_finite(&self) -> Result<Option<NonFinite>> {
+        fn first(t: &Tensor) -> Result<Option<usize>> {
+            Ok(match t.dtype() {
+                DType::F32 => t.to_vec::<f32>()?.iter().position(|x| !x.is_finite()),
+                DType::BF16 => t.to_vec::<bf16>()?.iter().position(|x| !x.is_finite()),
+                _ => None,
+            })
+        }
+        for (layer, trace) in self.layers.iter().enumerate() {
+            for (what, t) in [
+                ("streams", &trace.streams),
+                ("attention", &trace.attention),
+                ("moe", &trace.moe),
+            ] {
+                if let Some(t) = t
+                    && let Some(index) = first(t)?
+                {
+                    return Ok(Some(NonFinite {
+                        layer: Some(layer),
+                        what,
+                        index,
+                    }));
+                }
+            }
+        }
+        Ok(first(&self.logits)?.map(|index| NonFinite {
+            layer: None,
+            what: "logits",
+            index,
+        }))
+    }
 }
 
 fn invalid(arg: &'static str, value: String, why: &'static str) -> Error {
