@@ -354,6 +354,7 @@ fn bind_params(root: &Path, out: &Path) {
     let bindings = bindgen::Builder::default()
         .header(header.display().to_string())
         .allowlist_type("di_.*")
+        .allowlist_var("DI_.*")
         .layout_tests(true)
         .derive_debug(true)
         .derive_copy(true)

@@ -9,15 +9,11 @@
 
 mod common;
 
-use common::TempDir;
 use deepinfer::device::CudaDevice;
-use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate};
-use deepinfer::model::config::ModelConfig;
 use deepinfer::model::forward::ModelWeights;
 use deepinfer::model::layers::linear::Fp8Linear;
 use deepinfer::model::load::{load_weights_on, modulo_token_map};
 use deepinfer::{Device, Tensor};
-use std::path::Path;
 
 /// Every weight tensor of `w`, named, in a fixed order.
 fn tensors(w: &ModelWeights) -> Vec<(String, &Tensor)> {
@@ -74,19 +70,7 @@ fn fp8<'a>(out: &mut Vec<(String, &'a Tensor)>, name: String, l: &'a Fp8Linear) 
 #[test]
 fn weights_loaded_onto_the_gpu_equal_the_cpu_load_bitwise() {
     let gpu = Device::Cuda(CudaDevice::new(0).expect("the CUDA tests need a GPU"));
-    let cfg =
-        ModelConfig::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny")).unwrap();
-    let dir = TempDir::new("gpu-load");
-    generate(
-        &cfg,
-        dir.path(),
-        &GenerateOptions {
-            seed: 11,
-            shard_bytes: 4 << 20,
-        },
-    )
-    .unwrap();
-    let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
+    let (cfg, _dir, ck) = common::tiny::tiny_checkpoint(11);
     let (cpu, cpu_ds) = load_weights_on(&ck, &cfg, modulo_token_map(&cfg), &Device::Cpu).unwrap();
     let (dev, dev_ds) = load_weights_on(&ck, &cfg, modulo_token_map(&cfg), &gpu).unwrap();
     let (want, got) = (tensors(&cpu), tensors(&dev));

@@ -9,6 +9,8 @@
 //!   [`CudaDevice`], created on first use, bound to that stream, and kept
 //!   (with the stream) for the life of the process; calls through one handle
 //!   are serialised by a mutex.
+//! - [`grouped_bf16_linear`] serves `wo_a`'s block-diagonal linear: the same
+//!   mapping per group, as one strided batched GEMM.
 //! - [`Fp8TensorwisePlan`] (and [`cublaslt_fp8_tensorwise`]) is a
 //!   **benchmark peer only**, the `cublaslt_fp8_tensorwise` baseline of the
 //!   GEMM issue and of DeepGEMM's "× cuBLASLt": an FP8 e4m3 × e4m3 GEMM with
@@ -210,6 +212,78 @@ pub fn bf16_linear(
         )
     }
     .map_err(blas_error("cublasGemmEx (bf16_linear)"))
+}
+
+/// The grouped (block-diagonal) BF16 linear of `wo_a`
+/// ([`crate::ops::grouped_bf16_linear`]): for each group g,
+/// `out[:, g·N ..][T, N] = x[:, g·K ..][T, K] · w[g·N ..][N, K]ᵀ`, one strided
+/// batched GEMM (`cublasGemmStridedBatchedEx`, the mapping of the module doc
+/// per group: A = W_g (ld K, stride N·K), B = X_g (ld G·K, stride K),
+/// C = D_g (ld G·N, stride N)), FP32 compute, BF16 output. The caller has
+/// validated dtypes, shapes (T, N, K ≥ 1) and the device.
+pub fn grouped_bf16_linear(
+    dev: &CudaDevice,
+    x: &Tensor,
+    w: &Tensor,
+    out: &mut Tensor,
+    (t, groups, n, k): (usize, usize, usize, usize),
+) -> Result<()> {
+    use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
+    let stride = |what: &'static str, v: Option<usize>| {
+        v.and_then(|v| i64::try_from(v).ok())
+            .ok_or_else(|| super::param_error(what, usize::MAX, "a cuBLAS stride"))
+    };
+    let (gk, gn) = (
+        i32_param("groups × k", groups.saturating_mul(k))?,
+        i32_param("groups × n", groups.saturating_mul(n))?,
+    );
+    let stride_w = stride("n × k", n.checked_mul(k))?;
+    let handle = blas_handle(dev)?;
+    let blas = handle
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    bind(dev)?;
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (wp, _gw) = read_ptr(w.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: the handle is live and bound to `dev`'s stream, on which the
+    // guards order these buffers. Group g reads W rows g·N .. (g+1)·N of
+    // [G·N, K] (column-major K × N, ld K, offset g·N·K), X columns g·K ..
+    // (g+1)·K of [T, G·K] (column-major K × T, ld G·K, offset g·K) and writes
+    // D columns g·N .. (g+1)·N of [T, G·N] (column-major N × T, ld G·N,
+    // offset g·N): all inside the validated shapes. The groups' outputs are
+    // disjoint; alpha and beta are host f32 alive across the call; beta = 0.
+    unsafe {
+        cublas::result::gemm_strided_batched_ex(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            i32_param("n", n)?,
+            i32_param("t", t)?,
+            i32_param("k", k)?,
+            (&alpha as *const f32).cast(),
+            wp,
+            cudaDataType_t::CUDA_R_16BF,
+            i32_param("k", k)?,
+            stride_w,
+            xp,
+            cudaDataType_t::CUDA_R_16BF,
+            gk,
+            stride("k", Some(k))?,
+            (&beta as *const f32).cast(),
+            op,
+            cudaDataType_t::CUDA_R_16BF,
+            gn,
+            stride("n", Some(n))?,
+            i32_param("groups", groups)?,
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(blas_error(
+        "cublasGemmStridedBatchedEx (grouped_bf16_linear)",
+    ))
 }
 
 const FP8_OP: &str = "cublaslt_fp8_tensorwise";

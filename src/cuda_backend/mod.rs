@@ -6,10 +6,15 @@
 
 mod act_quant;
 pub mod blas;
+mod elementwise;
+mod embedding;
+mod engram;
 pub mod gemm;
 pub mod gemm_skinny;
+mod hc_streams;
 pub mod indexer;
 pub(crate) mod kv_rows;
+mod moe;
 mod rms_norm;
 pub(crate) mod sparse_mqa;
 mod tilelang;
@@ -20,6 +25,11 @@ mod tilelang_swiglu;
 mod tma;
 
 pub use act_quant::act_quant_fp8;
+pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
+pub use embedding::{argmax, embedding};
+pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
+pub use hc_streams::{HcOp, hc_streams};
+pub use moe::{moe_combine, moe_permute};
 pub use rms_norm::rms_norm;
 pub use tilelang::rms_norm_act_quant_fp8;
 pub use tilelang_mhc::{mhc_expand, mhc_pre};
@@ -70,6 +80,25 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_block_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_sparse_mqa_params {}
 // SAFETY: as above (addresses, integers and one float).
 unsafe impl cudarc::driver::DeviceRepr for params::di_kv_rows_params {}
+// SAFETY: as above (the glue kernels' structs: addresses, integers, floats
+// and fixed-size integer arrays).
+unsafe impl cudarc::driver::DeviceRepr for params::di_elementwise_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_copy_cols_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_embedding_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_argmax_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_hc_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_engram_rows_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_engram_lookup_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_engram_gate_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_moe_params {}
 
 /// `v` as a kernel's int32 parameter. The op validated its sizes first; a
 /// value past 2^31 − 1 is still an error naming it, never a wrapped launch.
@@ -212,6 +241,36 @@ fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
             ),
             source,
         })
+}
+
+/// The "bad slot" of the gather kernels (`params.h`): an int64 on the
+/// device, set to `i64::MAX`, that a kernel lowers to the first position
+/// whose index input is out of range.
+struct BadSlot(crate::tensor::Tensor);
+
+impl BadSlot {
+    fn new(dev: &CudaDevice) -> Result<BadSlot> {
+        let host = crate::tensor::Tensor::from_vec(vec![i64::MAX], &[1])?;
+        Ok(BadSlot(
+            host.to_device(&crate::device::Device::Cuda(dev.clone()))?,
+        ))
+    }
+
+    /// The slot's address for a launch; the guard must outlive it.
+    fn ptr<'a>(&'a mut self, dev: &'a CudaDevice) -> Result<(*mut i64, impl Drop + 'a)> {
+        let (p, g) = write_ptr(self.0.cuda_mut()?, dev);
+        Ok((p.cast::<i64>(), g))
+    }
+
+    /// The first bad position the launches on the stream recorded, if any
+    /// (reading it waits for them).
+    fn first(&self) -> Result<Option<usize>> {
+        let v = self.0.to_vec::<i64>()?;
+        Ok(v.first()
+            .copied()
+            .filter(|&b| b != i64::MAX)
+            .and_then(|b| usize::try_from(b).ok()))
+    }
 }
 
 /// A grid for a grid-stride kernel: enough CTAs to cover `work` items of

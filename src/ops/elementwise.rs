@@ -4,17 +4,60 @@
 //! temperature); and [`cat_cols`], the concatenation of `[T, D_i]` tensors
 //! along their last dimension (the DSpark target features).
 //!
-//! Invariant: one fp32 operation per element, the result in x's dtype.
-//! CUDA has no kernels for these yet.
+//! Invariant: one fp32 operation per element, the result in x's dtype, on
+//! either device (the CUDA kernels use the same IEEE operation: bitwise).
 
-use super::{common_device, cpu_only, shape_error};
+use super::{common_device, shape_error};
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use half::bf16;
 
-fn map(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Tensor> {
-    cpu_only(op, &x.device())?;
+#[derive(Clone, Copy)]
+enum Scalar {
+    Mul(f32),
+    Div(f32),
+}
+
+impl Scalar {
+    fn apply(self, v: f32) -> f32 {
+        match self {
+            Scalar::Mul(s) => v * s,
+            Scalar::Div(s) => v / s,
+        }
+    }
+}
+
+fn map(op: &'static str, x: &Tensor, f: Scalar) -> Result<Tensor> {
+    if !matches!(x.dtype(), DType::F32 | DType::BF16) {
+        return Err(Error::DType {
+            op,
+            tensor: "x",
+            got: x.dtype(),
+            expected: DType::F32,
+        });
+    }
+    match x.device() {
+        Device::Cpu => map_cpu(op, x, f),
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            use crate::cuda_backend::ScalarOp;
+            let mut out = Tensor::empty(&x.device(), x.dtype(), x.shape())?;
+            let (kind, s) = match f {
+                Scalar::Mul(s) => (ScalarOp::Mul, s),
+                Scalar::Div(s) => (ScalarOp::Div, s),
+            };
+            crate::cuda_backend::scalar(&dev, x, s, kind, &mut out)?;
+            Ok(out)
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(op, &d)),
+    }
+}
+
+fn map_cpu(op: &'static str, x: &Tensor, f: Scalar) -> Result<Tensor> {
+    let f = |v: f32| f.apply(v);
     match x.dtype() {
         DType::F32 => Tensor::from_vec(
             x.as_slice::<f32>()?.iter().map(|&v| f(v)).collect(),
@@ -38,12 +81,12 @@ fn map(op: &'static str, x: &Tensor, f: impl Fn(f32) -> f32) -> Result<Tensor> {
 
 /// x · s elementwise (BF16 or F32 x, fp32 product, rounded to x's dtype).
 pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
-    map("scale", x, |v| v * s)
+    map("scale", x, Scalar::Mul(s))
 }
 
 /// x / s elementwise (BF16 or F32 x, fp32 quotient, rounded to x's dtype).
 pub fn div_scalar(x: &Tensor, s: f32) -> Result<Tensor> {
-    map("div_scalar", x, |v| v / s)
+    map("div_scalar", x, Scalar::Div(s))
 }
 
 /// The `[T, D_i]` parts (same dtype, same T, one device) side by side:
@@ -69,7 +112,6 @@ pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     }
     let named: Vec<(&'static str, &Tensor)> = parts.iter().map(|p| ("parts", *p)).collect();
     let device = common_device(OP, &named)?;
-    cpu_only(OP, &device)?;
     let total = widths
         .iter()
         .try_fold(0usize, |n, &w| n.checked_add(w))
@@ -78,9 +120,28 @@ pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     let mut col = 0;
     // An empty part copies nothing (its T may be huge: no loop over it).
     for (p, &w) in parts.iter().zip(&widths).filter(|&(_, &w)| w > 0) {
-        // In range: the output of [t, total] elements was allocated.
-        for r in 0..t {
-            out.copy_elems_from(r * total + col, p, r * w, w)?;
+        match &device {
+            Device::Cpu => {
+                // In range: the output of [t, total] elements was allocated.
+                for r in 0..t {
+                    out.copy_elems_from(r * total + col, p, r * w, w)?;
+                }
+            }
+            #[cfg(deepinfer_cuda)]
+            Device::Cuda(dev) => {
+                let bytes = |n: usize| first.dtype().storage_bytes(n);
+                if first.dtype() == DType::F4E2M1x2 {
+                    return Err(Error::Unsupported {
+                        op: OP,
+                        device: device.to_string(),
+                        why: "a sub-byte dtype (packed FP4) has no CUDA column copy",
+                    });
+                }
+                let (width, pitch, at) = (bytes(w), bytes(total), bytes(col));
+                crate::cuda_backend::copy_cols(dev, p, &mut out, t, width, pitch, at)?;
+            }
+            #[cfg(not(deepinfer_cuda))]
+            d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, d)),
         }
         col += w;
     }
@@ -101,7 +162,17 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         ));
     }
     let device = common_device(OP, &[("a", a), ("b", b)])?;
-    cpu_only(OP, &device)?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&a.device(), DType::F32, a.shape())?;
+            crate::cuda_backend::add_f32(&dev, a, b, &mut out)?;
+            return Ok(out);
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
     let out = a
         .as_slice::<f32>()?
         .iter()

@@ -3,10 +3,13 @@
 //! ties to the lowest id (the deterministic greedy rule of the runner).
 //!
 //! Invariant: an id outside the table is a typed error naming the id (the
-//! CPU reads the ids; CUDA has no kernel for these ops yet and returns
-//! [`Error::Unsupported`]).
+//! CPU reads the ids before allocating; the CUDA kernel skips the token and
+//! records its position, which the op reads back after the launch, so a
+//! CUDA embedding waits for its kernel). The gather is exact and the
+//! argmax follows one order on both devices: bitwise the same results.
 
-use super::{cpu_only, shape_error};
+use super::shape_error;
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -14,6 +17,15 @@ use half::bf16;
 
 const EMBED: &str = "embedding";
 const ARGMAX: &str = "argmax";
+
+fn bad_id(id: Option<i32>) -> Error {
+    Error::Argument {
+        op: EMBED,
+        arg: "ids",
+        value: id.map_or_else(|| "?".into(), |id| id.to_string()),
+        why: "token id is outside the embedding table",
+    }
+}
 
 /// Rows `table[ids[t]]` of a BF16 `table` `[V, D]` for I32 `ids` `[T]`:
 /// a new BF16 `[T, D]` tensor on the table's device.
@@ -28,7 +40,25 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         return Err(shape_error(EMBED, "ids", ids, "[T]".into()));
     };
     let device = super::common_device(EMBED, &[("table", table), ("ids", ids)])?;
-    cpu_only(EMBED, &device)?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let numel = t.checked_mul(d).ok_or_else(|| {
+                shape_error(EMBED, "ids", ids_t, format!("[T] with T × {d} in usize"))
+            })?;
+            let mut out = Tensor::empty(&table.device(), DType::BF16, &[t, d])?;
+            if numel == 0 {
+                return Ok(out);
+            }
+            return match crate::cuda_backend::embedding(&dev, table, ids, &mut out, v, d)? {
+                None => Ok(out),
+                Some(pos) => Err(bad_id(ids.to_vec::<i32>()?.get(pos).copied())),
+            };
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(EMBED, &d)),
+    }
     let (tab, ids) = (table.as_slice::<bf16>()?, ids.as_slice::<i32>()?);
     // Every id is checked before the output is allocated: an empty table
     // of huge rows ([0, 2^33]) asks for nothing.
@@ -38,12 +68,7 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
             usize::try_from(id)
                 .ok()
                 .filter(|&r| r < v)
-                .ok_or(Error::Argument {
-                    op: EMBED,
-                    arg: "ids",
-                    value: id.to_string(),
-                    why: "token id is outside the embedding table",
-                })
+                .ok_or_else(|| bad_id(Some(id)))
         })
         .collect::<Result<Vec<usize>>>()?;
     let numel = t
@@ -72,7 +97,17 @@ pub fn argmax(logits: &Tensor) -> Result<Tensor> {
             "[T, V] with 1 <= V < 2^31".into(),
         ));
     }
-    cpu_only(ARGMAX, &logits.device())?;
+    match logits.device() {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&logits.device(), DType::I32, &[t])?;
+            crate::cuda_backend::argmax(&dev, logits, &mut out, t, v)?;
+            return Ok(out);
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(ARGMAX, &d)),
+    }
     let x = logits.as_slice::<f32>()?;
     let ids: Vec<i32> = (0..t)
         .map(|r| super::i32_sat(crate::numerics::argmax(&x[r * v..(r + 1) * v])))

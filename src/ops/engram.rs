@@ -5,15 +5,19 @@
 //! of compressed ids (host data, like the token ids).
 //!
 //! Invariant: bitwise [`cpu_backend::engram`] (`ngram_hashes`, `table_rows`,
-//! `gather_rows`, `gate`, `update`) per token and stream. CUDA has no
-//! kernels for these yet ([`Error::Unsupported`]).
+//! `gather_rows`, `gate`, `update`) per token and stream on the CPU. On
+//! CUDA the rows and the lookup are bitwise too; the gate's three sums are
+//! block reductions, so the gate (and through it the update) differs from
+//! the CPU by fp32 rounding only (`tests/cuda_glue.rs` bounds it). A CUDA
+//! lookup reads back whether a row was out of range, so it waits for its
+//! kernel.
 //!
 //! [`cpu_backend::engram`]: crate::cpu_backend::engram
-//! [`Error::Unsupported`]: crate::Error::Unsupported
 
-use super::{common_device, cpu_only, shape_error};
+use super::{common_device, shape_error};
 use crate::contract::MX_BLOCK;
 use crate::cpu_backend::engram;
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -44,7 +48,21 @@ pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Resu
                   positive, their sum below 2^63",
         });
     }
-    cpu_only(OP, &ids.device())?;
+    match ids.device() {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&ids.device(), DType::I64, &[t, primes.len()])?;
+            let hash = crate::cuda_backend::EngramHash {
+                multipliers,
+                primes,
+            };
+            crate::cuda_backend::engram_rows(&dev, ids, &hash, &mut out, t)?;
+            return Ok(out);
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
     let rows: Vec<i64> = ids
         .as_slice::<i64>()?
         .chunks_exact(4)
@@ -82,17 +100,6 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
         return Err(shape_error(OP, "rows", rows, "[T, cols]".into()));
     };
     let device = common_device(OP, &[("table", table), ("rows", rows)])?;
-    cpu_only(OP, &device)?;
-    let ids = rows.as_slice::<i64>()?;
-    if let Some(&bad) = ids.iter().find(|&&x| x < 0 || x as u64 >= r as u64) {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "rows",
-            value: bad.to_string(),
-            why: "table row outside the table",
-        });
-    }
-    let ids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
     let width = cols.checked_mul(head_dim).ok_or_else(|| {
         shape_error(
             OP,
@@ -101,6 +108,32 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
             "[T, cols] with cols × head_dim in usize".into(),
         )
     })?;
+    let bad_row = |v: Option<i64>| Error::Argument {
+        op: OP,
+        arg: "rows",
+        value: v.map_or_else(|| "?".into(), |v| v.to_string()),
+        why: "table row outside the table",
+    };
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&table.device(), DType::BF16, &[t, width])?;
+            return match crate::cuda_backend::engram_lookup(
+                &dev, table, rows, &mut out, r, head_dim,
+            )? {
+                None => Ok(out),
+                Some(e) => Err(bad_row(rows.to_vec::<i64>()?.get(e).copied())),
+            };
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
+    let ids = rows.as_slice::<i64>()?;
+    if let Some(&bad) = ids.iter().find(|&&x| x < 0 || x as u64 >= r as u64) {
+        return Err(bad_row(Some(bad)));
+    }
+    let ids: Vec<u64> = ids.iter().map(|&x| x as u64).collect();
     let out = engram::gather_rows(table.as_slice::<u8>()?, &ids, head_dim);
     Tensor::from_vec(out, &[t, width])
 }
@@ -151,7 +184,26 @@ pub fn engram_gate_update(
             ("k_weight", k_weight),
         ],
     )?;
-    cpu_only(OP, &device)?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&streams.device(), DType::BF16, &[t, c, d])?;
+            crate::cuda_backend::engram_gate_update(
+                &dev,
+                streams,
+                kv,
+                q_weight,
+                k_weight,
+                &mut out,
+                (t, c, d),
+                eps,
+            )?;
+            return Ok(out);
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
     let (s, k) = (streams.as_slice::<bf16>()?, kv.as_slice::<bf16>()?);
     let (qw, kw) = (q_weight.as_slice::<bf16>()?, k_weight.as_slice::<bf16>()?);
     let mut out = Vec::with_capacity(s.len());

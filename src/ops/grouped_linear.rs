@@ -4,14 +4,16 @@
 //! fp32 accumulation and one BF16 rounding, and the G results are laid side
 //! by side, `[T, G·N]` (a block-diagonal BF16 linear).
 //!
-//! Invariant: bitwise [`cpu_backend::bf16_gemm`] per group (products summed
-//! in increasing k). CUDA has no kernel for it yet ([`Error::Unsupported`]).
+//! Invariant: on the CPU, bitwise [`cpu_backend::bf16_gemm`] per group
+//! (products summed in increasing k); on CUDA, one cuBLAS strided batched
+//! GEMM with FP32 compute (the order of its sums is cuBLAS's, like
+//! [`super::bf16_linear`]).
 //!
 //! [`cpu_backend::bf16_gemm`]: crate::cpu_backend::bf16_gemm
-//! [`Error::Unsupported`]: crate::Error::Unsupported
 
-use super::{common_device, cpu_only, shape_error};
+use super::{common_device, shape_error};
 use crate::cpu_backend::bf16_gemm;
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
@@ -55,12 +57,30 @@ pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tens
         ));
     }
     let device = common_device(OP, &[("x", x), ("w", w)])?;
-    cpu_only(OP, &device)?;
     let n = gn / groups;
-    let (xs, ws) = (x.as_slice::<bf16>()?, w.as_slice::<bf16>()?);
     let numel = t
         .checked_mul(gn)
         .ok_or_else(|| shape_error(OP, "w", w, format!("[G·N, {k}] with T × G·N in usize")))?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&x.device(), DType::BF16, &[t, gn])?;
+            if t > 0 {
+                crate::cuda_backend::blas::grouped_bf16_linear(
+                    &dev,
+                    x,
+                    w,
+                    &mut out,
+                    (t, groups, n, k),
+                )?;
+            }
+            return Ok(out);
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
+    let (xs, ws) = (x.as_slice::<bf16>()?, w.as_slice::<bf16>()?);
     let mut out = vec![bf16::ZERO; numel];
     for g in 0..groups {
         let xg: Vec<bf16> = xs

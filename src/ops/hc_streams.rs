@@ -4,12 +4,14 @@
 //! the head), [`hc_stream_mean`] averages them (the DSpark target features).
 //!
 //! Invariant: bitwise [`cpu_backend::mhc::hc_collapse`] and the fp32 stream
-//! sum divided by 4 per element. CUDA has no kernels for these yet.
+//! sum divided by 4 per element, on either device (the CUDA kernels use the
+//! same IEEE operations in the same order).
 //!
 //! [`cpu_backend::mhc::hc_collapse`]: crate::cpu_backend::mhc::hc_collapse
 
-use super::{common_device, cpu_only, shape_error};
+use super::{common_device, shape_error};
 use crate::cpu_backend::mhc::{HC_STREAMS, hc_collapse as collapse};
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::tensor::Tensor;
@@ -28,6 +30,51 @@ fn streams_dims(op: &'static str, s: &Tensor) -> Result<(usize, usize)> {
     }
 }
 
+/// The CUDA path of the three ops, or `None` on the CPU.
+fn on_cuda(
+    op: &'static str,
+    which: StreamOp,
+    x: &Tensor,
+    pre: Option<&Tensor>,
+    out_shape: &[usize],
+) -> Result<Option<Tensor>> {
+    match x.device() {
+        Device::Cpu => Ok(None),
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let _ = op; // named by the no-kernel error of a CPU-only build
+            let mut out = Tensor::empty(&x.device(), DType::BF16, out_shape)?;
+            let (t, d) = (x.rows(), x.shape().last().copied().unwrap_or(0));
+            crate::cuda_backend::hc_streams(&dev, which.into(), x, pre, &mut out, t, d)?;
+            Ok(Some(out))
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => {
+            let _ = (which, pre, out_shape);
+            Err(super::kernels_not_built(op, &d))
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum StreamOp {
+    Init,
+    Collapse,
+    Mean,
+}
+
+#[cfg(deepinfer_cuda)]
+impl From<StreamOp> for crate::cuda_backend::HcOp {
+    fn from(op: StreamOp) -> Self {
+        use crate::cuda_backend::HcOp;
+        match op {
+            StreamOp::Init => HcOp::Init,
+            StreamOp::Collapse => HcOp::Collapse,
+            StreamOp::Mean => HcOp::Mean,
+        }
+    }
+}
+
 /// BF16 `x` `[T, D]` → streams `[T, 4, D]`, each stream a copy of x.
 pub fn hc_init(x: &Tensor) -> Result<Tensor> {
     const OP: &str = "hc_init";
@@ -35,7 +82,9 @@ pub fn hc_init(x: &Tensor) -> Result<Tensor> {
     let &[t, d] = x.shape() else {
         return Err(shape_error(OP, "x", x, "[T, D]".into()));
     };
-    cpu_only(OP, &x.device())?;
+    if let Some(out) = on_cuda(OP, StreamOp::Init, x, None, &[t, HC_STREAMS, d])? {
+        return Ok(out);
+    }
     let out: Vec<bf16> = x
         .as_slice::<bf16>()?
         .chunks_exact(d.max(1))
@@ -52,8 +101,10 @@ pub fn hc_collapse(streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
     if pre.shape() != [t, HC_STREAMS] {
         return Err(shape_error(OP, "pre", pre, format!("[{t}, {HC_STREAMS}]")));
     }
-    let device = common_device(OP, &[("streams", streams), ("pre", pre)])?;
-    cpu_only(OP, &device)?;
+    common_device(OP, &[("streams", streams), ("pre", pre)])?;
+    if let Some(out) = on_cuda(OP, StreamOp::Collapse, streams, Some(pre), &[t, d])? {
+        return Ok(out);
+    }
     let (s, p) = (streams.as_slice::<bf16>()?, pre.as_slice::<f32>()?);
     let mut out: Vec<bf16> = Vec::with_capacity(t * d);
     for (st, pre) in s
@@ -69,7 +120,9 @@ pub fn hc_collapse(streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
 pub fn hc_stream_mean(streams: &Tensor) -> Result<Tensor> {
     const OP: &str = "hc_stream_mean";
     let (t, d) = streams_dims(OP, streams)?;
-    cpu_only(OP, &streams.device())?;
+    if let Some(out) = on_cuda(OP, StreamOp::Mean, streams, None, &[t, d])? {
+        return Ok(out);
+    }
     if d == 0 {
         // No loop over T empty rows (T may be 2^62 for 0 elements).
         return Tensor::from_vec(Vec::<bf16>::new(), &[t, 0]);

@@ -178,19 +178,6 @@ fn check_i32(op: &'static str, name: &'static str, t: &Tensor, last: usize) -> R
     Ok(())
 }
 
-/// Ops with only the CPU reference so far: any other device gets
-/// [`Error::Unsupported`] naming the op.
-fn cpu_only(op: &'static str, device: &Device) -> Result<()> {
-    match device {
-        Device::Cpu => Ok(()),
-        d => Err(Error::Unsupported {
-            op,
-            device: d.to_string(),
-            why: "only the CPU reference exists; its CUDA kernel has not landed",
-        }),
-    }
-}
-
 #[cfg(not(deepinfer_cuda))]
 pub(crate) fn kernels_not_built(op: &'static str, device: &Device) -> Error {
     Error::DeviceUnavailable {

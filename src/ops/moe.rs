@@ -5,21 +5,24 @@
 //! (the order of its ids), from 0.0 in fp32, adds the shared expert last
 //! and rounds once to BF16.
 //!
-//! Invariant: bitwise [`cpu_backend::moe::moe_combine`] per token; entry
-//! `j = token · top_k + slot` of the layout's permutation. CUDA has no
-//! kernels for these yet.
+//! Invariant: bitwise [`cpu_backend::moe::moe_combine`] per token, on
+//! either device (the CUDA kernels gather exactly and sum in the same
+//! order); entry `j = token · top_k + slot` of the layout's permutation. An
+//! entry outside `0..T·top_k` is a typed error naming it (a CUDA kernel
+//! records it and the op reads it back, so these ops wait for their
+//! kernels on CUDA).
 //!
 //! [`cpu_backend::moe::moe_combine`]: crate::cpu_backend::moe::moe_combine
 
-use super::{common_device, cpu_only, shape_error};
+use super::{common_device, shape_error};
+use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use half::bf16;
 
-/// The permutation `perm` I32 `[N]` (N = T · top_k) as host indices, each
-/// checked to be below N.
-fn entries(op: &'static str, perm: &Tensor, n: usize) -> Result<Vec<usize>> {
+/// Checks that `perm` is I32 `[N]` (N = T · top_k).
+fn check_perm(op: &'static str, perm: &Tensor, n: usize) -> Result<()> {
     perm.expect_dtype(op, "permutation", DType::I32)?;
     if perm.shape() != [n] {
         return Err(shape_error(
@@ -29,18 +32,38 @@ fn entries(op: &'static str, perm: &Tensor, n: usize) -> Result<Vec<usize>> {
             format!("[{n}] (T · top_k)"),
         ));
     }
+    Ok(())
+}
+
+fn bad_entry(op: &'static str, j: Option<i32>) -> Error {
+    Error::Argument {
+        op,
+        arg: "permutation",
+        value: j.map_or_else(|| "?".into(), |j| j.to_string()),
+        why: "entry outside 0..T·top_k",
+    }
+}
+
+/// The error for the entry at `at` of a device `perm` a kernel found bad.
+#[cfg(deepinfer_cuda)]
+fn bad_entry_at(op: &'static str, perm: &Tensor, at: usize) -> Error {
+    match perm.to_vec::<i32>() {
+        Ok(v) => bad_entry(op, v.get(at).copied()),
+        Err(e) => e,
+    }
+}
+
+/// The permutation `perm` I32 `[N]` (N = T · top_k) as host indices, each
+/// checked to be below N.
+fn entries(op: &'static str, perm: &Tensor, n: usize) -> Result<Vec<usize>> {
+    check_perm(op, perm, n)?;
     perm.as_slice::<i32>()?
         .iter()
         .map(|&j| {
             usize::try_from(j)
                 .ok()
                 .filter(|&j| j < n)
-                .ok_or(Error::Argument {
-                    op,
-                    arg: "permutation",
-                    value: j.to_string(),
-                    why: "entry outside 0..T·top_k",
-                })
+                .ok_or_else(|| bad_entry(op, Some(j)))
         })
         .collect()
 }
@@ -67,8 +90,33 @@ pub fn moe_permute(x: &Tensor, weights: &Tensor, perm: &Tensor) -> Result<(Tenso
         ));
     }
     let device = common_device(OP, &[("x", x), ("weights", weights), ("permutation", perm)])?;
-    cpu_only(OP, &device)?;
-    let order = entries(OP, perm, t * k)?;
+    let n = t.checked_mul(k).ok_or_else(|| {
+        shape_error(
+            OP,
+            "weights",
+            weights,
+            "[T, top_k] with T · top_k in usize".into(),
+        )
+    })?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            check_perm(OP, perm, n)?;
+            let mut xo = Tensor::empty(&x.device(), DType::BF16, &[n, d])?;
+            let mut wo = Tensor::empty(&x.device(), DType::F32, &[n])?;
+            let dims = (n, d, k);
+            return match crate::cuda_backend::moe_permute(
+                &dev, x, weights, perm, &mut xo, &mut wo, dims,
+            )? {
+                None => Ok((xo, wo)),
+                Some(at) => Err(bad_entry_at(OP, perm, at)),
+            };
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
+    let order = entries(OP, perm, n)?;
     let (xs, ws) = (x.as_slice::<bf16>()?, weights.as_slice::<f32>()?);
     let rows: Vec<bf16> = order
         .iter()
@@ -110,7 +158,28 @@ pub fn moe_combine(routed: &Tensor, perm: &Tensor, shared: &Tensor) -> Result<Te
             ("shared", shared),
         ],
     )?;
-    cpu_only(OP, &device)?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            check_perm(OP, perm, n)?;
+            let k = n.checked_div(t).unwrap_or(0);
+            let mut out = Tensor::empty(&shared.device(), DType::BF16, &[t, d])?;
+            return match crate::cuda_backend::moe_combine(
+                &dev,
+                routed,
+                perm,
+                shared,
+                &mut out,
+                (t, d, k),
+            )? {
+                None => Ok(out),
+                Some(at) => Err(bad_entry_at(OP, perm, at)),
+            };
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
     let order = entries(OP, perm, n)?;
     let mut pos = vec![0usize; n];
     for (i, &j) in order.iter().enumerate() {

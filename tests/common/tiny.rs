@@ -2,15 +2,17 @@
 //! generated official-format weights, loaded into a model and its drafter.
 
 use super::TempDir;
+use deepinfer::Device;
 use deepinfer::model::checkpoint::{Checkpoint, GenerateOptions, LoadOptions, generate};
 use deepinfer::model::config::ModelConfig;
 use deepinfer::model::dspark::DsparkWeights;
 use deepinfer::model::forward::Model;
-use deepinfer::model::load::{load_weights, modulo_token_map};
+use deepinfer::model::load::{load_weights_on, modulo_token_map};
 use std::path::Path;
 
-/// The tiny model with weights generated from `seed`.
-pub fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
+/// The tiny config and a checkpoint of it with weights generated from
+/// `seed`, in a temporary directory (kept alive by the returned guard).
+pub fn tiny_checkpoint(seed: u64) -> (ModelConfig, TempDir, Checkpoint) {
     let cfg =
         ModelConfig::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny")).unwrap();
     let dir = TempDir::new("model");
@@ -24,8 +26,19 @@ pub fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
     )
     .unwrap();
     let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
-    let (weights, dspark) = load_weights(&ck, &cfg, modulo_token_map(&cfg)).unwrap();
+    (cfg, dir, ck)
+}
+
+/// The tiny model of [`tiny_checkpoint`]`(seed)` loaded onto `device`.
+pub fn tiny_model_on(seed: u64, device: &Device) -> (Model, Option<DsparkWeights>) {
+    let (cfg, _dir, ck) = tiny_checkpoint(seed);
+    let (weights, dspark) = load_weights_on(&ck, &cfg, modulo_token_map(&cfg), device).unwrap();
     (Model::new(cfg, weights).unwrap(), dspark)
+}
+
+/// The tiny model with weights generated from `seed`, on the CPU.
+pub fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
+    tiny_model_on(seed, &Device::Cpu)
 }
 
 /// The real-vocabulary tiny model (`models/tiny-v4vocab`) written to `dir`

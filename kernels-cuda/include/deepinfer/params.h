@@ -275,4 +275,132 @@ typedef struct di_kv_rows_params {
 #define DI_KV_MAX_DIM 4096
 #define DI_KV_MAX_ROPE_DIM 256
 
+/* ---- The forward's glue (elementwise/, embedding/, hc_streams/, engram/,
+ * moe/): one fp32 operation per element, or a gather; grid-stride kernels
+ * over int64 element counts. A `bad` slot is an int64 on the device that
+ * the host sets to INT64_MAX; a kernel lowers it (atomicMin) to the first
+ * position whose index input is out of range, skips that position's
+ * writes, and the host turns it into a typed error after the launch. ---- */
+
+/* scale_{bf16,f32}: out = x * s; div_{bf16,f32}: out = x / s; add_f32:
+ * out = a + b. fp32 math (IEEE, no contraction), one rounding to x's dtype. */
+typedef struct di_elementwise_params {
+    const void *a;  /* [n] */
+    const void *b;  /* [n] (add_f32) or NULL */
+    void *out;      /* [n], a's dtype */
+    int64_t n;
+    float s;
+} di_elementwise_params;
+
+/* copy_cols: dst[r, dst_col .. dst_col + width) = src[r, 0 .. width), in
+ * bytes (one part of cat_cols). */
+typedef struct di_copy_cols_params {
+    const void *src;    /* bytes [rows, width] */
+    void *dst;          /* bytes [rows, dst_pitch] */
+    int64_t rows;
+    int64_t width;
+    int64_t dst_pitch;
+    int64_t dst_col;
+} di_copy_cols_params;
+
+/* embedding_bf16: out[t] = table[ids[t]] (d BF16 values); an id outside
+ * [0, vocab) lowers *bad to t. */
+typedef struct di_embedding_params {
+    const void *table;    /* bf16 [vocab, d] */
+    const int32_t *ids;   /* [tokens] */
+    void *out;            /* bf16 [tokens, d] */
+    long long *bad;
+    int64_t tokens;
+    int64_t vocab;
+    int64_t d;
+} di_embedding_params;
+
+/* argmax_f32: out[r] = the index of row r's largest value; ties to the
+ * lowest index, a NaN never beats a number, an all-NaN row gives 0
+ * (numerics::argmax). One CTA of DI_ARGMAX_THREADS per row. */
+typedef struct di_argmax_params {
+    const float *x;  /* [rows, v] */
+    int32_t *out;    /* [rows] */
+    int64_t rows;
+    int32_t v;
+} di_argmax_params;
+#define DI_ARGMAX_THREADS 512
+
+/* hc_init_bf16: out[t, c, :] = x[t, :] for c < 4; hc_collapse_bf16:
+ * out[t, :] = bf16(sum_c pre[t, c] * S[t, c, :]) from 0.0, c ascending;
+ * hc_stream_mean_bf16: out[t, :] = bf16((((S0 + S1) + S2) + S3) / 4). */
+typedef struct di_hc_params {
+    const void *x;      /* hc_init: bf16 [tokens, d]; else streams bf16 [tokens, 4, d] */
+    const float *pre;   /* hc_collapse: [tokens, 4]; else NULL */
+    void *out;          /* hc_init: bf16 [tokens, 4, d]; else bf16 [tokens, d] */
+    int64_t tokens;
+    int64_t d;
+} di_hc_params;
+
+/* engram_rows: rows[t, col] = rem_euclid(h_n, primes[col]) + offsets[col]
+ * with n = 2 + col / heads and h the rolling XOR hashes of ids[t, 0..4]
+ * (cpu_backend::engram::{ngram_hashes, table_rows}). */
+#define DI_ENGRAM_MAX_COLS 64
+typedef struct di_engram_rows_params {
+    const int64_t *ids;  /* [tokens, 4] */
+    int64_t *rows;       /* [tokens, cols] */
+    int64_t tokens;
+    int64_t multipliers[4];
+    int64_t primes[DI_ENGRAM_MAX_COLS];
+    int64_t offsets[DI_ENGRAM_MAX_COLS];  /* the sum of the primes before each column */
+    int32_t cols;
+    int32_t heads;       /* cols / 3 */
+} di_engram_rows_params;
+
+/* engram_lookup_bf16: out[e, :] = bf16(e4m3(table[rows[e], i]) * e8m0(scale
+ * of i's 32-block)) for entry e of rows; a row outside the table lowers
+ * *bad to e. */
+typedef struct di_engram_lookup_params {
+    const uint8_t *table;  /* [table_rows, head_dim + head_dim / 32] */
+    const int64_t *rows;   /* [entries] */
+    void *out;             /* bf16 [entries, head_dim] */
+    long long *bad;
+    int64_t entries;
+    int64_t table_rows;
+    int32_t head_dim;      /* a multiple of 32 */
+} di_engram_lookup_params;
+
+/* engram_gate_update_bf16: one CTA per (token, stream c): the gate
+ * g = sigmoid(sign(dot) sqrt(max(|dot|, 1e-6))), dot = sum_i S[i] qk[i] key[i]
+ * * 1/sqrt(mean S^2 + eps) * 1/sqrt(mean key^2 + eps) * inv_sqrt_d, then
+ * out = bf16(S + g * value) (cpu_backend::engram::{gate, update}; the sums
+ * are fixed-shape block reductions). */
+typedef struct di_engram_gate_params {
+    const void *streams;   /* bf16 [tokens, c, d] */
+    const void *kv;        /* bf16 [tokens, c + 1, d]: c keys, then the value */
+    const void *q_weight;  /* bf16 [c, d] */
+    const void *k_weight;  /* bf16 [c, d] */
+    void *out;             /* bf16 [tokens, c, d] */
+    int64_t tokens;
+    int32_t c;
+    int32_t d;
+    float eps;
+    float inv_sqrt_d;      /* fp32(d^-1/2), rounded once from f64 as the CPU does */
+} di_engram_gate_params;
+
+/* moe_permute_bf16: x_out[i] = x[perm[i] / top_k], w_out[i] = weights[perm[i]].
+ * moe_combine_invert: pos[perm[i]] = max such i (pos zeroed by the host).
+ * moe_combine_bf16: out[t, :] = bf16(sum_slot routed[pos[t top_k + slot], :]
+ *   from 0.0, slot ascending, + shared[t, :]).
+ * An entry of perm outside [0, n) lowers *bad to its index. */
+typedef struct di_moe_params {
+    const void *x;          /* permute: bf16 [tokens, d]; combine: routed bf16 [n, d] */
+    const float *weights;   /* permute: [n] */
+    const void *shared;     /* combine: bf16 [tokens, d] */
+    const int32_t *perm;    /* [n] */
+    int32_t *pos;           /* combine: [n] */
+    void *out;              /* permute: bf16 [n, d]; combine: bf16 [tokens, d] */
+    float *w_out;           /* permute: [n] */
+    long long *bad;
+    int64_t tokens;
+    int64_t n;              /* tokens * top_k */
+    int64_t d;
+    int32_t top_k;
+} di_moe_params;
+
 #endif

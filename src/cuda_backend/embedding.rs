@@ -1,0 +1,83 @@
+//! Launches of `kernels-cuda/embedding/`: the embedding gather (one CTA per
+//! token) and the greedy argmax (one CTA of `DI_ARGMAX_THREADS` per row,
+//! a fixed tree: the result is numerics::argmax's, whatever the batch).
+
+use super::params::{DI_ARGMAX_THREADS, di_argmax_params, di_embedding_params};
+use super::{BadSlot, grid_for, launch, read_ptr, u32_param, write_ptr};
+use crate::device::CudaDevice;
+use crate::error::Result;
+use crate::kernels;
+use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
+
+/// `out[t] = table[ids[t]]` for BF16 `table` `[vocab, d]`, I32 `ids`
+/// `[tokens]`. Returns the first position whose id is outside the table
+/// (its row is not written), after waiting for the kernel.
+pub fn embedding(
+    dev: &CudaDevice,
+    table: &Tensor,
+    ids: &Tensor,
+    out: &mut Tensor,
+    vocab: usize,
+    d: usize,
+) -> Result<Option<usize>> {
+    let tokens = ids.numel();
+    if tokens == 0 {
+        return Ok(None);
+    }
+    let mut bad = BadSlot::new(dev)?;
+    {
+        let (tp, _gt) = read_ptr(table.cuda()?, dev);
+        let (ip, _gi) = read_ptr(ids.cuda()?, dev);
+        let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+        let (bp, _gb) = bad.ptr(dev)?;
+        let p = di_embedding_params {
+            table: tp,
+            ids: ip.cast(),
+            out: op,
+            bad: bp,
+            tokens: tokens as i64,
+            vocab: vocab as i64,
+            d: d as i64,
+        };
+        let per_thread = if d.is_multiple_of(8) { d / 8 } else { d };
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(tokens, 1), 1, 1),
+            block_dim: (
+                u32_param("threads", per_thread.next_multiple_of(32).clamp(32, 256))?,
+                1,
+                1,
+            ),
+            shared_mem_bytes: 0,
+        };
+        launch(dev, kernels::embedding::EMBEDDING_BF16, cfg, &p)?;
+    }
+    bad.first()
+}
+
+/// Each row's argmax of F32 `logits` `[rows, v]` into I32 `out` `[rows]`.
+pub fn argmax(
+    dev: &CudaDevice,
+    logits: &Tensor,
+    out: &mut Tensor,
+    rows: usize,
+    v: usize,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let (xp, _gx) = read_ptr(logits.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let p = di_argmax_params {
+        x: xp.cast(),
+        out: op.cast(),
+        rows: rows as i64,
+        v: super::i32_param("v", v)?,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(rows, 1), 1, 1),
+        block_dim: (DI_ARGMAX_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::embedding::ARGMAX_F32, cfg, &p)
+}

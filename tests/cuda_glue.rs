@@ -1,0 +1,493 @@
+//! The forward's glue ops on the GPU against the CPU reference, with fresh
+//! random inputs (special values included), tail shapes, and outputs
+//! NaN-poisoned by the device (every element must be written):
+//! - bitwise (NaN matching NaN): `scale`, `div_scalar`, `add`, `cat_cols`,
+//!   `embedding`, `argmax` (ties, NaN, ±0, all-NaN rows), `hc_init`,
+//!   `hc_collapse`, `hc_stream_mean`, `engram_rows`, `engram_lookup`,
+//!   `moe_permute`, `moe_combine` (random and repeated permutations);
+//! - `engram_gate_update` within 1 BF16 ulp per element and `calc_diff` <
+//!   1e-6: its three sums are block reductions, the CPU's are sequential, so
+//!   the gate differs by fp32 rounding (a few ulps relative), which moves
+//!   `S + g · v` by at most one BF16 rounding step;
+//! - `grouped_bf16_linear` (cuBLAS) `calc_diff` < 1e-5 and every element
+//!   within 1 % of the row's largest magnitude plus one BF16 ulp: fp32
+//!   accumulation in another order, one BF16 rounding each;
+//! - out-of-range ids, rows and permutation entries are typed errors naming
+//!   the value, on the GPU as on the CPU.
+//!
+//! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
+//! the GPU bundle).
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use deepinfer::cpu_backend::engram::primes_after;
+use deepinfer::device::CudaDevice;
+use deepinfer::dtype::{DType, Fp4x2};
+use deepinfer::numerics::calc_diff;
+use deepinfer::{Device, Error, Tensor, ops};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+
+fn gpu() -> Device {
+    let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
+    Device::Cuda(dev.with_poisoned_allocations())
+}
+
+fn up(t: &Tensor, dev: &Device) -> Tensor {
+    t.to_device(dev).unwrap()
+}
+
+/// Bitwise equal, except that any NaN matches any NaN (payloads differ
+/// between the CPU and the GPU's canonical NaN).
+fn assert_same(case: &str, got: &Tensor, want: &Tensor) {
+    assert_eq!(got.shape(), want.shape(), "{case}: shape");
+    assert_eq!(got.dtype(), want.dtype(), "{case}: dtype");
+    assert!(
+        matches!(got.device(), Device::Cuda(_)),
+        "{case}: output not on the GPU"
+    );
+    match want.dtype() {
+        DType::F32 => {
+            let (g, w) = (got.to_vec::<f32>().unwrap(), want.to_vec::<f32>().unwrap());
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                let same = a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan();
+                assert!(same, "{case}: [{i}] GPU {a:e} CPU {b:e}");
+            }
+        }
+        DType::BF16 => {
+            let (g, w) = (
+                got.to_vec::<bf16>().unwrap(),
+                want.to_vec::<bf16>().unwrap(),
+            );
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                let same = a.to_bits() == b.to_bits() || a.is_nan() && b.is_nan();
+                assert!(same, "{case}: [{i}] GPU {a} CPU {b}");
+            }
+        }
+        _ => {
+            let (g, w) = (got.to_le_bytes().unwrap(), want.to_le_bytes().unwrap());
+            if let Some(i) = g.iter().zip(&w).position(|(a, b)| a != b) {
+                panic!("{case}: byte {i} GPU {} CPU {}", g[i], w[i]);
+            }
+        }
+    }
+}
+
+/// Random f32 values with the specials mixed in.
+fn special_f32(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    const SPECIAL: [f32; 9] = [
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e-40,
+        -3e-39,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+    ];
+    (0..n)
+        .map(|_| {
+            if rng.random_range(0..16) == 0 {
+                SPECIAL[rng.random_range(0..SPECIAL.len())]
+            } else {
+                rng.random_range(-4.0f32..4.0) * 2f32.powi(rng.random_range(-20..20))
+            }
+        })
+        .collect()
+}
+
+fn is_arg_error(e: &Error, arg: &str, value: &str) -> bool {
+    matches!(e, Error::Argument { arg: a, value: v, .. } if *a == arg && v == value)
+}
+
+#[test]
+fn scale_div_and_add_are_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_elementwise");
+    for &n in &[1usize, 7, 4097, 65_537] {
+        let a = special_f32(&mut rng, n);
+        let b = special_f32(&mut rng, n);
+        let ta = Tensor::from_vec(a.clone(), &[n]).unwrap();
+        let tb = Tensor::from_vec(b, &[n]).unwrap();
+        let t16 = Tensor::from_vec(a.iter().map(|&v| bf16::from_f32(v)).collect(), &[n]).unwrap();
+        for &s in &[0.015625f32, -3.7, 1e-30, 0.0] {
+            for x in [&ta, &t16] {
+                let case = format!("n {n} s {s} {:?}", x.dtype());
+                let gx = up(x, &dev);
+                assert_same(
+                    &format!("scale {case}"),
+                    &ops::scale(&gx, s).unwrap(),
+                    &ops::scale(x, s).unwrap(),
+                );
+                assert_same(
+                    &format!("div {case}"),
+                    &ops::div_scalar(&gx, s).unwrap(),
+                    &ops::div_scalar(x, s).unwrap(),
+                );
+            }
+        }
+        let got = ops::add(&up(&ta, &dev), &up(&tb, &dev)).unwrap();
+        assert_same(&format!("add n {n}"), &got, &ops::add(&ta, &tb).unwrap());
+    }
+    let i32s = Tensor::from_vec(vec![1i32; 4], &[4]).unwrap();
+    assert!(matches!(
+        ops::scale(&up(&i32s, &dev), 2.0),
+        Err(Error::DType { .. })
+    ));
+}
+
+#[test]
+fn cat_cols_is_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_cat_cols");
+    for &t in &[1usize, 3, 129] {
+        let widths = [1usize, 3, 0, 64, 5];
+        let bf: Vec<Tensor> = widths
+            .iter()
+            .map(|&w| Tensor::from_vec(common::random_bf16(&mut rng, t * w), &[t, w]).unwrap())
+            .collect();
+        let f: Vec<Tensor> = widths
+            .iter()
+            .map(|&w| Tensor::from_vec(special_f32(&mut rng, t * w), &[t, w]).unwrap())
+            .collect();
+        let u: Vec<Tensor> = widths
+            .iter()
+            .map(|&w| {
+                Tensor::from_vec((0..t * w).map(|_| rng.random::<u8>()).collect(), &[t, w]).unwrap()
+            })
+            .collect();
+        for parts in [&bf, &f, &u] {
+            let cpu: Vec<&Tensor> = parts.iter().collect();
+            let g: Vec<Tensor> = parts.iter().map(|p| up(p, &dev)).collect();
+            let gr: Vec<&Tensor> = g.iter().collect();
+            let case = format!("T {t} {:?}", parts[0].dtype());
+            assert_same(
+                &case,
+                &ops::cat_cols(&gr).unwrap(),
+                &ops::cat_cols(&cpu).unwrap(),
+            );
+        }
+    }
+    let fp4 = Tensor::from_vec(vec![Fp4x2(0x21); 2], &[1, 4]).unwrap();
+    let g = up(&fp4, &dev);
+    assert!(matches!(
+        ops::cat_cols(&[&g, &g]),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn embedding_gathers_bitwise_and_names_a_bad_id() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_embedding");
+    let v = 1000;
+    for &d in &[8usize, 4096, 7] {
+        let table = Tensor::from_vec(common::random_bf16(&mut rng, v * d), &[v, d]).unwrap();
+        let gt = up(&table, &dev);
+        for &t in &[1usize, 3, 257] {
+            let ids: Vec<i32> = (0..t).map(|_| rng.random_range(0..v as i32)).collect();
+            let ids = Tensor::from_vec(ids, &[t]).unwrap();
+            let got = ops::embedding(&gt, &up(&ids, &dev)).unwrap();
+            assert_same(
+                &format!("D {d} T {t}"),
+                &got,
+                &ops::embedding(&table, &ids).unwrap(),
+            );
+        }
+        for bad in [-1i32, v as i32, i32::MAX] {
+            let ids = Tensor::from_vec(vec![3, bad, 5, bad], &[4]).unwrap();
+            let e = ops::embedding(&gt, &up(&ids, &dev)).unwrap_err();
+            assert!(
+                is_arg_error(&e, "ids", &bad.to_string()),
+                "D {d} id {bad}: {e}"
+            );
+            let e = ops::embedding(&table, &ids).unwrap_err();
+            assert!(
+                is_arg_error(&e, "ids", &bad.to_string()),
+                "CPU D {d} id {bad}: {e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn argmax_follows_the_cpu_rule_on_ties_nan_and_zeros() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_argmax");
+    for &v in &[1usize, 7, 512, 513, 129_280] {
+        for &rows in &[1usize, 2, 33] {
+            let mut x: Vec<f32> = (0..rows * v)
+                // Few distinct values: many ties.
+                .map(|_| f32::from(rng.random_range(-8i8..8)) * 0.5)
+                .collect();
+            for r in 0..rows {
+                let row = &mut x[r * v..(r + 1) * v];
+                match r % 5 {
+                    1 => row.iter_mut().for_each(|e| *e = f32::NAN),
+                    2 => {
+                        for e in row.iter_mut().step_by(3) {
+                            *e = f32::NAN;
+                        }
+                    }
+                    3 => {
+                        row.iter_mut()
+                            .for_each(|e| *e = if rng.random() { 0.0 } else { -0.0 });
+                    }
+                    4 => {
+                        row.iter_mut().for_each(|e| *e = f32::NEG_INFINITY);
+                        let last = row.len() - 1;
+                        row[last] = f32::NAN;
+                    }
+                    _ => {}
+                }
+            }
+            let cpu = Tensor::from_vec(x, &[rows, v]).unwrap();
+            let got = ops::argmax(&up(&cpu, &dev)).unwrap();
+            assert_same(
+                &format!("V {v} rows {rows}"),
+                &got,
+                &ops::argmax(&cpu).unwrap(),
+            );
+        }
+    }
+}
+
+#[test]
+fn hc_streams_ops_are_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_hc");
+    for &t in &[1usize, 3, 257] {
+        for &d in &[7usize, 128, 4096] {
+            let case = format!("T {t} D {d}");
+            let x = Tensor::from_vec(common::random_activations(&mut rng, t * d, 1.0), &[t, d])
+                .unwrap();
+            let s = Tensor::from_vec(
+                common::random_activations(&mut rng, t * 4 * d, 2.0),
+                &[t, 4, d],
+            )
+            .unwrap();
+            let pre: Vec<f32> = (0..t * 4).map(|_| rng.random_range(-2.0..2.0)).collect();
+            let pre = Tensor::from_vec(pre, &[t, 4]).unwrap();
+            let (gx, gs, gp) = (up(&x, &dev), up(&s, &dev), up(&pre, &dev));
+            assert_same(
+                &format!("init {case}"),
+                &ops::hc_init(&gx).unwrap(),
+                &ops::hc_init(&x).unwrap(),
+            );
+            assert_same(
+                &format!("collapse {case}"),
+                &ops::hc_collapse(&gs, &gp).unwrap(),
+                &ops::hc_collapse(&s, &pre).unwrap(),
+            );
+            assert_same(
+                &format!("mean {case}"),
+                &ops::hc_stream_mean(&gs).unwrap(),
+                &ops::hc_stream_mean(&s).unwrap(),
+            );
+        }
+    }
+}
+
+fn ngram_ids(rng: &mut StdRng, t: usize) -> Tensor {
+    // Compressed ids, the pad (-1) and huge values (wrapping products).
+    let ids: Vec<i64> = (0..t * 4)
+        .map(|_| match rng.random_range(0..8) {
+            0 => -1,
+            1 => rng.random::<i64>(),
+            _ => rng.random_range(0..200_000),
+        })
+        .collect();
+    Tensor::from_vec(ids, &[t, 4]).unwrap()
+}
+
+#[test]
+fn engram_rows_and_lookup_are_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_engram");
+    let mult: [i64; 4] = std::array::from_fn(|_| rng.random_range(1..1i64 << 40) | 1);
+    for &heads in &[1usize, 8] {
+        let primes = primes_after(rng.random_range(1000..5000), 3 * heads);
+        let table_rows: u64 = primes.iter().sum();
+        for &t in &[1usize, 3, 257] {
+            let ids = ngram_ids(&mut rng, t);
+            let want = ops::engram_rows(&ids, &mult, &primes).unwrap();
+            let got = ops::engram_rows(&up(&ids, &dev), &mult, &primes).unwrap();
+            assert_same(&format!("rows heads {heads} T {t}"), &got, &want);
+            for &hd in &[32usize, 128] {
+                let rb = hd + hd / 32;
+                let bytes: Vec<u8> = (0..table_rows as usize * rb)
+                    .map(|_| rng.random())
+                    .collect();
+                let table = Tensor::from_vec(bytes, &[table_rows as usize, rb]).unwrap();
+                let gt = up(&table, &dev);
+                let got = ops::engram_lookup(&gt, &up(&want, &dev), hd).unwrap();
+                let case = format!("lookup heads {heads} T {t} hd {hd}");
+                assert_same(&case, &got, &ops::engram_lookup(&table, &want, hd).unwrap());
+                let mut rows = want.to_vec::<i64>().unwrap();
+                let bad = if t % 2 == 0 { -1 } else { table_rows as i64 };
+                let at = rows.len() / 2;
+                rows[at] = bad;
+                let rows = Tensor::from_vec(rows, want.shape()).unwrap();
+                let e = ops::engram_lookup(&gt, &up(&rows, &dev), hd).unwrap_err();
+                assert!(is_arg_error(&e, "rows", &bad.to_string()), "{case}: {e}");
+            }
+        }
+    }
+    let many = primes_after(10, 66);
+    let ids = up(&ngram_ids(&mut rng, 2), &dev);
+    assert!(matches!(
+        ops::engram_rows(&ids, &mult, &many),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn engram_gate_update_is_within_one_ulp_of_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_engram_gate");
+    for &t in &[1usize, 3, 129] {
+        for &d in &[32usize, 100, 4096] {
+            let c = 4;
+            let s = Tensor::from_vec(
+                common::random_activations(&mut rng, t * c * d, 1.0),
+                &[t, c, d],
+            )
+            .unwrap();
+            let kv = Tensor::from_vec(
+                common::random_activations(&mut rng, t * (c + 1) * d, 1.0),
+                &[t, c + 1, d],
+            )
+            .unwrap();
+            let qw = Tensor::from_vec(common::random_activations(&mut rng, c * d, 1.0), &[c, d])
+                .unwrap();
+            let kw = Tensor::from_vec(common::random_activations(&mut rng, c * d, 1.0), &[c, d])
+                .unwrap();
+            let want = ops::engram_gate_update(&s, &kv, &qw, &kw, 1e-6).unwrap();
+            let got = ops::engram_gate_update(
+                &up(&s, &dev),
+                &up(&kv, &dev),
+                &up(&qw, &dev),
+                &up(&kw, &dev),
+                1e-6,
+            )
+            .unwrap();
+            let (g, w) = (
+                got.to_vec::<bf16>().unwrap(),
+                want.to_vec::<bf16>().unwrap(),
+            );
+            let case = format!("T {t} D {d}");
+            for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+                assert!(
+                    common::bf16_ulps(*a, *b) <= 1,
+                    "{case}: [{i}] GPU {a} CPU {b}"
+                );
+            }
+            let diff = calc_diff(&common::to_f64(&g), &common::to_f64(&w));
+            assert!(diff < 1e-6, "{case}: calc_diff {diff}");
+        }
+    }
+}
+
+#[test]
+fn moe_permute_and_combine_are_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_moe");
+    for &t in &[1usize, 5, 300] {
+        for &k in &[1usize, 6] {
+            for &d in &[7usize, 8, 4096] {
+                let n = t * k;
+                let case = format!("T {t} k {k} D {d}");
+                let x = Tensor::from_vec(common::random_activations(&mut rng, t * d, 1.0), &[t, d])
+                    .unwrap();
+                let w: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..1.0)).collect();
+                let w = Tensor::from_vec(w, &[t, k]).unwrap();
+                let mut perm: Vec<i32> = (0..n as i32).collect();
+                perm.shuffle(&mut rng);
+                // A repeated entry: both devices keep the last writer.
+                let mut repeated = perm.clone();
+                if n > 1 {
+                    repeated[0] = repeated[n - 1];
+                }
+                for (which, p) in [("perm", &perm), ("repeated", &repeated)] {
+                    let p = Tensor::from_vec(p.clone(), &[n]).unwrap();
+                    let gp = up(&p, &dev);
+                    let (xw, ww) = ops::moe_permute(&x, &w, &p).unwrap();
+                    let (xg, wg) = ops::moe_permute(&up(&x, &dev), &up(&w, &dev), &gp).unwrap();
+                    assert_same(&format!("permute rows {which} {case}"), &xg, &xw);
+                    assert_same(&format!("permute weights {which} {case}"), &wg, &ww);
+                    let routed =
+                        Tensor::from_vec(common::random_activations(&mut rng, n * d, 1.0), &[n, d])
+                            .unwrap();
+                    let shared =
+                        Tensor::from_vec(common::random_activations(&mut rng, t * d, 1.0), &[t, d])
+                            .unwrap();
+                    let want = ops::moe_combine(&routed, &p, &shared).unwrap();
+                    let got =
+                        ops::moe_combine(&up(&routed, &dev), &gp, &up(&shared, &dev)).unwrap();
+                    assert_same(&format!("combine {which} {case}"), &got, &want);
+                }
+                let mut bad = perm.clone();
+                bad[n / 2] = n as i32;
+                let gb = up(&Tensor::from_vec(bad, &[n]).unwrap(), &dev);
+                let e = ops::moe_permute(&up(&x, &dev), &up(&w, &dev), &gb).unwrap_err();
+                assert!(
+                    is_arg_error(&e, "permutation", &n.to_string()),
+                    "{case}: {e}"
+                );
+                let routed = up(
+                    &Tensor::zeros(&Device::Cpu, DType::BF16, &[n, d]).unwrap(),
+                    &dev,
+                );
+                let e = ops::moe_combine(&routed, &gb, &up(&x, &dev)).unwrap_err();
+                assert!(
+                    is_arg_error(&e, "permutation", &n.to_string()),
+                    "{case}: {e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_bf16_linear_matches_the_cpu_within_fp32_reordering() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_grouped");
+    for &(g, n, k) in &[(8usize, 64usize, 512usize), (16, 1024, 64), (3, 5, 7)] {
+        for &t in &[1usize, 3, 129] {
+            let case = format!("G {g} N {n} K {k} T {t}");
+            let x = Tensor::from_vec(
+                common::random_activations(&mut rng, t * g * k, 1.0),
+                &[t, g * k],
+            )
+            .unwrap();
+            let w = Tensor::from_vec(
+                common::random_activations(&mut rng, g * n * k, 0.05),
+                &[g * n, k],
+            )
+            .unwrap();
+            let want = ops::grouped_bf16_linear(&x, &w, g).unwrap();
+            let got = ops::grouped_bf16_linear(&up(&x, &dev), &up(&w, &dev), g).unwrap();
+            assert!(matches!(got.device(), Device::Cuda(_)), "{case}");
+            let (gv, wv) = (
+                got.to_vec::<bf16>().unwrap(),
+                want.to_vec::<bf16>().unwrap(),
+            );
+            let diff = calc_diff(&common::to_f64(&gv), &common::to_f64(&wv));
+            assert!(diff < 1e-5, "{case}: calc_diff {diff}");
+            for (r, (gr, wr)) in gv.chunks(g * n).zip(wv.chunks(g * n)).enumerate() {
+                let amax = wr.iter().fold(0.0f32, |m, v| m.max(v.to_f32().abs()));
+                for (i, (a, b)) in gr.iter().zip(wr).enumerate() {
+                    let tol = 0.01 * amax + common::bf16_half_ulp(*b) as f32 * 2.0;
+                    assert!(
+                        (a.to_f32() - b.to_f32()).abs() <= tol,
+                        "{case}: [{r}, {i}] GPU {a} CPU {b}"
+                    );
+                }
+            }
+        }
+    }
+}
