@@ -877,3 +877,146 @@ fn the_generator_refuses_a_checkpoint_that_does_not_fit() {
         "nothing written"
     );
 }
+
+/// The file-system type of `path` (statfs's f_type).
+fn fs_type(path: &Path) -> i64 {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY (test): a valid C string and a zeroed statfs buffer to fill.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    assert_eq!(unsafe { libc::statfs(c.as_ptr(), &mut st) }, 0);
+    st.f_type as i64
+}
+
+/// Loading the weights drops each converted tensor's pages from the page
+/// cache (whole shards once all their tensors are converted), so a CPU load
+/// ends with one host copy of the weights (the heap tensors), not two. The
+/// control, `keep_page_cache`, leaves the shards resident: the check can
+/// fail. The weights are bitwise equal either way, and a tensor read again
+/// after its release reads the same bytes. Thresholds: the control keeps
+/// ≥ 90 % of the shard bytes resident (the generator just wrote and synced
+/// them); a releasing load leaves ≤ 5 % plus one 64 KiB page per shard.
+#[test]
+fn loading_weights_releases_the_page_cache() {
+    use deepinfer::model::load::{load_weights, modulo_token_map};
+    const TMPFS: i64 = 0x0102_1994;
+    const OVERLAYFS: i64 = 0x794c_7630;
+    let dir = TempDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "page-cache");
+    let options = GenerateOptions {
+        seed: 3,
+        shard_bytes: SHARD_BYTES,
+    };
+    generate(&tiny(), dir.path(), &options).unwrap();
+    let (mut total, mut shards) = (0usize, 0usize);
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            let f = std::fs::File::open(&path).unwrap();
+            f.sync_all().unwrap(); // dirty pages cannot be dropped
+            total += f.metadata().unwrap().len() as usize;
+            shards += 1;
+        }
+    }
+    let cfg = tiny();
+    let keeping = LoadOptions {
+        keep_page_cache: true,
+        ..LoadOptions::default()
+    };
+    let keep = Checkpoint::load(dir.path(), &cfg, &keeping).unwrap();
+    let (kept, _) = load_weights(&keep, &cfg, modulo_token_map(&cfg)).unwrap();
+    let resident_keep = keep.resident_bytes().unwrap();
+    drop(keep);
+    let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
+    let embed = ck.get("embed.weight").unwrap().bytes().to_vec();
+    let (w, _) = load_weights(&ck, &cfg, modulo_token_map(&cfg)).unwrap();
+    let resident = ck.resident_bytes().unwrap();
+    println!(
+        "{shards} shards, {total} bytes; resident after a keeping load {resident_keep}, \
+         after a releasing load {resident}"
+    );
+    let bytes = |t: &deepinfer::Tensor| t.to_le_bytes().unwrap();
+    assert_eq!(bytes(&kept.embed), bytes(&w.embed));
+    let (a, b) = (&kept.blocks[0].ffn.w1.weight, &w.blocks[0].ffn.w1.weight);
+    assert_eq!(bytes(a), bytes(b));
+    // Released, then read again: the same bytes, from the file.
+    assert_eq!(ck.get("embed.weight").unwrap().bytes(), &embed[..]);
+    let fs = fs_type(dir.path());
+    if fs == TMPFS || fs == OVERLAYFS {
+        println!("residency not checked: the test dir is on tmpfs or overlayfs (f_type {fs:#x})");
+        return;
+    }
+    assert!(
+        resident_keep * 10 >= total * 9,
+        "control: {resident_keep} of {total} resident"
+    );
+    let page = 64 << 10;
+    assert!(
+        resident * 20 <= total + 20 * shards * page,
+        "{resident} of {total} still resident"
+    );
+}
+
+/// A shard leaves the page cache once its last manifest tensor is released
+/// (the kernel drops a file's cache only in whole folios, which a single
+/// tensor's range rarely covers), so the weight loader never holds a second
+/// copy of more than the shard it is converting. Releasing a tensor twice
+/// counts once.
+#[test]
+fn a_shard_is_dropped_when_its_last_tensor_is_released() {
+    const TMPFS: i64 = 0x0102_1994;
+    const OVERLAYFS: i64 = 0x794c_7630;
+    let dir = TempDir::new_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "shard-release");
+    let options = GenerateOptions {
+        seed: 4,
+        shard_bytes: SHARD_BYTES,
+    };
+    generate(&tiny(), dir.path(), &options).unwrap();
+    let cfg = tiny();
+    let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
+    let first = ck.shard_paths().next().unwrap().to_path_buf();
+    let f = std::fs::File::open(&first).unwrap();
+    f.sync_all().unwrap();
+    let size = f.metadata().unwrap().len() as usize;
+    let names: Vec<String> = ck
+        .manifest()
+        .tensors()
+        .iter()
+        .map(|t| t.name.clone())
+        .filter(|n| ck.get(n).unwrap().file() == first)
+        .collect();
+    assert!(
+        names.len() > 2,
+        "{} tensors in the first shard",
+        names.len()
+    );
+    for n in &names {
+        let _ = ck
+            .get(n)
+            .unwrap()
+            .bytes()
+            .iter()
+            .map(|&b| u64::from(b))
+            .sum::<u64>();
+    }
+    let fs = fs_type(dir.path());
+    if fs == TMPFS || fs == OVERLAYFS {
+        println!("residency not checked: tmpfs or overlayfs (f_type {fs:#x})");
+        return;
+    }
+    let before = ck.resident_bytes().unwrap();
+    let (last, rest) = names.split_last().unwrap();
+    for n in rest {
+        ck.release(n);
+        ck.release(n); // counted once
+    }
+    let partial = ck.resident_bytes().unwrap();
+    ck.release(last);
+    let after = ck.resident_bytes().unwrap();
+    println!(
+        "shard of {size} bytes: resident {before}, all but one released {partial}, all {after}"
+    );
+    assert!(
+        before >= after + size * 9 / 10,
+        "{before} -> {after} for a shard of {size}"
+    );
+}

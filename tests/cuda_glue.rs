@@ -5,10 +5,12 @@
 //!   `embedding`, `argmax` (ties, NaN, ±0, all-NaN rows), `hc_init`,
 //!   `hc_collapse`, `hc_stream_mean`, `engram_rows`, `engram_lookup`,
 //!   `moe_permute`, `moe_combine` (random and repeated permutations);
-//! - `engram_gate_update` within 1 BF16 ulp per element and `calc_diff` <
-//!   1e-6: its three sums are block reductions, the CPU's are sequential, so
-//!   the gate differs by fp32 rounding (a few ulps relative), which moves
-//!   `S + g · v` by at most one BF16 rounding step;
+//! - `engram_gate_update` within half a BF16 ulp of each side plus
+//!   |value|·2^-18 per element, and `calc_diff` < 1e-6: its three sums are
+//!   block reductions, the CPU's are sequential, so the gate differs by fp32
+//!   rounding (up to ~12 fp32 ulps in a simulation of the kernel's order),
+//!   which near a cancellation in `S + g · v` can move a tiny result by more
+//!   than one of its BF16 ulps;
 //! - `grouped_bf16_linear` (cuBLAS) `calc_diff` < 1e-5 and every element
 //!   within 1 % of the row's largest magnitude plus one BF16 ulp: fp32
 //!   accumulation in another order, one BF16 rounding each;
@@ -346,7 +348,7 @@ fn engram_rows_and_lookup_are_bitwise_the_cpu() {
 }
 
 #[test]
-fn engram_gate_update_is_within_one_ulp_of_the_cpu() {
+fn engram_gate_update_matches_the_cpu_up_to_the_gate_rounding() {
     let dev = gpu();
     let mut rng = common::rng("cuda_glue_engram_gate");
     for &t in &[1usize, 3, 129] {
@@ -379,12 +381,18 @@ fn engram_gate_update_is_within_one_ulp_of_the_cpu() {
                 got.to_vec::<bf16>().unwrap(),
                 want.to_vec::<bf16>().unwrap(),
             );
+            let value = kv.to_vec::<bf16>().unwrap();
             let case = format!("T {t} D {d}");
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {
-                assert!(
-                    common::bf16_ulps(*a, *b) <= 1,
-                    "{case}: [{i}] GPU {a} CPU {b}"
-                );
+                // The gates differ by fp32 reordering (≲ 2^-20 relative, the
+                // gate is below 1), so S + g·v differs by ≤ |v|·2^-18, then
+                // each side rounds to BF16 once.
+                let (tok, x) = (i / (c * d), i % d);
+                let v = f64::from(value[(tok * (c + 1) + c) * d + x].to_f32().abs());
+                let tol =
+                    common::bf16_half_ulp(*a) + common::bf16_half_ulp(*b) + v * 2f64.powi(-18);
+                let err = (f64::from(a.to_f32()) - f64::from(b.to_f32())).abs();
+                assert!(err <= tol, "{case}: [{i}] GPU {a} CPU {b}");
             }
             let diff = calc_diff(&common::to_f64(&g), &common::to_f64(&w));
             assert!(diff < 1e-6, "{case}: calc_diff {diff}");

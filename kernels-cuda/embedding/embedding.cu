@@ -52,11 +52,12 @@ extern "C" __global__ void __launch_bounds__(DI_ARGMAX_THREADS)
         // an index past every real one, which never beats a real candidate.
         float bv = __uint_as_float(0x7FC00000u);
         int32_t bi = 0x7FFFFFFF;
-        for (int32_t i = threadIdx.x; i < p.v; i += DI_ARGMAX_THREADS) {
+        // int64 counter: v may approach 2^31 - 1, past which i + 512 wraps.
+        for (int64_t i = threadIdx.x; i < p.v; i += DI_ARGMAX_THREADS) {
             const float v = x[i];
-            if (bi == 0x7FFFFFFF || beats(v, i, bv, bi)) {
+            if (bi == 0x7FFFFFFF || beats(v, int32_t(i), bv, bi)) {
                 bv = v;
-                bi = i;
+                bi = int32_t(i);
             }
         }
         sv[threadIdx.x] = bv;

@@ -72,7 +72,8 @@ extern "C" __global__ void __launch_bounds__(1024)
         float dot = 0.0f, ss = 0.0f, kk = 0.0f;
         for (int i = threadIdx.x; i < p.d; i += blockDim.x) {
             const float sv = __bfloat162float(s[i]), k = __bfloat162float(key[i]);
-            const float qk = __fmul_rn(__bfloat162float(qw[c * p.d + i]), __bfloat162float(kw[c * p.d + i]));
+            const int64_t w = int64_t(c) * p.d + i;
+            const float qk = __fmul_rn(__bfloat162float(qw[w]), __bfloat162float(kw[w]));
             dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(sv, qk), k));
             ss = __fadd_rn(ss, __fmul_rn(sv, sv));
             kk = __fadd_rn(kk, __fmul_rn(k, k));

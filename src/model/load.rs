@@ -12,9 +12,13 @@
 //! memory-mapped shard straight to it (on a GPU, one upload from the page
 //! cache, with no host tensor between); only the converted ones (`wo_a`
 //! dequantised, the experts stacked, the Engram rows interleaved, the mHC
-//! vectors checked) are built on the host first, one at a time.
+//! vectors checked) are built on the host first, one at a time. Once a
+//! tensor is converted its pages leave the page cache (`Src`), and a shard
+//! leaves it whole once all its tensors are converted (the kernel drops
+//! cache only in whole folios), so a host holds a second copy of at most
+//! the shards being converted, and none once the load returns.
 
-use super::checkpoint::Checkpoint;
+use super::checkpoint::{Checkpoint, CheckpointError};
 use super::config::{LayerPlan, ModelConfig, WeightFormat};
 use super::dspark::DsparkWeights;
 use super::forward::ModelWeights;
@@ -40,18 +44,36 @@ struct Src<'a> {
     dev: &'a Device,
 }
 
+/// Every read of a stored tensor goes through these methods, which release
+/// its pages from the page cache (`Checkpoint::release`) once the loader
+/// holds its own copy: on the CPU a host then keeps one copy of a weight
+/// (the heap tensor), not two; on a GPU, none.
 impl Src<'_> {
     /// Stored tensor `name` on the device, as `shape` (the manifest checked
     /// its element count; the reshape restates it).
     fn raw(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        Ok(self.ck.get(name)?.to_tensor_on(self.dev)?.reshape(shape)?)
+        let t = self.ck.get(name)?.to_tensor_on(self.dev)?.reshape(shape)?;
+        self.ck.release(name);
+        Ok(t)
     }
 
     /// A stored vector on the device.
     fn vector(&self, name: &str) -> Result<Tensor> {
         let t = self.ck.get(name)?.to_tensor_on(self.dev)?;
+        self.ck.release(name);
         let n = t.numel();
         Ok(t.reshape(&[n])?)
+    }
+
+    /// A stored tensor's values on the host, converted by `read`.
+    fn host<T>(
+        &self,
+        name: &str,
+        read: impl FnOnce(&Checkpoint, &str) -> std::result::Result<Vec<T>, CheckpointError>,
+    ) -> Result<Vec<T>> {
+        let v = read(self.ck, name)?;
+        self.ck.release(name);
+        Ok(v)
     }
 
     /// A tensor built on the host, moved to the device.
@@ -76,8 +98,8 @@ fn fp8(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
 /// An FP8 weight dequantised to BF16 (exact: e4m3 × 2^e), as the reference
 /// does for `wo_a`.
 fn fp8_dequantized(src: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Tensor> {
-    let w = src.ck.e4m3(&format!("{base}.weight"))?;
-    let s = src.ck.e8m0(&format!("{base}.scale"))?;
+    let w = src.host(&format!("{base}.weight"), Checkpoint::e4m3)?;
+    let s = src.host(&format!("{base}.scale"), Checkpoint::e8m0)?;
     let kb = in_dim.div_ceil(MX_BLOCK);
     // The manifest checked both shapes; a scale it lacks would read NaN.
     let v: Vec<bf16> = w
@@ -106,11 +128,14 @@ fn fp4_experts(
 ) -> Result<Fp4Experts> {
     let (mut w, mut s): (Vec<Fp4x2>, Vec<_>) = (Vec::new(), Vec::new());
     for e in 0..n {
-        w.extend(
-            src.ck
-                .fp4x2(&format!("{p}.ffn.experts.{e}.{which}.weight"))?,
-        );
-        s.extend(src.ck.e8m0(&format!("{p}.ffn.experts.{e}.{which}.scale"))?);
+        w.extend(src.host(
+            &format!("{p}.ffn.experts.{e}.{which}.weight"),
+            Checkpoint::fp4x2,
+        )?);
+        s.extend(src.host(
+            &format!("{p}.ffn.experts.{e}.{which}.scale"),
+            Checkpoint::e8m0,
+        )?);
     }
     Ok(Fp4Experts {
         weight: src.moved(Tensor::from_vec(w, &[n, out_dim, in_dim])?)?,
@@ -128,8 +153,8 @@ fn bf16_linear(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Bf16
 }
 
 fn hc(src: Src, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
-    let base = src.ck.f32(&format!("{prefix}.hc_{which}_base"))?;
-    let scale = src.ck.f32(&format!("{prefix}.hc_{which}_scale"))?;
+    let base = src.host(&format!("{prefix}.hc_{which}_base"), Checkpoint::f32)?;
+    let scale = src.host(&format!("{prefix}.hc_{which}_scale"), Checkpoint::f32)?;
     if base.len() != 24 || scale.len() != 3 {
         return Err(Error::Op(crate::Error::Argument {
             op: "load weights",
@@ -213,6 +238,9 @@ fn moe(ck: Src, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
     let (d, i) = (cfg.hidden_size, cfg.moe.inter_dim);
     let s = format!("{p}.ffn.shared_experts");
     let si = cfg.moe.n_shared_experts * i;
+    // Image spans are not served, so `bias_vl` is not loaded; releasing it
+    // lets its shard leave the page cache as soon as the rest is converted.
+    ck.ck.release(&format!("{p}.ffn.gate.bias_vl"));
     Ok(Moe {
         gate: bf16_linear(ck, &format!("{p}.ffn.gate"), n_experts, d)?,
         bias: ck.vector(&format!("{p}.ffn.gate.bias"))?,
@@ -229,8 +257,8 @@ fn moe(ck: Src, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
 
 fn engram(src: Src, cfg: &ModelConfig, p: &str, table: usize, layer: usize) -> Result<Engram> {
     let (d, e) = (cfg.hidden_size, &cfg.engram);
-    let values = src.ck.e4m3(&format!("{p}.engram.embed.weight"))?;
-    let scales = src.ck.e8m0(&format!("{p}.engram.embed.scale"))?;
+    let values = src.host(&format!("{p}.engram.embed.weight"), Checkpoint::e4m3)?;
+    let scales = src.host(&format!("{p}.engram.embed.scale"), Checkpoint::e8m0)?;
     let per_row = e.head_dim / MX_BLOCK;
     let rows_bytes = values
         .chunks(e.head_dim)
@@ -302,14 +330,25 @@ pub fn load_weights(
     load_weights_on(ck, cfg, token_map, &Device::Cpu)
 }
 
-/// [`load_weights`] onto `device`.
+/// [`load_weights`] onto `device`. Afterwards, on success or error, the
+/// shards hold no page cache (unless the checkpoint keeps it: the tensors
+/// the model does not load, such as `gate.bias_vl`, are dropped too).
 pub fn load_weights_on(
     ck: &Checkpoint,
     cfg: &ModelConfig,
     token_map: Vec<i64>,
     device: &Device,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
-    let ck = Src { ck, dev: device };
+    let loaded = load_all(Src { ck, dev: device }, cfg, token_map);
+    ck.release_all();
+    loaded
+}
+
+fn load_all(
+    ck: Src,
+    cfg: &ModelConfig,
+    token_map: Vec<i64>,
+) -> Result<(ModelWeights, Option<DsparkWeights>)> {
     if cfg.quant.weights != WeightFormat::Fp8 || cfg.quant.experts != WeightFormat::Fp4 {
         return Err(Error::Op(crate::Error::Argument {
             op: "load weights",

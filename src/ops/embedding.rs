@@ -44,13 +44,12 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
         Device::Cpu => {}
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => {
-            let numel = t.checked_mul(d).ok_or_else(|| {
+            t.checked_mul(d).ok_or_else(|| {
                 shape_error(EMBED, "ids", ids_t, format!("[T] with T × {d} in usize"))
             })?;
+            // Launched for D = 0 too: the ids are checked even when no row
+            // is copied.
             let mut out = Tensor::empty(&table.device(), DType::BF16, &[t, d])?;
-            if numel == 0 {
-                return Ok(out);
-            }
             return match crate::cuda_backend::embedding(&dev, table, ids, &mut out, v, d)? {
                 None => Ok(out),
                 Some(pos) => Err(bad_id(ids.to_vec::<i32>()?.get(pos).copied())),

@@ -236,10 +236,15 @@ pub struct TempDir(std::path::PathBuf);
 
 impl TempDir {
     pub fn new(label: &str) -> TempDir {
+        TempDir::new_in(&std::env::temp_dir(), label)
+    }
+
+    /// A fresh directory under `base` (e.g. `CARGO_TARGET_TMPDIR`, a disk
+    /// file system where the system temp dir may be tmpfs).
+    pub fn new_in(base: &std::path::Path, label: &str) -> TempDir {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("deepinfer-test-{}-{n}-{label}", std::process::id()));
+        let dir = base.join(format!("deepinfer-test-{}-{n}-{label}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         TempDir(dir)

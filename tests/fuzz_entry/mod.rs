@@ -127,6 +127,7 @@ fn load(dir: &Path) {
     let options = LoadOptions {
         check_finite: true,
         progress: Progress::Never,
+        keep_page_cache: false,
     };
     if let Ok(ck) = Checkpoint::load_with_manifest(dir, tiny_manifest().clone(), &options) {
         for spec in ck.manifest().tensors() {

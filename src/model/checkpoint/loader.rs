@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use half::bf16;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -61,11 +62,17 @@ pub struct LoadOptions {
     /// Scan every tensor for NaN/±Inf (reads every byte once).
     pub check_finite: bool,
     pub progress: Progress,
+    /// Keep the shards' pages in the page cache after the weight loader
+    /// converted them ([`Checkpoint::release`] does nothing). Off by
+    /// default, so a host holds one copy of a weight, not two.
+    pub keep_page_cache: bool,
 }
 
 #[derive(Debug)]
 struct Shard {
     path: PathBuf,
+    /// Open for `posix_fadvise` (the page-cache hint of `release`).
+    file: File,
     map: Mmap,
 }
 
@@ -76,6 +83,8 @@ struct Entry {
     dtype: CheckpointDType,
     shape: Vec<usize>,
     bytes: Range<usize>,
+    /// [`Checkpoint::release`] was called for it (counted once per shard).
+    released: AtomicBool,
 }
 
 /// A tensor as a shard header declares it.
@@ -105,7 +114,7 @@ impl Headers {
         };
         for path in paths {
             let shard = headers.shards.len();
-            let map = map_shard(&path)?;
+            let (file, map) = map_shard(&path)?;
             for (name, tensor) in read_header(&path, &map, shard)? {
                 if let Some(f) = headers
                     .by_name
@@ -124,7 +133,7 @@ impl Headers {
                 headers.found.push((name, tensor));
             }
             bar.inc(map.len() as u64);
-            headers.shards.push(Shard { path, map });
+            headers.shards.push(Shard { path, file, map });
         }
         Ok(headers)
     }
@@ -197,6 +206,7 @@ impl Headers {
                     dtype: spec.dtype,
                     shape: spec.shape.clone(),
                     bytes: tensor.bytes.clone(),
+                    released: AtomicBool::new(false),
                 };
                 entries.insert(spec.name.clone(), entry);
             }
@@ -220,6 +230,9 @@ pub struct Checkpoint {
     manifest: Manifest,
     shards: Vec<Shard>,
     entries: HashMap<String, Entry>,
+    keep_page_cache: bool,
+    /// Per shard, its manifest tensors not yet released.
+    unreleased: Vec<AtomicUsize>,
 }
 
 impl Checkpoint {
@@ -269,11 +282,19 @@ impl Checkpoint {
                 problems,
             });
         }
+        let mut unreleased: Vec<usize> = vec![0; headers.shards.len()];
+        for e in entries.values() {
+            if let Some(n) = unreleased.get_mut(e.shard) {
+                *n += 1;
+            }
+        }
         let checkpoint = Checkpoint {
             dir: dir.to_path_buf(),
             manifest,
             shards: headers.shards,
             entries,
+            keep_page_cache: options.keep_page_cache,
+            unreleased: unreleased.into_iter().map(AtomicUsize::new).collect(),
         };
         if options.check_finite {
             bar.set_message("checking values");
@@ -314,6 +335,49 @@ impl Checkpoint {
     /// The shard files, in name order.
     pub fn shard_paths(&self) -> impl Iterator<Item = &Path> {
         self.shards.iter().map(|s| s.path.as_path())
+    }
+
+    /// Drops tensor `name`'s pages from the mapping and the page cache
+    /// (`pages.rs`), and the whole shard's once every manifest tensor in it
+    /// was released, unless [`LoadOptions::keep_page_cache`]: the weight
+    /// loader calls it once it holds its own copy of the tensor. A later
+    /// [`Checkpoint::get`] of it still reads the same bytes (from the file).
+    /// An unknown name does nothing.
+    pub fn release(&self, name: &str) {
+        if self.keep_page_cache {
+            return;
+        }
+        let Some((entry, shard)) = self
+            .entries
+            .get(name)
+            .and_then(|e| Some((e, self.shards.get(e.shard)?)))
+        else {
+            return;
+        };
+        super::pages::release(&shard.map, &shard.file, entry.bytes.clone());
+        let first_release = !entry.released.swap(true, Ordering::Relaxed);
+        let left = self.unreleased.get(entry.shard);
+        if first_release && left.is_some_and(|n| n.fetch_sub(1, Ordering::Relaxed) == 1) {
+            super::pages::release_all(&shard.map, &shard.file);
+        }
+    }
+
+    /// Drops every shard's pages (unless [`LoadOptions::keep_page_cache`]):
+    /// the weight loader's last step, for the tensors it does not load.
+    pub fn release_all(&self) {
+        if !self.keep_page_cache {
+            for s in &self.shards {
+                super::pages::release_all(&s.map, &s.file);
+            }
+        }
+    }
+
+    /// Bytes of the shards resident in the page cache (`mincore`).
+    pub fn resident_bytes(&self) -> Result<usize, CheckpointError> {
+        self.shards.iter().try_fold(0usize, |sum, s| {
+            let r = super::pages::resident(&s.map).map_err(CheckpointError::io(&s.path))?;
+            Ok(sum.saturating_add(r))
+        })
     }
 
     /// The view of one manifest tensor.
@@ -460,7 +524,7 @@ fn shard_paths(dir: &Path) -> Result<(Vec<PathBuf>, Option<WeightMap>), Checkpoi
     Ok((paths, index))
 }
 
-fn map_shard(path: &Path) -> Result<Mmap, CheckpointError> {
+fn map_shard(path: &Path) -> Result<(File, Mmap), CheckpointError> {
     let file = File::open(path).map_err(CheckpointError::io(path))?;
     // SAFETY: `Mmap::map` is unsafe because the file could be modified or
     // truncated by someone else while mapped. The invariant callers uphold:
@@ -471,7 +535,8 @@ fn map_shard(path: &Path) -> Result<Mmap, CheckpointError> {
     // of it. Views index it with byte ranges validated against its length at
     // load time, so a broken invariant could change values or raise SIGBUS,
     // never produce an out-of-bounds slice.
-    unsafe { Mmap::map(&file) }.map_err(CheckpointError::io(path))
+    let map = unsafe { Mmap::map(&file) }.map_err(CheckpointError::io(path))?;
+    Ok((file, map))
 }
 
 /// The tensors a shard's header declares, in data order, with absolute byte

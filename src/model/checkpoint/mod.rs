@@ -8,7 +8,8 @@
 //!   parameter is stored ([`Param`], [`CheckpointDType`]).
 //! - [`loader`]: memory-maps `*.safetensors` shards, validates them against
 //!   the manifest (every problem reported in one [`CheckpointError`]) and hands
-//!   out typed [`TensorView`]s (`view`).
+//!   out typed [`TensorView`]s (`view`); `pages` drops a converted tensor's
+//!   pages from the page cache.
 //! - [`generate`](mod@generate): a seeded, platform-independent random-weight generator
 //!   writing every manifest tensor with the real quantisers.
 //!
@@ -22,6 +23,7 @@ mod error;
 pub mod generate;
 pub mod loader;
 pub mod manifest;
+mod pages;
 mod param;
 mod view;
 
