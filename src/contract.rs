@@ -32,6 +32,16 @@ pub const HC_STREAMS: usize = 4;
 /// Mixes per sublayer: 4 pre, 4 post, 16 comb.
 pub const HC_MIXES: usize = 24;
 
+/// Sinkhorn iterations of one mHC split at most (`hc_sinkhorn_iters`;
+/// V4.1 uses 20): the config and `ops::mhc_pre` share the bound, so an
+/// absurd count is an error, not a hang.
+pub const MHC_MAX_SINKHORN_ITERS: usize = 1000;
+
+/// Routed experts of a layer at most (`n_routed_experts`; V4.1 uses 384):
+/// the config and `ops::moe_layout` share the bound, which keeps the
+/// layout's per-expert outputs small.
+pub const MOE_MAX_EXPERTS: usize = 1 << 14;
+
 /// The one-hot pre (1, 0, 0, 0) used by layer 0's attention and by each
 /// DSpark block's first sublayer.
 pub const ONE_HOT_PRE: [f32; HC_STREAMS] = [1.0, 0.0, 0.0, 0.0];

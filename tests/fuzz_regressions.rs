@@ -303,3 +303,46 @@ fn mhc_streams_with_an_overflowing_width_are_shape_errors() {
     let f = f32s(&[0, 4]);
     shape_error(ops::mhc_expand(&s, &bf16s(&[0, 4]), &f, &f), "mhc_expand");
 }
+
+/// Found by reading the code (the leftovers of issue 15's fuzzing): Sinkhorn
+/// took any count up to 2^31 − 1 (minutes of work per token), and
+/// `moe_layout` any expert count below 2^31 (24 GiB of outputs). Both now
+/// share the config's bounds (`contract::{MHC_MAX_SINKHORN_ITERS,
+/// MOE_MAX_EXPERTS}`): one past is an argument error at once, the bound
+/// itself works.
+#[test]
+fn sinkhorn_iterations_and_expert_counts_are_bounded() {
+    use deepinfer::contract::{MHC_MAX_SINKHORN_ITERS, MOE_MAX_EXPERTS};
+    let (t, d) = (2, 8);
+    let s = bf16s(&[t, 4, d]);
+    let (f, base, scale, lag) = (f32s(&[24, 4 * d]), f32s(&[24]), f32s(&[3]), f32s(&[t, 4]));
+    for iters in [MHC_MAX_SINKHORN_ITERS + 1, 1 << 31, usize::MAX] {
+        let p = ops::MhcParams {
+            iters,
+            ..ops::MhcParams::default()
+        };
+        let start = Instant::now();
+        match ops::mhc_pre(&s, &f, &base, &scale, &lag, p) {
+            Err(Error::Argument { arg: "iters", .. }) => {}
+            other => panic!("iters {iters}: {other:?}"),
+        }
+        assert!(start.elapsed() < Duration::from_secs(1));
+    }
+    let p = ops::MhcParams {
+        iters: MHC_MAX_SINKHORN_ITERS,
+        ..ops::MhcParams::default()
+    };
+    assert!(ops::mhc_pre(&s, &f, &base, &scale, &lag, p).is_ok());
+    let ids = Tensor::from_vec(vec![0i32, 1, 2, 3], &[2, 2]).unwrap();
+    for n in [MOE_MAX_EXPERTS + 1, (1 << 31) - 1] {
+        match ops::moe_layout(&ids, n) {
+            Err(Error::Argument {
+                arg: "n_experts", ..
+            }) => {}
+            other => panic!("n_experts {n}: {other:?}"),
+        }
+    }
+    let (counts, offsets, _) = ops::moe_layout(&ids, MOE_MAX_EXPERTS).unwrap();
+    assert_eq!(counts.shape(), &[MOE_MAX_EXPERTS]);
+    assert_eq!(offsets.to_vec::<i32>().unwrap().last(), Some(&4));
+}

@@ -293,12 +293,12 @@ fn validate_pre(
             why: "must be finite and non-negative",
         });
     }
-    if params.iters == 0 || i32::try_from(params.iters).is_err() {
+    if params.iters == 0 || params.iters > crate::contract::MHC_MAX_SINKHORN_ITERS {
         return Err(Error::Argument {
             op: OP_PRE,
             arg: "iters",
             value: params.iters.to_string(),
-            why: "Sinkhorn needs at least one iteration (and at most 2^31 - 1)",
+            why: "Sinkhorn needs at least one iteration and at most MHC_MAX_SINKHORN_ITERS (1000)",
         });
     }
     let device = common_device(

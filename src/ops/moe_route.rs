@@ -240,12 +240,12 @@ pub fn moe_layout_into(
 /// Checks ids' dtype, the entry count and `n_experts`; returns ids' device.
 fn validate_layout(ids: &Tensor, n_experts: usize) -> Result<Device> {
     ids.expect_dtype(LAYOUT_OP, "ids", DType::I32)?;
-    if n_experts == 0 || i32::try_from(n_experts).is_err() {
+    if n_experts == 0 || n_experts > crate::contract::MOE_MAX_EXPERTS {
         return Err(Error::Argument {
             op: LAYOUT_OP,
             arg: "n_experts",
             value: n_experts.to_string(),
-            why: "must be at least 1 and below 2^31",
+            why: "must be at least 1 and at most MOE_MAX_EXPERTS (16384)",
         });
     }
     if i32::try_from(ids.numel() + 512).is_err() {

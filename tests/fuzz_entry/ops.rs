@@ -209,7 +209,8 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             let params = MhcParams {
                 eps: b.float(),
                 hc_eps: b.float(),
-                iters: b.count().min(if b.bool() { 64 } else { usize::MAX }),
+                // Every count: the op bounds the iterations itself.
+                iters: b.count(),
             };
             let _ = ops::mhc_pre(&s, &f, &base, &scale, &pre, params);
         }
@@ -229,16 +230,8 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
         }
         20 => {
             let ids = t!(b, I32, 2);
-            // The outputs are [n_experts] (+1) I32: a legal count up to
-            // 2^31 − 1 may take 24 GiB, so the legal ones are kept small;
-            // 2^31 and above must be refused.
-            let n = b.count();
-            let n = if n > 1 << 20 && n < 1 << 31 {
-                1 << 31
-            } else {
-                n
-            };
-            let _ = ops::moe_layout(&ids, n);
+            // Every count: the op bounds n_experts itself (MOE_MAX_EXPERTS).
+            let _ = ops::moe_layout(&ids, b.count());
         }
         21 => {
             let (q, window, idx) = (t!(b, BF16, 3), t!(b, U8, 2), t!(b, I32, 2));

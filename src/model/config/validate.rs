@@ -8,7 +8,7 @@
 use super::error::ConfigError;
 use super::keys::{self, Key};
 use super::types::{ModelConfig, WeightFormat};
-use crate::contract::MX_BLOCK;
+use crate::contract::{MHC_MAX_SINKHORN_ITERS, MOE_MAX_EXPERTS, MX_BLOCK};
 
 /// One documented maximum: the key, the limit, V4.1-Flash's value and how
 /// to read the value from a config.
@@ -57,8 +57,13 @@ pub const LIMITS: [Limit; 26] = [
         c.candidate.map_or(0, |x| x.block_size)
     }),
     limit(keys::HC_MULT, 64, 4, |c| c.mhc.mult),
-    limit(keys::HC_SINKHORN_ITERS, 1000, 20, |c| c.mhc.sinkhorn_iters),
-    limit(keys::N_ROUTED_EXPERTS, 1 << 14, 384, |c| {
+    limit(
+        keys::HC_SINKHORN_ITERS,
+        MHC_MAX_SINKHORN_ITERS as u64,
+        20,
+        |c| c.mhc.sinkhorn_iters,
+    ),
+    limit(keys::N_ROUTED_EXPERTS, MOE_MAX_EXPERTS as u64, 384, |c| {
         c.moe.n_routed_experts
     }),
     limit(keys::N_SHARED_EXPERTS, 64, 1, |c| c.moe.n_shared_experts),
@@ -71,9 +76,12 @@ pub const LIMITS: [Limit; 26] = [
     limit(keys::DSPARK_MARKOV_RANK, 1 << 16, 256, |c| {
         c.dspark.markov_rank
     }),
-    limit(keys::DSPARK_N_ROUTED_EXPERTS, 1 << 14, 128, |c| {
-        c.dspark.n_routed_experts
-    }),
+    limit(
+        keys::DSPARK_N_ROUTED_EXPERTS,
+        MOE_MAX_EXPERTS as u64,
+        128,
+        |c| c.dspark.n_routed_experts,
+    ),
 ];
 
 /// Rows of one Engram table at most (V4.1: 384,016,682, 101 GB).
