@@ -15,7 +15,7 @@ use deepinfer::engine::sampling::distribution;
 use deepinfer::engine::{Engine, EngineConfig, Output, SamplingParams, SpecStats};
 use deepinfer::model::forward::Model;
 use deepinfer::model::pool::{PoolConfig, StatePool};
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -520,4 +520,201 @@ fn sampled_speculative_output_follows_the_target_distribution() {
             "{name}: chi2 {chi2} >= {limit} ({df} df), counts {counts:?}"
         );
     }
+}
+
+/// A request's conditional acceptance probability at draft slot i in the
+/// measurement: four difficulty classes, falling along the block.
+fn accept_prob(r: usize, i: usize) -> f32 {
+    [0.95f32, 0.8, 0.5, 0.2][r % 4] * 0.9f32.powi(i as i32)
+}
+
+/// A fixed uniform per (request, output length, slot) for the oracle's errors.
+fn coin(r: usize, done: usize, i: usize) -> f32 {
+    uniform(0x5eed, (r * 1000 + done) as u64, i as u32, Domain::Draft) as f32
+}
+
+/// Σ and counts over a run's outputs.
+fn summary(outs: &[Output], wall: f64) -> serde_json::Value {
+    let mut s = SpecStats::default();
+    let mut by_class = [SpecStats::default(); 4];
+    let mut tokens = 0;
+    for (r, o) in outs.iter().enumerate() {
+        let x = o.spec.unwrap_or_default();
+        for t in [&mut s, &mut by_class[r % 4]] {
+            t.steps += x.steps;
+            t.verified += x.verified;
+            t.accepted += x.accepted;
+        }
+        tokens += o.tokens.len();
+    }
+    let per = |x: &SpecStats| {
+        serde_json::json!({
+            "request_steps": x.steps,
+            "accepted_length": (x.accepted + x.steps) as f64 / x.steps.max(1) as f64,
+            "verify_tokens_per_step": x.verified as f64 / x.steps.max(1) as f64,
+            "acceptance_rate": x.accepted as f64 / x.verified.max(1) as f64,
+        })
+    };
+    let mut v = per(&s);
+    v["batch_steps"] = outs
+        .iter()
+        .map(|o| o.spec.unwrap_or_default().steps)
+        .max()
+        .unwrap_or(0)
+        .into();
+    v["tokens"] = tokens.into();
+    v["decode_s"] = wall.into();
+    v["by_class"] = by_class.iter().map(per).collect::<Vec<_>>().into();
+    v
+}
+
+/// Accepted length and verify tokens per step, fixed-k against
+/// confidence-scheduled, at batch 1, 8 and 64, for the DSpark drafter (random
+/// weights: acceptance is meaningless) and for the oracle (the target's own
+/// greedy continuation, wrong with known per-request, per-slot rates, which
+/// its confidence reports exactly). Writes
+/// benches/results/2026-12-01-cpu-spec-decode.json.
+#[test]
+#[ignore = "measurement: cargo test --test spec_decode_cpu -- --ignored measure"]
+fn measure_fixed_against_confidence_scheduled_verification() {
+    let seed = 20261201;
+    let nextn = 5;
+    let max_tokens = 32;
+    let plain = Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap();
+    let v = plain.model.cfg.vocab_size;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let all = prompts(&mut rng, 64, v);
+    let params: Vec<_> = (0..64).map(|_| greedy(max_tokens)).collect();
+    let t = std::time::Instant::now();
+    let want = outputs(&plain, &all, &params);
+    let plain_s = t.elapsed().as_secs_f64();
+    // The step-time model, profiled: one decode step of 1 and of 64 tokens.
+    let time_step = |n: usize| {
+        let r = outputs(&plain, &all[..n], &vec![greedy(2); n]);
+        r[0].decode.as_secs_f64()
+    };
+    let (t1, t64) = (time_step(1), time_step(64));
+    let per_token = ((t64 - t1) / 63.0).max(1e-9);
+    let costs = deepinfer::engine::SpecCosts {
+        step_fixed: (t1 - per_token).max(0.0) / per_token,
+        per_token: 1.0,
+        draft_per_request: 0.0,
+    };
+    let truth: Vec<_> = all
+        .iter()
+        .cloned()
+        .zip(want.iter().map(|o| o.tokens.clone()))
+        .collect();
+    // The profiled CPU (compute-bound: a token costs about a step) and a
+    // memory-bound GPU-like model (a step costs 64 tokens' worth).
+    let models = [
+        ("cpu_profiled", costs),
+        (
+            "memory_bound_64",
+            deepinfer::engine::SpecCosts {
+                step_fixed: 64.0,
+                per_token: 1.0,
+                draft_per_request: 0.0,
+            },
+        ),
+    ];
+    // Modelled decode cost per emitted token (token units): every batch
+    // step costs step_fixed plus its tokens.
+    let modelled = |s: &serde_json::Value, batch: usize, fixed: f64| {
+        let steps = s["batch_steps"].as_f64().unwrap();
+        let fed = s["request_steps"].as_f64().unwrap()
+            * (1.0 + s["verify_tokens_per_step"].as_f64().unwrap());
+        let emitted = s["tokens"].as_f64().unwrap() - batch as f64;
+        (fixed * steps + fed) / emitted
+    };
+    let mut records = Vec::new();
+    for drafter in ["oracle", "dspark"] {
+        for batch in [1usize, 8, 64] {
+            let plain_cost: Vec<f64> = models
+                .iter()
+                .map(|(_, c)| (c.step_fixed + batch as f64) / batch as f64)
+                .collect();
+            let runs = [
+                ("fixed", None),
+                ("confidence", Some(0)),
+                ("confidence", Some(1)),
+            ];
+            for (schedule, model) in runs {
+                let varlen = model.is_some();
+                let cfg = config(nextn, varlen);
+                let engine = match drafter {
+                    "oracle" => oracle_engine(
+                        common::tiny::tiny_model(seed).0,
+                        cfg,
+                        truth.clone(),
+                        |r, done, i| coin(r, done, i) >= accept_prob(r, i),
+                        accept_prob,
+                    ),
+                    _ => dspark_engine(seed, nextn, varlen),
+                }
+                .with_spec_costs(models[model.unwrap_or(0)].1);
+                let t = std::time::Instant::now();
+                let got = outputs(&engine, &all[..batch], &params[..batch]);
+                let wall = t.elapsed().as_secs_f64();
+                for (w, g) in want.iter().zip(&got) {
+                    assert_eq!(w.tokens, g.tokens, "{drafter} batch {batch} {schedule}");
+                }
+                let mut s = summary(&got, wall);
+                let costed: Vec<f64> = models
+                    .iter()
+                    .map(|(_, c)| modelled(&s, batch, c.step_fixed))
+                    .collect();
+                s["modelled_cost_per_token"] = serde_json::json!({
+                    "cpu_profiled": costed[0],
+                    "memory_bound_64": costed[1],
+                    "plain_cpu_profiled": plain_cost[0],
+                    "plain_memory_bound_64": plain_cost[1],
+                });
+                let scheduled_for = model.map(|m| models[m].0);
+                println!(
+                    "{drafter:6} batch {batch:2} {schedule:10} {:16}: accepted length {:.3}, verify tokens/step {:.3}, acceptance {:.3}, batch steps {}, cost/token cpu {:.3} (plain {:.3}) mem64 {:.3} (plain {:.3})",
+                    scheduled_for.unwrap_or("-"),
+                    s["accepted_length"].as_f64().unwrap(),
+                    s["verify_tokens_per_step"].as_f64().unwrap(),
+                    s["acceptance_rate"].as_f64().unwrap(),
+                    s["batch_steps"],
+                    costed[0],
+                    plain_cost[0],
+                    costed[1],
+                    plain_cost[1],
+                );
+                records.push(serde_json::json!({
+                    "op": "spec_decode",
+                    "shape": {
+                        "batch": batch,
+                        "nextn": nextn,
+                        "max_tokens": max_tokens,
+                        "drafter": drafter,
+                        "schedule": schedule,
+                        "scheduled_for": scheduled_for,
+                    },
+                    "ours": s,
+                    "what": "greedy speculative decode on the tiny model (CPU); per request-step means; outputs equal plain greedy",
+                    "peers": [],
+                }));
+            }
+        }
+    }
+    let doc = serde_json::json!({
+        "device": "cpu",
+        "date": "2026-12-01",
+        "commit": std::env::var("DEEPINFER_BENCH_COMMIT").unwrap_or_default(),
+        "model": "models/tiny (random weights, seed 20261201)",
+        "oracle": "target's own greedy continuation; conditional acceptance at slot i = [0.95, 0.8, 0.5, 0.2][request % 4] * 0.9^i, reported exactly as its confidence",
+        "spec_costs": {
+            "step_fixed_tokens": costs.step_fixed,
+            "profiled_step_1_s": t1,
+            "profiled_step_64_s": t64,
+        },
+        "plain_decode_s_batch64": plain_s,
+        "records": records,
+    });
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("benches/results/2026-12-01-cpu-spec-decode.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
 }
