@@ -164,6 +164,42 @@ fn greedy_speculative_equals_greedy_plain_for_every_nextn_and_schedule() {
             );
         }
     }
+    // A stop token inside a verified block ends the request at the same
+    // token as plain decoding (nothing emitted past it).
+    let stop = want[0].tokens[5];
+    let stopped: Vec<SamplingParams> = params
+        .iter()
+        .map(|p| SamplingParams {
+            stop: vec![stop],
+            ..p.clone()
+        })
+        .collect();
+    let want = outputs(&plain, &ps, &stopped);
+    assert_eq!(want[0].stop, deepinfer::engine::StopReason::Stop(stop));
+    let truth: Vec<_> = ps
+        .iter()
+        .cloned()
+        .zip(want.iter().map(|o| o.tokens.clone()))
+        .collect();
+    // The oracle proposes the plain tokens, the stop among them, and more
+    // after it.
+    let oracle = oracle_engine(
+        common::tiny::tiny_model(seed).0,
+        config(block, false),
+        truth,
+        |_, _, _| false,
+        |_, _| 0.9,
+    );
+    for (name, engine) in [
+        ("dspark fixed", dspark_engine(seed, block, false)),
+        ("dspark confidence", dspark_engine(seed, block, true)),
+        ("oracle", oracle),
+    ] {
+        let got = outputs(&engine, &ps, &stopped);
+        for (w, g) in want.iter().zip(&got) {
+            assert_eq!((&w.tokens, &w.stop), (&g.tokens, &g.stop), "{name}");
+        }
+    }
 }
 
 /// With an oracle that is wrong exactly at draft slot j of every step, the
@@ -207,12 +243,14 @@ fn forced_rejections_at_every_draft_position_keep_the_plain_output() {
 
 /// Pool level: checkpoint, verify k tokens of which the first `a` are the
 /// plain continuation, roll back to a + 1 fed tokens, and decode on: every
-/// later logit is bitwise the plain run's, and the entries and partial
-/// groups match, for every a, several k and start parities.
+/// later logit and every later DSpark draft (stage rings seeded with the
+/// accepted positions only) is bitwise the plain run's, and the entries and
+/// partial groups match, for every a, several k and start parities.
 #[test]
 fn rollback_leaves_the_pool_as_a_plain_run_bitwise() {
     let mut rng = common::rng("spec_rollback");
-    let (model, _) = common::tiny::tiny_model(rng.random());
+    let (model, dw) = common::tiny::tiny_model(rng.random());
+    let dw = dw.unwrap();
     let cfg = model.cfg.clone();
     let v = cfg.vocab_size;
     let pc = PoolConfig::fitting(&cfg, 2, 96, 32, 4).unwrap();
@@ -224,28 +262,41 @@ fn rollback_leaves_the_pool_as_a_plain_run_bitwise() {
         .filter(|p| p.is_kv_source())
         .map(|p| p.layer)
         .collect();
+    // Feeds `tokens[t .. t + n]`, seeds the drafter with all but the last
+    // new position and drafts at the last: (logits rows, the draft).
+    let feed = |pool: &mut StatePool, seq, tokens: &[u32], t: usize, n: usize| {
+        let out = model.forward(pool, seq, &tokens[t..t + n]).unwrap();
+        let f = out.features.unwrap();
+        if n > 1 {
+            model
+                .dspark_seed(&dw, pool, seq, &f.narrow_rows(0, n - 1).unwrap(), t)
+                .unwrap();
+        }
+        let last = f.narrow_rows(n - 1, 1).unwrap();
+        let draft = tokens.get(t + n).map(|&next| {
+            model
+                .dspark_draft(&dw, pool, seq, &last, t + n - 1, next)
+                .unwrap()
+        });
+        (out.logits.to_vec::<f32>().unwrap(), draft)
+    };
     for (prompt_len, k) in [(9usize, 5usize), (10, 5), (3, 2), (12, 3), (11, 1)] {
         let tokens: Vec<u32> = (0..prompt_len + 20)
             .map(|_| rng.random_range(0..v as u32))
             .collect();
-        // The plain run: prompt, then one token per step.
+        // The plain run: prompt, then one token per step, drafting at each.
         let plain_seq = pool.add_sequence().unwrap();
-        let mut plain = vec![];
-        model
-            .forward(&mut pool, plain_seq, &tokens[..prompt_len])
-            .unwrap();
+        let (mut plain, mut drafts) = (vec![], vec![]);
+        feed(&mut pool, plain_seq, &tokens, 0, prompt_len);
         for t in prompt_len..tokens.len() {
-            let out = model
-                .forward(&mut pool, plain_seq, &tokens[t..t + 1])
-                .unwrap();
-            plain.push(out.logits.to_vec::<f32>().unwrap());
+            let (logits, draft) = feed(&mut pool, plain_seq, &tokens, t, 1);
+            plain.push(logits);
+            drafts.push(draft);
         }
         pool.free_sequence(plain_seq).unwrap();
         for a in 0..=k {
             let seq = pool.add_sequence().unwrap();
-            model
-                .forward(&mut pool, seq, &tokens[..prompt_len])
-                .unwrap();
+            feed(&mut pool, seq, &tokens, 0, prompt_len);
             // Verify [t_q, x_1 .. x_k]: right up to slot a, then wrong.
             let q = prompt_len;
             let mut fed: Vec<u32> = tokens[q..q + 1 + k].to_vec();
@@ -276,6 +327,25 @@ fn rollback_leaves_the_pool_as_a_plain_run_bitwise() {
                     assert_eq!(pool.has_pending(seq, layer).unwrap(), plain_pos % 2 == 1);
                 }
             }
+            // The drafter sees the accepted positions only, then drafts.
+            let f = out.features.unwrap();
+            if a > 0 {
+                model
+                    .dspark_seed(&dw, &mut pool, seq, &f.narrow_rows(0, a).unwrap(), q)
+                    .unwrap();
+            }
+            let next = tokens[q + a + 1];
+            let draft = model
+                .dspark_draft(
+                    &dw,
+                    &mut pool,
+                    seq,
+                    &f.narrow_rows(a, 1).unwrap(),
+                    q + a,
+                    next,
+                )
+                .unwrap();
+            assert_eq!(Some(draft), drafts[a], "draft after the rollback, a {a}");
             // Decode on, as a mixed step of 1 + 2 tokens then singles.
             let mut t = q + a + 1;
             while t < tokens.len() {
@@ -284,8 +354,7 @@ fn rollback_leaves_the_pool_as_a_plain_run_bitwise() {
                 } else {
                     1
                 };
-                let out = model.forward(&mut pool, seq, &tokens[t..t + n]).unwrap();
-                let got = out.logits.to_vec::<f32>().unwrap();
+                let (got, draft) = feed(&mut pool, seq, &tokens, t, n);
                 for i in 0..n {
                     assert_eq!(
                         got[i * v..(i + 1) * v],
@@ -294,6 +363,7 @@ fn rollback_leaves_the_pool_as_a_plain_run_bitwise() {
                         t + i
                     );
                 }
+                assert_eq!(draft, drafts[t + n - 1 - q], "draft at {}", t + n - 1);
                 t += n;
             }
             pool.free_sequence(seq).unwrap();
@@ -410,7 +480,7 @@ impl Drafter for Skewed {
 }
 
 /// Sampled speculative decoding at temperature 1 with top-k 4 (a 4-id
-/// vocabulary per position): over 3072 seeds the first two output tokens
+/// vocabulary per position): over 2048 seeds the first two output tokens
 /// (the second decided by the acceptance rule against one draft, the third
 /// the bonus) follow P(t1) · P(t2 | t1) of the target, for the DSpark
 /// drafter and for a drafter with a known skewed q. The threshold is the
@@ -466,7 +536,7 @@ fn sampled_speculative_output_follows_the_target_distribution() {
             }),
         ),
     ];
-    let n = 3072u64;
+    let n = 2048u64;
     let seeds = Arc::new(rng.random::<u64>());
     for (name, drafter) in drafters {
         let engine = Engine::new(common::tiny::tiny_model(seed).0, config(1, false))

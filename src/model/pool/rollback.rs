@@ -23,6 +23,9 @@
 //!
 //! The checkpoint closes with the rollback (rolling back to the current
 //! position commits everything).
+//!
+//! Indexing invariant: as in the pool, every per-sequence and checkpoint
+//! vector holds one entry per source or ring of the pool.
 #![allow(clippy::indexing_slicing)]
 
 use super::{HISTORY, SeqId, StatePool, unknown};
