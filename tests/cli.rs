@@ -115,11 +115,15 @@ fn bad_flags_and_switches_are_clear_errors() {
         ],
     );
     assert!(o.status.success(), "{}", stderr(&o));
+    // Speculative decoding runs on the default model's drafter; more drafts
+    // than its block are refused.
+    let o = deepinfer(&cache, &["run", "--max-new", "3", "--nextn", "2"], none);
+    assert!(o.status.success(), "{}", stderr(&o));
     fails_with(
         &cache,
-        &["run", "--nextn", "2"],
+        &["run", "--nextn", "9"],
         none,
-        &["speculative decoding", "not landed"],
+        &["USE_NEXTN_DECODE", "dspark_block_size"],
     );
     fails_with(
         &cache,

@@ -264,14 +264,6 @@ impl EngineConfig {
             )
             .into());
         }
-        if c.nextn > 0 {
-            return Err(OpError::Unsupported {
-                op: "Engine",
-                device: "any".into(),
-                why: "speculative decoding (DEEPINFER_USE_NEXTN_DECODE > 0) has not landed",
-            }
-            .into());
-        }
         if c.yoco_mode == YocoMode::Compact {
             return Err(OpError::Unsupported {
                 op: "Engine",

@@ -17,19 +17,23 @@
 #![allow(clippy::indexing_slicing)]
 
 pub mod config;
+pub mod drafter;
 pub mod request;
 pub mod rng;
 pub mod sampling;
+mod spec;
 pub mod structured;
+pub mod verify;
 
 pub use config::{EngineConfig, MAX_CONTEXT, YocoMode};
 pub use request::{Output, Prompt, StopReason};
 pub use sampling::{Sample, SamplingParams, logprob, sample_row};
 pub use structured::{Constraint, Grammars, SchemaType, StructuredOutput};
+pub use verify::{SpecCosts, SpecStats};
 
 use crate::model::forward::{Capture, Model, SeqInput};
 use crate::model::pool::{PoolConfig, SeqId, StatePool};
-use crate::model::runner::load_model;
+use crate::model::runner::load_model_and_drafter;
 use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
 use rng::Domain;
@@ -44,7 +48,20 @@ pub struct Engine {
     pub config: EngineConfig,
     pub tokenizer: Option<Tokenizer>,
     grammars: OnceLock<Grammars>,
+    /// The drafter of speculative decoding (`nextn` > 0).
+    drafter: Option<Box<dyn drafter::Drafter>>,
+    /// The confidence schedule's step-time model.
+    pub spec_costs: SpecCosts,
 }
+
+/// The default step-time model: a step's fixed cost is that of 8 tokens,
+/// drafting for one request that of half a token (a profile of the engine
+/// replaces it: [`Engine::with_spec_costs`]).
+pub const DEFAULT_SPEC_COSTS: SpecCosts = SpecCosts {
+    step_fixed: 8.0,
+    per_token: 1.0,
+    draft_per_request: 0.5,
+};
 
 /// A generated token as it is sampled: request `request`'s `index`-th
 /// output token (for streaming; see [`Engine::generate_streaming`]).
@@ -75,6 +92,7 @@ struct Live {
     tokens: Vec<u32>,
     logprobs: Vec<f32>,
     done: Option<StopReason>,
+    spec: Option<SpecStats>,
 }
 
 impl Engine {
@@ -87,7 +105,22 @@ impl Engine {
             config,
             tokenizer: None,
             grammars: OnceLock::new(),
+            drafter: None,
+            spec_costs: DEFAULT_SPEC_COSTS,
         })
+    }
+
+    /// The drafter speculative decoding proposes with (`nextn` > 0).
+    pub fn with_drafter(self, drafter: Box<dyn drafter::Drafter>) -> Engine {
+        Engine {
+            drafter: Some(drafter),
+            ..self
+        }
+    }
+
+    /// The step-time model of the confidence schedule.
+    pub fn with_spec_costs(self, spec_costs: SpecCosts) -> Engine {
+        Engine { spec_costs, ..self }
     }
 
     /// Text prompts, output text and stop strings through `tokenizer`,
@@ -119,12 +152,15 @@ impl Engine {
     ///
     /// [`ModelConfig::max_position`]: crate::model::config::ModelConfig::max_position
     pub fn from_dir(dir: &Path, config: EngineConfig, check_finite: bool) -> Result<Engine> {
-        let model = load_model(dir, check_finite)?;
+        let (model, dspark) = load_model_and_drafter(dir, &crate::Device::Cpu, check_finite)?;
         let config = EngineConfig {
             max_context: config.max_context.min(model.cfg.max_position()),
             ..config
         };
-        let engine = Engine::new(model, config)?;
+        let mut engine = Engine::new(model, config)?;
+        if let (true, Some(weights)) = (config.nextn > 0, dspark) {
+            engine = engine.with_drafter(Box::new(drafter::DsparkDrafter { weights }));
+        }
         Ok(if dir.join(TOKENIZER_FILE).is_file() {
             engine.with_tokenizer(Tokenizer::from_dir(dir)?)?
         } else {
@@ -339,6 +375,9 @@ impl Engine {
             .max()
             .unwrap_or(1);
         let chunk = which.iter().map(|&i| prompts[i].len()).max().unwrap_or(1);
+        // A verify step feeds up to nextn + 1 tokens, past the accepted end.
+        let nextn = self.config.nextn;
+        let (longest, chunk) = (longest + nextn, chunk.max(nextn + 1));
         let mut pool = self.pool(which.len(), longest, chunk)?;
         let mut live = Vec::with_capacity(which.len());
         for &i in which {
@@ -350,6 +389,7 @@ impl Engine {
                 tokens: Vec::new(),
                 logprobs: Vec::new(),
                 done: None,
+                spec: None,
             });
         }
         let t0 = Instant::now();
@@ -370,6 +410,9 @@ impl Engine {
         self.sample(&out.logits, &last, &mut live, params, prompts, on_token)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
+        if nextn > 0 {
+            self.decode_speculative(&mut pool, &mut live, out, params, prompts, on_token)?;
+        }
         loop {
             // A live request has sampled at least its prefill token.
             let (active, toks): (Vec<usize>, Vec<[u32; 1]>) = live
@@ -438,6 +481,7 @@ impl Engine {
                     logprobs: p.logprobs.then_some(l.logprobs),
                     prefill,
                     decode,
+                    spec: l.spec,
                 })
             })
             .collect())
@@ -479,13 +523,7 @@ impl Engine {
     ) -> Result<()> {
         let p = &params[l.index];
         let position = (prompts[l.index].len() + l.tokens.len()) as u64;
-        if let Some(bad) = row.iter().position(|x| !x.is_finite()) {
-            return Err(arg(
-                "logits",
-                format!("{} at vocabulary id {bad}, position {position}", row[bad]),
-                "non-finite logit",
-            ));
-        }
+        self.check_finite(row, position)?;
         let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
         let s = match &mut l.constraint {
             Some(c) => {
@@ -495,6 +533,31 @@ impl Engine {
             }
             None => sample_row(row, p, u),
         };
+        self.emit(s, l, p, on_token)
+    }
+
+    /// A logits row with a NaN or ±Inf fails its request.
+    fn check_finite(&self, row: &[f32], position: u64) -> Result<()> {
+        match row.iter().position(|x| !x.is_finite()) {
+            Some(bad) => Err(arg(
+                "logits",
+                format!("{} at vocabulary id {bad}, position {position}", row[bad]),
+                "non-finite logit",
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Appends a chosen token to a request's output, consumes it in its
+    /// constraint, reports it, and marks the request done on a stop token
+    /// or string, a complete grammar or `max_tokens`.
+    fn emit(
+        &self,
+        s: Sample,
+        l: &mut Live,
+        p: &SamplingParams,
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
         let grammar_done = match &mut l.constraint {
             Some(c) => c.consume(s.token)?,
             None => false,

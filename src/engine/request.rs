@@ -88,6 +88,8 @@ pub struct Output {
     /// The batch's prefill step and decode loop (shared by its requests).
     pub prefill: Duration,
     pub decode: Duration,
+    /// What speculative decoding did for this request (`None` without it).
+    pub spec: Option<super::SpecStats>,
 }
 
 fn bad(arg: &'static str, value: String, why: &'static str) -> crate::model::Error {

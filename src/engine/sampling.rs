@@ -135,6 +135,46 @@ pub fn logprob(logits: &[f32], token: u32, temperature: f32) -> f32 {
     }
 }
 
+/// The distribution [`sample_row`] draws from at temperature > 0: its kept
+/// candidates (logit descending, id ascending) with their probabilities
+/// (f64, summing to 1 over the kept set); empty for a row of NaNs.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "every id indexes the row, cut to 2^32 entries at entry"
+)]
+pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
+    let logits = logits.get(..1 << 32).unwrap_or(logits);
+    let (order, w, total) = weights(logits, f64::from(p.temperature));
+    let keep = kept(&w, total, p);
+    let sum: f64 = w.iter().take(keep).sum();
+    order
+        .into_iter()
+        .zip(w)
+        .take(keep)
+        .map(|(id, x)| (id as u32, x / sum))
+        .collect()
+}
+
+/// How many of the ordered weights `w` top-k and top-p keep.
+fn kept(w: &[f64], total: f64, p: &SamplingParams) -> usize {
+    let mut keep = if p.top_k == 0 {
+        w.len()
+    } else {
+        p.top_k.min(w.len())
+    };
+    if p.top_p < 1.0 {
+        let (mut acc, target) = (0.0, f64::from(p.top_p) * total);
+        for (i, &x) in w.iter().take(keep).enumerate() {
+            acc += x;
+            if acc >= target {
+                keep = i + 1;
+                break;
+            }
+        }
+    }
+    keep
+}
+
 /// Samples one row with uniform `u` in [0, 1). Token ids are u32: only the
 /// first 2^32 entries of a (longer, absurd) row can be sampled.
 #[allow(
@@ -151,21 +191,7 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
         };
     }
     let (order, w, total) = weights(logits, f64::from(p.temperature));
-    let mut keep = if p.top_k == 0 {
-        w.len()
-    } else {
-        p.top_k.min(w.len())
-    };
-    if p.top_p < 1.0 {
-        let (mut acc, target) = (0.0, f64::from(p.top_p) * total);
-        for (i, &x) in w.iter().take(keep).enumerate() {
-            acc += x;
-            if acc >= target {
-                keep = i + 1;
-                break;
-            }
-        }
-    }
+    let keep = kept(&w, total, p);
     let kept: f64 = w.iter().take(keep).sum();
     let (mut acc, target) = (0.0, u * kept);
     let mut pick = keep.saturating_sub(1);

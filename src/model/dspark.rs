@@ -38,6 +38,9 @@ pub struct DsparkWeights {
     pub confidence: Bf16Linear,
 }
 
+/// Chooses draft i from its host fp32 logits (sampled drafting).
+pub type Chooser<'a> = &'a mut dyn FnMut(usize, &[f32]) -> u32;
+
 /// One draft block's output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Draft {
@@ -116,6 +119,37 @@ impl Model {
         p: usize,
         next: u32,
     ) -> Result<Draft> {
+        self.draft_block(dw, pool, seq, features, p, next, None)
+    }
+
+    /// [`Model::dspark_draft`] with draft i chosen by `choose(i, logits_i)`
+    /// (the host fp32 logits of block position i) instead of greedily: the
+    /// Markov head chains through the chosen tokens.
+    #[allow(clippy::too_many_arguments)]
+    pub fn dspark_draft_with(
+        &self,
+        dw: &DsparkWeights,
+        pool: &mut StatePool,
+        seq: SeqId,
+        features: &Tensor,
+        p: usize,
+        next: u32,
+        choose: Chooser,
+    ) -> Result<Draft> {
+        self.draft_block(dw, pool, seq, features, p, next, Some(choose))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn draft_block(
+        &self,
+        dw: &DsparkWeights,
+        pool: &mut StatePool,
+        seq: SeqId,
+        features: &Tensor,
+        p: usize,
+        next: u32,
+        choose: Option<Chooser>,
+    ) -> Result<Draft> {
         let cfg = &self.cfg;
         let (a, n) = (cfg.attention, cfg.dspark.block_size);
         let device = self.device();
@@ -186,16 +220,18 @@ impl Model {
             &dw.norm,
             crate::numerics::round_f32(cfg.norm_eps),
         )?)?;
-        self.markov_and_confidence(dw, &hidden, &base, next)
+        self.markov_and_confidence(dw, &hidden, &base, next, choose)
     }
 
-    /// The Markov head chained through greedy samples, and the confidence head.
+    /// The Markov head chained through the chosen tokens (greedy without
+    /// `choose`), and the confidence head.
     fn markov_and_confidence(
         &self,
         dw: &DsparkWeights,
         hidden: &Tensor,
         base: &Tensor,
         first: u32,
+        mut choose: Option<Chooser>,
     ) -> Result<Draft> {
         let n = hidden.rows();
         let device = self.device();
@@ -211,7 +247,10 @@ impl Model {
             let input = ops::cat_cols(&[&hidden.narrow_rows(i, 1)?, &e])?;
             let conf = dw.confidence.forward_f32(&input)?.to_vec::<f32>()?;
             draft.confidence_logits.extend(conf.first());
-            token = super::runner::greedy_id(&logits)?;
+            token = match choose.as_mut() {
+                Some(choose) => choose(i, &logits.to_vec::<f32>()?),
+                None => super::runner::greedy_id(&logits)?,
+            };
             draft.tokens.push(token);
         }
         Ok(draft)

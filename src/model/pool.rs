@@ -36,6 +36,8 @@ use crate::ops::index_key_row_nibbles;
 use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
 
+mod rollback;
+
 /// A sequence's handle in a [`StatePool`].
 pub type SeqId = u64;
 
@@ -296,6 +298,8 @@ struct Sequence {
     pending: Vec<bool>,
     /// Compressed ids of the last (up to) three positions, oldest first.
     history: VecDeque<Option<i64>>,
+    /// Open speculative-decoding checkpoint ([`StatePool::checkpoint`]).
+    checkpoint: Option<Box<rollback::Checkpoint>>,
 }
 
 /// The state of every live sequence.
@@ -423,6 +427,7 @@ impl StatePool {
                 keys: vec![BlockTable::default(); n],
                 pending: vec![false; n],
                 history: VecDeque::new(),
+                checkpoint: None,
             },
         );
         Ok(id)
@@ -816,13 +821,19 @@ impl StatePool {
         let (pr, window, n_layers) = (self.cfg.page_rows, self.window, self.n_layers);
         let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
         s.pos += len;
+        if let Some(cp) = &mut s.checkpoint {
+            cp.record_ids(ids);
+        }
         for &id in ids {
             s.history.push_back(id);
             if s.history.len() > HISTORY {
                 s.history.pop_front();
             }
         }
-        let keep = (s.pos + 1).saturating_sub(window);
+        // An open checkpoint keeps the window of its position (a rollback
+        // may return there).
+        let from = s.checkpoint.as_ref().map_or(s.pos, |cp| cp.pos());
+        let keep = (from + 1).saturating_sub(window);
         for t in &mut s.rings[..n_layers] {
             t.trim(keep, pr, &mut self.ring_pages.free);
         }

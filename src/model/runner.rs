@@ -10,6 +10,7 @@ use super::checkpoint::{
     Checkpoint, CheckpointError, GenerateOptions, INDEX_FILE, LoadOptions, generate,
 };
 use super::config::ModelConfig;
+use super::dspark::DsparkWeights;
 use super::engram_map;
 use super::forward::Model;
 use super::load::{load_weights_on, modulo_token_map};
@@ -117,6 +118,16 @@ pub fn load_model(dir: &Path, check_finite: bool) -> Result<Model> {
 /// tensor is uploaded from the memory-mapped shards directly, and only the
 /// load-time conversions pass through host memory (one tensor at a time).
 pub fn load_model_on(dir: &Path, device: &Device, check_finite: bool) -> Result<Model> {
+    Ok(load_model_and_drafter(dir, device, check_finite)?.0)
+}
+
+/// [`load_model_on`] with the checkpoint's DSpark drafter, when its config
+/// has stages.
+pub fn load_model_and_drafter(
+    dir: &Path,
+    device: &Device,
+    check_finite: bool,
+) -> Result<(Model, Option<DsparkWeights>)> {
     let cfg = ModelConfig::from_dir(dir)?;
     let options = LoadOptions {
         check_finite,
@@ -124,8 +135,8 @@ pub fn load_model_on(dir: &Path, device: &Device, check_finite: bool) -> Result<
     };
     let map = engram_map::load_or_build(dir, &cfg)?;
     let ck = Checkpoint::load(dir, &cfg, &options)?;
-    let (weights, _) = load_weights_on(&ck, &cfg, map, device)?;
-    Model::new(cfg, weights)
+    let (weights, dspark) = load_weights_on(&ck, &cfg, map, device)?;
+    Ok((Model::new(cfg, weights)?, dspark))
 }
 
 /// Where a model named on the command line lives, resolved offline the way

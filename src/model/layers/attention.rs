@@ -403,6 +403,9 @@ impl Attention {
                 for (seq, tail) in tails {
                     pool.set_pending(seq, plan.layer, tail.map(|r| (&kv, &score, r)))?;
                 }
+                for e in &b.entries {
+                    pool.record_group_rows(e.seq, plan.layer, &kv, &score, e.row, e.len)?;
+                }
             }
             None => ops::kv_rows_into(
                 &c.wkv.forward(x)?,

@@ -1,0 +1,131 @@
+//! The drafters of speculative decoding: the [`Drafter`] trait the engine
+//! drafts through, and [`DsparkDrafter`], the checkpoint's DSpark stages
+//! (`v41-flash.md` §9).
+//!
+//! Invariant: a proposal is a function of the request's accepted history
+//! (features, tokens) and its seed alone; `probs`, when present, is the
+//! exact distribution each draft token was drawn from (`None`: each token
+//! was chosen deterministically, a point mass), which the acceptance rule
+//! needs to stay lossless.
+
+use super::rng::{self, Domain};
+use super::sampling::{SamplingParams, distribution, sample_row};
+use crate::model::Result;
+use crate::model::dspark::DsparkWeights;
+use crate::model::forward::Model;
+use crate::model::pool::{SeqId, StatePool};
+use crate::tensor::Tensor;
+
+/// What a drafter is given for one request at one decode step.
+pub struct DraftInput<'a> {
+    pub seq: SeqId,
+    /// BF16 `[p + 1 − fed_from, targets · D]`: the target features of the
+    /// accepted positions `fed_from ..= p` the drafter has not seen yet.
+    pub features: &'a Tensor,
+    pub fed_from: usize,
+    /// The last position the target has processed.
+    pub p: usize,
+    /// The prompt and the output so far; its last token (position p + 1)
+    /// is the one the drafts continue, not yet fed to the target.
+    pub context: &'a [u32],
+    pub params: &'a SamplingParams,
+    /// Draft tokens wanted (at most the drafter's block).
+    pub n: usize,
+}
+
+/// Draft tokens for positions p + 2 … and what the scheduler and the
+/// acceptance rule need about them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Proposal {
+    pub tokens: Vec<u32>,
+    /// Per token, the predicted probability that it is accepted given that
+    /// the earlier ones were (in [0, 1]).
+    pub confidence: Vec<f32>,
+    /// Per token, the distribution it was drawn from (kept ids with
+    /// probabilities); `None` for deterministic choices.
+    pub probs: Option<Vec<Vec<(u32, f64)>>>,
+}
+
+/// A source of draft tokens.
+pub trait Drafter: Send + Sync {
+    /// Up to `input.n` drafts for `input.seq` (it may keep its own state in
+    /// `pool`, seeded only with the accepted positions it is shown).
+    fn draft(&self, model: &Model, pool: &mut StatePool, input: DraftInput) -> Result<Proposal>;
+}
+
+/// The checkpoint's DSpark drafter: greedy drafts at temperature 0,
+/// otherwise each draft sampled from the drafter's logits under the
+/// request's temperature, top-k and top-p (Domain::Draft uniforms).
+pub struct DsparkDrafter {
+    pub weights: DsparkWeights,
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+impl Drafter for DsparkDrafter {
+    fn draft(&self, model: &Model, pool: &mut StatePool, input: DraftInput) -> Result<Proposal> {
+        let DraftInput {
+            seq,
+            features,
+            fed_from,
+            p,
+            context,
+            params,
+            n,
+        } = input;
+        let rows = features.rows();
+        if rows != p + 1 - fed_from.min(p + 1) {
+            return Err(crate::Error::Argument {
+                op: "DsparkDrafter",
+                arg: "features",
+                value: format!("{rows} rows for positions {fed_from} ..= {p}"),
+                why: "one row per position the drafter has not seen",
+            }
+            .into());
+        }
+        if rows > 1 {
+            model.dspark_seed(
+                &self.weights,
+                pool,
+                seq,
+                &features.narrow_rows(0, rows - 1)?,
+                fed_from,
+            )?;
+        }
+        let next = context.last().copied().ok_or(crate::Error::Argument {
+            op: "DsparkDrafter",
+            arg: "context",
+            value: "[]".into(),
+            why: "drafting needs the token the drafts continue",
+        })?;
+        let last = features.narrow_rows(rows.saturating_sub(1), 1)?;
+        let sampled = params.temperature > 0.0;
+        let mut probs = Vec::new();
+        let mut choose = |i: usize, logits: &[f32]| -> u32 {
+            let u = if sampled {
+                let pos = (p + 2 + i) as u64;
+                rng::uniform(params.seq_seed, pos, 0, Domain::Draft)
+            } else {
+                0.0
+            };
+            if sampled {
+                probs.push(distribution(logits, params));
+            }
+            sample_row(logits, params, u).token
+        };
+        let draft =
+            model.dspark_draft_with(&self.weights, pool, seq, &last, p, next, &mut choose)?;
+        Ok(Proposal {
+            tokens: draft.tokens.iter().take(n).copied().collect(),
+            confidence: draft
+                .confidence_logits
+                .iter()
+                .take(n)
+                .map(|&c| sigmoid(c))
+                .collect(),
+            probs: sampled.then(|| probs.into_iter().take(n).collect()),
+        })
+    }
+}

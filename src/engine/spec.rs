@@ -1,0 +1,256 @@
+//! The speculative decode loop (`DEEPINFER_USE_NEXTN_DECODE` > 0): per
+//! step, every live request drafts up to `nextn` tokens, the scheduler
+//! ([`super::verify::schedule`]) picks how many each verifies, one target
+//! step verifies them all (s_q = k + 1 per request), each request accepts
+//! by the exact rule ([`super::verify::decide`]), emits, and rolls its
+//! state back to the accepted tokens ([`StatePool::rollback_to`]).
+//!
+//! Invariant: a request emits exactly the tokens plain decoding would
+//! (greedy: the same tokens and logprobs, bitwise on the CPU; sampled: the
+//! same distribution), one at a time through the same emission path, so
+//! constraints, stop tokens, stop strings and `max_tokens` end it at the
+//! same token; drafts are capped so that no step verifies past
+//! `max_tokens`. After a step its pool state is that of a plain run over
+//! its accepted tokens, and the drafter has seen the features of exactly
+//! the accepted positions.
+//!
+//! Indexing invariant: `k` indexes `live` and the per-request vectors
+//! (one entry per live request), `j` the step's active requests.
+#![allow(clippy::indexing_slicing)]
+
+use super::drafter::{DraftInput, Drafter, Proposal};
+use super::verify::{Schedule, SpecStats, decide, schedule};
+use super::{Engine, Live, SamplingParams, TokenEvent, arg};
+use crate::model::Result;
+use crate::model::forward::{Capture, SeqInput, StepOutput};
+use crate::model::pool::StatePool;
+use crate::tensor::Tensor;
+
+/// Per request: the target features the drafter has not seen yet.
+struct Unseen {
+    features: Option<Tensor>,
+    from: usize,
+}
+
+impl Engine {
+    /// Decodes every live request to completion speculatively, from the
+    /// prefill step `prefill` (whose last rows' tokens are sampled).
+    pub(super) fn decode_speculative(
+        &self,
+        pool: &mut StatePool,
+        live: &mut [Live],
+        prefill: StepOutput,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
+        let drafter: &dyn Drafter = self.drafter.as_deref().ok_or_else(|| {
+            arg(
+                "DEEPINFER_USE_NEXTN_DECODE",
+                self.config.nextn.to_string(),
+                "speculative decoding needs a drafter (the checkpoint's mtp.* stages, or \
+                 Engine::with_drafter)",
+            )
+        })?;
+        let features = prefill.features.ok_or_else(|| {
+            arg(
+                "DEEPINFER_USE_NEXTN_DECODE",
+                self.config.nextn.to_string(),
+                "speculative decoding needs the model's DSpark target features",
+            )
+        })?;
+        let mut unseen = Vec::with_capacity(live.len());
+        for r in &prefill.rows {
+            unseen.push(Unseen {
+                features: Some(features.narrow_rows(r.start, r.len())?),
+                from: 0,
+            });
+        }
+        let which = if self.config.mtp_varlen {
+            Schedule::Confidence
+        } else {
+            Schedule::Fixed
+        };
+        loop {
+            let active: Vec<usize> = (0..live.len())
+                .filter(|&k| live[k].done.is_none())
+                .collect();
+            if active.is_empty() {
+                return Ok(());
+            }
+            let mut proposals = Vec::with_capacity(active.len());
+            for &k in &active {
+                proposals.push(self.propose(
+                    drafter,
+                    pool,
+                    &live[k],
+                    &mut unseen[k],
+                    params,
+                    prompts,
+                )?);
+            }
+            let caps: Vec<usize> = proposals.iter().map(|p| p.tokens.len()).collect();
+            let conf: Vec<Vec<f32>> = proposals.iter().map(|p| p.confidence.clone()).collect();
+            let lens = schedule(which, &conf, &caps, &self.spec_costs);
+            let mut fed: Vec<Vec<u32>> = Vec::with_capacity(active.len());
+            for (j, &k) in active.iter().enumerate() {
+                let l = &live[k];
+                let last = *l.tokens.last().ok_or_else(|| {
+                    arg(
+                        "prompts",
+                        l.index.to_string(),
+                        "a live request without a token",
+                    )
+                })?;
+                fed.push(
+                    std::iter::once(last)
+                        .chain(proposals[j].tokens.iter().take(lens[j]).copied())
+                        .collect(),
+                );
+                pool.checkpoint(l.seq)?;
+            }
+            let inputs: Vec<SeqInput> = active
+                .iter()
+                .zip(&fed)
+                .map(|(&k, t)| SeqInput {
+                    seq: live[k].seq,
+                    tokens: t,
+                })
+                .collect();
+            let out = self.model.step(pool, &inputs, Capture::default())?;
+            let host = out.logits.to_vec::<f32>()?;
+            let v = self.model.cfg.vocab_size;
+            for (j, &k) in active.iter().enumerate() {
+                let rows = out.rows[j].clone();
+                let start = pool.position(live[k].seq)? - rows.len();
+                let (emitted, accepted) = self.accept(
+                    &host[rows.start * v..rows.end * v],
+                    &proposals[j],
+                    lens[j],
+                    &mut live[k],
+                    params,
+                    prompts,
+                    on_token,
+                );
+                let l = &mut live[k];
+                let stats = l.spec.get_or_insert_with(SpecStats::default);
+                stats.steps += 1;
+                stats.verified += lens[j];
+                stats.accepted += accepted;
+                pool.rollback_to(l.seq, start + emitted.max(1))?;
+                let seen = out.features.as_ref().ok_or_else(|| {
+                    arg(
+                        "DEEPINFER_USE_NEXTN_DECODE",
+                        "1".into(),
+                        "the step lost its features",
+                    )
+                })?;
+                unseen[k] = Unseen {
+                    features: Some(seen.narrow_rows(rows.start, emitted.max(1))?),
+                    from: start,
+                };
+            }
+        }
+    }
+
+    /// A request's drafts for this step: none when it may emit only one
+    /// more token, otherwise up to `nextn`, capped so that every accepted
+    /// draft plus the target's own token fits `max_tokens`.
+    fn propose(
+        &self,
+        drafter: &dyn Drafter,
+        pool: &mut StatePool,
+        l: &Live,
+        unseen: &mut Unseen,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+    ) -> Result<Proposal> {
+        let p = &params[l.index];
+        let cap = self
+            .config
+            .nextn
+            .min(p.max_tokens.saturating_sub(l.tokens.len() + 1));
+        let none = Proposal {
+            tokens: Vec::new(),
+            confidence: Vec::new(),
+            probs: None,
+        };
+        if cap == 0 {
+            return Ok(none);
+        }
+        let Some(features) = unseen.features.take() else {
+            return Ok(none);
+        };
+        let context: Vec<u32> = prompts[l.index].iter().chain(&l.tokens).copied().collect();
+        let at = pool.position(l.seq)?;
+        drafter.draft(
+            &self.model,
+            pool,
+            DraftInput {
+                seq: l.seq,
+                features: &features,
+                fed_from: unseen.from,
+                p: at - 1,
+                context: &context,
+                params: p,
+                n: cap,
+            },
+        )
+    }
+
+    /// Accepts and emits along one request's verify rows (`host`: its
+    /// `[k + 1, vocab]` logits); returns how many tokens it emitted and how
+    /// many of them were accepted drafts. A failure fails the request
+    /// alone.
+    #[allow(clippy::too_many_arguments)]
+    fn accept(
+        &self,
+        host: &[f32],
+        proposal: &Proposal,
+        k: usize,
+        l: &mut Live,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> (usize, usize) {
+        let v = self.model.cfg.vocab_size;
+        let p = &params[l.index];
+        let (mut emitted, mut drafts) = (0, 0);
+        for i in 0..=k {
+            let position = (prompts[l.index].len() + l.tokens.len()) as u64;
+            let draft = (i < k).then(|| {
+                let q = proposal.probs.as_ref().and_then(|q| q.get(i));
+                (proposal.tokens[i], q.map(Vec::as_slice))
+            });
+            let row = &host[i * v..(i + 1) * v];
+            let mut step = || -> Result<bool> {
+                self.check_finite(row, position)?;
+                let (s, accepted) = match &mut l.constraint {
+                    Some(c) => {
+                        let mut masked = row.to_vec();
+                        c.mask(&mut masked)?;
+                        decide(&masked, p, draft, position)
+                    }
+                    None => decide(row, p, draft, position),
+                };
+                self.emit(s, l, p, on_token)?;
+                Ok(accepted)
+            };
+            match step() {
+                Ok(accepted) => {
+                    emitted += 1;
+                    drafts += usize::from(accepted);
+                    if !accepted || l.done.is_some() {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    l.failed = Some(e);
+                    l.done = Some(super::StopReason::Length);
+                    break;
+                }
+            }
+        }
+        (emitted, drafts)
+    }
+}
