@@ -17,12 +17,16 @@
 #![allow(clippy::indexing_slicing)]
 
 pub mod config;
+mod prefill;
+pub mod prefix_cache;
 pub mod request;
 pub mod rng;
 pub mod sampling;
 pub mod structured;
 
 pub use config::{EngineConfig, MAX_CONTEXT, YocoMode};
+pub use prefill::PrefillCounters;
+pub use prefix_cache::{CacheStats, PrefixCache, PrefixCacheConfig};
 pub use request::{Output, Prompt, StopReason};
 pub use sampling::{Sample, SamplingParams, logprob, sample_row};
 pub use structured::{Constraint, Grammars, SchemaType, StructuredOutput};
@@ -34,7 +38,7 @@ use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
 use rng::Domain;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// A model, its tokenizer when it has one, and the limits its batches run
@@ -44,6 +48,9 @@ pub struct Engine {
     pub config: EngineConfig,
     pub tokenizer: Option<Tokenizer>,
     grammars: OnceLock<Grammars>,
+    /// Prefix states kept across batches ([`Engine::with_prefix_cache`]).
+    prefix_cache: Option<Mutex<PrefixCache>>,
+    counters: Mutex<PrefillCounters>,
 }
 
 /// A generated token as it is sampled: request `request`'s `index`-th
@@ -87,6 +94,8 @@ impl Engine {
             config,
             tokenizer: None,
             grammars: OnceLock::new(),
+            prefix_cache: None,
+            counters: Mutex::default(),
         })
     }
 
@@ -340,11 +349,14 @@ impl Engine {
             .unwrap_or(1);
         let chunk = which.iter().map(|&i| prompts[i].len()).max().unwrap_or(1);
         let mut pool = self.pool(which.len(), longest, chunk)?;
+        let t0 = Instant::now();
+        let batch: Vec<&[u32]> = which.iter().map(|&i| &prompts[i][..]).collect();
+        let pre = self.prefill(&mut pool, &batch)?;
         let mut live = Vec::with_capacity(which.len());
-        for &i in which {
+        for (&i, &seq) in which.iter().zip(&pre.seqs) {
             live.push(Live {
                 index: i,
-                seq: pool.add_sequence()?,
+                seq,
                 constraint: constraints[i].take(),
                 failed: None,
                 tokens: Vec::new(),
@@ -352,22 +364,8 @@ impl Engine {
                 done: None,
             });
         }
-        let t0 = Instant::now();
-        let inputs: Vec<SeqInput> = live
-            .iter()
-            .map(|l| SeqInput {
-                seq: l.seq,
-                tokens: &prompts[l.index],
-            })
-            .collect();
-        let out = self.model.step(&mut pool, &inputs, Capture::default())?;
-        let last: Vec<(usize, usize)> = out
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(k, r)| (k, r.end - 1))
-            .collect();
-        self.sample(&out.logits, &last, &mut live, params, prompts, on_token)?;
+        let last: Vec<(usize, usize)> = pre.last.iter().copied().enumerate().collect();
+        self.sample(&pre.logits, &last, &mut live, params, prompts, on_token)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
         loop {
