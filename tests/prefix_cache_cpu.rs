@@ -471,3 +471,36 @@ fn bad_settings_and_mismatched_snapshots_are_typed_errors() {
     }
     assert_eq!(p.position(s).unwrap(), 5, "failed steps change nothing");
 }
+
+/// Compact with a hit and a new block boundary after it (two steps: the
+/// replay plus the new tokens up to the boundary, snapshotted, then the
+/// rest), replaying the receptive field: bitwise the exact path, and so is
+/// a later prompt that hits the new boundary.
+#[test]
+fn compact_replay_then_a_new_boundary_stays_exact_over_the_field() {
+    let mut rng = common::rng("prefix_compact_boundary");
+    let seed = rng.random();
+    let cfg = PrefixCacheConfig {
+        block_tokens: 16,
+        budget_bytes: 64 << 20,
+    };
+    let exact = engine(seed, YocoMode::Exact, 140, None);
+    let compact = engine(seed, YocoMode::Compact, 85, Some(cfg));
+    let long = tokens(&mut rng, 152);
+    compact.prefill_logits(&[long[..113].to_vec()]).unwrap();
+    for len in [152, 150] {
+        let p = long[..len].to_vec();
+        assert_eq!(
+            compact.prefill_logits(std::slice::from_ref(&p)).unwrap(),
+            exact.prefill_logits(&[p]).unwrap(),
+            "prompt of {len}"
+        );
+    }
+    let st = compact.prefix_cache_stats().unwrap();
+    // 113 stores 112; 152 hits 112 and stores 144; 150 hits 144.
+    assert_eq!(
+        (st.hits, st.hit_tokens, st.inserted),
+        (2, 112 + 144, 2),
+        "{st:?}"
+    );
+}
