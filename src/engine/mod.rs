@@ -1,6 +1,7 @@
 //! Offline inference over the batched model step: requests (text or
-//! token-id prompts with [`SamplingParams`]) run together — one prefill step for all
-//! prompts, then one decode step per token for every live request — with
+//! token-id prompts with [`SamplingParams`]) run together — a batched
+//! prefill (through the prefix cache when there is one, `prefill`), then
+//! one decode step per token for every live request — with
 //! counter-based sampling, so a request's tokens depend only on its own
 //! prompt, parameters and seed (on the CPU, bitwise whatever its batch).
 //!
