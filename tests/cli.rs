@@ -127,12 +127,6 @@ fn bad_flags_and_switches_are_clear_errors() {
     );
     fails_with(
         &cache,
-        &["run", "--yoco-mode", "compact"],
-        none,
-        &["compact prefill", "not landed"],
-    );
-    fails_with(
-        &cache,
         &["run", "--yoco-mode", "fast"],
         none,
         &["exact or compact"],

@@ -32,7 +32,9 @@ pub enum YocoMode {
     /// Every layer on every prompt token: the oracle.
     Exact,
     /// Late layers only on each request's last `yoco_keep_tokens` tokens
-    /// (decoder bounded replay, `v41-flash.md` §5).
+    /// (decoder bounded replay), and a prefix-cache hit rebuilds the window
+    /// rings by replaying the last `yoco_keep_tokens` tokens before it
+    /// (encoder bounded replay, `v41-flash.md` §5; `engine::prefill`).
     Compact,
 }
 
@@ -264,12 +266,14 @@ impl EngineConfig {
             )
             .into());
         }
-        if c.yoco_mode == YocoMode::Compact {
-            return Err(OpError::Unsupported {
-                op: "Engine",
-                device: "any".into(),
-                why: "compact prefill (DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE=compact) has not landed",
-            }
+        if c.nextn > 0 && c.yoco_mode == YocoMode::Compact {
+            return Err(bad(
+                "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE",
+                "compact with DEEPINFER_USE_NEXTN_DECODE > 0".into(),
+                "speculative decoding needs the exact prefill: the DSpark drafter is seeded \
+                 with every prompt position's target features, which compact prefill does \
+                 not compute",
+            )
             .into());
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! Offline inference over the batched model step: requests (text or
-//! token-id prompts with [`SamplingParams`]) run together — one prefill step for all
-//! prompts, then one decode step per token for every live request — with
+//! token-id prompts with [`SamplingParams`]) run together — a batched
+//! prefill (through the prefix cache when there is one, `prefill`), then
+//! one decode step per token for every live request — with
 //! counter-based sampling, so a request's tokens depend only on its own
 //! prompt, parameters and seed (on the CPU, bitwise whatever its batch).
 //!
@@ -18,6 +19,8 @@
 
 pub mod config;
 pub mod drafter;
+mod prefill;
+pub mod prefix_cache;
 pub mod request;
 pub mod rng;
 pub mod sampling;
@@ -26,6 +29,8 @@ pub mod structured;
 pub mod verify;
 
 pub use config::{EngineConfig, MAX_CONTEXT, YocoMode};
+pub use prefill::PrefillCounters;
+pub use prefix_cache::{CacheStats, PrefixCache, PrefixCacheConfig};
 pub use request::{Output, Prompt, StopReason};
 pub use sampling::{Sample, SamplingParams, logprob, sample_row};
 pub use structured::{Constraint, Grammars, SchemaType, StructuredOutput};
@@ -38,7 +43,7 @@ use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
 use rng::Domain;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
 /// A model, its tokenizer when it has one, and the limits its batches run
@@ -52,6 +57,9 @@ pub struct Engine {
     drafter: Option<Box<dyn drafter::Drafter>>,
     /// The confidence schedule's step-time model.
     pub spec_costs: SpecCosts,
+    /// Prefix states kept across batches ([`Engine::with_prefix_cache`]).
+    prefix_cache: Option<Mutex<PrefixCache>>,
+    counters: Mutex<PrefillCounters>,
 }
 
 /// The default step-time model: a step's fixed cost is that of 8 tokens,
@@ -107,6 +115,8 @@ impl Engine {
             grammars: OnceLock::new(),
             drafter: None,
             spec_costs: DEFAULT_SPEC_COSTS,
+            prefix_cache: None,
+            counters: Mutex::default(),
         })
     }
 
@@ -379,11 +389,21 @@ impl Engine {
         let nextn = self.config.nextn;
         let (longest, chunk) = (longest + nextn, chunk.max(nextn + 1));
         let mut pool = self.pool(which.len(), longest, chunk)?;
+        let t0 = Instant::now();
+        let batch: Vec<&[u32]> = which.iter().map(|&i| &prompts[i][..]).collect();
+        // Speculative decoding seeds its drafter with every prompt position's
+        // target features: one plain step, past the prefix cache.
+        let (pre, spec_prefill) = if nextn > 0 {
+            let (pre, out) = self.prefill_for_drafter(&mut pool, &batch)?;
+            (pre, Some(out))
+        } else {
+            (self.prefill(&mut pool, &batch)?, None)
+        };
         let mut live = Vec::with_capacity(which.len());
-        for &i in which {
+        for (&i, &seq) in which.iter().zip(&pre.seqs) {
             live.push(Live {
                 index: i,
-                seq: pool.add_sequence()?,
+                seq,
                 constraint: constraints[i].take(),
                 failed: None,
                 tokens: Vec::new(),
@@ -392,25 +412,11 @@ impl Engine {
                 spec: None,
             });
         }
-        let t0 = Instant::now();
-        let inputs: Vec<SeqInput> = live
-            .iter()
-            .map(|l| SeqInput {
-                seq: l.seq,
-                tokens: &prompts[l.index],
-            })
-            .collect();
-        let out = self.model.step(&mut pool, &inputs, Capture::default())?;
-        let last: Vec<(usize, usize)> = out
-            .rows
-            .iter()
-            .enumerate()
-            .map(|(k, r)| (k, r.end - 1))
-            .collect();
-        self.sample(&out.logits, &last, &mut live, params, prompts, on_token)?;
+        let last: Vec<(usize, usize)> = pre.last.iter().copied().enumerate().collect();
+        self.sample(&pre.logits, &last, &mut live, params, prompts, on_token)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
-        if nextn > 0 {
+        if let Some(out) = spec_prefill {
             self.decode_speculative(&mut pool, &mut live, out, params, prompts, on_token)?;
         }
         loop {

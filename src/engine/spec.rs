@@ -19,6 +19,7 @@
 #![allow(clippy::indexing_slicing)]
 
 use super::drafter::{DraftInput, Drafter, Proposal};
+use super::prefill::Prefilled;
 use super::verify::{Schedule, SpecStats, decide, schedule};
 use super::{Engine, Live, SamplingParams, TokenEvent, arg};
 use crate::model::Result;
@@ -35,6 +36,33 @@ struct Unseen {
 impl Engine {
     /// Decodes every live request to completion speculatively, from the
     /// prefill step `prefill` (whose last rows' tokens are sampled).
+    /// The plain prefill speculative decoding starts from: one step over
+    /// every whole prompt (no prefix cache, every layer on every token), whose
+    /// output keeps the target features the drafter is seeded with.
+    pub(super) fn prefill_for_drafter(
+        &self,
+        pool: &mut StatePool,
+        prompts: &[&[u32]],
+    ) -> Result<(Prefilled, StepOutput)> {
+        let seqs = prompts
+            .iter()
+            .map(|_| pool.add_sequence())
+            .collect::<Result<Vec<_>>>()?;
+        let inputs: Vec<SeqInput> = seqs
+            .iter()
+            .zip(prompts)
+            .map(|(&seq, &tokens)| SeqInput { seq, tokens })
+            .collect();
+        let out = self.model.step(pool, &inputs, Capture::default())?;
+        let last = out.rows.iter().map(|r| r.end.saturating_sub(1)).collect();
+        let pre = Prefilled {
+            seqs,
+            logits: out.logits.clone(),
+            last,
+        };
+        Ok((pre, out))
+    }
+
     pub(super) fn decode_speculative(
         &self,
         pool: &mut StatePool,

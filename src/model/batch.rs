@@ -4,7 +4,9 @@
 //! scheduler's output).
 //!
 //! Invariant: entries name distinct sequences; entry i owns rows
-//! `row .. row + len` and positions `start .. start + len`.
+//! `row .. row + len` and positions `start .. start + len`, of which the
+//! first `replay` are replayed (already in the sequence's global state:
+//! they rebuild window rows only, `v41-flash.md` §5) and the rest are new.
 
 use super::pool::SeqId;
 use crate::tensor::Tensor;
@@ -16,6 +18,8 @@ pub struct Entry {
     /// Position of its first new token.
     pub start: usize,
     pub len: usize,
+    /// Leading rows that are replayed, not new (< `len`).
+    pub replay: usize,
     /// Its first row in the step's tensors.
     pub row: usize,
 }

@@ -190,6 +190,7 @@ impl Model {
                 seq,
                 start: p + 1,
                 len: n,
+                replay: 0,
                 row: 0,
             }],
             positions: positions.clone(),

@@ -11,6 +11,8 @@
 //! prefill of the first t + 1 tokens, a prompt fed in chunks gives those of
 //! one prefill, and a sequence gives the same logits alone or in any batch
 //! (bitwise on the CPU, where every op computes each row on its own).
+//! [`Model::step_shaped`] also takes replayed tokens and decoder truncation
+//! ([`EntryShape`]): it then returns logits for each entry's late rows only.
 
 use super::batch::{Batch, Entry};
 use super::config::{LayerPlan, ModelConfig, ScoreFunc};
@@ -18,6 +20,7 @@ use super::layers::Block;
 use super::layers::linear::Bf16Linear;
 use super::layers::moe::MoeParams;
 use super::pool::{SeqId, StatePool};
+use super::truncate::{EntryShape, Tails, late_layer_start};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, ngram_ids};
 use crate::device::Device;
 use crate::dtype::DType;
@@ -239,8 +242,18 @@ impl Model {
         self.step(pool, &[SeqInput { seq, tokens }], Capture::default())
     }
 
+    /// The first layer after the last KV source (see [`late_layer_start`]).
+    pub fn late_layer_start(&self) -> usize {
+        late_layer_start(&self.plans, self.cfg.n_layers)
+    }
+
     /// Checks a step's inputs and lays them out; reserves their pages.
-    fn layout(&self, pool: &mut StatePool, inputs: &[SeqInput]) -> Result<Batch> {
+    fn layout(
+        &self,
+        pool: &mut StatePool,
+        inputs: &[SeqInput],
+        shapes: &[EntryShape],
+    ) -> Result<Batch> {
         if inputs.is_empty() {
             return Err(invalid(
                 "inputs",
@@ -277,7 +290,20 @@ impl Model {
                     "a step takes each sequence at most once",
                 ));
             }
-            let start = pool.position(inp.seq)?;
+            let replay = shapes.get(entries.len()).map_or(0, |s| s.replay);
+            let pos = pool.position(inp.seq)?;
+            if replay >= inp.tokens.len() || replay > pos {
+                return Err(invalid(
+                    "replay",
+                    format!(
+                        "{replay} of {} tokens at position {pos} for sequence {}",
+                        inp.tokens.len(),
+                        inp.seq
+                    ),
+                    "replayed tokens must be fewer than the entry's and lie before its position",
+                ));
+            }
+            let start = pos - replay;
             let end = start + inp.tokens.len();
             if end > i32::MAX as usize {
                 return Err(invalid(
@@ -291,11 +317,13 @@ impl Model {
                 seq: inp.seq,
                 start,
                 len: inp.tokens.len(),
+                replay,
                 row,
             });
             row += inp.tokens.len();
         }
-        let reserve: Vec<(SeqId, usize)> = entries.iter().map(|e| (e.seq, e.len)).collect();
+        let reserve: Vec<(SeqId, usize)> =
+            entries.iter().map(|e| (e.seq, e.len - e.replay)).collect();
         pool.reserve_step(&reserve)?;
         let n = positions.len();
         Ok(Batch {
@@ -313,9 +341,46 @@ impl Model {
         inputs: &[SeqInput],
         capture: Capture,
     ) -> Result<StepOutput> {
+        self.step_shaped(pool, inputs, &[], capture)
+    }
+
+    /// [`Model::step`] with each entry shaped by `shapes` (one per input;
+    /// empty: every entry [`EntryShape::full`]): replayed leading tokens,
+    /// and the layers from [`Model::late_layer_start`] on only over each
+    /// entry's last `late_rows` tokens. Logits, features and the late
+    /// layers' traces then cover those rows only (`rows` says where each
+    /// entry's are; an entry without late rows gets an empty range).
+    pub fn step_shaped(
+        &self,
+        pool: &mut StatePool,
+        inputs: &[SeqInput],
+        shapes: &[EntryShape],
+        capture: Capture,
+    ) -> Result<StepOutput> {
         let cfg = &self.cfg;
         let device = self.device();
-        let b = self.layout(pool, inputs)?;
+        if !shapes.is_empty() && shapes.len() != inputs.len() {
+            return Err(invalid(
+                "shapes",
+                format!("{} for {} inputs", shapes.len(), inputs.len()),
+                "one EntryShape per input (or none)",
+            ));
+        }
+        let shapes: Vec<EntryShape> = if shapes.is_empty() {
+            inputs
+                .iter()
+                .map(|i| EntryShape::full(i.tokens.len()))
+                .collect()
+        } else {
+            shapes.to_vec()
+        };
+        let b = self.layout(pool, inputs, &shapes)?;
+        let truncated = inputs
+            .iter()
+            .zip(&shapes)
+            .any(|(i, s)| s.late_rows < i.tokens.len());
+        let late_start = self.late_layer_start();
+        let mut tails: Option<Tails> = None;
         tracing::debug!(
             entries = b.entries.len(),
             tokens = b.positions.rows(),
@@ -354,6 +419,21 @@ impl Model {
         let moe_p = self.moe_params(cfg.moe.n_activated_experts);
         for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
             let mut trace = LayerTrace::default();
+            if truncated && plan.layer == late_start {
+                let t = Tails::of(&b, &shapes)?;
+                streams = t.rows(&streams)?;
+                pre = t.rows(&pre)?;
+                t.narrow_published(&mut published)?;
+                for f in targets.iter_mut().flatten() {
+                    *f = t.rows(f)?;
+                }
+                tails = Some(t);
+            }
+            let b = tails.as_ref().map_or(&b, |t| &t.batch);
+            if b.entries.is_empty() {
+                layers.push(trace);
+                continue;
+            }
             if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
                 streams = e.forward(&streams, ng, crate::numerics::round_f32(cfg.norm_eps))?;
             }
@@ -372,9 +452,7 @@ impl Model {
             let (x, mix) = block
                 .hc_attn
                 .input(&streams, &mut pre, &block.attn_norm, hp)?;
-            let (f, lists) = block
-                .attn
-                .forward(cfg, plan, &x, &b, pool, &mut published)?;
+            let (f, lists) = block.attn.forward(cfg, plan, &x, b, pool, &mut published)?;
             streams = mix.expand(&streams, &f)?;
             if capture.attention {
                 trace.attention = Some(f);
@@ -395,9 +473,13 @@ impl Model {
             }
             layers.push(trace);
         }
-        let logits = self.head(&streams, &pre)?;
+        let logits = if streams.rows() == 0 {
+            Tensor::zeros(&device, DType::F32, &[0, cfg.vocab_size])?
+        } else {
+            self.head(&streams, &pre)?
+        };
         for (e, c) in b.entries.iter().zip(&compressed) {
-            pool.advance(e.seq, e.len, c)?;
+            pool.advance(e.seq, e.len - e.replay, c)?;
         }
         let parts: Option<Vec<&Tensor>> = targets.iter().map(Option::as_ref).collect();
         let features = match parts {
@@ -407,7 +489,10 @@ impl Model {
         Ok(StepOutput {
             logits,
             features,
-            rows: b.entries.iter().map(|e| e.row..e.row + e.len).collect(),
+            rows: match &tails {
+                Some(t) => t.entry_rows(b.entries.len()),
+                None => b.entries.iter().map(|e| e.row..e.row + e.len).collect(),
+            },
             layers,
         })
     }

@@ -19,5 +19,6 @@ pub mod load;
 pub mod pool;
 pub mod runner;
 pub mod tokenizer;
+pub mod truncate;
 
 pub use error::{Error, Result};

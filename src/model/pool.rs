@@ -37,6 +37,8 @@ use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
 
 mod rollback;
+mod snapshot;
+pub use snapshot::SeqSnapshot;
 
 /// A sequence's handle in a [`StatePool`].
 pub type SeqId = u64;
@@ -292,6 +294,10 @@ struct Sequence {
     rings: Vec<BlockTable>,
     /// Highest position + 1 written into each ring.
     ring_end: Vec<usize>,
+    /// Lowest valid position of each backbone ring: a write that leaves a
+    /// gap after `ring_end` (a replayed or truncated span) restarts it, so
+    /// rows never written are never read.
+    ring_begin: Vec<usize>,
     entries: Vec<BlockTable>,
     n_entries: Vec<usize>,
     keys: Vec<BlockTable>,
@@ -300,6 +306,18 @@ struct Sequence {
     history: VecDeque<Option<i64>>,
     /// Open speculative-decoding checkpoint ([`StatePool::checkpoint`]).
     checkpoint: Option<Box<rollback::Checkpoint>>,
+}
+
+impl Sequence {
+    /// Marks positions `pos0 .. pos0 + n` of ring `ring` written; on a
+    /// backbone ring (below `n_layers`) a gap after the written span
+    /// restarts the ring at `pos0`.
+    fn extend_ring(&mut self, ring: usize, pos0: usize, n: usize, n_layers: usize) {
+        if ring < n_layers && pos0 > self.ring_end[ring] {
+            self.ring_begin[ring] = pos0;
+        }
+        self.ring_end[ring] = self.ring_end[ring].max(pos0 + n);
+    }
 }
 
 /// The state of every live sequence.
@@ -422,6 +440,7 @@ impl StatePool {
                 slot,
                 rings: vec![BlockTable::default(); self.rings],
                 ring_end: vec![0; self.rings],
+                ring_begin: vec![0; self.rings],
                 entries: vec![BlockTable::default(); n],
                 n_entries: vec![0; n],
                 keys: vec![BlockTable::default(); n],
@@ -676,7 +695,7 @@ impl StatePool {
             n,
             "ring",
         )?;
-        s.ring_end[ring] = s.ring_end[ring].max(pos0 + n);
+        s.extend_ring(ring, pos0, n, self.n_layers);
         Ok(())
     }
 
@@ -694,14 +713,14 @@ impl StatePool {
         let pr = self.cfg.page_rows;
         let s = self.seqs.get_mut(&seq).ok_or_else(|| unknown(seq))?;
         let rows = claim_rows(&s.rings[ring], pr, pos0, n, "ring")?;
-        s.ring_end[ring] = s.ring_end[ring].max(pos0 + n);
+        s.extend_ring(ring, pos0, n, self.n_layers);
         Ok(rows)
     }
 
     /// Physical row of position `pos` in ring `ring` of `seq`, if held.
     pub(crate) fn ring_row(&self, seq: SeqId, ring: usize, pos: usize) -> Result<Option<i32>> {
         let s = self.get(seq)?;
-        (pos < s.ring_end[ring])
+        (s.ring_begin[ring] <= pos && pos < s.ring_end[ring])
             .then(|| s.rings[ring].row(pos, self.cfg.page_rows))
             .flatten()
             .map(phys_i32)

@@ -309,10 +309,10 @@ impl Attention {
         Ok((f, lists))
     }
 
-    /// A KV source's compressor over every entry's new tokens: stores the
-    /// entries (and index keys) of each group completed in this step straight
-    /// into the pools; a ratio-2 source keeps an odd trailing token as the
-    /// partial group.
+    /// A KV source's compressor over every entry's new (not replayed)
+    /// tokens: stores the entries (and index keys) of each group completed
+    /// in this step straight into the pools; a ratio-2 source keeps an odd
+    /// trailing token as the partial group.
     fn compress(
         &self,
         cfg: &ModelConfig,
@@ -339,13 +339,13 @@ impl Attention {
                 if let Some(r) = pool.pending_row_of(e.seq, plan.layer)? {
                     m.push(-1 - r);
                 }
-                m.extend(i32_range("batch row", e.row, e.len)?);
+                m.extend(i32_range("batch row", e.row + e.replay, e.len - e.replay)?);
                 tails.push((e.seq, (m.len() % 2 == 1).then(|| e.row + e.len - 1)));
                 m.truncate(m.len() / 2 * 2);
                 counts.push(m.len() / 2);
             } else {
-                m.extend(i32_range("batch row", e.row, e.len)?);
-                counts.push(e.len);
+                m.extend(i32_range("batch row", e.row + e.replay, e.len - e.replay)?);
+                counts.push(e.len - e.replay);
             }
             members.extend(m);
         }
@@ -408,7 +408,7 @@ impl Attention {
                 }
             }
             None => ops::kv_rows_into(
-                &c.wkv.forward(x)?,
+                &c.wkv.forward(new_rows(x, b)?.as_ref().unwrap_or(x))?,
                 KvRowFormat::Compressed,
                 Some(norm),
                 Some(row_rope),
@@ -524,6 +524,21 @@ impl Attention {
         }
         Ok(lists)
     }
+}
+
+/// The rows of `x` of every entry's new (not replayed) tokens; `None`
+/// when that is all of `x`.
+fn new_rows(x: &Tensor, b: &Batch) -> Result<Option<Tensor>> {
+    if b.entries.iter().all(|e| e.replay == 0) {
+        return Ok(None);
+    }
+    let parts: Vec<Tensor> = b
+        .entries
+        .iter()
+        .map(|e| x.narrow_rows(e.row + e.replay, e.len - e.replay))
+        .collect::<std::result::Result<_, _>>()?;
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    Ok(Some(Tensor::cat_rows(&refs)?))
 }
 
 /// The error of a layer whose weights or published inputs contradict its
