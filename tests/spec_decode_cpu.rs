@@ -393,7 +393,11 @@ fn rollback_misuse_is_a_typed_error_that_changes_nothing() {
         assert_eq!(pool.position(seq).unwrap(), 6);
     }
     assert!(pool.has_checkpoint(seq).unwrap());
+    // A snapshot (the prefix cache's) of unverified drafts is refused.
+    let e = pool.snapshot(seq, true).unwrap_err();
+    assert!(e.to_string().contains("open speculative checkpoint"), "{e}");
     pool.rollback_to(seq, 5).unwrap();
+    assert!(pool.snapshot(seq, true).is_ok());
     assert!(!pool.has_checkpoint(seq).unwrap());
     assert!(pool.rollback_to(99, 5).is_err());
 }
@@ -423,6 +427,51 @@ fn bad_speculative_configs_are_typed_errors() {
     let r = engine.generate(&[vec![3u32, 4, 5]], &[greedy(4)]);
     let e = r[0].as_ref().unwrap_err();
     assert!(e.to_string().contains("drafter"), "{e}");
+}
+
+/// A user drafter that breaks the trait's contract: more tokens than asked
+/// (`overlong`), or fewer distributions than tokens.
+struct Unruly {
+    overlong: bool,
+}
+
+impl Drafter for Unruly {
+    fn draft(
+        &self,
+        _: &Model,
+        _: &mut StatePool,
+        input: DraftInput,
+    ) -> deepinfer::model::Result<Proposal> {
+        let n = if self.overlong { input.n + 7 } else { input.n };
+        Ok(Proposal {
+            tokens: vec![1; n],
+            confidence: vec![0.5; n],
+            probs: (!self.overlong).then(|| vec![vec![(1, 1.0)]; n - 1]),
+        })
+    }
+}
+
+/// An overlong proposal is cut to what was asked (the output is still the
+/// plain greedy one); a sampled proposal missing a distribution is a typed
+/// error naming the drafter, not a silently lossy acceptance.
+#[test]
+fn a_drafter_breaking_its_contract_is_cut_or_refused() {
+    let seed = 5;
+    let plain = Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap();
+    let ps = vec![vec![3u32, 4, 5, 6]];
+    let want = outputs(&plain, &ps, &[greedy(9)]);
+    let engine = |overlong| {
+        Engine::new(common::tiny::tiny_model(seed).0, config(3, false))
+            .unwrap()
+            .with_drafter(Box::new(Unruly { overlong }))
+    };
+    let got = outputs(&engine(true), &ps, &[greedy(9)]);
+    assert_eq!(got[0].tokens, want[0].tokens);
+    let s = got[0].spec.expect("speculative stats");
+    assert!(s.verified <= 3 * s.steps, "{s:?}");
+    let r = engine(false).generate(&ps, &[greedy(9)]);
+    let e = r[0].as_ref().unwrap_err();
+    assert!(e.to_string().contains("Drafter::draft"), "{e}");
 }
 
 /// Chi-square critical values at significance 0.001 for 1 ..= 20 degrees

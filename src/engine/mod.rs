@@ -393,9 +393,9 @@ impl Engine {
         let batch: Vec<&[u32]> = which.iter().map(|&i| &prompts[i][..]).collect();
         // Speculative decoding seeds its drafter with every prompt position's
         // target features: one plain step, past the prefix cache.
-        let (pre, spec_prefill) = if nextn > 0 {
-            let (pre, out) = self.prefill_for_drafter(&mut pool, &batch)?;
-            (pre, Some(out))
+        let (pre, seeds) = if nextn > 0 {
+            let (pre, seeds) = self.prefill_for_drafter(&mut pool, &batch)?;
+            (pre, Some(seeds))
         } else {
             (self.prefill(&mut pool, &batch)?, None)
         };
@@ -416,8 +416,8 @@ impl Engine {
         self.sample(&pre.logits, &last, &mut live, params, prompts, on_token)?;
         let prefill = t0.elapsed();
         let t1 = Instant::now();
-        if let Some(out) = spec_prefill {
-            self.decode_speculative(&mut pool, &mut live, out, params, prompts, on_token)?;
+        if let Some(seeds) = seeds {
+            self.decode_speculative(&mut pool, &mut live, seeds, params, prompts, on_token)?;
         }
         loop {
             // A live request has sampled at least its prefill token.

@@ -27,6 +27,13 @@ use crate::model::forward::{Capture, SeqInput, StepOutput};
 use crate::model::pool::StatePool;
 use crate::tensor::Tensor;
 
+/// The prefill's target features `[rows, targets · D]` and each request's
+/// rows in them: what the drafter is seeded with.
+pub(super) struct Seeds {
+    features: Tensor,
+    rows: Vec<std::ops::Range<usize>>,
+}
+
 /// Per request: the target features the drafter has not seen yet.
 struct Unseen {
     features: Option<Tensor>,
@@ -34,16 +41,16 @@ struct Unseen {
 }
 
 impl Engine {
-    /// Decodes every live request to completion speculatively, from the
-    /// prefill step `prefill` (whose last rows' tokens are sampled).
     /// The plain prefill speculative decoding starts from: one step over
-    /// every whole prompt (no prefix cache, every layer on every token), whose
-    /// output keeps the target features the drafter is seeded with.
+    /// every whole prompt (no prefix cache, every layer on every token),
+    /// whose target features seed the drafter. A missing drafter or
+    /// missing features fail here, before any token is sampled.
     pub(super) fn prefill_for_drafter(
         &self,
         pool: &mut StatePool,
         prompts: &[&[u32]],
-    ) -> Result<(Prefilled, StepOutput)> {
+    ) -> Result<(Prefilled, Seeds)> {
+        self.drafter()?;
         let seqs = prompts
             .iter()
             .map(|_| pool.add_sequence())
@@ -53,42 +60,49 @@ impl Engine {
             .zip(prompts)
             .map(|(&seq, &tokens)| SeqInput { seq, tokens })
             .collect();
-        let out = self.model.step(pool, &inputs, Capture::default())?;
-        let last = out.rows.iter().map(|r| r.end.saturating_sub(1)).collect();
-        let pre = Prefilled {
-            seqs,
-            logits: out.logits.clone(),
-            last,
-        };
-        Ok((pre, out))
-    }
-
-    pub(super) fn decode_speculative(
-        &self,
-        pool: &mut StatePool,
-        live: &mut [Live],
-        prefill: StepOutput,
-        params: &[SamplingParams],
-        prompts: &[Vec<u32>],
-        on_token: &mut dyn FnMut(TokenEvent),
-    ) -> Result<()> {
-        let drafter: &dyn Drafter = self.drafter.as_deref().ok_or_else(|| {
-            arg(
-                "DEEPINFER_USE_NEXTN_DECODE",
-                self.config.nextn.to_string(),
-                "speculative decoding needs a drafter (the checkpoint's mtp.* stages, or \
-                 Engine::with_drafter)",
-            )
-        })?;
-        let features = prefill.features.ok_or_else(|| {
+        let StepOutput {
+            logits,
+            features,
+            rows,
+            ..
+        } = self.model.step(pool, &inputs, Capture::default())?;
+        let features = features.ok_or_else(|| {
             arg(
                 "DEEPINFER_USE_NEXTN_DECODE",
                 self.config.nextn.to_string(),
                 "speculative decoding needs the model's DSpark target features",
             )
         })?;
+        let last = rows.iter().map(|r| r.end.saturating_sub(1)).collect();
+        Ok((Prefilled { seqs, logits, last }, Seeds { features, rows }))
+    }
+
+    fn drafter(&self) -> Result<&dyn Drafter> {
+        self.drafter.as_deref().ok_or_else(|| {
+            arg(
+                "DEEPINFER_USE_NEXTN_DECODE",
+                self.config.nextn.to_string(),
+                "speculative decoding needs a drafter (the checkpoint's mtp.* stages, or \
+                 Engine::with_drafter)",
+            )
+        })
+    }
+
+    /// Decodes every live request to completion speculatively, from the
+    /// prefill whose last rows' tokens are sampled (`seeds`: its features).
+    pub(super) fn decode_speculative(
+        &self,
+        pool: &mut StatePool,
+        live: &mut [Live],
+        seeds: Seeds,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
+        let drafter = self.drafter()?;
+        let Seeds { features, rows } = seeds;
         let mut unseen = Vec::with_capacity(live.len());
-        for r in &prefill.rows {
+        for r in &rows {
             unseen.push(Unseen {
                 features: Some(features.narrow_rows(r.start, r.len())?),
                 from: 0,
@@ -211,7 +225,7 @@ impl Engine {
         };
         let context: Vec<u32> = prompts[l.index].iter().chain(&l.tokens).copied().collect();
         let at = pool.position(l.seq)?;
-        drafter.draft(
+        let mut proposal = drafter.draft(
             &self.model,
             pool,
             DraftInput {
@@ -223,7 +237,27 @@ impl Engine {
                 params: p,
                 n: cap,
             },
-        )
+        )?;
+        // A drafter is user code: never verify more than asked (the pool
+        // was sized for nextn + 1 tokens a step), and a sampled draft must
+        // say what it was drawn from, or acceptance would not be lossless.
+        proposal.tokens.truncate(cap);
+        proposal.confidence.truncate(proposal.tokens.len());
+        if let Some(q) = &mut proposal.probs {
+            if q.len() < proposal.tokens.len() {
+                return Err(arg(
+                    "Drafter::draft",
+                    format!(
+                        "{} tokens, {} distributions",
+                        proposal.tokens.len(),
+                        q.len()
+                    ),
+                    "a drafter that returns distributions returns one per drafted token",
+                ));
+            }
+            q.truncate(proposal.tokens.len());
+        }
+        Ok(proposal)
     }
 
     /// Accepts and emits along one request's verify rows (`host`: its

@@ -77,7 +77,19 @@ pub fn decide(
             .find(|&&(id, _)| id == t)
             .map_or(0.0, |&(_, x)| x)
     };
-    let q_of = |t: u32| q.map_or(if t == d { 1.0 } else { 0.0 }, |q| prob(q, t));
+    // The draft distribution by id, built once: the residual below asks
+    // for q of every id of the target (a linear search each was O(V²)).
+    let q_map: Option<std::collections::HashMap<u32, f64>> = q.map(|q| {
+        let mut m = std::collections::HashMap::with_capacity(q.len());
+        for &(id, x) in q {
+            m.entry(id).or_insert(x); // the first entry of an id, as a search finds
+        }
+        m
+    });
+    let q_of = |t: u32| match &q_map {
+        Some(m) => m.get(&t).copied().unwrap_or(0.0),
+        None => f64::from(u8::from(t == d)),
+    };
     let (pd, qd) = (prob(&target, d), q_of(d));
     let coin = rng::uniform(p.seq_seed, position, 0, Domain::Reject);
     let with_logprob = |token| Sample {

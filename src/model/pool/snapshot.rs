@@ -126,6 +126,16 @@ impl StatePool {
     /// A deep copy of `seq`'s state; the window rings only when `rings`.
     pub fn snapshot(&self, seq: SeqId, rings: bool) -> Result<SeqSnapshot> {
         let s = self.get(seq)?;
+        if s.checkpoint.is_some() {
+            // Its state past the checkpoint is unverified drafts.
+            return Err(OpError::Argument {
+                op: "StatePool::snapshot",
+                arg: "seq",
+                value: seq.to_string(),
+                why: "the sequence has an open speculative checkpoint (roll back first)",
+            }
+            .into());
+        }
         let pr = self.cfg.page_rows;
         let copy = |pages: &Pages, tables: &[BlockTable]| -> Result<Vec<TableCopy>> {
             tables.iter().map(|t| copy_out(pages, t, pr)).collect()
