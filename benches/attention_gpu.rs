@@ -141,6 +141,7 @@ mod gpu {
             SparseMqaKernel::V4Heads16 => "v4_h16",
             SparseMqaKernel::V5Heads32 => "v5_h32",
             SparseMqaKernel::V5Heads16 => "v5_h16",
+            SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
     }

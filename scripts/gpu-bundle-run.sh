@@ -71,6 +71,9 @@ if selected slice; then
   torch_line="$(tail -n 1 "$OUT/logs/torch-check.log")"
   echo "$torch_line"
 fi
+# Keep the tests' text reports (model-forward drift tables and the like); the
+# tensor dumps are only for the torch check.
+mkdir -p "$OUT/reports"; cp "$OUT"/dump/*.txt "$OUT/reports/" 2>/dev/null
 rm -rf "$OUT/dump"
 
 san=""

@@ -126,9 +126,13 @@ pub struct MhcPre {
     pub comb: Tensor,
 }
 
+/// The largest head dimension `SparseMqaKernel::Generic` takes (its query
+/// and accumulator live in 48 KiB of shared memory).
+pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
+
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
-/// gives their designs and measurements). All versions give bitwise the same
-/// result; the CPU has one reference and ignores this.
+/// gives their designs and measurements). The tensor-core versions V1-V5 give
+/// bitwise the same result; the CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SparseMqaKernel {
     /// `sparse_mqa_v1`: the first kernel (producer batches of 8 rows).
@@ -152,8 +156,14 @@ pub enum SparseMqaKernel {
     V5Heads32,
     /// `sparse_mqa_v5_h16`: V3Heads16 with 8 producer warps.
     V5Heads16,
-    /// V3 with 64 heads per CTA or V5 with 32 or 16, the CTA size chosen from
-    /// the number of CTAs each gives (more, smaller CTAs for few queries).
+    /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
+    /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
+    /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU
+    /// reference but for lse's last ulp. A correctness path, not a fast one.
+    Generic,
+    /// At D 512 and H a multiple of 64: V3 with 64 heads per CTA or V5 with
+    /// 32 or 16, the CTA size chosen from the number of CTAs each gives (more,
+    /// smaller CTAs for few queries). At every other shape: `Generic`.
     #[default]
     Auto,
 }
@@ -174,6 +184,28 @@ pub struct SparseMqaShape {
     /// for a window-only layer).
     pub nc: usize,
     pub kc: usize,
+}
+
+/// The head dimension the tensor-core sparse MQA versions take (448 NoPE +
+/// 64 RoPE in V4.1).
+pub const SPARSE_MQA_CUDA_DIM: usize = 512;
+/// Query heads per tensor-core work unit: those versions need a multiple.
+pub const SPARSE_MQA_CUDA_HEAD_GROUP: usize = 64;
+
+impl SparseMqaShape {
+    /// Whether the tensor-core versions (V1-V5) take this shape: D 512, H a
+    /// multiple of 64 below 2^20.
+    pub fn fits_tensor_cores(&self) -> bool {
+        self.d == SPARSE_MQA_CUDA_DIM
+            && self.h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP)
+            && self.h / 16 <= u16::MAX as usize
+    }
+
+    /// Whether `SparseMqaKernel::Generic` takes it: D ≤
+    /// [`SPARSE_MQA_GENERIC_MAX_DIM`], H ≤ 65535 (the grid's y).
+    pub fn fits_generic(&self) -> bool {
+        self.d <= SPARSE_MQA_GENERIC_MAX_DIM && self.h <= u16::MAX as usize
+    }
 }
 
 /// The three encoded cache rows of `kv_format` (`v41-flash.md` §11), as the

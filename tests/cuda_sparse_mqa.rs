@@ -6,7 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance); the kernel versions bitwise equal to each other; CUDA-only
+//! invariance); the kernel versions bitwise equal to each other; the
+//! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096); CUDA
 //! shape limits as typed errors. DEEPINFER_QUICK=1
 //! keeps to small shapes (the compute-sanitizer pass, where the out-of-range
 //! entries show that nothing outside the pools is read). Built only for
@@ -59,30 +60,40 @@ struct Inputs {
 }
 
 impl Inputs {
-    #[allow(clippy::too_many_arguments)]
     fn random(
         rng: &mut StdRng,
         t: usize,
         h: usize,
+        window: (usize, usize),
+        comp: Option<(usize, usize)>,
+        holes: f64,
+    ) -> Inputs {
+        Inputs::random_dim(rng, (t, h, D), window, comp, holes)
+    }
+
+    /// [`Inputs::random`] at head dimension `d`.
+    fn random_dim(
+        rng: &mut StdRng,
+        (t, h, d): (usize, usize, usize),
         (nw, kw): (usize, usize),
         comp: Option<(usize, usize)>,
         holes: f64,
     ) -> Inputs {
-        let q = common::random_activations(rng, t * h * D, 1.0);
-        let window = window_pool(rng, nw, D, 1.0);
+        let q = common::random_activations(rng, t * h * d, 1.0);
+        let window = window_pool(rng, nw, d, 1.0);
         let widx = index_lists(rng, t, kw, nw, holes);
         let compressed = comp.map(|(nc, kc)| {
-            let rows = compressed_pool(rng, nc, D, 1.0);
+            let rows = compressed_pool(rng, nc, d, 1.0);
             let idx = index_lists(rng, t, kc, nc, holes);
             (
-                Tensor::from_vec(rows, &[nc, kv_format::compressed_row_bytes(D)]).unwrap(),
+                Tensor::from_vec(rows, &[nc, kv_format::compressed_row_bytes(d)]).unwrap(),
                 Tensor::from_vec(idx, &[t, kc]).unwrap(),
             )
         });
         let sink: Vec<f32> = (0..h).map(|_| rng.random_range(-3.0..3.0)).collect();
         Inputs {
-            q: Tensor::from_vec(q, &[t, h, D]).unwrap(),
-            window: Tensor::from_vec(window, &[nw, kv_format::window_row_bytes(D)]).unwrap(),
+            q: Tensor::from_vec(q, &[t, h, d]).unwrap(),
+            window: Tensor::from_vec(window, &[nw, kv_format::window_row_bytes(d)]).unwrap(),
             widx: Tensor::from_vec(widx, &[t, kw]).unwrap(),
             compressed,
             sink: Tensor::from_vec(sink, &[h]).unwrap(),
@@ -113,8 +124,10 @@ impl Inputs {
     /// (out, lse) of one CUDA kernel version into fresh (poisoned) outputs.
     fn run_with(&self, dev: &Device, kernel: SparseMqaKernel) -> (Vec<bf16>, Vec<f32>) {
         let comp = self.compressed.as_ref().map(|(r, i)| (r, i));
-        let (t, h) = (self.q.shape()[0], self.q.shape()[1]);
-        let mut out = Tensor::empty(dev, DType::BF16, &[t, h, D]).unwrap();
+        let &[t, h, d] = self.q.shape() else {
+            unreachable!("q is [T, H, D]")
+        };
+        let mut out = Tensor::empty(dev, DType::BF16, &[t, h, d]).unwrap();
         let mut lse = Tensor::empty(dev, DType::F32, &[t, h]).unwrap();
         ops::sparse_mqa_into_with(
             &self.q,
@@ -212,6 +225,70 @@ fn sparse_mqa_matches_the_cpu_op() {
     }
 }
 
+/// ((T, H, D), window (Nw, Kw), compressed (Nc, Kc), share of odd entries).
+type DimCase = (
+    (usize, usize, usize),
+    (usize, usize),
+    Option<(usize, usize)>,
+    f64,
+);
+
+/// The generic kernel (what `Auto` runs at every shape the tensor-core
+/// versions do not take; also forced at the V4.1 shape) against the CPU op:
+/// out bitwise (it keeps the CPU's sequential fp32 sums, no FMA, and the
+/// same exp), lse within 4 ulps of max(|lse|, 16) (f64 log rounded once vs
+/// the host's logf, then + m; |ln l| < 16 for these sinks and logits). The
+/// tiny config's H 4, D 64; H 1 and 5; D 192 and 4096 (the largest); lists
+/// with holes, duplicates and out-of-range entries, and Kw + Kc across
+/// several 64-entry blocks.
+#[test]
+fn the_generic_kernel_is_bitwise_the_cpu_at_every_shape() {
+    let dev = gpu();
+    let mut rng = common::rng("sparse_mqa_cuda_generic");
+    let mut cases: Vec<DimCase> = vec![
+        ((3, 4, 64), (8, 8), Some((20, 8)), 0.2),
+        ((1, 1, 128), (5, 70), None, 0.3),
+        ((5, 5, 192), (40, 33), Some((50, 100)), 0.2),
+        ((2, 3, 4096), (4, 3), Some((4, 2)), 0.0),
+        ((2, 64, 512), (300, 128), Some((2000, 150)), 0.05),
+    ];
+    if !quick() {
+        cases.push(((40, 4, 64), (400, 8), Some((300, 136)), 0.1));
+    }
+    for ((t, h, d), w, c, holes) in cases {
+        let host = Inputs::random_dim(&mut rng, (t, h, d), w, c, holes);
+        let label = format!("T {t} H {h} D {d} window {w:?} compressed {c:?} holes {holes}");
+        let want = host.run();
+        let gpu_inputs = host.to(&dev);
+        let mut kernels = vec![SparseMqaKernel::Generic];
+        if d != D || !h.is_multiple_of(64) {
+            kernels.push(SparseMqaKernel::Auto);
+        }
+        for kernel in kernels {
+            let (out, lse) = gpu_inputs.run_with(&dev, kernel);
+            let first = out
+                .iter()
+                .zip(&want.0)
+                .position(|(g, w)| g.to_bits() != w.to_bits());
+            assert!(
+                first.is_none(),
+                "{label} {kernel:?}: out[{}] GPU {} CPU {}",
+                first.unwrap_or(0),
+                out[first.unwrap_or(0)],
+                want.0[first.unwrap_or(0)]
+            );
+            for (i, (g, w)) in lse.iter().zip(&want.1).enumerate() {
+                let ok = if w.is_infinite() {
+                    g == w
+                } else {
+                    (g - w).abs() <= 4.0 * f32::EPSILON * w.abs().max(16.0)
+                };
+                assert!(ok, "{label} {kernel:?}: lse[{i}] {g} vs {w}");
+            }
+        }
+    }
+}
+
 #[test]
 fn an_empty_list_gives_zeros_and_infinite_lse() {
     let dev = gpu();
@@ -282,7 +359,17 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
 fn cuda_shape_limits_are_typed_errors() {
     let dev = gpu();
     let mut rng = common::rng("sparse_mqa_cuda_errors");
-    for (h, d) in [(32, 512), (64, 256), (96, 512)] {
+    // A tensor-core version asked for a shape it does not take; the generic
+    // kernel (and Auto) past D 4096 or H 65535.
+    let cases = [
+        (32, 512, SparseMqaKernel::V3),
+        (64, 256, SparseMqaKernel::V5Heads16),
+        (96, 512, SparseMqaKernel::V1),
+        (1, 4160, SparseMqaKernel::Auto),
+        (1, 4160, SparseMqaKernel::Generic),
+        (65_536, 64, SparseMqaKernel::Auto),
+    ];
+    for (h, d, kernel) in cases {
         let q =
             Tensor::from_vec(common::random_activations(&mut rng, h * d, 1.0), &[1, h, d]).unwrap();
         let wb = kv_format::window_row_bytes(d);
@@ -295,8 +382,9 @@ fn cuda_shape_limits_are_typed_errors() {
             wi.to_device(&dev).unwrap(),
             s.to_device(&dev).unwrap(),
         );
-        let e = ops::sparse_mqa(&q, &w, &wi, None, &s)
-            .map(|_| ())
+        let mut out = Tensor::empty(&dev, DType::BF16, &[1, h, d]).unwrap();
+        let mut lse = Tensor::empty(&dev, DType::F32, &[1, h]).unwrap();
+        let e = ops::sparse_mqa_into_with(&q, &w, &wi, None, &s, &mut out, &mut lse, kernel)
             .unwrap_err();
         assert!(
             matches!(
@@ -307,7 +395,7 @@ fn cuda_shape_limits_are_typed_errors() {
                     ..
                 }
             ),
-            "H {h} D {d}: {e}"
+            "H {h} D {d} {kernel:?}: {e}"
         );
     }
     let host = Inputs::random(&mut rng, 1, 64, (4, 4), None, 0.0);

@@ -1,23 +1,30 @@
-//! Sparse MQA launches (`kernels-cuda/attention/`): one CTA per (query, 64,
-//! 32 or 16 heads) by version, and `Auto` (version 3 at 64 heads, version 5
-//! at 32 or 16, the CTA size chosen from the number of CTAs it gives; a
-//! head's result does not depend on it). The caller is
-//! [`crate::ops::sparse_mqa_into`], which has checked dtypes, shapes (D 512,
-//! H a multiple of 64), devices and the output shapes; index values are not
-//! checked here: the kernel treats every entry outside its pool as no row and
-//! never reads it. No CTA's work depends on another's and a head's
-//! arithmetic is the same in every CTA size, so a query's result does not
-//! depend on the batch (nor on the CTA size `Auto` picks from it).
+//! Sparse MQA launches (`kernels-cuda/attention/`): the tensor-core versions
+//! at D 512 and H a multiple of 64, one CTA per (query, 64, 32 or 16 heads)
+//! by version, and `Auto` (version 3 at 64 heads, version 5 at 32 or 16, the
+//! CTA size chosen from the number of CTAs it gives; a head's result does not
+//! depend on it); at every other shape `Auto` runs `sparse_mqa_generic`, one
+//! CTA per (query, head). The caller is [`crate::ops::sparse_mqa_into`],
+//! which has checked dtypes, shapes (against the chosen version), devices and
+//! the output shapes; index values are not checked here: the kernels treat
+//! every entry outside its pool as no row and never read it. No CTA's work
+//! depends on another's and a head's arithmetic is the same in every CTA
+//! size, so a query's result does not depend on the batch (nor on the CTA
+//! size `Auto` picks from it).
 
-use super::params::di_sparse_mqa_params;
+use super::params::{
+    DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS, di_sparse_mqa_params,
+};
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
-use crate::contract::{SparseMqaKernel, SparseMqaShape};
+use crate::contract::{SPARSE_MQA_GENERIC_MAX_DIM, SparseMqaKernel, SparseMqaShape};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
+
+// The generic kernel's shared memory is sized for the contract's largest D.
+const _: () = assert!(DI_SPARSE_MQA_GENERIC_MAX_DIM as usize == SPARSE_MQA_GENERIC_MAX_DIM);
 
 /// (heads, threads, dynamic shared memory) of a CTA: 64 heads
 /// (`DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer warpgroup
@@ -47,7 +54,7 @@ fn auto_heads(t: usize, h: usize, sms: usize) -> usize {
         .map_or(64, |&(heads, _)| heads)
 }
 
-/// out `[T, H, 512]` and lse `[T, H]` of the chosen kernel version.
+/// out `[T, H, D]` and lse `[T, H]` of the chosen kernel version.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_mqa(
     dev: &CudaDevice,
@@ -70,6 +77,12 @@ pub(crate) fn sparse_mqa(
         32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
         _ => (k::SPARSE_MQA_V3, CTA_64),
     };
+    // One head per CTA, the query and accumulator in shared memory.
+    let generic = (
+        1,
+        DI_SPARSE_MQA_GENERIC_THREADS,
+        u32_param("smem", (2 * s.d + 192) * 4)?,
+    );
     let (kernel, (heads, threads, smem)) = match version {
         SparseMqaKernel::V1 => (k::SPARSE_MQA_V1, CTA_64),
         SparseMqaKernel::V2 => (k::SPARSE_MQA_V2, CTA_64),
@@ -81,6 +94,8 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V4Heads16 => (k::SPARSE_MQA_V4_H16, CTA_16),
         SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
+        SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
+        SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
     };
     allow_smem(dev, kernel, smem)?;
@@ -113,6 +128,7 @@ pub(crate) fn sparse_mqa(
         h: i32_param("h", s.h)?,
         kw: i32_param("kw", s.kw)?,
         kc: i32_param("kc", s.kc)?,
+        d: i32_param("d", s.d)?,
         scale: crate::numerics::round_f32((s.d as f64).powf(-0.5)),
     };
     let cfg = LaunchConfig {

@@ -22,7 +22,10 @@
 //! `Nw`. One query's result never depends on the other queries or on `T`.
 
 use super::{common_device, shape_error};
-pub use crate::contract::{SparseMqaKernel, SparseMqaShape};
+pub use crate::contract::{
+    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, SPARSE_MQA_GENERIC_MAX_DIM, SparseMqaKernel,
+    SparseMqaShape,
+};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Result;
@@ -35,13 +38,9 @@ const OP: &str = "sparse_mqa";
 /// Queries from which the CPU path spreads the queries over threads.
 const PARALLEL_QUERIES: usize = 64;
 
-/// The head dimension the CUDA kernel takes (448 NoPE + 64 RoPE in V4.1).
-pub const SPARSE_MQA_CUDA_DIM: usize = 512;
-/// Query heads per CUDA work unit: the CUDA path needs a multiple of it.
-pub const SPARSE_MQA_CUDA_HEAD_GROUP: usize = 64;
-
 /// Attention of BF16 `q` `[T, H, D]` (D a positive multiple of 64; on CUDA
-/// D = 512 and H a multiple of 64) over the window rows `window`
+/// D ≤ 4096 and H ≤ 65535, the tensor-core kernels at D 512 and H a
+/// multiple of 64, the generic kernel elsewhere) over the window rows `window`
 /// `[Nw, window_row_bytes(D)]` (U8) chosen by `window_idx` `[T, Kw]` (I32)
 /// and, when given, the compressed rows `[Nc, compressed_row_bytes(D)]` (U8)
 /// chosen by `[T, Kc]` (I32), Kw + Kc ≥ 1, with per-head sink logits `sink`
@@ -54,7 +53,14 @@ pub fn sparse_mqa(
     compressed: Option<(&Tensor, &Tensor)>,
     sink: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let s = validate(q, window, window_idx, compressed, sink)?;
+    let s = validate(
+        q,
+        window,
+        window_idx,
+        compressed,
+        sink,
+        SparseMqaKernel::Auto,
+    )?;
     let device = q.device();
     let mut out = Tensor::empty(&device, DType::BF16, &[s.t, s.h, s.d])?;
     let mut lse = Tensor::empty(&device, DType::F32, &[s.t, s.h])?;
@@ -98,7 +104,7 @@ pub fn sparse_mqa_into_with(
     lse: &mut Tensor,
     kernel: SparseMqaKernel,
 ) -> Result<()> {
-    let s = validate(q, window, window_idx, compressed, sink)?;
+    let s = validate(q, window, window_idx, compressed, sink, kernel)?;
     out.expect_output(OP, "out", DType::BF16, &[s.t, s.h, s.d])?;
     lse.expect_output(OP, "lse", DType::F32, &[s.t, s.h])?;
     match common_device(OP, &[("q", q), ("out", out), ("lse", lse)])? {
@@ -121,6 +127,7 @@ fn validate(
     window_idx: &Tensor,
     compressed: Option<(&Tensor, &Tensor)>,
     sink: &Tensor,
+    kernel: SparseMqaKernel,
 ) -> Result<SparseMqaShape> {
     q.expect_dtype(OP, "q", DType::BF16)?;
     window.expect_dtype(OP, "window", DType::U8)?;
@@ -149,22 +156,6 @@ fn validate(
             ));
         }
     };
-    if matches!(device, Device::Cuda(_))
-        && (d != SPARSE_MQA_CUDA_DIM
-            || !h.is_multiple_of(SPARSE_MQA_CUDA_HEAD_GROUP)
-            || t > i32::MAX as usize
-            || h / 16 > u16::MAX as usize)
-    {
-        return Err(shape_error(
-            OP,
-            "q",
-            q,
-            format!(
-                "[T < 2^31, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of \
-                 {SPARSE_MQA_CUDA_HEAD_GROUP} below 2^20 (the CUDA kernel's shape)"
-            ),
-        ));
-    }
     let rows = |name: &'static str, pool: &Tensor, bytes: usize| match *pool.shape() {
         [n, b] if b == bytes => Ok(n),
         _ => Err(shape_error(
@@ -206,7 +197,7 @@ fn validate(
     if sink.shape() != [h] {
         return Err(shape_error(OP, "sink", sink, format!("[{h}] (q's heads)")));
     }
-    Ok(SparseMqaShape {
+    let s = SparseMqaShape {
         t,
         h,
         d,
@@ -214,7 +205,26 @@ fn validate(
         kw,
         nc,
         kc,
-    })
+    };
+    if matches!(device, Device::Cuda(_)) {
+        let flexible = matches!(kernel, SparseMqaKernel::Auto | SparseMqaKernel::Generic);
+        let tensor_cores = kernel != SparseMqaKernel::Generic && s.fits_tensor_cores();
+        let fits = tensor_cores || (flexible && s.fits_generic());
+        if t > i32::MAX as usize || !fits {
+            let expected = if flexible {
+                format!(
+                    "[T < 2^31, H ≤ 65535, D ≤ {SPARSE_MQA_GENERIC_MAX_DIM}] (the CUDA kernels' shapes)"
+                )
+            } else {
+                format!(
+                    "[T < 2^31, H, {SPARSE_MQA_CUDA_DIM}] with H a multiple of \
+                     {SPARSE_MQA_CUDA_HEAD_GROUP} below 2^20 (the tensor-core kernel's shape)"
+                )
+            };
+            return Err(shape_error(OP, "q", q, expected));
+        }
+    }
+    Ok(s)
 }
 
 /// The CPU reference: per query, the listed rows decoded into a local row

@@ -212,7 +212,10 @@ typedef struct di_sparse_mqa_params {
     int32_t h;
     int32_t kw;
     int32_t kc;
-    float scale;                   /* 512^-0.5 */
+    int32_t d;                     /* latent width: 512 for v1-v5 (which ignore it);
+                                      sparse_mqa_generic takes any multiple of 64
+                                      up to DI_SPARSE_MQA_GENERIC_MAX_DIM */
+    float scale;                   /* d^-0.5 */
 } di_sparse_mqa_params;
 
 /* sparse_mqa_v1/v2/v3: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
@@ -225,6 +228,11 @@ typedef struct di_sparse_mqa_params {
 #define DI_SPARSE_MQA_H32_SMEM_BYTES 181248
 #define DI_SPARSE_MQA_H16_THREADS 192
 #define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
+/* sparse_mqa_generic: grid (t, h), DI_SPARSE_MQA_GENERIC_THREADS threads and
+ * (2 d + 192) * 4 bytes of dynamic shared memory (under 48 KiB up to the
+ * largest d). */
+#define DI_SPARSE_MQA_GENERIC_THREADS 128
+#define DI_SPARSE_MQA_GENERIC_MAX_DIM 4096
 
 /* Cache-row writers (kernels-cuda/kv/README.md): per row, an input value
  * (kv_rows_bf16: a BF16 row of x; kv_rows_pool2: the ratio-2 compressor's
