@@ -518,3 +518,60 @@ fn compact_replay_then_a_new_boundary_stays_exact_over_the_field() {
         "{st:?}"
     );
 }
+
+/// A hit the engine's pool cannot take (a snapshot from a pool of another
+/// page size, handed over in the cache) costs the reuse, not the request:
+/// it prefills cold, bitwise a run without the cache, and the failure is
+/// counted. In compact mode a cached prefix no longer than the replay is
+/// neither taken nor counted as a hit.
+#[test]
+fn an_unrestorable_hit_prefills_cold_and_short_compact_hits_are_not_taken() {
+    let mut rng = common::rng("prefix_restore_fallback");
+    let seed = rng.random();
+    let m = model(seed);
+    let prompt = tokens(&mut rng, 40);
+    let cfg = PrefixCacheConfig {
+        block_tokens: 16,
+        budget_bytes: 64 << 20,
+    };
+    // The engine's pool has 64-row pages; this one 8.
+    let mut other = pool_paged(&m, 1, 8);
+    let s = other.add_sequence().unwrap();
+    m.forward(&mut other, s, &prompt[..32]).unwrap();
+    let mut cache = PrefixCache::new(cfg).unwrap();
+    assert!(
+        cache
+            .insert(&prompt[..32], other.snapshot(s, true).unwrap())
+            .unwrap()
+    );
+    let cached = Engine::new(
+        model(seed),
+        EngineConfig {
+            max_context: 256,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap()
+    .with_prefix_cache(cache);
+    let cold = engine(seed, YocoMode::Exact, 140, None);
+    let sp = params(&mut rng, 5);
+    let got = cached.generate(std::slice::from_ref(&prompt), std::slice::from_ref(&sp));
+    let want = cold.generate(std::slice::from_ref(&prompt), std::slice::from_ref(&sp));
+    let (g, w) = (got[0].as_ref().unwrap(), want[0].as_ref().unwrap());
+    assert_eq!((&g.tokens, &g.logprobs), (&w.tokens, &w.logprobs));
+    let st = cached.prefix_cache_stats().unwrap();
+    assert_eq!((st.hits, st.restore_failures), (1, 1), "{st:?}");
+    assert_eq!(cached.prefill_counters().reused_rows, 0);
+
+    // Compact, keep 20: a 16-token hit would replay everything.
+    let compact = engine(seed, YocoMode::Compact, 20, Some(cfg));
+    let short = tokens(&mut rng, 18);
+    compact.generate(std::slice::from_ref(&short), std::slice::from_ref(&sp));
+    let before = compact.prefix_cache_stats().unwrap();
+    assert_eq!(before.inserted, 1, "{before:?}");
+    let mut longer = short[..16].to_vec();
+    longer.extend(tokens(&mut rng, 3));
+    compact.generate(std::slice::from_ref(&longer), std::slice::from_ref(&sp));
+    let st = compact.prefix_cache_stats().unwrap();
+    assert_eq!((st.lookups, st.hits), (before.lookups + 1, 0), "{st:?}");
+}

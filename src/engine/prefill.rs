@@ -72,19 +72,33 @@ impl Engine {
         let mut counters = PrefillCounters::default();
         for &tokens in prompts {
             let s = tokens.len();
-            let hit = self.prefix_cache.as_ref().and_then(|c| {
-                lock(c)
-                    .lookup(tokens, s.saturating_sub(1), !compact)
-                    .filter(|(h, _)| !compact || *h > keep)
-            });
-            let (seq, from, pos) = match hit {
-                None => (pool.add_sequence()?, 0, 0),
-                Some((h, snap)) if !compact => (pool.restore(&snap)?, h, h),
-                Some((h, snap)) => {
+            // A compact hit no longer than the replay would redo it all.
+            let min_len = if compact { keep } else { 0 };
+            let hit = self
+                .prefix_cache
+                .as_ref()
+                .and_then(|c| lock(c).lookup(tokens, (min_len, s.saturating_sub(1)), !compact));
+            let restored = hit.and_then(|(h, snap)| {
+                let got = if compact {
                     let from = h - keep;
                     let hist = self.history_at(tokens, from);
-                    (pool.restore_global(&snap, from, &hist)?, from, h)
-                }
+                    pool.restore_global(&snap, from, &hist).map(|id| (id, from, h))
+                } else {
+                    pool.restore(&snap).map(|id| (id, h, h))
+                };
+                // A snapshot the pool cannot take (out of pages now, or from a
+                // pool of another layout) costs the reuse, not the request.
+                got.inspect_err(|e| {
+                    tracing::warn!(prefix = h, error = %e, "prefix restore failed; prefilling cold");
+                    if let Some(c) = &self.prefix_cache {
+                        lock(c).restore_failed();
+                    }
+                })
+                .ok()
+            });
+            let (seq, from, pos) = match restored {
+                Some(r) => r,
+                None => (pool.add_sequence()?, 0, 0),
             };
             counters.reused_rows += pos as u64;
             let store = self.prefix_cache.as_ref().and_then(|c| {

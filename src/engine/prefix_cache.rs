@@ -69,6 +69,8 @@ pub struct CacheStats {
     pub evicted: u64,
     /// Entries not kept because they alone exceed the budget.
     pub rejected: u64,
+    /// Hits the pool could not restore (the request then prefilled cold).
+    pub restore_failures: u64,
     pub entries: usize,
     pub bytes: usize,
 }
@@ -141,12 +143,13 @@ impl PrefixCache {
             .collect()
     }
 
-    /// The longest cached prefix of `tokens` of at most `max_len` tokens
-    /// (with window rings when `rings`): its length H and snapshot.
+    /// The longest cached prefix of `tokens` longer than `min_len` and of at
+    /// most `max_len` tokens (with window rings when `rings`): its length H
+    /// and snapshot. Only a prefix returned counts as a hit.
     pub fn lookup(
         &mut self,
         tokens: &[u32],
-        max_len: usize,
+        (min_len, max_len): (usize, usize),
         rings: bool,
     ) -> Option<(usize, Arc<SeqSnapshot>)> {
         self.stats.lookups += 1;
@@ -156,6 +159,9 @@ impl PrefixCache {
         self.clock += 1;
         for (k, h) in chain.iter().enumerate().rev() {
             let len = (k + 1) * bt;
+            if len <= min_len {
+                break;
+            }
             let Some(list) = self.map.get_mut(h) else {
                 continue;
             };
@@ -177,6 +183,11 @@ impl PrefixCache {
             }
         }
         None
+    }
+
+    /// Records a hit that the pool could not restore.
+    pub fn restore_failed(&mut self) {
+        self.stats.restore_failures += 1;
     }
 
     /// Whether exactly `tokens` is cached.
