@@ -148,6 +148,10 @@ fn greedy_speculative_equals_greedy_plain_for_every_nextn_and_schedule() {
             let spec = dspark_engine(seed, nextn, varlen);
             let what = format!("nextn {nextn}, varlen {varlen}");
             let alone = outputs(&spec, &ps[..1], &params[..1]);
+            // The drafter's prefill runs every prompt row through every layer.
+            let c = spec.prefill_counters();
+            let rows = ps[0].len() as u64;
+            assert_eq!((c.early_rows, c.late_rows, c.reused_rows), (rows, rows, 0));
             let mixed = outputs(&spec, &ps, &params);
             for (i, (w, g)) in want.iter().zip(&mixed).enumerate() {
                 assert_eq!(w.tokens, g.tokens, "{what}, request {i}");

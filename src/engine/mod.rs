@@ -385,9 +385,11 @@ impl Engine {
             .max()
             .unwrap_or(1);
         let chunk = which.iter().map(|&i| prompts[i].len()).max().unwrap_or(1);
-        // A verify step feeds up to nextn + 1 tokens, past the accepted end.
+        // A verify step feeds up to nextn + 1 tokens in one chunk; it stays
+        // within `longest`, since the drafts are capped so that every
+        // accepted one plus the target's token fits max_tokens.
         let nextn = self.config.nextn;
-        let (longest, chunk) = (longest + nextn, chunk.max(nextn + 1));
+        let chunk = chunk.max(nextn + 1);
         let mut pool = self.pool(which.len(), longest, chunk)?;
         let t0 = Instant::now();
         let batch: Vec<&[u32]> = which.iter().map(|&i| &prompts[i][..]).collect();

@@ -74,6 +74,11 @@ impl Engine {
             )
         })?;
         let last = rows.iter().map(|r| r.end.saturating_sub(1)).collect();
+        // Every prompt row ran through every layer.
+        let fed: u64 = prompts.iter().map(|p| p.len() as u64).sum();
+        let c = &mut *super::prefill::lock(&self.counters);
+        c.early_rows += fed;
+        c.late_rows += fed;
         Ok((Prefilled { seqs, logits, last }, Seeds { features, rows }))
     }
 
