@@ -13,8 +13,9 @@ use deepinfer::engine::drafter::{DraftInput, Drafter, DsparkDrafter, Proposal};
 use deepinfer::engine::rng::{Domain, uniform};
 use deepinfer::engine::sampling::distribution;
 use deepinfer::engine::{Engine, EngineConfig, Output, SamplingParams, SpecStats};
-use deepinfer::model::forward::Model;
+use deepinfer::model::forward::{Capture, Model, SeqInput};
 use deepinfer::model::pool::{PoolConfig, StatePool};
+use deepinfer::model::truncate::EntryShape;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -397,6 +398,24 @@ fn rollback_misuse_is_a_typed_error_that_changes_nothing() {
         assert_eq!(pool.position(seq).unwrap(), 6);
     }
     assert!(pool.has_checkpoint(seq).unwrap());
+    // A replaying step would rewrite rows the checkpoint restores: refused,
+    // and the sequence stays where it was.
+    let e = model
+        .step_shaped(
+            &mut pool,
+            &[SeqInput {
+                seq,
+                tokens: &[8, 9],
+            }],
+            &[EntryShape {
+                replay: 1,
+                late_rows: 2,
+            }],
+            Capture::default(),
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("open rollback checkpoint"), "{e}");
+    assert_eq!(pool.position(seq).unwrap(), 6);
     // A snapshot (the prefix cache's) of unverified drafts is refused.
     let e = pool.snapshot(seq, true).unwrap_err();
     assert!(e.to_string().contains("open speculative checkpoint"), "{e}");

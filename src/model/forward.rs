@@ -303,6 +303,14 @@ impl Model {
                     "replayed tokens must be fewer than the entry's and lie before its position",
                 ));
             }
+            // A replay rewrites ring rows an open checkpoint would restore.
+            if replay > 0 && pool.has_checkpoint(inp.seq)? {
+                return Err(invalid(
+                    "replay",
+                    format!("{replay} tokens for sequence {}", inp.seq),
+                    "a sequence with an open rollback checkpoint cannot replay (commit or roll back first)",
+                ));
+            }
             let start = pos - replay;
             let end = start + inp.tokens.len();
             if end > i32::MAX as usize {
