@@ -28,7 +28,38 @@ fn deepinfer(cache: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         c.env(k, v);
     }
+    limit_child(&mut c);
     c.output().expect("the deepinfer binary runs")
+}
+
+/// Every CLI run is a child under [`CHILD_DATA_BYTES`] of data (heap and
+/// private mappings; the checkpoint's file mappings do not count) and
+/// [`CHILD_CPU_SECONDS`] of CPU time: an absurd size or a spin ends the
+/// child, not the machine.
+const CHILD_DATA_BYTES: u64 = 2 << 30;
+const CHILD_CPU_SECONDS: u64 = 300;
+
+fn limit_child(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // calls setrlimit, which is async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            for (resource, value) in [
+                (libc::RLIMIT_DATA, CHILD_DATA_BYTES),
+                (libc::RLIMIT_CPU, CHILD_CPU_SECONDS),
+            ] {
+                let lim = libc::rlimit {
+                    rlim_cur: value,
+                    rlim_max: value,
+                };
+                if libc::setrlimit(resource, &lim) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 fn stderr(o: &Output) -> String {

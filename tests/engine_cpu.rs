@@ -7,11 +7,17 @@
 
 mod common;
 
+use common::limits::{Counting, bounded};
 use deepinfer::engine::rng::{Domain, philox4x32_10, uniform};
 use deepinfer::engine::{Engine, EngineConfig, SamplingParams, StopReason, sample_row};
 use deepinfer::model::forward::Model;
 use deepinfer::model::runner::generate_greedy;
 use rand::Rng;
+use std::time::Duration;
+
+/// The absurd-length cases run under [`bounded`]'s memory and time limits.
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 #[test]
 fn philox_matches_the_random123_known_answers() {
@@ -281,20 +287,21 @@ fn absurd_lengths_are_typed_errors_before_any_allocation() {
         max_tokens: usize::MAX,
         ..SamplingParams::default()
     };
-    let e = engine
-        .generate(&[vec![1, 2]], &[huge])
-        .remove(0)
-        .unwrap_err();
+    // Each refusal within 2 s and 16 MiB on the calling thread.
+    let refused = |label: &str, p: SamplingParams| {
+        bounded(label, 16 << 20, Duration::from_secs(2), || {
+            engine.generate(&[vec![1, 2]], &[p]).remove(0).unwrap_err()
+        })
+        .0
+    };
+    let e = refused("max_tokens usize::MAX", huge);
     assert!(e.to_string().contains("max_tokens"), "{e}");
     // Legal on paper, far beyond this machine: the pool refuses by size.
     let big = SamplingParams {
         max_tokens: 1 << 30,
         ..SamplingParams::default()
     };
-    let e = engine
-        .generate(&[vec![1, 2]], &[big])
-        .remove(0)
-        .unwrap_err();
+    let e = refused("max_tokens 2^30", big);
     assert!(
         e.to_string().contains("bytes") || e.to_string().contains("2^31"),
         "{e}"

@@ -1,10 +1,17 @@
 //! Bad input returns a typed error that names the offending tensor, shape,
 //! value, kernel or device, and never panics.
 
+mod common;
+
+use common::limits::{Counting, bounded};
 use deepinfer::device::fatbin;
 use deepinfer::kernels::Family;
 use deepinfer::{DType, Device, E4M3, Error, Fp4x2, Tensor, ops};
 use half::bf16;
+
+/// The size cases run under [`bounded`]'s memory and time limits.
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 fn bf16s(shape: &[usize]) -> Tensor {
     Tensor::from_vec(vec![bf16::ONE; shape.iter().product()], shape).unwrap()
@@ -294,6 +301,11 @@ fn a_kernel_missing_from_its_family_is_named() {
 
 #[test]
 fn absurd_tensor_sizes_are_errors_not_wrapped_sizes() {
+    let limit = std::time::Duration::from_secs(2);
+    bounded("absurd tensor sizes", 1 << 20, limit, absurd_tensor_sizes);
+}
+
+fn absurd_tensor_sizes() {
     let huge = 1usize << 33;
     let e = Tensor::from_vec(Vec::<f32>::new(), &[huge, huge]).unwrap_err();
     assert!(e.to_string().contains("bytes of F32"), "{e}");

@@ -7,80 +7,34 @@
 //!
 //! Every case must return (any `Ok` or typed `Err`), within [`CASE_TIME`]
 //! (and a watchdog aborts the binary past [`HANG_TIME`]), and allocate at
-//! most [`CASE_BYTES`] above what was live before it (a counting global
-//! allocator; a single request above [`HARD_BYTES`] is refused outright).
+//! most [`CASE_BYTES`] above what was live before it (`common::limits`'
+//! counting allocator, which refuses a request past it).
 //! `DEEPINFER_FUZZ_SCALE=<f>` multiplies the case counts.
 
+mod common;
 mod fuzz_entry;
+
+use common::limits::Counting;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::Write;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-/// Bytes a case may allocate above the live bytes at its start (peak).
-const CASE_BYTES: usize = 256 << 20;
-/// A single allocation above this is refused (the binary aborts with a
-/// message) instead of taking the machine.
-const HARD_BYTES: usize = 1 << 30;
+/// Bytes a case may allocate above the live bytes at its start (peak); a
+/// request past it is refused (the binary aborts with the allocator's
+/// message, or a fallible allocation returns its error).
+const CASE_BYTES: u64 = 256 << 20;
 /// Wall time one case may take.
 const CASE_TIME: Duration = Duration::from_secs(3);
 /// The watchdog's limit: a case still running after this is a hang.
 const HANG_TIME: Duration = Duration::from_secs(60);
 
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; only
-// counts bytes (and refuses single requests above HARD_BYTES by returning
-// null, which GlobalAlloc allows).
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if layout.size() > HARD_BYTES {
-            let _ = std::io::stderr()
-                .write_all(b"fuzz_harness: a single allocation above 1 GiB was refused\n");
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller's layout contract is passed through.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: ptr came from alloc/realloc above with this layout.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if new_size > HARD_BYTES {
-            let _ = std::io::stderr()
-                .write_all(b"fuzz_harness: a single allocation above 1 GiB was refused\n");
-            return std::ptr::null_mut();
-        }
-        // SAFETY: the caller's contract is passed through.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-            let live = LIVE.fetch_add(new_size, Ordering::Relaxed) + new_size;
-            PEAK.fetch_max(live, Ordering::Relaxed);
-        }
-        p
-    }
-}
-
+/// Every case runs under [`common::limits::bounded`]'s byte and time limits.
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
@@ -115,35 +69,19 @@ fn start_watchdog() {
     });
 }
 
-/// Runs one case under the time and memory limits.
+/// Runs one case under the time and memory limits (a failed limit panics,
+/// which proptest reports as the case's failure).
 fn bounded(label: impl FnOnce() -> String, case: impl FnOnce()) -> Result<(), TestCaseError> {
+    let label = label();
     if let Ok(mut l) = CASE_LABEL.lock() {
-        *l = label();
+        l.clone_from(&label);
     }
-    let base = LIVE.load(Ordering::Relaxed);
-    PEAK.store(base, Ordering::Relaxed);
-    let t0 = Instant::now();
     CASE_START_MS.store(
         epoch().elapsed().as_millis().max(1) as u64,
         Ordering::Relaxed,
     );
-    case();
+    common::limits::bounded(&label, CASE_BYTES, CASE_TIME, case);
     CASE_START_MS.store(0, Ordering::Relaxed);
-    let (took, grew) = (
-        t0.elapsed(),
-        PEAK.load(Ordering::Relaxed).saturating_sub(base),
-    );
-    let label = CASE_LABEL.lock().map(|l| l.clone()).unwrap_or_default();
-    if took > CASE_TIME {
-        return Err(TestCaseError::fail(format!(
-            "took {took:?} (limit {CASE_TIME:?}): {label}"
-        )));
-    }
-    if grew > CASE_BYTES {
-        return Err(TestCaseError::fail(format!(
-            "allocated {grew} bytes (limit {CASE_BYTES}): {label}"
-        )));
-    }
     Ok(())
 }
 

@@ -14,6 +14,7 @@
 mod common;
 
 use common::TempDir;
+use common::limits::{Counting, bounded};
 use common::tiny::tiny_model;
 use deepinfer::Error;
 use deepinfer::model::checkpoint::{
@@ -24,6 +25,11 @@ use deepinfer::model::forward::{Capture, Model, SeqInput};
 use deepinfer::model::pool::{PoolConfig, StatePool};
 use rand::Rng;
 use std::path::Path;
+use std::time::Duration;
+
+/// The bad-input cases run under [`bounded`]'s memory and time limits.
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 /// A pool for `seqs` sequences of up to `context` tokens, fed in chunks of
 /// up to `chunk`, with small pages (so tables span many pages).
@@ -377,7 +383,12 @@ fn pool_budgets_are_explicit_and_bounded() {
     assert!(e.to_string().contains("max_seqs"), "{e}");
     let e = PoolConfig::fitting(cfg, 1, 10, 10, 0).unwrap_err();
     assert!(e.to_string().contains("page_rows"), "{e}");
-    let e = PoolConfig::fitting(cfg, 1 << 19, 1 << 30, 10, 1 << 16).unwrap_err();
+    let (e, _) = bounded(
+        "pool of 2^19 × 2^30",
+        1 << 20,
+        Duration::from_secs(2),
+        || PoolConfig::fitting(cfg, 1 << 19, 1 << 30, 10, 1 << 16).unwrap_err(),
+    );
     assert!(e.to_string().contains("2^31"), "{e}");
 }
 
@@ -464,9 +475,11 @@ fn the_drafter_produces_greedy_drafts_with_confidences() {
     // Bad drafter inputs are typed errors that leave the rings as they were
     // (the repeat below must still equal the first draft).
     for bad in [cfg.vocab_size as u32, u32::MAX] {
-        let e = model
-            .dspark_draft(&dw, &mut p, seq, &f11, 11, bad)
-            .unwrap_err();
+        let (e, _) = bounded("dspark_draft next", 4 << 20, Duration::from_secs(2), || {
+            model
+                .dspark_draft(&dw, &mut p, seq, &f11, 11, bad)
+                .unwrap_err()
+        });
         assert!(e.to_string().contains("next"), "{e}");
     }
     let two = features.narrow_rows(10, 2).unwrap();

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod attention;
+pub mod limits;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]
 pub mod torch;
