@@ -16,6 +16,9 @@
 //! Writes `DEEPINFER_BENCH_OUT` (the gpu.md record format, `device` = this
 //! host's CPU) when set; prints a table either way.
 
+#[path = "common/cpu_doc.rs"]
+mod cpu_doc;
+
 use deepinfer::engine::{
     Engine, EngineConfig, PrefillCounters, PrefixCache, PrefixCacheConfig, SamplingParams, YocoMode,
 };
@@ -295,20 +298,11 @@ fn main() {
     }
     let _ = std::fs::remove_dir_all(&dir);
     if let Some(out) = std::env::var_os("DEEPINFER_BENCH_OUT") {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        });
-        let doc = json!({
-            "device": cpu.unwrap_or_else(|| "cpu".into()),
-            "date": std::env::var("DEEPINFER_BENCH_DATE").unwrap_or_default(),
-            "commit": std::env::var("DEEPINFER_BENCH_COMMIT").unwrap_or_default(),
+        let fields = json!({
             "model": "models/tiny (random weights, seed 12)",
             "peers_reported": peers_reported(),
             "records": records,
         });
-        std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap_or_default())
-            .expect("writing the bench JSON");
+        cpu_doc::write(&out, fields);
     }
 }

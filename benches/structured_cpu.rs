@@ -8,6 +8,9 @@
 //! format, `device` = this host's CPU) when `DEEPINFER_BENCH_OUT` names the
 //! file; prints a table either way.
 
+#[path = "common/cpu_doc.rs"]
+mod cpu_doc;
+
 use deepinfer::engine::{Grammars, SchemaType, StructuredOutput};
 use deepinfer::model::runner::v4_tokenizer_path;
 use deepinfer::model::tokenizer::Tokenizer;
@@ -91,19 +94,10 @@ fn main() {
         }));
     }
     if let Some(out) = std::env::var_os("DEEPINFER_BENCH_OUT") {
-        let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
-        });
-        let doc = json!({
-            "device": cpu.unwrap_or_else(|| "cpu".into()),
-            "date": std::env::var("DEEPINFER_BENCH_DATE").unwrap_or_default(),
-            "commit": std::env::var("DEEPINFER_BENCH_COMMIT").unwrap_or_default(),
+        let fields = json!({
             "trie_build_ms": build_ms,
             "records": records,
         });
-        std::fs::write(&out, serde_json::to_string_pretty(&doc).unwrap_or_default())
-            .expect("writing the bench JSON");
+        cpu_doc::write(&out, fields);
     }
 }
