@@ -215,3 +215,285 @@ fn the_tiny_model_on_the_gpu_tracks_the_cpu_model_over_200_decode_steps() {
         report.argmax.share()
     );
 }
+
+/// The prefill layer by layer: the 4-stream residual entering each block,
+/// each attention and MoE sublayer's output, and the routing, CUDA against
+/// the CPU, printed as a table (and kept as `cuda_model_layers.txt`) so the
+/// first layer and sublayer where the paths part is named. Each sublayer's
+/// output must stay within the per-step logits bound (2e-3) of the test
+/// above, for the same reasons.
+#[test]
+fn each_layer_of_the_prefill_tracks_the_cpu() {
+    let seed = common::rng("cuda_model_layers").random::<u64>();
+    let (cpu_model, _) = common::tiny::tiny_model_on(seed, &Device::Cpu);
+    let (gpu_model, _) = common::tiny::tiny_model_on(seed, &gpu());
+    let mut rng = common::rng("cuda_model_layers_tokens");
+    let vocab = cpu_model.cfg.vocab_size as u32;
+    let tokens: Vec<u32> = (0..PROMPT).map(|_| rng.random_range(0..vocab)).collect();
+    let all = Capture {
+        streams: true,
+        attention: true,
+        moe: true,
+        routing: true,
+        index_lists: true,
+    };
+    let step = |model: &Model| {
+        let mut pool = single_sequence_pool(model, PROMPT + 1).unwrap();
+        let seq = pool.add_sequence().unwrap();
+        let input = [SeqInput {
+            seq,
+            tokens: &tokens,
+        }];
+        model.step(&mut pool, &input, all).unwrap()
+    };
+    let (cpu, gpu) = (step(&cpu_model), step(&gpu_model));
+    let diff = |a: &Option<deepinfer::Tensor>, b: &Option<deepinfer::Tensor>| {
+        let f = |t: &deepinfer::Tensor| match t.dtype() {
+            deepinfer::DType::BF16 => common::to_f64(&t.to_vec::<half::bf16>().unwrap()),
+            _ => t
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect(),
+        };
+        match (a, b) {
+            (Some(a), Some(b)) => Some(calc_diff(&f(b), &f(a))),
+            _ => None,
+        }
+    };
+    let mut text = String::from("layer plan: streams attention moe routing-equal lists-equal\n");
+    let mut worst: Option<(f64, String)> = None;
+    for (l, (c, g)) in cpu.layers.iter().zip(&gpu.layers).enumerate() {
+        let (s, a, m) = (
+            diff(&c.streams, &g.streams),
+            diff(&c.attention, &g.attention),
+            diff(&c.moe, &g.moe),
+        );
+        let mut routing = Agreement::default();
+        if let (Some(rc), Some(rg)) = (&c.routing, &g.routing) {
+            let k = rc.shape().last().copied().unwrap_or(1);
+            routing.add(
+                &rc.to_vec::<i32>().unwrap(),
+                &rg.to_vec::<i32>().unwrap(),
+                k,
+            );
+        }
+        let mut lists = Agreement::default();
+        if let (Some(ic), Some(ig)) = (&c.index_lists, &g.index_lists) {
+            for (x, y) in ic.iter().zip(ig) {
+                let k = x.shape().last().copied().unwrap_or(1);
+                lists.add(&x.to_vec::<i32>().unwrap(), &y.to_vec::<i32>().unwrap(), k);
+            }
+        }
+        let show = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:.3e}"));
+        let plan = &cpu_model.plans[l];
+        text.push_str(&format!(
+            "layer {l} ratio {} engram {:?} {:?}: {} {} {} {:.3} {:.3}\n",
+            plan.ratio,
+            plan.engram,
+            plan.attention,
+            show(s),
+            show(a),
+            show(m),
+            routing.share(),
+            lists.share()
+        ));
+        for (what, d) in [("attention", a), ("moe", m)] {
+            if let Some(d) = d.filter(|&d| worst.as_ref().is_none_or(|(w, _)| d > *w)) {
+                worst = Some((d, format!("layer {l} {what}")));
+            }
+        }
+    }
+    print!("{text}");
+    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
+        std::fs::write(
+            std::path::Path::new(&dir).join("cuda_model_layers.txt"),
+            &text,
+        )
+        .unwrap();
+    }
+    let (w, at) = worst.expect("attention and MoE outputs captured");
+    assert!(w <= 2e-3, "{at}: calc_diff {w:e}");
+}
+
+/// Every projection of the tiny model at its own shapes (K 32–512, N down
+/// to 8), CUDA against the CPU op on the same weights and fresh random
+/// inputs of 1 and 24 rows: FP8 linears (the quantised input is the same
+/// bits on both devices, so only the fp32 accumulation order differs:
+/// calc_diff ≤ 1e-5), BF16 linears and the fp32 head (≤ 1e-5), and the
+/// FP4 experts over a fixed split of the rows (≤ 1e-5). A wrong tile, tail
+/// or scale index at these small shapes shows as a calc_diff ≥ 1e-3.
+#[test]
+fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
+    use deepinfer::model::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
+    use deepinfer::{DType, Tensor};
+    let seed = common::rng("cuda_model_projections").random::<u64>();
+    let (cpu_model, _) = common::tiny::tiny_model_on(seed, &Device::Cpu);
+    let dev = gpu();
+    let (gpu_model, _) = common::tiny::tiny_model_on(seed, &dev);
+    let mut rng = common::rng("cuda_model_projections_x");
+    let mut text = String::new();
+    let mut worst = (0.0f64, String::new());
+    let mut check = |name: String, got: &Tensor, want: &Tensor| {
+        let f = |t: &Tensor| match t.dtype() {
+            DType::BF16 => common::to_f64(&t.to_vec::<half::bf16>().unwrap()),
+            _ => t
+                .to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect(),
+        };
+        let (g, w) = (f(got), f(want));
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "{name}: non-finite GPU output"
+        );
+        let d = calc_diff(&g, &w);
+        text.push_str(&format!("{name}: calc_diff {d:.3e}\n"));
+        if d > worst.0 {
+            worst = (d, name);
+        }
+    };
+    let x = |rng: &mut rand::rngs::StdRng, rows: usize, k: usize| {
+        Tensor::from_vec(common::random_activations(rng, rows * k, 1.0), &[rows, k]).unwrap()
+    };
+    for rows in [1usize, 24] {
+        let mut fp8 = |name: String, c: &Fp8Linear, g: &Fp8Linear, rng: &mut rand::rngs::StdRng| {
+            let xi = x(rng, rows, c.weight.shape()[1]);
+            let want = c.forward(&xi).unwrap();
+            let got = g.forward(&xi.to_device(&dev).unwrap()).unwrap();
+            check(
+                format!("{name} rows {rows} {:?}", c.weight.shape()),
+                &got,
+                &want,
+            );
+        };
+        for (l, (cb, gb)) in cpu_model
+            .weights
+            .blocks
+            .iter()
+            .zip(&gpu_model.weights.blocks)
+            .enumerate()
+        {
+            let (ca, ga) = (&cb.attn, &gb.attn);
+            fp8(format!("layer {l} wq_a"), &ca.wq_a, &ga.wq_a, &mut rng);
+            fp8(format!("layer {l} wq_b"), &ca.wq_b, &ga.wq_b, &mut rng);
+            fp8(format!("layer {l} wkv"), &ca.wkv, &ga.wkv, &mut rng);
+            fp8(format!("layer {l} wo_b"), &ca.wo_b, &ga.wo_b, &mut rng);
+            if let (Some(ci), Some(gi)) = (&ca.indexer, &ga.indexer) {
+                fp8(
+                    format!("layer {l} indexer.wq_b"),
+                    &ci.wq_b,
+                    &gi.wq_b,
+                    &mut rng,
+                );
+            }
+            let (cs, gs) = (&cb.ffn.shared, &gb.ffn.shared);
+            fp8(format!("layer {l} shared.w1"), &cs.w1, &gs.w1, &mut rng);
+            fp8(format!("layer {l} shared.w2"), &cs.w2, &gs.w2, &mut rng);
+            fp8(format!("layer {l} shared.w3"), &cs.w3, &gs.w3, &mut rng);
+        }
+        let mut bf = |name: String,
+                      c: &Bf16Linear,
+                      g: &Bf16Linear,
+                      f32_out: bool,
+                      rng: &mut rand::rngs::StdRng| {
+            let xi = x(rng, rows, c.weight.shape()[1]);
+            let xg = xi.to_device(&dev).unwrap();
+            let (got, want) = if f32_out {
+                (g.forward_f32(&xg).unwrap(), c.forward_f32(&xi).unwrap())
+            } else {
+                (g.forward(&xg).unwrap(), c.forward(&xi).unwrap())
+            };
+            check(
+                format!("{name} rows {rows} {:?}", c.weight.shape()),
+                &got,
+                &want,
+            );
+        };
+        for (l, (cb, gb)) in cpu_model
+            .weights
+            .blocks
+            .iter()
+            .zip(&gpu_model.weights.blocks)
+            .enumerate()
+        {
+            bf(
+                format!("layer {l} moe.gate"),
+                &cb.ffn.gate,
+                &gb.ffn.gate,
+                true,
+                &mut rng,
+            );
+            if let (Some(cc), Some(gc)) = (&cb.attn.compressor, &gb.attn.compressor) {
+                bf(
+                    format!("layer {l} compressor.wkv"),
+                    &cc.wkv,
+                    &gc.wkv,
+                    true,
+                    &mut rng,
+                );
+            }
+            if let (Some(ci), Some(gi)) = (&cb.attn.indexer, &gb.attn.indexer) {
+                bf(
+                    format!("layer {l} indexer.weights_proj"),
+                    &ci.weights_proj,
+                    &gi.weights_proj,
+                    true,
+                    &mut rng,
+                );
+            }
+        }
+        bf(
+            "head".into(),
+            &cpu_model.weights.head,
+            &gpu_model.weights.head,
+            true,
+            &mut rng,
+        );
+        // FP4 experts: the rows split over the experts in order (some empty).
+        let experts = |c: &Fp4Experts, g: &Fp4Experts, name: &str, rng: &mut rand::rngs::StdRng| {
+            let e = c.weight.shape()[0];
+            let k = c.weight.shape()[2];
+            let xi = x(rng, rows, k);
+            let (q, s) = ops::act_quant_fp8(&xi).unwrap();
+            let mut offsets = vec![0i32; e + 1];
+            for (i, o) in offsets.iter_mut().enumerate().skip(1) {
+                *o = ((rows * i) / e) as i32;
+            }
+            let off = Tensor::from_vec(offsets, &[e + 1]).unwrap();
+            let want = c.forward(&q, &s, &off).unwrap();
+            let got = g
+                .forward(
+                    &q.to_device(&dev).unwrap(),
+                    &s.to_device(&dev).unwrap(),
+                    &off.to_device(&dev).unwrap(),
+                )
+                .unwrap();
+            (
+                format!("{name} rows {rows} {:?}", c.weight.shape()),
+                got,
+                want,
+            )
+        };
+        let (cb, gb) = (&cpu_model.weights.blocks[0], &gpu_model.weights.blocks[0]);
+        for (name, c, g) in [
+            ("layer 0 w1", &cb.ffn.w1, &gb.ffn.w1),
+            ("layer 0 w2", &cb.ffn.w2, &gb.ffn.w2),
+        ] {
+            let (n, got, want) = experts(c, g, name, &mut rng);
+            check(n, &got, &want);
+        }
+    }
+    print!("{text}");
+    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
+        std::fs::write(
+            std::path::Path::new(&dir).join("cuda_model_projections.txt"),
+            &text,
+        )
+        .unwrap();
+    }
+    assert!(worst.0 <= 1e-5, "{}: calc_diff {:e}", worst.1, worst.0);
+}
