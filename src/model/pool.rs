@@ -454,68 +454,29 @@ impl StatePool {
 
     /// A copy of `seq` in new pages: the same position, caches, partial
     /// groups and history, evolving independently afterwards (a snapshot
-    /// to decode from twice, or to roll back to). Out of pages or slots is a
-    /// typed error that changes nothing.
+    /// to decode from twice, or to roll back to): [`StatePool::snapshot`]
+    /// with the rings, then [`StatePool::restore`]. Out of pages or slots,
+    /// or an open checkpoint on `seq`, is a typed error that changes nothing.
     pub fn fork(&mut self, seq: SeqId) -> Result<SeqId> {
-        let src = self.get(seq)?.clone();
-        let need = |tables: &[BlockTable]| tables.iter().map(|t| t.pages.len()).sum::<usize>();
-        for (pages, n) in [
-            (&self.ring_pages, need(&src.rings)),
-            (&self.comp_pages, need(&src.entries)),
-            (&self.key_pages, need(&src.keys)),
-        ] {
-            if n > pages.free.len() {
-                return Err(OpError::OutOfPages {
-                    cache: pages.name,
-                    seq,
-                    needed: n,
-                    free: pages.free.len(),
-                    total: pages.total,
+        let snap = self.snapshot(seq, true)?;
+        self.restore(&snap)
+    }
+
+    /// Copies of each source's partial group of `s` (its pending kv and
+    /// score rows), `None` for a source with none.
+    fn pending_copies(&self, s: &Sequence) -> Result<Vec<Option<(Tensor, Tensor)>>> {
+        (0..self.sources.len())
+            .map(|i| {
+                if !s.pending[i] {
+                    return Ok(None);
                 }
-                .into());
-            }
-        }
-        let id = self.add_sequence()?;
-        let pr = self.cfg.page_rows;
-        let copy = |pages: &mut Pages, from: &[BlockTable]| -> Result<Vec<BlockTable>> {
-            let mut out = Vec::with_capacity(from.len());
-            for t in from {
-                let mut nt = BlockTable {
-                    first: t.first,
-                    pages: VecDeque::with_capacity(t.pages.len()),
-                };
-                for &p in &t.pages {
-                    let q = take_page(pages, id)?;
-                    let rows = pages.rows.narrow_rows(p as usize * pr, pr)?;
-                    pages.rows.copy_rows_from(q as usize * pr, &rows, 0, pr)?;
-                    nt.pages.push_back(q);
-                }
-                out.push(nt);
-            }
-            Ok(out)
-        };
-        let rings = copy(&mut self.ring_pages, &src.rings)?;
-        let entries = copy(&mut self.comp_pages, &src.entries)?;
-        let keys = copy(&mut self.key_pages, &src.keys)?;
-        let slot = self.get(id)?.slot;
-        for i in 0..self.sources.len() {
-            if src.pending[i] {
-                let (from, to) = (self.pending_row(src.slot, i)?, self.pending_row(slot, i)?);
-                for t in [&mut self.pending_kv, &mut self.pending_score] {
-                    let row = t.narrow_rows(from, 1)?;
-                    t.copy_rows_from(to, &row, 0, 1)?;
-                }
-            }
-        }
-        let s = self.get_mut(id)?;
-        *s = Sequence {
-            slot,
-            rings,
-            entries,
-            keys,
-            ..src
-        };
-        Ok(id)
+                let row = self.pending_row(s.slot, i)?;
+                Ok(Some((
+                    self.pending_kv.narrow_rows(row, 1)?,
+                    self.pending_score.narrow_rows(row, 1)?,
+                )))
+            })
+            .collect()
     }
 
     /// Frees a sequence and returns all its pages.

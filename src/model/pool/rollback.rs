@@ -81,18 +81,7 @@ impl StatePool {
             )
             .into());
         }
-        let mut saved = Vec::with_capacity(self.sources.len());
-        for i in 0..self.sources.len() {
-            saved.push(if s.pending[i] {
-                let row = self.pending_row(s.slot, i)?;
-                Some((
-                    self.pending_kv.narrow_rows(row, 1)?,
-                    self.pending_score.narrow_rows(row, 1)?,
-                ))
-            } else {
-                None
-            });
-        }
+        let saved = self.pending_copies(s)?;
         let cp = Checkpoint {
             pos: s.pos,
             history: s.history.clone(),

@@ -147,18 +147,7 @@ impl StatePool {
         };
         let entries = copy(&self.comp_pages, &s.entries)?;
         let keys = copy(&self.key_pages, &s.keys)?;
-        let mut pending = Vec::with_capacity(self.sources.len());
-        for i in 0..self.sources.len() {
-            pending.push(if s.pending[i] {
-                let row = self.pending_row(s.slot, i)?;
-                Some((
-                    self.pending_kv.narrow_rows(row, 1)?,
-                    self.pending_score.narrow_rows(row, 1)?,
-                ))
-            } else {
-                None
-            });
-        }
+        let pending = self.pending_copies(s)?;
         let table_bytes = |ts: &[TableCopy]| {
             ts.iter()
                 .filter_map(|t| t.rows.as_ref())
