@@ -3,20 +3,29 @@
 //! each device, teacher-forced over 24 prompt tokens (one prefill step) and
 //! then 200 decode steps of one token (16 under DEEPINFER_QUICK), the same tokens on both.
 //!
-//! Per step it reports (printed, so the bundle's log keeps them) and checks:
-//! - the logits' `calc_diff` ≤ 2e-3 at every step, and ≤ 2e-4 on the median
-//!   step. Why: the GPU path rounds in other places than the CPU (block
-//!   reductions in RMSNorm and the gates, the GEMMs' accumulation order,
-//!   cuBLAS's head), each a few fp32 ulps, which BF16 activations turn into
-//!   at most one BF16 step (2^-8 relative) in a few elements per layer;
-//!   uncorrelated one-ulp noise of that density keeps `calc_diff` near 1e-5.
-//!   A flipped routing or index decision (near-tied scores) moves a step by
-//!   more, which the per-step bound allows and the agreement shares bound;
-//! - the share of equal routing decisions (expert sets per token and layer)
-//!   ≥ 97 %, of equal compressed index lists (per entry row and layer) ≥ 95 %,
-//!   and of equal greedy tokens ≥ 97 %;
-//! - every logit finite (the device poisons fresh allocations with NaN, so
-//!   an unwritten output shows).
+//! Per step it reports (printed, and kept as `cuda_model_forward.txt`) the
+//! logits' `calc_diff`, the share of equal routing decisions (expert sets
+//! per token and layer), of equal compressed index lists (per entry row and
+//! layer) and of equal greedy tokens; every logit must be finite (the device
+//! poisons fresh allocations with NaN, so an unwritten output shows).
+//!
+//! Thresholds. The GPU rounds in other places than the CPU (block
+//! reductions, GEMM accumulation order), a few fp32 ulps, which BF16 turns
+//! into one-ulp differences; the model then amplifies them: an FP8
+//! activation or cache value one BF16 ulp from an e4m3 rounding boundary
+//! moves by 2^-3, and near-tied routing and top-k decisions flip. With
+//! random weights the tiny model is chaotic: one BF16 ulp in every 8th
+//! embedding value moves the CPU's own logits by calc_diff ~0.1 (measured on
+//! the H200 run of 2026-12-01: median 1.6e-1, while the GPU's was 1.3e-1).
+//! So the bound is relative to that measured sensitivity, computed in the
+//! same run: the GPU's median and 90th-percentile step calc_diff at most 2×
+//! the nudged CPU model's, and its agreement shares at most 0.05 below the
+//! nudged model's (2×, 0.05: two samples of the same rounding-size
+//! perturbation vary by that much between layers and seeds). A wrong op is
+//! caught where the inputs are still equal: the projection test below
+//! (each linear at 1e-5) and the layer table's first layer (identical
+//! inputs, only rounding order differs: attention within 5e-4, measured
+//! 3e-5 and 7e-5), besides the op tests of each family.
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
 //! the GPU bundle).
@@ -144,6 +153,28 @@ fn run(model: &Model, tokens: &[u32]) -> Vec<StepOutput> {
     out
 }
 
+/// The model's own sensitivity to rounding: the CPU model of `seed` with one
+/// BF16 ulp flipped in every 8th embedding value (the size of one rounding
+/// difference in layer 0's input). Its distance from the CPU model is the
+/// scale the GPU's distance is read against.
+fn nudged_cpu_model(seed: u64) -> Model {
+    let (mut model, _) = common::tiny::tiny_model_on(seed, &Device::Cpu);
+    let embed = model.weights.embed.to_vec::<half::bf16>().unwrap();
+    let nudged: Vec<half::bf16> = embed
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if i % 8 == 3 {
+                half::bf16::from_bits(v.to_bits() ^ 1)
+            } else {
+                *v
+            }
+        })
+        .collect();
+    model.weights.embed = deepinfer::Tensor::from_vec(nudged, model.weights.embed.shape()).unwrap();
+    model
+}
+
 #[test]
 fn the_tiny_model_on_the_gpu_tracks_the_cpu_model_over_200_decode_steps() {
     let seed = common::rng("cuda_model_forward").random::<u64>();
@@ -156,33 +187,51 @@ fn the_tiny_model_on_the_gpu_tracks_the_cpu_model_over_200_decode_steps() {
         .map(|_| rng.random_range(0..vocab))
         .collect();
     let (cpu, gpu) = (run(&cpu_model, &tokens), run(&gpu_model, &tokens));
+    let nudged = run(&nudged_cpu_model(seed), &tokens);
     let mut report = Report {
         diffs: Vec::new(),
         routing: Agreement::default(),
         lists: Agreement::default(),
         argmax: Agreement::default(),
     };
-    for (step, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+    let mut base = Report {
+        diffs: Vec::new(),
+        routing: Agreement::default(),
+        lists: Agreement::default(),
+        argmax: Agreement::default(),
+    };
+    for (step, ((c, g), n)) in cpu.iter().zip(&gpu).zip(&nudged).enumerate() {
         compare(&mut report, step, c, g);
+        compare(&mut base, step, c, n);
     }
-    let mut sorted = report.diffs.clone();
-    sorted.sort_by(f64::total_cmp);
-    let (median, worst) = (sorted[sorted.len() / 2], sorted[sorted.len() - 1]);
-    let worst_step = report.diffs.iter().position(|&d| d == worst).unwrap_or(0);
-    let mut text = format!(
-        "cuda_model_forward: {} steps; logits calc_diff median {median:.3e}, worst {worst:.3e} \
-         (step {worst_step}); routing equal {:.4} of {}; index lists equal {:.4} of {}; \
-         argmax equal {:.4} of {}\n",
-        report.diffs.len(),
-        report.routing.share(),
-        report.routing.total,
-        report.lists.share(),
-        report.lists.total,
-        report.argmax.share(),
-        report.argmax.total,
-    );
-    for (step, d) in report.diffs.iter().enumerate() {
-        text.push_str(&format!("step {step}: calc_diff {d:.3e}\n"));
+    let quantile = |d: &[f64], q: f64| {
+        let mut v = d.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[((v.len() - 1) as f64 * q) as usize]
+    };
+    let line = |who: &str, r: &Report| {
+        format!(
+            "{who}: logits calc_diff median {:.3e}, p90 {:.3e}, worst {:.3e}; routing equal {:.4} \
+             of {}; index lists equal {:.4} of {}; argmax equal {:.4} of {}\n",
+            quantile(&r.diffs, 0.5),
+            quantile(&r.diffs, 0.9),
+            quantile(&r.diffs, 1.0),
+            r.routing.share(),
+            r.routing.total,
+            r.lists.share(),
+            r.lists.total,
+            r.argmax.share(),
+            r.argmax.total,
+        )
+    };
+    let mut text = format!("cuda_model_forward: {} steps\n", report.diffs.len());
+    text.push_str(&line("GPU against the CPU", &report));
+    text.push_str(&line(
+        "nudged CPU (one ulp in every 8th embedding value) against the CPU",
+        &base,
+    ));
+    for (step, (d, n)) in report.diffs.iter().zip(&base.diffs).enumerate() {
+        text.push_str(&format!("step {step}: calc_diff {d:.3e} nudged {n:.3e}\n"));
     }
     print!("{text}");
     // The bundle keeps the report even when the test passes.
@@ -197,39 +246,48 @@ fn the_tiny_model_on_the_gpu_tracks_the_cpu_model_over_200_decode_steps() {
         report.routing.total > 0 && report.lists.total > 0,
         "nothing captured"
     );
-    assert!(worst <= 2e-3, "step {worst_step}: calc_diff {worst:e}");
-    assert!(median <= 2e-4, "median calc_diff {median:e}");
-    assert!(
-        report.routing.share() >= 0.97,
-        "routing {}",
-        report.routing.share()
-    );
-    assert!(
-        report.lists.share() >= 0.95,
-        "index lists {}",
-        report.lists.share()
-    );
-    assert!(
-        report.argmax.share() >= 0.97,
-        "argmax {}",
-        report.argmax.share()
-    );
+    for q in [0.5, 0.9] {
+        let (g, n) = (quantile(&report.diffs, q), quantile(&base.diffs, q));
+        assert!(
+            g <= 2.0 * n,
+            "logits calc_diff quantile {q}: GPU {g:e}, nudged {n:e}"
+        );
+    }
+    for (what, g, n) in [
+        ("routing", &report.routing, &base.routing),
+        ("index lists", &report.lists, &base.lists),
+        ("argmax", &report.argmax, &base.argmax),
+    ] {
+        assert!(
+            g.share() >= n.share() - 0.05,
+            "{what}: GPU {:.4}, nudged {:.4}",
+            g.share(),
+            n.share()
+        );
+    }
 }
 
-/// The prefill layer by layer: the 4-stream residual entering each block,
-/// each attention and MoE sublayer's output, and the routing, CUDA against
-/// the CPU, printed as a table (and kept as `cuda_model_layers.txt`) so the
-/// first layer and sublayer where the paths part is named. Each sublayer's
-/// output must stay within the per-step logits bound (2e-3) of the test
-/// above, for the same reasons.
+/// The prefill layer by layer, for 4 prompts: the 4-stream residual
+/// entering each block, each attention and MoE sublayer's output, and the
+/// routing, CUDA against the CPU beside the nudged CPU model against the
+/// CPU, printed as a table (kept as `cuda_model_layers.txt`) so the first
+/// layer and sublayer where the paths part is named. Layer 0's attention,
+/// whose inputs are the same bits on both devices, must stay within 5e-4
+/// (measured 9e-6 to 7e-5) in every prompt; each sublayer's distance summed
+/// over the prompts within 2.5× the nudged model's sum (see the module doc;
+/// one prefill is one sample per layer, and a single near-tied routing flip
+/// at layer 0 moved one measured run's GPU distances to 2× the nudged ones,
+/// so the bound sums 4 samples and keeps a wider factor), plus 1e-4 per
+/// prompt for the first layers, where the nudge has barely started.
 #[test]
 fn each_layer_of_the_prefill_tracks_the_cpu() {
+    const PROMPTS: usize = 4;
     let seed = common::rng("cuda_model_layers").random::<u64>();
     let (cpu_model, _) = common::tiny::tiny_model_on(seed, &Device::Cpu);
     let (gpu_model, _) = common::tiny::tiny_model_on(seed, &gpu());
+    let nudged_model = nudged_cpu_model(seed);
     let mut rng = common::rng("cuda_model_layers_tokens");
     let vocab = cpu_model.cfg.vocab_size as u32;
-    let tokens: Vec<u32> = (0..PROMPT).map(|_| rng.random_range(0..vocab)).collect();
     let all = Capture {
         streams: true,
         attention: true,
@@ -237,16 +295,12 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
         routing: true,
         index_lists: true,
     };
-    let step = |model: &Model| {
+    let step = |model: &Model, tokens: &[u32]| {
         let mut pool = single_sequence_pool(model, PROMPT + 1).unwrap();
         let seq = pool.add_sequence().unwrap();
-        let input = [SeqInput {
-            seq,
-            tokens: &tokens,
-        }];
+        let input = [SeqInput { seq, tokens }];
         model.step(&mut pool, &input, all).unwrap()
     };
-    let (cpu, gpu) = (step(&cpu_model), step(&gpu_model));
     let diff = |a: &Option<deepinfer::Tensor>, b: &Option<deepinfer::Tensor>| {
         let f = |t: &deepinfer::Tensor| match t.dtype() {
             deepinfer::DType::BF16 => common::to_f64(&t.to_vec::<half::bf16>().unwrap()),
@@ -262,46 +316,80 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
             _ => None,
         }
     };
-    let mut text = String::from("layer plan: streams attention moe routing-equal lists-equal\n");
-    let mut worst: Option<(f64, String)> = None;
-    for (l, (c, g)) in cpu.layers.iter().zip(&gpu.layers).enumerate() {
-        let (s, a, m) = (
-            diff(&c.streams, &g.streams),
-            diff(&c.attention, &g.attention),
-            diff(&c.moe, &g.moe),
+    let show = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:.3e}"));
+    let layers = cpu_model.plans.len().min(cpu_model.weights.blocks.len());
+    // Per layer: summed (GPU, nudged) distances of attention and MoE.
+    let mut sums = vec![[(0.0f64, 0.0f64); 2]; layers];
+    let mut text = String::from(
+        "prompt layer plan: streams attention moe routing-equal lists-equal | nudged CPU: streams attention moe\n",
+    );
+    for prompt in 0..PROMPTS {
+        let tokens: Vec<u32> = (0..PROMPT).map(|_| rng.random_range(0..vocab)).collect();
+        let (cpu, gpu, nudged) = (
+            step(&cpu_model, &tokens),
+            step(&gpu_model, &tokens),
+            step(&nudged_model, &tokens),
         );
-        let mut routing = Agreement::default();
-        if let (Some(rc), Some(rg)) = (&c.routing, &g.routing) {
-            let k = rc.shape().last().copied().unwrap_or(1);
-            routing.add(
-                &rc.to_vec::<i32>().unwrap(),
-                &rg.to_vec::<i32>().unwrap(),
-                k,
+        for (l, ((c, g), n)) in cpu
+            .layers
+            .iter()
+            .zip(&gpu.layers)
+            .zip(&nudged.layers)
+            .enumerate()
+        {
+            let (st, a, m) = (
+                diff(&c.streams, &g.streams),
+                diff(&c.attention, &g.attention),
+                diff(&c.moe, &g.moe),
             );
-        }
-        let mut lists = Agreement::default();
-        if let (Some(ic), Some(ig)) = (&c.index_lists, &g.index_lists) {
-            for (x, y) in ic.iter().zip(ig) {
-                let k = x.shape().last().copied().unwrap_or(1);
-                lists.add(&x.to_vec::<i32>().unwrap(), &y.to_vec::<i32>().unwrap(), k);
+            let (ns, na, nm) = (
+                diff(&c.streams, &n.streams),
+                diff(&c.attention, &n.attention),
+                diff(&c.moe, &n.moe),
+            );
+            let mut routing = Agreement::default();
+            if let (Some(rc), Some(rg)) = (&c.routing, &g.routing) {
+                let k = rc.shape().last().copied().unwrap_or(1);
+                routing.add(
+                    &rc.to_vec::<i32>().unwrap(),
+                    &rg.to_vec::<i32>().unwrap(),
+                    k,
+                );
             }
-        }
-        let show = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:.3e}"));
-        let plan = &cpu_model.plans[l];
-        text.push_str(&format!(
-            "layer {l} ratio {} engram {:?} {:?}: {} {} {} {:.3} {:.3}\n",
-            plan.ratio,
-            plan.engram,
-            plan.attention,
-            show(s),
-            show(a),
-            show(m),
-            routing.share(),
-            lists.share()
-        ));
-        for (what, d) in [("attention", a), ("moe", m)] {
-            if let Some(d) = d.filter(|&d| worst.as_ref().is_none_or(|(w, _)| d > *w)) {
-                worst = Some((d, format!("layer {l} {what}")));
+            let mut lists = Agreement::default();
+            if let (Some(ic), Some(ig)) = (&c.index_lists, &g.index_lists) {
+                for (x, y) in ic.iter().zip(ig) {
+                    let k = x.shape().last().copied().unwrap_or(1);
+                    lists.add(&x.to_vec::<i32>().unwrap(), &y.to_vec::<i32>().unwrap(), k);
+                }
+            }
+            let plan = &cpu_model.plans[l];
+            text.push_str(&format!(
+                "{prompt} layer {l} ratio {} engram {:?} {:?}: {} {} {} {:.3} {:.3} | {} {} {}\n",
+                plan.ratio,
+                plan.engram,
+                plan.attention,
+                show(st),
+                show(a),
+                show(m),
+                routing.share(),
+                lists.share(),
+                show(ns),
+                show(na),
+                show(nm),
+            ));
+            if l == 0 {
+                let a0 = a.expect("layer 0's attention captured");
+                assert!(
+                    a0 <= 5e-4,
+                    "prompt {prompt} layer 0 attention: calc_diff {a0:e}"
+                );
+            }
+            for (k, (d, base)) in [(a, na), (m, nm)].into_iter().enumerate() {
+                if let (Some(d), Some(base), Some(sum)) = (d, base, sums.get_mut(l)) {
+                    sum[k].0 += d;
+                    sum[k].1 += base;
+                }
             }
         }
     }
@@ -313,8 +401,15 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
         )
         .unwrap();
     }
-    let (w, at) = worst.expect("attention and MoE outputs captured");
-    assert!(w <= 2e-3, "{at}: calc_diff {w:e}");
+    for (l, sum) in sums.iter().enumerate() {
+        for (what, (g, n)) in ["attention", "moe"].into_iter().zip(sum) {
+            let bound = 2.5 * n + 1e-4 * PROMPTS as f64;
+            assert!(
+                *g <= bound,
+                "layer {l} {what}: GPU distance summed over {PROMPTS} prompts {g:.3e}, bound {bound:.3e} (nudged {n:.3e})"
+            );
+        }
+    }
 }
 
 /// Every projection of the tiny model at its own shapes (K 32–512, N down
