@@ -9,7 +9,9 @@
 mod common;
 
 use common::TempDir;
+use common::limits::{Counting, bounded};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use deepinfer::dtype::DType;
 use deepinfer::model::checkpoint::{
@@ -23,6 +25,10 @@ use deepinfer::{E4M3, E8M0, Fp4x2};
 use safetensors::{Dtype, SafeTensors};
 
 use CheckpointDType::{BF16, F8E4M3, F8E8M0, F32, I8};
+
+/// The refusal cases run under [`bounded`]'s memory and time limits.
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
@@ -863,7 +869,14 @@ fn the_generator_refuses_a_checkpoint_that_does_not_fit() {
         avail < need,
         "{avail} bytes free: this test needs a smaller disk"
     );
-    let err = generate(&official(), dir.path(), &GenerateOptions::default()).unwrap_err();
+    let cfg = official();
+    // Refused within 2 s and 64 MiB (the manifest of 95,819 tensors).
+    let (err, _) = bounded(
+        "gen-weights of the official config",
+        64 << 20,
+        Duration::from_secs(2),
+        || generate(&cfg, dir.path(), &GenerateOptions::default()).unwrap_err(),
+    );
     match err {
         CheckpointError::NoSpace { need: n, free, .. } => {
             assert_eq!(n, need);
