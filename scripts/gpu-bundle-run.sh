@@ -39,6 +39,10 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader >
 "$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
 "$B/bin/deepinfer" slice --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
 echo "slice on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
+# The README's main job (the embedded tiny model, generated on first use) on the GPU.
+DEEPINFER_CACHE="$OUT/cache" "$B/bin/deepinfer" run --device cuda:0 > "$OUT/logs/run-cuda.log" 2>&1
+echo "run on cuda: rc=$? ($(tail -n 1 "$OUT/logs/run-cuda.log"))"
+rm -rf "$OUT/cache"
 
 for t in "$B"/tests/*; do
   name="$(basename "$t")"

@@ -82,6 +82,21 @@ fn bad_flags_and_switches_are_clear_errors() {
     fails_with(&cache, &["run", "--max-new", "abc"], none, &["--max-new"]);
     fails_with(
         &cache,
+        &["run", "--device", "tpu"],
+        none,
+        &["device", "tpu"],
+    );
+    // Where this process can open no GPU (no driver, or a CPU-only build),
+    // the main job on cuda:0 is a typed error naming it; where it can, the
+    // job runs there.
+    if "cuda:0".parse::<deepinfer::Device>().is_err() {
+        fails_with(&cache, &["run", "--device", "cuda:0"], none, &["cuda:0"]);
+    } else {
+        let o = deepinfer(&cache, &["run", "--device", "cuda:0"], none);
+        assert!(o.status.success(), "{}", stderr(&o));
+    }
+    fails_with(
+        &cache,
         &["run", "--prompt", "1,x,3"],
         none,
         &["= x", "token ids"],

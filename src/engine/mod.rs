@@ -162,7 +162,19 @@ impl Engine {
     ///
     /// [`ModelConfig::max_position`]: crate::model::config::ModelConfig::max_position
     pub fn from_dir(dir: &Path, config: EngineConfig, check_finite: bool) -> Result<Engine> {
-        let (model, dspark) = load_model_and_drafter(dir, &crate::Device::Cpu, check_finite)?;
+        Engine::from_dir_on(dir, &crate::Device::Cpu, config, check_finite)
+    }
+
+    /// [`Engine::from_dir`] with the weights (and the drafter's) loaded onto
+    /// `device`: the forward, the state pool and the drafter run there; the
+    /// sampler and structured output read the logits on the host.
+    pub fn from_dir_on(
+        dir: &Path,
+        device: &crate::Device,
+        config: EngineConfig,
+        check_finite: bool,
+    ) -> Result<Engine> {
+        let (model, dspark) = load_model_and_drafter(dir, device, check_finite)?;
         let config = EngineConfig {
             max_context: config.max_context.min(model.cfg.max_position()),
             ..config

@@ -26,6 +26,10 @@ pub struct EngineArgs {
     /// Which embedded default runs when no model is named (default: tiny).
     #[arg(long = "default", value_enum)]
     pub default_model: Option<DefaultChoice>,
+    /// Where the model runs: cpu, cuda, cuda:N (ascend:N once its runtime
+    /// binding exists).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
     /// Scan every weight for NaN/±Inf before running (always on for the
     /// embedded defaults).
     #[arg(long)]
@@ -129,7 +133,8 @@ impl EngineArgs {
     /// The engine over the model, with its tokenizer when it has one; a
     /// request's prompt plus output is bounded by the model's positions.
     pub fn engine(&self) -> Result<Engine> {
+        let device: deepinfer::Device = self.device.parse()?;
         let (dir, check_finite) = self.model_dir()?;
-        Engine::from_dir(&dir, self.config(MAX_CONTEXT)?, check_finite)
+        Engine::from_dir_on(&dir, &device, self.config(MAX_CONTEXT)?, check_finite)
     }
 }
