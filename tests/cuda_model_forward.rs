@@ -302,20 +302,9 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
         let input = [SeqInput { seq, tokens }];
         model.step(&mut pool, &input, all).unwrap()
     };
-    let diff = |a: &Option<deepinfer::Tensor>, b: &Option<deepinfer::Tensor>| {
-        let f = |t: &deepinfer::Tensor| match t.dtype() {
-            deepinfer::DType::BF16 => common::to_f64(&t.to_vec::<half::bf16>().unwrap()),
-            _ => t
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect(),
-        };
-        match (a, b) {
-            (Some(a), Some(b)) => Some(calc_diff(&f(b), &f(a))),
-            _ => None,
-        }
+    let diff = |a: &Option<deepinfer::Tensor>, b: &Option<deepinfer::Tensor>| match (a, b) {
+        (Some(a), Some(b)) => Some(calc_diff(&host_f64(b), &host_f64(a))),
+        _ => None,
     };
     let show = |d: Option<f64>| d.map_or("-".to_string(), |d| format!("{d:.3e}"));
     let layers = cpu_model.plans.len().min(cpu_model.weights.blocks.len());
@@ -422,49 +411,30 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
 /// or scale index at these small shapes shows as a calc_diff ≥ 1e-3.
 #[test]
 fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
+    use deepinfer::Tensor;
     use deepinfer::model::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
-    use deepinfer::{DType, Tensor};
+    use rand::rngs::StdRng;
     let seed = common::rng("cuda_model_projections").random::<u64>();
     let (cpu_model, _) = common::tiny::tiny_model_on(seed, &Device::Cpu);
     let dev = gpu();
     let (gpu_model, _) = common::tiny::tiny_model_on(seed, &dev);
     let mut rng = common::rng("cuda_model_projections_x");
-    let mut text = String::new();
-    let mut worst = (0.0f64, String::new());
-    let mut check = |name: String, got: &Tensor, want: &Tensor| {
-        let f = |t: &Tensor| match t.dtype() {
-            DType::BF16 => common::to_f64(&t.to_vec::<half::bf16>().unwrap()),
-            _ => t
-                .to_vec::<f32>()
-                .unwrap()
-                .iter()
-                .map(|&x| f64::from(x))
-                .collect(),
-        };
-        let (g, w) = (f(got), f(want));
-        assert!(
-            g.iter().all(|v| v.is_finite()),
-            "{name}: non-finite GPU output"
-        );
-        let d = calc_diff(&g, &w);
-        text.push_str(&format!("{name}: calc_diff {d:.3e}\n"));
-        if d > worst.0 {
-            worst = (d, name);
-        }
-    };
-    let x = |rng: &mut rand::rngs::StdRng, rows: usize, k: usize| {
+    let x = |rng: &mut StdRng, rows: usize, k: usize| {
         Tensor::from_vec(common::random_activations(rng, rows * k, 1.0), &[rows, k]).unwrap()
     };
+    // Each case: (name, GPU output, CPU output).
+    let mut cases: Vec<(String, Tensor, Tensor)> = Vec::new();
     for rows in [1usize, 24] {
-        let mut fp8 = |name: String, c: &Fp8Linear, g: &Fp8Linear, rng: &mut rand::rngs::StdRng| {
+        let label = |name: &str, w: &Tensor| format!("{name} rows {rows} {:?}", w.shape());
+        let fp8 = |name: String, c: &Fp8Linear, g: &Fp8Linear, rng: &mut StdRng| {
             let xi = x(rng, rows, c.weight.shape()[1]);
-            let want = c.forward(&xi).unwrap();
             let got = g.forward(&xi.to_device(&dev).unwrap()).unwrap();
-            check(
-                format!("{name} rows {rows} {:?}", c.weight.shape()),
-                &got,
-                &want,
-            );
+            (label(&name, &c.weight), got, c.forward(&xi).unwrap())
+        };
+        let bf = |name: String, c: &Bf16Linear, g: &Bf16Linear, rng: &mut StdRng| {
+            let xi = x(rng, rows, c.weight.shape()[1]);
+            let got = g.forward_f32(&xi.to_device(&dev).unwrap()).unwrap();
+            (label(&name, &c.weight), got, c.forward_f32(&xi).unwrap())
         };
         for (l, (cb, gb)) in cpu_model
             .weights
@@ -474,113 +444,75 @@ fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
             .enumerate()
         {
             let (ca, ga) = (&cb.attn, &gb.attn);
-            fp8(format!("layer {l} wq_a"), &ca.wq_a, &ga.wq_a, &mut rng);
-            fp8(format!("layer {l} wq_b"), &ca.wq_b, &ga.wq_b, &mut rng);
-            fp8(format!("layer {l} wkv"), &ca.wkv, &ga.wkv, &mut rng);
-            fp8(format!("layer {l} wo_b"), &ca.wo_b, &ga.wo_b, &mut rng);
+            let (cs, gs) = (&cb.ffn.shared, &gb.ffn.shared);
+            for (name, c, g) in [
+                ("wq_a", &ca.wq_a, &ga.wq_a),
+                ("wq_b", &ca.wq_b, &ga.wq_b),
+                ("wkv", &ca.wkv, &ga.wkv),
+                ("wo_b", &ca.wo_b, &ga.wo_b),
+                ("shared.w1", &cs.w1, &gs.w1),
+                ("shared.w2", &cs.w2, &gs.w2),
+                ("shared.w3", &cs.w3, &gs.w3),
+            ] {
+                cases.push(fp8(format!("layer {l} {name}"), c, g, &mut rng));
+            }
+            cases.push(bf(
+                format!("layer {l} moe.gate"),
+                &cb.ffn.gate,
+                &gb.ffn.gate,
+                &mut rng,
+            ));
             if let (Some(ci), Some(gi)) = (&ca.indexer, &ga.indexer) {
-                fp8(
+                cases.push(fp8(
                     format!("layer {l} indexer.wq_b"),
                     &ci.wq_b,
                     &gi.wq_b,
                     &mut rng,
-                );
+                ));
+                let name = format!("layer {l} indexer.weights_proj");
+                cases.push(bf(name, &ci.weights_proj, &gi.weights_proj, &mut rng));
             }
-            let (cs, gs) = (&cb.ffn.shared, &gb.ffn.shared);
-            fp8(format!("layer {l} shared.w1"), &cs.w1, &gs.w1, &mut rng);
-            fp8(format!("layer {l} shared.w2"), &cs.w2, &gs.w2, &mut rng);
-            fp8(format!("layer {l} shared.w3"), &cs.w3, &gs.w3, &mut rng);
-        }
-        let mut bf = |name: String,
-                      c: &Bf16Linear,
-                      g: &Bf16Linear,
-                      f32_out: bool,
-                      rng: &mut rand::rngs::StdRng| {
-            let xi = x(rng, rows, c.weight.shape()[1]);
-            let xg = xi.to_device(&dev).unwrap();
-            let (got, want) = if f32_out {
-                (g.forward_f32(&xg).unwrap(), c.forward_f32(&xi).unwrap())
-            } else {
-                (g.forward(&xg).unwrap(), c.forward(&xi).unwrap())
-            };
-            check(
-                format!("{name} rows {rows} {:?}", c.weight.shape()),
-                &got,
-                &want,
-            );
-        };
-        for (l, (cb, gb)) in cpu_model
-            .weights
-            .blocks
-            .iter()
-            .zip(&gpu_model.weights.blocks)
-            .enumerate()
-        {
-            bf(
-                format!("layer {l} moe.gate"),
-                &cb.ffn.gate,
-                &gb.ffn.gate,
-                true,
-                &mut rng,
-            );
-            if let (Some(cc), Some(gc)) = (&cb.attn.compressor, &gb.attn.compressor) {
-                bf(
+            if let (Some(cc), Some(gc)) = (&ca.compressor, &ga.compressor) {
+                cases.push(bf(
                     format!("layer {l} compressor.wkv"),
                     &cc.wkv,
                     &gc.wkv,
-                    true,
                     &mut rng,
-                );
-            }
-            if let (Some(ci), Some(gi)) = (&cb.attn.indexer, &gb.attn.indexer) {
-                bf(
-                    format!("layer {l} indexer.weights_proj"),
-                    &ci.weights_proj,
-                    &gi.weights_proj,
-                    true,
-                    &mut rng,
-                );
+                ));
             }
         }
-        bf(
-            "head".into(),
-            &cpu_model.weights.head,
-            &gpu_model.weights.head,
-            true,
-            &mut rng,
-        );
+        let (ch, gh) = (&cpu_model.weights.head, &gpu_model.weights.head);
+        cases.push(bf("head".into(), ch, gh, &mut rng));
         // FP4 experts: the rows split over the experts in order (some empty).
-        let experts = |c: &Fp4Experts, g: &Fp4Experts, name: &str, rng: &mut rand::rngs::StdRng| {
-            let e = c.weight.shape()[0];
-            let k = c.weight.shape()[2];
-            let xi = x(rng, rows, k);
-            let (q, s) = ops::act_quant_fp8(&xi).unwrap();
-            let mut offsets = vec![0i32; e + 1];
-            for (i, o) in offsets.iter_mut().enumerate().skip(1) {
-                *o = ((rows * i) / e) as i32;
-            }
-            let off = Tensor::from_vec(offsets, &[e + 1]).unwrap();
-            let want = c.forward(&q, &s, &off).unwrap();
-            let got = g
-                .forward(
-                    &q.to_device(&dev).unwrap(),
-                    &s.to_device(&dev).unwrap(),
-                    &off.to_device(&dev).unwrap(),
-                )
-                .unwrap();
-            (
-                format!("{name} rows {rows} {:?}", c.weight.shape()),
-                got,
-                want,
-            )
-        };
         let (cb, gb) = (&cpu_model.weights.blocks[0], &gpu_model.weights.blocks[0]);
-        for (name, c, g) in [
+        let experts: [(&str, &Fp4Experts, &Fp4Experts); 2] = [
             ("layer 0 w1", &cb.ffn.w1, &gb.ffn.w1),
             ("layer 0 w2", &cb.ffn.w2, &gb.ffn.w2),
-        ] {
-            let (n, got, want) = experts(c, g, name, &mut rng);
-            check(n, &got, &want);
+        ];
+        for (name, c, g) in experts {
+            let e = c.weight.shape()[0];
+            let xi = x(&mut rng, rows, c.weight.shape()[2]);
+            let (q, s) = ops::act_quant_fp8(&xi).unwrap();
+            let offsets: Vec<i32> = (0..=e).map(|i| ((rows * i) / e) as i32).collect();
+            let off = Tensor::from_vec(offsets, &[e + 1]).unwrap();
+            let want = c.forward(&q, &s, &off).unwrap();
+            let up = |t: &Tensor| t.to_device(&dev).unwrap();
+            let got = g.forward(&up(&q), &up(&s), &up(&off)).unwrap();
+            cases.push((label(name, &c.weight), got, want));
+        }
+    }
+    let mut text = String::new();
+    let mut worst = (0.0f64, String::new());
+    for (name, got, want) in cases {
+        let (g, w) = (host_f64(&got), host_f64(&want));
+        assert!(
+            g.iter().all(|v| v.is_finite()),
+            "{name}: non-finite GPU output"
+        );
+        let d = calc_diff(&g, &w);
+        text.push_str(&format!("{name}: calc_diff {d:.3e}\n"));
+        if d > worst.0 {
+            worst = (d, name);
         }
     }
     print!("{text}");
@@ -592,4 +524,17 @@ fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
         .unwrap();
     }
     assert!(worst.0 <= 1e-5, "{}: calc_diff {:e}", worst.1, worst.0);
+}
+
+/// A BF16 or F32 tensor's values on the host, as f64.
+fn host_f64(t: &deepinfer::Tensor) -> Vec<f64> {
+    match t.dtype() {
+        deepinfer::DType::BF16 => common::to_f64(&t.to_vec::<half::bf16>().unwrap()),
+        _ => t
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|&x| f64::from(x))
+            .collect(),
+    }
 }
