@@ -32,6 +32,11 @@ fn config(nextn: usize, varlen: bool) -> EngineConfig {
     }
 }
 
+/// The tiny model of `seed` decoding plainly (no drafter).
+fn plain_engine(seed: u64) -> Engine {
+    Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap()
+}
+
 fn dspark_engine(seed: u64, nextn: usize, varlen: bool) -> Engine {
     let (model, dw) = common::tiny::tiny_model(seed);
     let weights = dw.expect("the tiny config has DSpark stages");
@@ -138,7 +143,7 @@ fn oracle_engine(
 fn greedy_speculative_equals_greedy_plain_for_every_nextn_and_schedule() {
     let mut rng = common::rng("spec_greedy");
     let seed = rng.random();
-    let plain = Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap();
+    let plain = plain_engine(seed);
     let vocab = plain.model.cfg.vocab_size;
     let block = plain.model.cfg.dspark.block_size;
     let ps = prompts(&mut rng, 4, vocab);
@@ -214,7 +219,7 @@ fn greedy_speculative_equals_greedy_plain_for_every_nextn_and_schedule() {
 fn forced_rejections_at_every_draft_position_keep_the_plain_output() {
     let mut rng = common::rng("spec_forced");
     let seed = rng.random();
-    let plain = Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap();
+    let plain = plain_engine(seed);
     let vocab = plain.model.cfg.vocab_size;
     let nextn = plain.model.cfg.dspark.block_size;
     let ps = prompts(&mut rng, 3, vocab);
@@ -480,7 +485,7 @@ impl Drafter for Unruly {
 #[test]
 fn a_drafter_breaking_its_contract_is_cut_or_refused() {
     let seed = 5;
-    let plain = Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap();
+    let plain = plain_engine(seed);
     let ps = vec![vec![3u32, 4, 5, 6]];
     let want = outputs(&plain, &ps, &[greedy(9)]);
     let engine = |overlong| {
@@ -722,7 +727,7 @@ fn measure_fixed_against_confidence_scheduled_verification() {
     let seed = 20261201;
     let nextn = 5;
     let max_tokens = 32;
-    let plain = Engine::new(common::tiny::tiny_model(seed).0, config(0, false)).unwrap();
+    let plain = plain_engine(seed);
     let v = plain.model.cfg.vocab_size;
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let all = prompts(&mut rng, 64, v);
