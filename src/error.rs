@@ -84,6 +84,9 @@ pub enum Error {
     /// A cuBLAS or cuBLASLt call failed (the status names the reason).
     #[error("cuBLAS error during {during}: {status}")]
     Blas { during: String, status: String },
+    /// A collective (NCCL, or a simulated expert-parallel world) failed.
+    #[error("collective error during {during}: {why}")]
+    Collective { during: String, why: String },
     /// An embedded kernel image failed validation before it reached the driver.
     #[error("kernel image of family `{family}` is invalid: {why}")]
     BadKernelImage { family: String, why: String },

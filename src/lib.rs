@@ -6,7 +6,9 @@
 //! [`device`] is the runtime (CPU, CUDA; Ascend later); [`cpu_backend`] holds
 //! the reference implementation of every op and `cuda_backend` the launches;
 //! [`ops`] is the safe API that validates its inputs and dispatches on the
-//! tensors' device. [`numerics`] holds the bit-exact conversions.
+//! tensors' device. [`numerics`] holds the bit-exact conversions. Above the
+//! ops, [`ep`] spreads the routed experts over ranks (dispatch, combine,
+//! placement), and [`model`] and [`engine`] are the runner.
 //!
 //! No panic is reachable from the public API through a value the caller
 //! controls: library code has no `unwrap`, `expect`, `panic!`, unchecked
@@ -33,6 +35,7 @@ pub mod cuda_backend;
 pub mod device;
 pub mod dtype;
 pub mod engine;
+pub mod ep;
 pub mod error;
 pub mod kernels;
 pub mod kv_format;

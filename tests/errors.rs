@@ -184,6 +184,23 @@ fn asking_for_a_missing_cuda_device_is_an_error() {
     }
 }
 
+/// An NCCL world this machine cannot form (no driver, no libnccl, fewer
+/// GPUs than ranks, a device named twice) is a typed error before any rank
+/// blocks in NCCL's init.
+#[cfg(deepinfer_cuda)]
+#[test]
+fn an_nccl_world_the_machine_cannot_form_is_a_typed_error() {
+    let count = deepinfer::device::CudaDevice::count().unwrap_or(0);
+    let ordinals: Vec<usize> = (0..=count).collect();
+    for ords in [&ordinals[..], &[0, 0][..], &[][..]] {
+        let e = deepinfer::ep::nccl_world(ords, |_| Ok(())).unwrap_err();
+        assert!(
+            matches!(e, Error::DeviceUnavailable { .. }),
+            "{ords:?}: {e}"
+        );
+    }
+}
+
 /// A well-formed fatbin with one (fake) sm_90 ELF entry, built by hand.
 fn synthetic_fatbin() -> Vec<u8> {
     // A bare 64-bit little-endian ELF header for EM_CUDA with no sections.

@@ -59,15 +59,14 @@ impl CudaDevice {
     /// the driver fails to initialise, or the ordinal is out of range.
     pub fn new(ordinal: usize) -> Result<CudaDevice> {
         let name = format!("cuda:{ordinal}");
-        if !cuda_driver_present() {
-            return Err(Error::DeviceUnavailable {
-                device: name,
-                why: "the CUDA driver library (libcuda.so.1) is not installed on this machine"
-                    .into(),
-            });
-        }
-        let count = CudaContext::device_count().map_err(driver("cuDeviceGetCount"))?;
-        if ordinal >= count.max(0) as usize {
+        let count = CudaDevice::count().map_err(|e| match e {
+            Error::DeviceUnavailable { why, .. } => Error::DeviceUnavailable {
+                device: name.clone(),
+                why,
+            },
+            e => e,
+        })?;
+        if ordinal >= count {
             return Err(Error::DeviceUnavailable {
                 device: name,
                 why: format!("this machine has {count} CUDA device(s)"),
@@ -86,6 +85,26 @@ impl CudaDevice {
             sms: sms.max(1) as usize,
             poison: false,
         })
+    }
+
+    /// CUDA devices on this machine (a typed error without a driver).
+    pub fn count() -> Result<usize> {
+        if !cuda_driver_present() {
+            return Err(Error::DeviceUnavailable {
+                device: "cuda".into(),
+                why: "the CUDA driver library (libcuda.so.1) is not installed on this machine"
+                    .into(),
+            });
+        }
+        let count = CudaContext::device_count().map_err(driver("cuDeviceGetCount"))?;
+        Ok(usize::try_from(count).unwrap_or(0))
+    }
+
+    /// The stream this device's ops are issued on (collectives join it, so
+    /// they order with the kernels).
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    pub(crate) fn cuda_stream(&self) -> Arc<CudaStream> {
+        self.stream.clone()
     }
 
     /// Free device memory in bytes (`cuMemGetInfo`).

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod attention;
+pub mod ep;
 pub mod limits;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]

@@ -1,0 +1,485 @@
+//! The dispatch and combine of one rank (module doc of [`super`]).
+//!
+//! Wire format of a dispatch, per destination rank d (four all-to-alls):
+//! the rows of the tokens with at least one entry on d, each token once and
+//! in ascending token order (BF16 `[n, D]`, or e4m3 `[n, D]` and E8M0
+//! `[n, D/32]`); then one I32 pair per entry, (row among those, local
+//! slot), in token then slot order; then the entries' F32 routing weights.
+//! The receiver expands the rows to entries ordered by (local slot, source
+//! rank, source order): expert-major, and within an expert by source rank
+//! and token. Combine sends every entry's output row back to its source in
+//! the source's order, and the source sums them with `ops::moe_combine`.
+
+use super::{EpConfig, Mode, Payload, Transport};
+use crate::device::Device;
+use crate::dtype::DType;
+use crate::error::{Error, Result};
+use crate::ops;
+use crate::tensor::Tensor;
+
+/// What one rank received from a dispatch.
+#[derive(Debug)]
+pub struct Dispatched {
+    /// Normal: `[N, D]` rows grouped by local expert; low-latency
+    /// `[L, capacity, D]`, rows past an expert's count zero. BF16, or e4m3
+    /// with the FP8 payload.
+    pub x: Tensor,
+    /// The FP8 payload's E8M0 scales (`[N, D/32]` or `[L, capacity, D/32]`).
+    pub scales: Option<Tensor>,
+    /// F32 routing weight of each row (`[N]` or `[L, capacity]`, 0 past a
+    /// count).
+    pub weights: Tensor,
+    /// I32: normal, offsets `[L + 1]` (0 = offsets[0] ≤ … ≤ offsets[L] = N);
+    /// low-latency, counts `[L]` (each ≤ capacity).
+    pub layout: Tensor,
+    /// Entries dropped past an expert's capacity (low-latency only; their
+    /// tokens' combine lacks them).
+    pub overflow: usize,
+    /// What combine needs.
+    pub handle: EpHandle,
+}
+
+/// A dispatch's routing, kept by its rank for the matching combine.
+#[derive(Clone, Debug)]
+pub struct EpHandle {
+    world: usize,
+    tokens: usize,
+    top_k: usize,
+    hidden: usize,
+    mode: Mode,
+    /// Rows of the expert-major output (N, or L · capacity).
+    out_rows: usize,
+    /// Per destination: the entries (token · top_k + slot) sent there, in
+    /// the order they come back.
+    sent: Vec<Vec<usize>>,
+    /// Per source: each of its entries' row in the expert-major output, in
+    /// its order; `None` when dropped.
+    received: Vec<Vec<Option<usize>>>,
+}
+
+impl EpHandle {
+    /// Tokens this rank dispatched.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
+    /// Rows of the expert-major output combine expects.
+    pub fn out_rows(&self) -> usize {
+        self.out_rows
+    }
+}
+
+fn arg_error(
+    op: &'static str,
+    arg: &'static str,
+    value: impl ToString,
+    why: &'static str,
+) -> Error {
+    Error::Argument {
+        op,
+        arg,
+        value: value.to_string(),
+        why,
+    }
+}
+
+fn shape(op: &'static str, tensor: &'static str, t: &Tensor, expected: String) -> Error {
+    Error::Shape {
+        op,
+        tensor,
+        got: t.shape().to_vec(),
+        expected,
+    }
+}
+
+/// `data` as an I32 or F32 tensor of `shape` on `device`.
+fn upload<T: crate::dtype::Element>(
+    data: Vec<T>,
+    shape: &[usize],
+    device: &Device,
+) -> Result<Tensor> {
+    Tensor::from_vec(data, shape)?.to_device(device)
+}
+
+/// Rows `rows` of `src`, with `None` as a zero row (appended to a copy of
+/// `src` only when some row is `None`).
+fn gather_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
+    if rows.iter().all(Option::is_some) {
+        let rows: Vec<usize> = rows.iter().flatten().copied().collect();
+        return src.gather_rows(&rows);
+    }
+    let zero_shape: Vec<usize> = std::iter::once(1)
+        .chain(src.shape().iter().skip(1).copied())
+        .collect();
+    let zero = Tensor::zeros(&src.device(), src.dtype(), &zero_shape)?;
+    let padded = Tensor::cat_rows(&[src, &zero])?;
+    let z = src.rows();
+    let rows: Vec<usize> = rows.iter().map(|r| r.unwrap_or(z)).collect();
+    padded.gather_rows(&rows)
+}
+
+/// Sends this rank's tokens to the ranks of their experts: `x` BF16
+/// `[T, D]`, `ids` I32 `[T, top_k]` logical expert ids (ascending per token,
+/// as [`ops::moe_route`] returns them) and `weights` F32 `[T, top_k]`, on
+/// one device. Every rank of `transport` calls it with the same `cfg`. The
+/// ids and the received entry lists are read on the host, so the call
+/// waits for the device (DeepEP's normal mode also syncs on the counts).
+pub fn dispatch(
+    transport: &dyn Transport,
+    cfg: &EpConfig,
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+) -> Result<Dispatched> {
+    const OP: &str = "ep::dispatch";
+    let placement = cfg.placement();
+    let (world, rank, k, d) = (
+        transport.world(),
+        transport.rank(),
+        cfg.top_k(),
+        cfg.hidden(),
+    );
+    if world != placement.ranks() {
+        return Err(arg_error(
+            OP,
+            "transport",
+            format!("world {world}"),
+            "the placement is for another world size",
+        ));
+    }
+    x.expect_dtype(OP, "x", DType::BF16)?;
+    ids.expect_dtype(OP, "ids", DType::I32)?;
+    weights.expect_dtype(OP, "weights", DType::F32)?;
+    let &[t, xd] = x.shape() else {
+        return Err(shape(OP, "x", x, format!("[T, {d}]")));
+    };
+    if xd != d {
+        return Err(shape(OP, "x", x, format!("[T, {d}]")));
+    }
+    if ids.shape() != [t, k] {
+        return Err(shape(OP, "ids", ids, format!("[{t}, {k}]")));
+    }
+    if weights.shape() != [t, k] {
+        return Err(shape(OP, "weights", weights, format!("[{t}, {k}]")));
+    }
+    let device = ops::common_device(OP, &[("x", x), ("ids", ids), ("weights", weights)])?;
+    if let Mode::LowLatency { max_tokens, .. } = cfg.mode()
+        && t > max_tokens
+    {
+        return Err(arg_error(
+            OP,
+            "x",
+            format!("{t} tokens"),
+            "more tokens than the low-latency mode's max_tokens",
+        ));
+    }
+    let host_ids = ids.to_vec::<i32>()?;
+    let host_w = weights.to_vec::<f32>()?;
+    let n_experts = placement.n_experts();
+    let slots = placement.slots_per_rank();
+    // Each entry's physical slot.
+    let mut phys = Vec::with_capacity(t * k);
+    for (j, &e) in host_ids.iter().enumerate() {
+        let p = usize::try_from(e)
+            .ok()
+            .filter(|&e| e < n_experts)
+            .and_then(|e| placement.physical(e, rank, j / k));
+        match p {
+            Some(p) => phys.push(p),
+            None => return Err(arg_error(OP, "ids", e, "an expert id outside 0..n_experts")),
+        }
+    }
+
+    // The payload, quantised once per token.
+    let (rows, scales) = match cfg.payload() {
+        Payload::Bf16 => (x.clone(), None),
+        Payload::Fp8 if t == 0 => (
+            Tensor::empty(&device, DType::F8E4M3, &[0, d])?,
+            Some(Tensor::empty(&device, DType::E8M0, &[0, d / 32])?),
+        ),
+        Payload::Fp8 => {
+            let (q, s) = ops::act_quant_fp8(x)?;
+            (q, Some(s))
+        }
+    };
+
+    // Per destination: its tokens, and its entries (token row, local slot,
+    // weight); `sent` keeps the entries' ids for combine.
+    let mut tok: Vec<Vec<usize>> = vec![Vec::new(); world];
+    let mut meta: Vec<Vec<i32>> = vec![Vec::new(); world];
+    let mut wts: Vec<Vec<f32>> = vec![Vec::new(); world];
+    let mut sent: Vec<Vec<usize>> = vec![Vec::new(); world];
+    for token in 0..t {
+        for slot in 0..k {
+            let j = token * k + slot;
+            let (dst, local) = (phys[j] / slots, phys[j] % slots);
+            if tok[dst].last() != Some(&token) {
+                tok[dst].push(token);
+            }
+            let row = i32::try_from(tok[dst].len() - 1).map_err(|_| too_many(OP))?;
+            let local = i32::try_from(local).map_err(|_| too_many(OP))?;
+            meta[dst].extend([row, local]);
+            wts[dst].push(host_w[j]);
+            sent[dst].push(j);
+        }
+    }
+
+    let send_rows = tok
+        .iter()
+        .map(|r| rows.gather_rows(r))
+        .collect::<Result<Vec<_>>>()?;
+    let recv_rows = transport.all_to_all_v(send_rows)?;
+    let recv_scales = match &scales {
+        Some(s) => Some(
+            transport.all_to_all_v(
+                tok.iter()
+                    .map(|r| s.gather_rows(r))
+                    .collect::<Result<Vec<_>>>()?,
+            )?,
+        ),
+        None => None,
+    };
+    let send_meta = meta
+        .into_iter()
+        .map(|m| {
+            let n = m.len() / 2;
+            upload(m, &[n, 2], &device)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let recv_meta = transport.all_to_all_v(send_meta)?;
+    let send_w = wts
+        .into_iter()
+        .map(|w| {
+            let n = w.len();
+            upload(w, &[n], &device)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let recv_w = transport.all_to_all_v(send_w)?;
+
+    // Expert-major order of the received entries: (local slot, source,
+    // source order); `src_row` indexes the concatenated received rows.
+    let mut entries = Vec::new(); // (local, source, index, src_row, weight)
+    let mut base = 0usize;
+    let mut per_source = Vec::with_capacity(world);
+    for (s, ((r, m), w)) in recv_rows.iter().zip(&recv_meta).zip(&recv_w).enumerate() {
+        check_received(OP, r, m, w, d, slots)?;
+        let (m, w) = (m.to_vec::<i32>()?, w.to_vec::<f32>()?);
+        per_source.push(w.len());
+        for (i, (pair, &wt)) in m.chunks_exact(2).zip(&w).enumerate() {
+            // check_received bounded both entries.
+            let (row, local) = (pair[0] as usize, pair[1] as usize);
+            entries.push((local, s, i, base + row, wt));
+        }
+        base += r.rows();
+    }
+    entries.sort_by_key(|&(local, s, i, _, _)| (local, s, i));
+    let all_rows = Tensor::cat_rows(&recv_rows.iter().collect::<Vec<_>>())?;
+    let all_scales = match &recv_scales {
+        Some(v) => Some(Tensor::cat_rows(&v.iter().collect::<Vec<_>>())?),
+        None => None,
+    };
+
+    let mut received: Vec<Vec<Option<usize>>> = per_source.iter().map(|&n| vec![None; n]).collect();
+    let mut overflow = 0usize;
+    let (gather, w_out, layout, out_rows, shape_lead): (
+        Vec<Option<usize>>,
+        Vec<f32>,
+        Tensor,
+        usize,
+        Vec<usize>,
+    ) = match cfg.mode() {
+        Mode::Normal => {
+            let mut offsets = vec![0i32; slots + 1];
+            for &(local, _, _, _, _) in &entries {
+                offsets[local + 1] += 1;
+            }
+            for l in 0..slots {
+                offsets[l + 1] += offsets[l];
+            }
+            for (pos, &(_, s, i, _, _)) in entries.iter().enumerate() {
+                received[s][i] = Some(pos);
+            }
+            let n = entries.len();
+            (
+                entries.iter().map(|e| Some(e.3)).collect(),
+                entries.iter().map(|e| e.4).collect(),
+                upload(offsets, &[slots + 1], &device)?,
+                n,
+                vec![n],
+            )
+        }
+        Mode::LowLatency { capacity, .. } => {
+            let n = slots * capacity;
+            let mut gather = vec![None; n];
+            let mut w_out = vec![0.0f32; n];
+            let mut counts = vec![0usize; slots];
+            for &(local, s, i, src, wt) in &entries {
+                let c = &mut counts[local];
+                if *c < capacity {
+                    let pos = local * capacity + *c;
+                    gather[pos] = Some(src);
+                    w_out[pos] = wt;
+                    received[s][i] = Some(pos);
+                    *c += 1;
+                } else {
+                    overflow += 1;
+                }
+            }
+            let counts = counts
+                .into_iter()
+                .map(|c| i32::try_from(c).map_err(|_| too_many(OP)))
+                .collect::<Result<Vec<_>>>()?;
+            (
+                gather,
+                w_out,
+                upload(counts, &[slots], &device)?,
+                n,
+                vec![slots, capacity],
+            )
+        }
+    };
+    let reshape = |t: Tensor, tail: usize| {
+        let s: Vec<usize> = shape_lead.iter().copied().chain([tail]).collect();
+        t.reshape(&s)
+    };
+    let x_out = reshape(gather_or_zero(&all_rows, &gather)?, d)?;
+    let scales_out = match &all_scales {
+        Some(s) => Some(reshape(gather_or_zero(s, &gather)?, d / 32)?),
+        None => None,
+    };
+    let weights_out = upload(w_out, &shape_lead, &device)?;
+    Ok(Dispatched {
+        x: x_out,
+        scales: scales_out,
+        weights: weights_out,
+        layout,
+        overflow,
+        handle: EpHandle {
+            world,
+            tokens: t,
+            top_k: k,
+            hidden: d,
+            mode: cfg.mode(),
+            out_rows,
+            sent,
+            received,
+        },
+    })
+}
+
+fn too_many(op: &'static str) -> Error {
+    arg_error(
+        op,
+        "x",
+        "more than 2^31 - 1 rows",
+        "an EP buffer is I32-indexed",
+    )
+}
+
+/// A source's received rows `[n, D]`, entries I32 `[m, 2]` (row < n, local
+/// slot < slots) and weights F32 `[m]`: checked, so a malformed peer is a
+/// typed error here rather than an index out of range later.
+fn check_received(
+    op: &'static str,
+    rows: &Tensor,
+    meta: &Tensor,
+    w: &Tensor,
+    d: usize,
+    slots: usize,
+) -> Result<()> {
+    if rows.shape().len() != 2 || rows.shape().get(1) != Some(&d) {
+        return Err(shape(op, "received rows", rows, format!("[n, {d}]")));
+    }
+    meta.expect_dtype(op, "received entries", DType::I32)?;
+    w.expect_dtype(op, "received weights", DType::F32)?;
+    let m = w.numel();
+    if meta.shape() != [m, 2] || w.shape() != [m] {
+        return Err(shape(op, "received entries", meta, format!("[{m}, 2]")));
+    }
+    let n = rows.rows();
+    let v = meta.to_vec::<i32>()?;
+    for pair in v.chunks_exact(2) {
+        let ok = usize::try_from(pair[0]).is_ok_and(|r| r < n)
+            && usize::try_from(pair[1]).is_ok_and(|l| l < slots);
+        if !ok {
+            return Err(arg_error(
+                op,
+                "received entries",
+                format!("({}, {})", pair[0], pair[1]),
+                "a row or local slot out of range",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Brings the expert outputs of a dispatch home and sums them: `expert_out`
+/// BF16 in the dispatch's layout (`[N, D]`, or `[L, capacity, D]` whose
+/// rows past the counts are ignored), `shared` BF16 `[T, D]` (this rank's
+/// shared-expert output); returns BF16 `[T, D]`, bitwise
+/// [`ops::moe_combine`] of the single-rank MoE. Every rank calls it.
+pub fn combine(
+    transport: &dyn Transport,
+    handle: &EpHandle,
+    expert_out: Tensor,
+    shared: &Tensor,
+) -> Result<Tensor> {
+    const OP: &str = "ep::combine";
+    let h = handle;
+    if transport.world() != h.world {
+        return Err(arg_error(
+            OP,
+            "transport",
+            format!("world {}", transport.world()),
+            "the dispatch ran on another world size",
+        ));
+    }
+    expert_out.expect_dtype(OP, "expert_out", DType::BF16)?;
+    shared.expect_dtype(OP, "shared", DType::BF16)?;
+    let want: Vec<usize> = match h.mode {
+        Mode::Normal => vec![h.out_rows, h.hidden],
+        Mode::LowLatency { capacity, .. } => {
+            vec![h.out_rows / capacity.max(1), capacity, h.hidden]
+        }
+    };
+    if expert_out.shape() != want.as_slice() {
+        return Err(shape(OP, "expert_out", &expert_out, format!("{want:?}")));
+    }
+    if shared.shape() != [h.tokens, h.hidden] {
+        return Err(shape(
+            OP,
+            "shared",
+            shared,
+            format!("[{}, {}]", h.tokens, h.hidden),
+        ));
+    }
+    let device = ops::common_device(OP, &[("expert_out", &expert_out), ("shared", shared)])?;
+    let flat = expert_out.reshape(&[h.out_rows, h.hidden])?;
+    let back = h
+        .received
+        .iter()
+        .map(|rows| gather_or_zero(&flat, rows))
+        .collect::<Result<Vec<_>>>()?;
+    let recv = transport.all_to_all_v(back)?;
+    for (r, sent) in recv.iter().zip(&h.sent) {
+        if r.shape() != [sent.len(), h.hidden] {
+            return Err(shape(
+                OP,
+                "returned rows",
+                r,
+                format!("[{}, {}]", sent.len(), h.hidden),
+            ));
+        }
+    }
+    let routed = Tensor::cat_rows(&recv.iter().collect::<Vec<_>>())?;
+    let perm = h
+        .sent
+        .iter()
+        .flatten()
+        .map(|&j| i32::try_from(j).map_err(|_| too_many(OP)))
+        .collect::<Result<Vec<_>>>()?;
+    let n = perm.len();
+    debug_assert_eq!(n, h.tokens * h.top_k);
+    let perm = upload(perm, &[n], &device)?;
+    ops::moe_combine(&routed, &perm, shared)
+}

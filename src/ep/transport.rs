@@ -1,0 +1,281 @@
+//! How the ranks of an expert-parallel group exchange tensors: the
+//! [`Transport`] trait (one all-to-all-v collective), the [`Local`]
+//! transport of a one-rank group (on any device), and [`SimWorld`], which
+//! runs R ranks as R threads of one process over host tensors: the stand-in
+//! for a multi-GPU group in tests and on machines with one GPU.
+//!
+//! Invariant: a collective either completes on every rank or fails on every
+//! rank still in it. A rank that leaves (returns, errors or panics) while
+//! others wait in a collective aborts the world, and every waiting rank gets
+//! a typed error naming it: never a hang.
+
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use std::sync::{Condvar, Mutex, MutexGuard};
+
+/// The collective the EP dispatch and combine are built on.
+pub trait Transport {
+    /// This rank, in `0..world()`.
+    fn rank(&self) -> usize;
+    /// The ranks in the group.
+    fn world(&self) -> usize;
+    /// Sends `send[d]` to rank d (one tensor per rank, `send.len() ==
+    /// world()`) and returns what each rank s sent to this one, `recv[s]`
+    /// (shapes and dtypes as sent). Every rank calls it, in the same order
+    /// as the other collectives.
+    fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>>;
+}
+
+fn wrong_count(op: &'static str, got: usize, world: usize) -> Error {
+    Error::Argument {
+        op,
+        arg: "send",
+        value: format!("{got} tensors"),
+        why: if got < world {
+            "fewer tensors than ranks"
+        } else {
+            "more tensors than ranks"
+        },
+    }
+}
+
+/// The transport of a one-rank group: what it sends is what it receives,
+/// on whatever device the tensors live (no copy).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Local;
+
+impl Transport for Local {
+    fn rank(&self) -> usize {
+        0
+    }
+
+    fn world(&self) -> usize {
+        1
+    }
+
+    fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        if send.len() != 1 {
+            return Err(wrong_count("ep::Local::all_to_all_v", send.len(), 1));
+        }
+        Ok(send)
+    }
+}
+
+/// The shared state of a simulated world.
+struct World {
+    size: usize,
+    state: Mutex<State>,
+    turn: Condvar,
+}
+
+struct State {
+    /// `mail[dst][src]`: what src sent dst in the current collective.
+    mail: Vec<Vec<Option<Tensor>>>,
+    /// Ranks arrived at the current barrier.
+    arrived: usize,
+    /// Barriers completed (a waiting rank leaves when it moves).
+    generation: u64,
+    /// Why the world stopped, once it has.
+    aborted: Option<String>,
+}
+
+impl World {
+    fn lock(&self) -> Result<MutexGuard<'_, State>> {
+        self.state
+            .lock()
+            .map_err(|_| aborted("a rank panicked holding the world's lock"))
+    }
+
+    /// Waits until every rank has arrived; fails when the world aborted or a
+    /// rank has left.
+    fn barrier<'a>(&'a self, mut st: MutexGuard<'a, State>) -> Result<MutexGuard<'a, State>> {
+        check(&st)?;
+        st.arrived += 1;
+        if st.arrived == self.size {
+            st.arrived = 0;
+            st.generation += 1;
+            self.turn.notify_all();
+            return Ok(st);
+        }
+        let generation = st.generation;
+        let st = self
+            .turn
+            .wait_while(st, |s| s.generation == generation && s.aborted.is_none())
+            .map_err(|_| aborted("a rank panicked holding the world's lock"))?;
+        if st.generation == generation {
+            check(&st)?;
+        }
+        Ok(st)
+    }
+
+    /// Marks `rank` as gone: ranks waiting in a barrier, and any that
+    /// arrive later, abort.
+    fn leave(&self, rank: usize, why: String) {
+        // A poisoned lock still holds the state. Once a rank has left, no
+        // barrier can complete: the world stops (a rank past its last
+        // barrier has already moved on and is not affected).
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.aborted.is_none() {
+            st.aborted = Some(format!("rank {rank} left ({why})"));
+        }
+        self.turn.notify_all();
+    }
+}
+
+fn aborted(why: impl Into<String>) -> Error {
+    Error::Argument {
+        op: "ep::SimWorld",
+        arg: "collective",
+        value: why.into(),
+        why: "the simulated world aborted",
+    }
+}
+
+fn check(st: &State) -> Result<()> {
+    match &st.aborted {
+        Some(why) => Err(aborted(why.clone())),
+        None => Ok(()),
+    }
+}
+
+/// One rank of a [`SimWorld`].
+pub struct SimRank<'w> {
+    rank: usize,
+    world: &'w World,
+}
+
+impl Transport for SimRank<'_> {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world.size
+    }
+
+    fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        let w = self.world;
+        if send.len() != w.size {
+            return Err(wrong_count("ep::SimRank::all_to_all_v", send.len(), w.size));
+        }
+        if let Some(t) = send
+            .iter()
+            .find(|t| !matches!(t.device(), crate::device::Device::Cpu))
+        {
+            return Err(Error::DeviceMismatch {
+                op: "ep::SimRank::all_to_all_v",
+                tensor: "send",
+                got: t.device().to_string(),
+                expected: "cpu (a simulated world moves host tensors)".into(),
+            });
+        }
+        let mut st = w.lock()?;
+        check(&st)?;
+        for (dst, t) in send.into_iter().enumerate() {
+            if let Some(slot) = st.mail.get_mut(dst).and_then(|m| m.get_mut(self.rank)) {
+                *slot = Some(t);
+            }
+        }
+        // Everyone has posted; take this rank's mail, then wait until every
+        // rank has taken its own before the next collective may post.
+        let mut st = w.barrier(st)?;
+        let mine: Option<Vec<Tensor>> = st
+            .mail
+            .get_mut(self.rank)
+            .map(|m| m.iter_mut().filter_map(Option::take).collect());
+        let _st = w.barrier(st)?;
+        match mine {
+            Some(v) if v.len() == w.size => Ok(v),
+            _ => Err(aborted("a rank's mail was incomplete")),
+        }
+    }
+}
+
+/// R ranks as R threads over host tensors.
+pub struct SimWorld;
+
+impl SimWorld {
+    /// Runs `f` on every rank of a world of `size` (1 ≤ size ≤ 1024), each
+    /// on its own thread, and returns the ranks' results in rank order. The
+    /// first error (or a panic, as an error) of any rank is returned after
+    /// every rank has finished; the others fail their next collective.
+    pub fn run<T, F>(size: usize, f: F) -> Result<Vec<T>>
+    where
+        T: Send,
+        F: Fn(&SimRank<'_>) -> Result<T> + Sync,
+    {
+        if !(1..=1024).contains(&size) {
+            return Err(Error::Argument {
+                op: "ep::SimWorld::run",
+                arg: "size",
+                value: size.to_string(),
+                why: "a simulated world has 1 to 1024 ranks",
+            });
+        }
+        let world = World {
+            size,
+            state: Mutex::new(State {
+                mail: (0..size).map(|_| vec![None; size]).collect(),
+                arrived: 0,
+                generation: 0,
+                aborted: None,
+            }),
+            turn: Condvar::new(),
+        };
+        let results: Vec<Result<T>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..size)
+                .map(|rank| {
+                    let (world, f) = (&world, &f);
+                    s.spawn(move || {
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            f(&SimRank { rank, world })
+                        }));
+                        let r = r.unwrap_or_else(|_| Err(aborted(format!("rank {rank} panicked"))));
+                        let why = match &r {
+                            Ok(_) => "it returned".to_string(),
+                            Err(e) => format!("error: {e}"),
+                        };
+                        world.leave(rank, why);
+                        r
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(aborted("a rank's thread panicked")))
+                })
+                .collect()
+        });
+        // The root cause first: a rank's own error before the aborts it
+        // caused in the others.
+        let mut out = Vec::with_capacity(size);
+        let mut first_abort = None;
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok(v) => out.push(v),
+                Err(e) => {
+                    let is_abort = matches!(
+                        &e,
+                        Error::Argument {
+                            op: "ep::SimWorld",
+                            ..
+                        }
+                    );
+                    let slot = if is_abort {
+                        &mut first_abort
+                    } else {
+                        &mut first_error
+                    };
+                    slot.get_or_insert(e);
+                }
+            }
+        }
+        match first_error.or(first_abort) {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Expert parallelism on the H200: route → dispatch → grouped FP4 GEMMs →
+//! combine with every tensor on the GPU (allocations NaN-poisoned) equals
+//! the CPU's single-rank MoE bitwise, through the local transport and
+//! through a one-rank NCCL world, in both modes and with both payloads; the
+//! NCCL all-to-all returns what was sent, empty tensors included. (A world
+//! larger than the machine is `tests/errors.rs`'s case, run here too.)
+//!
+//! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
+//! the GPU bundle).
+#![cfg(deepinfer_cuda)]
+
+mod common;
+
+use common::ep::{bits, ep_rank, problem, single_rank};
+use deepinfer::device::CudaDevice;
+use deepinfer::ep::{self, EpConfig, Local, Mode, Payload, Placement, Transport};
+use deepinfer::{DType, Device, Error, Tensor};
+
+fn gpu() -> Device {
+    let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
+    Device::Cuda(dev.with_poisoned_allocations())
+}
+
+fn configs(n_experts: usize, top_k: usize, d: usize, tokens: usize) -> Vec<EpConfig> {
+    let mut out = Vec::new();
+    for payload in [Payload::Bf16, Payload::Fp8] {
+        for mode in [Mode::Normal, Mode::low_latency(tokens.max(1), 1)] {
+            let p = Placement::uniform(n_experts, 1).unwrap();
+            out.push(EpConfig::new(p, top_k, d, payload, mode).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_local_transport_on_the_gpu_equals_the_cpu_moe_bitwise() {
+    let mut rng = common::rng("cuda_ep_local");
+    let dev = gpu();
+    // V4.1's routing (384 experts, top-6) at a small width, and a tail shape.
+    for &(tokens, n_experts, top_k, d, inter) in &[
+        (67, 384, 6, 256, 128),
+        (5, 16, 3, 64, 96),
+        (0, 8, 2, 64, 64),
+    ] {
+        let cpu = problem(&mut rng, tokens, n_experts, top_k, d, inter);
+        let want = bits(&single_rank(&cpu));
+        let p = cpu.to_device(&dev);
+        for cfg in configs(n_experts, top_k, d, tokens) {
+            let (got, overflow) = ep_rank(&Local, &cfg, &p, (0, tokens)).unwrap();
+            assert_eq!(overflow, 0);
+            assert_eq!(
+                bits(&got),
+                want,
+                "{tokens} tokens, {:?} {:?}",
+                cfg.payload(),
+                cfg.mode()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_one_rank_nccl_world_moves_tensors_and_runs_the_same_moe() {
+    let dev = gpu();
+    let Device::Cuda(cuda) = &dev else {
+        unreachable!()
+    };
+    let ordinal = cuda.ordinal();
+    let mut rng = common::rng("cuda_ep_nccl");
+    let cpu = problem(&mut rng, 41, 32, 4, 128, 64);
+    let want = bits(&single_rank(&cpu));
+    let res = ep::nccl_world(&[ordinal], |rank| {
+        // The all-to-all returns what it was sent: dtype, shape and bytes.
+        let dev = Device::Cuda(rank.device().clone());
+        for (dtype, shape) in [
+            (DType::BF16, vec![3usize, 5]),
+            (DType::I32, vec![0, 2]),
+            (DType::E8M0, vec![7]),
+        ] {
+            let bytes: Vec<u8> = (0..dtype.storage_bytes(shape.iter().product()))
+                .map(|i| (i * 7 + 3) as u8)
+                .collect();
+            let x = Tensor::from_le_bytes(&dev, dtype, &shape, &bytes)?;
+            let back = rank.all_to_all_v(vec![x])?;
+            assert_eq!(
+                (back[0].dtype(), back[0].shape()),
+                (dtype, shape.as_slice())
+            );
+            assert_eq!(back[0].to_le_bytes()?, bytes);
+        }
+        let p = cpu.to_device(&dev);
+        let mut outs = Vec::new();
+        for cfg in configs(32, 4, 128, 41) {
+            outs.push(ep_rank(rank, &cfg, &p, (0, 41))?.0);
+        }
+        Ok(outs)
+    });
+    match res {
+        Ok(ranks) => {
+            for out in &ranks[0] {
+                assert_eq!(bits(out), want);
+            }
+        }
+        // A GPU machine without libnccl on the library path: say so, typed.
+        Err(Error::DeviceUnavailable { device, why }) if device == "nccl" => {
+            println!("skipped: {why}");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -1,0 +1,433 @@
+//! Expert parallelism on the CPU (runs in CI): route → dispatch → grouped
+//! FP4 GEMMs → combine over a simulated world of R ∈ {1, 2, 8, 64} ranks
+//! equals the single-rank MoE bitwise, in both modes, with both payloads,
+//! with the uniform and a balanced placement (replicas); the low-latency
+//! mode's overflow is counted exactly; the placement and the load balancer
+//! keep their invariants; the simulated world fails, never hangs, when a
+//! rank errors, panics or leaves early; and bad input is a typed error.
+
+mod common;
+
+use common::ep::{Problem, bits, ep_rank, problem, shards, single_rank, t};
+use deepinfer::ep::{
+    self, EpConfig, ExpertLoad, Local, Mode, Payload, Placement, SimRank, SimWorld, Transport,
+};
+use deepinfer::{Error, Tensor};
+use half::bf16;
+use rand::Rng;
+use std::time::Duration;
+
+fn ep_world(cfg: &EpConfig, p: &Problem, shards: &[(usize, usize)]) -> (Vec<bf16>, usize) {
+    let per_rank = SimWorld::run(cfg.placement().ranks(), |rank: &SimRank<'_>| {
+        ep_rank(rank, cfg, p, shards[rank.rank()])
+    })
+    .unwrap();
+    let overflow = per_rank.iter().map(|r| r.1).sum();
+    (per_rank.into_iter().flat_map(|r| r.0).collect(), overflow)
+}
+
+#[test]
+fn dispatch_gemm_combine_equals_the_single_rank_moe_bitwise() {
+    let mut rng = common::rng("ep_equals_single_rank");
+    let (n_experts, top_k, d, inter) = (64, 6, 64, 96);
+    for &world in &[1usize, 2, 8, 64] {
+        let tokens = rng.random_range(1..=3 * world + 20);
+        let p = problem(&mut rng, tokens, n_experts, top_k, d, inter);
+        let want = bits(&single_rank(&p));
+        let shards = shards(&mut rng, tokens, world);
+        let max_tokens = shards.iter().map(|s| s.1).max().unwrap_or(0).max(1);
+        // A skewed load for the balanced placement: one slot to spare per rank.
+        let load: Vec<u64> = (0..n_experts as u64).map(|e| 1 + 1000 / (e + 1)).collect();
+        let placements = [
+            Placement::uniform(n_experts, world).unwrap(),
+            ep::balance(&load, world, (n_experts / world + 1).min(n_experts)).unwrap(),
+        ];
+        for placement in &placements {
+            for payload in [Payload::Bf16, Payload::Fp8] {
+                for mode in [Mode::Normal, Mode::low_latency(max_tokens, world)] {
+                    let cfg = EpConfig::new(placement.clone(), top_k, d, payload, mode).unwrap();
+                    let (got, overflow) = ep_world(&cfg, &p, &shards);
+                    assert_eq!(overflow, 0, "world {world} {payload:?} {mode:?}");
+                    assert_eq!(
+                        bits(&got),
+                        want,
+                        "world {world}, {payload:?}, {mode:?}, table {:?}",
+                        placement.table()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_local_transport_runs_the_same_dispatch() {
+    let mut rng = common::rng("ep_local");
+    let p = problem(&mut rng, 37, 16, 4, 64, 64);
+    let want = bits(&single_rank(&p));
+    for mode in [Mode::Normal, Mode::low_latency(37, 1)] {
+        let cfg = EpConfig::new(
+            Placement::uniform(16, 1).unwrap(),
+            4,
+            64,
+            Payload::Fp8,
+            mode,
+        )
+        .unwrap();
+        let (got, overflow) = ep_rank(&Local, &cfg, &p, (0, 37)).unwrap();
+        assert_eq!((bits(&got), overflow), (want.clone(), 0), "{mode:?}");
+    }
+}
+
+#[test]
+fn low_latency_overflow_is_counted_and_spares_the_other_tokens() {
+    let mut rng = common::rng("ep_overflow");
+    let (n_experts, top_k, d, world) = (8, 3, 64, 4);
+    let tokens = 48;
+    let p = problem(&mut rng, tokens, n_experts, top_k, d, 64);
+    let want = single_rank(&p);
+    let shards: Vec<(usize, usize)> = (0..world).map(|r| (r * 12, 12)).collect();
+    let capacity = 7;
+    let cfg = EpConfig::new(
+        Placement::uniform(n_experts, world).unwrap(),
+        top_k,
+        d,
+        Payload::Bf16,
+        Mode::LowLatency {
+            max_tokens: 12,
+            capacity,
+        },
+    )
+    .unwrap();
+    let (got, overflow) = ep_world(&cfg, &p, &shards);
+    // Each expert keeps its first `capacity` entries in token order (the
+    // shards are contiguous, so source rank then token is token order).
+    let ids: Vec<i32> = p.ids.to_vec().unwrap();
+    let mut seen = vec![0usize; n_experts];
+    let mut intact = vec![true; tokens];
+    let mut dropped = 0;
+    for (j, &e) in ids.iter().enumerate() {
+        let e = e as usize;
+        if seen[e] >= capacity {
+            intact[j / top_k] = false;
+            dropped += 1;
+        }
+        seen[e] += 1;
+    }
+    assert!(dropped > 0, "the case must overflow");
+    assert_eq!(overflow, dropped);
+    for tok in (0..tokens).filter(|&t| intact[t]) {
+        assert_eq!(
+            bits(&got[tok * d..(tok + 1) * d]),
+            bits(&want[tok * d..(tok + 1) * d]),
+            "token {tok}"
+        );
+    }
+}
+
+#[test]
+fn uniform_and_table_placements_check_their_invariants() {
+    let u = Placement::uniform(12, 4).unwrap();
+    assert_eq!(u.local_experts(2), &[6, 7, 8]);
+    assert_eq!(u.replicas(5), &[5]);
+    assert!(u.local_experts(4).is_empty());
+    for (e, ranks, table, what) in [
+        (4, 2, vec![0, 1, 2, 9], "past the expert count"),
+        (4, 2, vec![0, 1, 2, 2], "no physical slot"),
+        (4, 2, vec![1, 0, 2, 3], "ascending"),
+        (4, 2, vec![0, 1, 2], "multiple of ranks"),
+        (4, 0, vec![0, 1, 2, 3], "multiple of ranks"),
+    ] {
+        let err = Placement::from_table(e, ranks, table).unwrap_err();
+        assert!(
+            err.to_string().contains("table") && err.to_string().contains(what),
+            "{err}"
+        );
+    }
+    assert!(Placement::uniform(10, 4).is_err());
+    let r = Placement::from_table(3, 2, vec![0, 1, 0, 2]).unwrap();
+    assert_eq!(r.replicas(0), &[0, 2]);
+    // Replica choice: (source rank + token) mod replicas.
+    assert_eq!(r.physical(0, 0, 0), Some(0));
+    assert_eq!(r.physical(0, 0, 1), Some(2));
+    assert_eq!(r.physical(0, 1, 1), Some(0));
+    assert_eq!(r.physical(3, 0, 0), None);
+}
+
+/// Per-rank load recomputed from the table alone.
+fn rank_loads(table: &[usize], ranks: usize, load: &[u64]) -> Vec<f64> {
+    let per = table.len() / ranks;
+    let mut copies = vec![0usize; load.len()];
+    for &e in table {
+        copies[e] += 1;
+    }
+    (0..ranks)
+        .map(|r| {
+            table[r * per..(r + 1) * per]
+                .iter()
+                .map(|&e| load[e] as f64 / copies[e] as f64)
+                .sum()
+        })
+        .collect()
+}
+
+fn max_over_mean(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max) / (v.iter().sum::<f64>() / v.len() as f64)
+}
+
+#[test]
+fn the_balancer_evens_a_skewed_load_with_replicas_of_the_hot_experts() {
+    let mut rng = common::rng("ep_balance");
+    let (n, ranks) = (64usize, 8usize);
+    // Zipf-like: a few hot experts, shuffled so that id order is no help.
+    let mut load: Vec<u64> = (0..n as u64).map(|e| 10 + 20_000 / (e + 1)).collect();
+    for i in (1..n).rev() {
+        load.swap(i, rng.random_range(0..=i));
+    }
+    let uniform = Placement::uniform(n, ranks).unwrap();
+    let u = max_over_mean(&rank_loads(uniform.table(), ranks, &load));
+    let balanced = ep::balance(&load, ranks, n / ranks + 2).unwrap();
+    let b = max_over_mean(&rank_loads(balanced.table(), ranks, &load));
+    assert!((b - balanced.imbalance(&load)).abs() < 1e-12);
+    assert!(b < u && b < 1.10, "balanced {b} vs uniform {u}");
+    // The hottest expert is replicated; a cold one is not.
+    let hot = (0..n).max_by_key(|&e| load[e]).unwrap();
+    let cold = (0..n).min_by_key(|&e| load[e]).unwrap();
+    assert!(balanced.replicas(hot).len() > 1);
+    assert_eq!(balanced.replicas(cold).len(), 1);
+    // Deterministic.
+    assert_eq!(ep::balance(&load, ranks, n / ranks + 2).unwrap(), balanced);
+    // Infeasible shapes are typed errors.
+    assert!(ep::balance(&load, ranks, 7).is_err());
+    assert!(ep::balance(&load[..4], 2, 5).is_err());
+    assert!(ep::balance(&[], 2, 1).is_err());
+}
+
+#[test]
+fn the_balancer_places_every_random_load_validly() {
+    let mut rng = common::rng("ep_balance_random");
+    for _ in 0..300 {
+        let n = rng.random_range(1..40usize);
+        let ranks = rng.random_range(1..9usize);
+        let per = rng.random_range(n.div_ceil(ranks)..=n);
+        let load: Vec<u64> = (0..n)
+            .map(|_| {
+                if rng.random_bool(0.2) {
+                    0
+                } else {
+                    rng.random_range(0..10_000)
+                }
+            })
+            .collect();
+        let p = ep::balance(&load, ranks, per)
+            .unwrap_or_else(|e| panic!("{n} experts, {ranks} x {per}: {e}"));
+        // from_table re-checks every invariant of the table it returns.
+        let again = Placement::from_table(n, ranks, p.table().to_vec()).unwrap();
+        assert_eq!(again, p);
+        assert_eq!(p.table().len(), ranks * per);
+    }
+}
+
+#[test]
+fn expert_load_counts_ids_and_refuses_bad_ones() {
+    let mut l = ExpertLoad::new(4);
+    l.observe(&[0, 3, 3, 1]).unwrap();
+    l.observe(&[3]).unwrap();
+    assert_eq!(l.counts(), &[1, 1, 0, 3]);
+    let e = l.observe(&[1, 4]).unwrap_err();
+    assert!(
+        e.to_string().contains("ids") && e.to_string().contains('4'),
+        "{e}"
+    );
+    assert_eq!(l.counts(), &[1, 1, 0, 3], "a refused batch counts nothing");
+}
+
+/// Runs `f` on a thread and fails the test when it takes over 60 s (a hang).
+fn within_a_minute<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .expect("the simulated world hung")
+}
+
+fn one_row(v: f32) -> Vec<Tensor> {
+    vec![t(vec![v], &[1])]
+}
+
+#[test]
+fn a_failing_panicking_or_departing_rank_stops_the_world_without_a_hang() {
+    // Rank 2 errors before the first collective: the others fail theirs and
+    // the world reports rank 2's own error.
+    let r = within_a_minute(|| {
+        SimWorld::run(4, |rank| {
+            if rank.rank() == 2 {
+                return Err(Error::Argument {
+                    op: "test",
+                    arg: "rank",
+                    value: "2".into(),
+                    why: "chosen to fail",
+                });
+            }
+            rank.all_to_all_v((0..4).map(|_| t(vec![1.0f32], &[1])).collect())?;
+            Ok(())
+        })
+    });
+    assert!(r.unwrap_err().to_string().contains("chosen to fail"));
+    // A panic is an error too.
+    let r = within_a_minute(|| {
+        SimWorld::run(3, |rank| {
+            if rank.rank() == 0 {
+                panic!("rank 0 panics on purpose");
+            }
+            rank.all_to_all_v((0..3).map(|_| t(vec![1.0f32], &[1])).collect())?;
+            Ok(())
+        })
+    });
+    assert!(r.unwrap_err().to_string().contains("rank 0 panicked"));
+    // Rank 1 does one collective fewer than the others.
+    let r = within_a_minute(|| {
+        SimWorld::run(2, |rank| {
+            let rounds = if rank.rank() == 1 { 1 } else { 2 };
+            for _ in 0..rounds {
+                rank.all_to_all_v(vec![one_row(1.0).remove(0), one_row(2.0).remove(0)])?;
+            }
+            Ok(())
+        })
+    });
+    assert!(r.unwrap_err().to_string().contains("rank 1 left"));
+    // And a healthy world delivers what each rank sent.
+    let got = within_a_minute(|| {
+        SimWorld::run(3, |rank| {
+            let send = (0..3)
+                .map(|d| t(vec![(10 * rank.rank() + d) as f32], &[1]))
+                .collect();
+            let recv = rank.all_to_all_v(send)?;
+            recv.iter()
+                .map(|x| Ok(x.to_vec::<f32>()?[0]))
+                .collect::<deepinfer::Result<Vec<f32>>>()
+        })
+    })
+    .unwrap();
+    assert_eq!(
+        got,
+        vec![
+            vec![0.0, 10.0, 20.0],
+            vec![1.0, 11.0, 21.0],
+            vec![2.0, 12.0, 22.0]
+        ]
+    );
+    assert!(SimWorld::run(0, |_| Ok(())).is_err());
+}
+
+#[test]
+fn bad_input_is_a_typed_error_naming_it() {
+    let mut rng = common::rng("ep_errors");
+    let p = problem(&mut rng, 5, 8, 2, 64, 64);
+    let cfg = EpConfig::new(
+        Placement::uniform(8, 1).unwrap(),
+        2,
+        64,
+        Payload::Fp8,
+        Mode::Normal,
+    )
+    .unwrap();
+    let named = |e: Error, what: &str| assert!(e.to_string().contains(what), "{e} lacks {what}");
+    // An id out of range.
+    let mut ids: Vec<i32> = p.ids.to_vec().unwrap();
+    ids[3] = 8;
+    named(
+        ep::dispatch(&Local, &cfg, &p.x, &t(ids, &[5, 2]), &p.weights).unwrap_err(),
+        "ids",
+    );
+    // Shapes and dtypes.
+    named(
+        ep::dispatch(
+            &Local,
+            &cfg,
+            &p.x.narrow_rows(0, 4).unwrap(),
+            &p.ids,
+            &p.weights,
+        )
+        .unwrap_err(),
+        "ids",
+    );
+    named(
+        ep::dispatch(&Local, &cfg, &p.x, &p.ids, &p.ids).unwrap_err(),
+        "weights",
+    );
+    named(
+        ep::dispatch(&Local, &cfg, &p.ids, &p.ids, &p.weights).unwrap_err(),
+        "`x`",
+    );
+    // The placement is for another world.
+    let two = EpConfig::new(
+        Placement::uniform(8, 2).unwrap(),
+        2,
+        64,
+        Payload::Fp8,
+        Mode::Normal,
+    )
+    .unwrap();
+    named(
+        ep::dispatch(&Local, &two, &p.x, &p.ids, &p.weights).unwrap_err(),
+        "transport",
+    );
+    // Too many tokens for the low-latency buffers.
+    let ll = EpConfig::new(
+        Placement::uniform(8, 1).unwrap(),
+        2,
+        64,
+        Payload::Bf16,
+        Mode::low_latency(4, 1),
+    )
+    .unwrap();
+    named(
+        ep::dispatch(&Local, &ll, &p.x, &p.ids, &p.weights).unwrap_err(),
+        "max_tokens",
+    );
+    // Contradictory configs.
+    let pl = || Placement::uniform(8, 1).unwrap();
+    named(
+        EpConfig::new(pl(), 0, 64, Payload::Bf16, Mode::Normal).unwrap_err(),
+        "top_k",
+    );
+    named(
+        EpConfig::new(pl(), 9, 64, Payload::Bf16, Mode::Normal).unwrap_err(),
+        "top_k",
+    );
+    named(
+        EpConfig::new(pl(), 2, 48, Payload::Fp8, Mode::Normal).unwrap_err(),
+        "hidden",
+    );
+    named(
+        EpConfig::new(
+            pl(),
+            2,
+            64,
+            Payload::Bf16,
+            Mode::LowLatency {
+                max_tokens: 1,
+                capacity: usize::MAX,
+            },
+        )
+        .unwrap_err(),
+        "capacity",
+    );
+    // Combine with the wrong expert output or shared shape.
+    let got = ep::dispatch(&Local, &cfg, &p.x, &p.ids, &p.weights).unwrap();
+    let n = got.handle.out_rows();
+    let wrong = t(vec![bf16::ZERO; (n + 1) * 64], &[n + 1, 64]);
+    named(
+        ep::combine(&Local, &got.handle, wrong, &p.shared).unwrap_err(),
+        "expert_out",
+    );
+    let right = t(vec![bf16::ZERO; n * 64], &[n, 64]);
+    named(
+        ep::combine(&Local, &got.handle, right, &p.x.narrow_rows(0, 4).unwrap()).unwrap_err(),
+        "shared",
+    );
+    // A gather past the rows.
+    named(p.x.gather_rows(&[0, 5]).unwrap_err(), "rows");
+}
