@@ -4,15 +4,19 @@
 //! in a mixed batch; a rollback after a rejection at any draft position
 //! leaves the pool exactly as a plain run (the following logits are
 //! bitwise equal); sampled speculative output follows the target
-//! distribution (chi-square); bad configurations are typed errors. The
-//! ignored `measure_*` test writes the schedule comparison JSON.
+//! distribution (chi-square); it runs through the prefix cache and compact
+//! prefill, lossless against the same engine's plain decoding and, in the
+//! exact mode, drafting exactly as a cold run; bad configurations are
+//! typed errors. The ignored `measure_*` test writes the schedule
+//! comparison JSON.
 
 mod common;
 
 use deepinfer::engine::drafter::{DraftInput, Drafter, DsparkDrafter, Proposal};
+use deepinfer::engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use deepinfer::engine::rng::{Domain, uniform};
 use deepinfer::engine::sampling::distribution;
-use deepinfer::engine::{Engine, EngineConfig, Output, SamplingParams, SpecStats};
+use deepinfer::engine::{Engine, EngineConfig, Output, SamplingParams, SpecStats, YocoMode};
 use deepinfer::model::forward::{Capture, Model, SeqInput};
 use deepinfer::model::pool::{PoolConfig, StatePool};
 use deepinfer::model::truncate::EntryShape;
@@ -215,6 +219,107 @@ fn greedy_speculative_equals_greedy_plain_for_every_nextn_and_schedule() {
 /// With an oracle that is wrong exactly at draft slot j of every step, the
 /// output is still the plain one and every step accepts exactly j drafts
 /// (j = nextn: all accepted).
+/// An engine of the tiny model `seed` in `mode` (keep 16 ≥ window 8 + one
+/// block of 5), with a prefix cache of 4-token blocks when `cached`, and
+/// the DSpark drafter when `nextn` > 0.
+fn served_engine(seed: u64, mode: YocoMode, cached: bool, nextn: usize) -> Engine {
+    let (model, dw) = common::tiny::tiny_model(seed);
+    let cfg = EngineConfig {
+        yoco_mode: mode,
+        yoco_keep_tokens: 16,
+        ..config(nextn, nextn > 0)
+    };
+    let mut e = Engine::new(model, cfg).unwrap();
+    if cached {
+        let cache = PrefixCacheConfig {
+            block_tokens: 4,
+            budget_bytes: 1 << 26,
+        };
+        e = e.with_prefix_cache(PrefixCache::new(cache).unwrap());
+    }
+    if nextn > 0 {
+        let weights = dw.expect("the tiny config has DSpark stages");
+        e = e.with_drafter(Box::new(DsparkDrafter { weights }));
+    }
+    e
+}
+
+#[test]
+fn speculative_decoding_runs_through_the_prefix_cache_and_compact_prefill() {
+    let mut rng = common::rng("spec_prefix_cache");
+    let seed = rng.random();
+    let vocab = 500;
+    // Long shared prefixes, so the second round hits the cache deep in
+    // the prompts (and some hits leave fewer than a window to feed).
+    let shared: Vec<u32> = (0..44).map(|_| rng.random_range(3..vocab)).collect();
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|i| {
+            let cut = [44, 40, 37, 30, 44, 20][i];
+            let tail = rng.random_range(1..9);
+            shared[..cut]
+                .iter()
+                .copied()
+                .chain((0..tail).map(|_| rng.random_range(3..vocab)))
+                .collect()
+        })
+        .collect();
+    let params = vec![greedy(12); prompts.len()];
+    let tokens = |o: &[Output]| -> Vec<(Vec<u32>, Vec<u32>)> {
+        o.iter()
+            .map(|o| {
+                let lp = o
+                    .logprobs
+                    .as_ref()
+                    .map(|l| l.iter().map(|x| x.to_bits()).collect());
+                (o.tokens.clone(), lp.unwrap_or_default())
+            })
+            .collect()
+    };
+    let stats = |o: &[Output]| -> Vec<SpecStats> { o.iter().map(|o| o.spec.unwrap()).collect() };
+    // Exact: with the cache, speculative output equals a cold plain run and
+    // drafts exactly as a cold speculative run (same accepted counts).
+    let cold_plain = tokens(&outputs(
+        &served_engine(seed, YocoMode::Exact, false, 0),
+        &prompts,
+        &params,
+    ));
+    let cold_spec = outputs(
+        &served_engine(seed, YocoMode::Exact, false, 3),
+        &prompts,
+        &params,
+    );
+    let cached = served_engine(seed, YocoMode::Exact, true, 3);
+    for round in 0..2 {
+        let got = outputs(&cached, &prompts, &params);
+        assert_eq!(tokens(&got), cold_plain, "exact, round {round}");
+        assert_eq!(
+            stats(&got),
+            stats(&cold_spec),
+            "exact, round {round}: the drafts changed"
+        );
+    }
+    let hits = cached.prefix_cache_stats().unwrap();
+    assert!(
+        hits.hits > 0,
+        "the exact rounds must hit the cache: {hits:?}"
+    );
+    // Compact: speculative output equals the same engine's plain output,
+    // hits and truncated late layers included.
+    let plain = served_engine(seed, YocoMode::Compact, true, 0);
+    let spec = served_engine(seed, YocoMode::Compact, true, 3);
+    for round in 0..2 {
+        let want = tokens(&outputs(&plain, &prompts, &params));
+        let got = outputs(&spec, &prompts, &params);
+        assert_eq!(tokens(&got), want, "compact, round {round}");
+        assert!(stats(&got).iter().any(|s| s.accepted > 0 || s.verified > 0));
+    }
+    assert_eq!(
+        spec.prefix_cache_stats().unwrap().hits,
+        plain.prefix_cache_stats().unwrap().hits
+    );
+    assert!(spec.prefix_cache_stats().unwrap().hits > 0);
+}
+
 #[test]
 fn forced_rejections_at_every_draft_position_keep_the_plain_output() {
     let mut rng = common::rng("spec_forced");

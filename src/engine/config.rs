@@ -266,16 +266,6 @@ impl EngineConfig {
             )
             .into());
         }
-        if c.nextn > 0 && c.yoco_mode == YocoMode::Compact {
-            return Err(bad(
-                "DEEPINFER_YOCO_PREFILL_TRUNCATION_MODE",
-                "compact with DEEPINFER_USE_NEXTN_DECODE > 0".into(),
-                "speculative decoding needs the exact prefill: the DSpark drafter is seeded \
-                 with every prompt position's target features, which compact prefill does \
-                 not compute",
-            )
-            .into());
-        }
         Ok(())
     }
 }

@@ -405,8 +405,8 @@ impl Engine {
         let mut pool = self.pool(which.len(), longest, chunk)?;
         let t0 = Instant::now();
         let batch: Vec<&[u32]> = which.iter().map(|&i| &prompts[i][..]).collect();
-        // Speculative decoding seeds its drafter with every prompt position's
-        // target features: one plain step, past the prefix cache.
+        // Speculative decoding seeds its drafter with the target features of
+        // each prompt's last positions, which the prefill computes.
         let (pre, seeds) = if nextn > 0 {
             let (pre, seeds) = self.prefill_for_drafter(&mut pool, &batch)?;
             (pre, Some(seeds))

@@ -18,14 +18,18 @@
 //!   than `yoco_keep_tokens` is not taken (replay would redo it all).
 //!
 //! Invariant: every request's sequence ends at position S with the
-//! logits of its last prompt token at the returned row; the cache only
-//! ever receives snapshots taken right after whole blocks of the request's
-//! own tokens.
+//! logits of its last prompt token at the returned row, and its target
+//! features (when the model has DSpark targets) for the positions the late
+//! layers ran on, ending at S − 1: with speculative decoding, at least the
+//! last window of positions (an exact hit is capped at S − window; compact
+//! runs the late layers over the last `yoco_keep_tokens`), all a drafter's
+//! window rings read. The cache only ever receives snapshots taken right
+//! after whole blocks of the request's own tokens.
 
 use super::prefix_cache::PrefixCache;
 use super::{Engine, YocoMode};
 use crate::model::Result;
-use crate::model::forward::{Capture, SeqInput};
+use crate::model::forward::{Capture, SeqInput, StepOutput};
 use crate::model::pool::{SeqId, StatePool};
 use crate::model::truncate::EntryShape;
 use crate::tensor::Tensor;
@@ -48,6 +52,33 @@ pub(crate) struct Prefilled {
     pub seqs: Vec<SeqId>,
     pub logits: Tensor,
     pub last: Vec<usize>,
+    /// Per request, the DSpark target features the prefill computed
+    /// (`None` when the model has no target layers or nothing ran them).
+    pub tails: Vec<Option<Tail>>,
+}
+
+/// The target features `[n, targets · D]` of positions `from .. from + n`,
+/// the last of them the prompt's last token.
+pub(crate) struct Tail {
+    pub features: Tensor,
+    pub from: usize,
+}
+
+/// Appends a feed's feature rows for positions `from ..` to `tail`; a
+/// piece that does not continue it starts it over (the prompt's end is
+/// what a drafter reads).
+fn extend(tail: &mut Option<Tail>, piece: Tensor, from: usize) -> Result<()> {
+    *tail = Some(match tail.take() {
+        Some(t) if t.from + t.features.rows() == from => Tail {
+            features: Tensor::cat_rows(&[&t.features, &piece])?,
+            from: t.from,
+        },
+        _ => Tail {
+            features: piece,
+            from,
+        },
+    });
+    Ok(())
 }
 
 /// One request's progress: tokens from `from` are still to be fed, the
@@ -70,14 +101,25 @@ impl Engine {
         let keep = self.config.yoco_keep_tokens;
         let mut reqs = Vec::with_capacity(prompts.len());
         let mut counters = PrefillCounters::default();
+        // Speculative decoding seeds the drafter's window rings from the
+        // features computed here, so an exact hit must leave at least a
+        // window of positions to feed (compact always runs the late layers
+        // over the last `keep` ≥ window + one block positions).
+        let window = self.model.cfg.attention.window;
+        let speculative = self.config.nextn > 0;
         for &tokens in prompts {
             let s = tokens.len();
             // A compact hit no longer than the replay would redo it all.
             let min_len = if compact { keep } else { 0 };
+            let max_len = if speculative && !compact {
+                s.saturating_sub(window)
+            } else {
+                s.saturating_sub(1)
+            };
             let hit = self
                 .prefix_cache
                 .as_ref()
-                .and_then(|c| lock(c).lookup(tokens, (min_len, s.saturating_sub(1)), !compact));
+                .and_then(|c| lock(c).lookup(tokens, (min_len, max_len), !compact));
             let restored = hit.and_then(|(h, snap)| {
                 let got = if compact {
                     let from = h - keep;
@@ -124,12 +166,26 @@ impl Engine {
                 end - r.from
             }
         };
+        let mut tails: Vec<Option<Tail>> = reqs.iter().map(|_| None).collect();
+        let mut keep_tails = |which: &[usize], ends: &[usize], out: &StepOutput| -> Result<()> {
+            let Some(features) = &out.features else {
+                return Ok(());
+            };
+            for ((&k, &end), rows) in which.iter().zip(ends).zip(&out.rows) {
+                if !rows.is_empty() {
+                    let piece = features.narrow_rows(rows.start, rows.len())?;
+                    extend(&mut tails[k], piece, end - rows.len())?;
+                }
+            }
+            Ok(())
+        };
         let first: Vec<usize> = (0..reqs.len())
             .filter(|&k| reqs[k].store.is_some())
             .collect();
         if !first.is_empty() {
             let ends: Vec<usize> = first.iter().map(|&k| reqs[k].store.unwrap_or(0)).collect();
-            self.feed(pool, &reqs, &first, &ends, &late, &mut counters)?;
+            let out = self.feed(pool, &reqs, &first, &ends, &late, &mut counters)?;
+            keep_tails(&first, &ends, &out)?;
             for (&k, &end) in first.iter().zip(&ends) {
                 let r = &mut reqs[k];
                 let snap = pool.snapshot(r.seq, !compact)?;
@@ -143,6 +199,7 @@ impl Engine {
         let all: Vec<usize> = (0..reqs.len()).collect();
         let ends: Vec<usize> = reqs.iter().map(|r| r.tokens.len()).collect();
         let out = self.feed(pool, &reqs, &all, &ends, &late, &mut counters)?;
+        keep_tails(&all, &ends, &out)?;
         let c = &mut *lock(&self.counters);
         c.early_rows += counters.early_rows;
         c.late_rows += counters.late_rows;
@@ -151,6 +208,7 @@ impl Engine {
             seqs: reqs.iter().map(|r| r.seq).collect(),
             last: out.rows.iter().map(|r| r.end.saturating_sub(1)).collect(),
             logits: out.logits,
+            tails,
         })
     }
 
@@ -163,7 +221,7 @@ impl Engine {
         ends: &[usize],
         late: &dyn Fn(&Req, usize) -> usize,
         counters: &mut PrefillCounters,
-    ) -> Result<crate::model::forward::StepOutput> {
+    ) -> Result<StepOutput> {
         let mut inputs = Vec::with_capacity(which.len());
         let mut shapes = Vec::with_capacity(which.len());
         for (&k, &end) in which.iter().zip(ends) {

@@ -12,27 +12,25 @@
 //! same token; drafts are capped so that no step verifies past
 //! `max_tokens`. After a step its pool state is that of a plain run over
 //! its accepted tokens, and the drafter has seen the features of exactly
-//! the accepted positions.
+//! the accepted positions from its seed on: the prefill's last positions,
+//! at least a window of them (all of them on a cold exact prefill), so its
+//! window rings hold what a seed from position 0 would leave.
 //!
 //! Indexing invariant: `k` indexes `live` and the per-request vectors
 //! (one entry per live request), `j` the step's active requests.
 #![allow(clippy::indexing_slicing)]
 
 use super::drafter::{DraftInput, Drafter, Proposal};
-use super::prefill::Prefilled;
+use super::prefill::{Prefilled, Tail};
 use super::verify::{Schedule, SpecStats, decide, schedule};
 use super::{Engine, Live, SamplingParams, TokenEvent, arg};
 use crate::model::Result;
-use crate::model::forward::{Capture, SeqInput, StepOutput};
+use crate::model::forward::{Capture, SeqInput};
 use crate::model::pool::StatePool;
 use crate::tensor::Tensor;
 
-/// The prefill's target features `[rows, targets · D]` and each request's
-/// rows in them: what the drafter is seeded with.
-pub(super) struct Seeds {
-    features: Tensor,
-    rows: Vec<std::ops::Range<usize>>,
-}
+/// Per request, the target features its drafter is seeded with.
+pub(super) struct Seeds(Vec<Unseen>);
 
 /// Per request: the target features the drafter has not seen yet.
 struct Unseen {
@@ -41,9 +39,9 @@ struct Unseen {
 }
 
 impl Engine {
-    /// The plain prefill speculative decoding starts from: one step over
-    /// every whole prompt (no prefix cache, every layer on every token),
-    /// whose target features seed the drafter. A missing drafter or
+    /// The prefill speculative decoding starts from: the engine's own
+    /// (prefix cache and prefill mode included), whose target features of
+    /// each prompt's last positions seed the drafter. A missing drafter or
     /// missing features fail here, before any token is sampled.
     pub(super) fn prefill_for_drafter(
         &self,
@@ -51,35 +49,22 @@ impl Engine {
         prompts: &[&[u32]],
     ) -> Result<(Prefilled, Seeds)> {
         self.drafter()?;
-        let seqs = prompts
-            .iter()
-            .map(|_| pool.add_sequence())
-            .collect::<Result<Vec<_>>>()?;
-        let inputs: Vec<SeqInput> = seqs
-            .iter()
-            .zip(prompts)
-            .map(|(&seq, &tokens)| SeqInput { seq, tokens })
-            .collect();
-        let StepOutput {
-            logits,
-            features,
-            rows,
-            ..
-        } = self.model.step(pool, &inputs, Capture::default())?;
-        let features = features.ok_or_else(|| {
-            arg(
-                "DEEPINFER_USE_NEXTN_DECODE",
-                self.config.nextn.to_string(),
-                "speculative decoding needs the model's DSpark target features",
-            )
-        })?;
-        let last = rows.iter().map(|r| r.end.saturating_sub(1)).collect();
-        // Every prompt row ran through every layer.
-        let fed: u64 = prompts.iter().map(|p| p.len() as u64).sum();
-        let c = &mut *super::prefill::lock(&self.counters);
-        c.early_rows += fed;
-        c.late_rows += fed;
-        Ok((Prefilled { seqs, logits, last }, Seeds { features, rows }))
+        let mut pre = self.prefill(pool, prompts)?;
+        let mut seeds = Vec::with_capacity(pre.tails.len());
+        for tail in std::mem::take(&mut pre.tails) {
+            let Tail { features, from } = tail.ok_or_else(|| {
+                arg(
+                    "DEEPINFER_USE_NEXTN_DECODE",
+                    self.config.nextn.to_string(),
+                    "speculative decoding needs the model's DSpark target features",
+                )
+            })?;
+            seeds.push(Unseen {
+                features: Some(features),
+                from,
+            });
+        }
+        Ok((pre, Seeds(seeds)))
     }
 
     fn drafter(&self) -> Result<&dyn Drafter> {
@@ -105,14 +90,7 @@ impl Engine {
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let drafter = self.drafter()?;
-        let Seeds { features, rows } = seeds;
-        let mut unseen = Vec::with_capacity(live.len());
-        for r in &rows {
-            unseen.push(Unseen {
-                features: Some(features.narrow_rows(r.start, r.len())?),
-                from: 0,
-            });
-        }
+        let Seeds(mut unseen) = seeds;
         let which = if self.config.mtp_varlen {
             Schedule::Confidence
         } else {
