@@ -310,47 +310,6 @@ impl Tensor {
         self.copy_bytes(OP, dst_row * rb, src, src_row * rb, n * rb)
     }
 
-    /// Rows `rows[0], rows[1], …` of `self` as a new tensor on the same
-    /// device (`[rows.len(), …]`); an index may repeat. Each run of
-    /// consecutive indices is one copy (one device-to-device copy on CUDA),
-    /// so a sorted gather costs a copy per run. An index at or past the row
-    /// count is a typed error naming it.
-    pub fn gather_rows(&self, rows: &[usize]) -> Result<Tensor> {
-        const OP: &str = "Tensor::gather_rows";
-        let Some(&n_rows) = self.shape.first() else {
-            return Err(Error::Shape {
-                op: OP,
-                tensor: "self",
-                got: self.shape.clone(),
-                expected: "rank >= 1".into(),
-            });
-        };
-        if let Some(&bad) = rows.iter().find(|&&r| r >= n_rows) {
-            return Err(Error::Argument {
-                op: OP,
-                arg: "rows",
-                value: bad.to_string(),
-                why: "a row index at or past the tensor's rows",
-            });
-        }
-        let shape: Vec<usize> = std::iter::once(rows.len())
-            .chain(self.shape.iter().skip(1).copied())
-            .collect();
-        let mut out = Tensor::empty(&self.device(), self.dtype, &shape)?;
-        let mut at = 0;
-        while let Some(rest @ [start, ..]) = rows.get(at..) {
-            let start = *start;
-            let run = rest
-                .iter()
-                .zip(start..)
-                .take_while(|&(&r, want)| r == want)
-                .count();
-            out.copy_rows_from(at, self, start, run)?;
-            at += run;
-        }
-        Ok(out)
-    }
-
     /// Copies `n` elements of `src` from flat element `src_at` over flat
     /// element `dst_at` of `self` (same dtype, not packed FP4, one device).
     pub(crate) fn copy_elems_from(

@@ -1,4 +1,6 @@
-//! Expert parallelism on the H200: route → dispatch → grouped FP4 GEMMs →
+//! Expert parallelism on the H200: `ops::gather_rows` (one launch) is
+//! bitwise the CPU's for every dtype, row widths with and without 16-byte
+//! words, repeated and unsorted indices; route → dispatch → grouped FP4 GEMMs →
 //! combine with every tensor on the GPU (allocations NaN-poisoned) equals
 //! the CPU's single-rank MoE bitwise, through the local transport and
 //! through a one-rank NCCL world, in both modes and with both payloads; the
@@ -14,7 +16,8 @@ mod common;
 use common::ep::{bits, ep_rank, problem, single_rank};
 use deepinfer::device::CudaDevice;
 use deepinfer::ep::{self, EpConfig, Local, Mode, Payload, Placement, Transport};
-use deepinfer::{DType, Device, Error, Tensor};
+use deepinfer::{DType, Device, Error, Tensor, ops};
+use rand::Rng;
 
 fn gpu() -> Device {
     let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
@@ -106,5 +109,48 @@ fn a_one_rank_nccl_world_moves_tensors_and_runs_the_same_moe() {
             println!("skipped: {why}");
         }
         Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
+    let mut rng = common::rng("cuda_gather_rows");
+    let dev = gpu();
+    // (dtype, trailing shape): 16-byte rows and odd ones, FP4 of rank 3.
+    let cases: &[(DType, &[usize])] = &[
+        (DType::BF16, &[5120]),
+        (DType::BF16, &[7]),
+        (DType::F8E4M3, &[5120]),
+        (DType::F8E4M3, &[33]),
+        (DType::E8M0, &[160]),
+        (DType::F32, &[3]),
+        (DType::I32, &[2]),
+        (DType::F4E2M1x2, &[6, 64]),
+    ];
+    for &(dtype, tail) in cases {
+        let rows = rng.random_range(1..300usize);
+        let shape: Vec<usize> = std::iter::once(rows).chain(tail.iter().copied()).collect();
+        let n = dtype.storage_bytes(shape.iter().product());
+        let bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+        let cpu = Tensor::from_le_bytes(&Device::Cpu, dtype, &shape, &bytes).unwrap();
+        let x = Tensor::from_le_bytes(&dev, dtype, &shape, &bytes).unwrap();
+        let runs: Vec<usize> = (3..rows.min(40)).chain(0..rows.min(5)).collect();
+        let random: Vec<usize> = (0..rng.random_range(0..700))
+            .map(|_| rng.random_range(0..rows))
+            .collect();
+        for idx in [runs, random, Vec::new(), vec![rows - 1; 9]] {
+            let want = ops::gather_rows(&cpu, &idx).unwrap();
+            let got = ops::gather_rows(&x, &idx).unwrap();
+            assert!(matches!(got.device(), Device::Cuda(_)));
+            assert_eq!(got.shape(), want.shape(), "{dtype} {shape:?}");
+            assert_eq!(
+                got.to_le_bytes().unwrap(),
+                want.to_le_bytes().unwrap(),
+                "{dtype} {shape:?} {} rows",
+                idx.len()
+            );
+        }
+        let e = ops::gather_rows(&x, &[0, rows]).unwrap_err();
+        assert!(e.to_string().contains(&rows.to_string()), "{e}");
     }
 }

@@ -420,14 +420,17 @@ fn bad_input_is_a_typed_error_naming_it() {
     let n = got.handle.out_rows();
     let wrong = t(vec![bf16::ZERO; (n + 1) * 64], &[n + 1, 64]);
     named(
-        ep::combine(&Local, &got.handle, wrong, &p.shared).unwrap_err(),
+        ep::combine(&Local, &got.handle, &wrong, &p.shared).unwrap_err(),
         "expert_out",
     );
     let right = t(vec![bf16::ZERO; n * 64], &[n, 64]);
     named(
-        ep::combine(&Local, &got.handle, right, &p.x.narrow_rows(0, 4).unwrap()).unwrap_err(),
+        ep::combine(&Local, &got.handle, &right, &p.x.narrow_rows(0, 4).unwrap()).unwrap_err(),
         "shared",
     );
     // A gather past the rows.
-    named(p.x.gather_rows(&[0, 5]).unwrap_err(), "rows");
+    named(
+        deepinfer::ops::gather_rows(&p.x, &[0, 5]).unwrap_err(),
+        "rows",
+    );
 }

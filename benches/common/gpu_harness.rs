@@ -265,6 +265,57 @@ impl Harness {
         self.records.push(record);
     }
 
+    /// Records one memory-bound measurement of a named `shape` (a JSON
+    /// object): GB/s over `bytes` (described by `formula`), the share of the
+    /// copy ceiling, and the torch peers reported for `peer_op` with an
+    /// equal `shape`.
+    #[allow(dead_code, reason = "only the EP bench records named shapes")]
+    pub fn record_shaped(
+        &mut self,
+        op: &str,
+        peer_op: &str,
+        shape: Value,
+        us: f64,
+        bytes: usize,
+        formula: &str,
+    ) {
+        let peers: Vec<Value> = self.peers["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["op"] == peer_op && r["shape"] == shape)
+            .map(|r| json!({ "name": r["name"], "us": r["us"] }))
+            .collect();
+        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        let pct = 100.0 * gbps / self.copy_gbps;
+        let dims: Vec<String> = shape
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let shown: Vec<String> = peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}={:.1}",
+                    p["name"].as_str().unwrap_or("?"),
+                    p["us"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!(
+            "{op:<16} {:<40} {us:>10.2} {gbps:>9.0} {pct:>7.1}%  {}",
+            dims.join(" "),
+            shown.join(" ")
+        );
+        self.records.push(json!({
+            "op": op, "shape": shape, "ours_us": us, "tflops": Value::Null, "gbps": gbps,
+            "flop_formula": "memory-bound; not reported", "bytes_formula": formula,
+            "pct_of_copy": pct, "peers": peers,
+        }));
+    }
+
     /// Sets the FP8 tensor ceiling measured in this run (TFLOP/s).
     #[allow(dead_code, reason = "only the GEMM bench measures the FP8 ceiling")]
     pub fn set_fp8_ceiling(&mut self, tflops: f64) {

@@ -9,6 +9,7 @@ pub mod blas;
 mod elementwise;
 mod embedding;
 mod engram;
+mod gather;
 pub mod gemm;
 pub mod gemm_skinny;
 mod hc_streams;
@@ -28,6 +29,7 @@ pub use act_quant::act_quant_fp8;
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
 pub use embedding::{argmax, embedding};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
+pub use gather::gather_rows;
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{moe_combine, moe_permute};
 pub use rms_norm::rms_norm;
@@ -99,6 +101,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_engram_lookup_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_engram_gate_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_moe_params {}
+// SAFETY: as above (addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_gather_params {}
 
 /// `v` as a kernel's int32 parameter. The op validated its sizes first; a
 /// value past 2^31 − 1 is still an error naming it, never a wrapped launch.

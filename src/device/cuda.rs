@@ -100,13 +100,6 @@ impl CudaDevice {
         Ok(usize::try_from(count).unwrap_or(0))
     }
 
-    /// The stream this device's ops are issued on (collectives join it, so
-    /// they order with the kernels).
-    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
-    pub(crate) fn cuda_stream(&self) -> Arc<CudaStream> {
-        self.stream.clone()
-    }
-
     /// Free device memory in bytes (`cuMemGetInfo`).
     pub fn free_memory(&self) -> Result<usize> {
         self.ctx

@@ -44,7 +44,6 @@ pub struct Dispatched {
 pub struct EpHandle {
     world: usize,
     tokens: usize,
-    top_k: usize,
     hidden: usize,
     mode: Mode,
     /// Rows of the expert-major output (N, or L · capacity).
@@ -55,6 +54,9 @@ pub struct EpHandle {
     /// Per source: each of its entries' row in the expert-major output, in
     /// its order; `None` when dropped.
     received: Vec<Vec<Option<usize>>>,
+    /// The one-rank path's device permutation (`ops::moe_layout`'s), which
+    /// combine hands to `ops::moe_combine` as it is.
+    local: Option<Tensor>,
 }
 
 impl EpHandle {
@@ -106,7 +108,7 @@ fn upload<T: crate::dtype::Element>(
 fn gather_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
     if rows.iter().all(Option::is_some) {
         let rows: Vec<usize> = rows.iter().flatten().copied().collect();
-        return src.gather_rows(&rows);
+        return ops::gather_rows(src, &rows);
     }
     let zero_shape: Vec<usize> = std::iter::once(1)
         .chain(src.shape().iter().skip(1).copied())
@@ -115,7 +117,7 @@ fn gather_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
     let padded = Tensor::cat_rows(&[src, &zero])?;
     let z = src.rows();
     let rows: Vec<usize> = rows.iter().map(|r| r.unwrap_or(z)).collect();
-    padded.gather_rows(&rows)
+    ops::gather_rows(&padded, &rows)
 }
 
 /// Sends this rank's tokens to the ranks of their experts: `x` BF16
@@ -174,6 +176,12 @@ pub fn dispatch(
         ));
     }
     let host_ids = ids.to_vec::<i32>()?;
+    if world == 1
+        && cfg.mode() == Mode::Normal
+        && placement.table().iter().enumerate().all(|(p, &e)| p == e)
+    {
+        return one_rank(cfg, x, ids, weights, t);
+    }
     let host_w = weights.to_vec::<f32>()?;
     let n_experts = placement.n_experts();
     let slots = placement.slots_per_rank();
@@ -191,16 +199,10 @@ pub fn dispatch(
     }
 
     // The payload, quantised once per token.
-    let (rows, scales) = match cfg.payload() {
-        Payload::Bf16 => (x.clone(), None),
-        Payload::Fp8 if t == 0 => (
-            Tensor::empty(&device, DType::F8E4M3, &[0, d])?,
-            Some(Tensor::empty(&device, DType::E8M0, &[0, d / 32])?),
-        ),
-        Payload::Fp8 => {
-            let (q, s) = ops::act_quant_fp8(x)?;
-            (q, Some(s))
-        }
+    let fp8 = quantised(cfg.payload(), x)?;
+    let (rows, scales) = match &fp8 {
+        Some((q, s)) => (q, Some(s)),
+        None => (x, None),
     };
 
     // Per destination: its tokens, and its entries (token row, local slot,
@@ -226,14 +228,14 @@ pub fn dispatch(
 
     let send_rows = tok
         .iter()
-        .map(|r| rows.gather_rows(r))
+        .map(|r| ops::gather_rows(rows, r))
         .collect::<Result<Vec<_>>>()?;
     let recv_rows = transport.all_to_all_v(send_rows)?;
     let recv_scales = match &scales {
         Some(s) => Some(
             transport.all_to_all_v(
                 tok.iter()
-                    .map(|r| s.gather_rows(r))
+                    .map(|r| ops::gather_rows(s, r))
                     .collect::<Result<Vec<_>>>()?,
             )?,
         ),
@@ -357,14 +359,64 @@ pub fn dispatch(
         handle: EpHandle {
             world,
             tokens: t,
-            top_k: k,
             hidden: d,
             mode: cfg.mode(),
             out_rows,
             sent,
             received,
+            local: None,
         },
     })
+}
+
+/// The normal mode on one rank holding every expert in id order: the
+/// single-GPU MoE's own device ops (layout, permute, quantise), no host
+/// round trip past the ids' check. The same rows, in the same order, as the
+/// general path: grouped by expert, ascending entry within one.
+fn one_rank(
+    cfg: &EpConfig,
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+    t: usize,
+) -> Result<Dispatched> {
+    let (k, d) = (cfg.top_k(), cfg.hidden());
+    let (_, offsets, perm) = ops::moe_layout(ids, cfg.placement().n_experts())?;
+    let (rows, w) = ops::moe_permute(x, weights, &perm)?;
+    let (x_out, scales) = match quantised(cfg.payload(), &rows)? {
+        Some((q, s)) => (q, Some(s)),
+        None => (rows, None),
+    };
+    Ok(Dispatched {
+        x: x_out,
+        scales,
+        weights: w,
+        layout: offsets,
+        overflow: 0,
+        handle: EpHandle {
+            world: 1,
+            tokens: t,
+            hidden: d,
+            mode: Mode::Normal,
+            out_rows: t * k,
+            sent: Vec::new(),
+            received: Vec::new(),
+            local: Some(perm),
+        },
+    })
+}
+
+/// The FP8 payload of BF16 `rows` `[n, D]` (e4m3 values and E8M0 scales);
+/// `None` for the BF16 payload, which sends the rows as they are.
+fn quantised(payload: Payload, rows: &Tensor) -> Result<Option<(Tensor, Tensor)>> {
+    match (payload, rows.shape()) {
+        (Payload::Bf16, _) => Ok(None),
+        (Payload::Fp8, &[0, d]) => Ok(Some((
+            Tensor::empty(&rows.device(), DType::F8E4M3, &[0, d])?,
+            Tensor::empty(&rows.device(), DType::E8M0, &[0, d / 32])?,
+        ))),
+        (Payload::Fp8, _) => ops::act_quant_fp8(rows).map(Some),
+    }
 }
 
 fn too_many(op: &'static str) -> Error {
@@ -421,7 +473,7 @@ fn check_received(
 pub fn combine(
     transport: &dyn Transport,
     handle: &EpHandle,
-    expert_out: Tensor,
+    expert_out: &Tensor,
     shared: &Tensor,
 ) -> Result<Tensor> {
     const OP: &str = "ep::combine";
@@ -443,7 +495,7 @@ pub fn combine(
         }
     };
     if expert_out.shape() != want.as_slice() {
-        return Err(shape(OP, "expert_out", &expert_out, format!("{want:?}")));
+        return Err(shape(OP, "expert_out", expert_out, format!("{want:?}")));
     }
     if shared.shape() != [h.tokens, h.hidden] {
         return Err(shape(
@@ -453,12 +505,23 @@ pub fn combine(
             format!("[{}, {}]", h.tokens, h.hidden),
         ));
     }
-    let device = ops::common_device(OP, &[("expert_out", &expert_out), ("shared", shared)])?;
-    let flat = expert_out.reshape(&[h.out_rows, h.hidden])?;
+    let device = ops::common_device(OP, &[("expert_out", expert_out), ("shared", shared)])?;
+    if let Some(perm) = &h.local {
+        return ops::moe_combine(expert_out, perm, shared);
+    }
+    // The masked layout's rows, flat (a copy: tensors have no views yet).
+    let flat;
+    let rows_2d = match h.mode {
+        Mode::Normal => expert_out,
+        Mode::LowLatency { .. } => {
+            flat = expert_out.clone().reshape(&[h.out_rows, h.hidden])?;
+            &flat
+        }
+    };
     let back = h
         .received
         .iter()
-        .map(|rows| gather_or_zero(&flat, rows))
+        .map(|rows| gather_or_zero(rows_2d, rows))
         .collect::<Result<Vec<_>>>()?;
     let recv = transport.all_to_all_v(back)?;
     for (r, sent) in recv.iter().zip(&h.sent) {
@@ -479,7 +542,6 @@ pub fn combine(
         .map(|&j| i32::try_from(j).map_err(|_| too_many(OP)))
         .collect::<Result<Vec<_>>>()?;
     let n = perm.len();
-    debug_assert_eq!(n, h.tokens * h.top_k);
     let perm = upload(perm, &[n], &device)?;
     ops::moe_combine(&routed, &perm, shared)
 }

@@ -121,7 +121,7 @@ impl NcclTransport {
                 why: "needs rank < world <= 65536",
             });
         }
-        let comm = Comm::from_rank(device.cuda_stream(), rank, world, id.0)
+        let comm = Comm::from_rank(device.raw_stream().clone(), rank, world, id.0)
             .map_err(nccl_error("ncclCommInitRank"))?;
         Ok(NcclTransport {
             comm,

@@ -17,6 +17,7 @@ mod compressor;
 mod elementwise;
 mod embedding;
 mod engram;
+mod gather;
 mod gemm;
 mod grouped_linear;
 mod hc_streams;
@@ -37,6 +38,7 @@ pub use compressor::{compress_ratio2, compressor_rows_into};
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding};
 pub use engram::{engram_gate_update, engram_lookup, engram_rows};
+pub use gather::gather_rows;
 pub use gemm::{
     GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,

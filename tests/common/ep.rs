@@ -51,7 +51,7 @@ impl Experts {
 
     /// The experts of `ids`, in that order (a rank's local experts).
     pub fn select(&self, ids: &[usize]) -> Experts {
-        self.map(|w| w.gather_rows(ids).unwrap())
+        self.map(|w| ops::gather_rows(w, ids).unwrap())
     }
 
     /// The routed FFN in the contiguous layout: FP8 rows grouped by
@@ -185,7 +185,7 @@ pub fn ep_rank(
         Mode::Normal => local.contiguous(&q, &s, &got.weights, &got.layout),
         Mode::LowLatency { .. } => local.masked(&q, &s, &got.weights, &got.layout),
     };
-    let y = ep::combine(rank, &got.handle, out, &shared)?;
+    let y = ep::combine(rank, &got.handle, &out, &shared)?;
     Ok((y.to_vec()?, got.overflow))
 }
 

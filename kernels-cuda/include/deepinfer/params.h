@@ -411,4 +411,14 @@ typedef struct di_moe_params {
     int32_t top_k;
 } di_moe_params;
 
+/* Row gather (kernels-cuda/gather/): out[i] = src[idx[i]], rows of
+   row_bytes bytes; every idx below src's row count (checked by the host). */
+typedef struct di_gather_params {
+    const void *src;
+    const int32_t *idx;     /* [n] */
+    void *out;              /* [n, row_bytes] */
+    int64_t n;
+    int64_t row_bytes;
+} di_gather_params;
+
 #endif
