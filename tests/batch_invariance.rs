@@ -159,3 +159,79 @@ fn outputs_are_bitwise_the_same_in_every_batch_composition() {
     }
     assert!(c.compositions >= 20, "{} compositions", c.compositions);
 }
+
+/// More requests than `max_seqs`: a finished request's place goes to the
+/// next waiting one, and every request's tokens and logprobs are bitwise
+/// those of its run alone, plain and speculative (admitted in waves), with
+/// requests that end at their first token among them.
+#[test]
+fn waiting_requests_take_finished_places_without_changing_any_output() {
+    let mut rng = common::rng("batch_refill");
+    let seed = rng.random();
+    let mut reqs: Vec<Request> = (0..11)
+        .map(|_| {
+            let n = rng.random_range(1..30);
+            let t = tokens(&mut rng, n);
+            let greedy = rng.random_bool(0.3);
+            request(&mut rng, t, greedy)
+        })
+        .collect();
+    for r in reqs.iter_mut().step_by(4) {
+        r.1.max_tokens = 1;
+    }
+    let (prompts, params): (Vec<_>, Vec<_>) = reqs.iter().cloned().unzip();
+    for nextn in [0usize, 2] {
+        let engine = |max_seqs| {
+            let (model, dw) = common::tiny::tiny_model(seed);
+            let cfg = EngineConfig {
+                max_context: 128,
+                max_seqs,
+                batch_invariant: true,
+                nextn,
+                ..EngineConfig::default()
+            };
+            let e = Engine::new(model, cfg).unwrap();
+            match (nextn, dw) {
+                (0, _) => e,
+                (_, Some(weights)) => {
+                    e.with_drafter(Box::new(deepinfer::engine::drafter::DsparkDrafter {
+                        weights,
+                    }))
+                }
+                (_, None) => panic!("the tiny config has DSpark stages"),
+            }
+        };
+        let (three, one) = (engine(3), engine(1));
+        let got = three.generate(&prompts, &params);
+        for (i, g) in got.into_iter().enumerate() {
+            let g = g.unwrap();
+            let alone = one
+                .generate(
+                    std::slice::from_ref(&prompts[i]),
+                    std::slice::from_ref(&params[i]),
+                )
+                .remove(0)
+                .unwrap();
+            let bits = |o: &Output| -> Vec<u32> {
+                o.logprobs
+                    .as_ref()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect()
+            };
+            assert_eq!(g.tokens, alone.tokens, "nextn {nextn}: request {i}");
+            assert_eq!(
+                bits(&g),
+                bits(&alone),
+                "nextn {nextn}: logprobs of request {i}"
+            );
+            if params[i].max_tokens == 1 {
+                assert_eq!(g.tokens.len(), 1, "request {i} ends at its first token");
+            }
+        }
+        // All eleven at once through one place at a time, too.
+        let serial = one.generate(&prompts, &params);
+        assert!(serial.iter().all(Result::is_ok));
+    }
+}

@@ -41,7 +41,10 @@ pub enum YocoMode {
 /// Limits and switches of one engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
-    /// Requests per batch at most.
+    /// Requests running at once at most: `generate` takes any number, and a
+    /// finished request's place goes to the next waiting one (speculative
+    /// decoding admits them in waves of max_seqs). `prefill_logits`, one
+    /// batch, takes at most this many.
     pub max_seqs: usize,
     /// Prompt plus generated tokens per request at most.
     pub max_context: usize,

@@ -44,7 +44,7 @@ use crate::model::{Error, Result};
 use rng::Domain;
 use std::path::Path;
 use std::sync::{Mutex, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A model, its tokenizer when it has one, and the limits its batches run
 /// under.
@@ -345,14 +345,6 @@ impl Engine {
                 Err(e) => results[i] = Some(Err(e)),
             }
             ids.push(p);
-            if ok.len() > self.config.max_seqs {
-                results[i] = Some(Err(arg(
-                    "prompts",
-                    prompts.len().to_string(),
-                    "more requests than the engine's max_seqs",
-                )));
-                ok.pop();
-            }
         }
         if !ok.is_empty() {
             match self.run(&ids, params, &ok, &mut constraints, on_token) {
@@ -402,61 +394,99 @@ impl Engine {
         // accepted one plus the target's token fits max_tokens.
         let nextn = self.config.nextn;
         let chunk = chunk.max(nextn + 1);
-        let mut pool = self.pool(which.len(), longest, chunk)?;
-        let t0 = Instant::now();
-        let batch: Vec<&[u32]> = which.iter().map(|&i| &prompts[i][..]).collect();
-        // Speculative decoding seeds its drafter with the target features of
-        // each prompt's last positions, which the prefill computes.
-        let (pre, seeds) = if nextn > 0 {
-            let (pre, seeds) = self.prefill_for_drafter(&mut pool, &batch)?;
-            (pre, Some(seeds))
-        } else {
-            (self.prefill(&mut pool, &batch)?, None)
-        };
-        let mut live = Vec::with_capacity(which.len());
-        for (&i, &seq) in which.iter().zip(&pre.seqs) {
-            live.push(Live {
-                index: i,
-                seq,
-                constraint: constraints[i].take(),
-                failed: None,
-                tokens: Vec::new(),
-                logprobs: Vec::new(),
-                done: None,
-                spec: None,
-            });
-        }
-        let last: Vec<(usize, usize)> = pre.last.iter().copied().enumerate().collect();
-        self.sample(&pre.logits, &last, &mut live, params, prompts, on_token)?;
-        let prefill = t0.elapsed();
-        let t1 = Instant::now();
-        if let Some(seeds) = seeds {
-            self.decode_speculative(&mut pool, &mut live, seeds, params, prompts, on_token)?;
-        }
-        loop {
-            // A live request has sampled at least its prefill token.
-            let (active, toks): (Vec<usize>, Vec<[u32; 1]>) = live
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| l.done.is_none())
-                .filter_map(|(k, l)| l.tokens.last().map(|&t| (k, [t])))
-                .unzip();
-            if active.is_empty() {
-                break;
+        // At most max_seqs requests run at once; a finished one's place goes
+        // to the next waiting one (speculative decoding admits whole waves).
+        let cap = self.config.max_seqs.max(1);
+        let mut pool = self.pool(which.len().min(cap), longest, chunk)?;
+        let mut live: Vec<Live> = Vec::with_capacity(which.len());
+        let (mut prefill, mut decode) = (Duration::ZERO, Duration::ZERO);
+        if nextn > 0 {
+            for wave in which.chunks(cap) {
+                let t0 = Instant::now();
+                let start = live.len();
+                let seeds = self.admit(
+                    &mut pool,
+                    wave,
+                    &mut live,
+                    constraints,
+                    params,
+                    prompts,
+                    on_token,
+                )?;
+                prefill += t0.elapsed();
+                let t1 = Instant::now();
+                if let Some(seeds) = seeds {
+                    self.decode_speculative(
+                        &mut pool,
+                        &mut live[start..],
+                        seeds,
+                        params,
+                        prompts,
+                        on_token,
+                    )?;
+                }
+                decode += t1.elapsed();
+                for l in &live[start..] {
+                    pool.free_sequence(l.seq)?;
+                }
             }
-            let inputs: Vec<SeqInput> = active
-                .iter()
-                .zip(&toks)
-                .map(|(&k, t)| SeqInput {
-                    seq: live[k].seq,
-                    tokens: t,
-                })
-                .collect();
-            let out = self.model.step(&mut pool, &inputs, Capture::default())?;
-            let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
-            self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
+        } else {
+            let mut freed: Vec<bool> = Vec::with_capacity(which.len());
+            let mut next = 0;
+            loop {
+                for (l, f) in live.iter().zip(freed.iter_mut()) {
+                    if l.done.is_some() && !*f {
+                        pool.free_sequence(l.seq)?;
+                        *f = true;
+                    }
+                }
+                let running = freed.iter().filter(|f| !**f).count();
+                if running < cap && next < which.len() {
+                    let group = &which[next..(next + cap - running).min(which.len())];
+                    next += group.len();
+                    let t0 = Instant::now();
+                    self.admit(
+                        &mut pool,
+                        group,
+                        &mut live,
+                        constraints,
+                        params,
+                        prompts,
+                        on_token,
+                    )?;
+                    freed.resize(live.len(), false);
+                    prefill += t0.elapsed();
+                    // A request may be done at its first token: free it first.
+                    continue;
+                }
+                // A live request has sampled at least its prefill token.
+                let (active, toks): (Vec<usize>, Vec<[u32; 1]>) = live
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, l)| l.done.is_none())
+                    .filter_map(|(k, l)| l.tokens.last().map(|&t| (k, [t])))
+                    .unzip();
+                if active.is_empty() {
+                    if next < which.len() {
+                        continue;
+                    }
+                    break;
+                }
+                let t1 = Instant::now();
+                let inputs: Vec<SeqInput> = active
+                    .iter()
+                    .zip(&toks)
+                    .map(|(&k, t)| SeqInput {
+                        seq: live[k].seq,
+                        tokens: t,
+                    })
+                    .collect();
+                let out = self.model.step(&mut pool, &inputs, Capture::default())?;
+                let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
+                self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
+                decode += t1.elapsed();
+            }
         }
-        let decode = t1.elapsed();
         Ok(live
             .into_iter()
             .map(|l| {
@@ -505,6 +535,52 @@ impl Engine {
                 })
             })
             .collect())
+    }
+
+    /// Prefills requests `group` (indices into `prompts`) into `pool`,
+    /// appends them to `live` and samples each one's first token; returns
+    /// the drafter's seeds under speculative decoding.
+    #[allow(clippy::too_many_arguments)]
+    fn admit(
+        &self,
+        pool: &mut StatePool,
+        group: &[usize],
+        live: &mut Vec<Live>,
+        constraints: &mut [Option<Constraint>],
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<Option<spec::Seeds>> {
+        let batch: Vec<&[u32]> = group.iter().map(|&i| &prompts[i][..]).collect();
+        // Speculative decoding seeds its drafter with the target features of
+        // each prompt's last positions, which the prefill computes.
+        let (pre, seeds) = if self.config.nextn > 0 {
+            let (pre, seeds) = self.prefill_for_drafter(pool, &batch)?;
+            (pre, Some(seeds))
+        } else {
+            (self.prefill(pool, &batch)?, None)
+        };
+        let start = live.len();
+        for (&i, &seq) in group.iter().zip(&pre.seqs) {
+            live.push(Live {
+                index: i,
+                seq,
+                constraint: constraints[i].take(),
+                failed: None,
+                tokens: Vec::new(),
+                logprobs: Vec::new(),
+                done: None,
+                spec: None,
+            });
+        }
+        let last: Vec<(usize, usize)> = pre
+            .last
+            .iter()
+            .enumerate()
+            .map(|(j, &r)| (start + j, r))
+            .collect();
+        self.sample(&pre.logits, &last, live, params, prompts, on_token)?;
+        Ok(seeds)
     }
 
     /// For each (k, r) of `rows`: samples row r of `logits` for request

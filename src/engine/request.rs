@@ -85,7 +85,8 @@ pub struct Output {
     pub stop: StopReason,
     /// Per generated token, when asked for.
     pub logprobs: Option<Vec<f32>>,
-    /// The batch's prefill step and decode loop (shared by its requests).
+    /// The run's prefill steps and decode loop (shared by its requests,
+    /// summed over the admissions of waiting requests).
     pub prefill: Duration,
     pub decode: Duration,
     /// What speculative decoding did for this request (`None` without it).
