@@ -3,29 +3,18 @@
 //! threads; the caller ([`crate::ops`]) has validated dtypes and shapes.
 
 use super::params::{di_copy_cols_params, di_elementwise_params};
-use super::{grid_for, launch, read_ptr, u32_param, write_ptr};
+use super::{flat_launch, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::LaunchConfig;
-
-const THREADS: u32 = 256;
 
 /// The scalar ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ScalarOp {
     Mul,
     Div,
-}
-
-fn cfg(work: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid_for(work, THREADS as usize), 1, 1),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    }
 }
 
 /// `out = x · s` or `x / s` for BF16 or F32 `x` (out of x's dtype and shape).
@@ -49,7 +38,7 @@ pub fn scalar(dev: &CudaDevice, x: &Tensor, s: f32, op: ScalarOp, out: &mut Tens
         n: n as i64,
         s,
     };
-    launch(dev, kernel, cfg(n), &p)
+    launch(dev, kernel, flat_launch(n), &p)
 }
 
 /// `out = a + b` for F32 tensors of one shape.
@@ -68,7 +57,7 @@ pub fn add_f32(dev: &CudaDevice, a: &Tensor, b: &Tensor, out: &mut Tensor) -> Re
         n: n as i64,
         s: 0.0,
     };
-    launch(dev, kernels::elementwise::ADD_F32, cfg(n), &p)
+    launch(dev, kernels::elementwise::ADD_F32, flat_launch(n), &p)
 }
 
 /// Bytes `[rows, width]` of `src` into columns `col .. col + width` of the
@@ -95,14 +84,10 @@ pub fn copy_cols(
         dst_pitch: dst_pitch as i64,
         dst_col: col as i64,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(rows, 1), 1, 1),
-        block_dim: (
-            u32_param("threads", width.next_multiple_of(32).min(256))?,
-            1,
-            1,
-        ),
-        shared_mem_bytes: 0,
-    };
-    launch(dev, kernels::elementwise::COPY_COLS, cfg, &p)
+    launch(
+        dev,
+        kernels::elementwise::COPY_COLS,
+        row_launch(rows, width, 256)?,
+        &p,
+    )
 }

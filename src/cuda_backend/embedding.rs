@@ -3,7 +3,7 @@
 //! a fixed tree: the result is numerics::argmax's, whatever the batch).
 
 use super::params::{DI_ARGMAX_THREADS, di_argmax_params, di_embedding_params};
-use super::{BadSlot, grid_for, launch, read_ptr, u32_param, write_ptr};
+use super::{BadSlot, grid_for, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
@@ -41,15 +41,7 @@ pub fn embedding(
             d: d as i64,
         };
         let per_thread = if d.is_multiple_of(8) { d / 8 } else { d };
-        let cfg = LaunchConfig {
-            grid_dim: (grid_for(tokens, 1), 1, 1),
-            block_dim: (
-                u32_param("threads", per_thread.next_multiple_of(32).clamp(32, 256))?,
-                1,
-                1,
-            ),
-            shared_mem_bytes: 0,
-        };
+        let cfg = row_launch(tokens, per_thread, 256)?;
         launch(dev, kernels::embedding::EMBEDDING_BF16, cfg, &p)?;
     }
     bad.first()

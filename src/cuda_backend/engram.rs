@@ -6,12 +6,11 @@
 use super::params::{
     DI_ENGRAM_MAX_COLS, di_engram_gate_params, di_engram_lookup_params, di_engram_rows_params,
 };
-use super::{BadSlot, grid_for, i32_param, launch, read_ptr, u32_param, write_ptr};
+use super::{BadSlot, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::LaunchConfig;
 
 /// A layer's hash constants, as the kernel takes them.
 pub struct EngramHash<'a> {
@@ -60,11 +59,7 @@ pub fn engram_rows(
         cols: i32_param("cols", cols)?,
         heads: i32_param("heads", cols / 3)?,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(tokens.saturating_mul(cols), 256), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = flat_launch(tokens.saturating_mul(cols));
     launch(dev, kernels::engram::ENGRAM_ROWS, cfg, &p)
 }
 
@@ -98,15 +93,7 @@ pub fn engram_lookup(
             table_rows: table_rows as i64,
             head_dim: i32_param("head_dim", head_dim)?,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (grid_for(entries, 1), 1, 1),
-            block_dim: (
-                u32_param("threads", head_dim.next_multiple_of(32).min(256))?,
-                1,
-                1,
-            ),
-            shared_mem_bytes: 0,
-        };
+        let cfg = row_launch(entries, head_dim, 256)?;
         launch(dev, kernels::engram::ENGRAM_LOOKUP_BF16, cfg, &p)?;
     }
     bad.first()
@@ -145,15 +132,7 @@ pub fn engram_gate_update(
         eps,
         inv_sqrt_d: crate::numerics::round_f32((d as f64).powf(-0.5)),
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(units, 1), 1, 1),
-        // From D alone, so the reduction tree is the same at every batch.
-        block_dim: (
-            u32_param("threads", d.next_multiple_of(32).clamp(32, 1024))?,
-            1,
-            1,
-        ),
-        shared_mem_bytes: 0,
-    };
+    // Threads from D alone: the reduction tree is the same at every batch.
+    let cfg = row_launch(units, d, 1024)?;
     launch(dev, kernels::engram::ENGRAM_GATE_UPDATE_BF16, cfg, &p)
 }

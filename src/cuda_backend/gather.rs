@@ -2,12 +2,11 @@
 //! host index list (uploaded as int32), one launch for the whole list.
 
 use super::params::di_gather_params;
-use super::{grid_for, i32_param, launch, read_ptr, u32_param, write_ptr};
+use super::{i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::LaunchConfig;
 
 /// `out[i] = src[rows[i]]` for rows of `row_bytes` bytes; the caller checked
 /// every index against src's rows and out's shape.
@@ -41,11 +40,6 @@ pub fn gather_rows(
         })?,
     };
     let per_thread = if row_bytes.is_multiple_of(16) { 16 } else { 1 };
-    let threads = (row_bytes / per_thread).next_multiple_of(32).clamp(32, 256);
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(rows.len(), 1), 1, 1),
-        block_dim: (u32_param("threads", threads)?, 1, 1),
-        shared_mem_bytes: 0,
-    };
+    let cfg = row_launch(rows.len(), row_bytes / per_thread, 256)?;
     launch(dev, kernels::gather::GATHER_ROWS, cfg, &p)
 }

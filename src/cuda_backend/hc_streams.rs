@@ -2,13 +2,12 @@
 //! and mean, one thread per output element (256 a CTA, grid-stride).
 
 use super::params::di_hc_params;
-use super::{grid_for, launch, read_ptr, write_ptr};
+use super::{flat_launch, launch, read_ptr, write_ptr};
 use crate::cpu_backend::mhc::HC_STREAMS;
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::LaunchConfig;
 
 /// Which stream op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,10 +60,5 @@ pub fn hc_streams(
         tokens: tokens as i64,
         d: d as i64,
     };
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(work, 256), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch(dev, kernel, cfg, &p)
+    launch(dev, kernel, flat_launch(work), &p)
 }

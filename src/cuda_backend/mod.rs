@@ -277,6 +277,31 @@ impl BadSlot {
     }
 }
 
+/// A grid-stride launch over `work` items, 256 threads a CTA.
+fn flat_launch(work: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (grid_for(work, 256), 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One CTA per row (grid-stride over `rows`), its threads over `units` of
+/// the row: the next multiple of 32, within 32 ..= `max`. The thread count
+/// depends on the row's width alone, never on the row count, so a kernel's
+/// per-row reduction tree is the same at every batch.
+fn row_launch(rows: usize, units: usize, max: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (grid_for(rows, 1), 1, 1),
+        block_dim: (
+            u32_param("threads", units.next_multiple_of(32).clamp(32, max))?,
+            1,
+            1,
+        ),
+        shared_mem_bytes: 0,
+    })
+}
+
 /// A grid for a grid-stride kernel: enough CTAs to cover `work` items of
 /// `per_cta`, capped so huge inputs loop instead of overflowing the grid.
 fn grid_for(work: usize, per_cta: usize) -> u32 {

@@ -3,21 +3,12 @@
 //! atomicMax over a zeroed scratch, then the slot-ordered sum).
 
 use super::params::di_moe_params;
-use super::{BadSlot, grid_for, i32_param, launch, read_ptr, u32_param, write_ptr};
+use super::{BadSlot, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::{CudaDevice, Device};
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
-use cudarc::driver::LaunchConfig;
-
-fn flat(work: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid_for(work, 256), 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    }
-}
 
 /// `x_out[i] = x[perm[i] / top_k]`, `w_out[i] = weights[perm[i]]` for
 /// `n = tokens · top_k` entries of width `d`. Returns the first entry of
@@ -58,16 +49,12 @@ pub fn moe_permute(
             d: d as i64,
             top_k: i32_param("top_k", top_k)?,
         };
-        let cfg = LaunchConfig {
-            grid_dim: (grid_for(n, 1), 1, 1),
-            block_dim: (
-                u32_param("threads", d.next_multiple_of(32).clamp(32, 256))?,
-                1,
-                1,
-            ),
-            shared_mem_bytes: 0,
-        };
-        launch(dev, kernels::moe::MOE_PERMUTE_BF16, cfg, &p)?;
+        launch(
+            dev,
+            kernels::moe::MOE_PERMUTE_BF16,
+            row_launch(n, d, 256)?,
+            &p,
+        )?;
     }
     bad.first()
 }
@@ -112,11 +99,11 @@ pub fn moe_combine(
             top_k: i32_param("top_k", top_k)?,
         };
         // Same stream: the combine reads pos after the inversion wrote it.
-        launch(dev, kernels::moe::MOE_COMBINE_INVERT, flat(n), &p)?;
+        launch(dev, kernels::moe::MOE_COMBINE_INVERT, flat_launch(n), &p)?;
         launch(
             dev,
             kernels::moe::MOE_COMBINE_BF16,
-            flat(tokens.saturating_mul(d)),
+            flat_launch(tokens.saturating_mul(d)),
             &p,
         )?;
     }
