@@ -356,6 +356,118 @@ fn forced_rejections_at_every_draft_position_keep_the_plain_output() {
     }
 }
 
+/// The batched DSpark draft (one pass of the stages for many sequences,
+/// the attention grouped by list width) gives every sequence bitwise the
+/// draft it gets alone, greedy and with a chooser, with contexts shorter
+/// and longer than the window in one batch.
+#[test]
+fn batched_drafts_equal_the_drafts_made_alone() {
+    use deepinfer::model::dspark::DraftRequest;
+    let mut rng = common::rng("spec_batched_draft");
+    let (model, dw) = common::tiny::tiny_model(rng.random());
+    let dw = dw.unwrap();
+    let cfg = model.cfg.clone();
+    let v = cfg.vocab_size as u32;
+    let window = cfg.attention.window;
+    // Prompt lengths around the window (8 in the tiny config).
+    let lens = [3usize, window + 5, 1, window, 2 * window + 3, 5];
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..v)).collect())
+        .collect();
+    let nexts: Vec<u32> = lens.iter().map(|_| rng.random_range(0..v)).collect();
+    // A pool with every prompt fed and its drafter seeded but for the last
+    // position; returns the pool, the sequences and their last features.
+    let setup = || {
+        let pc = PoolConfig::fitting(&cfg, lens.len(), 64, 32, 4).unwrap();
+        let mut pool = StatePool::new(&cfg, &model.device(), pc).unwrap();
+        let mut seqs = Vec::new();
+        let mut lasts = Vec::new();
+        for prompt in &prompts {
+            let seq = pool.add_sequence().unwrap();
+            let f = model
+                .forward(&mut pool, seq, prompt)
+                .unwrap()
+                .features
+                .unwrap();
+            let n = prompt.len();
+            if n > 1 {
+                model
+                    .dspark_seed(&dw, &mut pool, seq, &f.narrow_rows(0, n - 1).unwrap(), 0)
+                    .unwrap();
+            }
+            seqs.push(seq);
+            lasts.push(f.narrow_rows(n - 1, 1).unwrap());
+        }
+        (pool, seqs, lasts)
+    };
+    let bits = |d: &deepinfer::model::dspark::Draft| -> (Vec<u32>, Vec<u32>) {
+        (
+            d.tokens.clone(),
+            d.confidence_logits.iter().map(|c| c.to_bits()).collect(),
+        )
+    };
+    // A chooser that is not the argmax: the second-largest logit.
+    let second = |_: usize, logits: &[f32]| -> u32 {
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        order[1] as u32
+    };
+    for chosen in [false, true] {
+        let (mut pool, seqs, lasts) = setup();
+        let mut alone = Vec::new();
+        for (k, &seq) in seqs.iter().enumerate() {
+            let p = lens[k] - 1;
+            let d = if chosen {
+                let mut c = second;
+                model
+                    .dspark_draft_with(&dw, &mut pool, seq, &lasts[k], p, nexts[k], &mut c)
+                    .unwrap()
+            } else {
+                model
+                    .dspark_draft(&dw, &mut pool, seq, &lasts[k], p, nexts[k])
+                    .unwrap()
+            };
+            alone.push(bits(&d));
+        }
+        let (mut pool, seqs, lasts) = setup();
+        let mut choosers: Vec<_> = seqs.iter().map(|_| second).collect();
+        let mut reqs: Vec<DraftRequest> = seqs
+            .iter()
+            .zip(&lasts)
+            .zip(choosers.iter_mut())
+            .enumerate()
+            .map(|(k, ((&seq, last), c))| DraftRequest {
+                seq,
+                features: last,
+                p: lens[k] - 1,
+                next: nexts[k],
+                choose: if chosen {
+                    Some(c as &mut dyn FnMut(usize, &[f32]) -> u32)
+                } else {
+                    None
+                },
+            })
+            .collect();
+        let batched = model.dspark_draft_batch(&dw, &mut pool, &mut reqs).unwrap();
+        let batched: Vec<_> = batched.iter().map(bits).collect();
+        assert_eq!(batched, alone, "chooser: {chosen}");
+    }
+    // A sequence twice in one batch is refused by name.
+    let (mut pool, seqs, lasts) = setup();
+    let twice = |k: usize| DraftRequest {
+        seq: seqs[0],
+        features: &lasts[0],
+        p: lens[0] - 1,
+        next: nexts[k],
+        choose: None,
+    };
+    let e = model
+        .dspark_draft_batch(&dw, &mut pool, &mut [twice(0), twice(1)])
+        .unwrap_err();
+    assert!(e.to_string().contains("seq"), "{e}");
+}
+
 /// Pool level: checkpoint, verify k tokens of which the first `a` are the
 /// plain continuation, roll back to a + 1 fed tokens, and decode on: every
 /// later logit and every later DSpark draft (stage rings seeded with the

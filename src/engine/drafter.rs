@@ -11,7 +11,7 @@
 use super::rng::{self, Domain};
 use super::sampling::{SamplingParams, distribution, sample_row};
 use crate::model::Result;
-use crate::model::dspark::DsparkWeights;
+use crate::model::dspark::{DraftRequest, DsparkWeights};
 use crate::model::forward::Model;
 use crate::model::pool::{SeqId, StatePool};
 use crate::tensor::Tensor;
@@ -51,6 +51,21 @@ pub trait Drafter: Send + Sync {
     /// Up to `input.n` drafts for `input.seq` (it may keep its own state in
     /// `pool`, seeded only with the accepted positions it is shown).
     fn draft(&self, model: &Model, pool: &mut StatePool, input: DraftInput) -> Result<Proposal>;
+
+    /// The drafts of several requests (distinct sequences) of one step, in
+    /// order: by default one [`Drafter::draft`] each. A drafter that batches
+    /// them returns what `draft` would for each.
+    fn draft_batch(
+        &self,
+        model: &Model,
+        pool: &mut StatePool,
+        inputs: Vec<DraftInput>,
+    ) -> Result<Vec<Proposal>> {
+        inputs
+            .into_iter()
+            .map(|i| self.draft(model, pool, i))
+            .collect()
+    }
 }
 
 /// The checkpoint's DSpark drafter: greedy drafts at temperature 0,
@@ -64,17 +79,20 @@ fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
 
-impl Drafter for DsparkDrafter {
-    fn draft(&self, model: &Model, pool: &mut StatePool, input: DraftInput) -> Result<Proposal> {
-        let DraftInput {
-            seq,
-            features,
-            fed_from,
-            p,
-            context,
-            params,
-            n,
-        } = input;
+/// One request's draft chooser, owned for the batch.
+type BoxedChooser<'a> = Box<dyn FnMut(usize, &[f32]) -> u32 + 'a>;
+
+impl DsparkDrafter {
+    /// Checks `input`, seeds the drafter with its unseen positions but the
+    /// last, and returns that last position's features and the token the
+    /// drafts continue.
+    fn prepare(
+        &self,
+        model: &Model,
+        pool: &mut StatePool,
+        input: &DraftInput,
+    ) -> Result<(Tensor, u32)> {
+        let (features, fed_from, p) = (input.features, input.fed_from, input.p);
         let rows = features.rows();
         if rows != p + 1 - fed_from.min(p + 1) {
             return Err(crate::Error::Argument {
@@ -89,43 +107,102 @@ impl Drafter for DsparkDrafter {
             model.dspark_seed(
                 &self.weights,
                 pool,
-                seq,
+                input.seq,
                 &features.narrow_rows(0, rows - 1)?,
                 fed_from,
             )?;
         }
-        let next = context.last().copied().ok_or(crate::Error::Argument {
-            op: "DsparkDrafter",
-            arg: "context",
-            value: "[]".into(),
-            why: "drafting needs the token the drafts continue",
-        })?;
-        let last = features.narrow_rows(rows.saturating_sub(1), 1)?;
-        let sampled = params.temperature > 0.0;
-        let mut probs = Vec::new();
-        let mut choose = |i: usize, logits: &[f32]| -> u32 {
-            let u = if sampled {
-                let pos = (p + 2 + i) as u64;
-                rng::uniform(params.seq_seed, pos, 0, Domain::Draft)
-            } else {
-                0.0
-            };
-            if sampled {
-                probs.push(distribution(logits, params));
+        let next = input
+            .context
+            .last()
+            .copied()
+            .ok_or(crate::Error::Argument {
+                op: "DsparkDrafter",
+                arg: "context",
+                value: "[]".into(),
+                why: "drafting needs the token the drafts continue",
+            })?;
+        Ok((features.narrow_rows(rows.saturating_sub(1), 1)?, next))
+    }
+}
+
+impl Drafter for DsparkDrafter {
+    fn draft(&self, model: &Model, pool: &mut StatePool, input: DraftInput) -> Result<Proposal> {
+        let mut one = self.draft_batch(model, pool, vec![input])?;
+        one.pop().ok_or_else(|| {
+            crate::Error::Argument {
+                op: "DsparkDrafter",
+                arg: "input",
+                value: "1 request".into(),
+                why: "the batched draft returned no proposal",
             }
-            sample_row(logits, params, u).token
-        };
-        let draft =
-            model.dspark_draft_with(&self.weights, pool, seq, &last, p, next, &mut choose)?;
-        Ok(Proposal {
-            tokens: draft.tokens.iter().take(n).copied().collect(),
-            confidence: draft
-                .confidence_logits
-                .iter()
-                .take(n)
-                .map(|&c| sigmoid(c))
-                .collect(),
-            probs: sampled.then(|| probs.into_iter().take(n).collect()),
+            .into()
         })
+    }
+
+    /// One pass of the stages for every request ([`Model::dspark_draft_batch`]).
+    fn draft_batch(
+        &self,
+        model: &Model,
+        pool: &mut StatePool,
+        inputs: Vec<DraftInput>,
+    ) -> Result<Vec<Proposal>> {
+        let mut lasts = Vec::with_capacity(inputs.len());
+        for input in &inputs {
+            lasts.push(self.prepare(model, pool, input)?);
+        }
+        let mut probs: Vec<Vec<Vec<(u32, f64)>>> = inputs.iter().map(|_| Vec::new()).collect();
+        let mut choosers: Vec<BoxedChooser> = inputs
+            .iter()
+            .zip(probs.iter_mut())
+            .map(|(input, probs)| {
+                let (params, p) = (input.params, input.p);
+                let sampled = params.temperature > 0.0;
+                Box::new(move |i: usize, logits: &[f32]| -> u32 {
+                    let u = if sampled {
+                        let pos = (p + 2 + i) as u64;
+                        probs.push(distribution(logits, params));
+                        rng::uniform(params.seq_seed, pos, 0, Domain::Draft)
+                    } else {
+                        0.0
+                    };
+                    sample_row(logits, params, u).token
+                }) as BoxedChooser
+            })
+            .collect();
+        let mut reqs: Vec<DraftRequest> = inputs
+            .iter()
+            .zip(&lasts)
+            .zip(choosers.iter_mut())
+            .map(|((input, (last, next)), choose)| DraftRequest {
+                seq: input.seq,
+                features: last,
+                p: input.p,
+                next: *next,
+                choose: Some(&mut **choose),
+            })
+            .collect();
+        let drafts = model.dspark_draft_batch(&self.weights, pool, &mut reqs)?;
+        drop(reqs);
+        drop(choosers);
+        Ok(drafts
+            .into_iter()
+            .zip(probs)
+            .zip(&inputs)
+            .map(|((draft, probs), input)| {
+                let n = input.n;
+                Proposal {
+                    tokens: draft.tokens.iter().take(n).copied().collect(),
+                    confidence: draft
+                        .confidence_logits
+                        .iter()
+                        .take(n)
+                        .map(|&c| sigmoid(c))
+                        .collect(),
+                    probs: (input.params.temperature > 0.0)
+                        .then(|| probs.into_iter().take(n).collect()),
+                }
+            })
+            .collect())
     }
 }

@@ -103,17 +103,8 @@ impl Engine {
             if active.is_empty() {
                 return Ok(());
             }
-            let mut proposals = Vec::with_capacity(active.len());
-            for &k in &active {
-                proposals.push(self.propose(
-                    drafter,
-                    pool,
-                    &live[k],
-                    &mut unseen[k],
-                    params,
-                    prompts,
-                )?);
-            }
+            let proposals =
+                self.propose(drafter, pool, live, &active, &mut unseen, params, prompts)?;
             let caps: Vec<usize> = proposals.iter().map(|p| p.tokens.len()).collect();
             let conf: Vec<Vec<f32>> = proposals.iter().map(|p| p.confidence.clone()).collect();
             let lens = schedule(which, &conf, &caps, &self.spec_costs);
@@ -178,69 +169,93 @@ impl Engine {
         }
     }
 
-    /// A request's drafts for this step: none when it may emit only one
-    /// more token, otherwise up to `nextn`, capped so that every accepted
-    /// draft plus the target's own token fits `max_tokens`.
+    /// The drafts of this step for requests `active` (indices into `live`),
+    /// drafted in one batch: none for a request that may emit only one more
+    /// token, otherwise up to `nextn`, capped so that every accepted draft
+    /// plus the target's own token fits `max_tokens`.
+    #[allow(clippy::too_many_arguments)]
     fn propose(
         &self,
         drafter: &dyn Drafter,
         pool: &mut StatePool,
-        l: &Live,
-        unseen: &mut Unseen,
+        live: &[Live],
+        active: &[usize],
+        unseen: &mut [Unseen],
         params: &[SamplingParams],
         prompts: &[Vec<u32>],
-    ) -> Result<Proposal> {
-        let p = &params[l.index];
-        let cap = self
-            .config
-            .nextn
-            .min(p.max_tokens.saturating_sub(l.tokens.len() + 1));
-        let none = Proposal {
+    ) -> Result<Vec<Proposal>> {
+        let none = || Proposal {
             tokens: Vec::new(),
             confidence: Vec::new(),
             probs: None,
         };
-        if cap == 0 {
-            return Ok(none);
-        }
-        let Some(features) = unseen.features.take() else {
-            return Ok(none);
-        };
-        let context: Vec<u32> = prompts[l.index].iter().chain(&l.tokens).copied().collect();
-        let at = pool.position(l.seq)?;
-        let mut proposal = drafter.draft(
-            &self.model,
-            pool,
-            DraftInput {
-                seq: l.seq,
-                features: &features,
-                fed_from: unseen.from,
-                p: at - 1,
-                context: &context,
-                params: p,
-                n: cap,
-            },
-        )?;
-        // A drafter is user code: never verify more than asked (the pool
-        // was sized for nextn + 1 tokens a step), and a sampled draft must
-        // say what it was drawn from, or acceptance would not be lossless.
-        proposal.tokens.truncate(cap);
-        proposal.confidence.truncate(proposal.tokens.len());
-        if let Some(q) = &mut proposal.probs {
-            if q.len() < proposal.tokens.len() {
-                return Err(arg(
-                    "Drafter::draft",
-                    format!(
-                        "{} tokens, {} distributions",
-                        proposal.tokens.len(),
-                        q.len()
-                    ),
-                    "a drafter that returns distributions returns one per drafted token",
-                ));
+        // Per drafting request: (its place in `active`, cap, features,
+        // context, position).
+        let mut asks = Vec::new();
+        for (j, &k) in active.iter().enumerate() {
+            let l = &live[k];
+            let p = &params[l.index];
+            let cap = self
+                .config
+                .nextn
+                .min(p.max_tokens.saturating_sub(l.tokens.len() + 1));
+            if cap == 0 {
+                continue;
             }
-            q.truncate(proposal.tokens.len());
+            let Some(features) = unseen[k].features.take() else {
+                continue;
+            };
+            let context: Vec<u32> = prompts[l.index].iter().chain(&l.tokens).copied().collect();
+            asks.push((j, k, cap, features, context, pool.position(l.seq)?));
         }
-        Ok(proposal)
+        let inputs: Vec<DraftInput> = asks
+            .iter()
+            .map(|(_, k, cap, features, context, at)| DraftInput {
+                seq: live[*k].seq,
+                features,
+                fed_from: unseen[*k].from,
+                p: at - 1,
+                context,
+                params: &params[live[*k].index],
+                n: *cap,
+            })
+            .collect();
+        let drafted = if inputs.is_empty() {
+            Vec::new()
+        } else {
+            drafter.draft_batch(&self.model, pool, inputs)?
+        };
+        if drafted.len() != asks.len() {
+            return Err(arg(
+                "Drafter::draft_batch",
+                format!("{} proposals for {} requests", drafted.len(), asks.len()),
+                "a drafter returns one proposal per request",
+            ));
+        }
+        let mut out: Vec<Proposal> = active.iter().map(|_| none()).collect();
+        for ((j, _, cap, ..), mut proposal) in asks.into_iter().zip(drafted) {
+            // A drafter is user code: never verify more than asked (the pool
+            // was sized for nextn + 1 tokens a step), and a sampled draft must
+            // say what it was drawn from, or acceptance would not be lossless.
+            proposal.tokens.truncate(cap);
+            proposal.confidence.truncate(proposal.tokens.len());
+            if let Some(q) = &mut proposal.probs {
+                if q.len() < proposal.tokens.len() {
+                    return Err(arg(
+                        "Drafter::draft",
+                        format!(
+                            "{} tokens, {} distributions",
+                            proposal.tokens.len(),
+                            q.len()
+                        ),
+                        "a drafter that returns distributions returns one per drafted token",
+                    ));
+                }
+                q.truncate(proposal.tokens.len());
+            }
+            out[j] = proposal;
+        }
+        Ok(out)
     }
 
     /// Accepts and emits along one request's verify rows (`host`: its

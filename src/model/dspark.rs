@@ -10,7 +10,6 @@
 //! block's own rows are written past p only for the draft's attention and
 //! are overwritten by later seeds before any list reads them.
 
-use super::batch::{Batch, Entry};
 use super::forward::Model;
 use super::layers::Block;
 use super::layers::attention::stage_list;
@@ -40,6 +39,27 @@ pub struct DsparkWeights {
 
 /// Chooses draft i from its host fp32 logits (sampled drafting).
 pub type Chooser<'a> = &'a mut dyn FnMut(usize, &[f32]) -> u32;
+
+/// One sequence's draft in [`Model::dspark_draft_batch`]: the features of
+/// its position `p` (`[1, targets·D]`), its real next token, and how its
+/// drafts are chosen (`None`: greedily).
+pub struct DraftRequest<'a> {
+    pub seq: SeqId,
+    pub features: &'a Tensor,
+    pub p: usize,
+    pub next: u32,
+    pub choose: Option<Chooser<'a>>,
+}
+
+fn no_draft(op: &'static str) -> crate::model::error::Error {
+    crate::Error::Argument {
+        op,
+        arg: "seq",
+        value: "1 request".into(),
+        why: "the batched draft returned no draft",
+    }
+    .into()
+}
 
 /// One draft block's output.
 #[derive(Clone, Debug, PartialEq)]
@@ -119,7 +139,15 @@ impl Model {
         p: usize,
         next: u32,
     ) -> Result<Draft> {
-        self.draft_block(dw, pool, seq, features, p, next, None)
+        let mut one = [DraftRequest {
+            seq,
+            features,
+            p,
+            next,
+            choose: None,
+        }];
+        let mut drafts = self.dspark_draft_batch(dw, pool, &mut one)?;
+        drafts.pop().ok_or_else(|| no_draft("dspark_draft"))
     }
 
     /// [`Model::dspark_draft`] with draft i chosen by `choose(i, logits_i)`
@@ -136,65 +164,83 @@ impl Model {
         next: u32,
         choose: Chooser,
     ) -> Result<Draft> {
-        self.draft_block(dw, pool, seq, features, p, next, Some(choose))
+        let mut one = [DraftRequest {
+            seq,
+            features,
+            p,
+            next,
+            choose: Some(choose),
+        }];
+        let mut drafts = self.dspark_draft_batch(dw, pool, &mut one)?;
+        drafts.pop().ok_or_else(|| no_draft("dspark_draft_with"))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn draft_block(
+    /// The draft blocks of several sequences (distinct) in one pass through
+    /// the stages: their rows are stacked for every row-wise op (norms,
+    /// projections, MoE, heads), and the attention runs once per group of
+    /// sequences whose lists have one width (all of them once every p + 1 ≥
+    /// window), so each draft is bitwise what [`Model::dspark_draft_with`]
+    /// gives it alone.
+    pub fn dspark_draft_batch(
         &self,
         dw: &DsparkWeights,
         pool: &mut StatePool,
-        seq: SeqId,
-        features: &Tensor,
-        p: usize,
-        next: u32,
-        choose: Option<Chooser>,
-    ) -> Result<Draft> {
+        reqs: &mut [DraftRequest],
+    ) -> Result<Vec<Draft>> {
+        if reqs.is_empty() {
+            return Ok(Vec::new());
+        }
         let cfg = &self.cfg;
         let (a, n) = (cfg.attention, cfg.dspark.block_size);
         let device = self.device();
-        if features.rows() != 1 {
-            return Err(ops::shape_error(
-                "dspark_draft",
-                "features",
-                features,
-                "one row: the features of position p".into(),
-            )
-            .into());
+        let mut block = Vec::with_capacity(reqs.len() * n);
+        let mut positions = Vec::with_capacity(reqs.len() * n);
+        for (k, r) in reqs.iter().enumerate() {
+            if r.features.rows() != 1 {
+                return Err(ops::shape_error(
+                    "dspark_draft",
+                    "features",
+                    r.features,
+                    "one row: the features of position p".into(),
+                )
+                .into());
+            }
+            if reqs.iter().take(k).any(|o| o.seq == r.seq) {
+                return Err(crate::Error::Argument {
+                    op: "dspark_draft",
+                    arg: "seq",
+                    value: r.seq.to_string(),
+                    why: "a sequence drafts once per batch",
+                }
+                .into());
+            }
+            let next_id = i32::try_from(r.next)
+                .ok()
+                .filter(|&t| (t as usize) < cfg.vocab_size)
+                .ok_or(crate::Error::Argument {
+                    op: "dspark_draft",
+                    arg: "next",
+                    value: r.next.to_string(),
+                    why: "token id is not below the vocabulary size",
+                })?;
+            block.push(next_id);
+            block.extend(std::iter::repeat_n(cfg.dspark.noise_token_id as i32, n - 1));
+            positions.extend((r.p + 1..r.p + 1 + n).map(|q| q as i64));
         }
-        let next_id = i32::try_from(next)
-            .ok()
-            .filter(|&t| (t as usize) < cfg.vocab_size)
-            .ok_or(crate::Error::Argument {
-                op: "dspark_draft",
-                arg: "next",
-                value: next.to_string(),
-                why: "token id is not below the vocabulary size",
-            })?;
-        self.dspark_seed(dw, pool, seq, features, p)?;
-        for s in 0..dw.stages.len() {
-            pool.reserve_ring(seq, pool.stage_ring(s), p + 1 + n)?;
+        for r in reqs.iter() {
+            self.dspark_seed(dw, pool, r.seq, r.features, r.p)?;
+            for s in 0..dw.stages.len() {
+                pool.reserve_ring(r.seq, pool.stage_ring(s), r.p + 1 + n)?;
+            }
         }
-        let block: Vec<i32> = std::iter::once(next_id)
-            .chain(std::iter::repeat_n(cfg.dspark.noise_token_id as i32, n - 1))
-            .collect();
-        let ids = Tensor::from_vec(block, &[n])?.to_device(&device)?;
+        let rows = block.len();
+        let ids = Tensor::from_vec(block, &[rows])?.to_device(&device)?;
         let mut streams = ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?;
-        let one_hot: Vec<f32> = (0..n).flat_map(|_| ONE_HOT_PRE).collect();
-        let mut pre = Tensor::from_vec(one_hot, &[n, HC_STREAMS])?.to_device(&device)?;
-        let positions = self.positions(p + 1, n)?;
+        let one_hot: Vec<f32> = (0..rows).flat_map(|_| ONE_HOT_PRE).collect();
+        let mut pre = Tensor::from_vec(one_hot, &[rows, HC_STREAMS])?.to_device(&device)?;
+        let positions = Tensor::from_vec(positions, &[rows])?.to_device(&device)?;
         let rope = self.stage_rope();
         let hp = self.mhc_params();
-        let b = Batch {
-            entries: vec![Entry {
-                seq,
-                start: p + 1,
-                len: n,
-                replay: 0,
-                row: 0,
-            }],
-            positions: positions.clone(),
-        };
         for (s, stage) in dw.stages.iter().enumerate() {
             let ring = pool.stage_ring(s);
             let (x, mix) = stage
@@ -202,10 +248,13 @@ impl Model {
                 .input(&streams, &mut pre, &stage.attn_norm, hp)?;
             let w = &stage.attn;
             let (q, _) = w.query(cfg, &x, &positions, &rope)?;
-            let rows = w.window_kv(cfg, &x, &positions, &rope)?;
-            pool.write_ring(seq, ring, p + 1, &rows, 0, n)?;
-            let list = stage_list(pool, &b, ring, a.window, p)?;
-            let f = w.attend(cfg, pool, &q, &list, None, &positions, &rope)?;
+            let kv = w.window_kv(cfg, &x, &positions, &rope)?;
+            let mut lists = Vec::with_capacity(reqs.len());
+            for (k, r) in reqs.iter().enumerate() {
+                pool.write_ring(r.seq, ring, r.p + 1, &kv, k * n, n)?;
+                lists.push(stage_list(pool, r.seq, ring, a.window, r.p, n)?);
+            }
+            let f = self.attend_by_width(w, pool, &q, &positions, &lists, n, &rope)?;
             streams = mix.expand(&streams, &f)?;
             let (x, mix) = stage
                 .hc_ffn
@@ -221,7 +270,82 @@ impl Model {
             &dw.norm,
             crate::numerics::round_f32(cfg.norm_eps),
         )?)?;
-        self.markov_and_confidence(dw, &hidden, &base, next, choose)
+        let mut drafts = Vec::with_capacity(reqs.len());
+        for (k, r) in reqs.iter_mut().enumerate() {
+            drafts.push(
+                self.markov_and_confidence(
+                    dw,
+                    &hidden.narrow_rows(k * n, n)?,
+                    &base.narrow_rows(k * n, n)?,
+                    r.next,
+                    r.choose
+                        .as_mut()
+                        .map(|c| &mut **c as &mut dyn FnMut(usize, &[f32]) -> u32),
+                )?,
+            );
+        }
+        Ok(drafts)
+    }
+
+    /// The stage attention of stacked blocks of `n` rows (`q`, `positions`),
+    /// block k attending over `lists[k]`: one call per list width, so no
+    /// list is padded, then the rows back in block order.
+    #[allow(clippy::too_many_arguments)]
+    fn attend_by_width(
+        &self,
+        w: &super::layers::attention::Attention,
+        pool: &StatePool,
+        q: &Tensor,
+        positions: &Tensor,
+        lists: &[Vec<i32>],
+        n: usize,
+        rope: &RopeParams,
+    ) -> Result<Tensor> {
+        let device = self.device();
+        let mut widths: Vec<usize> = lists.iter().map(Vec::len).collect();
+        widths.sort_unstable();
+        widths.dedup();
+        let rows_of =
+            |ks: &[usize]| -> Vec<usize> { ks.iter().flat_map(|&k| k * n..(k + 1) * n).collect() };
+        let mut parts = Vec::with_capacity(widths.len());
+        let mut order = Vec::with_capacity(lists.len() * n);
+        for width in widths {
+            let group: Vec<(usize, &Vec<i32>)> = lists
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.len() == width)
+                .collect();
+            let ks: Vec<usize> = group.iter().map(|&(k, _)| k).collect();
+            let idx: Vec<i32> = group
+                .iter()
+                .flat_map(|&(_, l)| (0..n).flat_map(move |_| l.iter().copied()))
+                .collect();
+            let idx = Tensor::from_vec(idx, &[ks.len() * n, width])?.to_device(&device)?;
+            let f = if ks.len() == lists.len() {
+                w.attend(&self.cfg, pool, q, &idx, None, positions, rope)?
+            } else {
+                let rows = rows_of(&ks);
+                let (qg, pg) = (
+                    ops::gather_rows(q, &rows)?,
+                    ops::gather_rows(positions, &rows)?,
+                );
+                w.attend(&self.cfg, pool, &qg, &idx, None, &pg, rope)?
+            };
+            parts.push(f);
+            order.extend(rows_of(&ks));
+        }
+        if let [only] = parts.as_slice() {
+            return Ok(only.clone());
+        }
+        // Row `order[j]` of the stacked blocks is row j of the parts.
+        let mut back = vec![0usize; order.len()];
+        for (j, &r) in order.iter().enumerate() {
+            if let Some(b) = back.get_mut(r) {
+                *b = j;
+            }
+        }
+        let all = Tensor::cat_rows(&parts.iter().collect::<Vec<_>>())?;
+        Ok(ops::gather_rows(&all, &back)?)
     }
 
     /// The Markov head chained through the chosen tokens (greedy without

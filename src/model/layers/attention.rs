@@ -34,7 +34,7 @@ use crate::dtype::DType;
 use crate::model::batch::Batch;
 use crate::model::config::{AttentionPlan, LayerPlan, ModelConfig, Selection};
 use crate::model::error::Result;
-use crate::model::pool::StatePool;
+use crate::model::pool::{SeqId, StatePool};
 use crate::ops::{self, RowNorm, RowRope, RowsOut};
 use crate::tensor::Tensor;
 use std::collections::HashMap;
@@ -614,32 +614,26 @@ fn compressed_lists(
     Ok(Some(host_i32(idx, &[t, kc], &b.positions.device())?))
 }
 
-/// The DSpark stage list shared by every block query (`v41-flash.md` §9.2):
-/// ring slots 0 … min(window, p + 1) − 1 in slot order (slot s holds the
-/// newest position ≤ p congruent to s), then the block's own rows
-/// (positions p + 1 …, one per query of `b`): I32 `[n, width]`.
+/// The DSpark stage list shared by every block query of `seq`
+/// (`v41-flash.md` §9.2): ring slots 0 … min(window, p + 1) − 1 in slot
+/// order (slot s holds the newest position ≤ p congruent to s), then the
+/// block's own `n` rows (positions p + 1 …): the host list of one query,
+/// its physical rows (−1 where a slot is empty).
 pub(crate) fn stage_list(
     pool: &StatePool,
-    b: &Batch,
+    seq: SeqId,
     ring: usize,
     window: usize,
     p: usize,
-) -> Result<Tensor> {
-    let e = *b.entries.first().ok_or(crate::Error::Argument {
-        op: "stage_list",
-        arg: "batch",
-        value: "no entries".into(),
-        why: "a DSpark block needs its sequence's entry",
-    })?;
-    let mut list = Vec::new();
+    n: usize,
+) -> Result<Vec<i32>> {
+    let mut list = Vec::with_capacity(window.min(p + 1) + n);
     for slot in 0..window.min(p + 1) {
         let pos = p - (p + window - slot) % window;
-        list.push(pool.ring_row(e.seq, ring, pos)?.unwrap_or(-1));
+        list.push(pool.ring_row(seq, ring, pos)?.unwrap_or(-1));
     }
-    for q in e.start..e.start + e.len {
-        list.push(pool.ring_row(e.seq, ring, q)?.unwrap_or(-1));
+    for q in p + 1..p + 1 + n {
+        list.push(pool.ring_row(seq, ring, q)?.unwrap_or(-1));
     }
-    let width = list.len();
-    let all: Vec<i32> = (0..e.len).flat_map(|_| list.iter().copied()).collect();
-    host_i32(all, &[e.len, width], &b.positions.device())
+    Ok(list)
 }
