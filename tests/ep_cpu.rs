@@ -145,6 +145,17 @@ fn uniform_and_table_placements_check_their_invariants() {
         );
     }
     assert!(Placement::uniform(10, 4).is_err());
+    // Absurd sizes are typed errors before anything is allocated.
+    for e in [
+        Placement::uniform(usize::MAX, 1).unwrap_err(),
+        Placement::uniform(1 << 21, 1 << 21).unwrap_err(),
+        Placement::from_table(usize::MAX, 1, vec![0]).unwrap_err(),
+        ep::balance(&[1, 2, 3], usize::MAX, 2).unwrap_err(),
+        ep::balance(&[1, 2, 3], 1 << 20, 3).unwrap_err(),
+        ExpertLoad::new(usize::MAX).unwrap_err(),
+    ] {
+        assert!(e.to_string().contains("2^"), "{e}");
+    }
     let r = Placement::from_table(3, 2, vec![0, 1, 0, 2]).unwrap();
     assert_eq!(r.replicas(0), &[0, 2]);
     // Replica choice: (source rank + token) mod replicas.
@@ -230,7 +241,7 @@ fn the_balancer_places_every_random_load_validly() {
 
 #[test]
 fn expert_load_counts_ids_and_refuses_bad_ones() {
-    let mut l = ExpertLoad::new(4);
+    let mut l = ExpertLoad::new(4).unwrap();
     l.observe(&[0, 3, 3, 1]).unwrap();
     l.observe(&[3]).unwrap();
     assert_eq!(l.counts(), &[1, 1, 0, 3]);

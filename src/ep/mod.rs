@@ -37,7 +37,7 @@ mod transport;
 pub use dispatch::{Dispatched, EpHandle, combine, dispatch};
 #[cfg(deepinfer_cuda)]
 pub use nccl::{NcclId, NcclTransport, nccl_world};
-pub use placement::{ExpertLoad, Placement, balance};
+pub use placement::{EP_MAX_RANKS, EP_MAX_SLOTS, ExpertLoad, Placement, balance};
 pub use transport::{Local, SimRank, SimWorld, Transport};
 
 use crate::contract::MX_BLOCK;

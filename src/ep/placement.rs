@@ -15,6 +15,12 @@ use crate::error::{Error, Result};
 
 const OP: &str = "ep::Placement";
 
+/// Most ranks of a placement (DeepEP runs up to EP 2048).
+pub const EP_MAX_RANKS: usize = 1 << 16;
+/// Most physical slots (and logical experts) of a placement: the bound that
+/// keeps its tables small whatever a caller asks for.
+pub const EP_MAX_SLOTS: usize = 1 << 20;
+
 /// Logical experts to physical slots on `ranks` ranks of `slots_per_rank`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {
@@ -41,6 +47,13 @@ impl Placement {
     /// r · E/R … (r + 1) · E/R − 1, one replica each (`ranks` divides
     /// `n_experts`).
     pub fn uniform(n_experts: usize, ranks: usize) -> Result<Placement> {
+        if n_experts > EP_MAX_SLOTS || ranks > EP_MAX_RANKS {
+            return Err(arg(
+                "n_experts",
+                format!("{n_experts} experts on {ranks} ranks"),
+                "a placement has at most 2^20 experts and 2^16 ranks",
+            ));
+        }
         if ranks == 0 || n_experts == 0 || !n_experts.is_multiple_of(ranks) {
             return Err(arg(
                 "ranks",
@@ -56,6 +69,16 @@ impl Placement {
     /// present, and each rank's slots in ascending expert id with no expert
     /// twice on one rank.
     pub fn from_table(n_experts: usize, ranks: usize, table: Vec<usize>) -> Result<Placement> {
+        if n_experts > EP_MAX_SLOTS || table.len() > EP_MAX_SLOTS || ranks > EP_MAX_RANKS {
+            return Err(arg(
+                "table",
+                format!(
+                    "{} slots for {n_experts} experts on {ranks} ranks",
+                    table.len()
+                ),
+                "a placement has at most 2^20 slots and experts and 2^16 ranks",
+            ));
+        }
         if ranks == 0 || table.is_empty() || !table.len().is_multiple_of(ranks) {
             return Err(arg(
                 "table",
@@ -169,10 +192,19 @@ pub struct ExpertLoad {
 }
 
 impl ExpertLoad {
-    pub fn new(n_experts: usize) -> ExpertLoad {
-        ExpertLoad {
-            counts: vec![0; n_experts],
+    /// Zero counts for `n_experts` (at most [`EP_MAX_SLOTS`]).
+    pub fn new(n_experts: usize) -> Result<ExpertLoad> {
+        if n_experts > EP_MAX_SLOTS {
+            return Err(Error::Argument {
+                op: "ep::ExpertLoad::new",
+                arg: "n_experts",
+                value: n_experts.to_string(),
+                why: "at most 2^20 experts",
+            });
         }
+        Ok(ExpertLoad {
+            counts: vec![0; n_experts],
+        })
     }
 
     /// Counts the expert ids of one batch (`ids` as [`crate::ops::moe_route`]
@@ -221,7 +253,14 @@ impl ExpertLoad {
 /// slots_per_rank ≤ experts (a rank holds distinct experts).
 pub fn balance(load: &[u64], ranks: usize, slots_per_rank: usize) -> Result<Placement> {
     let n = load.len();
-    let slots = ranks.checked_mul(slots_per_rank).unwrap_or(0);
+    let slots = ranks.checked_mul(slots_per_rank).unwrap_or(usize::MAX);
+    if slots > EP_MAX_SLOTS || ranks > EP_MAX_RANKS {
+        return Err(arg(
+            "slots_per_rank",
+            format!("{slots_per_rank} on {ranks} ranks"),
+            "a placement has at most 2^20 slots and 2^16 ranks",
+        ));
+    }
     if n == 0 || slots < n || slots_per_rank > n {
         return Err(arg(
             "slots_per_rank",
