@@ -253,7 +253,7 @@ impl ExpertLoad {
 /// slots_per_rank ≤ experts (a rank holds distinct experts).
 pub fn balance(load: &[u64], ranks: usize, slots_per_rank: usize) -> Result<Placement> {
     let n = load.len();
-    let slots = ranks.checked_mul(slots_per_rank).unwrap_or(usize::MAX);
+    let slots = ranks.saturating_mul(slots_per_rank);
     if slots > EP_MAX_SLOTS || ranks > EP_MAX_RANKS {
         return Err(arg(
             "slots_per_rank",
