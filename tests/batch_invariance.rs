@@ -7,6 +7,7 @@
 
 mod common;
 
+use deepinfer::engine::prefix_cache::{PrefixCache, PrefixCacheConfig};
 use deepinfer::engine::{Engine, EngineConfig, Output, SamplingParams};
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -179,6 +180,13 @@ fn waiting_requests_take_finished_places_without_changing_any_output() {
     for r in reqs.iter_mut().step_by(4) {
         r.1.max_tokens = 1;
     }
+    // Three requests share a 24-token prefix (one repeats it exactly), so
+    // the later ones can hit what the first stored.
+    let shared = tokens(&mut rng, 24);
+    for (k, extra) in [(2usize, 5usize), (6, 0), (9, 11)] {
+        let tail = tokens(&mut rng, extra);
+        reqs[k].0 = shared.iter().copied().chain(tail).collect();
+    }
     let (prompts, params): (Vec<_>, Vec<_>) = reqs.iter().cloned().unzip();
     for nextn in [0usize, 2] {
         let engine = |max_seqs| {
@@ -202,6 +210,27 @@ fn waiting_requests_take_finished_places_without_changing_any_output() {
             }
         };
         let (three, one) = (engine(3), engine(1));
+        // With a prefix cache too: a later request may hit what an earlier
+        // one of the same call stored.
+        let cached = engine(3).with_prefix_cache(
+            PrefixCache::new(PrefixCacheConfig {
+                block_tokens: 4,
+                budget_bytes: 1 << 26,
+            })
+            .unwrap(),
+        );
+        let via_cache: Vec<Output> = cached
+            .generate(&prompts, &params)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        let hits = cached.prefix_cache_stats().unwrap().hits;
+        assert!(hits > 0, "nextn {nextn}: the shared prefix must hit");
+        let serial: Vec<Output> = one
+            .generate(&prompts, &params)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         let got = three.generate(&prompts, &params);
         for (i, g) in got.into_iter().enumerate() {
             let g = g.unwrap();
@@ -229,9 +258,17 @@ fn waiting_requests_take_finished_places_without_changing_any_output() {
             if params[i].max_tokens == 1 {
                 assert_eq!(g.tokens.len(), 1, "request {i} ends at its first token");
             }
+            for (what, o) in [
+                ("one place", &serial[i]),
+                ("the prefix cache", &via_cache[i]),
+            ] {
+                assert_eq!(o.tokens, alone.tokens, "nextn {nextn}, {what}: request {i}");
+                assert_eq!(
+                    bits(o),
+                    bits(&alone),
+                    "nextn {nextn}, {what}: logprobs of request {i}"
+                );
+            }
         }
-        // All eleven at once through one place at a time, too.
-        let serial = one.generate(&prompts, &params);
-        assert!(serial.iter().all(Result::is_ok));
     }
 }

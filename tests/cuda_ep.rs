@@ -154,3 +154,42 @@ fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
         assert!(e.to_string().contains(&rows.to_string()), "{e}");
     }
 }
+
+/// Two or more GPUs: dispatch → grouped GEMMs → combine across an NCCL
+/// world of every device equals the CPU's single-rank MoE bitwise, in both
+/// modes and with both payloads (skipped, saying so, on one GPU).
+#[test]
+fn an_nccl_world_of_every_gpu_equals_the_cpu_moe_bitwise() {
+    let count = CudaDevice::count().unwrap();
+    if count < 2 {
+        println!("skipped: {count} GPU(s); the multi-rank NCCL run needs 2 or more");
+        return;
+    }
+    let mut rng = common::rng("cuda_ep_nccl_world");
+    let world = count.min(8);
+    let (n_experts, top_k, d, inter, tokens) = (64, 6, 128, 64, 97);
+    let cpu = problem(&mut rng, tokens, n_experts, top_k, d, inter);
+    let want = bits(&single_rank(&cpu));
+    let shards = common::ep::shards(&mut rng, tokens, world);
+    let max_tokens = shards.iter().map(|s| s.1).max().unwrap_or(1).max(1);
+    let ordinals: Vec<usize> = (0..world).collect();
+    for payload in [Payload::Bf16, Payload::Fp8] {
+        for mode in [Mode::Normal, Mode::low_latency(max_tokens, world)] {
+            let cfg = EpConfig::new(
+                Placement::uniform(n_experts, world).unwrap(),
+                top_k,
+                d,
+                payload,
+                mode,
+            )
+            .unwrap();
+            let per_rank = ep::nccl_world(&ordinals, |rank| {
+                let p = cpu.to_device(&Device::Cuda(rank.device().clone()));
+                ep_rank(rank, &cfg, &p, shards[rank.rank()])
+            })
+            .unwrap();
+            let got: Vec<_> = per_rank.into_iter().flat_map(|r| r.0).collect();
+            assert_eq!(bits(&got), want, "{world} GPUs, {payload:?}, {mode:?}");
+        }
+    }
+}

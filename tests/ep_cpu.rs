@@ -240,6 +240,15 @@ fn the_balancer_places_every_random_load_validly() {
 }
 
 #[test]
+fn the_balancer_is_fast_at_wide_ep_sizes() {
+    // 4,096 experts on 4,096 ranks of 16 slots (65,536 slots, 61,440
+    // replicas): heaps, not scans of every rank per replica.
+    let load: Vec<u64> = (0..4096u64).map(|e| 1 + 1_000_000 / (e + 1)).collect();
+    let p = within_a_minute(move || ep::balance(&load, 4096, 16).unwrap());
+    assert_eq!(p.table().len(), 4096 * 16);
+}
+
+#[test]
 fn expert_load_counts_ids_and_refuses_bad_ones() {
     let mut l = ExpertLoad::new(4).unwrap();
     l.observe(&[0, 3, 3, 1]).unwrap();
@@ -351,6 +360,66 @@ fn bad_input_is_a_typed_error_naming_it() {
     named(
         ep::dispatch(&Local, &cfg, &p.x, &t(ids, &[5, 2]), &p.weights).unwrap_err(),
         "ids",
+    );
+    // ... on every path: the low-latency mode, and a rank of a world whose
+    // peers then fail their collective instead of waiting for it.
+    let mut ids: Vec<i32> = p.ids.to_vec().unwrap();
+    ids[3] = -1;
+    let bad_ids = t(ids, &[5, 2]);
+    let ll = EpConfig::new(
+        Placement::uniform(8, 1).unwrap(),
+        2,
+        64,
+        Payload::Bf16,
+        Mode::low_latency(5, 1),
+    )
+    .unwrap();
+    named(
+        ep::dispatch(&Local, &ll, &p.x, &bad_ids, &p.weights).unwrap_err(),
+        "ids",
+    );
+    let two = EpConfig::new(
+        Placement::uniform(8, 2).unwrap(),
+        2,
+        64,
+        Payload::Fp8,
+        Mode::Normal,
+    )
+    .unwrap();
+    let (x, w, bad) = (p.x.clone(), p.weights.clone(), bad_ids.clone());
+    let good = p.ids.clone();
+    let res = within_a_minute(move || {
+        let outcome = std::sync::Mutex::new(Vec::new());
+        let r = SimWorld::run(2, |rank| {
+            let ids = if rank.rank() == 1 { &bad } else { &good };
+            let got = ep::dispatch(rank, &two, &x, ids, &w).map(|_| ());
+            outcome
+                .lock()
+                .unwrap()
+                .push((rank.rank(), got.as_ref().err().map(|e| e.to_string())));
+            got
+        });
+        (
+            r.map(|_| ()).map_err(|e| e.to_string()),
+            outcome.into_inner().unwrap(),
+        )
+    });
+    let (r, mut each) = res;
+    each.sort();
+    assert!(
+        r.unwrap_err().contains("ids"),
+        "the world reports the bad rank's own error"
+    );
+    assert!(
+        each[0]
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("collective")),
+        "{each:?}"
+    );
+    assert!(
+        each[1].1.as_deref().is_some_and(|e| e.contains("ids")),
+        "{each:?}"
     );
     // Shapes and dtypes.
     named(

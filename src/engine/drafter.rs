@@ -147,6 +147,46 @@ impl Drafter for DsparkDrafter {
         pool: &mut StatePool,
         inputs: Vec<DraftInput>,
     ) -> Result<Vec<Proposal>> {
+        // Every input is checked before any ring is seeded, so a refused
+        // batch changes nothing.
+        for (k, input) in inputs.iter().enumerate() {
+            let rows = input.features.rows();
+            let (fed_from, p) = (input.fed_from, input.p);
+            let bad = if rows != p + 1 - fed_from.min(p + 1) {
+                Some((
+                    "features",
+                    format!("{rows} rows for positions {fed_from} ..= {p}"),
+                    "one row per position the drafter has not seen",
+                ))
+            } else if inputs.iter().take(k).any(|o| o.seq == input.seq) {
+                Some((
+                    "seq",
+                    input.seq.to_string(),
+                    "a sequence drafts once per batch",
+                ))
+            } else if input
+                .context
+                .last()
+                .is_none_or(|&t| t as usize >= model.cfg.vocab_size)
+            {
+                Some((
+                    "context",
+                    format!("{:?}", input.context.last()),
+                    "drafting needs the token the drafts continue, below the vocabulary size",
+                ))
+            } else {
+                None
+            };
+            if let Some((arg, value, why)) = bad {
+                return Err(crate::Error::Argument {
+                    op: "DsparkDrafter",
+                    arg,
+                    value,
+                    why,
+                }
+                .into());
+            }
+        }
         let mut lasts = Vec::with_capacity(inputs.len());
         for input in &inputs {
             lasts.push(self.prepare(model, pool, input)?);

@@ -400,24 +400,73 @@ impl Engine {
         let mut pool = self.pool(which.len().min(cap), longest, chunk)?;
         let mut live: Vec<Live> = Vec::with_capacity(which.len());
         let (mut prefill, mut decode) = (Duration::ZERO, Duration::ZERO);
+        let served = self.serve(
+            &mut pool,
+            which,
+            &mut live,
+            (&mut prefill, &mut decode),
+            constraints,
+            params,
+            prompts,
+            on_token,
+        );
+        // A failure after some requests finished fails the others only
+        // (those still running, or never admitted).
+        let failure = served.err();
+        let mut outs: Vec<Result<Output>> = Vec::with_capacity(which.len());
+        let admitted = live.len();
+        for l in live {
+            if l.done.is_none()
+                && l.failed.is_none()
+                && let Some(e) = &failure
+            {
+                outs.push(Err(arg_from(e)));
+                continue;
+            }
+            outs.push(self.output(l, params, prompts, prefill, decode));
+        }
+        for _ in admitted..which.len() {
+            outs.push(Err(match &failure {
+                Some(e) => arg_from(e),
+                None => arg(
+                    "prompts",
+                    admitted.to_string(),
+                    "the request was never admitted",
+                ),
+            }));
+        }
+        Ok(outs)
+    }
+
+    /// Admits `which` into `pool` (at most max_seqs at once, refilling
+    /// finished places) and decodes every admitted request to its end,
+    /// appending them to `live` in admission order; `times` accumulates the
+    /// prefill and decode durations.
+    #[allow(clippy::too_many_arguments)]
+    fn serve(
+        &self,
+        pool: &mut StatePool,
+        which: &[usize],
+        live: &mut Vec<Live>,
+        times: (&mut Duration, &mut Duration),
+        constraints: &mut [Option<Constraint>],
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
+        let (prefill, decode) = times;
+        let nextn = self.config.nextn;
+        let cap = self.config.max_seqs.max(1);
         if nextn > 0 {
             for wave in which.chunks(cap) {
                 let t0 = Instant::now();
                 let start = live.len();
-                let seeds = self.admit(
-                    &mut pool,
-                    wave,
-                    &mut live,
-                    constraints,
-                    params,
-                    prompts,
-                    on_token,
-                )?;
-                prefill += t0.elapsed();
+                let seeds = self.admit(pool, wave, live, constraints, params, prompts, on_token)?;
+                *prefill += t0.elapsed();
                 let t1 = Instant::now();
                 if let Some(seeds) = seeds {
                     self.decode_speculative(
-                        &mut pool,
+                        pool,
                         &mut live[start..],
                         seeds,
                         params,
@@ -425,7 +474,7 @@ impl Engine {
                         on_token,
                     )?;
                 }
-                decode += t1.elapsed();
+                *decode += t1.elapsed();
                 for l in &live[start..] {
                     pool.free_sequence(l.seq)?;
                 }
@@ -445,17 +494,9 @@ impl Engine {
                     let group = &which[next..(next + cap - running).min(which.len())];
                     next += group.len();
                     let t0 = Instant::now();
-                    self.admit(
-                        &mut pool,
-                        group,
-                        &mut live,
-                        constraints,
-                        params,
-                        prompts,
-                        on_token,
-                    )?;
+                    self.admit(pool, group, live, constraints, params, prompts, on_token)?;
                     freed.resize(live.len(), false);
-                    prefill += t0.elapsed();
+                    *prefill += t0.elapsed();
                     // A request may be done at its first token: free it first.
                     continue;
                 }
@@ -481,60 +522,67 @@ impl Engine {
                         tokens: t,
                     })
                     .collect();
-                let out = self.model.step(&mut pool, &inputs, Capture::default())?;
+                let out = self.model.step(pool, &inputs, Capture::default())?;
                 let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
-                self.sample(&out.logits, &rows, &mut live, params, prompts, on_token)?;
-                decode += t1.elapsed();
+                self.sample(&out.logits, &rows, live, params, prompts, on_token)?;
+                *decode += t1.elapsed();
             }
         }
-        Ok(live
-            .into_iter()
-            .map(|l| {
-                if let Some(e) = l.failed {
-                    return Err(e);
-                }
-                let Some(stop) = l.done else {
-                    return Err(arg(
-                        "prompts",
-                        l.index.to_string(),
-                        "the request left the decode loop unfinished",
-                    ));
-                };
-                let p = &params[l.index];
-                let text = match &self.tokenizer {
-                    Some(t) => {
-                        // A final stop token or EOS ends the output; it is
-                        // not text.
-                        let body = match l.tokens.split_last() {
-                            Some((last, body))
-                                if p.stop.contains(last) || *last == self.model.cfg.tokens.eos =>
-                            {
-                                body
-                            }
-                            _ => &l.tokens[..],
-                        };
-                        let mut text = t.decode(body)?;
-                        if let StopReason::StopString(s) = &stop
-                            && let Some(at) = text.find(s.as_str())
-                        {
-                            text.truncate(at);
-                        }
-                        Some(text)
+        Ok(())
+    }
+
+    /// The output of a finished request (its own failure, if it failed).
+    fn output(
+        &self,
+        l: Live,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        prefill: Duration,
+        decode: Duration,
+    ) -> Result<Output> {
+        if let Some(e) = l.failed {
+            return Err(e);
+        }
+        let Some(stop) = l.done else {
+            return Err(arg(
+                "prompts",
+                l.index.to_string(),
+                "the request left the decode loop unfinished",
+            ));
+        };
+        let p = &params[l.index];
+        let text = match &self.tokenizer {
+            Some(t) => {
+                // A final stop token or EOS ends the output; it is
+                // not text.
+                let body = match l.tokens.split_last() {
+                    Some((last, body))
+                        if p.stop.contains(last) || *last == self.model.cfg.tokens.eos =>
+                    {
+                        body
                     }
-                    None => None,
+                    _ => &l.tokens[..],
                 };
-                Ok(Output {
-                    prompt: prompts[l.index].clone(),
-                    tokens: l.tokens,
-                    text,
-                    stop,
-                    logprobs: p.logprobs.then_some(l.logprobs),
-                    prefill,
-                    decode,
-                    spec: l.spec,
-                })
-            })
-            .collect())
+                let mut text = t.decode(body)?;
+                if let StopReason::StopString(s) = &stop
+                    && let Some(at) = text.find(s.as_str())
+                {
+                    text.truncate(at);
+                }
+                Some(text)
+            }
+            None => None,
+        };
+        Ok(Output {
+            prompt: prompts[l.index].clone(),
+            tokens: l.tokens,
+            text,
+            stop,
+            logprobs: p.logprobs.then_some(l.logprobs),
+            prefill,
+            decode,
+            spec: l.spec,
+        })
     }
 
     /// Prefills requests `group` (indices into `prompts`) into `pool`,

@@ -146,7 +146,8 @@ impl Engine {
             let store = self.prefix_cache.as_ref().and_then(|c| {
                 let c = lock(c);
                 let bt = c.config().block_tokens;
-                let at = s.saturating_sub(1) / bt * bt;
+                // The last boundary a later hit on this prompt may take.
+                let at = max_len / bt * bt;
                 (at > pos && !c.contains(&tokens[..at])).then_some(at)
             });
             reqs.push(Req {
@@ -168,7 +169,7 @@ impl Engine {
         };
         let mut tails: Vec<Option<Tail>> = reqs.iter().map(|_| None).collect();
         let mut keep_tails = |which: &[usize], ends: &[usize], out: &StepOutput| -> Result<()> {
-            let Some(features) = &out.features else {
+            let Some(features) = out.features.as_ref().filter(|_| speculative) else {
                 return Ok(());
             };
             for ((&k, &end), rows) in which.iter().zip(ends).zip(&out.rows) {

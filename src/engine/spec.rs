@@ -59,9 +59,13 @@ impl Engine {
                     "speculative decoding needs the model's DSpark target features",
                 )
             })?;
+            // The stage rings keep the last window: the positions before it
+            // would be seeded only to be trimmed.
+            let rows = features.rows();
+            let keep = rows.min(self.model.cfg.attention.window);
             seeds.push(Unseen {
-                features: Some(features),
-                from,
+                features: Some(features.narrow_rows(rows - keep, keep)?),
+                from: from + rows - keep,
             });
         }
         Ok((pre, Seeds(seeds)))

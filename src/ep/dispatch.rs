@@ -71,6 +71,47 @@ impl EpHandle {
     }
 }
 
+/// A transport that notes whether a collective of this call failed, so that
+/// a rank failing on its own (bad input, before or between collectives its
+/// peers wait in) takes part in the next one as a failure
+/// ([`Transport::abort`]) instead of leaving them blocked. A failure of the
+/// collective itself reached every rank already.
+struct Counted<'a> {
+    inner: &'a dyn Transport,
+    failed: std::cell::Cell<bool>,
+}
+
+impl<'a> Counted<'a> {
+    fn new(inner: &'a dyn Transport) -> Self {
+        Counted {
+            inner,
+            failed: std::cell::Cell::new(false),
+        }
+    }
+
+    /// After an error: unless a collective itself failed, tells the peers
+    /// through the next collective.
+    fn fail(&self, e: &Error) {
+        if !self.failed.get() {
+            self.inner.abort(&e.to_string());
+        }
+    }
+
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.inner.world()
+    }
+
+    fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        self.inner
+            .all_to_all_v(send)
+            .inspect_err(|_| self.failed.set(true))
+    }
+}
+
 fn arg_error(
     op: &'static str,
     arg: &'static str,
@@ -133,6 +174,17 @@ pub fn dispatch(
     ids: &Tensor,
     weights: &Tensor,
 ) -> Result<Dispatched> {
+    let t = Counted::new(transport);
+    dispatch_on(&t, cfg, x, ids, weights).inspect_err(|e| t.fail(e))
+}
+
+fn dispatch_on(
+    transport: &Counted,
+    cfg: &EpConfig,
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+) -> Result<Dispatched> {
     const OP: &str = "ep::dispatch";
     let placement = cfg.placement();
     let (world, rank, k, d) = (
@@ -176,16 +228,10 @@ pub fn dispatch(
         ));
     }
     let host_ids = ids.to_vec::<i32>()?;
-    if world == 1
-        && cfg.mode() == Mode::Normal
-        && placement.table().iter().enumerate().all(|(p, &e)| p == e)
-    {
-        return one_rank(cfg, x, ids, weights, t);
-    }
-    let host_w = weights.to_vec::<f32>()?;
     let n_experts = placement.n_experts();
     let slots = placement.slots_per_rank();
-    // Each entry's physical slot.
+    // Each entry's physical slot (checked here for every path: the GPU's
+    // layout kernel cannot check ids).
     let mut phys = Vec::with_capacity(t * k);
     for (j, &e) in host_ids.iter().enumerate() {
         let p = usize::try_from(e)
@@ -197,6 +243,14 @@ pub fn dispatch(
             None => return Err(arg_error(OP, "ids", e, "an expert id outside 0..n_experts")),
         }
     }
+    if world == 1
+        && cfg.mode() == Mode::Normal
+        && n_experts <= crate::contract::MOE_MAX_EXPERTS
+        && placement.table().iter().enumerate().all(|(p, &e)| p == e)
+    {
+        return one_rank(cfg, x, ids, weights, t);
+    }
+    let host_w = weights.to_vec::<f32>()?;
 
     // The payload, quantised once per token.
     let fp8 = quantised(cfg.payload(), x)?;
@@ -472,6 +526,16 @@ fn check_received(
 /// [`ops::moe_combine`] of the single-rank MoE. Every rank calls it.
 pub fn combine(
     transport: &dyn Transport,
+    handle: &EpHandle,
+    expert_out: &Tensor,
+    shared: &Tensor,
+) -> Result<Tensor> {
+    let t = Counted::new(transport);
+    combine_on(&t, handle, expert_out, shared).inspect_err(|e| t.fail(e))
+}
+
+fn combine_on(
+    transport: &Counted,
     handle: &EpHandle,
     expert_out: &Tensor,
     shared: &Tensor,

@@ -20,10 +20,11 @@ use cudarc::nccl::result as nccl;
 use cudarc::nccl::safe::{Comm, Id};
 use std::sync::LazyLock;
 
-/// Header words per peer: dtype, rank, and four dimensions.
-const HEADER: usize = 6;
+/// Header words per peer: status (0, or 1 from a rank that failed on its
+/// own), dtype, rank, and four dimensions.
+const HEADER: usize = 7;
 /// Most dimensions a tensor sent through NCCL may have.
-const MAX_RANK: usize = HEADER - 2;
+const MAX_RANK: usize = HEADER - 3;
 const DTYPES: [DType; 8] = [
     DType::F32,
     DType::BF16,
@@ -46,18 +47,14 @@ fn nccl_error(during: &'static str) -> impl Fn(nccl::NcclError) -> Error {
     move |e| collective(during, format!("{e:?}"))
 }
 
-/// Whether libnccl can be loaded (cached).
+/// Whether libnccl can be loaded under one of the names cudarc itself
+/// tries (cached): cudarc panics when none loads, so a `libnccl.so.2` alone
+/// (without its `libnccl.so` link) counts as absent.
 fn nccl_present() -> bool {
-    static PRESENT: LazyLock<bool> = LazyLock::new(|| {
-        cudarc::get_lib_name_candidates("nccl")
-            .iter()
-            .chain(["libnccl.so.2".to_string()].iter())
-            .any(|name| {
-                // SAFETY: loading libnccl runs only its ELF initialisers,
-                // which have no preconditions; the handle is dropped at once.
-                unsafe { libloading::Library::new(name) }.is_ok()
-            })
-    });
+    // SAFETY: the probe loads the library's ELF initialisers only (no
+    // preconditions) and drops the handle at once.
+    static PRESENT: LazyLock<bool> =
+        LazyLock::new(|| unsafe { cudarc::nccl::sys::is_culib_present() });
     *PRESENT
 }
 
@@ -71,7 +68,9 @@ fn need_nccl() -> Result<()> {
     if !nccl_present() {
         return Err(Error::DeviceUnavailable {
             device: "nccl".into(),
-            why: "libnccl (libnccl.so.2) is not on the library path".into(),
+            why: "libnccl is not on the library path under a name cudarc loads \
+                  (libnccl.so, or libnccl.so.<CUDA major>)"
+                .into(),
         });
     }
     Ok(())
@@ -158,74 +157,48 @@ fn header(t: &Tensor) -> Result<[u64; HEADER]> {
         });
     }
     let mut h = [0u64; HEADER];
-    h[0] = code as u64;
-    h[1] = t.shape().len() as u64;
-    for (slot, &d) in h[2..].iter_mut().zip(t.shape()) {
+    h[1] = code as u64;
+    h[2] = t.shape().len() as u64;
+    for (slot, &d) in h[3..].iter_mut().zip(t.shape()) {
         *slot = d as u64;
     }
     Ok(h)
 }
 
-fn from_header(h: &[u64]) -> Result<(DType, Vec<usize>)> {
+/// A peer's header: `None` when that peer failed on its own.
+fn from_header(h: &[u64]) -> Result<Option<(DType, Vec<usize>)>> {
     let bad = || {
         collective(
             "all_to_all_v",
             format!("a peer sent a malformed header {h:?}"),
         )
     };
-    let dtype = usize::try_from(h[0])
+    if h[0] != 0 {
+        return Ok(None);
+    }
+    let dtype = usize::try_from(h[1])
         .ok()
         .and_then(|c| DTYPES.get(c).copied())
         .ok_or_else(bad)?;
-    let rank = usize::try_from(h[1])
+    let rank = usize::try_from(h[2])
         .ok()
         .filter(|&r| r <= MAX_RANK)
         .ok_or_else(bad)?;
-    let shape = h[2..2 + rank]
+    let shape = h[3..3 + rank]
         .iter()
         .map(|&d| usize::try_from(d).map_err(|_| bad()))
         .collect::<Result<Vec<_>>>()?;
-    Ok((dtype, shape))
+    Ok(Some((dtype, shape)))
 }
 
-impl Transport for NcclTransport {
-    fn rank(&self) -> usize {
-        self.comm.rank()
-    }
-
-    fn world(&self) -> usize {
-        self.comm.world_size()
-    }
-
-    fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>> {
-        const OP: &str = "ep::NcclTransport::all_to_all_v";
+impl NcclTransport {
+    /// The header round of a collective: this rank's `headers` (one row
+    /// per peer) out, every peer's in.
+    fn exchange_headers(&self, headers: &[u64]) -> Result<Vec<u64>> {
         let world = self.world();
-        if send.len() != world {
-            return Err(Error::Argument {
-                op: OP,
-                arg: "send",
-                value: format!("{} tensors", send.len()),
-                why: "needs one tensor per rank",
-            });
-        }
         let device = Device::Cuda(self.device.clone());
-        for t in &send {
-            if !t.device().same_as(&device) {
-                return Err(Error::DeviceMismatch {
-                    op: OP,
-                    tensor: "send",
-                    got: t.device().to_string(),
-                    expected: device.to_string(),
-                });
-            }
-        }
-        // 1. Headers.
-        let mut h = Vec::with_capacity(world * HEADER);
-        for t in &send {
-            h.extend(header(t)?);
-        }
         let h_send = Tensor::from_vec(
-            h.iter().map(|&w| w as i64).collect::<Vec<i64>>(),
+            headers.iter().map(|&w| w as i64).collect::<Vec<i64>>(),
             &[world, HEADER],
         )?
         .to_device(&device)?;
@@ -248,19 +221,82 @@ impl Transport for NcclTransport {
             }
             Ok(())
         })?;
-        let words: Vec<u64> = h_recv
+        Ok(h_recv
             .to_vec::<i64>()?
             .into_iter()
             .map(|w| w as u64)
-            .collect();
+            .collect())
+    }
+}
+
+impl Transport for NcclTransport {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn world(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    /// Takes part in the next collective's header round with status 1, so
+    /// every peer fails it (if that round fails too, there is nothing more
+    /// to tell).
+    fn abort(&self, _why: &str) {
+        let mut h = vec![0u64; self.world() * HEADER];
+        for row in h.chunks_exact_mut(HEADER) {
+            row[0] = 1;
+        }
+        let _ = self.exchange_headers(&h);
+    }
+
+    fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        const OP: &str = "ep::NcclTransport::all_to_all_v";
+        let world = self.world();
+        let device = Device::Cuda(self.device.clone());
+        // 1. Headers. A bad send fails this rank, and through the header
+        // round (status 1) every peer, rather than leaving them waiting.
+        let local = || -> Result<Vec<u64>> {
+            if send.len() != world {
+                return Err(Error::Argument {
+                    op: OP,
+                    arg: "send",
+                    value: format!("{} tensors", send.len()),
+                    why: "needs one tensor per rank",
+                });
+            }
+            let mut h = Vec::with_capacity(world * HEADER);
+            for t in &send {
+                if !t.device().same_as(&device) {
+                    return Err(Error::DeviceMismatch {
+                        op: OP,
+                        tensor: "send",
+                        got: t.device().to_string(),
+                        expected: device.to_string(),
+                    });
+                }
+                h.extend(header(t)?);
+            }
+            Ok(h)
+        };
+        let h = match local() {
+            Ok(h) => h,
+            Err(e) => {
+                self.abort(&e.to_string());
+                return Err(e);
+            }
+        };
+        let words = self.exchange_headers(&h)?;
         // 2. Payloads.
-        let mut recv = words
-            .chunks_exact(HEADER)
-            .map(|hd| {
-                let (dtype, shape) = from_header(hd)?;
-                Tensor::empty(&device, dtype, &shape)
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let mut recv = Vec::with_capacity(world);
+        for (p, hd) in words.chunks_exact(HEADER).enumerate() {
+            let Some((dtype, shape)) = from_header(hd)? else {
+                return Err(collective(
+                    "all_to_all_v",
+                    format!("rank {p} failed on its own"),
+                ));
+            };
+            recv.push(Tensor::empty(&device, dtype, &shape)?);
+        }
         self.group(|| {
             for (p, t) in send.iter().enumerate() {
                 if t.storage_bytes() > 0 {

@@ -12,6 +12,8 @@
 //! never changes a result either.
 
 use crate::error::{Error, Result};
+use std::cmp::{Ordering, Reverse};
+use std::collections::{BinaryHeap, HashSet};
 
 const OP: &str = "ep::Placement";
 
@@ -274,17 +276,22 @@ pub fn balance(load: &[u64], ranks: usize, slots_per_rank: usize) -> Result<Plac
     let heavier = |a: (u64, u64), b: (u64, u64)| {
         u128::from(a.0) * u128::from(b.1) > u128::from(b.0) * u128::from(a.1)
     };
+    // Step 1 on a heap of (load per replica, expert): the heaviest, ties to
+    // the lower id, while below the cap (some expert is: slots ≤ ranks · n).
+    let mut hot: BinaryHeap<Hot> = (0..n)
+        .filter(|_| cap > 1)
+        .map(|e| Hot {
+            load: load[e],
+            copies: 1,
+            e,
+        })
+        .collect();
     for _ in n..slots {
-        // Some expert is below the cap: slots ≤ ranks · n.
-        let best = (0..n).filter(|&e| copies[e] < cap).reduce(|best, e| {
-            if heavier((load[e], copies[e]), (load[best], copies[best])) {
-                e
-            } else {
-                best
-            }
-        });
-        if let Some(e) = best {
-            copies[e] += 1;
+        let Some(mut h) = hot.pop() else { break };
+        h.copies += 1;
+        copies[h.e] = h.copies;
+        if h.copies < cap {
+            hot.push(h);
         }
     }
     let mut items: Vec<usize> = (0..n)
@@ -302,20 +309,37 @@ pub fn balance(load: &[u64], ranks: usize, slots_per_rank: usize) -> Result<Plac
     });
     let share = |e: usize| load[e] as f64 / copies[e] as f64;
     let mut per_rank: Vec<Vec<usize>> = vec![Vec::with_capacity(slots_per_rank); ranks];
+    let mut holds: Vec<HashSet<usize>> = vec![HashSet::new(); ranks];
     let mut rank_load = vec![0.0f64; ranks];
+    // Step 2's ranks with room, least loaded first (ties: the lower rank);
+    // an entry whose load is no longer its rank's is stale and dropped.
+    // Loads are finite and ≥ 0, so their bit patterns order like them.
+    let mut open: BinaryHeap<Reverse<(u64, usize)>> =
+        (0..ranks).map(|r| Reverse((0f64.to_bits(), r))).collect();
     for e in items {
-        let has_room = |r: &Vec<usize>| r.len() < slots_per_rank;
-        let target = (0..ranks)
-            .filter(|&r| has_room(&per_rank[r]) && !per_rank[r].contains(&e))
-            .min_by(|&a, &b| rank_load[a].total_cmp(&rank_load[b]).then(a.cmp(&b)));
+        let mut skipped = Vec::new();
+        let mut target = None;
+        while let Some(Reverse((bits, r))) = open.pop() {
+            if bits != rank_load[r].to_bits() || per_rank[r].len() >= slots_per_rank {
+                continue;
+            }
+            if holds[r].contains(&e) {
+                skipped.push(Reverse((bits, r)));
+                continue;
+            }
+            target = Some(r);
+            break;
+        }
+        open.extend(skipped);
         let r = match target {
             Some(r) => r,
             None => {
                 // Every rank with room holds e. A full rank without e exists
                 // (e has fewer than `ranks` replicas placed), and it holds
                 // some f the roomy rank lacks (it holds more experts).
+                let has_room = |r: &Vec<usize>| r.len() < slots_per_rank;
                 let roomy = (0..ranks).find(|&r| has_room(&per_rank[r]));
-                let full = (0..ranks).find(|&r| !per_rank[r].contains(&e));
+                let full = (0..ranks).find(|&r| !holds[r].contains(&e));
                 let (Some(roomy), Some(full)) = (roomy, full) else {
                     return Err(arg(
                         "slots_per_rank",
@@ -325,19 +349,28 @@ pub fn balance(load: &[u64], ranks: usize, slots_per_rank: usize) -> Result<Plac
                 };
                 let Some(at) = per_rank[full]
                     .iter()
-                    .position(|f| !per_rank[roomy].contains(f))
+                    .position(|f| !holds[roomy].contains(f))
                 else {
                     return Err(arg("slots_per_rank", slots_per_rank, "no replica to move"));
                 };
                 let f = per_rank[full].swap_remove(at);
+                holds[full].remove(&f);
                 rank_load[full] -= share(f);
                 per_rank[roomy].push(f);
+                holds[roomy].insert(f);
                 rank_load[roomy] += share(f);
+                if per_rank[roomy].len() < slots_per_rank {
+                    open.push(Reverse((rank_load[roomy].to_bits(), roomy)));
+                }
                 full
             }
         };
         per_rank[r].push(e);
+        holds[r].insert(e);
         rank_load[r] += share(e);
+        if per_rank[r].len() < slots_per_rank {
+            open.push(Reverse((rank_load[r].to_bits(), r)));
+        }
     }
     let mut table = Vec::with_capacity(slots);
     for mut experts in per_rank {
@@ -345,4 +378,27 @@ pub fn balance(load: &[u64], ranks: usize, slots_per_rank: usize) -> Result<Plac
         table.extend(experts);
     }
     Placement::from_table(n, ranks, table)
+}
+
+/// An expert in step 1 of [`balance`]: greater when its load per replica is
+/// larger (exactly, as a rational), then when its id is lower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Hot {
+    load: u64,
+    copies: u64,
+    e: usize,
+}
+
+impl Ord for Hot {
+    fn cmp(&self, other: &Self) -> Ordering {
+        let a = u128::from(self.load) * u128::from(other.copies);
+        let b = u128::from(other.load) * u128::from(self.copies);
+        a.cmp(&b).then(other.e.cmp(&self.e))
+    }
+}
+
+impl PartialOrd for Hot {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
 }

@@ -24,6 +24,10 @@ pub trait Transport {
     /// (shapes and dtypes as sent). Every rank calls it, in the same order
     /// as the other collectives.
     fn all_to_all_v(&self, send: Vec<Tensor>) -> Result<Vec<Tensor>>;
+    /// This rank failed on its own (`why`): it takes part in the next
+    /// collective as a failure, so every rank in it returns a typed error
+    /// instead of waiting for this one.
+    fn abort(&self, why: &str);
 }
 
 fn wrong_count(op: &'static str, got: usize, world: usize) -> Error {
@@ -59,6 +63,9 @@ impl Transport for Local {
         }
         Ok(send)
     }
+
+    /// No peer waits for a one-rank group.
+    fn abort(&self, _why: &str) {}
 }
 
 /// The shared state of a simulated world.
@@ -111,23 +118,27 @@ impl World {
     /// Marks `rank` as gone: ranks waiting in a barrier, and any that
     /// arrive later, abort.
     fn leave(&self, rank: usize, why: String) {
-        // A poisoned lock still holds the state. Once a rank has left, no
-        // barrier can complete: the world stops (a rank past its last
-        // barrier has already moved on and is not affected).
+        // Once a rank has left, no barrier can complete: the world stops (a
+        // rank past its last barrier has already moved on).
+        self.stop(format!("rank {rank} left ({why})"));
+    }
+
+    /// Stops the world for `why` (the first reason stays) and wakes every
+    /// waiting rank.
+    fn stop(&self, why: String) {
+        // A poisoned lock still holds the state.
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.aborted.is_none() {
-            st.aborted = Some(format!("rank {rank} left ({why})"));
+            st.aborted = Some(why);
         }
         self.turn.notify_all();
     }
 }
 
 fn aborted(why: impl Into<String>) -> Error {
-    Error::Argument {
-        op: "ep::SimWorld",
-        arg: "collective",
-        value: why.into(),
-        why: "the simulated world aborted",
+    Error::Collective {
+        during: "ep::SimWorld".into(),
+        why: why.into(),
     }
 }
 
@@ -147,6 +158,10 @@ pub struct SimRank<'w> {
 impl Transport for SimRank<'_> {
     fn rank(&self) -> usize {
         self.rank
+    }
+
+    fn abort(&self, why: &str) {
+        self.world.stop(format!("rank {} failed: {why}", self.rank));
     }
 
     fn world(&self) -> usize {
@@ -223,28 +238,53 @@ impl SimWorld {
             turn: Condvar::new(),
         };
         let results: Vec<Result<T>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..size)
-                .map(|rank| {
-                    let (world, f) = (&world, &f);
-                    s.spawn(move || {
+            let mut handles = Vec::with_capacity(size);
+            for rank in 0..size {
+                let (world, f) = (&world, &f);
+                let spawned = std::thread::Builder::new()
+                    .name(format!("ep-rank-{rank}"))
+                    .spawn_scoped(s, move || {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             f(&SimRank { rank, world })
                         }));
-                        let r = r.unwrap_or_else(|_| Err(aborted(format!("rank {rank} panicked"))));
+                        let r = r.unwrap_or_else(|payload| {
+                            let what = payload
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| payload.downcast_ref::<String>().cloned())
+                                .unwrap_or_default();
+                            Err(aborted(format!("rank {rank} panicked: {what}")))
+                        });
                         let why = match &r {
                             Ok(_) => "it returned".to_string(),
                             Err(e) => format!("error: {e}"),
                         };
                         world.leave(rank, why);
                         r
-                    })
-                })
-                .collect();
+                    });
+                match spawned {
+                    Ok(h) => handles.push(Ok(h)),
+                    Err(e) => {
+                        // The ranks already started fail at their next barrier.
+                        let why = format!("rank {rank} could not start: {e}");
+                        world.stop(why.clone());
+                        handles.push(Err(Error::Argument {
+                            op: "ep::SimWorld::run",
+                            arg: "size",
+                            value: size.to_string(),
+                            why: "the system refused a rank's thread",
+                        }));
+                        break;
+                    }
+                }
+            }
             handles
                 .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(aborted("a rank's thread panicked")))
+                .map(|h| match h {
+                    Ok(h) => h
+                        .join()
+                        .unwrap_or_else(|_| Err(aborted("a rank's thread panicked"))),
+                    Err(e) => Err(e),
                 })
                 .collect()
         });
@@ -257,13 +297,8 @@ impl SimWorld {
             match r {
                 Ok(v) => out.push(v),
                 Err(e) => {
-                    let is_abort = matches!(
-                        &e,
-                        Error::Argument {
-                            op: "ep::SimWorld",
-                            ..
-                        }
-                    );
+                    let is_abort =
+                        matches!(&e, Error::Collective { during, .. } if during == "ep::SimWorld");
                     let slot = if is_abort {
                         &mut first_abort
                     } else {
