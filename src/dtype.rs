@@ -41,6 +41,19 @@ pub enum DType {
 }
 
 impl DType {
+    /// Every dtype, in declaration order (a stable numbering for wire
+    /// headers and fuzzers).
+    pub const ALL: [DType; 8] = [
+        DType::F32,
+        DType::BF16,
+        DType::F8E4M3,
+        DType::E8M0,
+        DType::F4E2M1x2,
+        DType::I32,
+        DType::I64,
+        DType::U8,
+    ];
+
     /// Bytes needed for `numel` logical elements (FP4 rounds up to whole bytes).
     pub fn storage_bytes(self, numel: usize) -> usize {
         match self {

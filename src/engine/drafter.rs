@@ -83,46 +83,25 @@ fn sigmoid(x: f32) -> f32 {
 type BoxedChooser<'a> = Box<dyn FnMut(usize, &[f32]) -> u32 + 'a>;
 
 impl DsparkDrafter {
-    /// Checks `input`, seeds the drafter with its unseen positions but the
-    /// last, and returns that last position's features and the token the
-    /// drafts continue.
-    fn prepare(
+    /// Seeds the drafter with `input`'s unseen positions but the last (the
+    /// batch was checked first) and returns that last position's features.
+    fn seed_unseen(
         &self,
         model: &Model,
         pool: &mut StatePool,
         input: &DraftInput,
-    ) -> Result<(Tensor, u32)> {
-        let (features, fed_from, p) = (input.features, input.fed_from, input.p);
-        let rows = features.rows();
-        if rows != p + 1 - fed_from.min(p + 1) {
-            return Err(crate::Error::Argument {
-                op: "DsparkDrafter",
-                arg: "features",
-                value: format!("{rows} rows for positions {fed_from} ..= {p}"),
-                why: "one row per position the drafter has not seen",
-            }
-            .into());
-        }
+    ) -> Result<Tensor> {
+        let rows = input.features.rows();
         if rows > 1 {
             model.dspark_seed(
                 &self.weights,
                 pool,
                 input.seq,
-                &features.narrow_rows(0, rows - 1)?,
-                fed_from,
+                &input.features.narrow_rows(0, rows - 1)?,
+                input.fed_from,
             )?;
         }
-        let next = input
-            .context
-            .last()
-            .copied()
-            .ok_or(crate::Error::Argument {
-                op: "DsparkDrafter",
-                arg: "context",
-                value: "[]".into(),
-                why: "drafting needs the token the drafts continue",
-            })?;
-        Ok((features.narrow_rows(rows.saturating_sub(1), 1)?, next))
+        Ok(input.features.narrow_rows(rows.saturating_sub(1), 1)?)
     }
 }
 
@@ -149,8 +128,14 @@ impl Drafter for DsparkDrafter {
     ) -> Result<Vec<Proposal>> {
         // Every input is checked before any ring is seeded, so a refused
         // batch changes nothing.
+        let mut nexts = Vec::with_capacity(inputs.len());
         for (k, input) in inputs.iter().enumerate() {
             let rows = input.features.rows();
+            let next = input
+                .context
+                .last()
+                .copied()
+                .filter(|&t| (t as usize) < model.cfg.vocab_size);
             let (fed_from, p) = (input.fed_from, input.p);
             let bad = if rows != p + 1 - fed_from.min(p + 1) {
                 Some((
@@ -164,11 +149,7 @@ impl Drafter for DsparkDrafter {
                     input.seq.to_string(),
                     "a sequence drafts once per batch",
                 ))
-            } else if input
-                .context
-                .last()
-                .is_none_or(|&t| t as usize >= model.cfg.vocab_size)
-            {
+            } else if next.is_none() {
                 Some((
                     "context",
                     format!("{:?}", input.context.last()),
@@ -186,10 +167,11 @@ impl Drafter for DsparkDrafter {
                 }
                 .into());
             }
+            nexts.push(next.unwrap_or_default());
         }
         let mut lasts = Vec::with_capacity(inputs.len());
         for input in &inputs {
-            lasts.push(self.prepare(model, pool, input)?);
+            lasts.push(self.seed_unseen(model, pool, input)?);
         }
         let mut probs: Vec<Vec<Vec<(u32, f64)>>> = inputs.iter().map(|_| Vec::new()).collect();
         let mut choosers: Vec<BoxedChooser> = inputs
@@ -212,7 +194,7 @@ impl Drafter for DsparkDrafter {
             .collect();
         let mut reqs: Vec<DraftRequest> = inputs
             .iter()
-            .zip(&lasts)
+            .zip(lasts.iter().zip(&nexts))
             .zip(choosers.iter_mut())
             .map(|((input, (last, next)), choose)| DraftRequest {
                 seq: input.seq,

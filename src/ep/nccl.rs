@@ -25,16 +25,6 @@ use std::sync::LazyLock;
 const HEADER: usize = 7;
 /// Most dimensions a tensor sent through NCCL may have.
 const MAX_RANK: usize = HEADER - 3;
-const DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::BF16,
-    DType::F8E4M3,
-    DType::E8M0,
-    DType::F4E2M1x2,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-];
 
 fn collective(during: impl Into<String>, why: impl Into<String>) -> Error {
     Error::Collective {
@@ -147,7 +137,7 @@ impl NcclTransport {
 }
 
 fn header(t: &Tensor) -> Result<[u64; HEADER]> {
-    let code = DTYPES.iter().position(|&d| d == t.dtype()).unwrap_or(0);
+    let code = DType::ALL.iter().position(|&d| d == t.dtype()).unwrap_or(0);
     if t.shape().len() > MAX_RANK {
         return Err(Error::Shape {
             op: "ep::NcclTransport::all_to_all_v",
@@ -178,7 +168,7 @@ fn from_header(h: &[u64]) -> Result<Option<(DType, Vec<usize>)>> {
     }
     let dtype = usize::try_from(h[1])
         .ok()
-        .and_then(|c| DTYPES.get(c).copied())
+        .and_then(|c| DType::ALL.get(c).copied())
         .ok_or_else(bad)?;
     let rank = usize::try_from(h[2])
         .ok()

@@ -13,17 +13,6 @@ pub struct Bytes<'a> {
 /// through the constructors' checks, but never allocated).
 pub const MAX_NUMEL: usize = 1 << 14;
 
-const DTYPES: [DType; 8] = [
-    DType::F32,
-    DType::BF16,
-    DType::F8E4M3,
-    DType::E8M0,
-    DType::F4E2M1x2,
-    DType::I32,
-    DType::I64,
-    DType::U8,
-];
-
 /// Dims: mostly the small and block-shaped sizes the ops expect.
 const DIMS: [usize; 24] = [
     1, 2, 4, 8, 16, 32, 64, 3, 0, 5, 128, 6, 24, 136, 528, 288, 12, 96, 256, 7, 20, 10, 48, 2,
@@ -132,7 +121,7 @@ impl<'a> Bytes<'a> {
         if b < 224 {
             hint
         } else {
-            DTYPES[usize::from(b) % DTYPES.len()]
+            DType::ALL[usize::from(b) % DType::ALL.len()]
         }
     }
 
