@@ -2,10 +2,18 @@
 //! bitwise the CPU's for every dtype, row widths with and without 16-byte
 //! words, repeated and unsorted indices; route → dispatch → grouped FP4 GEMMs →
 //! combine with every tensor on the GPU (allocations NaN-poisoned) equals
-//! the CPU's single-rank MoE bitwise, through the local transport and
-//! through a one-rank NCCL world, in both modes and with both payloads; the
-//! NCCL all-to-all returns what was sent, empty tensors included. (A world
-//! larger than the machine is `tests/errors.rs`'s case, run here too.)
+//! the single-rank MoE composed of the same GPU ops bitwise (the normal
+//! mode the contiguous layout's, the low-latency mode the masked layout's:
+//! the two GPU kernels sum in different orders), and the CPU's within
+//! calc_diff 1e-5 (the GPU GEMMs' fp32 order moves a few percent of the
+//! BF16 outputs by one ulp, about 3e-7 measured; an indexing error gives
+//! ≥ 1e-2), through the local transport and a one-rank NCCL world, in both
+//! modes and with both payloads; the NCCL all-to-all returns what was sent,
+//! empty tensors included. (A world larger than the machine is
+//! `tests/errors.rs`'s case, run here too.) Under DEEPINFER_QUICK (the
+//! sanitizer passes) the NCCL worlds are skipped: libnccl's start-up probes
+//! kernels it was not built with (cudaFuncGetAttributes → "no kernel
+//! image"), which memcheck reports as API errors of the process.
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
 //! the GPU bundle).
@@ -13,15 +21,36 @@
 
 mod common;
 
-use common::ep::{bits, ep_rank, problem, single_rank};
+use common::ep::{Problem, bits, ep_rank, problem, single_rank, single_rank_in};
 use deepinfer::device::CudaDevice;
 use deepinfer::ep::{self, EpConfig, Local, Mode, Payload, Placement, Transport};
+use deepinfer::numerics::calc_diff;
 use deepinfer::{DType, Device, Error, Tensor, ops};
 use rand::Rng;
 
 fn gpu() -> Device {
     let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
     Device::Cuda(dev.with_poisoned_allocations())
+}
+
+/// `got` is bitwise the single-rank MoE of `mode` composed of the same GPU
+/// ops on `gpu`, and within calc_diff 1e-5 of the CPU's single-rank MoE.
+fn check(got: &[half::bf16], cpu: &Problem, gpu: &Problem, mode: Mode, what: &str) {
+    assert_eq!(
+        bits(got),
+        bits(&single_rank_in(gpu, mode)),
+        "{what} {mode:?}"
+    );
+    let f = |v: &[half::bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<_>>();
+    let d = calc_diff(&f(got), &f(&single_rank(cpu)));
+    assert!(
+        d <= 1e-5,
+        "{what} {mode:?}: calc_diff {d:e} against the CPU"
+    );
+}
+
+fn quick() -> bool {
+    std::env::var_os("DEEPINFER_QUICK").is_some()
 }
 
 fn configs(n_experts: usize, top_k: usize, d: usize, tokens: usize) -> Vec<EpConfig> {
@@ -46,17 +75,16 @@ fn the_local_transport_on_the_gpu_equals_the_cpu_moe_bitwise() {
         (0, 8, 2, 64, 64),
     ] {
         let cpu = problem(&mut rng, tokens, n_experts, top_k, d, inter);
-        let want = bits(&single_rank(&cpu));
         let p = cpu.to_device(&dev);
         for cfg in configs(n_experts, top_k, d, tokens) {
             let (got, overflow) = ep_rank(&Local, &cfg, &p, (0, tokens)).unwrap();
             assert_eq!(overflow, 0);
-            assert_eq!(
-                bits(&got),
-                want,
-                "{tokens} tokens, {:?} {:?}",
-                cfg.payload(),
-                cfg.mode()
+            check(
+                &got,
+                &cpu,
+                &p,
+                cfg.mode(),
+                &format!("{tokens} tokens, {:?}", cfg.payload()),
             );
         }
     }
@@ -69,9 +97,14 @@ fn a_one_rank_nccl_world_moves_tensors_and_runs_the_same_moe() {
         unreachable!()
     };
     let ordinal = cuda.ordinal();
+    if quick() {
+        println!(
+            "skipped under DEEPINFER_QUICK: libnccl's start-up probes are API errors to memcheck"
+        );
+        return;
+    }
     let mut rng = common::rng("cuda_ep_nccl");
     let cpu = problem(&mut rng, 41, 32, 4, 128, 64);
-    let want = bits(&single_rank(&cpu));
     let res = ep::nccl_world(&[ordinal], |rank| {
         // The all-to-all returns what it was sent: dtype, shape and bytes.
         let dev = Device::Cuda(rank.device().clone());
@@ -94,14 +127,15 @@ fn a_one_rank_nccl_world_moves_tensors_and_runs_the_same_moe() {
         let p = cpu.to_device(&dev);
         let mut outs = Vec::new();
         for cfg in configs(32, 4, 128, 41) {
-            outs.push(ep_rank(rank, &cfg, &p, (0, 41))?.0);
+            outs.push((cfg.mode(), ep_rank(rank, &cfg, &p, (0, 41))?.0));
         }
         Ok(outs)
     });
     match res {
         Ok(ranks) => {
-            for out in &ranks[0] {
-                assert_eq!(bits(out), want);
+            let p = cpu.to_device(&dev);
+            for (mode, out) in &ranks[0] {
+                check(out, &cpu, &p, *mode, "one-rank NCCL world");
             }
         }
         // A GPU machine without libnccl on the library path: say so, typed.
@@ -156,11 +190,18 @@ fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
 }
 
 /// Two or more GPUs: dispatch → grouped GEMMs → combine across an NCCL
-/// world of every device equals the CPU's single-rank MoE bitwise, in both
-/// modes and with both payloads (skipped, saying so, on one GPU).
+/// world of every device equals the single-rank MoE of the same mode on
+/// GPU 0 bitwise (and the CPU's within calc_diff), in both modes and with
+/// both payloads (skipped, saying so, on one GPU or under DEEPINFER_QUICK).
 #[test]
 fn an_nccl_world_of_every_gpu_equals_the_cpu_moe_bitwise() {
     let count = CudaDevice::count().unwrap();
+    if quick() {
+        println!(
+            "skipped under DEEPINFER_QUICK: libnccl's start-up probes are API errors to memcheck"
+        );
+        return;
+    }
     if count < 2 {
         println!("skipped: {count} GPU(s); the multi-rank NCCL run needs 2 or more");
         return;
@@ -169,7 +210,7 @@ fn an_nccl_world_of_every_gpu_equals_the_cpu_moe_bitwise() {
     let world = count.min(8);
     let (n_experts, top_k, d, inter, tokens) = (64, 6, 128, 64, 97);
     let cpu = problem(&mut rng, tokens, n_experts, top_k, d, inter);
-    let want = bits(&single_rank(&cpu));
+    let p0 = cpu.to_device(&gpu());
     let shards = common::ep::shards(&mut rng, tokens, world);
     let max_tokens = shards.iter().map(|s| s.1).max().unwrap_or(1).max(1);
     let ordinals: Vec<usize> = (0..world).collect();
@@ -189,7 +230,7 @@ fn an_nccl_world_of_every_gpu_equals_the_cpu_moe_bitwise() {
             })
             .unwrap();
             let got: Vec<_> = per_rank.into_iter().flat_map(|r| r.0).collect();
-            assert_eq!(bits(&got), want, "{world} GPUs, {payload:?}, {mode:?}");
+            check(&got, &cpu, &p0, mode, &format!("{world} GPUs, {payload:?}"));
         }
     }
 }

@@ -584,3 +584,303 @@ pub fn cublaslt_fp8_tensorwise(
     };
     Fp8TensorwisePlan::new(dev, m, n, k, out.dtype())?.run(a, a_scale, w, w_scale, out)
 }
+
+/// The row count the pinned algorithm of [`pinned_bf16_linear`] is chosen
+/// for (a decode batch of a few hundred tokens); it then runs for every M.
+const PINNED_REF_ROWS: usize = 256;
+
+/// How many of the heuristic's algorithms [`PinnedPlan::new`] considers.
+const PINNED_CANDIDATES: i32 = 16;
+
+/// One (stream, N, K, groups, output type)'s pinned cuBLASLt algorithm.
+struct PinnedPlan {
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+    desc: LtDesc,
+    handle: LtHandle,
+}
+
+// SAFETY: a cuBLASLt handle, matmul descriptor and algorithm are plain host
+// objects that cuBLASLt allows on any thread; every use of a plan goes
+// through the cache's per-plan mutex, so no two threads touch one at once.
+unsafe impl Send for PinnedPlan {}
+
+type SharedPlan = Arc<Mutex<PinnedPlan>>;
+
+/// The three column-major layouts of `groups` GEMMs `D_g[N × M] = W_gᵀ ·
+/// X_g` (W `[G·N, K]`, X `[M, G·K]`, D `[M, G·N]` row-major, BF16 inputs,
+/// `out_type` output): group g at offsets g·N·K, g·K and g·N.
+fn grouped_layouts(
+    (m, groups, n, k): (usize, usize, usize, usize),
+    out_type: lt_sys::cudaDataType_t,
+) -> Result<[LtLayout; 3]> {
+    use lt_sys::cublasLtMatrixLayoutAttribute_t as A;
+    let i64_of = |what: &'static str, v: Option<usize>| {
+        v.and_then(|v| i64::try_from(v).ok()).ok_or_else(|| {
+            super::param_error(what, usize::MAX, "a cuBLASLt leading dimension or stride")
+        })
+    };
+    let layout = |ty, rows: usize, cols: usize, ld: i64, stride: i64| -> Result<LtLayout> {
+        let l = LtLayout(
+            lt::create_matrix_layout(ty, rows as u64, cols as u64, ld)
+                .map_err(lt_error("cublasLtMatrixLayoutCreate"))?,
+        );
+        if groups > 1 {
+            let count = i32_param("groups", groups)?;
+            // SAFETY: the layout is live; BATCH_COUNT is an int32 and
+            // STRIDED_BATCH_OFFSET an int64, each passed by a pointer to a
+            // local of that type alive across the call.
+            unsafe {
+                lt::set_matrix_layout_attribute(
+                    l.0,
+                    A::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                    (&count as *const i32).cast(),
+                    std::mem::size_of::<i32>(),
+                )
+                .map_err(lt_error("cublasLtMatrixLayoutSetAttribute (batch count)"))?;
+                lt::set_matrix_layout_attribute(
+                    l.0,
+                    A::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    (&stride as *const i64).cast(),
+                    std::mem::size_of::<i64>(),
+                )
+                .map_err(lt_error("cublasLtMatrixLayoutSetAttribute (batch stride)"))?;
+            }
+        }
+        Ok(l)
+    };
+    let bf16 = lt_sys::cudaDataType_t::CUDA_R_16BF;
+    let (ldk, ldn) = (
+        i64_of("groups × k", groups.checked_mul(k))?,
+        i64_of("groups × n", groups.checked_mul(n))?,
+    );
+    Ok([
+        layout(
+            bf16,
+            k,
+            n,
+            i64_of("k", Some(k))?,
+            i64_of("n × k", n.checked_mul(k))?,
+        )?,
+        layout(bf16, k, m, ldk, i64_of("k", Some(k))?)?,
+        layout(out_type, n, m, ldn, i64_of("n", Some(n))?)?,
+    ])
+}
+
+impl PinnedPlan {
+    /// Picks, among the heuristic's algorithms for [`PINNED_REF_ROWS`] rows
+    /// with no workspace and no split-K reduction, the first whose split-K
+    /// count is 1 and which cuBLASLt accepts for one row too.
+    fn new(
+        dev: &CudaDevice,
+        dims: (usize, usize, usize),
+        out_type: lt_sys::cudaDataType_t,
+    ) -> Result<PinnedPlan> {
+        use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
+        use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
+        use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+        let (groups, n, k) = dims;
+        ensure_libraries()?;
+        bind(dev)?;
+        let handle = LtHandle(lt::create_handle().map_err(lt_error("cublasLtCreate"))?);
+        let desc = LtDesc(
+            lt::create_matmul_desc(
+                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                lt_sys::cudaDataType_t::CUDA_R_32F,
+            )
+            .map_err(lt_error("cublasLtMatmulDescCreate"))?,
+        );
+        let (op_t, op_n) = (
+            cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32,
+            cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32,
+        );
+        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
+        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
+        let pref =
+            LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
+        let (no_workspace, no_reduction) = (0u64, 0u32);
+        // SAFETY: the preference is live; MAX_WORKSPACE_BYTES is a uint64 and
+        // REDUCTION_SCHEME_MASK a uint32 (0: only CUBLASLT_REDUCTION_SCHEME_NONE),
+        // each passed by a pointer to a local of that type.
+        unsafe {
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&no_workspace as *const u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+            .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (workspace)"))?;
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                (&no_reduction as *const u32).cast(),
+                std::mem::size_of::<u32>(),
+            )
+            .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (reduction)"))?;
+        }
+        let at_ref = grouped_layouts((PINNED_REF_ROWS, groups, n, k), out_type)?;
+        let at_one = grouped_layouts((1, groups, n, k), out_type)?;
+        // SAFETY: an all-zero heuristic result is a valid value of this
+        // plain C struct (cuBLASLt overwrites the entries it returns).
+        let mut found: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; PINNED_CANDIDATES as usize];
+        let mut count = 0i32;
+        // SAFETY: handle, descriptor, layouts and preference are live; the
+        // result array holds PINNED_CANDIDATES entries, the count asked for.
+        unsafe {
+            lt_sys::cublasLtMatmulAlgoGetHeuristic(
+                handle.0,
+                desc.0,
+                at_ref[0].0,
+                at_ref[1].0,
+                at_ref[2].0,
+                at_ref[2].0,
+                pref.0,
+                PINNED_CANDIDATES,
+                found.as_mut_ptr(),
+                &mut count,
+            )
+        }
+        .result()
+        .map_err(lt_error("cublasLtMatmulAlgoGetHeuristic (pinned BF16)"))?;
+        let count = usize::try_from(count.clamp(0, PINNED_CANDIDATES)).unwrap_or(0);
+        for cand in found.iter().take(count) {
+            if cand.state != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
+                || cand.workspaceSize != 0
+            {
+                continue;
+            }
+            let mut splits = 0u32;
+            let mut written = 0usize;
+            // SAFETY: the algorithm is a live value returned above; SPLITK_NUM
+            // is a uint32 written into `splits`, its size passed.
+            let read = unsafe {
+                lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    &cand.algo,
+                    Cfg::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                    (&mut splits as *mut u32).cast(),
+                    std::mem::size_of::<u32>(),
+                    &mut written,
+                )
+            };
+            if read != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || splits > 1 {
+                continue;
+            }
+            // SAFETY: as the heuristic call; `check` is a plain C struct
+            // cuBLASLt writes.
+            let mut check: lt_sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+            let ok = unsafe {
+                lt_sys::cublasLtMatmulAlgoCheck(
+                    handle.0,
+                    desc.0,
+                    at_one[0].0,
+                    at_one[1].0,
+                    at_one[2].0,
+                    at_one[2].0,
+                    &cand.algo,
+                    &mut check,
+                )
+            };
+            if ok == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && check.workspaceSize == 0 {
+                return Ok(PinnedPlan {
+                    algo: cand.algo,
+                    desc,
+                    handle,
+                });
+            }
+        }
+        Err(Error::Blas {
+            during: format!(
+                "choosing a pinned cuBLASLt algorithm for BF16 [M, {k}] x [{n}, {k}]^T ({groups} groups)"
+            ),
+            status: format!(
+                "none of {count} candidates runs with no workspace, no split-K and one row"
+            ),
+        })
+    }
+}
+
+/// The pinned plan for (`dev`'s stream, dims, output type), made on first use.
+fn pinned_plan(
+    dev: &CudaDevice,
+    dims: (usize, usize, usize),
+    out_type: lt_sys::cudaDataType_t,
+) -> Result<SharedPlan> {
+    type Key = (usize, usize, usize, usize, u32);
+    static PLANS: LazyLock<Mutex<HashMap<Key, SharedPlan>>> = LazyLock::new(Mutex::default);
+    let key = (
+        Arc::as_ptr(dev.raw_stream()) as usize,
+        dims.0,
+        dims.1,
+        dims.2,
+        out_type as u32,
+    );
+    let mut plans = PLANS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(p) = plans.get(&key) {
+        return Ok(p.clone());
+    }
+    let plan = Arc::new(Mutex::new(PinnedPlan::new(dev, dims, out_type)?));
+    plans.insert(key, plan.clone());
+    Ok(plan)
+}
+
+/// The batch-invariant BF16 linear of a batch-invariant device
+/// ([`CudaDevice::batch_invariant`]), for [`crate::ops::bf16_linear_into`]
+/// (`groups` 1) and [`crate::ops::grouped_bf16_linear`]: for each group g,
+/// `out[:, g·N ..][M, N] = x[:, g·K ..][M, K] · w[g·N ..][N, K]ᵀ` with FP32
+/// compute and a BF16 or F32 `out`, through one cuBLASLt algorithm pinned
+/// per (stream, N, K, G, output type) by [`PinnedPlan::new`]: no workspace
+/// and no split-K, so every output element is one tile's K loop, the same
+/// for every M. The caller has validated dtypes, shapes (M, N, K ≥ 1, every
+/// size below 2^31) and the device.
+pub fn pinned_bf16_linear(
+    dev: &CudaDevice,
+    x: &Tensor,
+    w: &Tensor,
+    out: &mut Tensor,
+    (m, groups, n, k): (usize, usize, usize, usize),
+) -> Result<()> {
+    let out_type = match out.dtype() {
+        DType::F32 => lt_sys::cudaDataType_t::CUDA_R_32F,
+        _ => lt_sys::cudaDataType_t::CUDA_R_16BF,
+    };
+    let plan = pinned_plan(dev, (groups, n, k), out_type)?;
+    let plan = plan
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let layouts = grouped_layouts((m, groups, n, k), out_type)?;
+    bind(dev)?;
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (wp, _gw) = read_ptr(w.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: handle, descriptor and algorithm are live (the plan's) and the
+    // layouts describe exactly the validated buffers: W [G·N, K], X [M, G·K]
+    // and D [M, G·N] row-major, group g at offsets g·N·K, g·K and g·N (see
+    // `grouped_layouts`). The algorithm needs no workspace (checked when it
+    // was chosen), so none is passed. beta = 0: C (= D) is not read. alpha
+    // and beta are host f32 alive across the call; the guards order the
+    // buffers on `dev`'s stream, which the call runs on.
+    unsafe {
+        lt::matmul(
+            plan.handle.0,
+            plan.desc.0,
+            (&alpha as *const f32).cast(),
+            (&beta as *const f32).cast(),
+            wp,
+            layouts[0].0,
+            xp,
+            layouts[1].0,
+            op as *const c_void,
+            layouts[2].0,
+            op,
+            layouts[2].0,
+            &plan.algo,
+            std::ptr::null_mut(),
+            0,
+            dev.raw_stream().cu_stream() as lt_sys::cudaStream_t,
+        )
+    }
+    .map_err(lt_error("cublasLtMatmul (pinned BF16)"))
+}

@@ -40,6 +40,7 @@ pub struct CudaDevice {
     modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
     sms: usize,
     poison: bool,
+    batch_invariant: bool,
 }
 
 impl fmt::Debug for CudaDevice {
@@ -84,6 +85,7 @@ impl CudaDevice {
             modules: Arc::default(),
             sms: sms.max(1) as usize,
             poison: false,
+            batch_invariant: false,
         })
     }
 
@@ -160,6 +162,23 @@ impl CudaDevice {
             poison: true,
             ..self.clone()
         }
+    }
+
+    /// A handle to the same device whose ops pick only batch-invariant
+    /// kernels (`DEEPINFER_BATCH_INVARIANT=1`, ARCHITECTURE.md "Batch
+    /// invariance"): no kernel, tile or reduction order is chosen from the
+    /// row count. Tensors allocated through it carry the choice to every op
+    /// they reach.
+    pub fn with_batch_invariant_kernels(&self) -> CudaDevice {
+        CudaDevice {
+            batch_invariant: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether ops on this handle pick only batch-invariant kernels.
+    pub fn batch_invariant(&self) -> bool {
+        self.batch_invariant
     }
 
     /// Allocates `bytes` of device memory, uninitialised unless this handle

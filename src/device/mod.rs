@@ -48,6 +48,25 @@ impl Device {
         }
     }
 
+    /// This device with ops restricted to batch-invariant kernels
+    /// ([`CudaDevice::with_batch_invariant_kernels`]); the CPU reference is
+    /// invariant by construction and is returned as it is.
+    pub fn with_batch_invariant_kernels(&self) -> Device {
+        match self {
+            Device::Cpu => Device::Cpu,
+            Device::Cuda(d) => Device::Cuda(d.with_batch_invariant_kernels()),
+        }
+    }
+
+    /// Whether every op on this device computes a row independently of the
+    /// row count (always on the CPU).
+    pub fn batch_invariant(&self) -> bool {
+        match self {
+            Device::Cpu => true,
+            Device::Cuda(d) => d.batch_invariant(),
+        }
+    }
+
     /// Same physical device (CUDA: same ordinal).
     pub fn same_as(&self, other: &Device) -> bool {
         match (self, other) {

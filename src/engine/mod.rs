@@ -108,6 +108,13 @@ impl Engine {
     /// `config` is checked against the model ([`EngineConfig::validate`]).
     pub fn new(model: Model, config: EngineConfig) -> Result<Engine> {
         config.validate(&model.cfg)?;
+        if config.batch_invariant && !model.device().batch_invariant() {
+            return Err(arg(
+                "batch_invariant",
+                format!("1 with a model on {}", model.device()),
+                "load the model on Device::with_batch_invariant_kernels (Engine::from_dir_on does)",
+            ));
+        }
         Ok(Engine {
             model,
             config,
@@ -167,14 +174,22 @@ impl Engine {
 
     /// [`Engine::from_dir`] with the weights (and the drafter's) loaded onto
     /// `device`: the forward, the state pool and the drafter run there; the
-    /// sampler and structured output read the logits on the host.
+    /// sampler and structured output read the logits on the host. With
+    /// `config.batch_invariant` the device's ops pick only batch-invariant
+    /// kernels ([`crate::Device::with_batch_invariant_kernels`]).
     pub fn from_dir_on(
         dir: &Path,
         device: &crate::Device,
         config: EngineConfig,
         check_finite: bool,
     ) -> Result<Engine> {
-        let (model, dspark) = load_model_and_drafter(dir, device, check_finite)?;
+        // Batch invariance is a property of the device handle the weights
+        // (and so every activation) live on: its ops pick invariant kernels.
+        let device = match config.batch_invariant {
+            true => device.with_batch_invariant_kernels(),
+            false => device.clone(),
+        };
+        let (model, dspark) = load_model_and_drafter(dir, &device, check_finite)?;
         let config = EngineConfig {
             max_context: config.max_context.min(model.cfg.max_position()),
             ..config

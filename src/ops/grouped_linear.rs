@@ -7,7 +7,8 @@
 //! Invariant: on the CPU, bitwise [`cpu_backend::bf16_gemm`] per group
 //! (products summed in increasing k); on CUDA, one cuBLAS strided batched
 //! GEMM with FP32 compute (the order of its sums is cuBLAS's, like
-//! [`super::bf16_linear`]).
+//! [`super::bf16_linear`]; on a batch-invariant device, the same pinned
+//! cuBLASLt algorithm, so a row does not depend on T).
 //!
 //! [`cpu_backend::bf16_gemm`]: crate::cpu_backend::bf16_gemm
 
@@ -66,7 +67,15 @@ pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tens
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => {
             let mut out = Tensor::empty(&x.device(), DType::BF16, &[t, gn])?;
-            if t > 0 {
+            if t > 0 && dev.batch_invariant() {
+                crate::cuda_backend::blas::pinned_bf16_linear(
+                    &dev,
+                    x,
+                    w,
+                    &mut out,
+                    (t, groups, n, k),
+                )?;
+            } else if t > 0 {
                 crate::cuda_backend::blas::grouped_bf16_linear(
                     &dev,
                     x,

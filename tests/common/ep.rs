@@ -147,6 +147,60 @@ pub fn single_rank(p: &Problem) -> Vec<bf16> {
         .unwrap()
 }
 
+/// The single-rank MoE with its routed FFN in the masked layout
+/// `[E, capacity, D]` (capacity at least every expert's count), the layout
+/// and grouped GEMMs of the low-latency mode: on the GPU the masked kernel
+/// sums in another order than the contiguous one, so this is the bitwise
+/// reference of that mode. The masked rows are placed on the host from
+/// `ops::moe_layout`'s offsets (expert-major, ascending entry within one).
+pub fn single_rank_masked(p: &Problem, capacity: usize) -> Vec<bf16> {
+    let dev = p.x.device();
+    let (counts, offsets, perm) = ops::moe_layout(&p.ids, p.n_experts).unwrap();
+    let (xg, wg) = ops::moe_permute(&p.x, &p.weights, &perm).unwrap();
+    let offs: Vec<i32> = offsets.to_vec().unwrap();
+    let (e, d, n) = (p.n_experts, p.x.shape()[1], xg.rows());
+    // slot[e·capacity + c] = the grouped row there (n: a zero row).
+    let mut slot = vec![n; e * capacity];
+    let mut back = vec![0usize; n];
+    for x in 0..e {
+        for (c, i) in (offs[x] as usize..offs[x + 1] as usize).enumerate() {
+            assert!(c < capacity, "expert {x} holds more than {capacity} rows");
+            slot[x * capacity + c] = i;
+            back[i] = x * capacity + c;
+        }
+    }
+    let zero = Tensor::zeros(&dev, DType::BF16, &[1, d]).unwrap();
+    let padded = Tensor::cat_rows(&[&xg, &zero]).unwrap();
+    let xm = ops::gather_rows(&padded, &slot).unwrap();
+    let (q, s) = ops::act_quant_fp8(&xm).unwrap();
+    let wh: Vec<f32> = wg.to_vec().unwrap();
+    let wm: Vec<f32> = slot
+        .iter()
+        .map(|&i| wh.get(i).copied().unwrap_or(0.0))
+        .collect();
+    let wm = t(wm, &[e, capacity]).to_device(&dev).unwrap();
+    let out = p.experts.masked(
+        &q.reshape(&[e, capacity, d]).unwrap(),
+        &s.reshape(&[e, capacity, d / 32]).unwrap(),
+        &wm,
+        &counts,
+    );
+    let routed = ops::gather_rows(&out.reshape(&[e * capacity, d]).unwrap(), &back).unwrap();
+    ops::moe_combine(&routed, &perm, &p.shared)
+        .unwrap()
+        .to_vec()
+        .unwrap()
+}
+
+/// The single-rank reference of `mode` on `p`'s device: [`single_rank`]
+/// for the normal mode, [`single_rank_masked`] for the low-latency one.
+pub fn single_rank_in(p: &Problem, mode: Mode) -> Vec<bf16> {
+    match mode {
+        Mode::Normal => single_rank(p),
+        Mode::LowLatency { capacity, .. } => single_rank_masked(p, capacity.max(1)),
+    }
+}
+
 /// Contiguous token shards of `tokens` over `world` ranks, some empty.
 pub fn shards(rng: &mut StdRng, tokens: usize, world: usize) -> Vec<(usize, usize)> {
     let mut cuts: Vec<usize> = (0..world - 1)

@@ -5,6 +5,7 @@
 
 pub mod attention;
 pub mod ep;
+pub mod invariance;
 pub mod limits;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]

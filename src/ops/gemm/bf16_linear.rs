@@ -17,7 +17,10 @@ pub(super) const BF16_OP: &str = "bf16_linear";
 /// once, or F32). CPU: [`crate::cpu_backend::bf16_gemm`] /
 /// [`crate::cpu_backend::f32_gemm`] (products summed in increasing k);
 /// CUDA: cuBLAS `cublasGemmEx` with FP32 compute (its own summation order,
-/// so the two agree to rounding, `calc_diff` < 1e-5, not bitwise).
+/// so the two agree to rounding, `calc_diff` < 1e-5, not bitwise), or on a
+/// batch-invariant device ([`Device::batch_invariant`]) one cuBLASLt
+/// algorithm pinned per (N, K) with no split-K and no workspace, so a row's
+/// result does not depend on M.
 pub fn bf16_linear(a: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
     check_out_dtype(BF16_OP, "out_dtype", out_dtype)?;
     let (device, m, n, _) = validate_bf16(a, w)?;
@@ -39,6 +42,10 @@ pub fn bf16_linear_into(a: &Tensor, w: &Tensor, out: &mut Tensor) -> Result<()> 
         Device::Cpu => {
             let y = cpu_backend::f32_gemm(a.as_slice::<bf16>()?, w.as_slice::<bf16>()?, m, n, k);
             store_rows(out, &y, &[(0, m * n)])
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) if dev.batch_invariant() => {
+            crate::cuda_backend::blas::pinned_bf16_linear(&dev, a, w, out, (m, 1, n, k))
         }
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => crate::cuda_backend::blas::bf16_linear(&dev, a, w, out, m, n, k),

@@ -16,7 +16,8 @@ pub(super) const MXFP8_OP: &str = "mxfp8_linear";
 /// Block-scaled FP8 linear: `a` `[M, K]` e4m3 with `a_s` `[M, ⌈K/32⌉]`,
 /// `w` `[N, K]` e4m3 with `w_s` `[⌈N/32⌉, ⌈K/32⌉]`, all E8M0-scaled; returns
 /// a new `[M, N]` tensor of `out_dtype` (BF16 or F32) on the inputs' device,
-/// computed by the kernel [`GemmImpl::Auto`] picks.
+/// computed by the kernel [`GemmImpl::Auto`] picks (the large kernel for
+/// every M on a batch-invariant device, [`Device::batch_invariant`]).
 pub fn mxfp8_linear(
     a: &Tensor,
     a_s: &Tensor,
@@ -44,11 +45,17 @@ pub fn mxfp8_linear_into(
 ) -> Result<()> {
     let (_, m, n, k) = validate_mxfp8(a, a_s, w, w_s)?;
     check_out(MXFP8_OP, out, &[m, n])?;
-    let imp = imp.resolve(MXFP8_OP, m)?;
     let device = common_device(
         MXFP8_OP,
         &[("a", a), ("a_s", a_s), ("w", w), ("w_s", w_s), ("out", out)],
     )?;
+    // A batch-invariant device runs one kernel for every M: Auto's M ≤ 64
+    // switch would give a row another summation order in another batch.
+    let imp = match imp {
+        GemmImpl::Auto if device.batch_invariant() => GemmImpl::Large,
+        imp => imp,
+    }
+    .resolve(MXFP8_OP, m)?;
     if m == 0 {
         return Ok(());
     }

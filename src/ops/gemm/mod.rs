@@ -89,7 +89,8 @@ pub const SKINNY_MAX_M: usize = 64;
 /// Which CUDA kernel runs [`mxfp8_linear_into`] (the CPU has one reference).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemmImpl {
-    /// Skinny for M ≤ [`SKINNY_MAX_M`], large above.
+    /// Skinny for M ≤ [`SKINNY_MAX_M`], large above; large for every M on
+    /// a batch-invariant device ([`crate::Device::batch_invariant`]).
     #[default]
     Auto,
     /// The wgmma kernel for any M (`kernels-cuda/gemm/`).
