@@ -64,12 +64,16 @@ mod gpu {
             .collect()
     }
 
-    fn timed(h: &Harness, mut f: impl FnMut(usize) -> deepinfer::Result<()>) -> f64 {
-        f(0).unwrap();
-        h.cuda.synchronize().unwrap();
+    /// Median µs of `f(i)`, or the first call's error.
+    fn timed(
+        h: &Harness,
+        mut f: impl FnMut(usize) -> deepinfer::Result<()>,
+    ) -> Result<f64, String> {
+        f(0).map_err(|e| e.to_string())?;
+        h.cuda.synchronize().map_err(|e| e.to_string())?;
         let us = h.time_us(|i| f(i).unwrap());
-        h.cuda.synchronize().unwrap();
-        us
+        h.cuda.synchronize().map_err(|e| e.to_string())?;
+        Ok(us)
     }
 
     #[allow(clippy::too_many_arguments, reason = "one record's fields")]
@@ -77,24 +81,22 @@ mod gpu {
         h: &mut Harness,
         op: String,
         shape: serde_json::Value,
-        ours: f64,
+        ours: Result<f64, String>,
         default_name: &str,
-        default_us: f64,
+        default_us: Result<f64, String>,
         flops: f64,
         bytes: usize,
         formula: &str,
     ) {
-        println!("{op:<40} cost {:.3}x", ours / default_us);
-        h.record_gemm(
-            &op,
-            "",
-            shape,
-            Ok(ours),
-            flops,
-            bytes,
-            formula,
-            vec![json!({ "name": default_name, "us": default_us, "cost": ours / default_us })],
-        );
+        let peer = match (&ours, &default_us) {
+            (Ok(o), Ok(d)) => {
+                println!("{op:<40} cost {:.3}x", o / d);
+                json!({ "name": default_name, "us": d, "cost": o / d })
+            }
+            (_, Ok(d)) => json!({ "name": default_name, "us": d }),
+            (_, Err(e)) => json!({ "name": default_name, "error": e }),
+        };
+        h.record_gemm(&op, "", shape, ours, flops, bytes, formula, vec![peer]);
     }
 
     fn bf16_rows(h: &mut Harness, rng: &mut rand::rngs::StdRng) {
@@ -110,7 +112,7 @@ mod gpu {
                 let ai = tensor(&pinned, x, &[m, g * k], ac);
                 let mut out = Tensor::empty(&plain, out_dtype, &[m, g * n]).unwrap();
                 let mut out_i = Tensor::empty(&pinned, out_dtype, &[m, g * n]).unwrap();
-                let mut run = |a: &[Tensor], out: &mut Tensor, i: usize| {
+                let run = |a: &[Tensor], out: &mut Tensor, i: usize| {
                     if g == 1 {
                         ops::bf16_linear_into(&a[i % ac], &w[i % wc], out)
                     } else {

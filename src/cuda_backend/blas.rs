@@ -592,9 +592,12 @@ const PINNED_REF_ROWS: usize = 256;
 /// How many of the heuristic's algorithms [`PinnedPlan::new`] considers.
 const PINNED_CANDIDATES: i32 = 16;
 
-/// One (stream, N, K, groups, output type)'s pinned cuBLASLt algorithm.
+/// One (stream, N, K, groups, output type)'s pinned cuBLASLt algorithm, and
+/// the workspace it was chosen with (none when a workspace-free algorithm
+/// exists).
 struct PinnedPlan {
     algo: lt_sys::cublasLtMatmulAlgo_t,
+    workspace: Option<CudaBuffer>,
     desc: LtDesc,
     handle: LtHandle,
 }
@@ -666,18 +669,25 @@ fn grouped_layouts(
     ])
 }
 
+/// Why one heuristic candidate was not taken (for the error that says no
+/// algorithm could be pinned).
+fn rejected(why: &str, cand: usize, detail: impl std::fmt::Display) -> String {
+    format!("#{cand} {why} {detail}")
+}
+
 impl PinnedPlan {
     /// Picks, among the heuristic's algorithms for [`PINNED_REF_ROWS`] rows
-    /// with no workspace and no split-K reduction, the first whose split-K
-    /// count is 1 and which cuBLASLt accepts for one row too.
+    /// with no split-K reduction, the first whose split-K count is 1 and
+    /// which cuBLASLt accepts for one row too: first with no workspace, then
+    /// (where no such algorithm exists, as for the 129,280-row head) with a
+    /// plan-owned workspace of [`LT_WORKSPACE_BYTES`]. Neither choice looks
+    /// at M again, so every M runs this one kernel configuration.
     fn new(
         dev: &CudaDevice,
         dims: (usize, usize, usize),
         out_type: lt_sys::cudaDataType_t,
     ) -> Result<PinnedPlan> {
-        use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
         use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
-        use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
         let (groups, n, k) = dims;
         ensure_libraries()?;
         bind(dev)?;
@@ -695,94 +705,18 @@ impl PinnedPlan {
         );
         set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
         set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
-        let pref =
-            LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
-        let (no_workspace, no_reduction) = (0u64, 0u32);
-        // SAFETY: the preference is live; MAX_WORKSPACE_BYTES is a uint64 and
-        // REDUCTION_SCHEME_MASK a uint32 (0: only CUBLASLT_REDUCTION_SCHEME_NONE),
-        // each passed by a pointer to a local of that type.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref.0,
-                Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&no_workspace as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-            .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (workspace)"))?;
-            lt::set_matmul_pref_attribute(
-                pref.0,
-                Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                (&no_reduction as *const u32).cast(),
-                std::mem::size_of::<u32>(),
-            )
-            .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (reduction)"))?;
-        }
         let at_ref = grouped_layouts((PINNED_REF_ROWS, groups, n, k), out_type)?;
         let at_one = grouped_layouts((1, groups, n, k), out_type)?;
-        // SAFETY: an all-zero heuristic result is a valid value of this
-        // plain C struct (cuBLASLt overwrites the entries it returns).
-        let mut found: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> =
-            vec![unsafe { std::mem::zeroed() }; PINNED_CANDIDATES as usize];
-        let mut count = 0i32;
-        // SAFETY: handle, descriptor, layouts and preference are live; the
-        // result array holds PINNED_CANDIDATES entries, the count asked for.
-        unsafe {
-            lt_sys::cublasLtMatmulAlgoGetHeuristic(
-                handle.0,
-                desc.0,
-                at_ref[0].0,
-                at_ref[1].0,
-                at_ref[2].0,
-                at_ref[2].0,
-                pref.0,
-                PINNED_CANDIDATES,
-                found.as_mut_ptr(),
-                &mut count,
-            )
-        }
-        .result()
-        .map_err(lt_error("cublasLtMatmulAlgoGetHeuristic (pinned BF16)"))?;
-        let count = usize::try_from(count.clamp(0, PINNED_CANDIDATES)).unwrap_or(0);
-        for cand in found.iter().take(count) {
-            if cand.state != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS
-                || cand.workspaceSize != 0
-            {
-                continue;
-            }
-            let mut splits = 0u32;
-            let mut written = 0usize;
-            // SAFETY: the algorithm is a live value returned above; SPLITK_NUM
-            // is a uint32 written into `splits`, its size passed.
-            let read = unsafe {
-                lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
-                    &cand.algo,
-                    Cfg::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                    (&mut splits as *mut u32).cast(),
-                    std::mem::size_of::<u32>(),
-                    &mut written,
-                )
-            };
-            if read != lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS || splits > 1 {
-                continue;
-            }
-            // SAFETY: as the heuristic call; `check` is a plain C struct
-            // cuBLASLt writes.
-            let mut check: lt_sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
-            let ok = unsafe {
-                lt_sys::cublasLtMatmulAlgoCheck(
-                    handle.0,
-                    desc.0,
-                    at_one[0].0,
-                    at_one[1].0,
-                    at_one[2].0,
-                    at_one[2].0,
-                    &cand.algo,
-                    &mut check,
-                )
-            };
-            if ok == lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS && check.workspaceSize == 0 {
+        let mut why = Vec::new();
+        for ws_bytes in [0, LT_WORKSPACE_BYTES] {
+            if let Some(algo) = pick(&handle, &desc, &at_ref, &at_one, ws_bytes, &mut why)? {
+                let workspace = match ws_bytes {
+                    0 => None,
+                    b => Some(dev.alloc(b)?),
+                };
                 return Ok(PinnedPlan {
-                    algo: cand.algo,
+                    algo,
+                    workspace,
                     desc,
                     handle,
                 });
@@ -793,10 +727,121 @@ impl PinnedPlan {
                 "choosing a pinned cuBLASLt algorithm for BF16 [M, {k}] x [{n}, {k}]^T ({groups} groups)"
             ),
             status: format!(
-                "none of {count} candidates runs with no workspace, no split-K and one row"
+                "no candidate runs with no split-K and one row: {}",
+                why.join("; ")
             ),
         })
     }
+}
+
+/// The first heuristic candidate for `at_ref` (workspace at most
+/// `ws_bytes`, no split-K reduction) with split-K 1 that cuBLASLt also
+/// accepts for `at_one` within the workspace; reasons for the others are
+/// appended to `why`.
+fn pick(
+    handle: &LtHandle,
+    desc: &LtDesc,
+    at_ref: &[LtLayout; 3],
+    at_one: &[LtLayout; 3],
+    ws_bytes: usize,
+    why: &mut Vec<String>,
+) -> Result<Option<lt_sys::cublasLtMatmulAlgo_t>> {
+    use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
+    use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+    use lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS as OK;
+    let pref =
+        LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
+    let (max_ws, no_reduction) = (ws_bytes as u64, 0u32);
+    // SAFETY: the preference is live; MAX_WORKSPACE_BYTES is a uint64 and
+    // REDUCTION_SCHEME_MASK a uint32 (0: only CUBLASLT_REDUCTION_SCHEME_NONE),
+    // each passed by a pointer to a local of that type.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&max_ws as *const u64).cast(),
+            std::mem::size_of::<u64>(),
+        )
+        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (workspace)"))?;
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+            (&no_reduction as *const u32).cast(),
+            std::mem::size_of::<u32>(),
+        )
+        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (reduction)"))?;
+    }
+    // SAFETY: an all-zero heuristic result is a valid value of this plain C
+    // struct (cuBLASLt overwrites the entries it returns).
+    let mut found: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> =
+        vec![unsafe { std::mem::zeroed() }; PINNED_CANDIDATES as usize];
+    let mut count = 0i32;
+    // SAFETY: handle, descriptor, layouts and preference are live; the
+    // result array holds PINNED_CANDIDATES entries, the count asked for.
+    let status = unsafe {
+        lt_sys::cublasLtMatmulAlgoGetHeuristic(
+            handle.0,
+            desc.0,
+            at_ref[0].0,
+            at_ref[1].0,
+            at_ref[2].0,
+            at_ref[2].0,
+            pref.0,
+            PINNED_CANDIDATES,
+            found.as_mut_ptr(),
+            &mut count,
+        )
+    };
+    if status != OK {
+        why.push(format!("workspace {ws_bytes}: heuristic {status:?}"));
+        return Ok(None);
+    }
+    let count = usize::try_from(count.clamp(0, PINNED_CANDIDATES)).unwrap_or(0);
+    why.push(format!("workspace {ws_bytes}: {count} candidates"));
+    for (i, cand) in found.iter().take(count).enumerate() {
+        if cand.state != OK || cand.workspaceSize > ws_bytes {
+            why.push(rejected("state/workspace", i, cand.workspaceSize));
+            continue;
+        }
+        let mut splits = 0u32;
+        let mut written = 0usize;
+        // SAFETY: the algorithm is a live value returned above; SPLITK_NUM
+        // is a uint32 written into `splits`, its size passed.
+        let read = unsafe {
+            lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                &cand.algo,
+                Cfg::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+                (&mut splits as *mut u32).cast(),
+                std::mem::size_of::<u32>(),
+                &mut written,
+            )
+        };
+        if read != OK || splits > 1 {
+            why.push(rejected("split-K", i, splits));
+            continue;
+        }
+        // SAFETY: as the heuristic call; `check` is a plain C struct
+        // cuBLASLt writes.
+        let mut check: lt_sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        let ok = unsafe {
+            lt_sys::cublasLtMatmulAlgoCheck(
+                handle.0,
+                desc.0,
+                at_one[0].0,
+                at_one[1].0,
+                at_one[2].0,
+                at_one[2].0,
+                &cand.algo,
+                &mut check,
+            )
+        };
+        if ok != OK || check.workspaceSize > ws_bytes {
+            why.push(rejected("one-row check", i, format!("{ok:?}")));
+            continue;
+        }
+        return Ok(Some(cand.algo));
+    }
+    Ok(None)
 }
 
 /// The pinned plan for (`dev`'s stream, dims, output type), made on first use.
@@ -830,9 +875,10 @@ fn pinned_plan(
 /// (`groups` 1) and [`crate::ops::grouped_bf16_linear`]: for each group g,
 /// `out[:, g·N ..][M, N] = x[:, g·K ..][M, K] · w[g·N ..][N, K]ᵀ` with FP32
 /// compute and a BF16 or F32 `out`, through one cuBLASLt algorithm pinned
-/// per (stream, N, K, G, output type) by [`PinnedPlan::new`]: no workspace
-/// and no split-K, so every output element is one tile's K loop, the same
-/// for every M. The caller has validated dtypes, shapes (M, N, K ≥ 1, every
+/// per (stream, N, K, G, output type) by [`PinnedPlan::new`]: no split-K
+/// (and no workspace where cuBLASLt has such an algorithm), so every output
+/// element is one tile's K loop, the same for every M
+/// (`tests/cuda_batch_invariance.rs` checks it row by row). The caller has validated dtypes, shapes (M, N, K ≥ 1, every
 /// size below 2^31) and the device.
 pub fn pinned_bf16_linear(
     dev: &CudaDevice,
@@ -846,22 +892,31 @@ pub fn pinned_bf16_linear(
         _ => lt_sys::cudaDataType_t::CUDA_R_16BF,
     };
     let plan = pinned_plan(dev, (groups, n, k), out_type)?;
-    let plan = plan
+    let mut plan = plan
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let plan = &mut *plan;
     let layouts = grouped_layouts((m, groups, n, k), out_type)?;
     bind(dev)?;
     let (xp, _gx) = read_ptr(x.cuda()?, dev);
     let (wp, _gw) = read_ptr(w.cuda()?, dev);
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let (wsp, _gws, ws_bytes) = match plan.workspace.as_mut() {
+        Some(ws) => {
+            let (p, g) = write_ptr(ws, dev);
+            (p, Some(g), LT_WORKSPACE_BYTES)
+        }
+        None => (std::ptr::null_mut(), None, 0),
+    };
     let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: handle, descriptor and algorithm are live (the plan's) and the
     // layouts describe exactly the validated buffers: W [G·N, K], X [M, G·K]
     // and D [M, G·N] row-major, group g at offsets g·N·K, g·K and g·N (see
-    // `grouped_layouts`). The algorithm needs no workspace (checked when it
-    // was chosen), so none is passed. beta = 0: C (= D) is not read. alpha
-    // and beta are host f32 alive across the call; the guards order the
-    // buffers on `dev`'s stream, which the call runs on.
+    // `grouped_layouts`). The workspace is the plan's own buffer of the size
+    // the algorithm was chosen under (none when it was chosen with none).
+    // beta = 0: C (= D) is not read. alpha and beta are host f32 alive
+    // across the call; the guards order the buffers on `dev`'s stream,
+    // which the call runs on.
     unsafe {
         lt::matmul(
             plan.handle.0,
@@ -877,8 +932,8 @@ pub fn pinned_bf16_linear(
             op,
             layouts[2].0,
             &plan.algo,
-            std::ptr::null_mut(),
-            0,
+            wsp,
+            ws_bytes,
             dev.raw_stream().cu_stream() as lt_sys::cudaStream_t,
         )
     }
