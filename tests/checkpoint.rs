@@ -598,7 +598,7 @@ fn ignorable_tensors_still_load() {
 }
 
 #[test]
-fn truncated_or_corrupt_shards_name_the_file() {
+fn truncated_or_corrupt_shards_name_the_file_and_the_tensor() {
     let dir = generate_tiny("truncated", 1);
     let mut shards: Vec<_> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -607,10 +607,55 @@ fn truncated_or_corrupt_shards_name_the_file() {
         .collect();
     shards.sort();
     let shard = &shards[1];
+    let bytes = std::fs::read(shard).unwrap();
+    let len = bytes.len() as u64;
+    // The shard's tensors in data order: (start, end, name), absolute.
+    let (header, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+    let base = 8 + header as u64;
+    let mut order: Vec<(u64, u64, String)> = meta
+        .offset_keys()
+        .into_iter()
+        .map(|name| {
+            let (s, e) = meta.info(&name).unwrap().data_offsets;
+            (base + s as u64, base + e as u64, name)
+        })
+        .collect();
+    order.sort();
+    assert!(order.len() >= 3, "{order:?}");
+    drop(bytes);
     let file = std::fs::OpenOptions::new().write(true).open(shard).unwrap();
-    let len = file.metadata().unwrap().len();
-    // Data cut short: offsets beyond the buffer.
-    for cut in [len - 10, 20, 0] {
+    // Data cut short with the header intact: the first tensor cut off is
+    // named (the last one; one in the middle, cut inside it; the one after
+    // a cut exactly at a tensor's end).
+    let mid = order.len() / 2;
+    for (cut, want) in [
+        (len - 10, order.iter().find(|t| t.1 > len - 10).unwrap()),
+        (order[mid].0 + 1, &order[mid]),
+        (order[mid].1, &order[mid + 1]),
+    ] {
+        file.set_len(cut).unwrap();
+        let err = load(dir.path(), false).unwrap_err();
+        let message = err.to_string();
+        match &err {
+            CheckpointError::TruncatedShard {
+                path,
+                tensor,
+                end,
+                len,
+            } => {
+                assert_eq!(path, shard, "{message}");
+                assert_eq!(tensor, &want.2, "cut at {cut}: {message}");
+                assert_eq!((*end, *len), (want.1, cut), "{message}");
+            }
+            _ => panic!("cut at {cut}: expected TruncatedShard, got {message}"),
+        }
+        assert!(
+            message.contains(&shard.display().to_string()) && message.contains(&want.2),
+            "{message}"
+        );
+    }
+    // The header itself cut: corrupt, naming the file.
+    for cut in [20, 0] {
         file.set_len(cut).unwrap();
         let err = load(dir.path(), false).unwrap_err();
         let message = err.to_string();

@@ -40,6 +40,19 @@ pub enum CheckpointError {
         #[source]
         source: SafeTensorError,
     },
+    /// A shard cut short: its header is readable, but tensor `tensor` (the
+    /// first in data order to be cut off) ends at byte `end`, past the
+    /// file's `len` bytes.
+    #[error(
+        "shard {} is truncated: tensor `{tensor}` ends at byte {end}, but the file has {len} bytes",
+        .path.display()
+    )]
+    TruncatedShard {
+        path: PathBuf,
+        tensor: String,
+        end: u64,
+        len: u64,
+    },
     /// The shards do not match the manifest; `problems` lists all of them.
     #[error("{}", invalid_message(.dir, .problems))]
     Invalid {
