@@ -569,6 +569,7 @@ fn a_config_that_contradicts_the_checkpoint_is_rejected_by_name() {
         &GenerateOptions {
             seed: 3,
             shard_bytes: 4 << 20,
+            ..GenerateOptions::default()
         },
     )
     .unwrap();

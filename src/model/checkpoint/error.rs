@@ -86,6 +86,14 @@ pub enum CheckpointError {
         .dir.display()
     )]
     NoSpace { dir: PathBuf, need: u64, free: u64 },
+    /// Generating the checkpoint's largest shard would take more host
+    /// memory than is available.
+    #[error(
+        "generating the checkpoint needs {need} bytes ({:.1} GiB) of host memory at once \
+         (its largest shard), but {available} bytes are available",
+        *.need as f64 / (1u64 << 30) as f64
+    )]
+    NoMemory { need: u64, available: u64 },
     #[error(
         "{} already holds *.safetensors shards; write a new checkpoint into an \
          empty directory",
