@@ -528,9 +528,11 @@ impl Tensor {
         let storage = match (&self.storage, device) {
             (Storage::Host(h), Device::Cpu) => Storage::Host(h.clone()),
             (Storage::Host(h), Device::Cuda(d)) => Storage::Cuda(d.upload(&h.to_le_bytes())?),
-            (Storage::Cuda(b), Device::Cpu) => {
-                Storage::Host(host_decode("Tensor::to_device", self.dtype, &b.download()?)?)
-            }
+            (Storage::Cuda(b), Device::Cpu) => Storage::Host(host_decode(
+                "Tensor::to_device",
+                self.dtype,
+                &b.download()?,
+            )?),
             (Storage::Cuda(b), Device::Cuda(d)) => Storage::Cuda(d.upload(&b.download()?)?),
         };
         Ok(Tensor {

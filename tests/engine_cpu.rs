@@ -391,7 +391,6 @@ fn teacher_forced_scores_equal_the_logprobs_of_generation_bitwise() {
     );
 }
 
-
 /// Overwrites 4 data bytes of tensor `name`, from byte `at` of its data, in
 /// the shard of `dir` that holds it with 0xFF (NaN in bf16, f32 and e4m3).
 fn poison(dir: &std::path::Path, name: &str, at: usize) {
@@ -465,7 +464,11 @@ fn non_finite_logits_fail_the_request_naming_the_position_and_step() {
     // bf16 rows: byte 2 · hidden · t starts row t.
     let cases = [
         ("norm.weight", 0, "position 3, decode step 0"),
-        ("embed.weight", 2 * hidden * first as usize, "position 4, decode step 1"),
+        (
+            "embed.weight",
+            2 * hidden * first as usize,
+            "position 4, decode step 1",
+        ),
     ];
     for (name, at, want) in cases {
         for nextn in [0, 2] {

@@ -400,9 +400,12 @@ fn decoding_bytes_larger_than_the_host_allows_is_out_of_memory() {
         }
         other => panic!("expected OutOfMemory, got {other:?}"),
     }
-    let (t, _) = bounded("from_le_bytes within the cap", 16 << 20, std::time::Duration::from_secs(5), || {
-        Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[2 << 20], &bytes).unwrap()
-    });
+    let (t, _) = bounded(
+        "from_le_bytes within the cap",
+        16 << 20,
+        std::time::Duration::from_secs(5),
+        || Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[2 << 20], &bytes).unwrap(),
+    );
     assert_eq!(t.shape(), &[2 << 20]);
 }
 
@@ -423,9 +426,12 @@ fn decoding_a_mapping_larger_than_memory_is_refused_before_reading() {
     file.set_len(1 << 40).unwrap();
     // SAFETY (test): a private file nobody else writes while it is mapped.
     let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
-    let (r, _) = bounded("1 TiB mapping", 1 << 20, std::time::Duration::from_secs(2), || {
-        Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[1 << 38], &map)
-    });
+    let (r, _) = bounded(
+        "1 TiB mapping",
+        1 << 20,
+        std::time::Duration::from_secs(2),
+        || Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[1 << 38], &map),
+    );
     match r {
         Err(Error::OutOfMemory {
             what,

@@ -548,8 +548,8 @@ fn read_header(
     map: &[u8],
     shard: usize,
 ) -> Result<Vec<(String, Found)>, CheckpointError> {
-    let (header_len, metadata) = SafeTensors::read_metadata(map).map_err(|source| {
-        match first_tensor_past_end(map) {
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(map).map_err(|source| match first_tensor_past_end(map) {
             Some((tensor, end)) => CheckpointError::TruncatedShard {
                 path: path.to_path_buf(),
                 tensor,
@@ -560,8 +560,7 @@ fn read_header(
                 path: path.to_path_buf(),
                 source,
             },
-        }
-    })?;
+        })?;
     let data_start = HEADER_LEN_BYTES + header_len;
     Ok(metadata
         .offset_keys()
@@ -589,8 +588,7 @@ fn first_tensor_past_end(map: &[u8]) -> Option<(String, u64)> {
     let header_len = usize::try_from(u64::from_le_bytes(len_bytes)).ok()?;
     let data_start = HEADER_LEN_BYTES.checked_add(header_len)?;
     let header = map.get(HEADER_LEN_BYTES..data_start)?;
-    let header: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(header).ok()?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
     let file_len = map.len() as u64;
     header
         .iter()
