@@ -456,7 +456,7 @@ fn non_finite_logits_fail_the_request_naming_the_position_and_step() {
         },
     )
     .unwrap();
-    let first = clean.generate(&[prompt.clone()], &[params.clone()])[0]
+    let first = clean.generate(std::slice::from_ref(&prompt), std::slice::from_ref(&params))[0]
         .as_ref()
         .unwrap()
         .tokens[0];
