@@ -183,6 +183,7 @@ fn main() {
         &GenerateOptions {
             seed: SEED,
             shard_bytes: 4 << 20,
+            ..GenerateOptions::default()
         },
     )
     .expect("tiny weights");

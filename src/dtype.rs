@@ -217,23 +217,28 @@ impl HostStorage {
         }
     }
 
-    /// Rebuilds typed storage of `dtype` from little-endian bytes.
-    pub fn from_le_bytes(dtype: DType, bytes: &[u8]) -> HostStorage {
-        fn dec<T: Element>(b: &[u8]) -> Vec<T> {
-            b.chunks_exact(std::mem::size_of::<T>())
-                .map(T::get_le)
-                .collect()
+    /// Rebuilds typed storage of `dtype` from little-endian bytes, reserved
+    /// fallibly in one allocation: `None` when the host cannot hold it,
+    /// never an abort (the bytes may be a memory-mapped file far larger than
+    /// memory).
+    pub fn try_from_le_bytes(dtype: DType, bytes: &[u8]) -> Option<HostStorage> {
+        fn dec<T: Element>(b: &[u8]) -> Option<Vec<T>> {
+            let size = std::mem::size_of::<T>();
+            let mut v = Vec::new();
+            v.try_reserve_exact(b.len() / size).ok()?;
+            v.extend(b.chunks_exact(size).map(T::get_le));
+            Some(v)
         }
-        match dtype {
-            DType::F32 => HostStorage::F32(dec(bytes)),
-            DType::BF16 => HostStorage::BF16(dec(bytes)),
-            DType::F8E4M3 => HostStorage::F8E4M3(dec(bytes)),
-            DType::E8M0 => HostStorage::E8M0(dec(bytes)),
-            DType::F4E2M1x2 => HostStorage::F4E2M1x2(dec(bytes)),
-            DType::I32 => HostStorage::I32(dec(bytes)),
-            DType::I64 => HostStorage::I64(dec(bytes)),
-            DType::U8 => HostStorage::U8(bytes.to_vec()),
-        }
+        Some(match dtype {
+            DType::F32 => HostStorage::F32(dec(bytes)?),
+            DType::BF16 => HostStorage::BF16(dec(bytes)?),
+            DType::F8E4M3 => HostStorage::F8E4M3(dec(bytes)?),
+            DType::E8M0 => HostStorage::E8M0(dec(bytes)?),
+            DType::F4E2M1x2 => HostStorage::F4E2M1x2(dec(bytes)?),
+            DType::I32 => HostStorage::I32(dec(bytes)?),
+            DType::I64 => HostStorage::I64(dec(bytes)?),
+            DType::U8 => HostStorage::U8(dec(bytes)?),
+        })
     }
 }
 

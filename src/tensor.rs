@@ -80,6 +80,25 @@ fn host_bytes(op: &'static str, dtype: DType, bytes: usize, byte: u8) -> Result<
     HostStorage::try_filled(dtype, bytes, byte).ok_or_else(|| oom(0))
 }
 
+/// Host storage of `dtype` decoded from little-endian `bytes` (see
+/// [`host_bytes`]): a typed [`Error::OutOfMemory`] when the host cannot hold
+/// it, compared with the available memory first from 1 GiB.
+fn host_decode(op: &'static str, dtype: DType, bytes: &[u8]) -> Result<HostStorage> {
+    let oom = |available| Error::OutOfMemory {
+        what: op,
+        bytes: bytes.len(),
+        device: Device::Cpu.to_string(),
+        available,
+    };
+    if bytes.len() >= HOST_CHECK_BYTES
+        && let Some(available) = Device::Cpu.available_memory()?
+        && bytes.len() > available
+    {
+        return Err(oom(available));
+    }
+    HostStorage::try_from_le_bytes(dtype, bytes).ok_or_else(|| oom(0))
+}
+
 impl Tensor {
     /// A host tensor from typed data. `data.len() * T::PER_UNIT` must equal the
     /// product of `shape`.
@@ -125,7 +144,7 @@ impl Tensor {
             });
         }
         let storage = match device {
-            Device::Cpu => Storage::Host(HostStorage::from_le_bytes(dtype, bytes)),
+            Device::Cpu => Storage::Host(host_decode("Tensor::from_le_bytes", dtype, bytes)?),
             Device::Cuda(d) => Storage::Cuda(d.upload(bytes)?),
         };
         Ok(Tensor {
@@ -509,9 +528,11 @@ impl Tensor {
         let storage = match (&self.storage, device) {
             (Storage::Host(h), Device::Cpu) => Storage::Host(h.clone()),
             (Storage::Host(h), Device::Cuda(d)) => Storage::Cuda(d.upload(&h.to_le_bytes())?),
-            (Storage::Cuda(b), Device::Cpu) => {
-                Storage::Host(HostStorage::from_le_bytes(self.dtype, &b.download()?))
-            }
+            (Storage::Cuda(b), Device::Cpu) => Storage::Host(host_decode(
+                "Tensor::to_device",
+                self.dtype,
+                &b.download()?,
+            )?),
             (Storage::Cuda(b), Device::Cuda(d)) => Storage::Cuda(d.upload(&b.download()?)?),
         };
         Ok(Tensor {

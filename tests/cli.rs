@@ -349,9 +349,98 @@ fn absurd_sizes_are_refused_before_allocation() {
         none,
         &["max_tokens"],
     );
+    // The Why's other literal: 2e18 aborted on the allocation.
+    fails_with(
+        &cache,
+        &["run", "--max-new", "2000000000000000000"],
+        none,
+        &["max_tokens", "2000000000000000000"],
+    );
     let o = deepinfer(&cache, &["run", "--max-new", "18446744073709551615"], none);
     assert!(
         !String::from_utf8_lossy(&o.stdout).contains("output:"),
         "no output header before the error"
     );
+}
+
+/// Overwrites the first 4 data bytes of tensor `name`, in whichever shard of
+/// `dir` holds it, with 0xFF (NaN in f32, bf16, e4m3 and E8M0).
+fn poison(dir: &std::path::Path, name: &str) {
+    use std::io::{Seek, SeekFrom, Write};
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension() != Some("safetensors".as_ref()) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        if let Some(info) = meta.info(name) {
+            let at = 8 + header + info.data_offsets.0;
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start(at as u64)).unwrap();
+            f.write_all(&[0xFF; 4]).unwrap();
+            return;
+        }
+    }
+    panic!("no shard of {} holds {name}", dir.display());
+}
+
+/// Issue 15 item 5: a NaN weight is found by `--check-finite` (named with
+/// its tensor), by default on the embedded models, and, when the load check
+/// is off, by the engine at the first logits it samples from (naming the
+/// position and decode step).
+#[test]
+fn non_finite_weights_fail_at_load_when_checked_and_at_the_logits_otherwise() {
+    use deepinfer::model::config::ModelConfig;
+    use deepinfer::model::engram_map::write_map;
+    use deepinfer::model::load::modulo_token_map;
+    let none: &[(&str, &str)] = &[];
+    let cache = TempDir::new("cli-nan");
+    let dir = TempDir::new("cli-nan-model");
+    let model = dir.path().join("m");
+    let m = model.to_str().unwrap();
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny");
+    let o = deepinfer(
+        &cache,
+        &["gen-weights", "--config", config, "--out", m, "--seed", "5"],
+        none,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cfg = ModelConfig::from_dir(&model).unwrap();
+    write_map(
+        &model,
+        &modulo_token_map(&cfg),
+        cfg.engram.compressed_vocab,
+        None,
+    )
+    .unwrap();
+    let run = ["run", "--model", m, "--prompt", "0,5,9", "--max-new", "2"];
+    let checked = [&run[..], &["--check-finite"]].concat();
+    let o = deepinfer(&cache, &checked, none);
+    assert!(o.status.success(), "a clean model passes: {}", stderr(&o));
+    poison(&model, "norm.weight");
+    fails_with(
+        &cache,
+        &checked,
+        none,
+        &["norm.weight", "NaN or infinite", "index 0"],
+    );
+    // Unchecked at load, the NaN reaches the logits of the first step.
+    fails_with(
+        &cache,
+        &run,
+        none,
+        &["logits", "non-finite logit", "position 3", "decode step 0"],
+    );
+    // The embedded default: checked without the flag.
+    let o = deepinfer(&cache, &["run", "--max-new", "1"], none);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    let default_dir = e
+        .lines()
+        .find_map(|l| l.strip_prefix("model: embedded tiny default ("))
+        .and_then(|l| l.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no default model line in {e:?}"));
+    poison(std::path::Path::new(default_dir), "norm.weight");
+    fails_with(&cache, &["run", "--max-new", "1"], none, &["norm.weight"]);
 }

@@ -390,3 +390,126 @@ fn teacher_forced_scores_equal_the_logprobs_of_generation_bitwise() {
         "a token outside the vocabulary"
     );
 }
+
+/// Overwrites 4 data bytes of tensor `name`, from byte `at` of its data, in
+/// the shard of `dir` that holds it with 0xFF (NaN in bf16, f32 and e4m3).
+fn poison(dir: &std::path::Path, name: &str, at: usize) {
+    use std::io::{Seek, SeekFrom, Write};
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension() != Some("safetensors".as_ref()) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        if let Some(info) = meta.info(name) {
+            let (start, end) = info.data_offsets;
+            assert!(start + at + 4 <= end, "{name}: byte {at} is outside it");
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start((8 + header + start + at) as u64))
+                .unwrap();
+            f.write_all(&[0xFF; 4]).unwrap();
+            return;
+        }
+    }
+    panic!("no shard of {} holds {name}", dir.display());
+}
+
+/// The tiny model of `seed` with 4 bytes of tensor `name` from byte `at`
+/// poisoned with NaN, and its drafter, loaded without the load-time check.
+fn poisoned_tiny(
+    seed: u64,
+    name: &str,
+    at: usize,
+) -> (Model, deepinfer::model::dspark::DsparkWeights) {
+    use deepinfer::model::checkpoint::{Checkpoint, LoadOptions};
+    use deepinfer::model::load::{load_weights_on, modulo_token_map};
+    let (cfg, dir, ck) = common::tiny::tiny_checkpoint(seed);
+    drop(ck);
+    poison(dir.path(), name, at);
+    let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
+    let (w, dspark) =
+        load_weights_on(&ck, &cfg, modulo_token_map(&cfg), &deepinfer::Device::Cpu).unwrap();
+    (Model::new(cfg, w).unwrap(), dspark.unwrap())
+}
+
+/// Issue 15 item 5: a NaN that reaches the logits at run time fails its
+/// request with a typed error naming the position and the decode step, on
+/// the plain and on the speculative decode path (`spec.rs`'s accept loop).
+/// A NaN in the final norm poisons the first
+/// logits (step 0, position 3 after a 3-token prompt); a NaN in the
+/// embedding row of the token the clean model chooses first poisons only
+/// the next step (step 1, position 4), after one good token.
+#[test]
+fn non_finite_logits_fail_the_request_naming_the_position_and_step() {
+    use deepinfer::engine::drafter::DsparkDrafter;
+    let prompt = vec![0u32, 5, 9];
+    let params = SamplingParams {
+        max_tokens: 6,
+        ..SamplingParams::default()
+    };
+    let clean = Engine::new(
+        tiny_model(5),
+        EngineConfig {
+            max_context: 64,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let first = clean.generate(std::slice::from_ref(&prompt), std::slice::from_ref(&params))[0]
+        .as_ref()
+        .unwrap()
+        .tokens[0];
+    let hidden = clean.model.cfg.hidden_size;
+    // bf16 rows: byte 2 · hidden · t starts row t.
+    let cases = [
+        ("norm.weight", 0, "position 3, decode step 0"),
+        (
+            "embed.weight",
+            2 * hidden * first as usize,
+            "position 4, decode step 1",
+        ),
+    ];
+    for (name, at, want) in cases {
+        for nextn in [0, 2] {
+            let (model, weights) = poisoned_tiny(5, name, at);
+            let mut engine = Engine::new(
+                model,
+                EngineConfig {
+                    max_context: 64,
+                    nextn,
+                    ..EngineConfig::default()
+                },
+            )
+            .unwrap();
+            if nextn > 0 {
+                engine = engine.with_drafter(Box::new(DsparkDrafter { weights }));
+            }
+            let mut streamed = Vec::new();
+            let r = engine.generate_streaming(
+                std::slice::from_ref(&prompt),
+                std::slice::from_ref(&params),
+                &mut |e| streamed.push(e.token),
+            );
+            match &r[0] {
+                Err(deepinfer::model::Error::Op(deepinfer::Error::Argument {
+                    arg: "logits",
+                    value,
+                    why,
+                    ..
+                })) => {
+                    assert!(
+                        value.contains("NaN") && value.contains(want),
+                        "{name}, nextn {nextn}: {value}"
+                    );
+                    assert_eq!(*why, "non-finite logit");
+                }
+                other => panic!("{name}, nextn {nextn}: expected a logits error, got {other:?}"),
+            }
+            // The tokens before the bad step were good and were streamed.
+            let steps = if name == "norm.weight" { 0 } else { 1 };
+            assert_eq!(streamed.len(), steps, "{name}, nextn {nextn}");
+            assert!(streamed.iter().all(|&t| t == first));
+        }
+    }
+}

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::limits::{Counting, bounded};
+use common::limits::{Counting, bounded, capped};
 use deepinfer::device::fatbin;
 use deepinfer::kernels::Family;
 use deepinfer::{DType, Device, E4M3, Error, Fp4x2, Tensor, ops};
@@ -372,4 +372,76 @@ fn tensors_from_bytes_check_the_length_and_round_trip() {
     // Packed FP4: two values per byte.
     let t = Tensor::from_le_bytes(&Device::Cpu, DType::F4E2M1x2, &[3, 8], &bytes).unwrap();
     assert_eq!(t.numel(), 24);
+}
+
+/// Issue 15: decoding little-endian bytes into host storage reserves
+/// fallibly. Under a 1 MiB cap on this thread, 8 MiB of f32 bytes are
+/// refused by the allocator and come back as `None` from
+/// `HostStorage::try_from_le_bytes` and as `Error::OutOfMemory` naming
+/// `Tensor::from_le_bytes` and the bytes (an infallible decode aborts the
+/// binary here); within the cap both succeed.
+#[test]
+fn decoding_bytes_larger_than_the_host_allows_is_out_of_memory() {
+    use deepinfer::dtype::HostStorage;
+    let bytes = vec![0u8; 8 << 20];
+    for dtype in [DType::F32, DType::BF16, DType::U8, DType::I64] {
+        let (r, refused) = capped("try_from_le_bytes", 1 << 20, || {
+            HostStorage::try_from_le_bytes(dtype, &bytes).is_none()
+        });
+        assert!(r && refused, "{dtype}: decoded {r} refused {refused}");
+    }
+    let (r, refused) = capped("Tensor::from_le_bytes", 1 << 20, || {
+        Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[2 << 20], &bytes)
+    });
+    assert!(refused);
+    match r {
+        Err(Error::OutOfMemory { what, bytes: b, .. }) => {
+            assert_eq!((what, b), ("Tensor::from_le_bytes", 8 << 20));
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
+    let (t, _) = bounded(
+        "from_le_bytes within the cap",
+        16 << 20,
+        std::time::Duration::from_secs(5),
+        || Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[2 << 20], &bytes).unwrap(),
+    );
+    assert_eq!(t.shape(), &[2 << 20]);
+}
+
+/// A memory-mapped 1 TiB file (sparse: nothing is stored) decoded onto the
+/// CPU is refused against the host's available memory before anything is
+/// allocated or read (no host here has 1 TiB available).
+#[test]
+fn decoding_a_mapping_larger_than_memory_is_refused_before_reading() {
+    let dir = common::TempDir::new("huge-mapping");
+    let path = dir.path().join("huge.bin");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.set_len(1 << 40).unwrap();
+    // SAFETY (test): a private file nobody else writes while it is mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.unwrap();
+    let (r, _) = bounded(
+        "1 TiB mapping",
+        1 << 20,
+        std::time::Duration::from_secs(2),
+        || Tensor::from_le_bytes(&Device::Cpu, DType::F32, &[1 << 38], &map),
+    );
+    match r {
+        Err(Error::OutOfMemory {
+            what,
+            bytes,
+            available,
+            ..
+        }) => {
+            assert_eq!((what, bytes), ("Tensor::from_le_bytes", 1 << 40));
+            assert!(available > 0 && available < 1 << 40, "{available}");
+        }
+        other => panic!("expected OutOfMemory, got {other:?}"),
+    }
 }

@@ -1051,21 +1051,61 @@ fn size_limits_refuse_absurd_configs_by_name() {
     }
 }
 
+/// Values that pass the size limits' types but not their meaning: each
+/// refused by name, under 16 MiB and 2 s.
 #[test]
 fn large_epsilons_and_yarn_without_a_length_are_refused() {
-    for (edit, want) in [
-        (("rms_norm_eps", serde_json::json!(1e300)), "rms_norm_eps"),
-        (("hc_eps", serde_json::json!(0.5)), "hc_eps"),
+    let tiny: serde_json::Value =
+        serde_json::from_str(&read(&format!("{TINY}/config.json"))).unwrap();
+    let mut cases: Vec<(serde_json::Value, &str)> = Vec::new();
+    for (key, value) in [
+        ("rms_norm_eps", serde_json::json!(1e300)),
+        ("hc_eps", serde_json::json!(0.5)),
     ] {
-        let mut v: serde_json::Value =
-            serde_json::from_str(&read(&format!("{TINY}/config.json"))).unwrap();
-        v["text_config"][edit.0] = edit.1;
-        let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
+        let mut v = tiny.clone();
+        v["text_config"][key] = value;
+        cases.push((v, key));
+    }
+    let mut v = tiny.clone();
+    v["text_config"]["rope_scaling"]["original_max_position_embeddings"] = serde_json::json!(0);
+    cases.push((v, "original"));
+    for (v, want) in cases {
+        let text = v.to_string();
+        let (e, _) = bounded(want, 16 << 20, Duration::from_secs(2), || {
+            ModelConfig::from_hf_json(&text).unwrap_err()
+        });
         assert!(e.to_string().contains(want), "{e}");
     }
-    let mut v: serde_json::Value =
+}
+
+/// The literal values issue 15's Why lists (`sliding_window` 10^9 took 23
+/// GB, `n_routed_experts` 10^12 filled 24 GB in the manifest,
+/// `hc_sinkhorn_iters` 10^12 hung, `engram_max_ngram_size` 10^6 took 15 s,
+/// `index_topk` 10^18, `candidate_topk_blocks` 10^9 and `dspark_block_size`
+/// 10^9 were accepted): each is refused by name as too large, within 2 s
+/// and 16 MiB.
+#[test]
+fn the_values_issue_15_found_are_refused_by_name() {
+    let tiny: serde_json::Value =
         serde_json::from_str(&read(&format!("{TINY}/config.json"))).unwrap();
-    v["text_config"]["rope_scaling"]["original_max_position_embeddings"] = serde_json::json!(0);
-    let e = ModelConfig::from_hf_json(&v.to_string()).unwrap_err();
-    assert!(e.to_string().contains("original"), "{e}");
+    for (key, value) in [
+        ("sliding_window", 1_000_000_000u64),
+        ("n_routed_experts", 1_000_000_000_000),
+        ("hc_sinkhorn_iters", 1_000_000_000_000),
+        ("engram_max_ngram_size", 1_000_000),
+        ("index_topk", 1_000_000_000_000_000_000),
+        ("candidate_topk_blocks", 1_000_000_000),
+        ("dspark_block_size", 1_000_000_000),
+    ] {
+        let mut v = tiny.clone();
+        v["text_config"][key] = serde_json::json!(value);
+        let text = v.to_string();
+        let (e, _) = bounded(key, 16 << 20, Duration::from_secs(2), || {
+            ModelConfig::from_hf_json(&text).unwrap_err()
+        });
+        assert!(
+            matches!(e, ConfigError::TooLarge { .. }) && e.to_string().contains(key),
+            "{key} = {value}: {e}"
+        );
+    }
 }

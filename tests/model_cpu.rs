@@ -482,22 +482,26 @@ fn the_drafter_produces_greedy_drafts_with_confidences() {
         });
         assert!(e.to_string().contains("next"), "{e}");
     }
+    // Features of the wrong row count or width: refused by name, each
+    // under 4 MiB and 2 s.
     let two = features.narrow_rows(10, 2).unwrap();
-    let e = model
-        .dspark_draft(&dw, &mut p, seq, &two, 11, next)
-        .unwrap_err();
-    assert!(e.to_string().contains("features"), "{e}");
     let narrow = deepinfer::Tensor::from_vec(
         vec![half::bf16::ONE; cfg.hidden_size],
         &[1, cfg.hidden_size],
     )
     .unwrap();
-    let e = model
-        .dspark_draft(&dw, &mut p, seq, &narrow, 11, next)
-        .unwrap_err();
-    assert!(e.to_string().contains("features"), "{e}");
+    for (label, bad) in [("two feature rows", &two), ("narrow features", &narrow)] {
+        let (e, _) = bounded(label, 4 << 20, Duration::from_secs(2), || {
+            model
+                .dspark_draft(&dw, &mut p, seq, bad, 11, next)
+                .unwrap_err()
+        });
+        assert!(e.to_string().contains("features"), "{label}: {e}");
+    }
     let none = features.narrow_rows(0, 0).unwrap();
-    let e = model.dspark_seed(&dw, &mut p, seq, &none, 0).unwrap_err();
+    let (e, _) = bounded("no feature rows", 4 << 20, Duration::from_secs(2), || {
+        model.dspark_seed(&dw, &mut p, seq, &none, 0).unwrap_err()
+    });
     assert!(e.to_string().contains("features"), "{e}");
     let again = model
         .dspark_draft(&dw, &mut p, seq, &f11, 11, next)
@@ -569,6 +573,7 @@ fn a_config_that_contradicts_the_checkpoint_is_rejected_by_name() {
         &GenerateOptions {
             seed: 3,
             shard_bytes: 4 << 20,
+            ..GenerateOptions::default()
         },
     )
     .unwrap();

@@ -48,6 +48,7 @@ fn cpu_model_matches_the_torch_reference() {
         &GenerateOptions {
             seed,
             shard_bytes: 4 << 20,
+            ..GenerateOptions::default()
         },
     )
     .unwrap();

@@ -682,7 +682,7 @@ impl Engine {
     ) -> Result<()> {
         let p = &params[l.index];
         let position = (prompts[l.index].len() + l.tokens.len()) as u64;
-        self.check_finite(row, position)?;
+        self.check_finite(row, position, l.tokens.len())?;
         let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
         let s = match &mut l.constraint {
             Some(c) => {
@@ -695,12 +695,14 @@ impl Engine {
         self.emit(s, l, p, on_token)
     }
 
-    /// A logits row with a NaN or ±Inf fails its request.
-    fn check_finite(&self, row: &[f32], position: u64) -> Result<()> {
-        match row.iter().position(|x| !x.is_finite()) {
-            Some(bad) => Err(arg(
+    /// A logits row with a NaN or ±Inf fails its request: the error names
+    /// the value, its vocabulary id, the position the row predicts and the
+    /// decode step (the index of the output token it was to choose).
+    fn check_finite(&self, row: &[f32], position: u64, step: usize) -> Result<()> {
+        match row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            Some((bad, x)) => Err(arg(
                 "logits",
-                format!("{} at vocabulary id {bad}, position {position}", row[bad]),
+                format!("{x} at vocabulary id {bad}, position {position}, decode step {step}"),
                 "non-finite logit",
             )),
             None => Ok(()),

@@ -288,7 +288,7 @@ impl Engine {
             });
             let row = &host[i * v..(i + 1) * v];
             let mut step = || -> Result<bool> {
-                self.check_finite(row, position)?;
+                self.check_finite(row, position, l.tokens.len())?;
                 let (s, accepted) = match &mut l.constraint {
                     Some(c) => {
                         let mut masked = row.to_vec();

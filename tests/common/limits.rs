@@ -3,7 +3,9 @@
 //! case runs on that thread, refuses any allocation that would take the
 //! thread past the case's byte limit (the binary then aborts with the
 //! allocator's message instead of taking the machine); [`bounded`] runs the
-//! case and fails when it took longer than its time limit.
+//! case and fails when it took longer than its time limit; [`capped`] runs
+//! a case whose refused request is meant to be handled (a fallible
+//! reservation) and reports whether one was.
 //!
 //! Invariant: counting is per thread (so the other tests of a binary, which
 //! run beside it, do not count against a case) and covers the case's own
@@ -123,6 +125,28 @@ impl Drop for Restore {
 /// `time` or had a request refused. Returns the case's result and what it
 /// used.
 pub fn bounded<R>(label: &str, bytes: u64, time: Duration, case: impl FnOnce() -> R) -> (R, Used) {
+    let (r, used, refused) = capped_run(label, bytes, case);
+    assert!(
+        used.time <= time,
+        "{label}: took {:?} (limit {time:?})",
+        used.time
+    );
+    assert!(
+        !refused,
+        "{label}: asked for more than its {bytes} bytes (the request was refused)"
+    );
+    (r, used)
+}
+
+/// Runs `case` under [`bounded`]'s byte cap, for a case whose allocation is
+/// meant to be refused and handled (a fallible reservation): returns its
+/// result and whether a request was refused, and fails nothing itself.
+pub fn capped<R>(label: &str, bytes: u64, case: impl FnOnce() -> R) -> (R, bool) {
+    let (r, _, refused) = capped_run(label, bytes, case);
+    (r, refused)
+}
+
+fn capped_run<R>(label: &str, bytes: u64, case: impl FnOnce() -> R) -> (R, Used, bool) {
     // One small allocation to prove the counting allocator is installed.
     drop(std::hint::black_box(Box::new(0u8)));
     assert!(
@@ -145,10 +169,5 @@ pub fn bounded<R>(label: &str, bytes: u64, time: Duration, case: impl FnOnce() -
         time: took,
         bytes: u64::try_from(peak.saturating_sub(base)).unwrap_or(0),
     };
-    assert!(took <= time, "{label}: took {took:?} (limit {time:?})");
-    assert!(
-        !refused,
-        "{label}: asked for more than its {bytes} bytes (the request was refused)"
-    );
-    (r, used)
+    (r, used, refused)
 }

@@ -22,6 +22,7 @@ pub fn tiny_checkpoint(seed: u64) -> (ModelConfig, TempDir, Checkpoint) {
         &GenerateOptions {
             seed,
             shard_bytes: 4 << 20,
+            ..GenerateOptions::default()
         },
     )
     .unwrap();
@@ -54,6 +55,7 @@ pub fn v4vocab_engine(dir: &Path, seed: u64) -> deepinfer::engine::Engine {
         &GenerateOptions {
             seed,
             shard_bytes: 64 << 20,
+            ..GenerateOptions::default()
         },
     )
     .unwrap();

@@ -80,6 +80,7 @@ fn gen_weights(
     let options = GenerateOptions {
         seed,
         shard_bytes: shard_mib.saturating_mul(1 << 20),
+        ..GenerateOptions::default()
     };
     let cfg = deepinfer::model::config::ModelConfig::from_dir(config)?;
     let manifest = deepinfer::model::checkpoint::Manifest::new(&cfg)?;

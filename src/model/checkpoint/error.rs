@@ -40,6 +40,19 @@ pub enum CheckpointError {
         #[source]
         source: SafeTensorError,
     },
+    /// A shard cut short: its header is readable, but tensor `tensor` (the
+    /// first in data order to be cut off) ends at byte `end`, past the
+    /// file's `len` bytes.
+    #[error(
+        "shard {} is truncated: tensor `{tensor}` ends at byte {end}, but the file has {len} bytes",
+        .path.display()
+    )]
+    TruncatedShard {
+        path: PathBuf,
+        tensor: String,
+        end: u64,
+        len: u64,
+    },
     /// The shards do not match the manifest; `problems` lists all of them.
     #[error("{}", invalid_message(.dir, .problems))]
     Invalid {
@@ -73,6 +86,14 @@ pub enum CheckpointError {
         .dir.display()
     )]
     NoSpace { dir: PathBuf, need: u64, free: u64 },
+    /// Generating the checkpoint's largest shard would take more host
+    /// memory than is available.
+    #[error(
+        "generating the checkpoint needs {need} bytes ({:.1} GiB) of host memory at once \
+         (its largest shard), but {available} bytes are available",
+        *.need as f64 / (1u64 << 30) as f64
+    )]
+    NoMemory { need: u64, available: u64 },
     #[error(
         "{} already holds *.safetensors shards; write a new checkpoint into an \
          empty directory",

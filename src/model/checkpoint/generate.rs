@@ -55,6 +55,13 @@ pub struct GenerateOptions {
     /// larger than that gets a shard of its own, and a weight always shares
     /// its shard with its scale.
     pub shard_bytes: u64,
+    /// Bytes free on the output's file system; `None` (the default) asks
+    /// the file system (`statvfs`). Tests set it so that the refusal does not
+    /// depend on the machine's disk.
+    pub free_bytes: Option<u64>,
+    /// Host memory the generator may take; `None` (the default) reads the
+    /// host's `MemAvailable`.
+    pub available_memory: Option<u64>,
 }
 
 impl Default for GenerateOptions {
@@ -62,6 +69,8 @@ impl Default for GenerateOptions {
         GenerateOptions {
             seed: 0,
             shard_bytes: 4 << 30,
+            free_bytes: None,
+            available_memory: None,
         }
     }
 }
@@ -76,8 +85,9 @@ pub struct Generated {
 }
 
 /// Writes the checkpoint of `config` into `out` (created if needed; it must
-/// not already hold `*.safetensors` files, and its file system must have
-/// room for all of it: checked before the first byte is written).
+/// not already hold `*.safetensors` files, its file system must have room
+/// for all of it, and the host the memory of its largest shard: both checked
+/// before the first byte is written).
 pub fn generate(
     config: &ModelConfig,
     out: &Path,
@@ -95,7 +105,7 @@ pub fn generate(
         }
     }
     let need = manifest.total_bytes();
-    if let Some(free) = free_bytes(out)
+    if let Some(free) = options.free_bytes.or_else(|| free_bytes(out))
         && free < need
     {
         return Err(CheckpointError::NoSpace {
@@ -105,6 +115,23 @@ pub fn generate(
         });
     }
     let plan = plan_shards(manifest.params(), options.shard_bytes);
+    let host = host_bytes_needed(&plan);
+    let available = match options.available_memory {
+        Some(a) => Some(a),
+        None => crate::Device::Cpu
+            .available_memory()
+            .ok()
+            .flatten()
+            .map(|a| a as u64),
+    };
+    if let Some(available) = available
+        && available < host
+    {
+        return Err(CheckpointError::NoMemory {
+            need: host,
+            available,
+        });
+    }
     let mut shards = Vec::with_capacity(plan.len());
     let mut weight_map = Map::new();
     for (i, params) in plan.iter().enumerate() {
@@ -206,6 +233,39 @@ fn plan_shards(params: &[Param], limit: u64) -> Vec<Vec<&Param>> {
         shards.push(current);
     }
     shards
+}
+
+/// The most host memory generating one shard of `plan` takes at once (an
+/// upper estimate, saturating): the stored bytes of the whole shard, which
+/// are held until it is written, plus, for its largest parameter, the f32
+/// values and a second copy of its stored bytes (an encoder's growing
+/// buffer).
+fn host_bytes_needed(plan: &[Vec<&Param>]) -> u64 {
+    plan.iter()
+        .map(|params| {
+            let stored = |p: &Param| -> u64 {
+                p.tensors()
+                    .iter()
+                    .fold(0u64, |sum, t| sum.saturating_add(t.bytes() as u64))
+            };
+            let held = params
+                .iter()
+                .fold(0u64, |sum, p| sum.saturating_add(stored(p)));
+            let transient = params
+                .iter()
+                .map(|p| {
+                    let numel = p
+                        .shape
+                        .iter()
+                        .fold(1u64, |n, &d| n.saturating_mul(d as u64));
+                    numel.saturating_mul(4).saturating_add(stored(p))
+                })
+                .max()
+                .unwrap_or(0);
+            held.saturating_add(transient)
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Generates and writes one shard; returns its tensor names.

@@ -6,7 +6,9 @@
 //!
 //! Loading maps every shard, parses and checks each header with the
 //! safetensors crate (a header length beyond the file or data offsets beyond
-//! the buffer is a [`CheckpointError::CorruptShard`] naming the file), then
+//! the buffer is a [`CheckpointError::CorruptShard`] naming the file; a
+//! readable header whose data runs past the end of the file is a
+//! [`CheckpointError::TruncatedShard`] naming the first tensor cut off), then
 //! compares the union of the shards with the manifest and reports every
 //! missing, unexpected, wrongly typed, wrongly shaped and duplicated tensor
 //! in one [`CheckpointError::Invalid`]. Tensors the manifest declares
@@ -547,9 +549,17 @@ fn read_header(
     shard: usize,
 ) -> Result<Vec<(String, Found)>, CheckpointError> {
     let (header_len, metadata) =
-        SafeTensors::read_metadata(map).map_err(|source| CheckpointError::CorruptShard {
-            path: path.to_path_buf(),
-            source,
+        SafeTensors::read_metadata(map).map_err(|source| match first_tensor_past_end(map) {
+            Some((tensor, end)) => CheckpointError::TruncatedShard {
+                path: path.to_path_buf(),
+                tensor,
+                end,
+                len: map.len() as u64,
+            },
+            None => CheckpointError::CorruptShard {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
     let data_start = HEADER_LEN_BYTES + header_len;
     Ok(metadata
@@ -567,6 +577,30 @@ fn read_header(
             Some((name, tensor))
         })
         .collect())
+}
+
+/// For a shard the safetensors crate refused: when its header is readable
+/// JSON, the tensor with the lowest data offset whose bytes end past the end
+/// of `map`, and that end (absolute, in bytes). `None` when the header is
+/// unreadable or every tensor fits (the shard is corrupt in another way).
+fn first_tensor_past_end(map: &[u8]) -> Option<(String, u64)> {
+    let len_bytes: [u8; HEADER_LEN_BYTES] = map.get(..HEADER_LEN_BYTES)?.try_into().ok()?;
+    let header_len = usize::try_from(u64::from_le_bytes(len_bytes)).ok()?;
+    let data_start = HEADER_LEN_BYTES.checked_add(header_len)?;
+    let header = map.get(HEADER_LEN_BYTES..data_start)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    let file_len = map.len() as u64;
+    header
+        .iter()
+        .filter(|(name, _)| name.as_str() != "__metadata__")
+        .filter_map(|(name, info)| {
+            let offsets = info.get("data_offsets")?.as_array()?;
+            let start = offsets.first()?.as_u64()?;
+            let end = (data_start as u64).saturating_add(offsets.get(1)?.as_u64()?);
+            (end > file_len).then(|| (start, name.clone(), end))
+        })
+        .min()
+        .map(|(_, name, end)| (name, end))
 }
 
 fn progress_bar(progress: Progress, total: u64, passes: u64) -> ProgressBar {
