@@ -4,7 +4,7 @@
 //!
 //! - BF16 linears (`ops::bf16_linear_into`, `ops::grouped_bf16_linear`):
 //!   cuBLAS's own choice per M (peer `cublas_bf16_default`) against the
-//!   pinned cuBLASLt algorithm (no split-K, no workspace), at V4.1's BF16
+//!   pinned cuBLASLt algorithm (no split-K reduction), at V4.1's BF16
 //!   shapes: the router (384 × 5120, F32 out), the compressor's wkv
 //!   (512 × 5120, F32 out), the index keys' wk (128 × 512), the head
 //!   (129,280 × 5120, F32 out) and `wo_a` (8 groups of 1024 × 4096).

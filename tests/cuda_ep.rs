@@ -1,4 +1,5 @@
-//! Expert parallelism on the H200: `ops::gather_rows` (one launch) is
+//! Expert parallelism on the H200: `ops::gather_rows` and
+//! `ops::copy_rows_into` (one launch each) are
 //! bitwise the CPU's for every dtype, row widths with and without 16-byte
 //! words, repeated and unsorted indices; route → dispatch → grouped FP4 GEMMs →
 //! combine with every tensor on the GPU (allocations NaN-poisoned) equals
@@ -65,7 +66,7 @@ fn configs(n_experts: usize, top_k: usize, d: usize, tokens: usize) -> Vec<EpCon
 }
 
 #[test]
-fn the_local_transport_on_the_gpu_equals_the_cpu_moe_bitwise() {
+fn the_local_transport_on_the_gpu_equals_the_gpu_single_rank_moe_bitwise() {
     let mut rng = common::rng("cuda_ep_local");
     let dev = gpu();
     // V4.1's routing (384 experts, top-6) at a small width, and a tail shape.
@@ -194,7 +195,7 @@ fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
 /// GPU 0 bitwise (and the CPU's within calc_diff), in both modes and with
 /// both payloads (skipped, saying so, on one GPU or under DEEPINFER_QUICK).
 #[test]
-fn an_nccl_world_of_every_gpu_equals_the_cpu_moe_bitwise() {
+fn an_nccl_world_of_every_gpu_equals_the_gpu_single_rank_moe_bitwise() {
     let count = CudaDevice::count().unwrap();
     if quick() {
         println!(
@@ -232,5 +233,50 @@ fn an_nccl_world_of_every_gpu_equals_the_cpu_moe_bitwise() {
             let got: Vec<_> = per_rank.into_iter().flat_map(|r| r.0).collect();
             check(&got, &cpu, &p0, mode, &format!("{world} GPUs, {payload:?}"));
         }
+    }
+}
+
+#[test]
+fn copy_rows_into_is_bitwise_the_cpu_and_leaves_other_rows() {
+    let mut rng = common::rng("cuda_copy_rows_into");
+    let dev = gpu();
+    for (dtype, width) in [
+        (DType::BF16, 5120usize),
+        (DType::BF16, 7),
+        (DType::F8E4M3, 5120),
+        (DType::E8M0, 160),
+        (DType::F32, 3),
+    ] {
+        let n_src = rng.random_range(1..300usize);
+        let (lead, cap) = (rng.random_range(1..9usize), rng.random_range(1..40usize));
+        let bytes = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<u8> {
+            (0..dtype.storage_bytes(n)).map(|_| rng.random()).collect()
+        };
+        let (sb, db) = (
+            bytes(&mut rng, n_src * width),
+            bytes(&mut rng, lead * cap * width),
+        );
+        let shape = [lead, cap, width];
+        let src_cpu = Tensor::from_le_bytes(&Device::Cpu, dtype, &[n_src, width], &sb).unwrap();
+        let mut want = Tensor::from_le_bytes(&Device::Cpu, dtype, &shape, &db).unwrap();
+        let src = Tensor::from_le_bytes(&dev, dtype, &[n_src, width], &sb).unwrap();
+        let mut got = Tensor::from_le_bytes(&dev, dtype, &shape, &db).unwrap();
+        // Distinct destination rows, some of the buffer's, in random order.
+        let mut dst: Vec<usize> = (0..lead * cap).collect();
+        for i in (1..dst.len()).rev() {
+            dst.swap(i, rng.random_range(0..=i));
+        }
+        dst.truncate(rng.random_range(0..=lead * cap));
+        let from: Vec<usize> = dst.iter().map(|_| rng.random_range(0..n_src)).collect();
+        ops::copy_rows_into(&mut want, &dst, &src_cpu, &from).unwrap();
+        ops::copy_rows_into(&mut got, &dst, &src, &from).unwrap();
+        assert_eq!(
+            got.to_le_bytes().unwrap(),
+            want.to_le_bytes().unwrap(),
+            "{dtype} [{lead}, {cap}, {width}], {} rows",
+            dst.len()
+        );
+        let e = ops::copy_rows_into(&mut got, &[0, 0], &src, &[0, 0]).unwrap_err();
+        assert!(e.to_string().contains("dst_rows"), "{e}");
     }
 }

@@ -514,3 +514,66 @@ fn bad_input_is_a_typed_error_naming_it() {
         "rows",
     );
 }
+
+/// `copy_rows_into` writes exactly the named rows of the destination's
+/// matrix view (leading dimensions flattened) and leaves the others; bad
+/// lists are typed errors that change nothing.
+#[test]
+fn copy_rows_into_writes_the_named_rows_and_nothing_else() {
+    use deepinfer::{DType, Device, ops};
+    let named = |e: Error, what: &str| assert!(e.to_string().contains(what), "{e} lacks {what}");
+    let mut rng = common::rng("copy_rows_into");
+    for (dtype, width) in [(DType::BF16, 64usize), (DType::F8E4M3, 33), (DType::F32, 3)] {
+        let bytes = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<u8> {
+            (0..dtype.storage_bytes(n)).map(|_| rng.random()).collect()
+        };
+        let src_rows_n = rng.random_range(1..40usize);
+        let src_bytes = bytes(&mut rng, src_rows_n * width);
+        let src =
+            Tensor::from_le_bytes(&Device::Cpu, dtype, &[src_rows_n, width], &src_bytes).unwrap();
+        // dst is [4, 6, width]: 24 rows in its matrix view.
+        let dst_bytes = bytes(&mut rng, 24 * width);
+        let mut dst =
+            Tensor::from_le_bytes(&Device::Cpu, dtype, &[4, 6, width], &dst_bytes).unwrap();
+        let mut dst_rows: Vec<usize> = (0..24).collect();
+        for i in (1..dst_rows.len()).rev() {
+            dst_rows.swap(i, rng.random_range(0..=i));
+        }
+        dst_rows.truncate(rng.random_range(0..24));
+        let src_rows: Vec<usize> = dst_rows
+            .iter()
+            .map(|_| rng.random_range(0..src_rows_n))
+            .collect();
+        ops::copy_rows_into(&mut dst, &dst_rows, &src, &src_rows).unwrap();
+        let rb = dtype.storage_bytes(width);
+        let mut want = dst_bytes.clone();
+        for (&d, &s) in dst_rows.iter().zip(&src_rows) {
+            want[d * rb..(d + 1) * rb].copy_from_slice(&src_bytes[s * rb..(s + 1) * rb]);
+        }
+        assert_eq!(dst.to_le_bytes().unwrap(), want, "{dtype}");
+        // Typed errors, and the destination unchanged.
+        let before = dst.to_le_bytes().unwrap();
+        for (d, s, what) in [
+            (vec![0, 1], vec![0], "src_rows"),
+            (vec![24], vec![0], "dst_rows"),
+            (vec![3, 3], vec![0, 0], "dst_rows"),
+            (vec![0], vec![src_rows_n], "src_rows"),
+        ] {
+            named(
+                ops::copy_rows_into(&mut dst, &d, &src, &s).unwrap_err(),
+                what,
+            );
+        }
+        let narrow =
+            Tensor::from_le_bytes(&Device::Cpu, dtype, &[1, 1], &bytes(&mut rng, 1)).unwrap();
+        named(
+            ops::copy_rows_into(&mut dst, &[0], &narrow, &[0]).unwrap_err(),
+            "src",
+        );
+        assert_eq!(
+            dst.to_le_bytes().unwrap(),
+            before,
+            "{dtype}: an error wrote rows"
+        );
+    }
+}

@@ -344,6 +344,62 @@ fn set_desc<T>(
     .map_err(lt_error("cublasLtMatmulDescSetAttribute"))
 }
 
+/// A cuBLASLt handle and the TN matmul descriptor every GEMM here uses
+/// (FP32 compute and scale type; cuBLASLt's A = our W transposed, its B =
+/// our activations), on `dev`'s context.
+fn tn_handle_and_desc(dev: &CudaDevice) -> Result<(LtHandle, LtDesc)> {
+    use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
+    ensure_libraries()?;
+    bind(dev)?;
+    let handle = LtHandle(lt::create_handle().map_err(lt_error("cublasLtCreate"))?);
+    let desc = LtDesc(
+        lt::create_matmul_desc(
+            lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            lt_sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(lt_error("cublasLtMatmulDescCreate"))?,
+    );
+    let (op_t, op_n) = (
+        cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32,
+        cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32,
+    );
+    set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
+    set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
+    Ok((handle, desc))
+}
+
+/// A heuristic preference allowing `ws_bytes` of workspace and, when
+/// `no_reduction`, only algorithms without a split-K reduction
+/// (`CUBLASLT_REDUCTION_SCHEME_NONE`).
+fn preference(ws_bytes: usize, no_reduction: bool) -> Result<LtPref> {
+    use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
+    let pref =
+        LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
+    let (max_ws, mask) = (ws_bytes as u64, 0u32);
+    // SAFETY: the preference is live; MAX_WORKSPACE_BYTES is a uint64 and
+    // REDUCTION_SCHEME_MASK a uint32 (0: only CUBLASLT_REDUCTION_SCHEME_NONE),
+    // each passed by a pointer to a local of that type alive across the call.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.0,
+            Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            (&max_ws as *const u64).cast(),
+            std::mem::size_of::<u64>(),
+        )
+        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (workspace)"))?;
+        if no_reduction {
+            lt::set_matmul_pref_attribute(
+                pref.0,
+                Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                (&mask as *const u32).cast(),
+                std::mem::size_of::<u32>(),
+            )
+            .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (reduction)"))?;
+        }
+    }
+    Ok(pref)
+}
+
 /// A planned cuBLASLt FP8 per-tensor-scaled GEMM for one (M, N, K, output
 /// dtype): `out[M, N] = (a_scale · w_scale) · a[M, K] · w[N, K]ᵀ`, e4m3
 /// operands, fp32 scales on the device (`[1]` F32 tensors), FP32
@@ -375,7 +431,6 @@ impl Fp8TensorwisePlan {
         k: usize,
         out_dtype: DType,
     ) -> Result<Fp8TensorwisePlan> {
-        use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
         use lt_sys::cudaDataType_t as T;
         for (arg, v) in [("m", m), ("n", n), ("k", k)] {
             if v == 0 || i32::try_from(v).is_err() {
@@ -409,23 +464,8 @@ impl Fp8TensorwisePlan {
                 });
             }
         };
-        ensure_libraries()?;
-        bind(dev)?;
-        let handle = LtHandle(lt::create_handle().map_err(lt_error("cublasLtCreate"))?);
+        let (handle, desc) = tn_handle_and_desc(dev)?;
         let workspace = dev.alloc(LT_WORKSPACE_BYTES)?;
-        let desc = LtDesc(
-            lt::create_matmul_desc(
-                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                T::CUDA_R_32F,
-            )
-            .map_err(lt_error("cublasLtMatmulDescCreate"))?,
-        );
-        let (op_t, op_n) = (
-            cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32,
-            cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32,
-        );
-        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
-        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
         let layout = |ty, rows: usize, cols: usize, ld: usize| -> Result<LtLayout> {
             Ok(LtLayout(
                 lt::create_matrix_layout(ty, rows as u64, cols as u64, ld as i64)
@@ -438,20 +478,7 @@ impl Fp8TensorwisePlan {
             layout(T::CUDA_R_8F_E4M3, k, m, k)?,
             layout(out_type, n, m, n)?,
         ];
-        let pref =
-            LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
-        let ws_bytes = LT_WORKSPACE_BYTES as u64;
-        // SAFETY: the preference is live; the attribute is a uint64 and
-        // `ws_bytes` is one, alive across the call.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref.0,
-                lt_sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&ws_bytes as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        }
-        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute"))?;
+        let pref = preference(LT_WORKSPACE_BYTES, false)?;
         // SAFETY: every descriptor is live and describes the layouts above.
         let heuristic = unsafe {
             lt::get_matmul_algo_heuristic(
@@ -600,6 +627,9 @@ struct PinnedPlan {
     workspace: Option<CudaBuffer>,
     desc: LtDesc,
     handle: LtHandle,
+    /// Keeps the stream, whose address keys the plan cache, alive: no other
+    /// stream can take that address while the plan is cached.
+    _stream: Arc<cudarc::driver::CudaStream>,
 }
 
 // SAFETY: a cuBLASLt handle, matmul descriptor and algorithm are plain host
@@ -687,24 +717,8 @@ impl PinnedPlan {
         dims: (usize, usize, usize),
         out_type: lt_sys::cudaDataType_t,
     ) -> Result<PinnedPlan> {
-        use lt_sys::cublasLtMatmulDescAttributes_t as Attr;
         let (groups, n, k) = dims;
-        ensure_libraries()?;
-        bind(dev)?;
-        let handle = LtHandle(lt::create_handle().map_err(lt_error("cublasLtCreate"))?);
-        let desc = LtDesc(
-            lt::create_matmul_desc(
-                lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                lt_sys::cudaDataType_t::CUDA_R_32F,
-            )
-            .map_err(lt_error("cublasLtMatmulDescCreate"))?,
-        );
-        let (op_t, op_n) = (
-            cublas::sys::cublasOperation_t::CUBLAS_OP_T as i32,
-            cublas::sys::cublasOperation_t::CUBLAS_OP_N as i32,
-        );
-        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSA, &op_t)?;
-        set_desc(&desc, Attr::CUBLASLT_MATMUL_DESC_TRANSB, &op_n)?;
+        let (handle, desc) = tn_handle_and_desc(dev)?;
         let at_ref = grouped_layouts((PINNED_REF_ROWS, groups, n, k), out_type)?;
         let at_one = grouped_layouts((1, groups, n, k), out_type)?;
         let mut why = Vec::new();
@@ -719,6 +733,7 @@ impl PinnedPlan {
                     workspace,
                     desc,
                     handle,
+                    _stream: dev.raw_stream().clone(),
                 });
             }
         }
@@ -747,30 +762,8 @@ fn pick(
     why: &mut Vec<String>,
 ) -> Result<Option<lt_sys::cublasLtMatmulAlgo_t>> {
     use lt_sys::cublasLtMatmulAlgoConfigAttributes_t as Cfg;
-    use lt_sys::cublasLtMatmulPreferenceAttributes_t as Pref;
     use lt_sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS as OK;
-    let pref =
-        LtPref(lt::create_matmul_pref().map_err(lt_error("cublasLtMatmulPreferenceCreate"))?);
-    let (max_ws, no_reduction) = (ws_bytes as u64, 0u32);
-    // SAFETY: the preference is live; MAX_WORKSPACE_BYTES is a uint64 and
-    // REDUCTION_SCHEME_MASK a uint32 (0: only CUBLASLT_REDUCTION_SCHEME_NONE),
-    // each passed by a pointer to a local of that type.
-    unsafe {
-        lt::set_matmul_pref_attribute(
-            pref.0,
-            Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            (&max_ws as *const u64).cast(),
-            std::mem::size_of::<u64>(),
-        )
-        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (workspace)"))?;
-        lt::set_matmul_pref_attribute(
-            pref.0,
-            Pref::CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-            (&no_reduction as *const u32).cast(),
-            std::mem::size_of::<u32>(),
-        )
-        .map_err(lt_error("cublasLtMatmulPreferenceSetAttribute (reduction)"))?;
-    }
+    let pref = preference(ws_bytes, true)?;
     // SAFETY: an all-zero heuristic result is a valid value of this plain C
     // struct (cuBLASLt overwrites the entries it returns).
     let mut found: Vec<lt_sys::cublasLtMatmulHeuristicResult_t> =
@@ -799,30 +792,54 @@ fn pick(
     let count = usize::try_from(count.clamp(0, PINNED_CANDIDATES)).unwrap_or(0);
     why.push(format!("workspace {ws_bytes}: {count} candidates"));
     for (i, cand) in found.iter().take(count).enumerate() {
-        if cand.state != OK || cand.workspaceSize > ws_bytes {
-            why.push(rejected("state/workspace", i, cand.workspaceSize));
+        if cand.state != OK {
+            why.push(rejected("state", i, format!("{:?}", cand.state)));
             continue;
         }
-        let mut splits = 0u32;
-        let mut written = 0usize;
-        // SAFETY: the algorithm is a live value returned above; SPLITK_NUM
-        // is a uint32 written into `splits`, its size passed.
-        let read = unsafe {
-            lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
-                &cand.algo,
-                Cfg::CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
-                (&mut splits as *mut u32).cast(),
-                std::mem::size_of::<u32>(),
-                &mut written,
-            )
+        if cand.workspaceSize > ws_bytes {
+            why.push(rejected("workspace", i, cand.workspaceSize));
+            continue;
+        }
+        // Split-K 1 and no reduction scheme: each output element is one
+        // tile's K loop, whatever the number of M tiles.
+        let config = |attr: Cfg| -> Option<u32> {
+            let (mut v, mut written) = (0u32, 0usize);
+            // SAFETY: the algorithm is a live value returned above; both
+            // attributes are uint32, written into `v` (its size passed).
+            let read = unsafe {
+                lt_sys::cublasLtMatmulAlgoConfigGetAttribute(
+                    &cand.algo,
+                    attr,
+                    (&mut v as *mut u32).cast(),
+                    std::mem::size_of::<u32>(),
+                    &mut written,
+                )
+            };
+            (read == OK).then_some(v)
         };
-        if read != OK || splits > 1 {
-            why.push(rejected("split-K", i, splits));
-            continue;
+        match (
+            config(Cfg::CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+            config(Cfg::CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+        ) {
+            (Some(0 | 1), Some(0)) => {}
+            (Some(splits), Some(scheme)) => {
+                why.push(rejected(
+                    "split-K / reduction",
+                    i,
+                    format!("{splits} / {scheme}"),
+                ));
+                continue;
+            }
+            _ => {
+                why.push(rejected("unreadable split-K or reduction", i, ""));
+                continue;
+            }
         }
-        // SAFETY: as the heuristic call; `check` is a plain C struct
-        // cuBLASLt writes.
+        // SAFETY: an all-zero heuristic result is a valid value of this
+        // plain C struct, which the check below overwrites.
         let mut check: lt_sys::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: handle, descriptor, the one-row layouts and the algorithm
+        // are live; `check` is a valid struct cuBLASLt writes its result to.
         let ok = unsafe {
             lt_sys::cublasLtMatmulAlgoCheck(
                 handle.0,
@@ -835,8 +852,12 @@ fn pick(
                 &mut check,
             )
         };
-        if ok != OK || check.workspaceSize > ws_bytes {
+        if ok != OK {
             why.push(rejected("one-row check", i, format!("{ok:?}")));
+            continue;
+        }
+        if check.workspaceSize > ws_bytes {
+            why.push(rejected("one-row workspace", i, check.workspaceSize));
             continue;
         }
         return Ok(Some(cand.algo));

@@ -1,45 +1,56 @@
-//! Launch of `kernels-cuda/gather/`: whole rows of any dtype gathered by a
-//! host index list (uploaded as int32), one launch for the whole list.
+//! Launch of `kernels-cuda/gather/`: whole rows of any dtype copied by host
+//! index lists (uploaded as int32), one launch for the whole list.
 
 use super::params::di_gather_params;
 use super::{i32_param, launch, read_ptr, row_launch, write_ptr};
-use crate::device::CudaDevice;
+use crate::device::{CudaBuffer, CudaDevice};
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
 
-/// `out[i] = src[rows[i]]` for rows of `row_bytes` bytes; the caller checked
-/// every index against src's rows and out's shape.
-pub fn gather_rows(
-    dev: &CudaDevice,
-    src: &Tensor,
-    rows: &[usize],
-    out: &mut Tensor,
-    row_bytes: usize,
-) -> Result<()> {
-    if rows.is_empty() || row_bytes == 0 {
-        return Ok(());
-    }
+/// An index list as a device int32 buffer.
+fn upload_rows(dev: &CudaDevice, rows: &[usize]) -> Result<CudaBuffer> {
     let idx = rows
         .iter()
         .map(|&r| i32_param("row index", r))
         .collect::<Result<Vec<i32>>>()?;
     let bytes: Vec<u8> = idx.iter().flat_map(|r| r.to_le_bytes()).collect();
-    let idx = dev.upload(&bytes)?;
+    dev.upload(&bytes)
+}
+
+/// `out[dst_rows[i]] = src[src_rows[i]]` for `n` rows of `row_bytes` bytes
+/// (a `None` list is the identity 0..n). The caller checked every index
+/// against its tensor's rows, that both lists hold `n` entries and that the
+/// destination rows are distinct.
+pub fn copy_rows(
+    dev: &CudaDevice,
+    src: &Tensor,
+    src_rows: Option<&[usize]>,
+    out: &mut Tensor,
+    dst_rows: Option<&[usize]>,
+    (n, row_bytes): (usize, usize),
+) -> Result<()> {
+    if n == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    let src_idx = src_rows.map(|r| upload_rows(dev, r)).transpose()?;
+    let dst_idx = dst_rows.map(|r| upload_rows(dev, r)).transpose()?;
     let (sp, _gs) = read_ptr(src.cuda()?, dev);
-    let (ip, _gi) = read_ptr(&idx, dev);
+    let src_ptr = src_idx.as_ref().map(|b| read_ptr(b, dev));
+    let dst_ptr = dst_idx.as_ref().map(|b| read_ptr(b, dev));
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-    let n = i64::from(i32_param("rows", rows.len())?);
+    let null = || std::ptr::null::<i32>();
     let p = di_gather_params {
         src: sp,
-        idx: ip.cast(),
+        src_idx: src_ptr.as_ref().map_or_else(null, |(p, _)| p.cast()),
         out: op,
-        n,
+        dst_idx: dst_ptr.as_ref().map_or_else(null, |(p, _)| p.cast()),
+        n: i64::from(i32_param("rows", n)?),
         row_bytes: i64::try_from(row_bytes).map_err(|_| {
             super::param_error("row bytes", row_bytes, "a kernel's int64 parameter")
         })?,
     };
     let per_thread = if row_bytes.is_multiple_of(16) { 16 } else { 1 };
-    let cfg = row_launch(rows.len(), row_bytes / per_thread, 256)?;
-    launch(dev, kernels::gather::GATHER_ROWS, cfg, &p)
+    let cfg = row_launch(n, row_bytes / per_thread, 256)?;
+    launch(dev, kernels::gather::COPY_ROWS, cfg, &p)
 }

@@ -29,7 +29,7 @@ pub use act_quant::act_quant_fp8;
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
 pub use embedding::{argmax, embedding};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
-pub use gather::gather_rows;
+pub use gather::copy_rows;
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{moe_combine, moe_permute};
 pub use rms_norm::rms_norm;

@@ -383,13 +383,31 @@ impl CudaBuffer {
 
     /// Copies the whole buffer back to the host (synchronises the stream).
     pub fn download(&self) -> Result<Vec<u8>> {
+        let n = self.slice.len();
+        let oom = |available| Error::OutOfMemory {
+            what: "copying a device buffer to the host",
+            bytes: n,
+            device: "cpu".into(),
+            available,
+        };
+        // Compared with the host's available memory before anything is
+        // taken (1 GiB and more, as host tensors are), then reserved
+        // fallibly: a buffer the host cannot hold is an error, not an abort.
+        if n >= 1 << 30
+            && let Some(available) = super::Device::Cpu.available_memory()?
+            && n > available
+        {
+            return Err(oom(available));
+        }
+        let mut out = Vec::new();
+        out.try_reserve_exact(n).map_err(|_| oom(0))?;
+        out.resize(n, 0u8);
         self.device
             .stream
-            .clone_dtoh(&self.slice)
-            .map_err(driver(format!(
-                "copying {} bytes to the host",
-                self.slice.len()
-            )))
+            .memcpy_dtoh(&self.slice, &mut out)
+            .and_then(|()| self.device.stream.synchronize())
+            .map_err(driver(format!("copying {n} bytes to the host")))?;
+        Ok(out)
     }
 
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]

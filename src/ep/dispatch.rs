@@ -21,7 +21,9 @@ use crate::tensor::Tensor;
 #[derive(Debug)]
 pub struct Dispatched {
     /// Normal: `[N, D]` rows grouped by local expert; low-latency
-    /// `[L, capacity, D]`, rows past an expert's count zero. BF16, or e4m3
+    /// `[L, capacity, D]`, rows past an expert's count never written (the
+    /// masked GEMMs and combine read none of them, as DeepEP's low-latency
+    /// buffers). BF16, or e4m3
     /// with the FP8 payload.
     pub x: Tensor,
     /// The FP8 payload's E8M0 scales (`[N, D/32]` or `[L, capacity, D/32]`).
@@ -144,21 +146,28 @@ fn upload<T: crate::dtype::Element>(
     Tensor::from_vec(data, shape)?.to_device(device)
 }
 
-/// Rows `rows` of `src`, with `None` as a zero row (appended to a copy of
-/// `src` only when some row is `None`).
-fn gather_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
-    if rows.iter().all(Option::is_some) {
-        let rows: Vec<usize> = rows.iter().flatten().copied().collect();
-        return ops::gather_rows(src, &rows);
-    }
-    let zero_shape: Vec<usize> = std::iter::once(1)
-        .chain(src.shape().iter().skip(1).copied())
-        .collect();
-    let zero = Tensor::zeros(&src.device(), src.dtype(), &zero_shape)?;
-    let padded = Tensor::cat_rows(&[src, &zero])?;
-    let z = src.rows();
-    let rows: Vec<usize> = rows.iter().map(|r| r.unwrap_or(z)).collect();
-    ops::gather_rows(&padded, &rows)
+/// (output row, source row) pairs of the entries a dispatch places.
+type Placed = Vec<(usize, usize)>;
+
+/// A `[rows.len(), width]` tensor whose row i is row `rows[i]` of `src`'s
+/// matrix view (every dimension but the last flattened, so a `[L, C, D]`
+/// buffer needs no reshaping copy), or zeros for `None` (the whole tensor
+/// is zeroed first only when some row is `None`).
+fn rows_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
+    let width = src.shape().last().copied().unwrap_or(0);
+    let shape = [rows.len(), width];
+    let mut out = if rows.iter().all(Option::is_some) {
+        Tensor::empty(&src.device(), src.dtype(), &shape)?
+    } else {
+        Tensor::zeros(&src.device(), src.dtype(), &shape)?
+    };
+    let (dst, from): (Vec<usize>, Vec<usize>) = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| r.map(|r| (i, r)))
+        .unzip();
+    ops::copy_rows_into(&mut out, &dst, src, &from)?;
+    Ok(out)
 }
 
 /// Sends this rank's tokens to the ranks of their experts: `x` BF16
@@ -337,8 +346,10 @@ fn dispatch_on(
 
     let mut received: Vec<Vec<Option<usize>>> = per_source.iter().map(|&n| vec![None; n]).collect();
     let mut overflow = 0usize;
-    let (gather, w_out, layout, out_rows, shape_lead): (
-        Vec<Option<usize>>,
+    // (output row, received row) of every entry placed; the other output
+    // rows (past a low-latency expert's count) are never written.
+    let (placed, w_out, layout, out_rows, shape_lead): (
+        Placed,
         Vec<f32>,
         Tensor,
         usize,
@@ -357,7 +368,7 @@ fn dispatch_on(
             }
             let n = entries.len();
             (
-                entries.iter().map(|e| Some(e.3)).collect(),
+                entries.iter().enumerate().map(|(i, e)| (i, e.3)).collect(),
                 entries.iter().map(|e| e.4).collect(),
                 upload(offsets, &[slots + 1], &device)?,
                 n,
@@ -366,14 +377,14 @@ fn dispatch_on(
         }
         Mode::LowLatency { capacity, .. } => {
             let n = slots * capacity;
-            let mut gather = vec![None; n];
+            let mut placed = Vec::with_capacity(entries.len().min(n));
             let mut w_out = vec![0.0f32; n];
             let mut counts = vec![0usize; slots];
             for &(local, s, i, src, wt) in &entries {
                 let c = &mut counts[local];
                 if *c < capacity {
                     let pos = local * capacity + *c;
-                    gather[pos] = Some(src);
+                    placed.push((pos, src));
                     w_out[pos] = wt;
                     received[s][i] = Some(pos);
                     *c += 1;
@@ -386,7 +397,7 @@ fn dispatch_on(
                 .map(|c| i32::try_from(c).map_err(|_| too_many(OP)))
                 .collect::<Result<Vec<_>>>()?;
             (
-                gather,
+                placed,
                 w_out,
                 upload(counts, &[slots], &device)?,
                 n,
@@ -394,13 +405,16 @@ fn dispatch_on(
             )
         }
     };
-    let reshape = |t: Tensor, tail: usize| {
+    let (dst, src): (Vec<usize>, Vec<usize>) = placed.into_iter().unzip();
+    let place = |from: &Tensor, tail: usize| -> Result<Tensor> {
         let s: Vec<usize> = shape_lead.iter().copied().chain([tail]).collect();
-        t.reshape(&s)
+        let mut out = Tensor::empty(&device, from.dtype(), &s)?;
+        ops::copy_rows_into(&mut out, &dst, from, &src)?;
+        Ok(out)
     };
-    let x_out = reshape(gather_or_zero(&all_rows, &gather)?, d)?;
+    let x_out = place(&all_rows, d)?;
     let scales_out = match &all_scales {
-        Some(s) => Some(reshape(gather_or_zero(s, &gather)?, d / 32)?),
+        Some(s) => Some(place(s, d / 32)?),
         None => None,
     };
     let weights_out = upload(w_out, &shape_lead, &device)?;
@@ -573,19 +587,12 @@ fn combine_on(
     if let Some(perm) = &h.local {
         return ops::moe_combine(expert_out, perm, shared);
     }
-    // The masked layout's rows, flat (a copy: tensors have no views yet).
-    let flat;
-    let rows_2d = match h.mode {
-        Mode::Normal => expert_out,
-        Mode::LowLatency { .. } => {
-            flat = expert_out.clone().reshape(&[h.out_rows, h.hidden])?;
-            &flat
-        }
-    };
+    // Rows of the expert-major output (the masked layout's [L, C, D] read as
+    // L·C rows, no copy), zeros for entries dropped past a capacity.
     let back = h
         .received
         .iter()
-        .map(|rows| gather_or_zero(rows_2d, rows))
+        .map(|rows| rows_or_zero(expert_out, rows))
         .collect::<Result<Vec<_>>>()?;
     let recv = transport.all_to_all_v(back)?;
     for (r, sent) in recv.iter().zip(&h.sent) {

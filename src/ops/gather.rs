@@ -1,11 +1,17 @@
-//! Row gather: `out[i] = x[rows[i]]` for a tensor of any dtype and rank ≥ 1
-//! (rank ≥ 2 for packed FP4, whose rows are whole bytes), by a host index
-//! list. The expert-parallel dispatch and combine move their rows with it.
+//! Row copies by host index lists, for tensors of any dtype; the
+//! expert-parallel dispatch and combine move their rows with them.
 //!
-//! Invariant: every index is checked against x's rows before anything is
-//! copied (a typed error names the first bad one); the CPU copies each run
-//! of consecutive indices at once, CUDA gathers the whole list in one
-//! launch (`kernels-cuda/gather/`), bitwise the same rows.
+//! - [`gather_rows`]: `out[i] = x[rows[i]]` over the first dimension (rank
+//!   ≥ 1; ≥ 2 for packed FP4, whose rows are whole bytes), a new tensor.
+//! - [`copy_rows_into`]: `dst[dst_rows[i]] = src[src_rows[i]]` over the
+//!   rows of the matrix views (every dimension but the last flattened), into
+//!   an existing tensor whose other rows are left as they are.
+//!
+//! Invariant: every index is checked against its tensor's rows, and the
+//! destination rows of one copy are distinct, before anything is copied (a
+//! typed error names the first bad one); the CPU copies row by row (runs of
+//! consecutive indices at once), CUDA copies the whole list in one launch
+//! (`kernels-cuda/gather/`), bitwise the same rows.
 
 use crate::device::Device;
 use crate::dtype::DType;
@@ -13,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 const OP: &str = "gather_rows";
+const COPY_OP: &str = "copy_rows_into";
 
 /// Rows `rows[0], rows[1], …` of `x` as a new tensor on x's device
 /// (`[rows.len(), …]`); an index may repeat.
@@ -45,7 +52,14 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => {
             let row_bytes = x.dtype().storage_bytes(x.shape().iter().skip(1).product());
-            crate::cuda_backend::gather_rows(&dev, x, rows, &mut out, row_bytes)?;
+            crate::cuda_backend::copy_rows(
+                &dev,
+                x,
+                Some(rows),
+                &mut out,
+                None,
+                (rows.len(), row_bytes),
+            )?;
             return Ok(out);
         }
         #[cfg(not(deepinfer_cuda))]
@@ -63,4 +77,92 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
         at += run;
     }
     Ok(out)
+}
+
+/// The rows of `t`'s matrix view: (rows, row length), every dimension but
+/// the last flattened; packed FP4 is refused (a row must be whole bytes of a
+/// byte-addressable dtype for the element copies below).
+fn matrix_rows(t: &Tensor, name: &'static str) -> Result<(usize, usize)> {
+    match t.shape().split_last() {
+        Some((&width, lead)) if t.dtype() != DType::F4E2M1x2 => Ok((lead.iter().product(), width)),
+        _ => Err(super::shape_error(
+            COPY_OP,
+            name,
+            t,
+            "rank >= 1, not packed FP4".into(),
+        )),
+    }
+}
+
+/// `dst[dst_rows[i]] = src[src_rows[i]]` for every i, over the rows of the
+/// matrix views of `dst` and `src` (every dimension but the last flattened:
+/// `[L, C, D]` has L·C rows of D). Both tensors have one dtype (not packed
+/// FP4), one last dimension and one device; the two lists have one length,
+/// every index lies inside its tensor, and no destination row repeats (on
+/// CUDA two writers of one row would race). Rows of `dst` not named keep
+/// their contents.
+pub fn copy_rows_into(
+    dst: &mut Tensor,
+    dst_rows: &[usize],
+    src: &Tensor,
+    src_rows: &[usize],
+) -> Result<()> {
+    src.expect_dtype(COPY_OP, "src", dst.dtype())?;
+    let (n_dst, width) = matrix_rows(dst, "dst")?;
+    let (n_src, src_width) = matrix_rows(src, "src")?;
+    if src_width != width {
+        return Err(super::shape_error(
+            COPY_OP,
+            "src",
+            src,
+            format!("[…, {width}] (dst's last dimension)"),
+        ));
+    }
+    if dst_rows.len() != src_rows.len() {
+        return Err(Error::Argument {
+            op: COPY_OP,
+            arg: "src_rows",
+            value: format!("{} indices", src_rows.len()),
+            why: "needs one source row per destination row",
+        });
+    }
+    let bad = |arg: &'static str, value: usize, why: &'static str| Error::Argument {
+        op: COPY_OP,
+        arg,
+        value: value.to_string(),
+        why,
+    };
+    if let Some(&r) = src_rows.iter().find(|&&r| r >= n_src) {
+        return Err(bad("src_rows", r, "a row index at or past src's rows"));
+    }
+    let mut seen = vec![false; n_dst];
+    for &r in dst_rows {
+        match seen.get_mut(r) {
+            None => return Err(bad("dst_rows", r, "a row index at or past dst's rows")),
+            Some(true) => return Err(bad("dst_rows", r, "a destination row named twice")),
+            Some(s) => *s = true,
+        }
+    }
+    let device = super::common_device(COPY_OP, &[("dst", dst), ("src", src)])?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let row_bytes = dst.dtype().storage_bytes(width);
+            return crate::cuda_backend::copy_rows(
+                &dev,
+                src,
+                Some(src_rows),
+                dst,
+                Some(dst_rows),
+                (dst_rows.len(), row_bytes),
+            );
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(COPY_OP, &d)),
+    }
+    for (&d, &s) in dst_rows.iter().zip(src_rows) {
+        dst.copy_elems_from(d * width, src, s * width, width)?;
+    }
+    Ok(())
 }

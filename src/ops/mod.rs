@@ -38,7 +38,7 @@ pub use compressor::{compress_ratio2, compressor_rows_into};
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding};
 pub use engram::{engram_gate_update, engram_lookup, engram_rows};
-pub use gather::gather_rows;
+pub use gather::{copy_rows_into, gather_rows};
 pub use gemm::{
     GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,
@@ -78,6 +78,9 @@ use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
 /// The device shared by every named tensor of `op`, or a mismatch error.
+/// The handle returned is batch-invariant when any input's is
+/// ([`Device::batch_invariant`]), so the mode reaches the op, and the
+/// outputs it allocates, from whichever operand carries it.
 pub(crate) fn common_device(
     op: &'static str,
     tensors: &[(&'static str, &Tensor)],
@@ -101,6 +104,9 @@ pub(crate) fn common_device(
                 expected: device.to_string(),
             });
         }
+    }
+    if !device.batch_invariant() && rest.iter().any(|(_, t)| t.device().batch_invariant()) {
+        return Ok(device.with_batch_invariant_kernels());
     }
     Ok(device)
 }

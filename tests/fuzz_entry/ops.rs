@@ -354,6 +354,12 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                 })
                 .collect();
             let _ = ops::gather_rows(&x, &rows);
+            // The same lists scattered into a tensor of another shape.
+            let m = b.pick(&[0, 1, 5, 24]);
+            let (dst_dtype, dst_width) = (b.dtype(dtype), b.pick(&[d, 1, 32]));
+            let mut dst = s!(b, dst_dtype, [m, dst_width]);
+            let dst_rows: Vec<usize> = rows.iter().map(|&r| r % (m + 2)).collect();
+            let _ = ops::copy_rows_into(&mut dst, &dst_rows, &x, &rows);
         }
         30 => {
             let (t, heads) = (b.pick(&[0, 1, 3, 8]), b.pick(&[1, 2, 4]));

@@ -415,8 +415,9 @@ typedef struct di_moe_params {
    row_bytes bytes; every idx below src's row count (checked by the host). */
 typedef struct di_gather_params {
     const void *src;
-    const int32_t *idx;     /* [n] */
-    void *out;              /* [n, row_bytes] */
+    const int32_t *src_idx; /* [n] source rows, or null: row i */
+    void *out;
+    const int32_t *dst_idx; /* [n] distinct destination rows, or null: row i */
     int64_t n;
     int64_t row_bytes;
 } di_gather_params;

@@ -19,8 +19,9 @@ pub(super) const BF16_OP: &str = "bf16_linear";
 /// CUDA: cuBLAS `cublasGemmEx` with FP32 compute (its own summation order,
 /// so the two agree to rounding, `calc_diff` < 1e-5, not bitwise), or on a
 /// batch-invariant device ([`Device::batch_invariant`]) one cuBLASLt
-/// algorithm pinned per (N, K) with no split-K and no workspace, so a row's
-/// result does not depend on M.
+/// algorithm pinned per (stream, N, K, output dtype) with no split-K
+/// reduction (and no workspace where cuBLASLt has such an algorithm), so a
+/// row's result does not depend on M.
 pub fn bf16_linear(a: &Tensor, w: &Tensor, out_dtype: DType) -> Result<Tensor> {
     check_out_dtype(BF16_OP, "out_dtype", out_dtype)?;
     let (device, m, n, _) = validate_bf16(a, w)?;
