@@ -89,6 +89,13 @@ fn an_exact_restore_continues_bitwise_as_a_cold_run() {
         m.forward(&mut src, s, &all[..h]).unwrap();
         assert_eq!(src.has_pending(s, 2).unwrap(), h % 2 == 1);
         let snap = src.snapshot(s, true).unwrap();
+        // What the cache budgets before copying is what the copy owns.
+        assert_eq!(src.snapshot_bytes(s, true).unwrap(), snap.bytes(), "H {h}");
+        assert_eq!(
+            src.snapshot_bytes(s, false).unwrap(),
+            src.snapshot(s, false).unwrap().bytes(),
+            "H {h}, global state"
+        );
         drop(src);
         let mut dst = pool(&m, 2);
         let other = dst.add_sequence().unwrap();
@@ -334,7 +341,11 @@ fn a_small_budget_evicts_least_recently_used_without_harm() {
     let small = engine(seed, YocoMode::Exact, 140, Some(tiny));
     small.generate(std::slice::from_ref(&a), std::slice::from_ref(&sp));
     let st = small.prefix_cache_stats().unwrap();
-    assert_eq!((st.rejected, st.entries, st.bytes), (1, 0, 0), "{st:?}");
+    assert_eq!(
+        (st.rejected, st.entries, st.bytes, st.snapshot_failures),
+        (1, 0, 0, 0),
+        "{st:?}"
+    );
 }
 
 fn constant_hash(_: u64, _: &[u32]) -> u64 {

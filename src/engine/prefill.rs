@@ -189,9 +189,32 @@ impl Engine {
             keep_tails(&first, &ends, &out)?;
             for (&k, &end) in first.iter().zip(&ends) {
                 let r = &mut reqs[k];
-                let snap = pool.snapshot(r.seq, !compact)?;
                 if let Some(c) = &self.prefix_cache {
-                    lock(c).insert(&r.tokens[..end], snap)?;
+                    // Room in the budget first (evicting), then the device's
+                    // free memory, then the copy; a snapshot that cannot be
+                    // taken costs the reuse, not the request.
+                    let need = pool.snapshot_bytes(r.seq, !compact)?;
+                    if lock(c).make_room(end, need) {
+                        let fits = pool
+                            .device()
+                            .available_memory()
+                            .map(|free| free.is_none_or(|free| need <= free));
+                        let snap = match fits {
+                            Ok(true) => pool.snapshot(r.seq, !compact).map(Some),
+                            Ok(false) => Ok(None),
+                            Err(e) => Err(e.into()),
+                        };
+                        match snap {
+                            Ok(Some(snap)) => {
+                                lock(c).insert(&r.tokens[..end], snap)?;
+                            }
+                            Ok(None) => lock(c).snapshot_failed(),
+                            Err(e) => {
+                                tracing::warn!(prefix = end, bytes = need, error = %e, "prefix snapshot failed; not cached");
+                                lock(c).snapshot_failed();
+                            }
+                        }
+                    }
                 }
                 r.from = end;
                 r.pos = end;

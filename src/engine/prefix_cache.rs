@@ -14,8 +14,11 @@
 //!   first H tokens, compared in full: a hash collision is a miss, never a
 //!   reuse;
 //! - the bytes held (snapshots plus their tokens) never exceed the budget:
-//!   an insert evicts the least recently used entries first, and an entry
-//!   larger than the whole budget is not kept;
+//!   [`PrefixCache::make_room`] evicts the least recently used entries
+//!   before the engine copies a snapshot, and an entry larger than the
+//!   whole budget is neither copied nor kept. The budget counts the
+//!   snapshots' bytes on the pool's device (GPU memory for a CUDA pool) plus
+//!   the host bytes of their tokens;
 //! - entries are deep copies behind `Arc`: a batch restores by copying into
 //!   its own pool's pages, so evicting an entry (or dropping the cache)
 //!   never touches a live sequence.
@@ -71,6 +74,9 @@ pub struct CacheStats {
     pub rejected: u64,
     /// Hits the pool could not restore (the request then prefilled cold).
     pub restore_failures: u64,
+    /// Snapshots not taken because the pool's device had too little free
+    /// memory for the copy, or the copy failed (the request went on).
+    pub snapshot_failures: u64,
     pub entries: usize,
     pub bytes: usize,
 }
@@ -196,6 +202,26 @@ impl PrefixCache {
             .last()
             .and_then(|h| self.map.get(h))
             .is_some_and(|l| l.iter().any(|e| e.tokens == tokens))
+    }
+
+    /// Before a snapshot of `snap_bytes` after `tokens` tokens is copied:
+    /// evicts least recently used entries until it fits the budget, and
+    /// returns whether it will (false, counted as rejected, for an entry
+    /// over the whole budget: then nothing should be copied).
+    pub fn make_room(&mut self, tokens: usize, snap_bytes: usize) -> bool {
+        let bytes = snap_bytes.saturating_add(tokens.saturating_mul(4));
+        if bytes > self.cfg.budget_bytes {
+            self.stats.rejected += 1;
+            return false;
+        }
+        while self.stats.bytes + bytes > self.cfg.budget_bytes && self.evict_lru() {}
+        true
+    }
+
+    /// Counts a snapshot that could not be taken (see
+    /// [`CacheStats::snapshot_failures`]).
+    pub fn snapshot_failed(&mut self) {
+        self.stats.snapshot_failures += 1;
     }
 
     /// Keeps `snap`, the state after exactly `tokens` (whole blocks),

@@ -479,6 +479,11 @@ impl StatePool {
             .collect()
     }
 
+    /// The device the pool's pages (and its snapshots' copies) live on.
+    pub fn device(&self) -> Device {
+        self.pending_kv.device()
+    }
+
     /// Frees a sequence and returns all its pages.
     pub fn free_sequence(&mut self, seq: SeqId) -> Result<()> {
         let s = self.seqs.remove(&seq).ok_or_else(|| unknown(seq))?;

@@ -123,6 +123,35 @@ fn mismatch(why: &'static str, value: String) -> crate::model::Error {
 }
 
 impl StatePool {
+    /// The bytes [`StatePool::snapshot`] of `seq` would own
+    /// ([`SeqSnapshot::bytes`]), computed without copying anything: what a
+    /// cache compares with its budget and the pool's device memory before
+    /// the copy is made.
+    pub fn snapshot_bytes(&self, seq: SeqId, rings: bool) -> Result<usize> {
+        let s = self.get(seq)?;
+        let pr = self.cfg.page_rows;
+        let table_bytes = |pages: &Pages, tables: &[BlockTable]| {
+            let row = pages
+                .rows
+                .dtype()
+                .storage_bytes(pages.rows.shape().iter().skip(1).product());
+            tables
+                .iter()
+                .map(|t| t.pages.len() * pr * row)
+                .sum::<usize>()
+        };
+        let pending_row = |t: &Tensor| t.dtype().storage_bytes(t.shape().iter().skip(1).product());
+        let pending = s.pending.iter().filter(|&&p| p).count()
+            * (pending_row(&self.pending_kv) + pending_row(&self.pending_score));
+        Ok(if rings {
+            table_bytes(&self.ring_pages, &s.rings)
+        } else {
+            0
+        } + table_bytes(&self.comp_pages, &s.entries)
+            + table_bytes(&self.key_pages, &s.keys)
+            + pending)
+    }
+
     /// A deep copy of `seq`'s state; the window rings only when `rings`.
     pub fn snapshot(&self, seq: SeqId, rings: bool) -> Result<SeqSnapshot> {
         let s = self.get(seq)?;
