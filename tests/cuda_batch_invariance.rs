@@ -11,7 +11,8 @@
 //!   path is reported beside it (whether it differs across M), not asserted.
 //! - The MXFP8 linear under `GemmImpl::Auto` (the large kernel for every M
 //!   on such a device): rows bitwise across M = 1 … 200, across the
-//!   M ≤ 64 boundary where a plain device switches kernels.
+//!   M ≤ 64 boundary where a plain device switches kernels; the control
+//!   asserts that on a plain handle the rows at M = 64 and 200 do differ.
 //! - The tiny model through the engine: the CPU test body of
 //!   `batch_invariance.rs` (SGLang's three modes, 22 compositions; the
 //!   single mode's six under DEEPINFER_QUICK) with every tensor on the GPU,
@@ -208,7 +209,11 @@ fn pinned_bf16_linear_rows_do_not_depend_on_the_row_count() {
 #[test]
 fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
     let cuda = cuda();
-    let pinned = Device::Cuda(cuda.with_batch_invariant_kernels());
+    let (plain, pinned) = (
+        Device::Cuda(cuda.clone()),
+        Device::Cuda(cuda.with_batch_invariant_kernels()),
+    );
+    let mut plain_differs = false;
     let mut rng = common::rng("cuda_bi_fp8");
     let ms: &[usize] = &[1, 8, 64, 65, 200];
     let big = 200;
@@ -219,7 +224,9 @@ fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
     };
     for &(n, k) in shapes {
         let kb = k.div_ceil(32);
-        let up = |t: Tensor| t.to_device(&pinned).unwrap();
+        // Weights on the plain handle: the mode comes from any operand's
+        // handle, here the activations'.
+        let up = |t: Tensor| t.to_device(&plain).unwrap();
         let a = common::random_e4m3(&mut rng, big * k);
         let a_s = common::random_e8m0(&mut rng, big * kb, -4..=4);
         let w = up(Tensor::from_vec(common::random_e4m3(&mut rng, n * k), &[n, k]).unwrap());
@@ -228,22 +235,35 @@ fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
             &[n.div_ceil(32), kb],
         )
         .unwrap());
-        let run = |m: usize| {
-            let ad = up(Tensor::from_vec(a[..m * k].to_vec(), &[m, k]).unwrap());
-            let sd = up(Tensor::from_vec(a_s[..m * kb].to_vec(), &[m, kb]).unwrap());
-            let mut out = Tensor::empty(&pinned, DType::BF16, &[m, n]).unwrap();
+        // The activations on `dev` decide the handle (and so the mode).
+        let run = |dev: &Device, m: usize| {
+            let on = |t: Tensor| t.to_device(dev).unwrap();
+            let ad = on(Tensor::from_vec(a[..m * k].to_vec(), &[m, k]).unwrap());
+            let sd = on(Tensor::from_vec(a_s[..m * kb].to_vec(), &[m, kb]).unwrap());
+            let mut out = Tensor::empty(dev, DType::BF16, &[m, n]).unwrap();
             ops::mxfp8_linear_into(&ad, &sd, &w, &w_s, &mut out, GemmImpl::Auto).unwrap();
             bits(&out)
         };
-        let full = run(big);
+        let full = run(&pinned, big);
         for &m in &ms[..ms.len() - 1] {
             assert_eq!(
-                run(m),
+                run(&pinned, m),
                 full[..m * n],
                 "{n}x{k}: the first {m} rows differ from the same rows at M = {big}"
             );
         }
+        // The control: on a plain handle Auto switches kernels at M = 64,
+        // and at K = 5120 or more the two summation orders leave some
+        // BF16 output apart (measured to calc_diff, not bitwise).
+        if k >= 5120 {
+            let plain_full = run(&plain, big);
+            plain_differs |= run(&plain, 64) != plain_full[..64 * n];
+        }
     }
+    assert!(
+        quick() || plain_differs,
+        "the plain handle's Auto gave the same rows at M = 64 and 200: the test cannot tell the modes apart"
+    );
 }
 
 #[test]
