@@ -55,8 +55,8 @@ impl Harness {
         let us = h.time_us(|_| dst.copy_from(&src).unwrap());
         h.copy_gbps = 2.0 * bytes as f64 / (us * 1e-6) / 1e9;
         println!(
-            "{:<34} {:>6} {:>6} {:>10} {:>9} {:>8}  peers (us)",
-            "op", "rows", "dim", "ours_us", "GB/s", "%copy"
+            "{:<34} {:<40} {:>10} {:>9} {:>8}  peers (us)",
+            "op", "shape", "ours_us", "GB/s", "%copy"
         );
         Some(h)
     }
@@ -88,6 +88,57 @@ impl Harness {
         samples[samples.len() / 2]
     }
 
+    /// The torch peers (name and µs) of the records `keep` selects.
+    fn peers_where(&self, keep: impl Fn(&Value) -> bool) -> Vec<Value> {
+        self.peers["records"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| keep(r))
+            .map(|r| json!({ "name": r["name"], "us": r["us"] }))
+            .collect()
+    }
+
+    /// Prints and keeps one memory-bound record: GB/s over `bytes`
+    /// (described by `formula`) and its share of the copy ceiling.
+    fn push_memory(
+        &mut self,
+        op: &str,
+        shape: Value,
+        peers: Vec<Value>,
+        us: f64,
+        (bytes, formula): (usize, &str),
+    ) {
+        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
+        let pct = 100.0 * gbps / self.copy_gbps;
+        let dims: Vec<String> = shape
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let shown: Vec<String> = peers
+            .iter()
+            .map(|p| {
+                format!(
+                    "{}={:.2}",
+                    p["name"].as_str().unwrap_or("?"),
+                    p["us"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect();
+        println!(
+            "{op:<34} {:<40} {us:>10.2} {gbps:>9.0} {pct:>7.1}%  {}",
+            dims.join(" "),
+            shown.join(" ")
+        );
+        self.records.push(json!({
+            "op": op, "shape": shape, "ours_us": us, "tflops": Value::Null, "gbps": gbps,
+            "flop_formula": "memory-bound; not reported", "bytes_formula": formula,
+            "pct_of_copy": pct, "peers": peers,
+        }));
+    }
+
     /// Records one measurement (memory-bound: GB/s over `bytes`, described by
     /// `formula`), with the peers the torch script reported for `peer_op`.
     #[allow(
@@ -105,35 +156,10 @@ impl Harness {
         bytes: usize,
         formula: &str,
     ) {
-        let peers: Vec<Value> = self.peers["records"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["op"] == peer_op && r["rows"] == rows && r["dim"] == dim)
-            .map(|r| json!({ "name": r["name"], "us": r["us"] }))
-            .collect();
-        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
-        let pct = 100.0 * gbps / self.copy_gbps;
-        let shown: Vec<String> = peers
-            .iter()
-            .map(|p| {
-                format!(
-                    "{}={:.2}",
-                    p["name"].as_str().unwrap_or("?"),
-                    p["us"].as_f64().unwrap_or(f64::NAN)
-                )
-            })
-            .collect();
-        println!(
-            "{op:<34} {rows:>6} {dim:>6} {us:>10.2} {gbps:>9.0} {pct:>7.1}%  {}",
-            shown.join(" ")
-        );
-        self.records.push(json!({
-            "op": op, "shape": { "rows": rows, "dim": dim },
-            "ours_us": us, "tflops": Value::Null, "gbps": gbps,
-            "flop_formula": "memory-bound; not reported", "bytes_formula": formula,
-            "pct_of_copy": pct, "peers": peers,
-        }));
+        let peers =
+            self.peers_where(|r| r["op"] == peer_op && r["rows"] == rows && r["dim"] == dim);
+        let shape = json!({ "rows": rows, "dim": dim });
+        self.push_memory(op, shape, peers, us, (bytes, formula));
     }
 
     /// Records one memory-bound measurement against a device-to-device copy
@@ -266,9 +292,8 @@ impl Harness {
     }
 
     /// Records one memory-bound measurement of a named `shape` (a JSON
-    /// object): GB/s over `bytes` (described by `formula`), the share of the
-    /// copy ceiling, and the torch peers reported for `peer_op` with an
-    /// equal `shape`.
+    /// object), with the torch peers reported for `peer_op` with an equal
+    /// `shape`.
     #[allow(dead_code, reason = "only the EP bench records named shapes")]
     pub fn record_shaped(
         &mut self,
@@ -279,41 +304,8 @@ impl Harness {
         bytes: usize,
         formula: &str,
     ) {
-        let peers: Vec<Value> = self.peers["records"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["op"] == peer_op && r["shape"] == shape)
-            .map(|r| json!({ "name": r["name"], "us": r["us"] }))
-            .collect();
-        let gbps = bytes as f64 / (us * 1e-6) / 1e9;
-        let pct = 100.0 * gbps / self.copy_gbps;
-        let dims: Vec<String> = shape
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        let shown: Vec<String> = peers
-            .iter()
-            .map(|p| {
-                format!(
-                    "{}={:.1}",
-                    p["name"].as_str().unwrap_or("?"),
-                    p["us"].as_f64().unwrap_or(f64::NAN)
-                )
-            })
-            .collect();
-        println!(
-            "{op:<16} {:<40} {us:>10.2} {gbps:>9.0} {pct:>7.1}%  {}",
-            dims.join(" "),
-            shown.join(" ")
-        );
-        self.records.push(json!({
-            "op": op, "shape": shape, "ours_us": us, "tflops": Value::Null, "gbps": gbps,
-            "flop_formula": "memory-bound; not reported", "bytes_formula": formula,
-            "pct_of_copy": pct, "peers": peers,
-        }));
+        let peers = self.peers_where(|r| r["op"] == peer_op && r["shape"] == shape);
+        self.push_memory(op, shape, peers, us, (bytes, formula));
     }
 
     /// Sets the FP8 tensor ceiling measured in this run (TFLOP/s).
