@@ -400,6 +400,46 @@ fn preference(ws_bytes: usize, no_reduction: bool) -> Result<LtPref> {
     Ok(pref)
 }
 
+/// `D = A · B` through cuBLASLt with α = 1 and β = 0 (C is D and is never
+/// read), on `dev`'s stream.
+///
+/// # Safety
+/// The handle, descriptor, algorithm and layouts are live; each pointer
+/// addresses a device buffer holding what its layout describes; the
+/// workspace holds its stated bytes (or is null with 0); every buffer is
+/// ordered on `dev`'s stream.
+unsafe fn lt_matmul(
+    (handle, desc, algo): (&LtHandle, &LtDesc, &lt_sys::cublasLtMatmulAlgo_t),
+    [(a, al), (b, bl)]: [(*const c_void, &LtLayout); 2],
+    (d, dl): (*mut c_void, &LtLayout),
+    (ws, ws_bytes): (*mut c_void, usize),
+    dev: &CudaDevice,
+) -> std::result::Result<(), lt::CublasError> {
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    // SAFETY: the caller's contract; alpha and beta are host f32 alive across
+    // the call (the default host pointer mode, FP32 scale type).
+    unsafe {
+        lt::matmul(
+            handle.0,
+            desc.0,
+            (&alpha as *const f32).cast(),
+            (&beta as *const f32).cast(),
+            a,
+            al.0,
+            b,
+            bl.0,
+            d as *const c_void,
+            dl.0,
+            d,
+            dl.0,
+            algo,
+            ws,
+            ws_bytes,
+            dev.raw_stream().cu_stream() as lt_sys::cudaStream_t,
+        )
+    }
+}
+
 /// A planned cuBLASLt FP8 per-tensor-scaled GEMM for one (M, N, K, output
 /// dtype): `out[M, N] = (a_scale · w_scale) · a[M, K] · w[N, K]ᵀ`, e4m3
 /// operands, fp32 scales on the device (`[1]` F32 tensors), FP32
@@ -554,32 +594,20 @@ impl Fp8TensorwisePlan {
         // cuBLASLt's A is our W and its B our A.
         set_desc(&self.desc, Attr::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsp)?;
         set_desc(&self.desc, Attr::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &asp)?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
         // SAFETY: handle, descriptor, layouts and algorithm are live and were
         // planned for exactly these (M, N, K, dtypes), which the checks above
         // confirm for every tensor, so each buffer holds what its layout
         // describes; the scale pointers address one f32 each. The workspace
         // is the plan's own LT_WORKSPACE_BYTES, the size the heuristic was
-        // allowed. beta = 0, so C (= D) is not read. All work is ordered on
-        // the plan device's stream, which the guards use too.
+        // allowed. All work is ordered on the plan device's stream, which
+        // the guards use too.
         unsafe {
-            lt::matmul(
-                self.handle.0,
-                self.desc.0,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                wp,
-                self.layouts[0].0,
-                ap,
-                self.layouts[1].0,
-                op as *const c_void,
-                self.layouts[2].0,
-                op,
-                self.layouts[2].0,
-                &self.algo,
-                wsb,
-                LT_WORKSPACE_BYTES,
-                dev.raw_stream().cu_stream() as lt_sys::cudaStream_t,
+            lt_matmul(
+                (&self.handle, &self.desc, &self.algo),
+                [(wp, &self.layouts[0]), (ap, &self.layouts[1])],
+                (op, &self.layouts[2]),
+                (wsb, LT_WORKSPACE_BYTES),
+                dev,
             )
         }
         .map_err(lt_error("cublasLtMatmul (FP8 e4m3, per-tensor scales)"))
@@ -929,33 +957,19 @@ pub fn pinned_bf16_linear(
         }
         None => (std::ptr::null_mut(), None, 0),
     };
-    let (alpha, beta) = (1.0f32, 0.0f32);
     // SAFETY: handle, descriptor and algorithm are live (the plan's) and the
     // layouts describe exactly the validated buffers: W [G·N, K], X [M, G·K]
     // and D [M, G·N] row-major, group g at offsets g·N·K, g·K and g·N (see
     // `grouped_layouts`). The workspace is the plan's own buffer of the size
     // the algorithm was chosen under (none when it was chosen with none).
-    // beta = 0: C (= D) is not read. alpha and beta are host f32 alive
-    // across the call; the guards order the buffers on `dev`'s stream,
-    // which the call runs on.
+    // The guards order the buffers on `dev`'s stream, which the call runs on.
     unsafe {
-        lt::matmul(
-            plan.handle.0,
-            plan.desc.0,
-            (&alpha as *const f32).cast(),
-            (&beta as *const f32).cast(),
-            wp,
-            layouts[0].0,
-            xp,
-            layouts[1].0,
-            op as *const c_void,
-            layouts[2].0,
-            op,
-            layouts[2].0,
-            &plan.algo,
-            wsp,
-            ws_bytes,
-            dev.raw_stream().cu_stream() as lt_sys::cudaStream_t,
+        lt_matmul(
+            (&plan.handle, &plan.desc, &plan.algo),
+            [(wp, &layouts[0]), (xp, &layouts[1])],
+            (op, &layouts[2]),
+            (wsp, ws_bytes),
+            dev,
         )
     }
     .map_err(lt_error("cublasLtMatmul (pinned BF16)"))
