@@ -116,7 +116,7 @@ mod gpu {
                     if g == 1 {
                         ops::bf16_linear_into(&a[i % ac], &w[i % wc], out)
                     } else {
-                        ops::grouped_bf16_linear(&a[i % ac], &w[i % wc], g).map(|_| ())
+                        ops::grouped_bf16_linear_into(&a[i % ac], &w[i % wc], g, out)
                     }
                 };
                 let base = timed(h, |i| run(&a, &mut out, i));

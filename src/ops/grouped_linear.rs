@@ -25,6 +25,62 @@ const OP: &str = "grouped_bf16_linear";
 /// BF16 `x` `[T, G·K]` times the G blocks of BF16 `w` `[G·N, K]`:
 /// a new BF16 `[T, G·N]`.
 pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tensor> {
+    let (device, (t, gn, _, _)) = validate(x, w, groups)?;
+    let mut out = Tensor::empty(&device, DType::BF16, &[t, gn])?;
+    grouped_bf16_linear_into(x, w, groups, &mut out)?;
+    Ok(out)
+}
+
+/// [`grouped_bf16_linear`] into a preallocated BF16 `out` `[T, G·N]` on the
+/// inputs' device.
+pub fn grouped_bf16_linear_into(
+    x: &Tensor,
+    w: &Tensor,
+    groups: usize,
+    out: &mut Tensor,
+) -> Result<()> {
+    let (_, (t, gn, n, k)) = validate(x, w, groups)?;
+    out.expect_output(OP, "out", DType::BF16, &[t, gn])?;
+    let device = common_device(OP, &[("x", x), ("w", w), ("out", out)])?;
+    if t == 0 {
+        return Ok(());
+    }
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let dims = (t, groups, n, k);
+            return if dev.batch_invariant() {
+                crate::cuda_backend::blas::pinned_bf16_linear(&dev, x, w, out, dims)
+            } else {
+                crate::cuda_backend::blas::grouped_bf16_linear(&dev, x, w, out, dims)
+            };
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
+    let gk = groups * k;
+    let (xs, ws) = (x.as_slice::<bf16>()?, w.as_slice::<bf16>()?);
+    let ys = out.as_mut_slice::<bf16>()?;
+    for g in 0..groups {
+        let xg: Vec<bf16> = xs
+            .chunks_exact(gk)
+            .flat_map(|r| r[g * k..(g + 1) * k].iter().copied())
+            .collect();
+        let yg = bf16_gemm(&xg, &ws[g * n * k..(g + 1) * n * k], t, n, k);
+        for (r, y) in yg.chunks_exact(n).enumerate() {
+            ys[r * gn + g * n..r * gn + (g + 1) * n].copy_from_slice(y);
+        }
+    }
+    Ok(())
+}
+
+/// Checks dtypes and shapes: the common device and (T, G·N, N, K).
+fn validate(
+    x: &Tensor,
+    w: &Tensor,
+    groups: usize,
+) -> Result<(Device, (usize, usize, usize, usize))> {
     x.expect_dtype(OP, "x", DType::BF16)?;
     w.expect_dtype(OP, "w", DType::BF16)?;
     if groups == 0 {
@@ -57,49 +113,14 @@ pub fn grouped_bf16_linear(x: &Tensor, w: &Tensor, groups: usize) -> Result<Tens
             format!("[G·N, {k}] with G = {groups} dividing the rows"),
         ));
     }
+    if t.checked_mul(gn).is_none() {
+        return Err(shape_error(
+            OP,
+            "w",
+            w,
+            format!("[G·N, {k}] with T × G·N in usize"),
+        ));
+    }
     let device = common_device(OP, &[("x", x), ("w", w)])?;
-    let n = gn / groups;
-    let numel = t
-        .checked_mul(gn)
-        .ok_or_else(|| shape_error(OP, "w", w, format!("[G·N, {k}] with T × G·N in usize")))?;
-    match device {
-        Device::Cpu => {}
-        #[cfg(deepinfer_cuda)]
-        Device::Cuda(dev) => {
-            let mut out = Tensor::empty(&x.device(), DType::BF16, &[t, gn])?;
-            if t > 0 && dev.batch_invariant() {
-                crate::cuda_backend::blas::pinned_bf16_linear(
-                    &dev,
-                    x,
-                    w,
-                    &mut out,
-                    (t, groups, n, k),
-                )?;
-            } else if t > 0 {
-                crate::cuda_backend::blas::grouped_bf16_linear(
-                    &dev,
-                    x,
-                    w,
-                    &mut out,
-                    (t, groups, n, k),
-                )?;
-            }
-            return Ok(out);
-        }
-        #[cfg(not(deepinfer_cuda))]
-        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
-    }
-    let (xs, ws) = (x.as_slice::<bf16>()?, w.as_slice::<bf16>()?);
-    let mut out = vec![bf16::ZERO; numel];
-    for g in 0..groups {
-        let xg: Vec<bf16> = xs
-            .chunks_exact(gk)
-            .flat_map(|r| r[g * k..(g + 1) * k].iter().copied())
-            .collect();
-        let yg = bf16_gemm(&xg, &ws[g * n * k..(g + 1) * n * k], t, n, k);
-        for (r, y) in yg.chunks_exact(n).enumerate() {
-            out[r * gn + g * n..r * gn + (g + 1) * n].copy_from_slice(y);
-        }
-    }
-    Tensor::from_vec(out, &[t, gn])
+    Ok((device, (t, gn, gn / groups, k)))
 }

@@ -44,7 +44,7 @@ pub use gemm::{
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,
     mxfp8_linear_into,
 };
-pub use grouped_linear::grouped_bf16_linear;
+pub use grouped_linear::{grouped_bf16_linear, grouped_bf16_linear_into};
 pub use hc_streams::{hc_collapse, hc_init, hc_stream_mean};
 pub use indexer::{
     INDEX_CANDIDATE_BLOCK, INDEX_CANDIDATE_KEEP, INDEX_MAX_CANDIDATE_BLOCK,
