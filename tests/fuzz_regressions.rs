@@ -483,3 +483,40 @@ fn sinkhorn_iterations_and_expert_counts_are_bounded() {
         },
     );
 }
+
+/// The cargo-fuzz `ops` target (2026-12-02): rope of a zero-token x whose
+/// head dimension (and so rope_dim) is 2^60 built 2^59 frequencies before
+/// finding nothing to rotate, and aborted on the allocation; a zero-token
+/// rotation now returns at once, and a rope_dim past the head is still
+/// refused by name.
+#[test]
+fn rope_of_no_tokens_with_a_huge_head_returns_at_once() {
+    bounded(
+        "rope_of_no_tokens_with_a_huge_head_returns_at_once",
+        CASE_BYTES,
+        CASE_TIME,
+        || {
+            use deepinfer::contract::{RopeParams, Yarn};
+            let x = Tensor::from_vec(Vec::<bf16>::new(), &[0, 1 << 60]).unwrap();
+            let pos = Tensor::from_vec(Vec::<i64>::new(), &[0]).unwrap();
+            let yarn = Yarn {
+                factor: 16.0,
+                original_seq_len: 65_536,
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+            };
+            for yarn in [None, Some(yarn)] {
+                let p = RopeParams {
+                    theta: 10_000.0,
+                    yarn,
+                };
+                let out = ops::rope(&x, &pos, 1, 1 << 60, &p).unwrap();
+                assert_eq!(out.shape(), &[0, 1 << 60]);
+                let out = ops::inverse_rope(&x, &pos, 1, 1 << 60, &p).unwrap();
+                assert_eq!(out.shape(), &[0, 1 << 60]);
+                let e = ops::rope(&x, &pos, 1, (1 << 60) + 2, &p).unwrap_err();
+                assert!(e.to_string().contains("rope_dim"), "{e}");
+            }
+        },
+    );
+}

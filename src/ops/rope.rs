@@ -131,7 +131,6 @@ fn run_into(
 
 /// Tokens, heads and head dimension of a validated x.
 struct Layout {
-    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     tokens: usize,
     heads: usize,
     head_dim: usize,
@@ -149,6 +148,11 @@ fn run(
     out: &mut Tensor,
 ) -> Result<()> {
     let device = common_device(op, &[("x", x), ("positions", positions), ("out", out)])?;
+    // No token, nothing to rotate: a zero-token x may still name a head
+    // dimension (and so a rope_dim) far past anything that fits in memory.
+    if l.tokens == 0 {
+        return Ok(());
+    }
     match device {
         Device::Cpu => {
             let f = if inverse {
