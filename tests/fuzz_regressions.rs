@@ -520,3 +520,22 @@ fn rope_of_no_tokens_with_a_huge_head_returns_at_once() {
         },
     );
 }
+
+/// The cargo-fuzz `ops` target (2026-12-02): hc_collapse of zero-width
+/// streams walked the input in chunks of 4 · D = 0 elements and panicked
+/// ("chunk size must be non-zero"); it returns the empty `[T, 0]` result.
+#[test]
+fn hc_collapse_of_zero_width_streams_is_empty() {
+    bounded(
+        "hc_collapse_of_zero_width_streams_is_empty",
+        CASE_BYTES,
+        CASE_TIME,
+        || {
+            for t in [0usize, 3] {
+                let s = Tensor::from_vec(Vec::<bf16>::new(), &[t, 4, 0]).unwrap();
+                let out = ops::hc_collapse(&s, &f32s(&[t, 4])).unwrap();
+                assert_eq!(out.shape(), &[t, 0]);
+            }
+        },
+    );
+}

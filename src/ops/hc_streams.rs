@@ -105,6 +105,10 @@ pub fn hc_collapse(streams: &Tensor, pre: &Tensor) -> Result<Tensor> {
     if let Some(out) = on_cuda(OP, StreamOp::Collapse, streams, Some(pre), &[t, d])? {
         return Ok(out);
     }
+    if d == 0 {
+        // No row to sum (and no zero-width chunks to walk).
+        return Tensor::from_vec(Vec::<bf16>::new(), &[t, 0]);
+    }
     let (s, p) = (streams.as_slice::<bf16>()?, pre.as_slice::<f32>()?);
     let mut out: Vec<bf16> = Vec::with_capacity(t * d);
     for (st, pre) in s
