@@ -539,3 +539,25 @@ fn hc_collapse_of_zero_width_streams_is_empty() {
         },
     );
 }
+
+/// The cargo-fuzz `ops` target (2026-12-02): index_scores of a zero-batch
+/// q with 2^62 heads multiplied heads × dim past usize (a debug panic, a
+/// wrapped bound in release); it is the heads × dim shape error.
+#[test]
+fn index_scores_with_an_overflowing_head_count_is_a_shape_error() {
+    bounded(
+        "index_scores_with_an_overflowing_head_count_is_a_shape_error",
+        CASE_BYTES,
+        CASE_TIME,
+        || {
+            use deepinfer::Fp4x2;
+            // R = 34 nibbles: dim 32 and its 32/16 scale nibbles.
+            let nib = 32 + 32 / 16;
+            let q = Tensor::from_vec(Vec::<Fp4x2>::new(), &[0, 1 << 62, nib]).unwrap();
+            let w = Tensor::from_vec(Vec::<bf16>::new(), &[0, 1 << 62]).unwrap();
+            let keys = Tensor::from_vec(vec![Fp4x2(0); 4 * nib / 2], &[4, nib]).unwrap();
+            let visible = Tensor::from_vec(Vec::<i32>::new(), &[0]).unwrap();
+            shape_error(ops::index_scores(&q, &w, &keys, &visible), "index_scores");
+        },
+    );
+}

@@ -131,7 +131,10 @@ pub(super) fn validate_scores(
             format!("[batch, heads, R] with R {row_expect}"),
         )
     })?;
-    if heads * dim > INDEX_SCORE_MAX_HEADS_X_DIM {
+    if heads
+        .checked_mul(dim)
+        .is_none_or(|hd| hd > INDEX_SCORE_MAX_HEADS_X_DIM)
+    {
         return Err(shape_error(
             SCORES,
             "q",
