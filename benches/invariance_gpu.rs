@@ -166,28 +166,12 @@ mod gpu {
                 );
                 let mut out = Tensor::empty(&plain, DType::BF16, &[m, n]).unwrap();
                 let mut out_i = Tensor::empty(&pinned, DType::BF16, &[m, n]).unwrap();
-                let base = timed(h, |i| {
-                    let j = i % ac;
-                    ops::mxfp8_linear_into(
-                        &a[j],
-                        &a_s[j],
-                        &w[i % wc],
-                        &ws[i % wc],
-                        &mut out,
-                        GemmImpl::Auto,
-                    )
-                });
-                let ours = timed(h, |i| {
-                    let j = i % ac;
-                    ops::mxfp8_linear_into(
-                        &ai[j],
-                        &a_si[j],
-                        &w[i % wc],
-                        &ws[i % wc],
-                        &mut out_i,
-                        GemmImpl::Auto,
-                    )
-                });
+                let run = |a: &[Tensor], a_s: &[Tensor], out: &mut Tensor, i: usize| {
+                    let (j, v) = (i % ac, i % wc);
+                    ops::mxfp8_linear_into(&a[j], &a_s[j], &w[v], &ws[v], out, GemmImpl::Auto)
+                };
+                let base = timed(h, |i| run(&a, &a_s, &mut out, i));
+                let ours = timed(h, |i| run(&ai, &a_si, &mut out_i, i));
                 record(
                     h,
                     format!("mxfp8_linear_invariant/{name}"),

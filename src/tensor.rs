@@ -7,7 +7,7 @@
 //! either device (host slices, or device-to-device copies on one CUDA
 //! stream), so the model's glue never leaves the device.
 
-use crate::device::{CudaBuffer, Device};
+use crate::device::{CudaBuffer, Device, host_alloc};
 use crate::dtype::{DType, Element, HostStorage};
 use crate::error::{Error, Result};
 
@@ -57,46 +57,18 @@ fn check_shape(dtype: DType, shape: &[usize]) -> Result<usize> {
     Ok(numel)
 }
 
-/// Host storage from which a constructor first compares the size with the
-/// host's available memory (smaller ones are only allocated fallibly).
-const HOST_CHECK_BYTES: usize = 1 << 30;
-
-/// `bytes` host bytes all equal to `byte`, as storage of `dtype`: a typed
-/// [`Error::OutOfMemory`] when the host cannot hold them (never an abort).
+/// `bytes` host bytes all equal to `byte`, as storage of `dtype`, reserved
+/// through [`host_alloc`] (a typed [`Error::OutOfMemory`], never an abort).
 fn host_bytes(op: &'static str, dtype: DType, bytes: usize, byte: u8) -> Result<HostStorage> {
-    let oom = |available| Error::OutOfMemory {
-        what: op,
-        bytes,
-        device: Device::Cpu.to_string(),
-        available,
-    };
-    if bytes >= HOST_CHECK_BYTES
-        && let Some(available) = Device::Cpu.available_memory()?
-        && bytes > available
-    {
-        return Err(oom(available));
-    }
-    // Typed storage reserved fallibly, in one allocation.
-    HostStorage::try_filled(dtype, bytes, byte).ok_or_else(|| oom(0))
+    host_alloc(op, bytes, || HostStorage::try_filled(dtype, bytes, byte))
 }
 
-/// Host storage of `dtype` decoded from little-endian `bytes` (see
-/// [`host_bytes`]): a typed [`Error::OutOfMemory`] when the host cannot hold
-/// it, compared with the available memory first from 1 GiB.
+/// Host storage of `dtype` decoded from little-endian `bytes`, reserved
+/// through [`host_alloc`].
 fn host_decode(op: &'static str, dtype: DType, bytes: &[u8]) -> Result<HostStorage> {
-    let oom = |available| Error::OutOfMemory {
-        what: op,
-        bytes: bytes.len(),
-        device: Device::Cpu.to_string(),
-        available,
-    };
-    if bytes.len() >= HOST_CHECK_BYTES
-        && let Some(available) = Device::Cpu.available_memory()?
-        && bytes.len() > available
-    {
-        return Err(oom(available));
-    }
-    HostStorage::try_from_le_bytes(dtype, bytes).ok_or_else(|| oom(0))
+    host_alloc(op, bytes.len(), || {
+        HostStorage::try_from_le_bytes(dtype, bytes)
+    })
 }
 
 impl Tensor {
@@ -212,7 +184,7 @@ impl Tensor {
     }
 
     /// Storage bytes of one row (the product of the trailing dimensions).
-    fn row_bytes(&self) -> usize {
+    pub(crate) fn row_bytes(&self) -> usize {
         self.dtype
             .storage_bytes(self.shape.iter().skip(1).product())
     }

@@ -363,28 +363,6 @@ fn absurd_sizes_are_refused_before_allocation() {
     );
 }
 
-/// Overwrites the first 4 data bytes of tensor `name`, in whichever shard of
-/// `dir` holds it, with 0xFF (NaN in f32, bf16, e4m3 and E8M0).
-fn poison(dir: &std::path::Path, name: &str) {
-    use std::io::{Seek, SeekFrom, Write};
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension() != Some("safetensors".as_ref()) {
-            continue;
-        }
-        let bytes = std::fs::read(&path).unwrap();
-        let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-        if let Some(info) = meta.info(name) {
-            let at = 8 + header + info.data_offsets.0;
-            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.seek(SeekFrom::Start(at as u64)).unwrap();
-            f.write_all(&[0xFF; 4]).unwrap();
-            return;
-        }
-    }
-    panic!("no shard of {} holds {name}", dir.display());
-}
-
 /// Issue 15 item 5: a NaN weight is found by `--check-finite` (named with
 /// its tensor), by default on the embedded models, and, when the load check
 /// is off, by the engine at the first logits it samples from (naming the
@@ -418,7 +396,7 @@ fn non_finite_weights_fail_at_load_when_checked_and_at_the_logits_otherwise() {
     let checked = [&run[..], &["--check-finite"]].concat();
     let o = deepinfer(&cache, &checked, none);
     assert!(o.status.success(), "a clean model passes: {}", stderr(&o));
-    poison(&model, "norm.weight");
+    common::tiny::poison(&model, "norm.weight", 0);
     fails_with(
         &cache,
         &checked,
@@ -441,6 +419,6 @@ fn non_finite_weights_fail_at_load_when_checked_and_at_the_logits_otherwise() {
         .find_map(|l| l.strip_prefix("model: embedded tiny default ("))
         .and_then(|l| l.strip_suffix(')'))
         .unwrap_or_else(|| panic!("no default model line in {e:?}"));
-    poison(std::path::Path::new(default_dir), "norm.weight");
+    common::tiny::poison(std::path::Path::new(default_dir), "norm.weight", 0);
     fails_with(&cache, &["run", "--max-new", "1"], none, &["norm.weight"]);
 }

@@ -38,10 +38,6 @@ fn cuda() -> CudaDevice {
         .with_poisoned_allocations()
 }
 
-fn quick() -> bool {
-    std::env::var_os("DEEPINFER_QUICK").is_some()
-}
-
 /// Output bits of `t` (F32 or BF16) as u32s.
 fn bits(t: &Tensor) -> Vec<u32> {
     match t.dtype() {
@@ -106,14 +102,14 @@ fn pinned_bf16_linear_rows_do_not_depend_on_the_row_count() {
         Device::Cuda(cuda.with_batch_invariant_kernels()),
     );
     let mut rng = common::rng("cuda_bi_bf16");
-    let ms: &[usize] = if quick() {
+    let ms: &[usize] = if common::quick() {
         &[1, 3, 65]
     } else {
         &[1, 3, 8, 64, 65, 129, 257, 300, 1024, 2048]
     };
     let big = *ms.last().unwrap();
     let mut report = Vec::new();
-    let shapes = if quick() {
+    let shapes = if common::quick() {
         &BF16_LINEARS[5..]
     } else {
         BF16_LINEARS
@@ -217,7 +213,7 @@ fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
     let mut rng = common::rng("cuda_bi_fp8");
     let ms: &[usize] = &[1, 8, 64, 65, 200];
     let big = 200;
-    let shapes: &[(usize, usize)] = if quick() {
+    let shapes: &[(usize, usize)] = if common::quick() {
         &[(96, 64)]
     } else {
         &[(1280, 5120), (5120, 8192), (96, 64)]
@@ -261,7 +257,7 @@ fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
         }
     }
     assert!(
-        quick() || plain_differs,
+        common::quick() || plain_differs,
         "the plain handle's Auto gave the same rows at M = 64 and 200: the test cannot tell the modes apart"
     );
 }
@@ -269,8 +265,11 @@ fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
 #[test]
 fn the_tiny_model_is_batch_invariant_on_the_gpu() {
     let dev = Device::Cuda(cuda().with_batch_invariant_kernels());
-    let n = compositions_match_solo_runs("cuda_batch_invariance", &dev, quick());
-    assert!(n >= if quick() { 6 } else { 20 }, "{n} compositions");
+    let n = compositions_match_solo_runs("cuda_batch_invariance", &dev, common::quick());
+    assert!(
+        n >= if common::quick() { 6 } else { 20 },
+        "{n} compositions"
+    );
 }
 
 #[test]

@@ -33,10 +33,6 @@ fn cuda() -> CudaDevice {
         .with_poisoned_allocations()
 }
 
-fn quick() -> bool {
-    std::env::var_os("DEEPINFER_QUICK").is_some()
-}
-
 fn f64s<T: Copy + Into<f64>>(v: &[T]) -> Vec<f64> {
     v.iter().map(|&x| x.into()).collect()
 }
@@ -60,7 +56,7 @@ const BF16_SHAPES: &[(usize, usize, usize)] = &[
 fn bf16_linear_matches_the_cpu_reference() {
     let dev = Device::Cuda(cuda());
     let mut rng = common::rng("bf16_linear_cuda");
-    let shapes = if quick() {
+    let shapes = if common::quick() {
         &BF16_SHAPES[..5]
     } else {
         BF16_SHAPES
@@ -150,7 +146,7 @@ fn cublaslt_fp8_peer_matches_an_fp32_gemm_of_its_dequantised_inputs() {
     let cuda = cuda();
     let dev = Device::Cuda(cuda.clone());
     let mut rng = common::rng("cublaslt_fp8_cuda");
-    let shapes = if quick() {
+    let shapes = if common::quick() {
         &FP8_SHAPES[..3]
     } else {
         FP8_SHAPES

@@ -50,10 +50,6 @@ fn check(got: &[half::bf16], cpu: &Problem, gpu: &Problem, mode: Mode, what: &st
     );
 }
 
-fn quick() -> bool {
-    std::env::var_os("DEEPINFER_QUICK").is_some()
-}
-
 fn configs(n_experts: usize, top_k: usize, d: usize, tokens: usize) -> Vec<EpConfig> {
     let mut out = Vec::new();
     for payload in [Payload::Bf16, Payload::Fp8] {
@@ -98,7 +94,7 @@ fn a_one_rank_nccl_world_moves_tensors_and_runs_the_same_moe() {
         unreachable!()
     };
     let ordinal = cuda.ordinal();
-    if quick() {
+    if common::quick() {
         println!(
             "skipped under DEEPINFER_QUICK: libnccl's start-up probes are API errors to memcheck"
         );
@@ -197,7 +193,7 @@ fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
 #[test]
 fn an_nccl_world_of_every_gpu_equals_the_gpu_single_rank_moe_bitwise() {
     let count = CudaDevice::count().unwrap();
-    if quick() {
+    if common::quick() {
         println!(
             "skipped under DEEPINFER_QUICK: libnccl's start-up probes are API errors to memcheck"
         );

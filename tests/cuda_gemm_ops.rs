@@ -28,10 +28,6 @@ fn gpu() -> (CudaDevice, Device) {
     (d.clone(), Device::Cuda(d))
 }
 
-fn quick() -> bool {
-    std::env::var_os("DEEPINFER_QUICK").is_some()
-}
-
 fn t<T: deepinfer::dtype::Element>(v: Vec<T>, shape: &[usize]) -> Tensor {
     Tensor::from_vec(v, shape).unwrap()
 }
@@ -53,7 +49,7 @@ fn diff(got: &[f32], want: &[f32]) -> f64 {
 fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
     let (_, dev) = gpu();
     let mut rng = common::rng("mxfp8_linear_ops_cuda");
-    let shapes: &[(usize, usize)] = if quick() {
+    let shapes: &[(usize, usize)] = if common::quick() {
         &[(96, 256)]
     } else {
         &[(96, 256), (1280, 5120), (4096, 1280)]
@@ -159,7 +155,7 @@ fn moe(rng: &mut StdRng, e: usize, n: usize, k: usize) -> Moe {
 fn grouped_ops_read_offsets_and_counts_on_the_device() {
     let (_, dev) = gpu();
     let mut rng = common::rng("grouped_ops_cuda");
-    let (e, n, k) = if quick() {
+    let (e, n, k) = if common::quick() {
         (4, 64, 128)
     } else {
         (8, 2304, 5120)

@@ -391,30 +391,6 @@ fn teacher_forced_scores_equal_the_logprobs_of_generation_bitwise() {
     );
 }
 
-/// Overwrites 4 data bytes of tensor `name`, from byte `at` of its data, in
-/// the shard of `dir` that holds it with 0xFF (NaN in bf16, f32 and e4m3).
-fn poison(dir: &std::path::Path, name: &str, at: usize) {
-    use std::io::{Seek, SeekFrom, Write};
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension() != Some("safetensors".as_ref()) {
-            continue;
-        }
-        let bytes = std::fs::read(&path).unwrap();
-        let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
-        if let Some(info) = meta.info(name) {
-            let (start, end) = info.data_offsets;
-            assert!(start + at + 4 <= end, "{name}: byte {at} is outside it");
-            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
-            f.seek(SeekFrom::Start((8 + header + start + at) as u64))
-                .unwrap();
-            f.write_all(&[0xFF; 4]).unwrap();
-            return;
-        }
-    }
-    panic!("no shard of {} holds {name}", dir.display());
-}
-
 /// The tiny model of `seed` with 4 bytes of tensor `name` from byte `at`
 /// poisoned with NaN, and its drafter, loaded without the load-time check.
 fn poisoned_tiny(
@@ -426,7 +402,7 @@ fn poisoned_tiny(
     use deepinfer::model::load::{load_weights_on, modulo_token_map};
     let (cfg, dir, ck) = common::tiny::tiny_checkpoint(seed);
     drop(ck);
-    poison(dir.path(), name, at);
+    common::tiny::poison(dir.path(), name, at);
     let ck = Checkpoint::load(dir.path(), &cfg, &LoadOptions::default()).unwrap();
     let (w, dspark) =
         load_weights_on(&ck, &cfg, modulo_token_map(&cfg), &deepinfer::Device::Cpu).unwrap();

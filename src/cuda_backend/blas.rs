@@ -214,6 +214,13 @@ pub fn bf16_linear(
     .map_err(blas_error("cublasGemmEx (bf16_linear)"))
 }
 
+/// A leading dimension or batch stride (`None`: its product overflowed) as
+/// the int64 cuBLAS and cuBLASLt take.
+fn i64_dim(what: &'static str, v: Option<usize>) -> Result<i64> {
+    v.and_then(|v| i64::try_from(v).ok())
+        .ok_or_else(|| super::param_error(what, usize::MAX, "a cuBLAS stride or leading dimension"))
+}
+
 /// The grouped (block-diagonal) BF16 linear of `wo_a`
 /// ([`crate::ops::grouped_bf16_linear`]): for each group g,
 /// `out[:, g·N ..][T, N] = x[:, g·K ..][T, K] · w[g·N ..][N, K]ᵀ`, one strided
@@ -229,15 +236,11 @@ pub fn grouped_bf16_linear(
     (t, groups, n, k): (usize, usize, usize, usize),
 ) -> Result<()> {
     use cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t};
-    let stride = |what: &'static str, v: Option<usize>| {
-        v.and_then(|v| i64::try_from(v).ok())
-            .ok_or_else(|| super::param_error(what, usize::MAX, "a cuBLAS stride"))
-    };
     let (gk, gn) = (
         i32_param("groups × k", groups.saturating_mul(k))?,
         i32_param("groups × n", groups.saturating_mul(n))?,
     );
-    let stride_w = stride("n × k", n.checked_mul(k))?;
+    let stride_w = i64_dim("n × k", n.checked_mul(k))?;
     let handle = blas_handle(dev)?;
     let blas = handle
         .lock()
@@ -270,12 +273,12 @@ pub fn grouped_bf16_linear(
             xp,
             cudaDataType_t::CUDA_R_16BF,
             gk,
-            stride("k", Some(k))?,
+            i64_dim("k", Some(k))?,
             (&beta as *const f32).cast(),
             op,
             cudaDataType_t::CUDA_R_16BF,
             gn,
-            stride("n", Some(n))?,
+            i64_dim("n", Some(n))?,
             i32_param("groups", groups)?,
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
@@ -675,11 +678,6 @@ fn grouped_layouts(
     out_type: lt_sys::cudaDataType_t,
 ) -> Result<[LtLayout; 3]> {
     use lt_sys::cublasLtMatrixLayoutAttribute_t as A;
-    let i64_of = |what: &'static str, v: Option<usize>| {
-        v.and_then(|v| i64::try_from(v).ok()).ok_or_else(|| {
-            super::param_error(what, usize::MAX, "a cuBLASLt leading dimension or stride")
-        })
-    };
     let layout = |ty, rows: usize, cols: usize, ld: i64, stride: i64| -> Result<LtLayout> {
         let l = LtLayout(
             lt::create_matrix_layout(ty, rows as u64, cols as u64, ld)
@@ -711,19 +709,19 @@ fn grouped_layouts(
     };
     let bf16 = lt_sys::cudaDataType_t::CUDA_R_16BF;
     let (ldk, ldn) = (
-        i64_of("groups × k", groups.checked_mul(k))?,
-        i64_of("groups × n", groups.checked_mul(n))?,
+        i64_dim("groups × k", groups.checked_mul(k))?,
+        i64_dim("groups × n", groups.checked_mul(n))?,
     );
     Ok([
         layout(
             bf16,
             k,
             n,
-            i64_of("k", Some(k))?,
-            i64_of("n × k", n.checked_mul(k))?,
+            i64_dim("k", Some(k))?,
+            i64_dim("n × k", n.checked_mul(k))?,
         )?,
-        layout(bf16, k, m, ldk, i64_of("k", Some(k))?)?,
-        layout(out_type, n, m, ldn, i64_of("n", Some(n))?)?,
+        layout(bf16, k, m, ldk, i64_dim("k", Some(k))?)?,
+        layout(out_type, n, m, ldn, i64_dim("n", Some(n))?)?,
     ])
 }
 

@@ -384,28 +384,18 @@ impl CudaBuffer {
     /// Copies the whole buffer back to the host (synchronises the stream).
     pub fn download(&self) -> Result<Vec<u8>> {
         let n = self.slice.len();
-        let oom = |available| Error::OutOfMemory {
-            what: "copying a device buffer to the host",
-            bytes: n,
-            device: "cpu".into(),
-            available,
-        };
-        // Compared with the host's available memory before anything is
-        // taken (1 GiB and more, as host tensors are), then reserved
-        // fallibly: a buffer the host cannot hold is an error, not an abort.
-        if n >= 1 << 30
-            && let Some(available) = super::Device::Cpu.available_memory()?
-            && n > available
-        {
-            return Err(oom(available));
-        }
-        let mut out = Vec::new();
-        out.try_reserve_exact(n).map_err(|_| oom(0))?;
-        out.resize(n, 0u8);
+        // The host buffer is reserved fallibly before the copy: a buffer the
+        // host cannot hold is a typed error, not an abort.
+        let mut out = super::host_alloc("copying a device buffer to the host", n, || {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).ok()?;
+            v.resize(n, 0u8);
+            Some(v)
+        })?;
+        // Into pageable host memory the copy returns once it is complete.
         self.device
             .stream
             .memcpy_dtoh(&self.slice, &mut out)
-            .and_then(|()| self.device.stream.synchronize())
             .map_err(driver(format!("copying {n} bytes to the host")))?;
         Ok(out)
     }

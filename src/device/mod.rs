@@ -18,6 +18,34 @@ pub enum Device {
     Cuda(CudaDevice),
 }
 
+/// Host allocations from which the size is first compared with the host's
+/// available memory (smaller ones are only reserved fallibly).
+const HOST_CHECK_BYTES: usize = 1 << 30;
+
+/// `bytes` of host memory taken by `reserve` (a fallible allocation, `None`
+/// when it fails), for `what`: compared with the host's `MemAvailable`
+/// first from 1 GiB, so a size the host cannot hold is a typed
+/// [`Error::OutOfMemory`], never an abort.
+pub(crate) fn host_alloc<T>(
+    what: &'static str,
+    bytes: usize,
+    reserve: impl FnOnce() -> Option<T>,
+) -> Result<T> {
+    let oom = |available| Error::OutOfMemory {
+        what,
+        bytes,
+        device: Device::Cpu.to_string(),
+        available,
+    };
+    if bytes >= HOST_CHECK_BYTES
+        && let Some(available) = Device::Cpu.available_memory()?
+        && bytes > available
+    {
+        return Err(oom(available));
+    }
+    reserve().ok_or_else(|| oom(0))
+}
+
 impl Device {
     /// The CUDA device `ordinal`, or an error when there is no driver or GPU.
     pub fn cuda(ordinal: usize) -> Result<Device> {

@@ -195,11 +195,8 @@ impl Engine {
                     // taken costs the reuse, not the request.
                     let need = pool.snapshot_bytes(r.seq, !compact)?;
                     if lock(c).make_room(end, need) {
-                        let fits = pool
-                            .device()
-                            .available_memory()
-                            .map(|free| free.is_none_or(|free| need <= free));
-                        let snap = match fits {
+                        let free = pool.device().available_memory();
+                        let snap = match free.map(|f| f.is_none_or(|f| need <= f)) {
                             Ok(true) => pool.snapshot(r.seq, !compact).map(Some),
                             Ok(false) => Ok(None),
                             Err(e) => Err(e.into()),

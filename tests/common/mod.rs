@@ -29,6 +29,12 @@ pub fn python() -> std::path::PathBuf {
         .join("bin/python")
 }
 
+/// Whether DEEPINFER_QUICK is set: the GPU bundle's sanitizer passes set it,
+/// and the CUDA tests then keep their small shapes.
+pub fn quick() -> bool {
+    std::env::var_os("DEEPINFER_QUICK").is_some()
+}
+
 /// A fresh RNG per test run; DEEPINFER_SEED=<n> replays one.
 pub fn rng(test: &str) -> StdRng {
     let seed = std::env::var("DEEPINFER_SEED")

@@ -73,3 +73,27 @@ pub fn v4vocab_engine(dir: &Path, seed: u64) -> deepinfer::engine::Engine {
     )
     .unwrap()
 }
+
+/// Overwrites 4 data bytes of tensor `name`, from byte `at` of its data, in
+/// the shard of `dir` that holds it with 0xFF (NaN in f32, bf16, e4m3 and E8M0).
+pub fn poison(dir: &std::path::Path, name: &str, at: usize) {
+    use std::io::{Seek, SeekFrom, Write};
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension() != Some("safetensors".as_ref()) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let (header, meta) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        if let Some(info) = meta.info(name) {
+            let (start, end) = info.data_offsets;
+            assert!(start + at + 4 <= end, "{name}: byte {at} is outside it");
+            let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.seek(SeekFrom::Start((8 + header + start + at) as u64))
+                .unwrap();
+            f.write_all(&[0xFF; 4]).unwrap();
+            return;
+        }
+    }
+    panic!("no shard of {} holds {name}", dir.display());
+}

@@ -131,18 +131,14 @@ impl StatePool {
         let s = self.get(seq)?;
         let pr = self.cfg.page_rows;
         let table_bytes = |pages: &Pages, tables: &[BlockTable]| {
-            let row = pages
-                .rows
-                .dtype()
-                .storage_bytes(pages.rows.shape().iter().skip(1).product());
+            let row = pages.rows.row_bytes();
             tables
                 .iter()
                 .map(|t| t.pages.len() * pr * row)
                 .sum::<usize>()
         };
-        let pending_row = |t: &Tensor| t.dtype().storage_bytes(t.shape().iter().skip(1).product());
         let pending = s.pending.iter().filter(|&&p| p).count()
-            * (pending_row(&self.pending_kv) + pending_row(&self.pending_score));
+            * (self.pending_kv.row_bytes() + self.pending_score.row_bytes());
         Ok(if rings {
             table_bytes(&self.ring_pages, &s.rings)
         } else {
