@@ -13,10 +13,9 @@
 //! benches/peers/attention_torch.py, same shapes): torch gather + bmm +
 //! softmax over a BF16 copy of the pools, and FlashMLA SM90 (`flashmla_sm90`,
 //! its own 584-byte layout, from its bench in the same device run).
-//! Every kernel version is timed: the default (`Auto`) as the record name,
-//! the others as `<name>_v1`, `_v2`, `_v3`, `_v3_h32`, `_v3_h16`, `_v4`,
-//! `_v4_h32`, `_v4_h16`, `_v5_h32`, `_v5_h16` (prefill: v1-v4 and the
-//! default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
+//! The versions in contention are timed: the default (`Auto`) as the record
+//! name, the others as `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6` (prefill:
+//! v3, v6 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -141,31 +140,26 @@ mod gpu {
             SparseMqaKernel::V4Heads16 => "v4_h16",
             SparseMqaKernel::V5Heads32 => "v5_h32",
             SparseMqaKernel::V5Heads16 => "v5_h16",
+            SparseMqaKernel::V6 => "v6",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
     }
 
-    /// Decode times every version; prefill (where `Auto` takes 64-head CTAs,
-    /// version 3) leaves the smaller CTAs out.
-    const DECODE_KERNELS: [SparseMqaKernel; 11] = [
-        SparseMqaKernel::V1,
-        SparseMqaKernel::V2,
+    /// Decode times the versions still in contention (version 3 at 64
+    /// heads, version 5 at 32 and 16, version 6) and the default; prefill
+    /// the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the bench
+    /// of 29ea42a (`benches/results/2026-12-01-h200-attention.json`).
+    const DECODE_KERNELS: [SparseMqaKernel; 5] = [
         SparseMqaKernel::V3,
-        SparseMqaKernel::V3Heads32,
-        SparseMqaKernel::V3Heads16,
-        SparseMqaKernel::V4,
-        SparseMqaKernel::V4Heads32,
-        SparseMqaKernel::V4Heads16,
         SparseMqaKernel::V5Heads32,
         SparseMqaKernel::V5Heads16,
+        SparseMqaKernel::V6,
         SparseMqaKernel::Auto,
     ];
-    const PREFILL_KERNELS: [SparseMqaKernel; 5] = [
-        SparseMqaKernel::V1,
-        SparseMqaKernel::V2,
+    const PREFILL_KERNELS: [SparseMqaKernel; 3] = [
         SparseMqaKernel::V3,
-        SparseMqaKernel::V4,
+        SparseMqaKernel::V6,
         SparseMqaKernel::Auto,
     ];
 

@@ -132,7 +132,9 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements). The tensor-core versions V1-V5 give
-/// bitwise the same result; the CPU has one reference and ignores this.
+/// bitwise the same result; V6 (wgmma) sums its dot products in another
+/// order and agrees with them within the op's stated bound, not bitwise. The
+/// CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SparseMqaKernel {
     /// `sparse_mqa_v1`: the first kernel (producer batches of 8 rows).
@@ -156,6 +158,9 @@ pub enum SparseMqaKernel {
     V5Heads32,
     /// `sparse_mqa_v5_h16`: V3Heads16 with 8 producer warps.
     V5Heads16,
+    /// `sparse_mqa_v6`: V3's producers with two wgmma consumer warpgroups
+    /// (64 heads per CTA; version 3 where the device has no wgmma).
+    V6,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

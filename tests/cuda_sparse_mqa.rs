@@ -6,7 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance); the kernel versions bitwise equal to each other; the
+//! invariance, V6 and the default); versions 1-5 bitwise equal to each
+//! other and version 6 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096); CUDA
 //! shape limits as typed errors. DEEPINFER_QUICK=1
 //! keeps to small shapes (the compute-sanitizer pass, where the out-of-range
@@ -196,6 +197,10 @@ fn sparse_mqa_matches_the_cpu_op() {
         let gpu_inputs = host.to(&dev);
         let v1 = gpu_inputs.run_with(&dev, SparseMqaKernel::V1);
         compare(&format!("{label} V1"), &v1, &want);
+        // Version 6's wgmma sums the dot products in another order: within
+        // the bound against the CPU, not bitwise V1.
+        let v6 = gpu_inputs.run_with(&dev, SparseMqaKernel::V6);
+        compare(&format!("{label} V6"), &v6, &want);
         // Every version decodes the rows exactly and shares the consumers,
         // whose per-head arithmetic is the same in every CTA size, so the
         // versions agree bit for bit.
@@ -307,11 +312,15 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         *e = bad[k % bad.len()];
     }
     host.compressed = Some((rows, Tensor::from_vec(cidx, &[3, 30]).unwrap()));
-    let got = host.to(&dev).run();
-    compare("empty query", &got, &host.run());
-    let (out, lse) = got;
-    assert!(out[64 * D..128 * D].iter().all(|v| v.to_bits() == 0));
-    assert!(lse[64..128].iter().all(|&v| v == f32::INFINITY));
+    let g = host.to(&dev);
+    let want = host.run();
+    for kernel in [SparseMqaKernel::Auto, SparseMqaKernel::V6] {
+        let got = g.run_with(&dev, kernel);
+        compare(&format!("empty query {kernel:?}"), &got, &want);
+        let (out, lse) = got;
+        assert!(out[64 * D..128 * D].iter().all(|v| v.to_bits() == 0));
+        assert!(lse[64..128].iter().all(|&v| v == f32::INFINITY));
+    }
 }
 
 #[test]
@@ -320,7 +329,21 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
     let mut rng = common::rng("sparse_mqa_cuda_batch");
     let t = if quick() { 5 } else { 70 };
     let host = Inputs::random(&mut rng, t, 64, (500, 128), Some((3000, 512)), 0.1);
-    let batch = host.to(&dev).run();
+    let g = host.to(&dev);
+    for kernel in [SparseMqaKernel::Auto, SparseMqaKernel::V6] {
+        alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
+    }
+}
+
+/// Queries 0, T/2 and T−1 of `host` run alone with `kernel` give bitwise
+/// `batch`'s rows.
+fn alone_equals_batch(
+    dev: &Device,
+    host: &Inputs,
+    batch: &(Vec<bf16>, Vec<f32>),
+    t: usize,
+    kernel: SparseMqaKernel,
+) {
     let kw = 128;
     let kc = 512;
     let (widx, cidx) = (
@@ -339,18 +362,18 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
             )),
             sink: host.sink.clone(),
         };
-        let (out, lse) = alone.to(&dev).run();
+        let (out, lse) = alone.to(dev).run_with(dev, kernel);
         let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&out),
             bits(&batch.0[i * 64 * D..(i + 1) * 64 * D]),
-            "query {i} out"
+            "{kernel:?} query {i} out"
         );
         let fbits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             fbits(&lse),
             fbits(&batch.1[i * 64..(i + 1) * 64]),
-            "query {i} lse"
+            "{kernel:?} query {i} lse"
         );
     }
 }

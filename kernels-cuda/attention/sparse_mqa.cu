@@ -16,6 +16,8 @@
 #include <stdint.h>
 
 #include "deepinfer/params.h"
+#include "deepinfer/sm90.cuh"
+#include "deepinfer/wgmma_bf16.cuh"
 
 namespace {
 
@@ -34,6 +36,11 @@ static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file
 constexpr int kProducerRegs8 = 120;
 constexpr int kConsumerRegs8 = 248;
 static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= 65536, "register file (version 5)");
+// Version 6 (one producer warpgroup, two wgmma consumer warpgroups holding
+// a 64 x 256 fp32 accumulator each).
+constexpr int kProducerRegs6 = 96;
+constexpr int kConsumerRegs6 = 208;
+static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= 65536, "register file (version 6)");
 
 // Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
 // per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
@@ -487,7 +494,24 @@ __device__ __forceinline__ void prefetch_row(const di_sparse_mqa_params &p, int 
     }
 }
 
-template <bool kPermuteFp4, bool kSpread, int NP>
+// Tile offset of (row, chunk): version 1-5's row-major swizzle, or with
+// kWgmma version 6's column-block layout (v6_off).
+// Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
+// version-6 tile or Q: eight 64-column blocks of [64 rows][128 bytes], each
+// the 128-byte-swizzled wgmma layout (chunk c of row r at c ^ (r % 8)).
+// K-major (Q.K^T, rows = heads or entries): 8-row groups 1024 bytes apart.
+// N-major (P.V, V's rows = K): the 64-column blocks are 8192 bytes apart
+// (leading byte offset), 8-row groups 1024 (stride byte offset).
+__device__ __forceinline__ uint32_t v6_off(int row, int chunk) {
+    return static_cast<uint32_t>((chunk >> 3) * 8192 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+template <bool kWgmma> __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
+    if constexpr (kWgmma) return v6_off(row, chunk);
+    else return swz(row, chunk);
+}
+
+template <bool kPermuteFp4, bool kSpread, int NP, bool kWgmma = false>
 __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
                                            int lane, int64_t t, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
@@ -563,11 +587,11 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                         // span (no bank conflict).
                         const bool odd = (lane >> 2) & 1;
                         const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
-                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + odd)) = odd ? hi : lo;
-                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + !odd)) = odd ? lo : hi;
+                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + odd)) = odd ? hi : lo;
+                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + !odd)) = odd ? lo : hi;
                     } else {
-                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
-                        *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
                     }
                     if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
                 }
@@ -604,7 +628,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                 for (int q = 0; q < 4; ++q) {
                     uint32_t o4[4] = {0, 0, 0, 0};
                     if (kinds[i] == 2) e2m1x8_scaled(w[i][q], e4m3_bf16x2((sc[i] >> (8 * q)) & 0xFFu), o4);
-                    *reinterpret_cast<uint4 *>(tile + swz(r, part + 16 * q)) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
+                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, part + 16 * q)) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
                 }
                 if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
             }
@@ -657,11 +681,13 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                 }
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
-                    *reinterpret_cast<uint4 *>(tile + swz(r, 4 * part + q)) =
+                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 4 * part + q)) =
                         make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
                 if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
             }
         }
+        // Version 6's consumers read the tile through the async proxy (wgmma).
+        if constexpr (kWgmma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         bar_arrive(&full[b]);
         k0 = k1, r0 = r1;
         k1 = k2, r1 = r2;
@@ -704,6 +730,235 @@ __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
         if (warp - NP < Layout<HG>::consumer_warps) consume<HG>(p, smem, warp - NP, lane, t, h0, blocks);
     }
 }
+
+// ---- version 6: wgmma consumers ----------------------------------------------
+// The producers are version 3's, storing the tile in the wgmma operand layout
+// (v6_off); two consumer warpgroups, each all 64 heads and one half of the
+// 512 dims, issue Q.K^T as m64n64k16 (Q and K from shared memory) and P.V as
+// m64n256k16 (P from registers, V = the same tile read N-major). The tile is
+// read once per warpgroup instruction instead of once per 16-head warp.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Keeps a register fragment live (and unmoved) up to this point.
+__device__ __forceinline__ void keep_alive(uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) asm volatile("" : "+r"(a[k][q])::"memory");
+}
+
+// Descriptor of the N-major V operand at `p` (a 64-column block, row 16 k).
+__device__ __forceinline__ uint64_t v6_desc_n_major(const void *p) {
+    const uint64_t addr = deepinfer::sm90::smem_u32(p);
+    uint64_t desc = 0;
+    desc |= (addr & 0x3FFFF) >> 4;          // start address
+    desc |= uint64_t(8192 >> 4) << 16;      // leading byte offset: next 64 columns
+    desc |= uint64_t(1024 >> 4) << 32;      // stride byte offset: next 8 rows
+    desc |= uint64_t(1) << 62;              // 128-byte swizzle
+    return desc;
+}
+
+// Consumer warpgroup wg (0, 1): heads 0..63 of the CTA, output dims
+// 256 wg .. 256 wg + 255. Thread (warp w, lane g*4+c) holds heads 16w+g and
+// 16w+g+8 (the wgmma accumulator layout). Per block: partial logits over
+// its 256 dims, the partner's partial added through shared memory (a + b ==
+// b + a: both warpgroups hold the same logits), the online softmax as in
+// consume(), then P.V for its dims. The Q.K^T of block j+1 is issued before
+// the warpgroup waits for the P.V of block j.
+__device__ __forceinline__ void consume_v6(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
+                                           int64_t t, int h0, int blocks) {
+    namespace s9 = deepinfer::sm90;
+    using Qk = s9::WgmmaBf16SS<64>;
+    using Pv = s9::WgmmaBf16RS<256>;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
+    float *exch = reinterpret_cast<float *>(smem + Layout<4>::exch);
+    float *mine = exch + wg * 32 * 128;
+    const float *partner = exch + (1 - wg) * 32 * 128;
+    const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    uint8_t *sq = smem + Layout<4>::q;
+    const uint8_t *tiles = smem + kOffTiles;
+
+    // Q: 64 heads x this warpgroup's 256 dims (column blocks 4 wg .. 4 wg + 3).
+    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int idx = i * 128 + tid, r = idx >> 5, chunk = wg * 32 + (idx & 31);
+        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(sq + v6_off(r, chunk))), "l"(src)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    s9::fence_proxy_async_smem();
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    float s[32];
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+    const float scale = p.scale;
+    constexpr float kLog2e = 1.4426950408889634f;
+
+    // Q.K^T of block j into s: 16 k-steps of 16 over this half's 256 dims.
+    auto issue_qk = [&](int j) {
+        const uint8_t *tile = tiles + (j & 1) * kTileBytes;
+        s9::fence_operands(s);
+        s9::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 16; ++ks) {
+            const int off = (4 * wg + ks / 4) * 8192 + (ks % 4) * 32;
+            Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
+        }
+        s9::wgmma_commit();
+        s9::fence_operands(s);
+    };
+
+    if (blocks > 0) {
+        bar_wait(&full[0], 0);
+        issue_qk(0);
+        s9::wgmma_wait<0>();
+        s9::fence_operands(s);
+    }
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        // Full logits: this half's partial + the partner's. The partner
+        // arrives on barrier 5 + wg once it has read this warpgroup's slot,
+        // so the next block's write waits only if it has not yet.
+        if (j > 0) asm volatile("bar.sync %0, 256;" ::"r"(5 + wg) : "memory");
+#pragma unroll
+        for (int i = 0; i < 32; ++i) mine[i * 128 + tid] = s[i];
+        asm volatile("bar.sync 4, 256;" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 32; ++i) s[i] += partner[i * 128 + tid];
+        if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
+
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float2 bb = *reinterpret_cast<const float2 *>(&bias[b * kBlock + 8 * n + 2 * c]);
+            s[4 * n] = s[4 * n] * scale + bb.x;
+            s[4 * n + 1] = s[4 * n + 1] * scale + bb.y;
+            s[4 * n + 2] = s[4 * n + 2] * scale + bb.x;
+            s[4 * n + 3] = s[4 * n + 3] * scale + bb.y;
+            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 2));
+        const float al0 = expf(m0 - mx0), al1 = expf(m1 - mx1);
+        uint32_t pa[4][4];
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float p00 = ex2((s[4 * n] - mx0) * kLog2e), p01 = ex2((s[4 * n + 1] - mx0) * kLog2e);
+            const float p10 = ex2((s[4 * n + 2] - mx1) * kLog2e), p11 = ex2((s[4 * n + 3] - mx1) * kLog2e);
+            ps0 += p00 + p01;
+            ps1 += p10 + p11;
+            pa[n / 2][(n & 1) * 2] = pack_bf16(p00, p01);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p10, p11);
+        }
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+        m0 = mx0;
+        m1 = mx1;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            acc[4 * n] *= al0;
+            acc[4 * n + 1] *= al0;
+            acc[4 * n + 2] *= al1;
+            acc[4 * n + 3] *= al1;
+        }
+        // P.V: V = the tile's 64 rows (K) x this half's 256 columns (N).
+        const uint8_t *tile = tiles + b * kTileBytes;
+        s9::fence_operands(acc);
+        s9::wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) Pv::mma(acc, pa[ks], v6_desc_n_major(tile + 4 * wg * 8192 + ks * 2048), 1);
+        s9::wgmma_commit();
+        s9::fence_operands(acc);
+        // P.V reads pa and writes acc asynchronously: both stay in their
+        // registers until the wait that retires it (pa is dead to the
+        // compiler after the issue). Each branch ends with nothing in flight,
+        // so ptxas sees every later read of s and acc after a full wait.
+        if (j + 1 < blocks) {
+            bar_wait(&full[b ^ 1], ((j + 1) >> 1) & 1);
+            issue_qk(j + 1);
+            s9::wgmma_wait<1>();
+            keep_alive(pa);
+            s9::fence_operands(acc);
+            bar_arrive(&empty[b]);
+            s9::wgmma_wait<0>();
+            s9::fence_operands(s);
+        } else {
+            s9::wgmma_wait<0>();
+            keep_alive(pa);
+            s9::fence_operands(acc);
+            bar_arrive(&empty[b]);
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
+    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
+    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
+    const int h_lo = h0 + w * 16 + g;
+    l0 += expf(p.sink[h_lo] - m0);
+    l1 += expf(p.sink[h_lo + 8] - m1);
+    // Every wgmma of this warpgroup has completed (its reads of Q too): the
+    // warpgroup's half of Q becomes its output staging, warp w writing and
+    // then storing its own 16 heads.
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        const int chunk = wg * 32 + n, r = w * 16 + g;
+        *reinterpret_cast<uint32_t *>(sq + v6_off(r, chunk) + 4 * c) = pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
+        *reinterpret_cast<uint32_t *>(sq + v6_off(r + 8, chunk) + 4 * c) =
+            pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
+    }
+    __syncwarp();
+    uint8_t *out = static_cast<uint8_t *>(p.out);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = w * 16 + i, chunk = wg * 32 + lane;
+        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
+            *reinterpret_cast<const uint4 *>(sq + v6_off(r, chunk));
+    }
+    if (wg == 0 && c == 0) {
+        p.lse[t * p.h + h_lo] = logf(l0) + m0;
+        p.lse[t * p.h + h_lo + 8] = logf(l1) + m1;
+    }
+}
+
+// Version 6: grid (T, H / 64), 384 threads, DI_SPARSE_MQA_SMEM_BYTES (the
+// 64-head carve-up: the partial-logit exchange is 2 x 32 x 128 floats).
+__device__ __forceinline__ void sparse_mqa_v6_body(const di_sparse_mqa_params &p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * 64;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps * 32);
+        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[2], 256);
+        bar_init(&bars[3], 256);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
+        produce_v2<true, false, kProducerWarps, true>(p, smem, warp, lane, t, blocks);
+    } else {
+        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
+        consume_v6(p, smem, (warp - kProducerWarps) / 4, threadIdx.x - 128 * (1 + (warp - kProducerWarps) / 4), t,
+                   h0, blocks);
+    }
+}
+#endif
 
 }  // namespace
 
@@ -765,4 +1020,16 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v5_h16(const __grid_constant__ di_sparse_mqa_params p) {
     sparse_mqa_body<1, 3, 8>(p);
+}
+
+// Version 6: wgmma consumers, 64 heads per CTA (grid (T, H / 64),
+// DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES). Outside sm_90a
+// (no wgmma) it runs version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v6(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v6_body(p);
+#else
+    sparse_mqa_body<4, 3>(p);
+#endif
 }

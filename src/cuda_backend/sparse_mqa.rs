@@ -94,6 +94,7 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V4Heads16 => (k::SPARSE_MQA_V4_H16, CTA_16),
         SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
+        SparseMqaKernel::V6 => (k::SPARSE_MQA_V6, CTA_64),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
