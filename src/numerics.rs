@@ -5,7 +5,14 @@
 //! Invariants a caller can rely on:
 //! - e4m3 encoding saturates to ±448 (the clamp precedes the rounding), rounds
 //!   to nearest even, and maps NaN to 0x7F.
-//! - E8M0 scales produced here are always finite powers of two.
+//! - E8M0 scales produced here are finite powers of two, except the FP4
+//!   quantisers' NaN scale (below).
+//! - Non-finite input: e2m1 has no NaN or infinity, so a FP4 block holding a
+//!   NaN or ±Inf gets the NaN scale ([`E8M0_NAN`], or [`E4M3_NAN`] for the
+//!   E4M3-scaled variant) and every code [`FP4_NAN_BLOCK_CODE`]: the block
+//!   decodes to NaN, and a NaN reaches the logits instead of turning into a
+//!   finite value. The FP8 quantiser keeps NaN per element (its e4m3 code
+//!   0x7F is NaN) and takes its scale over the other elements.
 //! - e2m1 rounding breaks ties towards the even *code*.
 
 use crate::dtype::{E4M3, E8M0, Fp4x2};
@@ -21,6 +28,15 @@ pub const FP8_AMAX_FLOOR: f32 = 1e-4;
 pub const FP4_E8M0_AMAX_FLOOR: f32 = 6.0 * f32::MIN_POSITIVE;
 /// FP4/E4M3 amax floor: 6 · 2^−9 (§10.3).
 pub const FP4_E4M3_AMAX_FLOOR: f32 = 6.0 / 512.0;
+
+/// The E8M0 NaN byte.
+pub const E8M0_NAN: E8M0 = E8M0(0xFF);
+/// The e4m3 NaN byte that [`f32_to_e4m3`] writes.
+pub const E4M3_NAN: E4M3 = E4M3(0x7F);
+/// The e2m1 code of every element of a FP4 block whose scale is NaN (+6:
+/// what [`f32_to_e2m1`] gives for a positive NaN). The scale alone makes the
+/// block NaN; the code is fixed so that every backend writes the same bytes.
+pub const FP4_NAN_BLOCK_CODE: u8 = 7;
 
 /// BF16 → f32 (exact).
 #[inline]
@@ -89,7 +105,8 @@ pub fn e2m1_to_f32(nibble: u8) -> f32 {
 
 /// f32 → e2m1 nibble: saturate to ±6, round to nearest, ties to the even code
 /// (0.25 → 0, 0.75 → 1, 1.25 → 1, 1.75 → 2, 2.5 → 2, 3.5 → 4, 5 → 4).
-/// NaN maps to +6 like the saturating clamp of the reference quantiser.
+/// NaN maps to code 7 (±6) with the NaN's sign bit; the FP4 block quantisers
+/// below never pass it one (a block holding a NaN gets the NaN scale).
 #[inline]
 pub fn f32_to_e2m1(x: f32) -> u8 {
     let sign = if x.is_sign_negative() { 8u8 } else { 0 };
@@ -129,15 +146,38 @@ pub fn unpack_fp4(p: Fp4x2) -> (u8, u8) {
     (p.0 & 0xF, p.0 >> 4)
 }
 
-fn block_amax(block: &[bf16], floor: f32) -> f32 {
+/// FP8 amax: max(floor, |x_i|) over the elements that are not NaN
+/// (`f32::max` drops a NaN, as CUDA's `fmaxf` does in the FP8 kernels): a NaN
+/// element keeps its own e4m3 NaN code, so the scale need not carry it.
+fn fp8_block_amax(block: &[bf16], floor: f32) -> f32 {
     block.iter().fold(floor, |m, v| m.max(v.to_f32().abs()))
+}
+
+/// FP4 amax: max(floor, |x_i|) keeping NaN and ±Inf. The magnitudes' bit
+/// patterns are compared as integers: for non-negative f32 that order is the
+/// numeric one, and every NaN pattern lies above +Inf, so a block holding a
+/// NaN has a NaN amax (the CUDA FP4 quantisers reduce the same way,
+/// `numerics.cuh`'s `amax_keep_nan`).
+fn fp4_block_amax(block: &[bf16], floor: f32) -> f32 {
+    f32::from_bits(
+        block
+            .iter()
+            .fold(floor.to_bits(), |m, v| m.max(v.to_f32().abs().to_bits())),
+    )
+}
+
+/// The codes of a FP4 block with the NaN scale (see the module header).
+fn fill_nan_block(nibbles: &mut [u8], len: usize) {
+    for o in nibbles.iter_mut().take(len) {
+        *o = FP4_NAN_BLOCK_CODE;
+    }
 }
 
 /// FP8 1×`block.len()` activation quantisation of one block (§10.1): writes
 /// e4m3 codes into `q` and returns the E8M0 scale. A tail block shorter than
 /// 32 uses the same rule over its own elements.
 pub fn act_quant_block(block: &[bf16], q: &mut [E4M3]) -> E8M0 {
-    let scale = ceil_pow2_scale(block_amax(block, FP8_AMAX_FLOOR), 1.0 / E4M3_MAX);
+    let scale = ceil_pow2_scale(fp8_block_amax(block, FP8_AMAX_FLOOR), 1.0 / E4M3_MAX);
     let inv = 1.0 / e8m0_to_f32(scale);
     for (o, v) in q.iter_mut().zip(block) {
         // x / 2^e is exact, so the reciprocal multiply equals the division.
@@ -148,8 +188,15 @@ pub fn act_quant_block(block: &[bf16], q: &mut [E4M3]) -> E8M0 {
 
 /// FP4 e2m1 quantisation with one E8M0 scale per block of 32 (§10.3, index
 /// keys and queries). Returns the scale; `nibbles[i]` receives element i.
+/// A block holding a NaN or ±Inf gets [`E8M0_NAN`] and
+/// [`FP4_NAN_BLOCK_CODE`] codes.
 pub fn fp4_e8m0_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E8M0 {
-    let scale = ceil_pow2_scale(block_amax(block, FP4_E8M0_AMAX_FLOOR), 1.0 / E2M1_MAX);
+    let amax = fp4_block_amax(block, FP4_E8M0_AMAX_FLOOR);
+    if !amax.is_finite() {
+        fill_nan_block(nibbles, block.len());
+        return E8M0_NAN;
+    }
+    let scale = ceil_pow2_scale(amax, 1.0 / E2M1_MAX);
     let s = e8m0_to_f32(scale);
     for (o, v) in nibbles.iter_mut().zip(block) {
         *o = f32_to_e2m1((v.to_f32() / s).clamp(-E2M1_MAX, E2M1_MAX));
@@ -159,9 +206,16 @@ pub fn fp4_e8m0_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E8M0 {
 
 /// FP4 e2m1 quantisation with one E4M3 scale per block of 16 (§10.3, the
 /// compressed main KV). The scale is e4m3(amax / 6) and values use a true
-/// fp32 division by it.
+/// fp32 division by it. A block holding a NaN or ±Inf gets [`E4M3_NAN`]
+/// (not the saturated 448 an infinite amax / 6 would round to) and
+/// [`FP4_NAN_BLOCK_CODE`] codes.
 pub fn fp4_e4m3_quant_block(block: &[bf16], nibbles: &mut [u8]) -> E4M3 {
-    let scale = f32_to_e4m3(block_amax(block, FP4_E4M3_AMAX_FLOOR) / E2M1_MAX);
+    let amax = fp4_block_amax(block, FP4_E4M3_AMAX_FLOOR);
+    if !amax.is_finite() {
+        fill_nan_block(nibbles, block.len());
+        return E4M3_NAN;
+    }
+    let scale = f32_to_e4m3(amax / E2M1_MAX);
     let s = e4m3_to_f32(scale);
     for (o, v) in nibbles.iter_mut().zip(block) {
         *o = f32_to_e2m1((v.to_f32() / s).clamp(-E2M1_MAX, E2M1_MAX));

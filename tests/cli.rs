@@ -363,6 +363,62 @@ fn absurd_sizes_are_refused_before_allocation() {
     );
 }
 
+/// Issue 15 item 6: `gen-weights` states the checkpoint's total size before
+/// it writes (the refusal when the file system has too little room is
+/// `tests/checkpoint.rs`'s `the_generator_refuses_a_checkpoint_that_does_not_fit`).
+#[test]
+fn gen_weights_states_the_total_size_up_front() {
+    use deepinfer::model::checkpoint::Manifest;
+    use deepinfer::model::config::ModelConfig;
+    let none: &[(&str, &str)] = &[];
+    let cache = TempDir::new("cli-gen-size");
+    let dir = TempDir::new("cli-gen-size-model");
+    let out = dir.path().join("m");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny");
+    let o = deepinfer(
+        &cache,
+        &[
+            "gen-weights",
+            "--config",
+            config,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        none,
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let manifest = Manifest::new(&ModelConfig::from_dir(config.as_ref()).unwrap()).unwrap();
+    let want = format!(
+        "writing {} tensors, {} bytes",
+        manifest.len(),
+        manifest.total_bytes()
+    );
+    let first = stderr(&o).lines().next().unwrap_or_default().to_string();
+    assert!(
+        first.starts_with(&want),
+        "{first:?} does not start with {want:?}"
+    );
+    // Stated before the write starts: a second run into the now full
+    // directory is refused by the generator, after the statement.
+    let o = deepinfer(
+        &cache,
+        &[
+            "gen-weights",
+            "--config",
+            config,
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        none,
+    );
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.starts_with(&want) && err.contains("already holds"),
+        "{err}"
+    );
+}
+
 /// Issue 15 item 5: a NaN weight is found by `--check-finite` (named with
 /// its tensor), by default on the embedded models, and, when the load check
 /// is off, by the engine at the first logits it samples from (naming the

@@ -409,6 +409,42 @@ fn poisoned_tiny(
     (Model::new(cfg, w).unwrap(), dspark.unwrap())
 }
 
+/// Issue 15: a NaN whose path runs through a FP4 quantiser reaches the
+/// logits instead of turning into a finite value there. A NaN in layer 6's
+/// compressor `wkv` (ratio 1: each token's entry is pooled, normed, roped and
+/// FP4-quantised into the compressed cache) makes every entry NaN; the FP4
+/// quantiser used to drop it (`f32::max` in the amax, NaN → code 7), so the
+/// request ran to the end on finite logits. Now the entries carry the NaN
+/// scale, and the first step fails with the typed logits error.
+#[test]
+fn a_nan_through_the_fp4_cache_quantiser_reaches_the_logits() {
+    let (model, _) = poisoned_tiny(5, "layers.6.attn.compressor.wkv.weight", 0);
+    let engine = Engine::new(
+        model,
+        EngineConfig {
+            max_context: 64,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let params = SamplingParams {
+        max_tokens: 4,
+        ..SamplingParams::default()
+    };
+    let r = engine.generate(&[vec![0u32, 5, 9]], std::slice::from_ref(&params));
+    match &r[0] {
+        Err(deepinfer::model::Error::Op(deepinfer::Error::Argument {
+            arg: "logits",
+            value,
+            ..
+        })) => assert!(
+            value.contains("NaN") && value.contains("decode step 0"),
+            "{value}"
+        ),
+        other => panic!("expected the non-finite logits error, got {other:?}"),
+    }
+}
+
 /// Issue 15 item 5: a NaN that reaches the logits at run time fails its
 /// request with a typed error naming the position and the decode step, on
 /// the plain and on the speculative decode path (`spec.rs`'s accept loop).

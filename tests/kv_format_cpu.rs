@@ -92,3 +92,56 @@ fn decoded_rows_are_exact_idempotent_and_close() {
         }
     }
 }
+
+/// Issue 15: a NaN or ±Inf never leaves a quantiser as a finite value. e4m3
+/// keeps NaN per element (0x7F) and ±Inf decodes to ±Inf (448 · 2^127
+/// overflows); e2m1 has neither, so a FP4 block holding one is stored with
+/// the NaN scale (E8M0 0xFF, e4m3 0x7F for the compressed rows) and code 7 in
+/// every element, and decodes to NaN. The row's other blocks are untouched.
+#[test]
+fn non_finite_values_are_never_quantised_into_finite_ones() {
+    use deepinfer::contract::KvRowFormat;
+    let dim = 96;
+    let clean: Vec<bf16> = (0..dim)
+        .map(|i| bf16::from_f32(i as f32 * 0.37 - 11.0))
+        .collect();
+    let bad = [bf16::NAN, -bf16::NAN, bf16::INFINITY, bf16::NEG_INFINITY];
+    let formats = [
+        (KvRowFormat::Window, 32, None),
+        (KvRowFormat::Compressed, 16, Some(0x7Fu8)),
+        (KvRowFormat::IndexKey, 32, Some(0xFFu8)),
+    ];
+    for (format, group, nan_scale) in formats {
+        let decode = |bytes: &[u8]| match format {
+            KvRowFormat::Window => decode_window_row(bytes, dim),
+            KvRowFormat::Compressed => decode_compressed_row(bytes, dim),
+            KvRowFormat::IndexKey => decode_index_key_row(bytes, dim),
+        };
+        let want_clean = decode(&encode_row(format, &clean));
+        assert!(want_clean.iter().all(|v| v.is_finite()));
+        for b in bad {
+            for at in [0, 17, dim - 1] {
+                let mut row = clean.clone();
+                row[at] = b;
+                let bytes = encode_row(format, &row);
+                let got = decode(&bytes);
+                let what = format!("{format:?}, {b} at {at}");
+                assert!(!got[at].is_finite(), "{what}: decoded {}", got[at]);
+                let block = at / group;
+                for (i, (g, w)) in got.iter().zip(&want_clean).enumerate() {
+                    if i / group != block {
+                        assert_eq!(g.to_bits(), w.to_bits(), "{what}: element {i}");
+                    } else if nan_scale.is_some() {
+                        assert!(g.is_nan(), "{what}: element {i} decoded {g}");
+                    }
+                }
+                if let Some(s) = nan_scale {
+                    let values = dim / 2;
+                    assert_eq!(bytes[values + block], s, "{what}: scale byte");
+                    let nibbles = &bytes[block * group / 2..(block + 1) * group / 2];
+                    assert!(nibbles.iter().all(|&n| n == 0x77), "{what}: {nibbles:x?}");
+                }
+            }
+        }
+    }
+}

@@ -81,3 +81,81 @@ fn nothing_below_the_ops_imports_them_or_the_model() {
         bad.join("\n")
     );
 }
+
+/// The lints of issue 15 item 3 (no panic reachable from the public API).
+const NO_PANIC_LINTS: [&str; 5] = [
+    "clippy::unwrap_used",
+    "clippy::expect_used",
+    "clippy::panic",
+    "clippy::indexing_slicing",
+    "clippy::cast_possible_truncation",
+];
+
+/// Issue 15 item 3: the library and the CLI deny the no-panic lints, and
+/// every place that lifts one is a documented exception. A module that
+/// lifts one (`#![allow(..)]`) is named in ARCHITECTURE.md's "No panic from
+/// the public API" section, which states its invariant; an item that lifts
+/// one (`#[allow(..)]`) says why: a `reason = ".."`, or a comment on its
+/// line or the line above.
+#[test]
+fn every_lifted_no_panic_lint_is_a_documented_exception() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for crate_root in ["src/lib.rs", "src/bin/deepinfer/main.rs"] {
+        let text = std::fs::read_to_string(root.join(crate_root)).unwrap();
+        let deny = text.find("deny(").expect(crate_root);
+        let lints = &text[deny..deny + text[deny..].find(')').unwrap()];
+        for lint in NO_PANIC_LINTS {
+            assert!(lints.contains(lint), "{crate_root} does not deny {lint}");
+        }
+    }
+    let arch = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let section = arch
+        .split("## No panic from the public API")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .expect("ARCHITECTURE.md's no-panic section");
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    let mut bad = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(root.join("src")).unwrap();
+        let rel = rel.to_str().unwrap();
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.split("//").next().unwrap_or("").trim();
+            let module = code.starts_with("#![allow(");
+            if !module && !code.starts_with("#[allow(") {
+                continue;
+            }
+            // The attribute, over as many lines as it takes.
+            let attr: String = lines[i..]
+                .iter()
+                .take_while(|l| !l.contains(")]"))
+                .chain(lines[i..].iter().find(|l| l.contains(")]")))
+                .copied()
+                .collect();
+            if !NO_PANIC_LINTS.iter().any(|l| attr.contains(l)) {
+                continue;
+            }
+            let documented = if module {
+                // `dir/mod.rs` may be named as its folder.
+                let folder = rel.strip_suffix("/mod.rs").map(|d| format!("`{d}`"));
+                section.contains(&format!("`{rel}`"))
+                    || folder.is_some_and(|d| section.contains(&d))
+            } else {
+                attr.contains("reason = \"")
+                    || line.contains("//")
+                    || i > 0 && lines[i - 1].trim_start().starts_with("//")
+            };
+            if !documented {
+                bad.push(format!("src/{rel}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "undocumented exceptions to the no-panic lints:\n{}",
+        bad.join("\n")
+    );
+}

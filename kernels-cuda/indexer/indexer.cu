@@ -50,23 +50,29 @@ extern "C" __global__ void __launch_bounds__(256)
             v[2] = __uint_as_float(raw.y << 16);
             v[3] = __uint_as_float(raw.y & 0xFFFF0000u);
 #pragma unroll
-            for (int i = 0; i < 4; ++i) amax = fmaxf(amax, fabsf(v[i]));
+            for (int i = 0; i < 4; ++i) amax = amax_keep_nan(amax, fabsf(v[i]));
         }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+        amax = amax_keep_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = amax_keep_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        amax = amax_keep_nan(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
         if (!live) continue;
+        /* A NaN or +-Inf in the block: the NaN scale and code 7 everywhere. */
+        const bool nan_block = !isfinite(amax);
         const int e = ceil_pow2_exponent(amax, kInvE2M1Max);
-        const float s = e8m0_to_f32(uint32_t(e + 127));
-        uint32_t packed = 0;
+        const uint32_t scale_byte = nan_block ? kE8M0Nan : uint32_t(e + 127);
+        const float s = e8m0_to_f32(scale_byte);
+        uint32_t packed = kFp4NanBlockCode * 0x1111u;
+        if (!nan_block) {
+            packed = 0;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) packed |= f32_to_e2m1(clamp6(__fdiv_rn(v[i], s))) << (4 * i);
+            for (int i = 0; i < 4; ++i) packed |= f32_to_e2m1(clamp6(__fdiv_rn(v[i], s))) << (4 * i);
+        }
         uint8_t *out = static_cast<uint8_t *>(p.out) + row * row_bytes;
         /* Byte stores: a row is dim/2 + dim/32 bytes, odd when dim/32 is odd
          * (dim = 32, 96, ...), so a 2-byte store would be misaligned there. */
         out[col / 2] = uint8_t(packed);
         out[col / 2 + 1] = uint8_t(packed >> 8);
-        if ((lane & 7) == 0) out[p.dim / 2 + col / 32] = uint8_t(e + 127);
+        if ((lane & 7) == 0) out[p.dim / 2 + col / 32] = uint8_t(scale_byte);
     }
 }
 

@@ -271,6 +271,11 @@ template <int kFormat> struct Format {
     static constexpr float kFloor = kFormat == DI_KV_FORMAT_WINDOW       ? kFp8AmaxFloor
                                     : kFormat == DI_KV_FORMAT_COMPRESSED ? kFp4E4M3AmaxFloor
                                                                          : kFp4E8M0AmaxFloor;
+    // One step of the group amax: FP8 drops NaN (a NaN value keeps its own
+    // e4m3 NaN code), FP4 keeps NaN and Inf for the NaN scale.
+    __device__ __forceinline__ static float amax(float a, float b) {
+        return kFormat == DI_KV_FORMAT_WINDOW ? fmaxf(a, b) : amax_keep_nan(a, b);
+    }
     __device__ __forceinline__ static uint32_t row_bytes(uint32_t dim) {
         return kFormat == DI_KV_FORMAT_WINDOW ? dim + dim / 32 : dim / 2 + dim / kGroup;
     }
@@ -311,10 +316,12 @@ __device__ __forceinline__ void store_chunk(uint8_t *row, uint32_t dim, uint32_t
         // IEEE quotient wherever it is finite and >= 1e-30 in magnitude, and
         // the same e2m1 code below that (tests/kv_writers_cpu.rs checks all
         // 8.2 million pairs).
+        // A NaN or +-Inf in the group: the NaN scale and code 7 everywhere.
+        const bool nan_block = !isfinite(amax);
         float q[8];
         uint8_t scale_byte;
         if constexpr (kFormat == DI_KV_FORMAT_COMPRESSED) {
-            scale_byte = f32_to_e4m3(__fdiv_rn(amax, 6.0f));
+            scale_byte = nan_block ? kE4M3Nan : f32_to_e4m3(__fdiv_rn(amax, 6.0f));
             const float sc = e4m3_to_f32(scale_byte), r = __frcp_rn(sc);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -324,14 +331,17 @@ __device__ __forceinline__ void store_chunk(uint8_t *row, uint32_t dim, uint32_t
             }
         } else {
             const int e = ceil_pow2_exponent(amax, kInvE2M1Max);
-            scale_byte = uint8_t(e + 127);
+            scale_byte = nan_block ? uint8_t(kE8M0Nan) : uint8_t(e + 127);
             const float r = e == 127 ? __uint_as_float(0x00400000u) : exp2_neg(e);
 #pragma unroll
             for (int j = 0; j < 8; ++j) q[j] = __fmul_rn(v[j], r);
         }
-        uint32_t packed = 0;
+        uint32_t packed = kFp4NanBlockCode * 0x11111111u;
+        if (!nan_block) {
+            packed = 0;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) packed |= f32_to_e2m1(clamp6(q[j])) << (4 * j);
+            for (int j = 0; j < 8; ++j) packed |= f32_to_e2m1(clamp6(q[j])) << (4 * j);
+        }
         if (row_bytes % 4 == 0) {
             *reinterpret_cast<uint32_t *>(row + c / 2) = packed;
         } else {
@@ -424,11 +434,11 @@ __device__ __forceinline__ void kv_rows_body(const di_kv_rows_params &p) {
                 }
             }
 #pragma unroll
-            for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+            for (int j = 0; j < 8; ++j) amax = F::amax(amax, fabsf(v[j]));
             slot = s.slot[i];
         }
 #pragma unroll
-        for (uint32_t o = 1; o < F::kGroup / 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        for (uint32_t o = 1; o < F::kGroup / 8; o <<= 1) amax = F::amax(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         if (!live || p.out == nullptr || slot < 0 || slot >= p.out_rows) continue;
         store_chunk<kFormat>(static_cast<uint8_t *>(p.out) + slot * row_bytes, dim, c, v, amax, row_bytes);
     }

@@ -160,9 +160,8 @@ pub fn parse_request_line(
     // A finite number beyond f32's range is refused, not rounded to ±inf.
     let number = |key: &str, v: &Value| -> Result<f32> {
         let x = v.as_f64().ok_or_else(|| at(key, "expected a number"))?;
-        // A finite f64 outside f32's range becomes ±inf: refused below.
-        #[allow(clippy::cast_possible_truncation)]
-        let y = x as f32;
+        // A finite f64 outside f32's range rounds to ±inf: refused below.
+        let y = crate::numerics::round_f32(x);
         if y.is_finite() {
             Ok(y)
         } else {

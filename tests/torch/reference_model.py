@@ -231,6 +231,13 @@ def e2m1_round(v):
     return torch.where(v < 0, -E2M1_GRID[code], E2M1_GRID[code])
 
 
+def nan_scale_if_not_finite(amax, scale):
+    """A FP4 group holding a NaN or +-Inf (e2m1 has neither) takes the NaN scale,
+    so the whole group dequantises to NaN (src/numerics.rs, issue 15); torch's
+    amax keeps NaN. Finite groups are unchanged."""
+    return torch.where(torch.isfinite(amax), scale, torch.full_like(scale, float("nan")))
+
+
 def fake_quant_fp4_e8m0(x, group=32):
     """§10.3 FP4 with E8M0 scales per 32 (index keys and index queries):
     amax floor 6·2^-126, scale 2^ceil(log2(amax·fp32(1/6))), v = clamp(x/scale, ±6),
@@ -241,7 +248,7 @@ def fake_quant_fp4_e8m0(x, group=32):
     blk = xf.reshape(*xf.shape[:-1], K // group, group)
     amax = blk.abs().amax(dim=-1).clamp_min(6.0 * 2.0 ** -126)
     t = amax * torch.tensor(1.0 / 6.0, dtype=F32)
-    scale = pow2_from_exponent(ceil_pow2_exponent(t)).unsqueeze(-1)
+    scale = nan_scale_if_not_finite(amax, pow2_from_exponent(ceil_pow2_exponent(t))).unsqueeze(-1)
     v = e2m1_round((blk / scale).clamp(-6.0, 6.0))
     return (v * scale).reshape(xf.shape).to(BF16)
 
@@ -255,7 +262,8 @@ def fake_quant_fp4_e4m3(x, group=16):
     assert K % group == 0
     blk = xf.reshape(*xf.shape[:-1], K // group, group)
     amax = blk.abs().amax(dim=-1).clamp_min(6.0 * 2.0 ** -9)
-    scale = to_e4m3_saturating(amax / torch.tensor(6.0, dtype=F32)).float().unsqueeze(-1)
+    scale = to_e4m3_saturating(amax / torch.tensor(6.0, dtype=F32)).float()
+    scale = nan_scale_if_not_finite(amax, scale).unsqueeze(-1)
     v = e2m1_round((blk / scale).clamp(-6.0, 6.0))
     return (v * scale).reshape(xf.shape).to(BF16)
 
@@ -1049,6 +1057,15 @@ def self_test_constants():
     # FP4/E8M0: amax 6 -> scale 1 exactly
     y = torch.tensor([[6.0, 1.25, 0.75] + [0.0] * 29])
     assert fake_quant_fp4_e8m0(y).float()[0, :3].tolist() == [6.0, 1.0, 1.0]
+    # FP4: a NaN or +-Inf makes its whole group NaN, the other groups untouched
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for fq, group in ((fake_quant_fp4_e8m0, 32), (fake_quant_fp4_e4m3, 16)):
+            yb = torch.ones(1, 2 * group)
+            clean = fq(yb).float()
+            yb[0, 3] = bad
+            out = fq(yb).float()
+            assert out[0, :group].isnan().all(), (fq, bad, out)
+            assert torch.equal(out[0, group:], clean[0, group:]), (fq, bad, out)
 
     class _C:  # YaRN band for θ = 160000, d = 64 (§3.2)
         rope_dim, rope_theta, compress_rope_theta = 64, 10000.0, 160000.0

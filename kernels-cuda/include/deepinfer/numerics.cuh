@@ -17,6 +17,23 @@ __device__ __forceinline__ int ceil_pow2_exponent(float amax, float inv_max) {
     return max(-127, min(127, e));
 }
 
+// The FP4 quantisers' group amax step, max(a, b) of two magnitudes (fabsf
+// results or the floor) keeping NaN and +Inf: the bit patterns compared as
+// integers. For non-negative f32 that order is the numeric one and every NaN
+// pattern lies above +Inf, so a group holding a NaN has a NaN amax, where
+// fmaxf would drop it (numerics::fp4_block_amax). The FP8 quantisers keep
+// fmaxf: a NaN value there keeps its own e4m3 NaN code.
+__device__ __forceinline__ float amax_keep_nan(float a, float b) {
+    return __uint_as_float(max(__float_as_uint(a), __float_as_uint(b)));
+}
+
+// A FP4 group holding a NaN or +-Inf (its amax is not finite) is stored with
+// the NaN scale (E8M0 0xFF, or e4m3 0x7F for the E4M3-scaled rows) and every
+// e2m1 code 7 (numerics::{E8M0_NAN, E4M3_NAN, FP4_NAN_BLOCK_CODE}).
+constexpr uint32_t kE8M0Nan = 0xFFu;
+constexpr uint8_t kE4M3Nan = 0x7Fu;
+constexpr uint32_t kFp4NanBlockCode = 7u;
+
 // 2^-e as an fp32 (normal for every exponent the quantisers produce).
 __device__ __forceinline__ float exp2_neg(int e) {
     return __uint_as_float(uint32_t(127 - e) << 23);
