@@ -356,6 +356,71 @@ fn forced_rejections_at_every_draft_position_keep_the_plain_output() {
     }
 }
 
+/// A speculative batch's pool is sized for its requests' own tokens
+/// (prompt + max_tokens, chunks of the longest prompt or one verify step of
+/// nextn + 1), never nextn positions past them: the drafts are capped so
+/// that a verify step stays within max_tokens. With `pool_memory` exactly
+/// that pool's bytes, an oracle that is always right (every step verifies
+/// and accepts all it may, up to the last position) runs to the end and
+/// equals plain decoding; one byte less is refused.
+#[test]
+fn the_speculative_pool_is_sized_for_the_requests_not_nextn_past_them() {
+    let mut rng = common::rng("spec_pool_size");
+    let seed = rng.random();
+    let plain = plain_engine(seed);
+    let cfg = plain.model.cfg.clone();
+    let nextn = cfg.dspark.block_size;
+    let ps = prompts(&mut rng, 3, cfg.vocab_size);
+    let params: Vec<SamplingParams> = (0..3).map(|i| greedy([9, 14, 6][i])).collect();
+    let want = outputs(&plain, &ps, &params);
+    let truth: Vec<_> = ps
+        .iter()
+        .cloned()
+        .zip(want.iter().map(|o| o.tokens.clone()))
+        .collect();
+    let longest = ps
+        .iter()
+        .zip(&params)
+        .map(|(p, s)| p.len() + s.max_tokens)
+        .max()
+        .unwrap();
+    let chunk = ps.iter().map(Vec::len).max().unwrap().max(nextn + 1);
+    let page_rows = config(nextn, false).page_rows;
+    let bytes = |context: usize| {
+        PoolConfig::fitting(&cfg, ps.len(), context, chunk, page_rows)
+            .unwrap()
+            .memory_bytes(&cfg)
+            .unwrap()
+    };
+    let exact = bytes(longest);
+    // The budget tells the two sizings apart (4-row pages, a ratio-1 source).
+    assert!(bytes(longest + nextn) > exact);
+    for (budget, fits) in [(exact, true), (exact - 1, false)] {
+        let engine = oracle_engine(
+            common::tiny::tiny_model(seed).0,
+            EngineConfig {
+                pool_memory: Some(budget),
+                ..config(nextn, false)
+            },
+            truth.clone(),
+            |_, _, _| false,
+            |_, _| 0.9,
+        );
+        let got = engine.generate(&ps, &params);
+        for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+            match g {
+                Ok(g) if fits => {
+                    assert_eq!((&w.tokens, &w.logprobs), (&g.tokens, &g.logprobs));
+                    let s = g.spec.unwrap();
+                    assert!(s.accepted > 0 && s.accepted == s.verified, "{s:?}");
+                }
+                Err(e) if !fits => assert!(e.to_string().contains("pool_memory"), "{e}"),
+                _ => panic!("budget {budget} (pool of {exact} bytes), request {i}: {g:?}"),
+            }
+        }
+    }
+}
+
 /// The batched DSpark draft (one pass of the stages for many sequences,
 /// the attention grouped by list width) gives every sequence bitwise the
 /// draft it gets alone, greedy and with a chooser, with contexts shorter

@@ -7,8 +7,10 @@
 //!
 //! Invariant: a request with bad parameters fails alone with a typed error
 //! naming the parameter; the others complete. The pool is sized for the
-//! batch from [`EngineConfig`], and every sequence is freed when the batch
-//! ends, on success or error.
+//! batch from [`EngineConfig`] and its requests' own tokens (see
+//! `Engine::pool`: speculative decoding adds no positions, only a verify
+//! step's chunk), and every sequence is freed when the batch ends, on
+//! success or error.
 //!
 //! Indexing invariant: an index is a request's position in the call's
 //! prompt list (the results, ids, constraints and parameters each hold one
@@ -404,9 +406,8 @@ impl Engine {
             .max()
             .unwrap_or(1);
         let chunk = which.iter().map(|&i| prompts[i].len()).max().unwrap_or(1);
-        // A verify step feeds up to nextn + 1 tokens in one chunk; it stays
-        // within `longest`, since the drafts are capped so that every
-        // accepted one plus the target's token fits max_tokens.
+        // A verify step feeds up to nextn + 1 tokens in one chunk, but no
+        // position past `longest` (see `Engine::pool`).
         let nextn = self.config.nextn;
         let chunk = chunk.max(nextn + 1);
         // At most max_seqs requests run at once; a finished one's place goes
@@ -772,6 +773,20 @@ impl Engine {
     /// The state pool of one batch: `seqs` sequences of up to `context`
     /// tokens fed in chunks of up to `chunk`, within the configured budget
     /// (checked before anything is allocated).
+    ///
+    /// Sizing invariant: `context` is the longest prompt + `max_tokens`
+    /// (a bound the caches never reach: the last sampled token is never
+    /// fed, so the positions fed end at S + `max_tokens` − 1 for a prompt of
+    /// S), and speculative decoding adds no positions to it, since the drafts
+    /// of a step are capped so that every accepted draft plus the target's
+    /// own token fits `max_tokens` (`spec::propose`): a verify step of
+    /// `[last, d_1 .. d_k]` at position S + e − 1 (e tokens emitted) feeds
+    /// positions up to S + e − 1 + k ≤ S + `max_tokens` − 2. It only widens
+    /// `chunk` to nextn + 1 (a verify step's rows, which the window rings
+    /// hold on top of the checkpoint's window). Sizing `context` nextn past
+    /// the longest request would reserve pages no step can reach
+    /// (`tests/spec_decode_cpu.rs` runs an always-right drafter within a
+    /// `pool_memory` of exactly this pool).
     fn pool(&self, seqs: usize, context: usize, chunk: usize) -> Result<StatePool> {
         let cfg = &self.model.cfg;
         let device = self.model.device();

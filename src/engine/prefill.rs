@@ -130,13 +130,17 @@ impl Engine {
                 };
                 // A snapshot the pool cannot take (out of pages now, or from a
                 // pool of another layout) costs the reuse, not the request.
-                got.inspect_err(|e| {
-                    tracing::warn!(prefix = h, error = %e, "prefix restore failed; prefilling cold");
-                    if let Some(c) = &self.prefix_cache {
-                        lock(c).restore_failed();
+                // Either way the cache learns what became of its hit.
+                if let Some(c) = &self.prefix_cache {
+                    match &got {
+                        Ok(_) => lock(c).hit_used(h),
+                        Err(e) => {
+                            tracing::warn!(prefix = h, error = %e, "prefix restore failed; prefilling cold");
+                            lock(c).restore_failed();
+                        }
                     }
-                })
-                .ok()
+                }
+                got.ok()
             });
             let (seq, from, pos) = match restored {
                 Some(r) => r,

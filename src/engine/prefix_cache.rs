@@ -63,8 +63,11 @@ pub fn fnv_block_hash(prev: u64, block: &[u32]) -> u64 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CacheStats {
     pub lookups: u64,
+    /// Hits that were used: restored into the batch's pool
+    /// ([`PrefixCache::hit_used`]); a hit the pool could not take counts in
+    /// `restore_failures` instead.
     pub hits: u64,
-    /// Prompt tokens covered by hits.
+    /// Prompt tokens covered by the hits used.
     pub hit_tokens: u64,
     /// Entries whose chain hash matched but whose tokens did not.
     pub collisions: u64,
@@ -151,7 +154,9 @@ impl PrefixCache {
 
     /// The longest cached prefix of `tokens` longer than `min_len` and of at
     /// most `max_len` tokens (with window rings when `rings`): its length H
-    /// and snapshot. Only a prefix returned counts as a hit.
+    /// and snapshot. It counts as a lookup; the caller reports what became
+    /// of it ([`PrefixCache::hit_used`] or [`PrefixCache::restore_failed`]),
+    /// so the hit statistics count only the hits actually used.
     pub fn lookup(
         &mut self,
         tokens: &[u32],
@@ -183,15 +188,19 @@ impl PrefixCache {
                 }
             }
             if let Some(snap) = found {
-                self.stats.hits += 1;
-                self.stats.hit_tokens += len as u64;
                 return Some((len, snap));
             }
         }
         None
     }
 
-    /// Records a hit that the pool could not restore.
+    /// Records a hit of `len` tokens that was restored and used.
+    pub fn hit_used(&mut self, len: usize) {
+        self.stats.hits += 1;
+        self.stats.hit_tokens += len as u64;
+    }
+
+    /// Records a hit that the pool could not restore (not counted as a hit).
     pub fn restore_failed(&mut self) {
         self.stats.restore_failures += 1;
     }

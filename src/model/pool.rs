@@ -775,10 +775,18 @@ impl StatePool {
         let slot = self.get(seq)?.slot;
         let row = self.pending_row(slot, src)?;
         if let Some((kv, score, r)) = group {
-            self.pending_kv.copy_rows_from(row, kv, r, 1)?;
-            self.pending_score.copy_rows_from(row, score, r, 1)?;
+            self.put_pending(row, kv, score, r)?;
         }
         self.get_mut(seq)?.pending[src] = group.is_some();
+        Ok(())
+    }
+
+    /// Copies row `r` of `kv` and `score` into pending row `row` (a
+    /// [`StatePool::pending_row`]): the one write of a partial group, shared
+    /// by the compressor's step, a restore and a rollback.
+    fn put_pending(&mut self, row: usize, kv: &Tensor, score: &Tensor, r: usize) -> Result<()> {
+        self.pending_kv.copy_rows_from(row, kv, r, 1)?;
+        self.pending_score.copy_rows_from(row, score, r, 1)?;
         Ok(())
     }
 

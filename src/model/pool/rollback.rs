@@ -175,8 +175,7 @@ impl StatePool {
         for (i, g) in groups.iter().enumerate() {
             if let Some((kv, score)) = g {
                 let row = self.pending_row(slot, i)?;
-                self.pending_kv.copy_rows_from(row, kv, 0, 1)?;
-                self.pending_score.copy_rows_from(row, score, 0, 1)?;
+                self.put_pending(row, kv, score, 0)?;
             }
         }
         let ratios: Vec<usize> = self.sources.iter().map(|s| s.ratio).collect();

@@ -349,8 +349,7 @@ impl StatePool {
         for (i, p) in snap.pending.iter().enumerate() {
             if let Some((kv, score)) = p {
                 let row = self.pending_row(s.slot, i)?;
-                self.pending_kv.copy_rows_from(row, kv, 0, 1)?;
-                self.pending_score.copy_rows_from(row, score, 0, 1)?;
+                self.put_pending(row, kv, score, 0)?;
                 s.pending[i] = true;
             }
         }
