@@ -11,7 +11,8 @@
 # to one family need not repeat the others. The sanitizer passes always set
 # DEEPINFER_QUICK=1, which the CUDA tests read to use their small shape lists.
 # DEEPINFER_SKIP="sanitizer bench" leaves those stages out (a first
-# correctness run of new kernels). DEEPINFER_TEST_TIMEOUT (seconds, default
+# correctness run of new kernels); "main" leaves out the main-job runs
+# (`slice` and `run` on cuda:0) that open every pass. DEEPINFER_TEST_TIMEOUT (seconds, default
 # 300) bounds each test binary, DEEPINFER_SANITIZER_TIMEOUT (default 400) each
 # sanitizer pass. Every binary runs under a time limit, so a
 # kernel that hangs costs minutes, not the whole device session.
@@ -36,13 +37,15 @@ selected() {
   return 1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/logs/nvidia-smi.log" 2>&1
-"$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
-"$B/bin/deepinfer" slice --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
-echo "slice on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
-# The README's main job (the embedded tiny model, generated on first use) on the GPU.
-DEEPINFER_CACHE="$OUT/cache" "$B/bin/deepinfer" run --device cuda:0 > "$OUT/logs/run-cuda.log" 2>&1
-echo "run on cuda: rc=$? ($(tail -n 1 "$OUT/logs/run-cuda.log"))"
-rm -rf "$OUT/cache"
+if ! skipped main; then
+  "$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
+  "$B/bin/deepinfer" slice --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
+  echo "slice on cuda: rc=$? ($(tail -n 1 "$OUT/logs/main-job-cuda.log"))"
+  # The README's main job (the embedded tiny model, generated on first use) on the GPU.
+  DEEPINFER_CACHE="$OUT/cache" "$B/bin/deepinfer" run --device cuda:0 > "$OUT/logs/run-cuda.log" 2>&1
+  echo "run on cuda: rc=$? ($(tail -n 1 "$OUT/logs/run-cuda.log"))"
+  rm -rf "$OUT/cache"
+fi
 
 for t in "$B"/tests/*; do
   name="$(basename "$t")"

@@ -31,16 +31,22 @@ constexpr int kTileBytes = kBlock * kRowBytes;  // 64 rows x 512 BF16 = 64 KiB
 constexpr int kExchFloats = 32 * 32;            // per consumer warp: 32 partials x 32 lanes
 constexpr int kProducerRegs = 96;
 constexpr int kConsumerRegs = 200;
-static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= 65536, "register file");
+// setmaxnreg moves registers only within the CTA's launch allocation: 384
+// threads get 168 registers each (65536 / 384 rounded down to a multiple
+// of 8), and an increase past that pool waits forever.
+constexpr int kRegPool384 = 168 * 384;
+static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= kRegPool384, "register pool");
 // Version 5 (8 producer warps, one consumer warpgroup).
 constexpr int kProducerRegs8 = 120;
 constexpr int kConsumerRegs8 = 248;
-static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= 65536, "register file (version 5)");
+static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= kRegPool384, "register pool (version 5)");
 // Version 6 (one producer warpgroup, two wgmma consumer warpgroups holding
 // a 64 x 256 fp32 accumulator each).
-constexpr int kProducerRegs6 = 96;
+// At 200 consumer registers ptxas serialises the wgmmas; 208 leaves the
+// producers 88 (they spill a few registers to local memory).
+constexpr int kProducerRegs6 = 88;
 constexpr int kConsumerRegs6 = 208;
-static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= 65536, "register file (version 6)");
+static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= kRegPool384, "register pool (version 6)");
 
 // Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
 // per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
