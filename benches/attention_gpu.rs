@@ -14,8 +14,8 @@
 //! softmax over a BF16 copy of the pools, and FlashMLA SM90 (`flashmla_sm90`,
 //! its own 584-byte layout, from its bench in the same device run).
 //! The versions in contention are timed: the default (`Auto`) as the record
-//! name, the others as `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6` (prefill:
-//! v3, v6 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
+//! name, the others as `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6`, `_v7`
+//! (prefill: v3, v6, v7 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -141,25 +141,28 @@ mod gpu {
             SparseMqaKernel::V5Heads32 => "v5_h32",
             SparseMqaKernel::V5Heads16 => "v5_h16",
             SparseMqaKernel::V6 => "v6",
+            SparseMqaKernel::V7 => "v7",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
     }
 
     /// Decode times the versions still in contention (version 3 at 64
-    /// heads, version 5 at 32 and 16, version 6) and the default; prefill
+    /// heads, version 5 at 32 and 16, versions 6 and 7) and the default; prefill
     /// the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the bench
     /// of 29ea42a (`benches/results/2026-12-01-h200-attention.json`).
-    const DECODE_KERNELS: [SparseMqaKernel; 5] = [
+    const DECODE_KERNELS: [SparseMqaKernel; 6] = [
         SparseMqaKernel::V3,
         SparseMqaKernel::V5Heads32,
         SparseMqaKernel::V5Heads16,
         SparseMqaKernel::V6,
+        SparseMqaKernel::V7,
         SparseMqaKernel::Auto,
     ];
-    const PREFILL_KERNELS: [SparseMqaKernel; 3] = [
+    const PREFILL_KERNELS: [SparseMqaKernel; 4] = [
         SparseMqaKernel::V3,
         SparseMqaKernel::V6,
+        SparseMqaKernel::V7,
         SparseMqaKernel::Auto,
     ];
 

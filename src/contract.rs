@@ -132,8 +132,9 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements). The tensor-core versions V1-V5 give
-/// bitwise the same result; V6 (wgmma) sums its dot products in another
-/// order and agrees with them within the op's stated bound, not bitwise. The
+/// bitwise the same result; V6 and V7 (wgmma) sum their dot products in
+/// other orders and agree with them within the op's stated bound, not
+/// bitwise. The
 /// CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SparseMqaKernel {
@@ -161,6 +162,10 @@ pub enum SparseMqaKernel {
     /// `sparse_mqa_v6`: V3's producers with two wgmma consumer warpgroups
     /// (64 heads per CTA; version 3 where the device has no wgmma).
     V6,
+    /// `sparse_mqa_v7`: V6's consumers over all 512 dims each, producers
+    /// that copy raw rows by cp.async and decode them from shared memory
+    /// (64 heads per CTA; version 3 where the device has no wgmma).
+    V7,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

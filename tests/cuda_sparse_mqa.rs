@@ -6,8 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance, V6 and the default); versions 1-5 bitwise equal to each
-//! other and version 6 within the bound below; the
+//! invariance, V6, V7 and the default); versions 1-5 bitwise equal to
+//! each other and versions 6 and 7 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096); CUDA
 //! shape limits as typed errors. DEEPINFER_QUICK=1
 //! keeps to small shapes (the compute-sanitizer pass, where the out-of-range
@@ -197,10 +197,12 @@ fn sparse_mqa_matches_the_cpu_op() {
         let gpu_inputs = host.to(&dev);
         let v1 = gpu_inputs.run_with(&dev, SparseMqaKernel::V1);
         compare(&format!("{label} V1"), &v1, &want);
-        // Version 6's wgmma sums the dot products in another order: within
-        // the bound against the CPU, not bitwise V1.
-        let v6 = gpu_inputs.run_with(&dev, SparseMqaKernel::V6);
-        compare(&format!("{label} V6"), &v6, &want);
+        // Versions 6 and 7 (wgmma) sum the dot products in other orders:
+        // within the bound against the CPU, not bitwise V1.
+        for kernel in [SparseMqaKernel::V6, SparseMqaKernel::V7] {
+            let got = gpu_inputs.run_with(&dev, kernel);
+            compare(&format!("{label} {kernel:?}"), &got, &want);
+        }
         // Every version decodes the rows exactly and shares the consumers,
         // whose per-head arithmetic is the same in every CTA size, so the
         // versions agree bit for bit.
@@ -314,7 +316,11 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
     host.compressed = Some((rows, Tensor::from_vec(cidx, &[3, 30]).unwrap()));
     let g = host.to(&dev);
     let want = host.run();
-    for kernel in [SparseMqaKernel::Auto, SparseMqaKernel::V6] {
+    for kernel in [
+        SparseMqaKernel::Auto,
+        SparseMqaKernel::V6,
+        SparseMqaKernel::V7,
+    ] {
         let got = g.run_with(&dev, kernel);
         compare(&format!("empty query {kernel:?}"), &got, &want);
         let (out, lse) = got;
@@ -330,7 +336,11 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
     let t = if quick() { 5 } else { 70 };
     let host = Inputs::random(&mut rng, t, 64, (500, 128), Some((3000, 512)), 0.1);
     let g = host.to(&dev);
-    for kernel in [SparseMqaKernel::Auto, SparseMqaKernel::V6] {
+    for kernel in [
+        SparseMqaKernel::Auto,
+        SparseMqaKernel::V6,
+        SparseMqaKernel::V7,
+    ] {
         alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
     }
 }

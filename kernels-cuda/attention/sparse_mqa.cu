@@ -771,14 +771,21 @@ __device__ __forceinline__ uint64_t v6_desc_n_major(const void *p) {
 // b + a: both warpgroups hold the same logits), the online softmax as in
 // consume(), then P.V for its dims. The Q.K^T of block j+1 is issued before
 // the warpgroup waits for the P.V of block j.
-__device__ __forceinline__ void consume_v6(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
-                                           int64_t t, int h0, int blocks) {
+//
+// kFullK (version 7): each warpgroup computes the logits over all 512 dims
+// (32 k-steps) itself: no exchange, no coupling of the two warpgroups but
+// through Q, which both read whole.
+template <bool kFullK>
+__device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
+                                              int64_t t, int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
     using Qk = s9::WgmmaBf16SS<64>;
     using Pv = s9::WgmmaBf16RS<256>;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
     const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
+    // The partial-logit exchange (not kFullK): one 32 x 128-float slot per
+    // warpgroup.
     float *exch = reinterpret_cast<float *>(smem + Layout<4>::exch);
     float *mine = exch + wg * 32 * 128;
     const float *partner = exch + (1 - wg) * 32 * 128;
@@ -797,7 +804,9 @@ __device__ __forceinline__ void consume_v6(const di_sparse_mqa_params &p, uint8_
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
     s9::fence_proxy_async_smem();
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    // Each warpgroup loaded its half of Q; with kFullK both read all of it.
+    if constexpr (kFullK) asm volatile("bar.sync 1, 256;" ::: "memory");
+    else asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 
     float acc[128];
 #pragma unroll
@@ -807,14 +816,17 @@ __device__ __forceinline__ void consume_v6(const di_sparse_mqa_params &p, uint8_
     const float scale = p.scale;
     constexpr float kLog2e = 1.4426950408889634f;
 
-    // Q.K^T of block j into s: 16 k-steps of 16 over this half's 256 dims.
+    // Q.K^T of block j into s: 16 k-steps of 16 over this half's 256 dims
+    // (kFullK: 32 over all 512).
     auto issue_qk = [&](int j) {
         const uint8_t *tile = tiles + (j & 1) * kTileBytes;
         s9::fence_operands(s);
         s9::wgmma_fence();
+        constexpr int kSteps = kFullK ? 32 : 16;
+        const int kb0 = kFullK ? 0 : 4 * wg;
 #pragma unroll
-        for (int ks = 0; ks < 16; ++ks) {
-            const int off = (4 * wg + ks / 4) * 8192 + (ks % 4) * 32;
+        for (int ks = 0; ks < kSteps; ++ks) {
+            const int off = (kb0 + ks / 4) * 8192 + (ks % 4) * 32;
             Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
         }
         s9::wgmma_commit();
@@ -832,13 +844,15 @@ __device__ __forceinline__ void consume_v6(const di_sparse_mqa_params &p, uint8_
         // Full logits: this half's partial + the partner's. The partner
         // arrives on barrier 5 + wg once it has read this warpgroup's slot,
         // so the next block's write waits only if it has not yet.
-        if (j > 0) asm volatile("bar.sync %0, 256;" ::"r"(5 + wg) : "memory");
+        if constexpr (!kFullK) {
+            if (j > 0) asm volatile("bar.sync %0, 256;" ::"r"(5 + wg) : "memory");
 #pragma unroll
-        for (int i = 0; i < 32; ++i) mine[i * 128 + tid] = s[i];
-        asm volatile("bar.sync 4, 256;" ::: "memory");
+            for (int i = 0; i < 32; ++i) mine[i * 128 + tid] = s[i];
+            asm volatile("bar.sync 4, 256;" ::: "memory");
 #pragma unroll
-        for (int i = 0; i < 32; ++i) s[i] += partner[i * 128 + tid];
-        if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
+            for (int i = 0; i < 32; ++i) s[i] += partner[i * 128 + tid];
+            if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
+        }
 
         float mx0 = m0, mx1 = m1;
 #pragma unroll
@@ -914,10 +928,12 @@ __device__ __forceinline__ void consume_v6(const di_sparse_mqa_params &p, uint8_
     const int h_lo = h0 + w * 16 + g;
     l0 += expf(p.sink[h_lo] - m0);
     l1 += expf(p.sink[h_lo + 8] - m1);
-    // Every wgmma of this warpgroup has completed (its reads of Q too): the
-    // warpgroup's half of Q becomes its output staging, warp w writing and
-    // then storing its own 16 heads.
-    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    // Every wgmma of this warpgroup has completed (its reads of Q too; with
+    // kFullK the other warpgroup's as well): the warpgroup's half of Q
+    // becomes its output staging, warp w writing and then storing its own
+    // 16 heads.
+    if constexpr (kFullK) asm volatile("bar.sync 1, 256;" ::: "memory");
+    else asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
         const int chunk = wg * 32 + n, r = w * 16 + g;
@@ -960,8 +976,172 @@ __device__ __forceinline__ void sparse_mqa_v6_body(const di_sparse_mqa_params &p
         produce_v2<true, false, kProducerWarps, true>(p, smem, warp, lane, t, blocks);
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
-        consume_v6(p, smem, (warp - kProducerWarps) / 4, threadIdx.x - 128 * (1 + (warp - kProducerWarps) / 4), t,
+        consume_wgmma<false>(p, smem, (warp - kProducerWarps) / 4, threadIdx.x - 128 * (1 + (warp - kProducerWarps) / 4), t,
                    h0, blocks);
+    }
+}
+// ---- version 7: raw rows by cp.async, decoded from shared memory -----------
+// Version 6 was producer-bound (README): each producer warp held its rows in
+// registers (spilling at 88), compared the entries it loaded ahead at once,
+// and ran ~1,870 dependent instructions per block. Here a producer warp
+// copies its 16 raw rows of block j+1 into a raw stage by cp.async (no
+// registers held while they fly), classifies an entry one block after its
+// index load, and decodes block j from shared memory: lane l takes values
+// 16 l .. 16 l + 15 of every row in both formats (FP8: 16 bytes and the
+// E8M0 of its 32; FP4: 8 bytes and the e4m3 of its 16), stores spread so
+// that eight lanes cover all eight chunk slots of a 128-byte span. The
+// consumers are version 6's with kFullK (the exchange's 32 KiB hold the raw
+// stage instead). Shared memory: Layout<4> up to Q, then the raw stage of
+// 64 x 528 bytes (row r at 528 r whatever its format).
+constexpr int kOffRaw7 = Layout<4>::exch;
+constexpr int kSmem7 = kOffRaw7 + kBlock * kWindowRow;
+static_assert(kSmem7 == DI_SPARSE_MQA_V7_SMEM_BYTES, "params.h: version 7 shared memory");
+
+// The list value of entry e of query t (its load is left in flight), or -1
+// past both lists.
+__device__ __forceinline__ int load_entry(const di_sparse_mqa_params &p, int64_t t, int64_t e) {
+    if (e < p.kw) return p.window_idx[t * p.kw + e];
+    if (e < p.kw + p.kc) return p.compressed_idx[t * p.kc + (e - p.kw)];
+    return -1;
+}
+
+// Kind (1 window, 2 compressed, 0 no row) and row of value v at entry e.
+__device__ __forceinline__ void classify(const di_sparse_mqa_params &p, int64_t e, int v, int &kind, int &row) {
+    kind = 0;
+    row = 0;
+    if (e < p.kw) {
+        if (v >= 0 && v < p.nw) kind = 1, row = v;
+    } else if (e < p.kw + p.kc) {
+        if (v >= 0 && v < p.nc) kind = 2, row = v;
+    }
+}
+
+// Warp w's 16 rows (lanes 0..15 hold their kind and row) into raw rows
+// 16 w .. 16 w + 15: 33 (FP8) or 18 (FP4) 16-byte copies per row; one
+// commit group.
+__device__ __forceinline__ void issue_raw7(const di_sparse_mqa_params &p, uint8_t *raw, int w, int lane, int kind,
+                                           int row) {
+    const uint8_t *window = static_cast<const uint8_t *>(p.window);
+    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+        const int k = __shfl_sync(0xFFFFFFFFu, kind, i);
+        const int64_t at = __shfl_sync(0xFFFFFFFFu, row, i);
+        const uint32_t dst = smem_addr(raw + (16 * w + i) * kWindowRow);
+        const uint8_t *src = nullptr;
+        int chunks = 0;
+        if (k == 1) src = window + at * kWindowRow, chunks = kWindowRow / 16;
+        else if (k == 2) src = comp + at * kCompressedRow, chunks = kCompressedRow / 16;
+        for (int c = lane; c < chunks; c += 32)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * c), "l"(src + 16 * c)
+                         : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Decodes warp w's 16 raw rows into tile rows 16 w .. 16 w + 15 and their
+// logit bias (0, or -inf for no row, whose tile row is zeros).
+__device__ __forceinline__ void decode_raw7(const uint8_t *raw, uint8_t *tile, float *bias, int w, int lane,
+                                            int kind) {
+    const bool odd = (lane >> 2) & 1;
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+        const int r = 16 * w + i;
+        const int k = __shfl_sync(0xFFFFFFFFu, kind, i);
+        const uint8_t *src = raw + r * kWindowRow;
+        uint32_t o[8];
+        if (k == 1) {
+            const uint4 v = *reinterpret_cast<const uint4 *>(src + 16 * lane);
+            const float sc = e8m0_f32(src[kDim + lane / 2]);
+            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                o[2 * q] = e4m3x2_scaled(wd[q] & 0xFFFFu, sc);
+                o[2 * q + 1] = e4m3x2_scaled(wd[q] >> 16, sc);
+            }
+        } else if (k == 2) {
+            const uint2 v = *reinterpret_cast<const uint2 *>(src + 8 * lane);
+            const __nv_bfloat162 s2 = e4m3_bf16x2(src[kDim / 2 + lane]);
+            uint32_t lo[4], hi[4];
+            e2m1x8_scaled(v.x, s2, lo);
+            e2m1x8_scaled(v.y, s2, hi);
+#pragma unroll
+            for (int q = 0; q < 4; ++q) o[q] = lo[q], o[4 + q] = hi[q];
+        } else {
+#pragma unroll
+            for (int q = 0; q < 8; ++q) o[q] = 0;
+        }
+        const uint4 a = make_uint4(o[0], o[1], o[2], o[3]), b = make_uint4(o[4], o[5], o[6], o[7]);
+        *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + odd)) = odd ? b : a;
+        *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + !odd)) = odd ? a : b;
+        if (lane == 0) bias[r] = k != 0 ? 0.0f : -INFINITY;
+    }
+}
+
+// Producer warp w of version 7. Per lane, entry 16 w + (lane % 16) of each
+// block: block j+3's index is loaded at iteration j and classified at j+1
+// (for the L2 prefetch of its rows at j+1 and its raw copy at the end of
+// j+2); block j is decoded at j from the raw stage filled since the end of
+// j-1.
+__device__ __forceinline__ void produce_v7(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
+                                           int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    uint8_t *raw = smem + kOffRaw7;
+    const int mine = 16 * w + (lane & 15);
+    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
+    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
+    int v2 = load_entry(p, t, entry(2));
+    int k0, r0, k1, r1;
+    classify(p, entry(0), v0, k0, r0);
+    issue_raw7(p, raw, w, lane, k0, r0);
+    classify(p, entry(1), v1, k1, r1);
+    prefetch_row(p, k1, r1, lane);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        const int v3 = load_entry(p, t, entry(j + 3));
+        int k2, r2;
+        classify(p, entry(j + 2), v2, k2, r2);
+        prefetch_row(p, k2, r2, lane);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncwarp();
+        decode_raw7(raw, smem + kOffTiles + b * kTileBytes, bias + b * kBlock, w, lane, k0);
+        // The consumers read the tile through the async proxy (wgmma).
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bar_arrive(&full[b]);
+        // Every lane of this warp has read its raw rows: refill them.
+        __syncwarp();
+        if (j + 1 < blocks) issue_raw7(p, raw, w, lane, k1, r1);
+        k0 = k1, r0 = r1;
+        k1 = k2, r1 = r2;
+        v2 = v3;
+    }
+}
+
+// Version 7: grid (T, H / 64), 384 threads, DI_SPARSE_MQA_V7_SMEM_BYTES.
+__device__ __forceinline__ void sparse_mqa_v7_body(const di_sparse_mqa_params &p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * 64;
+    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps * 32);
+        bar_init(&bars[1], kProducerWarps * 32);
+        bar_init(&bars[2], 256);
+        bar_init(&bars[3], 256);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
+        produce_v7(p, smem, warp, lane, t, blocks);
+    } else {
+        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
+        const int wg = (warp - kProducerWarps) / 4;
+        consume_wgmma<true>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
     }
 }
 #endif
@@ -1035,6 +1215,19 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v6(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v6_body(p);
+#else
+    sparse_mqa_body<4, 3>(p);
+#endif
+}
+
+// Version 7: version 6's consumers over the whole 512 dims, producers that
+// copy raw rows by cp.async and decode them from shared memory (grid
+// (T, H / 64), DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_V7_SMEM_BYTES).
+// Outside sm_90a (no wgmma) it runs version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v7(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v7_body(p);
 #else
     sparse_mqa_body<4, 3>(p);
 #endif

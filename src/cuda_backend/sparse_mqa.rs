@@ -12,7 +12,8 @@
 //! size `Auto` picks from it).
 
 use super::params::{
-    DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS, di_sparse_mqa_params,
+    DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS, DI_SPARSE_MQA_V7_SMEM_BYTES,
+    di_sparse_mqa_params,
 };
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
@@ -37,6 +38,8 @@ const CTA_32: (usize, u32, u32) = (32, 256, 181_248);
 const CTA_16: (usize, u32, u32) = (16, 192, 156_672);
 const CTA_32_V5: (usize, u32, u32) = (32, 384, 181_248);
 const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
+/// Version 7: 64 heads, its raw-row stage in place of the logit exchange.
+const CTA_64_V7: (usize, u32, u32) = (64, 384, DI_SPARSE_MQA_V7_SMEM_BYTES);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
 /// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
@@ -95,6 +98,7 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         SparseMqaKernel::V6 => (k::SPARSE_MQA_V6, CTA_64),
+        SparseMqaKernel::V7 => (k::SPARSE_MQA_V7, CTA_64_V7),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),

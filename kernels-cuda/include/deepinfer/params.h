@@ -228,6 +228,10 @@ typedef struct di_sparse_mqa_params {
 #define DI_SPARSE_MQA_H32_SMEM_BYTES 181248
 #define DI_SPARSE_MQA_H16_THREADS 192
 #define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
+/* sparse_mqa_v7: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads; its
+ * shared memory holds a raw-row stage of 64 x 528 bytes in place of the
+ * partial-logit exchange. */
+#define DI_SPARSE_MQA_V7_SMEM_BYTES 231424
 /* sparse_mqa_generic: grid (t, h), DI_SPARSE_MQA_GENERIC_THREADS threads and
  * (2 d + 192) * 4 bytes of dynamic shared memory (under 48 KiB up to the
  * largest d). */
