@@ -130,14 +130,7 @@ mod gpu {
     /// Record suffix of a non-default version.
     fn version_name(k: SparseMqaKernel) -> &'static str {
         match k {
-            SparseMqaKernel::V1 => "v1",
-            SparseMqaKernel::V2 => "v2",
             SparseMqaKernel::V3 => "v3",
-            SparseMqaKernel::V3Heads32 => "v3_h32",
-            SparseMqaKernel::V3Heads16 => "v3_h16",
-            SparseMqaKernel::V4 => "v4",
-            SparseMqaKernel::V4Heads32 => "v4_h32",
-            SparseMqaKernel::V4Heads16 => "v4_h16",
             SparseMqaKernel::V5Heads32 => "v5_h32",
             SparseMqaKernel::V5Heads16 => "v5_h16",
             SparseMqaKernel::V6 => "v6",
@@ -147,10 +140,11 @@ mod gpu {
         }
     }
 
-    /// Decode times the versions still in contention (version 3 at 64
-    /// heads, version 5 at 32 and 16, versions 6 and 7) and the default; prefill
-    /// the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the bench
-    /// of 29ea42a (`benches/results/2026-12-01-h200-attention.json`).
+    /// Decode times every version but the generic one (version 3 at 64
+    /// heads, version 5 at 32 and 16, versions 6 and 7) and the default;
+    /// prefill the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the
+    /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`)
+    /// and left the build.
     const DECODE_KERNELS: [SparseMqaKernel; 6] = [
         SparseMqaKernel::V3,
         SparseMqaKernel::V5Heads32,

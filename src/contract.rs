@@ -131,33 +131,21 @@ pub struct MhcPre {
 pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
-/// gives their designs and measurements). The tensor-core versions V1-V5 give
-/// bitwise the same result; V6 and V7 (wgmma) sum their dot products in
-/// other orders and agree with them within the op's stated bound, not
-/// bitwise. The
+/// gives their designs and measurements; versions 1, 2 and 4 lost to these
+/// and left the build). V3 and V5 give bitwise the same result; V6 and V7
+/// (wgmma) sum their dot products in other orders and agree with them
+/// within the op's stated bound, not bitwise. The
 /// CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SparseMqaKernel {
-    /// `sparse_mqa_v1`: the first kernel (producer batches of 8 rows).
-    V1,
-    /// `sparse_mqa_v2`: indices resolved ahead, rows prefetched into L2,
-    /// compressed rows loaded 16 at a time.
-    V2,
-    /// `sparse_mqa_v3`: V2 with the byte-permute FP4 decode.
+    /// `sparse_mqa_v3`: 64 heads per CTA, four producer warps (entries
+    /// resolved three blocks ahead, rows prefetched into L2, the byte-permute
+    /// FP4 decode) and eight mma.sync consumer warps.
     V3,
-    /// `sparse_mqa_v3_h32`: V3 with 32 heads per CTA.
-    V3Heads32,
-    /// `sparse_mqa_v3_h16`: V3 with 16 heads per CTA.
-    V3Heads16,
-    /// `sparse_mqa_v4`: V3 with bank-conflict-free producer stores.
-    V4,
-    /// `sparse_mqa_v4_h32`: V4 with 32 heads per CTA.
-    V4Heads32,
-    /// `sparse_mqa_v4_h16`: V4 with 16 heads per CTA.
-    V4Heads16,
-    /// `sparse_mqa_v5_h32`: V3Heads32 with 8 producer warps.
+    /// `sparse_mqa_v5_h32`: V3 with 32 heads per CTA, 8 producer warps and
+    /// one consumer warpgroup.
     V5Heads32,
-    /// `sparse_mqa_v5_h16`: V3Heads16 with 8 producer warps.
+    /// `sparse_mqa_v5_h16`: the same with 16 heads per CTA.
     V5Heads16,
     /// `sparse_mqa_v6`: V3's producers with two wgmma consumer warpgroups
     /// (64 heads per CTA; version 3 where the device has no wgmma).

@@ -1,7 +1,9 @@
-// Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11), versions
-// 1-5: one CTA per (query, 16, 32 or 64 heads), mma.sync BF16 tensor cores,
-// producer warps that gather and dequantise rows into shared memory. All
-// versions give bitwise the same results.
+// Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11): one CTA
+// per (query, 16, 32 or 64 heads), producer warps that gather and dequantise
+// rows into shared memory, BF16 tensor cores. Versions 3 and 5 (mma.sync)
+// give bitwise the same results; versions 6 and 7 (wgmma) sum in other
+// orders. Versions 1, 2 and 4 and V3's 32/16-head CTAs lost to these in the
+// H200 bench and left the build (the README keeps their designs and figures).
 // Layouts, numerics and the design: kernels-cuda/attention/README.md.
 //
 // Rows (cpu_backend::kv_format): a window row is 512 e4m3 bytes then 16 E8M0
@@ -15,6 +17,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
 #include "deepinfer/wgmma_bf16.cuh"
@@ -67,11 +70,10 @@ template <int HG> struct Layout {
 static_assert(kOffBias + 2 * kBlock * 4 <= kOffTiles, "bias fits before the tiles");
 static_assert(Layout<4>::bytes == DI_SPARSE_MQA_SMEM_BYTES && Layout<4>::threads == DI_SPARSE_MQA_THREADS,
               "params.h: 64 heads per CTA");
-static_assert(Layout<2>::bytes == DI_SPARSE_MQA_H32_SMEM_BYTES && Layout<2>::threads == DI_SPARSE_MQA_H32_THREADS,
-              "params.h: 32 heads per CTA");
-static_assert(Layout<1>::bytes == DI_SPARSE_MQA_H16_SMEM_BYTES && Layout<1>::threads == DI_SPARSE_MQA_H16_THREADS,
-              "params.h: 16 heads per CTA");
-// Version 5: 8 producer warps and one consumer warpgroup (padded for 16 heads).
+// Version 5: 32 and 16 heads with 8 producer warps and one consumer
+// warpgroup (padded for 16 heads): 384 threads.
+static_assert(Layout<2>::bytes == DI_SPARSE_MQA_H32_SMEM_BYTES, "params.h: 32 heads per CTA");
+static_assert(Layout<1>::bytes == DI_SPARSE_MQA_H16_SMEM_BYTES, "params.h: 16 heads per CTA");
 static_assert(12 * 32 == DI_SPARSE_MQA_THREADS, "version 5 threads");
 
 // Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
@@ -143,13 +145,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// E8M0 byte -> f32 (0xFF NaN; byte 0 is the subnormal 2^-127), numerics::e8m0_to_f32.
-__device__ __forceinline__ float e8m0_f32(uint32_t b) {
-    if (b == 0xFFu) return __uint_as_float(0x7FC00000u);
-    if (b == 0u) return __uint_as_float(0x00400000u);
-    return __uint_as_float(b << 23);
-}
-
 // Two e4m3 codes (low byte first) times `s` -> packed BF16 pair. The f32
 // product is exact (a 4-bit significand times a power of two) unless it
 // leaves the f32 range, and rounds to BF16 as bf16::from_f32 does.
@@ -167,91 +162,12 @@ __device__ __forceinline__ uint32_t e2m1x2_as_f16x2(uint32_t b) {
 }
 
 // Two e2m1 codes times `s2` (the e4m3 scale x 2^14) -> packed BF16 pair; the
-// f32 product e2m1 x e4m3 is exact, so this equals kv_format's decode.
+// f32 product e2m1 x e4m3 is exact, so this equals kv_format's decode (the
+// compressed rows of a block that also holds window rows).
 __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, float s2) {
     const uint32_t bits = e2m1x2_as_f16x2(byte);
     const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&bits));
     return pack_bf16(f.x * s2, f.y * s2);
-}
-
-// Producer: warp `pw` fills rows pw*16 .. pw*16+15 of every tile; lane l
-// decodes values 16l .. 16l+15 of a row (32 BF16 bytes, tile chunks 2l, 2l+1).
-__device__ __forceinline__ void produce(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
-                                        int lane, int64_t t, int blocks) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
-    uint64_t *empty = full + 2;
-    float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    const int total = p.kw + p.kc;
-    const uint8_t *window = static_cast<const uint8_t *>(p.window);
-    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
-    for (int j = 0; j < blocks; ++j) {
-        const int b = j & 1;
-        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        // Lanes 0..15 (and their twins 16..31) resolve the warp's 16 entries:
-        // kind 1 = window row, 2 = compressed row, 0 = no row.
-        const int e = j * kBlock + pw * 16 + (lane & 15);
-        int kind = 0, row = 0;
-        if (e < p.kw) {
-            const int i = p.window_idx[t * p.kw + e];
-            if (i >= 0 && i < p.nw) kind = 1, row = i;
-        } else if (e < total) {
-            const int i = p.compressed_idx[t * p.kc + (e - p.kw)];
-            if (i >= 0 && i < p.nc) kind = 2, row = i;
-        }
-        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
-#pragma unroll 1
-        for (int half = 0; half < 2; ++half) {
-            uint4 v[8];
-            uint32_t sc[8];
-            int kinds[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int r = half * 8 + i;
-                kinds[i] = __shfl_sync(0xFFFFFFFFu, kind, r);
-                const int64_t at = __shfl_sync(0xFFFFFFFFu, row, r);
-                v[i] = make_uint4(0, 0, 0, 0);
-                sc[i] = 0;
-                if (kinds[i] == 1) {
-                    const uint8_t *src = window + at * kWindowRow;
-                    v[i] = __ldg(reinterpret_cast<const uint4 *>(src) + lane);
-                    sc[i] = __ldg(src + kDim + lane / 2);
-                } else if (kinds[i] == 2) {
-                    const uint8_t *src = comp + at * kCompressedRow;
-                    const uint2 w = __ldg(reinterpret_cast<const uint2 *>(src) + lane);
-                    v[i].x = w.x;
-                    v[i].y = w.y;
-                    sc[i] = __ldg(src + kDim / 2 + lane);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-                const int r = pw * 16 + half * 8 + i;
-                uint32_t o[8];
-                if (kinds[i] == 1) {
-                    const float s = e8m0_f32(sc[i]);
-                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) {
-                        o[2 * k] = e4m3x2_scaled(w[k] & 0xFFFFu, s);
-                        o[2 * k + 1] = e4m3x2_scaled(w[k] >> 16, s);
-                    }
-                } else if (kinds[i] == 2) {
-                    const __half_raw hs = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(sc[i]), __NV_E4M3);
-                    const float s2 = __half2float(*reinterpret_cast<const __half *>(&hs)) * 16384.0f;
-                    const uint32_t w[2] = {v[i].x, v[i].y};
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, s2);
-                } else {
-#pragma unroll
-                    for (int k = 0; k < 8; ++k) o[k] = 0;
-                }
-                *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
-                *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-                if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
-            }
-        }
-        bar_arrive(&full[b]);
-    }
 }
 
 // Consumer warp cw (0 .. 2*HG-1): heads 16*hg .. 16*hg+15 of the CTA (hg =
@@ -418,29 +334,23 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
 // has at most 6 significant bits and lies in [2^-10, 2688], so the BF16
 // product is exact and equals kv_format's f32 decode rounded to BF16.
 
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
-
 // Eight e2m1 codes (w, even element in the low nibble) times the BF16 scale
 // pair `s2` -> four packed BF16 pairs in element order.
 __device__ __forceinline__ void e2m1x8_scaled(uint32_t w, __nv_bfloat162 s2, uint32_t (&o)[4]) {
     // BF16 bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6 (high: 00 3F 3F 3F 40 40 40 40,
     // low: 00 00 80 C0 00 40 80 C0).
     const uint32_t mag = w & 0x77777777u, z = w << 4;
-    const uint32_t hi_a = prmt(0x3F3F3F00u, 0x40404040u, mag);
-    const uint32_t lo_a = prmt(0xC0800000u, 0xC0804000u, mag);
-    const uint32_t hi_b = prmt(0x3F3F3F00u, 0x40404040u, mag >> 16);
-    const uint32_t lo_b = prmt(0xC0800000u, 0xC0804000u, mag >> 16);
-    const uint32_t v[4] = {prmt(lo_a, hi_a, 0x5140u), prmt(lo_a, hi_a, 0x7362u),
-                           prmt(lo_b, hi_b, 0x5140u), prmt(lo_b, hi_b, 0x7362u)};
+    const uint32_t hi_a = deepinfer::prmt_b32(0x3F3F3F00u, 0x40404040u, mag);
+    const uint32_t lo_a = deepinfer::prmt_b32(0xC0800000u, 0xC0804000u, mag);
+    const uint32_t hi_b = deepinfer::prmt_b32(0x3F3F3F00u, 0x40404040u, mag >> 16);
+    const uint32_t lo_b = deepinfer::prmt_b32(0xC0800000u, 0xC0804000u, mag >> 16);
+    const uint32_t v[4] = {deepinfer::prmt_b32(lo_a, hi_a, 0x5140u), deepinfer::prmt_b32(lo_a, hi_a, 0x7362u),
+                           deepinfer::prmt_b32(lo_b, hi_b, 0x5140u), deepinfer::prmt_b32(lo_b, hi_b, 0x7362u)};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         // Byte k of z has the even element's sign as its msb, byte k of w the
         // odd one's: replicate them into bytes 1 and 3, keep bits 15 and 31.
-        const uint32_t sign = prmt(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
+        const uint32_t sign = deepinfer::prmt_b32(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
         uint32_t x = v[k] | sign;
         __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
         o[k] = *reinterpret_cast<uint32_t *>(&r);
@@ -461,7 +371,28 @@ __device__ __forceinline__ __nv_bfloat162 e4m3_bf16x2(uint32_t b) {
 // compressed rows at once (16 lanes per row, 16-byte loads) instead of in two
 // batches of 8.
 
-// Entry e of query t: kind 1 (window row), 2 (compressed row) or 0 (no row).
+// The list value of entry e of query t (its load is left in flight), or -1
+// past both lists.
+__device__ __forceinline__ int load_entry(const di_sparse_mqa_params &p, int64_t t, int64_t e) {
+    if (e < p.kw) return p.window_idx[t * p.kw + e];
+    if (e < p.kw + p.kc) return p.compressed_idx[t * p.kc + (e - p.kw)];
+    return -1;
+}
+
+// Kind (1 window, 2 compressed, 0 no row) and row of value v at entry e.
+__device__ __forceinline__ void classify(const di_sparse_mqa_params &p, int64_t e, int v, int &kind, int &row) {
+    kind = 0;
+    row = 0;
+    if (e < p.kw) {
+        if (v >= 0 && v < p.nw) kind = 1, row = v;
+    } else if (e < p.kw + p.kc) {
+        if (v >= 0 && v < p.nc) kind = 2, row = v;
+    }
+}
+
+// Entry e of query t: kind 1 (window row), 2 (compressed row) or 0 (no row):
+// classify(load_entry(..)) with the compare right after the load (the
+// single-branch form ptxas schedules best for versions 3-6).
 __device__ __forceinline__ void resolve(const di_sparse_mqa_params &p, int64_t t, int64_t e, int &kind,
                                         int &row) {
     kind = 0;
@@ -517,7 +448,7 @@ template <bool kWgmma> __device__ __forceinline__ uint32_t tile_off(int row, int
     else return swz(row, chunk);
 }
 
-template <bool kPermuteFp4, bool kSpread, int NP, bool kWgmma = false>
+template <int NP, bool kWgmma = false>
 __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
                                            int lane, int64_t t, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
@@ -570,7 +501,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                     const int r = pw * RW + half * 8 + i;
                     uint32_t o[8];
                     if (kinds[i] == 1) {
-                        const float s = e8m0_f32(sc[i]);
+                        const float s = deepinfer::e8m0_to_f32(sc[i]);
                         const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
                         for (int k = 0; k < 4; ++k) {
@@ -587,56 +518,10 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 #pragma unroll
                         for (int k = 0; k < 8; ++k) o[k] = 0;
                     }
-                    if (kSpread) {
-                        // Lanes 4-7 of every 8 store their odd chunk first, so
-                        // each store covers all 8 chunk slots of a 128-byte row
-                        // span (no bank conflict).
-                        const bool odd = (lane >> 2) & 1;
-                        const uint4 lo = make_uint4(o[0], o[1], o[2], o[3]), hi = make_uint4(o[4], o[5], o[6], o[7]);
-                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + odd)) = odd ? hi : lo;
-                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + !odd)) = odd ? lo : hi;
-                    } else {
-                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
-                        *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
-                    }
+                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
                     if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
                 }
-            }
-        } else if (kSpread) {
-            // Compressed rows (or none) only, stores without bank conflicts:
-            // lanes 0-15 take even rows, 16-31 odd rows; lane part (lane & 15)
-            // decodes chunks part + 16q (q < 4, 8 values each: one 32-bit
-            // word of nibbles and one e4m3 scale per pair of chunks).
-            const int part = lane & 15;
-            uint32_t w[8][4], sc[8];
-            int kinds[8];
-#pragma unroll
-            for (int i = 0; i < RW / 2; ++i) {
-                const int r = 2 * i + (lane >> 4);
-                kinds[i] = __shfl_sync(0xFFFFFFFFu, k0, r);
-                const int64_t at = __shfl_sync(0xFFFFFFFFu, r0, r);
-                sc[i] = 0;
-#pragma unroll
-                for (int q = 0; q < 4; ++q) w[i][q] = 0;
-                if (kinds[i] == 2) {
-                    const uint8_t *src = comp + at * kCompressedRow;
-#pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        w[i][q] = __ldg(reinterpret_cast<const uint32_t *>(src) + part + 16 * q);
-                        sc[i] |= uint32_t{__ldg(src + kDim / 2 + part / 2 + 8 * q)} << (8 * q);
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < RW / 2; ++i) {
-                const int r = pw * RW + 2 * i + (lane >> 4);
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    uint32_t o4[4] = {0, 0, 0, 0};
-                    if (kinds[i] == 2) e2m1x8_scaled(w[i][q], e4m3_bf16x2((sc[i] >> (8 * q)) & 0xFFu), o4);
-                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, part + 16 * q)) = make_uint4(o4[0], o4[1], o4[2], o4[3]);
-                }
-                if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
             }
         } else {
             // Compressed rows (or none) only: lanes 0-15 take even rows,
@@ -663,7 +548,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
             for (int i = 0; i < RW / 2; ++i) {
                 const int r = pw * RW + 2 * i + (lane >> 4);
                 uint32_t o[16];
-                if (kinds[i] == 2 && kPermuteFp4) {
+                if (kinds[i] == 2) {
                     const __nv_bfloat162 s_lo = e4m3_bf16x2(sc[i] & 0xFFu), s_hi = e4m3_bf16x2(sc[i] >> 8);
                     const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
 #pragma unroll
@@ -673,14 +558,6 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 #pragma unroll
                         for (int m = 0; m < 4; ++m) o[4 * k + m] = q4[m];
                     }
-                } else if (kinds[i] == 2) {
-                    const __half2_raw hs = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(sc[i]), __NV_E4M3);
-                    const float2 sf = __half22float2(*reinterpret_cast<const __half2 *>(&hs));
-                    const float s_lo = sf.x * 16384.0f, s_hi = sf.y * 16384.0f;
-                    const uint32_t w[4] = {v[i].x, v[i].y, v[i].z, v[i].w};
-#pragma unroll
-                    for (int k = 0; k < 16; ++k)
-                        o[k] = e2m1x2_scaled((w[k / 4] >> (8 * (k % 4))) & 0xFFu, k < 8 ? s_lo : s_hi);
                 } else {
 #pragma unroll
                     for (int k = 0; k < 16; ++k) o[k] = 0;
@@ -702,15 +579,17 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 }
 
 
-// The kernel body: grid (T, H / (16 * HG)), Layout<HG>::threads threads and
-// Layout<HG>::bytes of dynamic shared memory. Warpgroup 0 produces BF16 row
-// tiles (two buffers) with producer version PV (1, 2, 3 = 2 with the
-// byte-permute FP4 decode, 4 = 3 with conflict-free stores, 5 = 3 with 8
-// producer warps of 8 rows each); the 2 * HG consumer warps use them. With 64 heads
-// the register file is split by setmaxnreg (producers 96, consumers 200);
-// smaller CTAs fit in it without.
-template <int HG, int PV, int NP = kProducerWarps>
+// The kernel body: grid (T, H / (16 * HG)) and Layout<HG>::bytes of dynamic
+// shared memory. NP producer warps (4: warpgroup 0, 8: two warpgroups of 8
+// rows each, version 5) fill BF16 row tiles (two buffers) with produce_v2;
+// the 2 * HG consumer warps use them. 64 heads with 4 producers (version 3):
+// 384 threads, the register file split by setmaxnreg (producers 96,
+// consumers 200). Version 5 (NP 8, 32 or 16 heads): 384 threads, one
+// consumer warpgroup (padding warps idle for 16 heads), producers 120 and
+// consumers 248.
+template <int HG, int NP = kProducerWarps>
 __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
+    static_assert((HG == 4 && NP == kProducerWarps) || NP == 8, "version 3 (64 heads) or version 5");
     extern __shared__ __align__(1024) uint8_t smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
@@ -726,12 +605,11 @@ __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
     __syncthreads();
     if (warp < NP) {
         if constexpr (NP == 8) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs8));
-        else if constexpr (HG == 4) asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
-        if constexpr (PV == 1) produce(p, smem, warp, lane, t, blocks);
-        else produce_v2<PV >= 3, PV == 4, NP>(p, smem, warp, lane, t, blocks);
+        else asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+        produce_v2<NP>(p, smem, warp, lane, t, blocks);
     } else {
         if constexpr (NP == 8) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs8));
-        else if constexpr (HG == 4) asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+        else asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
         // Padding warps of a version-5 consumer warpgroup have no work.
         if (warp - NP < Layout<HG>::consumer_warps) consume<HG>(p, smem, warp - NP, lane, t, h0, blocks);
     }
@@ -973,7 +851,7 @@ __device__ __forceinline__ void sparse_mqa_v6_body(const di_sparse_mqa_params &p
     __syncthreads();
     if (warp < kProducerWarps) {
         deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        produce_v2<true, false, kProducerWarps, true>(p, smem, warp, lane, t, blocks);
+        produce_v2<kProducerWarps, true>(p, smem, warp, lane, t, blocks);
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         consume_wgmma<false>(p, smem, (warp - kProducerWarps) / 4, threadIdx.x - 128 * (1 + (warp - kProducerWarps) / 4), t,
@@ -996,25 +874,6 @@ __device__ __forceinline__ void sparse_mqa_v6_body(const di_sparse_mqa_params &p
 constexpr int kOffRaw7 = Layout<4>::exch;
 constexpr int kSmem7 = kOffRaw7 + kBlock * kWindowRow;
 static_assert(kSmem7 == DI_SPARSE_MQA_V7_SMEM_BYTES, "params.h: version 7 shared memory");
-
-// The list value of entry e of query t (its load is left in flight), or -1
-// past both lists.
-__device__ __forceinline__ int load_entry(const di_sparse_mqa_params &p, int64_t t, int64_t e) {
-    if (e < p.kw) return p.window_idx[t * p.kw + e];
-    if (e < p.kw + p.kc) return p.compressed_idx[t * p.kc + (e - p.kw)];
-    return -1;
-}
-
-// Kind (1 window, 2 compressed, 0 no row) and row of value v at entry e.
-__device__ __forceinline__ void classify(const di_sparse_mqa_params &p, int64_t e, int v, int &kind, int &row) {
-    kind = 0;
-    row = 0;
-    if (e < p.kw) {
-        if (v >= 0 && v < p.nw) kind = 1, row = v;
-    } else if (e < p.kw + p.kc) {
-        if (v >= 0 && v < p.nc) kind = 2, row = v;
-    }
-}
 
 // Warp w's 16 rows (lanes 0..15 hold their kind and row) into raw rows
 // 16 w .. 16 w + 15: 33 (FP8) or 18 (FP4) 16-byte copies per row; one
@@ -1052,7 +911,7 @@ __device__ __forceinline__ void decode_raw7(const uint8_t *raw, uint8_t *tile, f
         uint32_t o[8];
         if (k == 1) {
             const uint4 v = *reinterpret_cast<const uint4 *>(src + 16 * lane);
-            const float sc = e8m0_f32(src[kDim + lane / 2]);
+            const float sc = deepinfer::e8m0_to_f32(src[kDim + lane / 2]);
             const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
@@ -1148,51 +1007,11 @@ __device__ __forceinline__ void sparse_mqa_v7_body(const di_sparse_mqa_params &p
 
 }  // namespace
 
-// Versions 1-3: 64 heads per CTA, DI_SPARSE_MQA_THREADS threads and
-// DI_SPARSE_MQA_SMEM_BYTES; bitwise the same results.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v1(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<4, 1>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v2(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<4, 2>(p);
-}
-
+// Version 3: 64 heads per CTA (grid (T, H / 64)), DI_SPARSE_MQA_THREADS
+// threads and DI_SPARSE_MQA_SMEM_BYTES.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v3(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<4, 3>(p);
-}
-
-// Version 4: version 3 with bank-conflict-free producer stores, with 64, 32
-// and 16 heads per CTA (grid (T, H / 64), (T, H / 32), (T, H / 16)): more
-// CTAs for few queries, the same result per head.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v4(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<4, 4>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
-    sparse_mqa_v4_h32(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<2, 4>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
-    sparse_mqa_v4_h16(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<1, 4>(p);
-}
-
-// Version 3 with 32 and 16 heads per CTA (grid (T, H / 32), (T, H / 16)):
-// more CTAs for few queries, the same result per head.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H32_THREADS, 1)
-    sparse_mqa_v3_h32(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<2, 3>(p);
-}
-
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
-    sparse_mqa_v3_h16(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<1, 3>(p);
+    sparse_mqa_body<4>(p);
 }
 
 // Version 5: version 3's 32- and 16-head CTAs with 8 producer warps (two
@@ -1200,12 +1019,12 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_H16_THREADS, 1)
 // its warps idle): DI_SPARSE_MQA_THREADS threads, the _H32 / _H16 shared memory.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v5_h32(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<2, 3, 8>(p);
+    sparse_mqa_body<2, 8>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v5_h16(const __grid_constant__ di_sparse_mqa_params p) {
-    sparse_mqa_body<1, 3, 8>(p);
+    sparse_mqa_body<1, 8>(p);
 }
 
 // Version 6: wgmma consumers, 64 heads per CTA (grid (T, H / 64),
@@ -1216,7 +1035,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v6_body(p);
 #else
-    sparse_mqa_body<4, 3>(p);
+    sparse_mqa_body<4>(p);
 #endif
 }
 
@@ -1229,6 +1048,6 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v7_body(p);
 #else
-    sparse_mqa_body<4, 3>(p);
+    sparse_mqa_body<4>(p);
 #endif
 }

@@ -27,15 +27,13 @@ use cudarc::driver::LaunchConfig;
 // The generic kernel's shared memory is sized for the contract's largest D.
 const _: () = assert!(DI_SPARSE_MQA_GENERIC_MAX_DIM as usize == SPARSE_MQA_GENERIC_MAX_DIM);
 
-/// (heads, threads, dynamic shared memory) of a CTA: 64 heads
-/// (`DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer warpgroup
-/// and two tensor-core warpgroups), 32 and 16 heads (the `_H32`, `_H16`
-/// sizes), and version 5's 32 and 16 heads (two producer warpgroups and one
-/// consumer warpgroup: `DI_SPARSE_MQA_THREADS` threads, the `_H32` / `_H16`
-/// shared memory); the kernel static-asserts its carve-up.
+/// (heads, threads, dynamic shared memory) of a CTA: 64 heads (versions 3
+/// and 6: `DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer
+/// warpgroup and two tensor-core warpgroups) and version 5's 32 and 16 heads
+/// (two producer warpgroups and one consumer warpgroup:
+/// `DI_SPARSE_MQA_THREADS` threads, the `_H32` / `_H16` shared memory); the
+/// kernel static-asserts its carve-up.
 const CTA_64: (usize, u32, u32) = (64, 384, 230_400);
-const CTA_32: (usize, u32, u32) = (32, 256, 181_248);
-const CTA_16: (usize, u32, u32) = (16, 192, 156_672);
 const CTA_32_V5: (usize, u32, u32) = (32, 384, 181_248);
 const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
 /// Version 7: 64 heads, its raw-row stage in place of the logit exchange.
@@ -87,14 +85,7 @@ pub(crate) fn sparse_mqa(
         u32_param("smem", (2 * s.d + 192) * 4)?,
     );
     let (kernel, (heads, threads, smem)) = match version {
-        SparseMqaKernel::V1 => (k::SPARSE_MQA_V1, CTA_64),
-        SparseMqaKernel::V2 => (k::SPARSE_MQA_V2, CTA_64),
         SparseMqaKernel::V3 => (k::SPARSE_MQA_V3, CTA_64),
-        SparseMqaKernel::V3Heads32 => (k::SPARSE_MQA_V3_H32, CTA_32),
-        SparseMqaKernel::V3Heads16 => (k::SPARSE_MQA_V3_H16, CTA_16),
-        SparseMqaKernel::V4 => (k::SPARSE_MQA_V4, CTA_64),
-        SparseMqaKernel::V4Heads32 => (k::SPARSE_MQA_V4_H32, CTA_32),
-        SparseMqaKernel::V4Heads16 => (k::SPARSE_MQA_V4_H16, CTA_16),
         SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         SparseMqaKernel::V6 => (k::SPARSE_MQA_V6, CTA_64),

@@ -284,12 +284,12 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             } else {
                 let (mut out, mut lse) = (t!(b, BF16, 3), t!(b, F32, 2));
                 let k = b.pick(&[
-                    SparseMqaKernel::V1,
-                    SparseMqaKernel::V2,
                     SparseMqaKernel::V3,
-                    SparseMqaKernel::V3Heads32,
-                    SparseMqaKernel::V3Heads16,
-                    SparseMqaKernel::V4,
+                    SparseMqaKernel::V5Heads32,
+                    SparseMqaKernel::V5Heads16,
+                    SparseMqaKernel::V6,
+                    SparseMqaKernel::V7,
+                    SparseMqaKernel::Generic,
                 ]);
                 let _ = ops::sparse_mqa_into_with(
                     &q, &window, &idx, compressed, &sink, &mut out, &mut lse, k,

@@ -218,15 +218,13 @@ typedef struct di_sparse_mqa_params {
     float scale;                   /* d^-0.5 */
 } di_sparse_mqa_params;
 
-/* sparse_mqa_v1/v2/v3: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
- * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory; sparse_mqa_v3_h32 and
- * _h16: grid (t, h / 32) and (t, h / 16) with the _H32 / _H16 sizes (the
- * kernel static-asserts its carve-up). */
+/* sparse_mqa_v3 and _v6: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
+ * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory; sparse_mqa_v5_h32 and
+ * _h16: grid (t, h / 32) and (t, h / 16), DI_SPARSE_MQA_THREADS threads and
+ * the _H32 / _H16 bytes (the kernel static-asserts its carve-up). */
 #define DI_SPARSE_MQA_THREADS 384
 #define DI_SPARSE_MQA_SMEM_BYTES 230400
-#define DI_SPARSE_MQA_H32_THREADS 256
 #define DI_SPARSE_MQA_H32_SMEM_BYTES 181248
-#define DI_SPARSE_MQA_H16_THREADS 192
 #define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
 /* sparse_mqa_v7: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads; its
  * shared memory holds a raw-row stage of 64 x 528 bytes in place of the
