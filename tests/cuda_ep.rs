@@ -16,6 +16,13 @@
 //! kernels it was not built with (cudaFuncGetAttributes → "no kernel
 //! image"), which memcheck reports as API errors of the process.
 //!
+//! The one-rank low-latency path's ops (`ops::moe_masked_*`) are bitwise
+//! their CPU reference (overflow, bad ids, tails, untouched rows); the
+//! preallocated `ep::LowLatencyBuffer` equals the single-rank masked MoE
+//! bitwise across reused calls and counts overflow exactly; and its
+//! dispatch and combine are captured in a CUDA graph (no synchronisation,
+//! no host copy) that replays new inputs bitwise as an eager call.
+//!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
 //! the GPU bundle).
 #![cfg(deepinfer_cuda)]
@@ -274,5 +281,397 @@ fn copy_rows_into_is_bitwise_the_cpu_and_leaves_other_rows() {
         );
         let e = ops::copy_rows_into(&mut got, &[0, 0], &src, &[0, 0]).unwrap_err();
         assert!(e.to_string().contains("dst_rows"), "{e}");
+    }
+}
+
+/// Random routing of `tokens` tokens over `experts` with distinct ids per
+/// token, a few of them out of range when `bad`.
+fn random_ids(
+    rng: &mut rand::rngs::StdRng,
+    tokens: usize,
+    experts: usize,
+    k: usize,
+    bad: bool,
+) -> Vec<i32> {
+    let mut ids = Vec::with_capacity(tokens * k);
+    for _ in 0..tokens {
+        let mut pick: Vec<i32> = Vec::new();
+        while pick.len() < k {
+            let e = rng.random_range(0..experts as i32);
+            if !pick.contains(&e) {
+                pick.push(e);
+            }
+        }
+        pick.sort_unstable();
+        ids.extend(pick);
+    }
+    if bad && ids.len() >= 4 {
+        // Four distinct entries.
+        let mut at: Vec<usize> = Vec::new();
+        while at.len() < 4 {
+            let j = rng.random_range(0..ids.len());
+            if !at.contains(&j) {
+                at.push(j);
+            }
+        }
+        for (j, v) in at.into_iter().zip([-1, experts as i32, i32::MIN, i32::MAX]) {
+            ids[j] = v;
+        }
+    }
+    ids
+}
+
+/// The masked-layout ops on the GPU (outputs NaN-poisoned) are bitwise
+/// their CPU reference: the layout (rows, counts, weights zeroed past the
+/// counts, dropped per expert and for bad ids) with overflow, bad ids and a
+/// `pos` buffer taller than the tokens; the scatter (BF16 with 16-byte and
+/// odd row widths, FP8) on the placed rows, every other row left as it
+/// was; the combine with dropped entries.
+#[test]
+fn the_masked_ops_are_bitwise_their_cpu_reference() {
+    use deepinfer::dtype::{E4M3, E8M0};
+    let mut rng = common::rng("cuda_masked_ops");
+    let dev = gpu();
+    // (tokens, experts, top_k, capacity, d, fp8, bad ids)
+    for &(tokens, experts, k, cap, d, fp8, bad) in &[
+        (67usize, 384usize, 6usize, 3usize, 256usize, true, true),
+        (256, 384, 6, 256, 128, true, false),
+        (5, 16, 3, 1, 64, false, true),
+        (9, 8, 2, 4, 7, false, false),
+        (1, 4, 4, 2, 40, false, false),
+        (700, 4, 2, 300, 32, true, false),
+        (0, 8, 2, 2, 64, true, false),
+    ] {
+        let what = format!("T {tokens} E {experts} k {k} C {cap} D {d} fp8 {fp8}");
+        let ids = random_ids(&mut rng, tokens, experts, k, bad);
+        let w: Vec<f32> = (0..tokens * k)
+            .map(|_| rng.random_range(0.0..1.0))
+            .collect();
+        let m = tokens + 3;
+        let on = |dev: &Device| {
+            let ids = Tensor::from_vec(ids.clone(), &[tokens, k])
+                .unwrap()
+                .to_device(dev)
+                .unwrap();
+            let w = Tensor::from_vec(w.clone(), &[tokens, k])
+                .unwrap()
+                .to_device(dev)
+                .unwrap();
+            let mut pos = Tensor::empty(dev, DType::I32, &[m, k]).unwrap();
+            let mut counts = Tensor::empty(dev, DType::I32, &[experts]).unwrap();
+            let mut w_out = Tensor::empty(dev, DType::F32, &[experts, cap]).unwrap();
+            let mut dropped = Tensor::empty(dev, DType::I32, &[experts + 1]).unwrap();
+            ops::moe_masked_layout_into(&ids, &w, &mut pos, &mut counts, &mut w_out, &mut dropped)
+                .unwrap();
+            (pos, counts, w_out, dropped)
+        };
+        let (pc, cc, wc, dc) = on(&Device::Cpu);
+        let (pg, cg, wg, dg) = on(&dev);
+        let pos_c: Vec<i32> = pc.to_vec().unwrap();
+        let pos_g: Vec<i32> = pg.to_vec().unwrap();
+        assert_eq!(pos_g[..tokens * k], pos_c[..tokens * k], "{what}: pos");
+        assert!(
+            pos_g[tokens * k..].iter().all(|&p| p == -1),
+            "{what}: rows past T of pos written"
+        );
+        assert_eq!(
+            cg.to_vec::<i32>().unwrap(),
+            cc.to_vec::<i32>().unwrap(),
+            "{what}: counts"
+        );
+        assert_eq!(
+            wg.to_le_bytes().unwrap(),
+            wc.to_le_bytes().unwrap(),
+            "{what}: w_out"
+        );
+        let dropped: Vec<i32> = dg.to_vec().unwrap();
+        assert_eq!(dropped, dc.to_vec::<i32>().unwrap(), "{what}: dropped");
+        assert_eq!(
+            dropped[experts],
+            if bad && tokens > 0 { 4 } else { 0 },
+            "{what}"
+        );
+        // Scatter into a poisoned [E, C, D] (the CPU's filled with 0xFF too).
+        let x = common::random_activations(&mut rng, tokens * d, 1.0);
+        let xc = Tensor::from_vec(x, &[tokens, d]).unwrap();
+        let xg = xc.to_device(&dev).unwrap();
+        let placed: Vec<usize> = pos_c[..tokens * k]
+            .iter()
+            .filter_map(|&p| usize::try_from(p).ok())
+            .collect();
+        let ff = |dtype: DType, width: usize| {
+            Tensor::filled_bytes(dtype, &[experts, cap, width], 0xFF).unwrap()
+        };
+        let (dtype, sw) = if fp8 {
+            (DType::F8E4M3, d / 32)
+        } else {
+            (DType::BF16, 0)
+        };
+        let (mut oc, mut sc) = (ff(dtype, d), ff(DType::E8M0, sw));
+        let (mut og, mut sg) = (
+            ff(dtype, d).to_device(&dev).unwrap(),
+            ff(DType::E8M0, sw).to_device(&dev).unwrap(),
+        );
+        ops::moe_masked_scatter_into(&xc, &pc, &mut oc, fp8.then_some(&mut sc)).unwrap();
+        ops::moe_masked_scatter_into(&xg, &pg, &mut og, fp8.then_some(&mut sg)).unwrap();
+        assert_eq!(
+            og.to_le_bytes().unwrap(),
+            oc.to_le_bytes().unwrap(),
+            "{what}: rows"
+        );
+        assert_eq!(
+            sg.to_le_bytes().unwrap(),
+            sc.to_le_bytes().unwrap(),
+            "{what}: scales"
+        );
+        if fp8 && tokens > 0 {
+            // Placed rows are act_quant_fp8 of their token's row.
+            let (q, s) = ops::act_quant_fp8(&xc).unwrap();
+            let (q, s): (Vec<E4M3>, Vec<E8M0>) = (q.to_vec().unwrap(), s.to_vec().unwrap());
+            let (got_q, got_s): (Vec<E4M3>, Vec<E8M0>) =
+                (oc.to_vec().unwrap(), sc.to_vec().unwrap());
+            for (j, &p) in pos_c[..tokens * k].iter().enumerate() {
+                let Ok(p) = usize::try_from(p) else { continue };
+                let t = j / k;
+                assert_eq!(got_q[p * d..(p + 1) * d], q[t * d..(t + 1) * d], "{what}");
+                assert_eq!(
+                    got_s[p * sw..(p + 1) * sw],
+                    s[t * sw..(t + 1) * sw],
+                    "{what}"
+                );
+            }
+        }
+        let bytes = og.to_le_bytes().unwrap();
+        let rb = bytes.len() / (experts * cap);
+        for r in (0..experts * cap).filter(|r| !placed.contains(r)) {
+            assert!(
+                bytes[r * rb..(r + 1) * rb].iter().all(|&b| b == 0xFF),
+                "{what}: row {r} written"
+            );
+        }
+        // Combine over random expert rows (NaN-poisoned outputs).
+        let rows = common::random_activations(&mut rng, experts * cap * d, 1.0);
+        let shared = common::random_activations(&mut rng, tokens * d, 0.5);
+        let rc = Tensor::from_vec(rows, &[experts, cap, d]).unwrap();
+        let shc = Tensor::from_vec(shared, &[tokens, d]).unwrap();
+        let mut yc = Tensor::empty(&Device::Cpu, DType::BF16, &[tokens, d]).unwrap();
+        let mut yg = Tensor::empty(&dev, DType::BF16, &[tokens, d]).unwrap();
+        ops::moe_masked_combine_into(&rc, &pc, &shc, &mut yc).unwrap();
+        ops::moe_masked_combine_into(
+            &rc.to_device(&dev).unwrap(),
+            &pg,
+            &shc.to_device(&dev).unwrap(),
+            &mut yg,
+        )
+        .unwrap();
+        assert_eq!(
+            yg.to_le_bytes().unwrap(),
+            yc.to_le_bytes().unwrap(),
+            "{what}: combine"
+        );
+    }
+}
+
+/// The preallocated low-latency path on the GPU (buffers NaN-poisoned),
+/// reused across token counts: bitwise the GPU single-rank masked MoE; with
+/// a small capacity the overflow is counted exactly and the intact tokens
+/// keep their single-rank outputs; bad ids are reported when the overflow
+/// is read.
+#[test]
+fn the_low_latency_buffer_on_the_gpu_equals_the_single_rank_masked_moe() {
+    use common::ep::masked_rank;
+    use deepinfer::ep::LowLatencyBuffer;
+    let mut rng = common::rng("cuda_ep_ll_buffer");
+    let dev = gpu();
+    let (n_experts, top_k, d, inter, max_tokens) = (384, 6, 256, 128, 80);
+    for payload in [Payload::Bf16, Payload::Fp8] {
+        let cfg = EpConfig::new(
+            Placement::uniform(n_experts, 1).unwrap(),
+            top_k,
+            d,
+            payload,
+            Mode::low_latency(max_tokens, 1),
+        )
+        .unwrap();
+        let mut buf = LowLatencyBuffer::new(&cfg, &dev).unwrap();
+        for tokens in [67, 1, 80, 0, 13] {
+            let cpu = problem(&mut rng, tokens, n_experts, top_k, d, inter);
+            let p = cpu.to_device(&dev);
+            let (got, overflow) = masked_rank(&mut buf, &cfg, &p).unwrap();
+            assert_eq!(overflow, 0);
+            check(
+                &got,
+                &cpu,
+                &p,
+                cfg.mode(),
+                &format!("buffer, {tokens} tokens, {payload:?}"),
+            );
+        }
+    }
+    // Overflow: 16 experts of capacity 12 for 96 tokens of top-3 (above 8
+    // rows, so the masked GEMM runs the same version as the reference's).
+    let (n_experts, tokens, top_k, capacity) = (16, 96, 3, 12);
+    let cpu = problem(&mut rng, tokens, n_experts, top_k, d, inter);
+    let p = cpu.to_device(&dev);
+    let cfg = EpConfig::new(
+        Placement::uniform(n_experts, 1).unwrap(),
+        top_k,
+        d,
+        Payload::Fp8,
+        Mode::LowLatency {
+            max_tokens: tokens,
+            capacity,
+        },
+    )
+    .unwrap();
+    let mut buf = LowLatencyBuffer::new(&cfg, &dev).unwrap();
+    let (got, overflow) = masked_rank(&mut buf, &cfg, &p).unwrap();
+    let ids: Vec<i32> = cpu.ids.to_vec().unwrap();
+    let mut seen = vec![0usize; n_experts];
+    let mut intact = vec![true; tokens];
+    let mut dropped = 0;
+    for (j, &e) in ids.iter().enumerate() {
+        if seen[e as usize] >= capacity {
+            intact[j / top_k] = false;
+            dropped += 1;
+        }
+        seen[e as usize] += 1;
+    }
+    assert!(
+        dropped > 0 && intact.iter().any(|&i| i),
+        "the case must overflow in part"
+    );
+    assert_eq!(overflow, dropped);
+    // The masked GEMMs compute each row alone (and V1/V2, taken past 8 rows
+    // an expert, are bitwise one another), so an intact token's rows equal
+    // those of the single-rank masked MoE at a capacity holding all.
+    let want = single_rank_in(&p, Mode::low_latency(tokens, 1));
+    for tok in (0..tokens).filter(|&t| intact[t]) {
+        assert_eq!(
+            bits(&got[tok * d..(tok + 1) * d]),
+            bits(&want[tok * d..(tok + 1) * d]),
+            "token {tok}"
+        );
+    }
+    let mut bad: Vec<i32> = ids.clone();
+    bad[7] = n_experts as i32;
+    let bad = Tensor::from_vec(bad, &[tokens, top_k])
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    buf.dispatch(&p.x, &bad, &p.weights).unwrap();
+    let e = buf.overflow().unwrap_err().to_string();
+    assert!(e.contains("ids") && e.contains("1 entries"), "{e}");
+}
+
+/// The low-latency dispatch and combine issue device work only: captured in
+/// a CUDA graph (a capture fails on any synchronisation or copy to the
+/// host), they allocate nothing (the graph replays into the buffers and
+/// tensors captured), and a replay after new tokens, ids and weights are
+/// copied into the captured input tensors gives bitwise what an eager call
+/// on those inputs gives.
+#[test]
+fn the_low_latency_path_is_captured_in_a_cuda_graph_and_replays_new_inputs() {
+    use deepinfer::ep::LowLatencyBuffer;
+    let mut rng = common::rng("cuda_ep_ll_graph");
+    // A handle of its own: the capture pauses event tracking for its context.
+    let Device::Cuda(cuda) = gpu() else {
+        unreachable!()
+    };
+    let dev = Device::Cuda(cuda.clone());
+    let (n_experts, top_k, d, tokens) = (384, 6, 512, 48);
+    for payload in [Payload::Fp8, Payload::Bf16] {
+        let cfg = EpConfig::new(
+            Placement::uniform(n_experts, 1).unwrap(),
+            top_k,
+            d,
+            payload,
+            Mode::LowLatency {
+                max_tokens: tokens,
+                capacity: 2,
+            },
+        )
+        .unwrap();
+        let make = |rng: &mut rand::rngs::StdRng| problem(rng, tokens, n_experts, top_k, d, 64);
+        let (first, second) = (make(&mut rng), make(&mut rng));
+        let up = |t: &Tensor| t.to_device(&dev).unwrap();
+        let (mut x, mut ids, mut w, mut shared) = (
+            up(&first.x),
+            up(&first.ids),
+            up(&first.weights),
+            up(&first.shared),
+        );
+        let rows = common::random_activations(&mut rng, n_experts * 2 * d, 1.0);
+        let expert_out = up(&Tensor::from_vec(rows, &[n_experts, 2, d]).unwrap());
+        let mut graphed = LowLatencyBuffer::new(&cfg, &dev).unwrap();
+        let mut y = Tensor::empty(&dev, DType::BF16, &[tokens, d]).unwrap();
+        // Warm-up (loads the kernels), then the capture.
+        graphed.dispatch(&x, &ids, &w).unwrap();
+        graphed.combine_into(&expert_out, &shared, &mut y).unwrap();
+        // SAFETY: this test's handle has one stream, and every tensor the
+        // capture touches lives until after the last launch.
+        let graph = unsafe {
+            cuda.capture(|| {
+                graphed.dispatch(&x, &ids, &w)?;
+                graphed.combine_into(&expert_out, &shared, &mut y)
+            })
+        }
+        .unwrap();
+        // New inputs, copied into the captured tensors, then a replay.
+        x.copy_rows_from(0, &up(&second.x), 0, tokens).unwrap();
+        ids.copy_rows_from(0, &up(&second.ids), 0, tokens).unwrap();
+        w.copy_rows_from(0, &up(&second.weights), 0, tokens)
+            .unwrap();
+        shared
+            .copy_rows_from(0, &up(&second.shared), 0, tokens)
+            .unwrap();
+        graph.launch().unwrap();
+        let mut eager = LowLatencyBuffer::new(&cfg, &dev).unwrap();
+        let mut want = Tensor::empty(&dev, DType::BF16, &[tokens, d]).unwrap();
+        eager
+            .dispatch(&up(&second.x), &up(&second.ids), &up(&second.weights))
+            .unwrap();
+        eager
+            .combine_into(&expert_out, &up(&second.shared), &mut want)
+            .unwrap();
+        let what = format!("{payload:?}");
+        assert_eq!(
+            y.to_le_bytes().unwrap(),
+            want.to_le_bytes().unwrap(),
+            "{what}: combine"
+        );
+        assert_eq!(
+            graphed.counts().to_vec::<i32>().unwrap(),
+            eager.counts().to_vec::<i32>().unwrap(),
+            "{what}"
+        );
+        assert_eq!(
+            graphed.weights().to_le_bytes().unwrap(),
+            eager.weights().to_le_bytes().unwrap(),
+            "{what}"
+        );
+        assert_eq!(
+            graphed.overflow().unwrap(),
+            eager.overflow().unwrap(),
+            "{what}"
+        );
+        assert!(
+            eager.overflow().unwrap() > 0,
+            "{what}: capacity 2 overflows"
+        );
+        let counts: Vec<i32> = eager.counts().to_vec().unwrap();
+        let rb = eager.x().storage_bytes() / (n_experts * 2);
+        let (gx, ex) = (
+            graphed.x().to_le_bytes().unwrap(),
+            eager.x().to_le_bytes().unwrap(),
+        );
+        for (e, &c) in counts.iter().enumerate() {
+            let span = e * 2 * rb..(e * 2 + c as usize) * rb;
+            assert_eq!(gx[span.clone()], ex[span], "{what}: expert {e}'s rows");
+        }
+        // A synchronisation inside a capture is refused, typed.
+        // SAFETY: as above.
+        let refused = unsafe { cuda.capture(|| graphed.overflow().map(|_| ())) };
+        assert!(refused.is_err(), "{what}: a read-back was captured");
     }
 }

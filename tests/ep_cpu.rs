@@ -577,3 +577,158 @@ fn copy_rows_into_writes_the_named_rows_and_nothing_else() {
         );
     }
 }
+
+/// The preallocated low-latency path of a one-rank group (its ops' CPU
+/// reference): reused across calls of different token counts, it equals
+/// the single-rank MoE bitwise; past a capacity, each expert keeps its first
+/// entries in token order, the overflow is counted exactly and read only
+/// when asked, and the other tokens are untouched; bad ids are reported
+/// lazily, naming `ids`.
+#[test]
+fn the_low_latency_buffer_is_reused_counts_overflow_and_reports_bad_ids() {
+    use common::ep::masked_rank;
+    use deepinfer::ep::LowLatencyBuffer;
+    use deepinfer::{DType, Device};
+    let mut rng = common::rng("ep_ll_buffer");
+    let (n_experts, top_k, d) = (16, 4, 64);
+    let max_tokens = 40;
+    for payload in [Payload::Bf16, Payload::Fp8] {
+        let cfg = EpConfig::new(
+            Placement::uniform(n_experts, 1).unwrap(),
+            top_k,
+            d,
+            payload,
+            Mode::low_latency(max_tokens, 1),
+        )
+        .unwrap();
+        let mut buf = LowLatencyBuffer::new(&cfg, &Device::Cpu).unwrap();
+        for tokens in [37, 1, 40, 0] {
+            let p = problem(&mut rng, tokens, n_experts, top_k, d, 64);
+            let (got, overflow) = masked_rank(&mut buf, &cfg, &p).unwrap();
+            assert_eq!(overflow, 0);
+            assert_eq!(bits(&got), bits(&single_rank(&p)), "{payload:?} {tokens}");
+        }
+    }
+    // Overflow: capacity 3 for 30 tokens over 8 experts.
+    let (n_experts, tokens, capacity) = (8, 30, 3);
+    let p = problem(&mut rng, tokens, n_experts, 2, d, 64);
+    let cfg = EpConfig::new(
+        Placement::uniform(n_experts, 1).unwrap(),
+        2,
+        d,
+        Payload::Fp8,
+        Mode::LowLatency {
+            max_tokens: tokens,
+            capacity,
+        },
+    )
+    .unwrap();
+    let mut buf = LowLatencyBuffer::new(&cfg, &Device::Cpu).unwrap();
+    let (got, overflow) = masked_rank(&mut buf, &cfg, &p).unwrap();
+    let ids: Vec<i32> = p.ids.to_vec().unwrap();
+    let mut seen = vec![0usize; n_experts];
+    let mut intact = vec![true; tokens];
+    let mut dropped = 0;
+    for (j, &e) in ids.iter().enumerate() {
+        if seen[e as usize] >= capacity {
+            intact[j / 2] = false;
+            dropped += 1;
+        }
+        seen[e as usize] += 1;
+    }
+    assert!(dropped > 0, "the case must overflow");
+    assert_eq!(overflow, dropped);
+    let counts: Vec<i32> = buf.counts().to_vec().unwrap();
+    let want: Vec<i32> = seen.iter().map(|&s| s.min(capacity) as i32).collect();
+    assert_eq!(counts, want);
+    let want_out = single_rank(&p);
+    for tok in (0..tokens).filter(|&t| intact[t]) {
+        assert_eq!(
+            bits(&got[tok * d..(tok + 1) * d]),
+            bits(&want_out[tok * d..(tok + 1) * d]),
+            "token {tok}"
+        );
+    }
+    // Bad ids: the dispatch itself succeeds (no host check), the overflow
+    // read names them; shapes past max_tokens are refused up front.
+    let mut bad: Vec<i32> = p.ids.to_vec().unwrap();
+    bad[5] = n_experts as i32;
+    bad[8] = -3;
+    buf.dispatch(&p.x, &t(bad, &[tokens, 2]), &p.weights)
+        .unwrap();
+    let e = buf.overflow().unwrap_err().to_string();
+    assert!(e.contains("ids") && e.contains("2 entries"), "{e}");
+    let big = Tensor::zeros(&Device::Cpu, DType::BF16, &[tokens + 1, d]).unwrap();
+    let e = buf.dispatch(&big, &p.ids, &p.weights).unwrap_err();
+    assert!(e.to_string().contains("max_tokens"), "{e}");
+    assert!(
+        LowLatencyBuffer::new(
+            &EpConfig::new(
+                Placement::uniform(8, 2).unwrap(),
+                2,
+                d,
+                Payload::Bf16,
+                Mode::low_latency(4, 2)
+            )
+            .unwrap(),
+            &Device::Cpu
+        )
+        .is_err()
+    );
+}
+
+/// The masked-layout ops refuse bad shapes and dtypes with typed errors
+/// naming the tensor.
+#[test]
+fn the_masked_ops_refuse_bad_shapes_naming_the_tensor() {
+    use deepinfer::{DType, Device, ops};
+    let named = |e: Error, what: &str| assert!(e.to_string().contains(what), "{e} lacks {what}");
+    let z = |dtype: DType, shape: &[usize]| Tensor::zeros(&Device::Cpu, dtype, shape).unwrap();
+    let (ids, w) = (z(DType::I32, &[4, 2]), z(DType::F32, &[4, 2]));
+    let (mut counts, mut w_out, mut dropped) = (
+        z(DType::I32, &[8]),
+        z(DType::F32, &[8, 3]),
+        z(DType::I32, &[9]),
+    );
+    let mut short = z(DType::I32, &[3, 2]);
+    named(
+        ops::moe_masked_layout_into(&ids, &w, &mut short, &mut counts, &mut w_out, &mut dropped)
+            .unwrap_err(),
+        "pos",
+    );
+    let mut pos = z(DType::I32, &[5, 2]);
+    named(
+        ops::moe_masked_layout_into(&ids, &ids, &mut pos, &mut counts, &mut w_out, &mut dropped)
+            .unwrap_err(),
+        "weights",
+    );
+    let mut few = z(DType::I32, &[8]);
+    named(
+        ops::moe_masked_layout_into(&ids, &w, &mut pos, &mut counts, &mut w_out, &mut few)
+            .unwrap_err(),
+        "dropped",
+    );
+    ops::moe_masked_layout_into(&ids, &w, &mut pos, &mut counts, &mut w_out, &mut dropped).unwrap();
+    let x = z(DType::BF16, &[4, 48]);
+    let mut q = z(DType::F8E4M3, &[8, 3, 48]);
+    let mut s = z(DType::E8M0, &[8, 3, 1]);
+    named(
+        ops::moe_masked_scatter_into(&x, &pos, &mut q, Some(&mut s)).unwrap_err(),
+        "32",
+    );
+    let mut rows = z(DType::BF16, &[8, 3, 48]);
+    named(
+        ops::moe_masked_scatter_into(&x, &pos, &mut rows, Some(&mut s)).unwrap_err(),
+        "out",
+    );
+    let mut y = z(DType::BF16, &[4, 48]);
+    named(
+        ops::moe_masked_combine_into(&rows, &short, &x, &mut y).unwrap_err(),
+        "pos",
+    );
+    named(
+        ops::moe_masked_combine_into(&z(DType::BF16, &[8, 3, 40]), &pos, &x, &mut y).unwrap_err(),
+        "rows",
+    );
+    ops::moe_masked_combine_into(&rows, &pos, &x, &mut y).unwrap();
+}

@@ -24,6 +24,7 @@ pub mod kv_rows;
 pub mod mhc;
 pub mod moe;
 pub mod moe_layout;
+pub mod moe_masked;
 mod rms_norm;
 mod rope;
 pub mod sparse_attention;

@@ -31,7 +31,9 @@ pub use embedding::{argmax, embedding};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
 pub use gather::copy_rows;
 pub use hc_streams::{HcOp, hc_streams};
-pub use moe::{moe_combine, moe_permute};
+pub use moe::{
+    MaskedDims, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter, moe_permute,
+};
 pub use rms_norm::rms_norm;
 pub use tilelang::rms_norm_act_quant_fp8;
 pub use tilelang_mhc::{mhc_expand, mhc_pre};
@@ -103,6 +105,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_engram_gate_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_moe_params {}
 // SAFETY: as above (addresses and integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_gather_params {}
+// SAFETY: as above (addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_moe_masked_params {}
 
 /// `v` as a kernel's int32 parameter. The op validated its sizes first; a
 /// value past 2^31 − 1 is still an error naming it, never a wrapped launch.

@@ -272,6 +272,53 @@ impl CudaDevice {
         &self.stream
     }
 
+    /// Records the work `f` issues on this handle's stream into a CUDA graph
+    /// instead of running it (`cuStreamBeginCapture`, thread-local mode), and
+    /// returns the graph to replay with [`Graph::launch`]. Waits for the
+    /// stream first. Work that cannot be captured (a synchronisation, a copy
+    /// to pageable host memory) fails the capture with a typed error, so a
+    /// capture that succeeds proves `f` issued device work only. cudarc's
+    /// cross-stream event tracking is paused for this context meanwhile: the
+    /// capture refuses waits on events recorded before it.
+    ///
+    /// # Safety
+    /// While `f` runs, no other stream of this context (a handle from
+    /// [`CudaDevice::with_new_stream`] or a clone of one) may issue work on
+    /// tensors this stream uses: their ordering is not tracked then. A replay
+    /// reads and writes the addresses captured, so every tensor `f` touched
+    /// must outlive the graph's launches.
+    pub unsafe fn capture(&self, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
+        self.synchronize()?;
+        // SAFETY: the caller guarantees no other stream of this context works
+        // on these tensors during the capture, and the stream is idle (above),
+        // so the waits cudarc would insert order nothing.
+        unsafe { self.ctx.disable_event_tracking() };
+        let ran = self
+            .stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver("cuStreamBeginCapture"))
+            .and_then(|()| {
+                let ran = f();
+                // Ends the capture even when f failed, so the stream is usable.
+                let graph = self
+                    .stream
+                    .end_capture(sys::CUgraphInstantiate_flags(0))
+                    .map_err(driver("cuStreamEndCapture"));
+                ran.and(graph)
+            });
+        // SAFETY: slices created while tracking was off (none by this
+        // function) keep no events; the others resume being tracked.
+        unsafe { self.ctx.enable_event_tracking() };
+        match ran? {
+            Some(graph) => Ok(Graph(graph)),
+            None => Err(Error::Unsupported {
+                op: "CudaDevice::capture",
+                device: self.to_string(),
+                why: "the capture recorded no work",
+            }),
+        }
+    }
+
     /// Creates a timing event.
     pub fn event(&self) -> Result<Event> {
         let ev = self
@@ -279,6 +326,23 @@ impl CudaDevice {
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(driver("cuEventCreate"))?;
         Ok(Event(ev))
+    }
+}
+
+/// A captured CUDA graph ([`CudaDevice::capture`]), replayed on the stream
+/// it was captured from.
+pub struct Graph(cudarc::driver::CudaGraph);
+
+impl fmt::Debug for Graph {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Graph")
+    }
+}
+
+impl Graph {
+    /// Replays the captured work (asynchronously, on the captured stream).
+    pub fn launch(&self) -> Result<()> {
+        self.0.launch().map_err(driver("cuGraphLaunch"))
     }
 }
 

@@ -5,7 +5,7 @@
 mod cuda;
 pub mod fatbin;
 
-pub use cuda::{CudaBuffer, CudaDevice, Event, Stream, cuda_driver_present};
+pub use cuda::{CudaBuffer, CudaDevice, Event, Graph, Stream, cuda_driver_present};
 
 use crate::error::{Error, Result};
 use std::fmt;

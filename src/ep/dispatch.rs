@@ -59,6 +59,10 @@ pub struct EpHandle {
     /// The one-rank path's device permutation (`ops::moe_layout`'s), which
     /// combine hands to `ops::moe_combine` as it is.
     local: Option<Tensor>,
+    /// The one-rank low-latency path's rows of each entry (I32 `[M, top_k]`,
+    /// the [`super::LowLatencyBuffer`]'s), which combine hands to
+    /// `ops::moe_masked_combine_into`.
+    masked: Option<Tensor>,
 }
 
 impl EpHandle {
@@ -176,6 +180,10 @@ fn rows_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
 /// one device. Every rank of `transport` calls it with the same `cfg`. The
 /// ids and the received entry lists are read on the host, so the call
 /// waits for the device (DeepEP's normal mode also syncs on the counts).
+/// On a one-rank group the low-latency layout itself is built on the
+/// device ([`super::LowLatencyBuffer`], in buffers allocated for the call);
+/// a decode step keeps a [`super::LowLatencyBuffer`] instead, which neither
+/// allocates nor waits.
 pub fn dispatch(
     transport: &dyn Transport,
     cfg: &EpConfig,
@@ -258,6 +266,9 @@ fn dispatch_on(
         && placement.table().iter().enumerate().all(|(p, &e)| p == e)
     {
         return one_rank(cfg, x, ids, weights, t);
+    }
+    if world == 1 && matches!(cfg.mode(), Mode::LowLatency { .. }) {
+        return one_rank_masked(cfg, x, ids, weights, &device);
     }
     let host_w = weights.to_vec::<f32>()?;
 
@@ -433,6 +444,7 @@ fn dispatch_on(
             sent,
             received,
             local: None,
+            masked: None,
         },
     })
 }
@@ -470,6 +482,43 @@ fn one_rank(
             sent: Vec::new(),
             received: Vec::new(),
             local: Some(perm),
+            masked: None,
+        },
+    })
+}
+
+/// The low-latency mode on one rank (whose placement is the identity: a
+/// rank holds each expert once): the [`super::LowLatencyBuffer`] path in
+/// buffers allocated for this call, its overflow read back. The same rows
+/// as the general path: expert-major, ascending entry within an expert.
+fn one_rank_masked(
+    cfg: &EpConfig,
+    x: &Tensor,
+    ids: &Tensor,
+    weights: &Tensor,
+    device: &Device,
+) -> Result<Dispatched> {
+    let mut buf = super::LowLatencyBuffer::new(cfg, device)?;
+    buf.dispatch(x, ids, weights)?;
+    let overflow = buf.overflow()?;
+    let t = x.rows();
+    let (l, capacity) = (cfg.placement().slots_per_rank(), buf.weights.shape()[1]);
+    Ok(Dispatched {
+        x: buf.x,
+        scales: buf.scales,
+        weights: buf.weights,
+        layout: buf.counts,
+        overflow,
+        handle: EpHandle {
+            world: 1,
+            tokens: t,
+            hidden: cfg.hidden(),
+            mode: cfg.mode(),
+            out_rows: l * capacity,
+            sent: Vec::new(),
+            received: Vec::new(),
+            local: None,
+            masked: Some(buf.pos),
         },
     })
 }
@@ -586,6 +635,11 @@ fn combine_on(
     let device = ops::common_device(OP, &[("expert_out", expert_out), ("shared", shared)])?;
     if let Some(perm) = &h.local {
         return ops::moe_combine(expert_out, perm, shared);
+    }
+    if let Some(pos) = &h.masked {
+        let mut out = Tensor::empty(&device, DType::BF16, &[h.tokens, h.hidden])?;
+        ops::moe_masked_combine_into(expert_out, pos, shared, &mut out)?;
+        return Ok(out);
     }
     // Rows of the expert-major output (the masked layout's [L, C, D] read as
     // L·C rows, no copy), zeros for entries dropped past a capacity.

@@ -10,7 +10,11 @@
 //! (decode) gives the masked layout, a fixed capacity of rows per local
 //! expert with I32 counts, the shapes fixed by the mode so a decode step can
 //! keep its buffers. An entry past an expert's capacity is dropped and
-//! counted in [`Dispatched::overflow`], never written over another.
+//! counted in [`Dispatched::overflow`], never written over another. On a
+//! one-rank group the mode's layout is computed on the device
+//! ([`crate::ops::moe_masked_layout_into`]), and [`LowLatencyBuffer`] runs it
+//! in buffers allocated once, with no host round trip: CUDA-graph
+//! capturable.
 //!
 //! Payloads: BF16, or FP8 e4m3 with 1 × 32 E8M0 scales quantised once per
 //! token before it is sent (`act_quant` is row-wise, so this equals
@@ -29,12 +33,14 @@
 #![allow(clippy::indexing_slicing)]
 
 mod dispatch;
+mod low_latency;
 #[cfg(deepinfer_cuda)]
 mod nccl;
 mod placement;
 mod transport;
 
 pub use dispatch::{Dispatched, EpHandle, combine, dispatch};
+pub use low_latency::LowLatencyBuffer;
 #[cfg(deepinfer_cuda)]
 pub use nccl::{NcclId, NcclTransport, nccl_world};
 pub use placement::{EP_MAX_RANKS, EP_MAX_SLOTS, ExpertLoad, Placement, balance};

@@ -25,6 +25,7 @@ mod indexer;
 mod kv_cache;
 mod mhc;
 mod moe;
+mod moe_masked;
 mod moe_route;
 mod rms_norm;
 mod rms_norm_act_quant;
@@ -58,6 +59,7 @@ pub use kv_cache::{
 };
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
 pub use moe::{moe_combine, moe_permute};
+pub use moe_masked::{moe_masked_combine_into, moe_masked_layout_into, moe_masked_scatter_into};
 pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,
     moe_route_into,

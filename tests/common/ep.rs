@@ -246,3 +246,29 @@ pub fn ep_rank(
 pub fn bits(v: &[bf16]) -> Vec<u16> {
     v.iter().map(|x| x.to_bits()).collect()
 }
+
+/// One rank's MoE through a reused [`ep::LowLatencyBuffer`] on the problem's
+/// device (every token of `p`): dispatch, the masked grouped GEMMs on the
+/// buffer, combine; returns (the outputs, the overflow read afterwards).
+pub fn masked_rank(
+    buf: &mut ep::LowLatencyBuffer,
+    cfg: &EpConfig,
+    p: &Problem,
+) -> deepinfer::Result<(Vec<bf16>, usize)> {
+    buf.dispatch(&p.x, &p.ids, &p.weights)?;
+    let (q, s) = match buf.scales() {
+        Some(s) => (buf.x().clone(), s.clone()),
+        None => {
+            let x = buf.x();
+            let (l, c, d) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+            let (q, s) = ops::act_quant_fp8(&x.clone().reshape(&[l * c, d])?)?;
+            (q.reshape(&[l, c, d])?, s.reshape(&[l, c, d / 32])?)
+        }
+    };
+    let local = p.experts.select(cfg.placement().local_experts(0));
+    let out = local.masked(&q, &s, buf.weights(), buf.counts());
+    let mut y = Tensor::empty(&p.x.device(), DType::BF16, p.shared.shape())?;
+    buf.combine_into(&out, &p.shared, &mut y)?;
+    let overflow = buf.overflow()?;
+    Ok((y.to_vec()?, overflow))
+}

@@ -413,6 +413,31 @@ typedef struct di_moe_params {
     int32_t top_k;
 } di_moe_params;
 
+/* The masked (fixed-capacity) layout of the EP low-latency mode
+ * (kernels-cuda/moe/masked.cu, cpu_backend/moe_masked.rs): experts E of
+ * capacity C rows, row e * C + c of the [E, C, .] buffers; entry
+ * j = token * top_k + slot. A pos entry outside [0, E * C) is a dropped
+ * entry (the layout writes -1): scatter writes nothing for it and combine
+ * adds 0.0. No kernel reads an index it has not range-checked. */
+typedef struct di_moe_masked_params {
+    const int32_t *ids;     /* layout: [n] expert ids, any value */
+    const float *weights;   /* layout: [n] routing weights */
+    const void *x;          /* scatter: bf16 [tokens, d]; combine: expert rows bf16 [E * C, d] */
+    const void *shared;     /* combine: bf16 [tokens, d] */
+    int32_t *pos;           /* layout writes, scatter and combine read: [n] */
+    int32_t *counts;        /* layout: [E], min(entries, C) */
+    int32_t *dropped;       /* layout: [E + 1], past capacity per expert, then bad ids */
+    float *w_out;           /* layout: [E * C], 0 past a count */
+    void *out;              /* scatter: bf16 or e4m3 [E * C, d]; combine: bf16 [tokens, d] */
+    void *scale;            /* scatter, fp8 payload: e8m0 [E * C, d / 32]; else NULL */
+    int64_t tokens;
+    int64_t n;              /* tokens * top_k */
+    int64_t d;
+    int32_t top_k;
+    int32_t experts;
+    int32_t capacity;
+} di_moe_masked_params;
+
 /* Row gather (kernels-cuda/gather/): out[i] = src[idx[i]], rows of
    row_bytes bytes; every idx below src's row count (checked by the host). */
 typedef struct di_gather_params {
