@@ -1,0 +1,225 @@
+//! How often the exact re-encoding of `kernels-cuda/gemm/README.md` (option
+//! 3; issue 13) applies to MXFP8 operands: a 128-deep K block whose four
+//! 32-deep blocks carry E8M0 scales 2^e0 … 2^e3 can run with one promotion
+//! per 128 (DeepGEMM's rate) when every e4m3 code v of block g, shifted to
+//! the block's largest exponent E, is still an e4m3 value: v · 2^(e_g − E)
+//! exact. Shifting down only (up could pass 448); a shift is exact while the
+//! value stays normal or its low mantissa bits are zero.
+//!
+//! Operands, quantised by the library's own quantiser
+//! ([`numerics::act_quant_block`]): activations 1 × 32 per row (Gaussian,
+//! Student-t with 3 degrees of freedom, and per-channel log-normal scales
+//! with 1 % outlier channels × 20, the shape of LLM activations), and
+//! weights with one scale per 32 × 32 block (Gaussian, σ 0.02). Per operand:
+//! the share of 128-blocks (row × K block) whose four scales are equal, the
+//! share that qualifies, and the spread E − min e. For a GEMM the kernel
+//! needs both operands' blocks to qualify: the joint share over every
+//! (activation row, weight row) pair of a 256 × 256 tile and every K block.
+//!
+//! Writes `DEEPINFER_BENCH_OUT` (the CPU bench JSON) when set; prints a
+//! table either way.
+
+#[path = "common/cpu_doc.rs"]
+mod cpu_doc;
+
+use deepinfer::numerics::{act_quant_block, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3};
+use deepinfer::{E4M3, E8M0};
+use half::bf16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+const K: usize = 4096;
+const ROWS: usize = 256;
+const BLOCK: usize = 32;
+const WIDE: usize = 128;
+
+/// A standard normal draw (Box–Muller).
+fn normal(rng: &mut StdRng) -> f64 {
+    let u: f64 = rng.random_range(f64::EPSILON..1.0);
+    let v: f64 = rng.random();
+    (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+}
+
+/// Quantised operand: e4m3 codes `[rows, K]` and the E8M0 exponent of each
+/// code's 32-deep block (`exps[row][kb]`).
+struct Operand {
+    codes: Vec<E4M3>,
+    exps: Vec<Vec<i32>>,
+}
+
+/// The E8M0 exponent of a scale byte.
+fn exponent(scale: E8M0) -> i32 {
+    e8m0_to_f32(scale).log2().round() as i32
+}
+
+/// 1 × 32 blocks per row.
+fn activations(x: &[f32]) -> Operand {
+    let mut codes = vec![E4M3(0); ROWS * K];
+    let mut exps = vec![vec![0; K / BLOCK]; ROWS];
+    for r in 0..ROWS {
+        for kb in 0..K / BLOCK {
+            let at = r * K + kb * BLOCK;
+            let block: Vec<bf16> = x[at..at + BLOCK]
+                .iter()
+                .map(|&v| bf16::from_f32(v))
+                .collect();
+            exps[r][kb] = exponent(act_quant_block(&block, &mut codes[at..at + BLOCK]));
+        }
+    }
+    Operand { codes, exps }
+}
+
+/// One scale per 32 × 32 block (rows × K).
+fn weights(x: &[f32]) -> Operand {
+    let mut codes = vec![E4M3(0); ROWS * K];
+    let mut exps = vec![vec![0; K / BLOCK]; ROWS];
+    let mut block = vec![bf16::ZERO; BLOCK * BLOCK];
+    let mut q = vec![E4M3(0); BLOCK * BLOCK];
+    for rb in 0..ROWS / BLOCK {
+        for kb in 0..K / BLOCK {
+            for i in 0..BLOCK {
+                let at = (rb * BLOCK + i) * K + kb * BLOCK;
+                for (o, &v) in block[i * BLOCK..(i + 1) * BLOCK]
+                    .iter_mut()
+                    .zip(&x[at..at + BLOCK])
+                {
+                    *o = bf16::from_f32(v);
+                }
+            }
+            let e = exponent(act_quant_block(&block, &mut q));
+            for i in 0..BLOCK {
+                let r = rb * BLOCK + i;
+                codes[r * K + kb * BLOCK..r * K + (kb + 1) * BLOCK]
+                    .copy_from_slice(&q[i * BLOCK..(i + 1) * BLOCK]);
+                exps[r][kb] = e;
+            }
+        }
+    }
+    Operand { codes, exps }
+}
+
+/// Whether every code of row `r`'s 128-block `wb` survives the shift to the
+/// block's largest exponent.
+fn qualifies(op: &Operand, r: usize, wb: usize) -> bool {
+    let per = WIDE / BLOCK;
+    let e = &op.exps[r][wb * per..(wb + 1) * per];
+    let top = e.iter().copied().max().unwrap_or(0);
+    (0..per).all(|g| {
+        let shift = (-(top - e[g])) as f32;
+        let at = r * K + (wb * per + g) * BLOCK;
+        op.codes[at..at + BLOCK].iter().all(|&c| {
+            let x = e4m3_to_f32(c) * shift.exp2();
+            e4m3_to_f32(f32_to_e4m3(x)) == x
+        })
+    })
+}
+
+/// Per-operand figures: (share with four equal scales, share qualifying,
+/// histogram of the spread 0, 1, 2, ≥ 3) and the qualifying table.
+fn survey(op: &Operand) -> (f64, f64, [f64; 4], Vec<Vec<bool>>) {
+    let per = WIDE / BLOCK;
+    let blocks = K / WIDE;
+    let (mut equal, mut ok, mut spread) = (0usize, 0usize, [0usize; 4]);
+    let mut table = vec![vec![false; blocks]; ROWS];
+    for (r, row) in table.iter_mut().enumerate() {
+        for (wb, cell) in row.iter_mut().enumerate() {
+            let e = &op.exps[r][wb * per..(wb + 1) * per];
+            let (lo, hi) = (
+                e.iter().copied().min().unwrap_or(0),
+                e.iter().copied().max().unwrap_or(0),
+            );
+            equal += usize::from(lo == hi);
+            spread[((hi - lo) as usize).min(3)] += 1;
+            *cell = qualifies(op, r, wb);
+            ok += usize::from(*cell);
+        }
+    }
+    let n = (ROWS * blocks) as f64;
+    (
+        equal as f64 / n,
+        ok as f64 / n,
+        spread.map(|s| s as f64 / n),
+        table,
+    )
+}
+
+fn main() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let gauss: Vec<f32> = (0..ROWS * K).map(|_| normal(&mut rng) as f32).collect();
+    let student: Vec<f32> = (0..ROWS * K)
+        .map(|_| {
+            let chi2: f64 = (0..3).map(|_| normal(&mut rng).powi(2)).sum();
+            (normal(&mut rng) / (chi2 / 3.0).sqrt()) as f32
+        })
+        .collect();
+    let channel: Vec<f64> = (0..K)
+        .map(|_| {
+            let s = normal(&mut rng).exp();
+            if rng.random_range(0.0..1.0) < 0.01 {
+                20.0 * s
+            } else {
+                s
+            }
+        })
+        .collect();
+    let outliers: Vec<f32> = (0..ROWS * K)
+        .map(|i| (normal(&mut rng) * channel[i % K]) as f32)
+        .collect();
+    let w: Vec<f32> = (0..ROWS * K)
+        .map(|_| (0.02 * normal(&mut rng)) as f32)
+        .collect();
+
+    let operands = [
+        ("activations_gaussian", activations(&gauss)),
+        ("activations_student_t3", activations(&student)),
+        ("activations_outlier_channels", activations(&outliers)),
+        ("weights_gaussian_32x32", weights(&w)),
+    ];
+    let surveys: Vec<_> = operands.iter().map(|(_, op)| survey(op)).collect();
+    println!("operand                          equal scales  qualifies   spread 0 / 1 / 2 / >=3");
+    let mut records = Vec::new();
+    for ((name, _), (equal, ok, spread, _)) in operands.iter().zip(&surveys) {
+        println!(
+            "{name:32} {:>11.1}% {:>9.1}%   {:.3} / {:.3} / {:.3} / {:.3}",
+            100.0 * equal,
+            100.0 * ok,
+            spread[0],
+            spread[1],
+            spread[2],
+            spread[3]
+        );
+        records.push(json!({
+            "operand": name, "equal_scales": equal, "qualifies": ok,
+            "spread": {"0": spread[0], "1": spread[1], "2": spread[2], "3+": spread[3]},
+        }));
+    }
+    // A GEMM tile: activation row i × weight row j, K block b, both qualify.
+    let wt = &surveys[3].3;
+    let mut joint = Vec::new();
+    for (name, (_, _, _, at)) in operands.iter().map(|(n, _)| n).zip(&surveys).take(3) {
+        let mut both = 0usize;
+        for a in at {
+            for w in wt {
+                both += a.iter().zip(w).filter(|(x, y)| **x && **y).count();
+            }
+        }
+        let share = both as f64 / (ROWS * ROWS * (K / WIDE)) as f64;
+        println!("joint with the weights: {name:32} {:>6.1}%", 100.0 * share);
+        joint.push(
+            json!({"activations": name, "weights": "weights_gaussian_32x32", "qualifies": share}),
+        );
+    }
+    if let Some(out) = std::env::var_os("DEEPINFER_BENCH_OUT") {
+        cpu_doc::write(
+            &out,
+            json!({
+                "bench": "mx_reencode_cpu",
+                "what": "share of 128-deep K blocks of MXFP8 operands whose four E8M0-scaled 32-blocks re-encode exactly to one shared exponent (kernels-cuda/gemm/README.md option 3)",
+                "shape": {"rows": ROWS, "k": K, "block": BLOCK, "wide_block": WIDE},
+                "operands": records,
+                "gemm_joint": joint,
+            }),
+        );
+    }
+}
