@@ -57,14 +57,14 @@ fn exponent(scale: E8M0) -> i32 {
 fn activations(x: &[f32]) -> Operand {
     let mut codes = vec![E4M3(0); ROWS * K];
     let mut exps = vec![vec![0; K / BLOCK]; ROWS];
-    for r in 0..ROWS {
-        for kb in 0..K / BLOCK {
+    for (r, row_exps) in exps.iter_mut().enumerate() {
+        for (kb, e) in row_exps.iter_mut().enumerate() {
             let at = r * K + kb * BLOCK;
             let block: Vec<bf16> = x[at..at + BLOCK]
                 .iter()
                 .map(|&v| bf16::from_f32(v))
                 .collect();
-            exps[r][kb] = exponent(act_quant_block(&block, &mut codes[at..at + BLOCK]));
+            *e = exponent(act_quant_block(&block, &mut codes[at..at + BLOCK]));
         }
     }
     Operand { codes, exps }

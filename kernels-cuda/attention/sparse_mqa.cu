@@ -833,31 +833,6 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     }
 }
 
-// Version 6: grid (T, H / 64), 384 threads, DI_SPARSE_MQA_SMEM_BYTES (the
-// 64-head carve-up: the partial-logit exchange is 2 x 32 x 128 floats).
-__device__ __forceinline__ void sparse_mqa_v6_body(const di_sparse_mqa_params &p) {
-    extern __shared__ __align__(1024) uint8_t smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * 64;
-    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
-    if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
-        bar_init(&bars[2], 256);
-        bar_init(&bars[3], 256);
-    }
-    __syncthreads();
-    if (warp < kProducerWarps) {
-        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        produce_v2<kProducerWarps, true>(p, smem, warp, lane, t, blocks);
-    } else {
-        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
-        consume_wgmma<false>(p, smem, (warp - kProducerWarps) / 4, threadIdx.x - 128 * (1 + (warp - kProducerWarps) / 4), t,
-                   h0, blocks);
-    }
-}
 // ---- version 7: raw rows by cp.async, decoded from shared memory -----------
 // Version 6 was producer-bound (README): each producer warp held its rows in
 // registers (spilling at 88), compared the entries it loaded ahead at once,
@@ -979,8 +954,13 @@ __device__ __forceinline__ void produce_v7(const di_sparse_mqa_params &p, uint8_
     }
 }
 
-// Version 7: grid (T, H / 64), 384 threads, DI_SPARSE_MQA_V7_SMEM_BYTES.
-__device__ __forceinline__ void sparse_mqa_v7_body(const di_sparse_mqa_params &p) {
+// Versions 6 and 7: grid (T, H / 64), 384 threads; version 6 with
+// DI_SPARSE_MQA_SMEM_BYTES (the 64-head carve-up, its partial-logit exchange
+// 2 x 32 x 128 floats), version 7 with DI_SPARSE_MQA_V7_SMEM_BYTES (the raw
+// stage in the exchange's place). Producers: version 3's in the wgmma
+// layout (6) or produce_v7 (7); consumers: consume_wgmma, over half the dims
+// with the exchange (6) or over all of them (7).
+template <bool kV7> __device__ __forceinline__ void sparse_mqa_wgmma_body(const di_sparse_mqa_params &p) {
     extern __shared__ __align__(1024) uint8_t smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
@@ -996,11 +976,12 @@ __device__ __forceinline__ void sparse_mqa_v7_body(const di_sparse_mqa_params &p
     __syncthreads();
     if (warp < kProducerWarps) {
         deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        produce_v7(p, smem, warp, lane, t, blocks);
+        if constexpr (kV7) produce_v7(p, smem, warp, lane, t, blocks);
+        else produce_v2<kProducerWarps, true>(p, smem, warp, lane, t, blocks);
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         const int wg = (warp - kProducerWarps) / 4;
-        consume_wgmma<true>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+        consume_wgmma<kV7>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
     }
 }
 #endif
@@ -1033,7 +1014,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v6(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v6_body(p);
+    sparse_mqa_wgmma_body<false>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif
@@ -1046,7 +1027,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v7(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v7_body(p);
+    sparse_mqa_wgmma_body<true>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

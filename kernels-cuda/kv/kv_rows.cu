@@ -34,8 +34,6 @@ using namespace deepinfer;
 
 namespace {
 
-constexpr float kInvE4M3Max = 1.0f / 448.0f;
-constexpr float kFp8AmaxFloor = 1e-4f;
 constexpr float kFp4E4M3AmaxFloor = 6.0f / 512.0f;
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) { return __uint_as_float(b << 16); }

@@ -15,8 +15,8 @@
 //   seen - counts[e], w_out zeroed past counts[e]. CTA 0 also gives every id
 //   outside [0, E) pos -1 and writes their number to dropped[E].
 // moe_masked_scatter_fp8: one CTA per token; each thread quantises 8 values
-//   (16 B) of the token's row exactly as act_quant_fp8_vec8 (four lanes per
-//   32-block share the amax by two xor shuffles) and writes them, and lane 0
+//   (16 B) of the token's row exactly as act_quant_fp8_vec8
+//   (deepinfer::act_quant8_lanes: four lanes per 32-block share the amax) and writes them, and lane 0
 //   of the four the scale, to every row pos[token * top_k + slot] in range.
 // moe_masked_scatter_bf16: one CTA per token, the row copied to each of its
 //   rows in 16-byte words when d % 8 == 0, else element by element.
@@ -29,8 +29,6 @@
 #include "deepinfer/params.h"
 
 namespace masked {
-constexpr float kInvE4M3Max = 1.0f / 448.0f;
-constexpr float kAmaxFloor = 1e-4f;
 constexpr int kMaxWarps = 32;
 
 __device__ __forceinline__ bool in_rows(int32_t row, int64_t rows) {
@@ -148,20 +146,10 @@ extern "C" __global__ void __launch_bounds__(256)
             const int64_t g = g0 + threadIdx.x;
             const bool live = g < groups;
             __nv_bfloat16 v[8];
-            float amax = masked::kAmaxFloor;
-            if (live) {
-                *reinterpret_cast<uint4 *>(v) = xr[g];
-#pragma unroll
-                for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(v[i])));
-            }
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            if (!live) continue;
-            const int e = deepinfer::ceil_pow2_exponent(amax, masked::kInvE4M3Max);
-            const float inv = deepinfer::exp2_neg(e);
+            if (live) *reinterpret_cast<uint4 *>(v) = xr[g];
             uint8_t q[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) q[i] = deepinfer::f32_to_e4m3(__bfloat162float(v[i]) * inv);
+            const int e = deepinfer::act_quant8_lanes(v, live, q);
+            if (!live) continue;
             const uint2 word = *reinterpret_cast<const uint2 *>(q);
             for (int32_t s = 0; s < p.top_k; ++s) {
                 const int32_t row = p.pos[t * p.top_k + s];

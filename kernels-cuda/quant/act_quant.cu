@@ -11,11 +11,6 @@
 
 using namespace deepinfer;
 
-namespace {
-constexpr float kInvE4M3Max = 1.0f / 448.0f;
-constexpr float kAmaxFloor = 1e-4f;
-}  // namespace
-
 extern "C" __global__ void __launch_bounds__(256)
     act_quant_fp8_vec8(const __grid_constant__ di_act_quant_params p) {
     const int64_t groups = p.rows * int64_t(p.k / 8);
@@ -25,20 +20,10 @@ extern "C" __global__ void __launch_bounds__(256)
         const int64_t g = base + threadIdx.x;
         const bool live = g < groups;
         __nv_bfloat16 v[8];
-        float amax = kAmaxFloor;
-        if (live) {
-            *reinterpret_cast<uint4 *>(v) = reinterpret_cast<const uint4 *>(p.x)[g];
-#pragma unroll
-            for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(v[i])));
-        }
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        if (!live) continue;
-        const int e = ceil_pow2_exponent(amax, kInvE4M3Max);
-        const float inv = exp2_neg(e);
+        if (live) *reinterpret_cast<uint4 *>(v) = reinterpret_cast<const uint4 *>(p.x)[g];
         uint8_t q[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) q[i] = f32_to_e4m3(__bfloat162float(v[i]) * inv);
+        const int e = act_quant8_lanes(v, live, q);
+        if (!live) continue;
         reinterpret_cast<uint2 *>(p.q)[g] = *reinterpret_cast<uint2 *>(q);
         if ((g & 3) == 0) static_cast<uint8_t *>(p.scale)[g >> 2] = uint8_t(e + 127);
     }
@@ -58,7 +43,7 @@ extern "C" __global__ void __launch_bounds__(256)
         const int64_t at = row * p.k + col;
         const float x =
             live ? __bfloat162float(static_cast<const __nv_bfloat16 *>(p.x)[at]) : 0.0f;
-        float amax = fmaxf(kAmaxFloor, fabsf(x));
+        float amax = fmaxf(kFp8AmaxFloor, fabsf(x));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         const int e = ceil_pow2_exponent(amax, kInvE4M3Max);

@@ -39,9 +39,36 @@ __device__ __forceinline__ float exp2_neg(int e) {
     return __uint_as_float(uint32_t(127 - e) << 23);
 }
 
+// The FP8 quantisers' 1 / 448 (the e4m3 maximum) and amax floor (§10.1).
+constexpr float kInvE4M3Max = 1.0f / 448.0f;
+constexpr float kFp8AmaxFloor = 1e-4f;
+
 // Saturating round-to-nearest-even f32 -> e4m3 byte (NaN -> 0x7F).
 __device__ __forceinline__ uint8_t f32_to_e4m3(float x) {
     return uint8_t(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+
+// The FP8 1 x 32 quantiser (numerics::act_quant_block) over one 32-block
+// held by four consecutive lanes, 8 values each (lanes 4i .. 4i+3 hold the
+// block's groups in order): the amax is shared by two xor shuffles, so every
+// lane of the warp must call it; a lane with `live` false holds no values
+// and contributes the floor. Returns the E8M0 exponent e (scale 2^e, byte
+// e + 127) and writes the 8 e4m3 codes of a live lane into `q`.
+__device__ __forceinline__ int act_quant8_lanes(const __nv_bfloat16 (&v)[8], bool live, uint8_t (&q)[8]) {
+    float amax = kFp8AmaxFloor;
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(__bfloat162float(v[i])));
+    }
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const int e = ceil_pow2_exponent(amax, kInvE4M3Max);
+    if (live) {
+        const float inv = exp2_neg(e);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) q[i] = f32_to_e4m3(__bfloat162float(v[i]) * inv);
+    }
+    return e;
 }
 
 // 1 / 6 (the e2m1 maximum) and the E8M0 FP4 quantiser's amax floor, 6 * FLT_MIN.
