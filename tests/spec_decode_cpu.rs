@@ -4,7 +4,8 @@
 //! in a mixed batch, and on the real vocabulary under a grammar (JSON
 //! Schema, regex) and with stop strings completed inside an accepted draft
 //! (same tokens, logprobs, stop reason and text, nothing streamed past the
-//! stop); a rollback after a rejection at any draft position
+//! stop); the batch is refilled from the queue as requests finish, with
+//! bitwise unchanged outputs in batch-invariant mode; a rollback after a rejection at any draft position
 //! leaves the pool exactly as a plain run (the following logits are
 //! bitwise equal); sampled speculative output follows the target
 //! distribution (chi-square); it runs through the prefix cache and compact
@@ -1363,5 +1364,64 @@ fn a_stop_string_completed_inside_a_draft_stops_where_plain_decoding_does() {
                 assert_same(&want, &got, &format!("oracle (errors {errs}), {what}"));
             }
         }
+    }
+}
+
+/// Speculative decoding refills its batch: with max_seqs 2, a waiting
+/// request takes a finished one's place while the other still decodes
+/// (their streamed tokens interleave, and never more than 2 requests are
+/// open at once), and in batch-invariant mode the outputs are bitwise
+/// those of plain decoding and of speculative decoding with every request
+/// at once, drafts included (the same accepted counts).
+#[test]
+fn speculative_decoding_refills_the_batch_as_requests_finish() {
+    let mut rng = common::rng("spec_refill");
+    let seed = rng.random();
+    let device = deepinfer::Device::Cpu.with_batch_invariant_kernels();
+    let engine = |nextn: usize, max_seqs: usize| {
+        let (model, dw) = common::tiny::tiny_model_on(seed, &device);
+        let cfg = EngineConfig {
+            batch_invariant: true,
+            max_seqs,
+            // The fixed schedule: the confidence schedule's budget is over
+            // the batch, so its verify lengths depend on the batch.
+            ..config(nextn, false)
+        };
+        let e = Engine::new(model, cfg).unwrap();
+        match nextn {
+            0 => e,
+            _ => e.with_drafter(Box::new(DsparkDrafter {
+                weights: dw.expect("the tiny config has DSpark stages"),
+            })),
+        }
+    };
+    let plain = engine(0, 64);
+    let ps = prompts(&mut rng, 5, plain.model.cfg.vocab_size);
+    let params: Vec<SamplingParams> = [2, 20, 3, 14, 9].into_iter().map(greedy).collect();
+    let want = outputs(&plain, &ps, &params);
+    let at_once = outputs(&engine(3, 64), &ps, &params);
+    assert_same(&want, &at_once, "speculative, every request at once");
+    let mut order = Vec::new();
+    let refilled: Vec<Output> = engine(3, 2)
+        .generate_streaming(&ps, &params, &mut |e| order.push(e.request))
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_same(&want, &refilled, "speculative, max_seqs 2");
+    let stats = |o: &[Output]| -> Vec<SpecStats> { o.iter().map(|o| o.spec.unwrap()).collect() };
+    assert_eq!(stats(&at_once), stats(&refilled), "the drafts changed");
+    // Request i is open from its first streamed token to its last.
+    let span = |r: usize| {
+        let first = order.iter().position(|&x| x == r).unwrap();
+        (first, order.iter().rposition(|&x| x == r).unwrap())
+    };
+    let spans: Vec<(usize, usize)> = (0..ps.len()).map(span).collect();
+    assert!(
+        spans[2].0 < spans[1].1,
+        "request 2 must be admitted when request 0 finishes, before request 1 does: {order:?}"
+    );
+    for at in 0..order.len() {
+        let open = spans.iter().filter(|s| s.0 <= at && at <= s.1).count();
+        assert!(open <= 2, "{open} requests open at event {at}: {order:?}");
     }
 }
