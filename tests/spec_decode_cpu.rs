@@ -427,11 +427,14 @@ fn the_speculative_pool_is_sized_for_the_requests_not_nextn_past_them() {
 
 /// The batched DSpark draft (one pass of the stages for many sequences,
 /// the attention grouped by list width) gives every sequence bitwise the
-/// draft it gets alone, greedy and with a chooser, with contexts shorter
-/// and longer than the window in one batch.
+/// draft it gets alone, greedy and with a chooser (the Markov and
+/// confidence heads batched too), with contexts shorter and longer than
+/// the window in one batch; seeding the rings of many sequences in one
+/// `dspark_seed_batch` leaves each bitwise as seeding it alone (the drafts
+/// read them), and a sequence twice in one batch is refused by name.
 #[test]
 fn batched_drafts_equal_the_drafts_made_alone() {
-    use deepinfer::model::dspark::DraftRequest;
+    use deepinfer::model::dspark::{DraftRequest, SeedRequest};
     let mut rng = common::rng("spec_batched_draft");
     let (model, dw) = common::tiny::tiny_model(rng.random());
     let dw = dw.unwrap();
@@ -446,12 +449,15 @@ fn batched_drafts_equal_the_drafts_made_alone() {
         .collect();
     let nexts: Vec<u32> = lens.iter().map(|_| rng.random_range(0..v)).collect();
     // A pool with every prompt fed and its drafter seeded but for the last
-    // position; returns the pool, the sequences and their last features.
-    let setup = || {
+    // position (one sequence at a time, or all in one `dspark_seed_batch`
+    // when `batched`); returns the pool, the sequences and their last
+    // features.
+    let seeded = |batched: bool| {
         let pc = PoolConfig::fitting(&cfg, lens.len(), 64, 32, 4).unwrap();
         let mut pool = StatePool::new(&cfg, &model.device(), pc).unwrap();
         let mut seqs = Vec::new();
         let mut lasts = Vec::new();
+        let mut earlier = Vec::new();
         for prompt in &prompts {
             let seq = pool.add_sequence().unwrap();
             let f = model
@@ -461,15 +467,31 @@ fn batched_drafts_equal_the_drafts_made_alone() {
                 .unwrap();
             let n = prompt.len();
             if n > 1 {
-                model
-                    .dspark_seed(&dw, &mut pool, seq, &f.narrow_rows(0, n - 1).unwrap(), 0)
-                    .unwrap();
+                earlier.push((seq, f.narrow_rows(0, n - 1).unwrap()));
             }
             seqs.push(seq);
             lasts.push(f.narrow_rows(n - 1, 1).unwrap());
         }
+        if batched {
+            let reqs: Vec<SeedRequest> = earlier
+                .iter()
+                .map(|(seq, features)| SeedRequest {
+                    seq: *seq,
+                    features,
+                    start: 0,
+                })
+                .collect();
+            model.dspark_seed_batch(&dw, &mut pool, &reqs).unwrap();
+        } else {
+            for (seq, features) in &earlier {
+                model
+                    .dspark_seed(&dw, &mut pool, *seq, features, 0)
+                    .unwrap();
+            }
+        }
         (pool, seqs, lasts)
     };
+    let setup = || seeded(false);
     let bits = |d: &deepinfer::model::dspark::Draft| -> (Vec<u32>, Vec<u32>) {
         (
             d.tokens.clone(),
@@ -498,6 +520,33 @@ fn batched_drafts_equal_the_drafts_made_alone() {
                     .unwrap()
             };
             alone.push(bits(&d));
+        }
+        // Seeded in one batch, each drafting alone: the same drafts.
+        let (mut pool, seqs, lasts) = seeded(true);
+        for (k, &seq) in seqs.iter().enumerate() {
+            let d = if chosen {
+                let mut c = second;
+                model
+                    .dspark_draft_with(
+                        &dw,
+                        &mut pool,
+                        seq,
+                        &lasts[k],
+                        lens[k] - 1,
+                        nexts[k],
+                        &mut c,
+                    )
+                    .unwrap()
+            } else {
+                model
+                    .dspark_draft(&dw, &mut pool, seq, &lasts[k], lens[k] - 1, nexts[k])
+                    .unwrap()
+            };
+            assert_eq!(
+                bits(&d),
+                alone[k],
+                "seeded in a batch, chooser {chosen}, request {k}"
+            );
         }
         let (mut pool, seqs, lasts) = setup();
         let mut choosers: Vec<_> = seqs.iter().map(|_| second).collect();
@@ -533,6 +582,16 @@ fn batched_drafts_equal_the_drafts_made_alone() {
     };
     let e = model
         .dspark_draft_batch(&dw, &mut pool, &mut [twice(0), twice(1)])
+        .unwrap_err();
+    assert!(e.to_string().contains("seq"), "{e}");
+    // So is a sequence seeded twice in one batch, before any ring is written.
+    let twice = || SeedRequest {
+        seq: seqs[0],
+        features: &lasts[0],
+        start: lens[0] - 1,
+    };
+    let e = model
+        .dspark_seed_batch(&dw, &mut pool, &[twice(), twice()])
         .unwrap_err();
     assert!(e.to_string().contains("seq"), "{e}");
 }
