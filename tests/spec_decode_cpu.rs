@@ -1,7 +1,11 @@
 //! Speculative decoding on the CPU (issue 12 item 4) on the tiny model:
 //! greedy speculative output equals greedy plain output token for token
 //! and logprob for logprob, for every nextn and both schedules, alone and
-//! in a mixed batch; a rollback after a rejection at any draft position
+//! in a mixed batch, and on the real vocabulary under a grammar (JSON
+//! Schema, regex) and with stop strings completed inside an accepted draft
+//! (same tokens, logprobs, stop reason and text, nothing streamed past the
+//! stop); the batch is refilled from the queue as requests finish, with
+//! bitwise unchanged outputs in batch-invariant mode; a rollback after a rejection at any draft position
 //! leaves the pool exactly as a plain run (the following logits are
 //! bitwise equal); sampled speculative output follows the target
 //! distribution (chi-square); it runs through the prefix cache and compact
@@ -423,11 +427,14 @@ fn the_speculative_pool_is_sized_for_the_requests_not_nextn_past_them() {
 
 /// The batched DSpark draft (one pass of the stages for many sequences,
 /// the attention grouped by list width) gives every sequence bitwise the
-/// draft it gets alone, greedy and with a chooser, with contexts shorter
-/// and longer than the window in one batch.
+/// draft it gets alone, greedy and with a chooser (the Markov and
+/// confidence heads batched too), with contexts shorter and longer than
+/// the window in one batch; seeding the rings of many sequences in one
+/// `dspark_seed_batch` leaves each bitwise as seeding it alone (the drafts
+/// read them), and a sequence twice in one batch is refused by name.
 #[test]
 fn batched_drafts_equal_the_drafts_made_alone() {
-    use deepinfer::model::dspark::DraftRequest;
+    use deepinfer::model::dspark::{DraftRequest, SeedRequest};
     let mut rng = common::rng("spec_batched_draft");
     let (model, dw) = common::tiny::tiny_model(rng.random());
     let dw = dw.unwrap();
@@ -442,12 +449,15 @@ fn batched_drafts_equal_the_drafts_made_alone() {
         .collect();
     let nexts: Vec<u32> = lens.iter().map(|_| rng.random_range(0..v)).collect();
     // A pool with every prompt fed and its drafter seeded but for the last
-    // position; returns the pool, the sequences and their last features.
-    let setup = || {
+    // position (one sequence at a time, or all in one `dspark_seed_batch`
+    // when `batched`); returns the pool, the sequences and their last
+    // features.
+    let seeded = |batched: bool| {
         let pc = PoolConfig::fitting(&cfg, lens.len(), 64, 32, 4).unwrap();
         let mut pool = StatePool::new(&cfg, &model.device(), pc).unwrap();
         let mut seqs = Vec::new();
         let mut lasts = Vec::new();
+        let mut earlier = Vec::new();
         for prompt in &prompts {
             let seq = pool.add_sequence().unwrap();
             let f = model
@@ -457,15 +467,31 @@ fn batched_drafts_equal_the_drafts_made_alone() {
                 .unwrap();
             let n = prompt.len();
             if n > 1 {
-                model
-                    .dspark_seed(&dw, &mut pool, seq, &f.narrow_rows(0, n - 1).unwrap(), 0)
-                    .unwrap();
+                earlier.push((seq, f.narrow_rows(0, n - 1).unwrap()));
             }
             seqs.push(seq);
             lasts.push(f.narrow_rows(n - 1, 1).unwrap());
         }
+        if batched {
+            let reqs: Vec<SeedRequest> = earlier
+                .iter()
+                .map(|(seq, features)| SeedRequest {
+                    seq: *seq,
+                    features,
+                    start: 0,
+                })
+                .collect();
+            model.dspark_seed_batch(&dw, &mut pool, &reqs).unwrap();
+        } else {
+            for (seq, features) in &earlier {
+                model
+                    .dspark_seed(&dw, &mut pool, *seq, features, 0)
+                    .unwrap();
+            }
+        }
         (pool, seqs, lasts)
     };
+    let setup = || seeded(false);
     let bits = |d: &deepinfer::model::dspark::Draft| -> (Vec<u32>, Vec<u32>) {
         (
             d.tokens.clone(),
@@ -494,6 +520,33 @@ fn batched_drafts_equal_the_drafts_made_alone() {
                     .unwrap()
             };
             alone.push(bits(&d));
+        }
+        // Seeded in one batch, each drafting alone: the same drafts.
+        let (mut pool, seqs, lasts) = seeded(true);
+        for (k, &seq) in seqs.iter().enumerate() {
+            let d = if chosen {
+                let mut c = second;
+                model
+                    .dspark_draft_with(
+                        &dw,
+                        &mut pool,
+                        seq,
+                        &lasts[k],
+                        lens[k] - 1,
+                        nexts[k],
+                        &mut c,
+                    )
+                    .unwrap()
+            } else {
+                model
+                    .dspark_draft(&dw, &mut pool, seq, &lasts[k], lens[k] - 1, nexts[k])
+                    .unwrap()
+            };
+            assert_eq!(
+                bits(&d),
+                alone[k],
+                "seeded in a batch, chooser {chosen}, request {k}"
+            );
         }
         let (mut pool, seqs, lasts) = setup();
         let mut choosers: Vec<_> = seqs.iter().map(|_| second).collect();
@@ -529,6 +582,16 @@ fn batched_drafts_equal_the_drafts_made_alone() {
     };
     let e = model
         .dspark_draft_batch(&dw, &mut pool, &mut [twice(0), twice(1)])
+        .unwrap_err();
+    assert!(e.to_string().contains("seq"), "{e}");
+    // So is a sequence seeded twice in one batch, before any ring is written.
+    let twice = || SeedRequest {
+        seq: seqs[0],
+        features: &lasts[0],
+        start: lens[0] - 1,
+    };
+    let e = model
+        .dspark_seed_batch(&dw, &mut pool, &[twice(), twice()])
         .unwrap_err();
     assert!(e.to_string().contains("seq"), "{e}");
 }
@@ -1146,4 +1209,278 @@ fn measure_fixed_against_confidence_scheduled_verification() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("benches/results/2026-12-01-cpu-spec-decode.json");
     std::fs::write(&path, serde_json::to_string_pretty(&doc).unwrap() + "\n").unwrap();
+}
+
+/// The real-vocabulary tiny model written once to `dir`: its engine under
+/// `nextn` and the schedule (`varlen`), with the checkpoint's DSpark
+/// drafter when `nextn` > 0.
+fn v4vocab_spec_engine(dir: &std::path::Path, nextn: usize, varlen: bool) -> Engine {
+    Engine::from_dir(
+        dir,
+        EngineConfig {
+            max_context: 256,
+            max_seqs: 64,
+            nextn,
+            mtp_varlen: varlen,
+            ..EngineConfig::default()
+        },
+        false,
+    )
+    .unwrap()
+}
+
+/// Asserts that `got` is `want` token for token, logprob for logprob
+/// (bitwise), with the same stop reason and text.
+fn assert_same(want: &[Output], got: &[Output], what: &str) {
+    assert_eq!(want.len(), got.len(), "{what}");
+    for (i, (w, g)) in want.iter().zip(got).enumerate() {
+        assert_eq!(w.tokens, g.tokens, "{what}, request {i}");
+        let bits = |o: &Output| -> Vec<u32> {
+            o.logprobs
+                .as_ref()
+                .map(|l| l.iter().map(|x| x.to_bits()).collect())
+                .unwrap_or_default()
+        };
+        assert_eq!(bits(w), bits(g), "{what}, request {i}");
+        assert_eq!(w.stop, g.stop, "{what}, request {i}");
+        assert_eq!(w.text, g.text, "{what}, request {i}");
+    }
+}
+
+/// Runs `engine` streaming; asserts it reported exactly the tokens each
+/// output holds (nothing emitted past a stop).
+fn streamed(engine: &Engine, prompts: &[Vec<u32>], params: &[SamplingParams]) -> Vec<Output> {
+    let mut events: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let outs: Vec<Output> = engine
+        .generate_streaming(prompts, params, &mut |e| {
+            assert_eq!(e.index, events[e.request].len());
+            events[e.request].push(e.token);
+        })
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    for (i, (o, e)) in outs.iter().zip(&events).enumerate() {
+        assert_eq!(&o.tokens, e, "request {i}: streamed tokens");
+    }
+    outs
+}
+
+/// An oracle over the real-vocabulary model: the plain outputs `truth`,
+/// wrong at every draft slot where (request + done + slot) % 4 == 3 when
+/// `errs`, with confidence falling along the block.
+fn v4vocab_oracle(
+    dir: &std::path::Path,
+    nextn: usize,
+    varlen: bool,
+    truth: Vec<(Vec<u32>, Vec<u32>)>,
+    errs: bool,
+) -> Engine {
+    let engine = v4vocab_spec_engine(dir, nextn, varlen);
+    let vocab = engine.model.cfg.vocab_size as u32;
+    engine.with_drafter(Box::new(Oracle {
+        truth,
+        vocab,
+        wrong: Box::new(move |r, done, i| errs && (r + done + i) % 4 == 3),
+        confidence: Box::new(|_, i| 0.95 - 0.1 * i as f32),
+    }))
+}
+
+fn v4vocab_prompts(rng: &mut impl Rng, n: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|_| {
+            (0..rng.random_range(2..8))
+                .map(|_| rng.random_range(0..128_000))
+                .collect()
+        })
+        .collect()
+}
+
+/// Greedy speculation under a grammar (JSON Schema and regex, through
+/// llguidance) emits exactly the plain constrained tokens, logprobs, stop
+/// reasons and text, for nextn 1..=5 and both schedules, with the random
+/// DSpark drafter (drafts the grammar mostly forbids) and with an oracle
+/// whose drafts are the plain tokens, some of them wrong: accepted drafts
+/// advance the grammar, rejected ones never reach it.
+#[test]
+fn greedy_speculation_under_a_grammar_equals_plain_decoding() {
+    use deepinfer::engine::{SchemaType, StopReason, StructuredOutput};
+    const SCHEMA: &str = r#"{"type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 6},
+                     "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                     "tag": {"enum": ["red", "green", "blue"]}},
+      "required": ["name", "age", "tag"], "additionalProperties": false,
+      "x-guidance": {"whitespace_flexible": false}}"#;
+    let mut rng = common::rng("spec_grammar");
+    let dir = common::TempDir::new("spec_grammar");
+    let plain = common::tiny::v4vocab_engine(dir.path(), rng.random());
+    let eos = plain.model.cfg.tokens.eos;
+    let ps = v4vocab_prompts(&mut rng, 4);
+    let params: Vec<SamplingParams> = (0..4)
+        .map(|i| {
+            let (schema_type, schema) = match i % 2 {
+                0 => (SchemaType::Json, SCHEMA),
+                _ => (SchemaType::Regex, "[a-z]{2,6}-[0-9]{1,3}"),
+            };
+            SamplingParams {
+                stop: vec![eos],
+                so_args: Some(StructuredOutput {
+                    schema_type,
+                    schema: schema.into(),
+                }),
+                ..greedy(40)
+            }
+        })
+        .collect();
+    let want = outputs(&plain, &ps, &params);
+    assert!(
+        want.iter()
+            .any(|o| matches!(o.stop, StopReason::Grammar | StopReason::Stop(_))),
+        "the grammar must end some output: {:?}",
+        want.iter().map(|o| &o.stop).collect::<Vec<_>>()
+    );
+    let truth: Vec<_> = ps
+        .iter()
+        .cloned()
+        .zip(want.iter().map(|o| o.tokens.clone()))
+        .collect();
+    for nextn in 1..=5 {
+        for varlen in [false, true] {
+            let what = format!("nextn {nextn}, varlen {varlen}");
+            let dspark = v4vocab_spec_engine(dir.path(), nextn, varlen);
+            assert_same(
+                &want,
+                &streamed(&dspark, &ps, &params),
+                &format!("dspark, {what}"),
+            );
+            let oracle = v4vocab_oracle(dir.path(), nextn, varlen, truth.clone(), true);
+            let got = streamed(&oracle, &ps, &params);
+            assert_same(&want, &got, &format!("oracle, {what}"));
+            let accepted: usize = got.iter().map(|o| o.spec.unwrap().accepted).sum();
+            assert!(
+                accepted > 0,
+                "{what}: the oracle's drafts were never accepted"
+            );
+        }
+    }
+}
+
+/// A stop string completed by an accepted draft stops speculation exactly
+/// where plain decoding stops: the same tokens (the one completing it
+/// last), logprobs, stop reason and cut text, and nothing streamed past
+/// it, though the oracle drafts the plain continuation beyond the stop.
+#[test]
+fn a_stop_string_completed_inside_a_draft_stops_where_plain_decoding_does() {
+    use deepinfer::engine::StopReason;
+    let mut rng = common::rng("spec_stop_strings");
+    let dir = common::TempDir::new("spec_stop_strings");
+    let plain = common::tiny::v4vocab_engine(dir.path(), rng.random());
+    let ps = v4vocab_prompts(&mut rng, 4);
+    let free = vec![greedy(24); ps.len()];
+    let full = outputs(&plain, &ps, &free);
+    // Per request, a stop string from the middle of its own output (the
+    // text of tokens 5.. decoded, its first 2 characters).
+    let tok = plain.tokenizer.as_ref().unwrap();
+    let params: Vec<SamplingParams> = full
+        .iter()
+        .map(|o| {
+            let tail = tok.decode(&o.tokens[5..]).unwrap();
+            let stop: String = tail.chars().take(2).collect();
+            SamplingParams {
+                stop_strings: vec![stop],
+                ..greedy(24)
+            }
+        })
+        .collect();
+    let want = outputs(&plain, &ps, &params);
+    let stopped = want
+        .iter()
+        .zip(&full)
+        .filter(|(w, f)| {
+            matches!(w.stop, StopReason::StopString(_)) && w.tokens.len() + 2 < f.tokens.len()
+        })
+        .count();
+    assert!(
+        stopped >= 2,
+        "stop strings must end outputs early: {want:?}"
+    );
+    let truth: Vec<_> = ps
+        .iter()
+        .cloned()
+        .zip(full.iter().map(|o| o.tokens.clone()))
+        .collect();
+    for nextn in 1..=5 {
+        for varlen in [false, true] {
+            let what = format!("nextn {nextn}, varlen {varlen}");
+            let dspark = v4vocab_spec_engine(dir.path(), nextn, varlen);
+            assert_same(
+                &want,
+                &streamed(&dspark, &ps, &params),
+                &format!("dspark, {what}"),
+            );
+            for errs in [false, true] {
+                let oracle = v4vocab_oracle(dir.path(), nextn, varlen, truth.clone(), errs);
+                let got = streamed(&oracle, &ps, &params);
+                assert_same(&want, &got, &format!("oracle (errors {errs}), {what}"));
+            }
+        }
+    }
+}
+
+/// Speculative decoding refills its batch: with max_seqs 2, a waiting
+/// request takes a finished one's place while the other still decodes
+/// (their streamed tokens interleave, and never more than 2 requests are
+/// open at once), and in batch-invariant mode the outputs are bitwise
+/// those of plain decoding and of speculative decoding with every request
+/// at once, drafts included (the same accepted counts).
+#[test]
+fn speculative_decoding_refills_the_batch_as_requests_finish() {
+    let mut rng = common::rng("spec_refill");
+    let seed = rng.random();
+    let device = deepinfer::Device::Cpu.with_batch_invariant_kernels();
+    let engine = |nextn: usize, max_seqs: usize| {
+        let (model, dw) = common::tiny::tiny_model_on(seed, &device);
+        let cfg = EngineConfig {
+            batch_invariant: true,
+            max_seqs,
+            // The fixed schedule: the confidence schedule's budget is over
+            // the batch, so its verify lengths depend on the batch.
+            ..config(nextn, false)
+        };
+        let e = Engine::new(model, cfg).unwrap();
+        match nextn {
+            0 => e,
+            _ => e.with_drafter(Box::new(DsparkDrafter {
+                weights: dw.expect("the tiny config has DSpark stages"),
+            })),
+        }
+    };
+    let plain = engine(0, 64);
+    let ps = prompts(&mut rng, 5, plain.model.cfg.vocab_size);
+    let params: Vec<SamplingParams> = [2, 20, 3, 14, 9].into_iter().map(greedy).collect();
+    let want = outputs(&plain, &ps, &params);
+    let at_once = outputs(&engine(3, 64), &ps, &params);
+    assert_same(&want, &at_once, "speculative, every request at once");
+    let mut order = Vec::new();
+    let refilled: Vec<Output> = engine(3, 2)
+        .generate_streaming(&ps, &params, &mut |e| order.push(e.request))
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert_same(&want, &refilled, "speculative, max_seqs 2");
+    let stats = |o: &[Output]| -> Vec<SpecStats> { o.iter().map(|o| o.spec.unwrap()).collect() };
+    assert_eq!(stats(&at_once), stats(&refilled), "the drafts changed");
+    // Request i is open from its first streamed token to its last.
+    let span = |r: usize| {
+        let first = order.iter().position(|&x| x == r).unwrap();
+        (first, order.iter().rposition(|&x| x == r).unwrap())
+    };
+    let spans: Vec<(usize, usize)> = (0..ps.len()).map(span).collect();
+    assert!(
+        spans[2].0 < spans[1].1,
+        "request 2 must be admitted when request 0 finishes, before request 1 does: {order:?}"
+    );
+    for at in 0..order.len() {
+        let open = spans.iter().filter(|s| s.0 <= at && at <= s.1).count();
+        assert!(open <= 2, "{open} requests open at event {at}: {order:?}");
+    }
 }

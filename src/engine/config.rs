@@ -42,9 +42,9 @@ pub enum YocoMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EngineConfig {
     /// Requests running at once at most: `generate` takes any number, and a
-    /// finished request's place goes to the next waiting one (speculative
-    /// decoding admits them in waves of max_seqs). `prefill_logits`, one
-    /// batch, takes at most this many.
+    /// finished request's place goes to the next waiting one, under plain
+    /// and speculative decoding alike. `prefill_logits`, one batch, takes
+    /// at most this many.
     pub max_seqs: usize,
     /// Prompt plus generated tokens per request at most.
     pub max_context: usize,

@@ -11,7 +11,7 @@
 use super::rng::{self, Domain};
 use super::sampling::{SamplingParams, distribution, sample_row};
 use crate::model::Result;
-use crate::model::dspark::{DraftRequest, DsparkWeights};
+use crate::model::dspark::{DraftRequest, DsparkWeights, SeedRequest};
 use crate::model::forward::Model;
 use crate::model::pool::{SeqId, StatePool};
 use crate::tensor::Tensor;
@@ -82,29 +82,6 @@ fn sigmoid(x: f32) -> f32 {
 /// One request's draft chooser, owned for the batch.
 type BoxedChooser<'a> = Box<dyn FnMut(usize, &[f32]) -> u32 + 'a>;
 
-impl DsparkDrafter {
-    /// Seeds the drafter with `input`'s unseen positions but the last (the
-    /// batch was checked first) and returns that last position's features.
-    fn seed_unseen(
-        &self,
-        model: &Model,
-        pool: &mut StatePool,
-        input: &DraftInput,
-    ) -> Result<Tensor> {
-        let rows = input.features.rows();
-        if rows > 1 {
-            model.dspark_seed(
-                &self.weights,
-                pool,
-                input.seq,
-                &input.features.narrow_rows(0, rows - 1)?,
-                input.fed_from,
-            )?;
-        }
-        Ok(input.features.narrow_rows(rows.saturating_sub(1), 1)?)
-    }
-}
-
 impl Drafter for DsparkDrafter {
     fn draft(&self, model: &Model, pool: &mut StatePool, input: DraftInput) -> Result<Proposal> {
         let mut one = self.draft_batch(model, pool, vec![input])?;
@@ -169,10 +146,26 @@ impl Drafter for DsparkDrafter {
             }
             nexts.push(next.unwrap_or_default());
         }
+        // Every request's unseen positions but the last are seeded in one
+        // batch (the draft seeds the last, position p, with its block).
+        let mut earlier = Vec::with_capacity(inputs.len());
         let mut lasts = Vec::with_capacity(inputs.len());
         for input in &inputs {
-            lasts.push(self.seed_unseen(model, pool, input)?);
+            let rows = input.features.rows();
+            if rows > 1 {
+                earlier.push((input, input.features.narrow_rows(0, rows - 1)?));
+            }
+            lasts.push(input.features.narrow_rows(rows.saturating_sub(1), 1)?);
         }
+        let seeds: Vec<SeedRequest> = earlier
+            .iter()
+            .map(|(input, features)| SeedRequest {
+                seq: input.seq,
+                features,
+                start: input.fed_from,
+            })
+            .collect();
+        model.dspark_seed_batch(&self.weights, pool, &seeds)?;
         let mut probs: Vec<Vec<Vec<(u32, f64)>>> = inputs.iter().map(|_| Vec::new()).collect();
         let mut choosers: Vec<BoxedChooser> = inputs
             .iter()

@@ -411,7 +411,7 @@ impl Engine {
         let nextn = self.config.nextn;
         let chunk = chunk.max(nextn + 1);
         // At most max_seqs requests run at once; a finished one's place goes
-        // to the next waiting one (speculative decoding admits whole waves).
+        // to the next waiting one (plain and speculative decoding alike).
         let cap = self.config.max_seqs.max(1);
         let mut pool = self.pool(which.len().min(cap), longest, chunk)?;
         let mut live: Vec<Live> = Vec::with_capacity(which.len());
@@ -471,65 +471,52 @@ impl Engine {
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let (prefill, decode) = times;
-        let nextn = self.config.nextn;
+        let speculative = self.config.nextn > 0;
         let cap = self.config.max_seqs.max(1);
-        if nextn > 0 {
-            for wave in which.chunks(cap) {
-                let t0 = Instant::now();
-                let start = live.len();
-                let seeds = self.admit(pool, wave, live, constraints, params, prompts, on_token)?;
-                *prefill += t0.elapsed();
-                let t1 = Instant::now();
-                if let Some(seeds) = seeds {
-                    self.decode_speculative(
-                        pool,
-                        &mut live[start..],
-                        seeds,
-                        params,
-                        prompts,
-                        on_token,
-                    )?;
-                }
-                *decode += t1.elapsed();
-                for l in &live[start..] {
+        // Under speculative decoding, one drafter seed per admitted request.
+        let mut seeds = spec::Seeds::default();
+        let mut freed: Vec<bool> = Vec::with_capacity(which.len());
+        let mut next = 0;
+        loop {
+            for (k, (l, f)) in live.iter().zip(freed.iter_mut()).enumerate() {
+                if l.done.is_some() && !*f {
                     pool.free_sequence(l.seq)?;
+                    seeds.forget(k);
+                    *f = true;
                 }
             }
-        } else {
-            let mut freed: Vec<bool> = Vec::with_capacity(which.len());
-            let mut next = 0;
-            loop {
-                for (l, f) in live.iter().zip(freed.iter_mut()) {
-                    if l.done.is_some() && !*f {
-                        pool.free_sequence(l.seq)?;
-                        *f = true;
-                    }
+            let running = freed.iter().filter(|f| !**f).count();
+            if running < cap && next < which.len() {
+                let group = &which[next..(next + cap - running).min(which.len())];
+                next += group.len();
+                let t0 = Instant::now();
+                if let Some(more) =
+                    self.admit(pool, group, live, constraints, params, prompts, on_token)?
+                {
+                    seeds.append(more);
                 }
-                let running = freed.iter().filter(|f| !**f).count();
-                if running < cap && next < which.len() {
-                    let group = &which[next..(next + cap - running).min(which.len())];
-                    next += group.len();
-                    let t0 = Instant::now();
-                    self.admit(pool, group, live, constraints, params, prompts, on_token)?;
-                    freed.resize(live.len(), false);
-                    *prefill += t0.elapsed();
-                    // A request may be done at its first token: free it first.
+                freed.resize(live.len(), false);
+                *prefill += t0.elapsed();
+                // A request may be done at its first token: free it first.
+                continue;
+            }
+            // A live request has sampled at least its prefill token.
+            let (active, toks): (Vec<usize>, Vec<[u32; 1]>) = live
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| l.done.is_none())
+                .filter_map(|(k, l)| l.tokens.last().map(|&t| (k, [t])))
+                .unzip();
+            if active.is_empty() {
+                if next < which.len() {
                     continue;
                 }
-                // A live request has sampled at least its prefill token.
-                let (active, toks): (Vec<usize>, Vec<[u32; 1]>) = live
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, l)| l.done.is_none())
-                    .filter_map(|(k, l)| l.tokens.last().map(|&t| (k, [t])))
-                    .unzip();
-                if active.is_empty() {
-                    if next < which.len() {
-                        continue;
-                    }
-                    break;
-                }
-                let t1 = Instant::now();
+                break;
+            }
+            let t1 = Instant::now();
+            if speculative {
+                self.speculative_step(pool, live, &active, &mut seeds, params, prompts, on_token)?;
+            } else {
                 let inputs: Vec<SeqInput> = active
                     .iter()
                     .zip(&toks)
@@ -541,8 +528,8 @@ impl Engine {
                 let out = self.model.step(pool, &inputs, Capture::default())?;
                 let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
                 self.sample(&out.logits, &rows, live, params, prompts, on_token)?;
-                *decode += t1.elapsed();
             }
+            *decode += t1.elapsed();
         }
         Ok(())
     }

@@ -3,7 +3,9 @@
 //! ([`super::verify::schedule`]) picks how many each verifies, one target
 //! step verifies them all (s_q = k + 1 per request), each request accepts
 //! by the exact rule ([`super::verify::decide`]), emits, and rolls its
-//! state back to the accepted tokens ([`StatePool::rollback_to`]).
+//! state back to the accepted tokens ([`StatePool::rollback_to`]). The
+//! engine's serve loop runs these steps as it runs plain decode steps,
+//! admitting a waiting request into a finished one's place between them.
 //!
 //! Invariant: a request emits exactly the tokens plain decoding would
 //! (greedy: the same tokens and logprobs, bitwise on the CPU; sampled: the
@@ -30,7 +32,24 @@ use crate::model::pool::StatePool;
 use crate::tensor::Tensor;
 
 /// Per request, the target features its drafter is seeded with.
+#[derive(Default)]
 pub(super) struct Seeds(Vec<Unseen>);
+
+impl Seeds {
+    /// Appends the seeds of newly admitted requests (in admission order,
+    /// as they are appended to the live requests).
+    pub(super) fn append(&mut self, more: Seeds) {
+        self.0.extend(more.0);
+    }
+
+    /// Drops the features of request `k`, which finished (its sequence is
+    /// freed; it drafts no more).
+    pub(super) fn forget(&mut self, k: usize) {
+        if let Some(u) = self.0.get_mut(k) {
+            u.features = None;
+        }
+    }
+}
 
 /// Per request: the target features the drafter has not seen yet.
 struct Unseen {
@@ -82,95 +101,100 @@ impl Engine {
         })
     }
 
-    /// Decodes every live request to completion speculatively, from the
-    /// prefill whose last rows' tokens are sampled (`seeds`: its features).
-    pub(super) fn decode_speculative(
+    /// One speculative step of the live requests `active` (indices into
+    /// `live`, none of them done): each drafts, the scheduler picks how
+    /// many drafts each verifies, one target step verifies them all, and
+    /// each accepts, emits and rolls back to its accepted tokens. `seeds`
+    /// holds one entry per request of `live` (the drafter's unseen
+    /// features), as [`Engine::admit`] appends them.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn speculative_step(
         &self,
         pool: &mut StatePool,
         live: &mut [Live],
-        seeds: Seeds,
+        active: &[usize],
+        seeds: &mut Seeds,
         params: &[SamplingParams],
         prompts: &[Vec<u32>],
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let drafter = self.drafter()?;
-        let Seeds(mut unseen) = seeds;
+        let Seeds(unseen) = seeds;
+        if unseen.len() != live.len() {
+            return Err(arg(
+                "DEEPINFER_USE_NEXTN_DECODE",
+                format!("{} seeds for {} requests", unseen.len(), live.len()),
+                "every admitted request has its drafter seed",
+            ));
+        }
         let which = if self.config.mtp_varlen {
             Schedule::Confidence
         } else {
             Schedule::Fixed
         };
-        loop {
-            let active: Vec<usize> = (0..live.len())
-                .filter(|&k| live[k].done.is_none())
-                .collect();
-            if active.is_empty() {
-                return Ok(());
-            }
-            let proposals =
-                self.propose(drafter, pool, live, &active, &mut unseen, params, prompts)?;
-            let caps: Vec<usize> = proposals.iter().map(|p| p.tokens.len()).collect();
-            let conf: Vec<Vec<f32>> = proposals.iter().map(|p| p.confidence.clone()).collect();
-            let lens = schedule(which, &conf, &caps, &self.spec_costs);
-            let mut fed: Vec<Vec<u32>> = Vec::with_capacity(active.len());
-            for (j, &k) in active.iter().enumerate() {
-                let l = &live[k];
-                let last = *l.tokens.last().ok_or_else(|| {
-                    arg(
-                        "prompts",
-                        l.index.to_string(),
-                        "a live request without a token",
-                    )
-                })?;
-                fed.push(
-                    std::iter::once(last)
-                        .chain(proposals[j].tokens.iter().take(lens[j]).copied())
-                        .collect(),
-                );
-                pool.checkpoint(l.seq)?;
-            }
-            let inputs: Vec<SeqInput> = active
-                .iter()
-                .zip(&fed)
-                .map(|(&k, t)| SeqInput {
-                    seq: live[k].seq,
-                    tokens: t,
-                })
-                .collect();
-            let out = self.model.step(pool, &inputs, Capture::default())?;
-            let host = out.logits.to_vec::<f32>()?;
-            let v = self.model.cfg.vocab_size;
-            for (j, &k) in active.iter().enumerate() {
-                let rows = out.rows[j].clone();
-                let start = pool.position(live[k].seq)? - rows.len();
-                let (emitted, accepted) = self.accept(
-                    &host[rows.start * v..rows.end * v],
-                    &proposals[j],
-                    lens[j],
-                    &mut live[k],
-                    params,
-                    prompts,
-                    on_token,
-                );
-                let l = &mut live[k];
-                let stats = l.spec.get_or_insert_with(SpecStats::default);
-                stats.steps += 1;
-                stats.verified += lens[j];
-                stats.accepted += accepted;
-                pool.rollback_to(l.seq, start + emitted.max(1))?;
-                let seen = out.features.as_ref().ok_or_else(|| {
-                    arg(
-                        "DEEPINFER_USE_NEXTN_DECODE",
-                        "1".into(),
-                        "the step lost its features",
-                    )
-                })?;
-                unseen[k] = Unseen {
-                    features: Some(seen.narrow_rows(rows.start, emitted.max(1))?),
-                    from: start,
-                };
-            }
+        let proposals = self.propose(drafter, pool, live, active, unseen, params, prompts)?;
+        let caps: Vec<usize> = proposals.iter().map(|p| p.tokens.len()).collect();
+        let conf: Vec<Vec<f32>> = proposals.iter().map(|p| p.confidence.clone()).collect();
+        let lens = schedule(which, &conf, &caps, &self.spec_costs);
+        let mut fed: Vec<Vec<u32>> = Vec::with_capacity(active.len());
+        for (j, &k) in active.iter().enumerate() {
+            let l = &live[k];
+            let last = *l.tokens.last().ok_or_else(|| {
+                arg(
+                    "prompts",
+                    l.index.to_string(),
+                    "a live request without a token",
+                )
+            })?;
+            fed.push(
+                std::iter::once(last)
+                    .chain(proposals[j].tokens.iter().take(lens[j]).copied())
+                    .collect(),
+            );
+            pool.checkpoint(l.seq)?;
         }
+        let inputs: Vec<SeqInput> = active
+            .iter()
+            .zip(&fed)
+            .map(|(&k, t)| SeqInput {
+                seq: live[k].seq,
+                tokens: t,
+            })
+            .collect();
+        let out = self.model.step(pool, &inputs, Capture::default())?;
+        let host = out.logits.to_vec::<f32>()?;
+        let v = self.model.cfg.vocab_size;
+        for (j, &k) in active.iter().enumerate() {
+            let rows = out.rows[j].clone();
+            let start = pool.position(live[k].seq)? - rows.len();
+            let (emitted, accepted) = self.accept(
+                &host[rows.start * v..rows.end * v],
+                &proposals[j],
+                lens[j],
+                &mut live[k],
+                params,
+                prompts,
+                on_token,
+            );
+            let l = &mut live[k];
+            let stats = l.spec.get_or_insert_with(SpecStats::default);
+            stats.steps += 1;
+            stats.verified += lens[j];
+            stats.accepted += accepted;
+            pool.rollback_to(l.seq, start + emitted.max(1))?;
+            let seen = out.features.as_ref().ok_or_else(|| {
+                arg(
+                    "DEEPINFER_USE_NEXTN_DECODE",
+                    "1".into(),
+                    "the step lost its features",
+                )
+            })?;
+            unseen[k] = Unseen {
+                features: Some(seen.narrow_rows(rows.start, emitted.max(1))?),
+                from: start,
+            };
+        }
+        Ok(())
     }
 
     /// The drafts of this step for requests `active` (indices into `live`),

@@ -8,7 +8,9 @@
 //! positions seeded so far (the last `window` of them); a draft at
 //! position p reads the features of p and the real next token t_(p+1). The
 //! block's own rows are written past p only for the draft's attention and
-//! are overwritten by later seeds before any list reads them.
+//! are overwritten by later seeds before any list reads them. Seeding and
+//! drafting take several sequences at once, their rows stacked through the
+//! row-wise ops, and leave each sequence bitwise what it gets alone.
 
 use super::forward::Model;
 use super::layers::Block;
@@ -51,6 +53,14 @@ pub struct DraftRequest<'a> {
     pub choose: Option<Chooser<'a>>,
 }
 
+/// One sequence's seed in [`Model::dspark_seed_batch`]: the target
+/// features (`[len, targets·D]`) of its positions `start .. start + len`.
+pub struct SeedRequest<'a> {
+    pub seq: SeqId,
+    pub features: &'a Tensor,
+    pub start: usize,
+}
+
 fn no_draft(op: &'static str) -> crate::model::error::Error {
     crate::Error::Argument {
         op,
@@ -79,11 +89,6 @@ impl Model {
         }
     }
 
-    fn positions(&self, from: usize, n: usize) -> Result<Tensor> {
-        let p: Vec<i64> = (from..from + n).map(|p| p as i64).collect();
-        Ok(Tensor::from_vec(p, &[n])?.to_device(&self.device())?)
-    }
-
     /// Writes the projected target features (`[len, targets·D]`, BF16) of
     /// positions `start ..` into every stage's ring of `seq` (prefill seeds
     /// all prompt positions this way).
@@ -95,33 +100,78 @@ impl Model {
         features: &Tensor,
         start: usize,
     ) -> Result<()> {
-        let width = self.cfg.dspark.target_layers.len() * self.cfg.hidden_size;
-        let len = features.rows();
-        if len == 0 || features.shape() != [len, width] {
-            return Err(ops::shape_error(
-                "dspark_seed",
-                "features",
+        self.dspark_seed_batch(
+            dw,
+            pool,
+            &[SeedRequest {
+                seq,
                 features,
-                format!("[T >= 1, {width}] (the target layers' features)"),
-            )
-            .into());
+                start,
+            }],
+        )
+    }
+
+    /// [`Model::dspark_seed`] for several sequences (distinct) in one pass:
+    /// their rows are stacked through the projection, the norm and every
+    /// stage's window K/V (all row-wise), then each sequence's rows go to
+    /// its own rings, so every ring is bitwise what seeding it alone
+    /// leaves. Every request is checked before any ring is written.
+    pub fn dspark_seed_batch(
+        &self,
+        dw: &DsparkWeights,
+        pool: &mut StatePool,
+        reqs: &[SeedRequest],
+    ) -> Result<()> {
+        let width = self.cfg.dspark.target_layers.len() * self.cfg.hidden_size;
+        let mut positions = Vec::new();
+        for (k, r) in reqs.iter().enumerate() {
+            let len = r.features.rows();
+            if len == 0 || r.features.shape() != [len, width] {
+                return Err(ops::shape_error(
+                    "dspark_seed",
+                    "features",
+                    r.features,
+                    format!("[T >= 1, {width}] (the target layers' features)"),
+                )
+                .into());
+            }
+            if reqs.iter().take(k).any(|o| o.seq == r.seq) {
+                return Err(crate::Error::Argument {
+                    op: "dspark_seed",
+                    arg: "seq",
+                    value: r.seq.to_string(),
+                    why: "a sequence is seeded once per batch",
+                }
+                .into());
+            }
+            positions.extend((r.start..r.start + len).map(|q| q as i64));
         }
+        let features: Vec<&Tensor> = reqs.iter().map(|r| r.features).collect();
+        let stacked = match features.as_slice() {
+            [] => return Ok(()),
+            [one] => (*one).clone(),
+            many => Tensor::cat_rows(many)?,
+        };
         let main_x = ops::rms_norm(
-            &dw.main_proj.forward(features)?,
+            &dw.main_proj.forward(&stacked)?,
             &dw.main_norm,
             crate::numerics::round_f32(self.cfg.norm_eps),
         )?;
-        let positions = self.positions(start, len)?;
-        for s in 0..dw.stages.len() {
-            pool.reserve_ring(seq, pool.stage_ring(s), start + len)?;
-        }
+        let rows = positions.len();
+        let positions = Tensor::from_vec(positions, &[rows])?.to_device(&self.device())?;
         for (s, stage) in dw.stages.iter().enumerate() {
-            let rows = stage
+            let kv = stage
                 .attn
                 .window_kv(&self.cfg, &main_x, &positions, &self.stage_rope())?;
             let ring = pool.stage_ring(s);
-            pool.write_ring(seq, ring, start, &rows, 0, len)?;
-            pool.trim_ring(seq, ring, start + len - 1)?;
+            let mut at = 0;
+            for r in reqs {
+                let len = r.features.rows();
+                pool.reserve_ring(r.seq, ring, r.start + len)?;
+                pool.write_ring(r.seq, ring, r.start, &kv, at, len)?;
+                pool.trim_ring(r.seq, ring, r.start + len - 1)?;
+                at += len;
+            }
         }
         Ok(())
     }
@@ -227,8 +277,16 @@ impl Model {
             block.extend(std::iter::repeat_n(cfg.dspark.noise_token_id as i32, n - 1));
             positions.extend((r.p + 1..r.p + 1 + n).map(|q| q as i64));
         }
+        let seeds: Vec<SeedRequest> = reqs
+            .iter()
+            .map(|r| SeedRequest {
+                seq: r.seq,
+                features: r.features,
+                start: r.p,
+            })
+            .collect();
+        self.dspark_seed_batch(dw, pool, &seeds)?;
         for r in reqs.iter() {
-            self.dspark_seed(dw, pool, r.seq, r.features, r.p)?;
             for s in 0..dw.stages.len() {
                 pool.reserve_ring(r.seq, pool.stage_ring(s), r.p + 1 + n)?;
             }
@@ -270,21 +328,7 @@ impl Model {
             &dw.norm,
             crate::numerics::round_f32(cfg.norm_eps),
         )?)?;
-        let mut drafts = Vec::with_capacity(reqs.len());
-        for (k, r) in reqs.iter_mut().enumerate() {
-            drafts.push(
-                self.markov_and_confidence(
-                    dw,
-                    &hidden.narrow_rows(k * n, n)?,
-                    &base.narrow_rows(k * n, n)?,
-                    r.next,
-                    r.choose
-                        .as_mut()
-                        .map(|c| &mut **c as &mut dyn FnMut(usize, &[f32]) -> u32),
-                )?,
-            );
-        }
-        Ok(drafts)
+        self.markov_and_confidence(dw, &hidden, &base, reqs)
     }
 
     /// The stage attention of stacked blocks of `n` rows (`q`, `positions`),
@@ -348,36 +392,71 @@ impl Model {
         Ok(ops::gather_rows(&all, &back)?)
     }
 
-    /// The Markov head chained through the chosen tokens (greedy without
-    /// `choose`), and the confidence head.
+    /// The Markov head chained through the chosen tokens (greedy where a
+    /// request has no chooser), and the confidence head, for the stacked
+    /// blocks of `reqs` (`hidden` and `base`: block k's rows k·n ..): block
+    /// position i of every request in one pass (one row each through the
+    /// row-wise embedding, GEMMs and argmax), so each draft is bitwise the
+    /// one its request gets alone.
     fn markov_and_confidence(
         &self,
         dw: &DsparkWeights,
         hidden: &Tensor,
         base: &Tensor,
-        first: u32,
-        mut choose: Option<Chooser>,
-    ) -> Result<Draft> {
-        let n = hidden.rows();
+        reqs: &mut [DraftRequest],
+    ) -> Result<Vec<Draft>> {
+        let (r, n) = (reqs.len(), self.cfg.dspark.block_size);
+        let v = self.cfg.vocab_size;
         let device = self.device();
-        let mut token = first;
-        let mut draft = Draft {
-            tokens: Vec::with_capacity(n),
-            confidence_logits: Vec::with_capacity(n),
-        };
+        let mut tokens: Vec<u32> = reqs.iter().map(|q| q.next).collect();
+        let mut drafts: Vec<Draft> = (0..r)
+            .map(|_| Draft {
+                tokens: Vec::with_capacity(n),
+                confidence_logits: Vec::with_capacity(n),
+            })
+            .collect();
+        let chosen = reqs.iter().any(|q| q.choose.is_some());
         for i in 0..n {
-            let id = Tensor::from_vec(vec![token as i32], &[1])?.to_device(&device)?;
-            let e = ops::embedding(&dw.markov_embed, &id)?;
-            let logits = ops::add(&base.narrow_rows(i, 1)?, &dw.markov_head.forward_f32(&e)?)?;
-            let input = ops::cat_cols(&[&hidden.narrow_rows(i, 1)?, &e])?;
+            let rows: Vec<usize> = (0..r).map(|k| k * n + i).collect();
+            let ids: Vec<i32> = tokens
+                .iter()
+                .map(|&t| {
+                    i32::try_from(t).map_err(|_| crate::Error::Argument {
+                        op: "dspark_draft",
+                        arg: "choose",
+                        value: t.to_string(),
+                        why: "a chosen draft token is not a token id",
+                    })
+                })
+                .collect::<std::result::Result<_, _>>()?;
+            let ids = Tensor::from_vec(ids, &[r])?.to_device(&device)?;
+            let e = ops::embedding(&dw.markov_embed, &ids)?;
+            let logits = ops::add(
+                &ops::gather_rows(base, &rows)?,
+                &dw.markov_head.forward_f32(&e)?,
+            )?;
+            let input = ops::cat_cols(&[&ops::gather_rows(hidden, &rows)?, &e])?;
             let conf = dw.confidence.forward_f32(&input)?.to_vec::<f32>()?;
-            draft.confidence_logits.extend(conf.first());
-            token = match choose.as_mut() {
-                Some(choose) => choose(i, &logits.to_vec::<f32>()?),
-                None => super::runner::greedy_id(&logits)?,
+            let greedy = ops::argmax(&logits)?.to_vec::<i32>()?;
+            let host = match chosen {
+                true => logits.to_vec::<f32>()?,
+                false => Vec::new(),
             };
-            draft.tokens.push(token);
+            for (k, (q, d)) in reqs.iter_mut().zip(&mut drafts).enumerate() {
+                d.confidence_logits.extend(conf.get(k));
+                let token = match (q.choose.as_mut(), host.get(k * v..(k + 1) * v)) {
+                    (Some(choose), Some(row)) => choose(i, row),
+                    _ => greedy
+                        .get(k)
+                        .and_then(|&id| u32::try_from(id).ok())
+                        .ok_or_else(|| no_draft("dspark_draft"))?,
+                };
+                if let Some(t) = tokens.get_mut(k) {
+                    *t = token;
+                }
+                d.tokens.push(token);
+            }
         }
-        Ok(draft)
+        Ok(drafts)
     }
 }
