@@ -561,3 +561,29 @@ fn index_scores_with_an_overflowing_head_count_is_a_shape_error() {
         },
     );
 }
+
+/// The one-rank low-latency dispatch sized its per-call entry table from the
+/// mode's max_tokens, not the call's tokens: a legal config with max_tokens
+/// 2^36 asked for 2^36 · top_k · 4 bytes to dispatch 3 tokens (the fuzz
+/// harness's `ops` family 37, after 2644fef). It allocates for its 3 tokens.
+#[test]
+fn a_low_latency_dispatch_allocates_for_its_tokens_not_max_tokens() {
+    use deepinfer::ep::{self, EpConfig, Local, Mode, Payload, Placement};
+    bounded(
+        "a_low_latency_dispatch_allocates_for_its_tokens_not_max_tokens",
+        CASE_BYTES,
+        CASE_TIME,
+        || {
+            let mode = Mode::LowLatency {
+                max_tokens: 1 << 36,
+                capacity: 4,
+            };
+            let placement = Placement::uniform(4, 1).unwrap();
+            let cfg = EpConfig::new(placement, 2, 32, Payload::Fp8, mode).unwrap();
+            let ids = Tensor::from_vec(vec![0i32, 1, 2, 3, 1, 2], &[3, 2]).unwrap();
+            let d = ep::dispatch(&Local, &cfg, &bf16s(&[3, 32]), &ids, &f32s(&[3, 2])).unwrap();
+            assert_eq!(d.overflow, 0);
+            assert_eq!(d.x.shape(), &[4, 4, 32]);
+        },
+    );
+}

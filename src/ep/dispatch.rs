@@ -489,7 +489,8 @@ fn one_rank(
 
 /// The low-latency mode on one rank (whose placement is the identity: a
 /// rank holds each expert once): the [`super::LowLatencyBuffer`] path in
-/// buffers allocated for this call, its overflow read back. The same rows
+/// buffers allocated for this call (its entry table sized for the call's T,
+/// not the mode's max_tokens), its overflow read back. The same rows
 /// as the general path: expert-major, ascending entry within an expert.
 fn one_rank_masked(
     cfg: &EpConfig,
@@ -498,10 +499,10 @@ fn one_rank_masked(
     weights: &Tensor,
     device: &Device,
 ) -> Result<Dispatched> {
-    let mut buf = super::LowLatencyBuffer::new(cfg, device)?;
+    let t = x.rows();
+    let mut buf = super::LowLatencyBuffer::sized(cfg, device, Some(t))?;
     buf.dispatch(x, ids, weights)?;
     let overflow = buf.overflow()?;
-    let t = x.rows();
     let (l, capacity) = (cfg.placement().slots_per_rank(), buf.weights.shape()[1]);
     Ok(Dispatched {
         x: buf.x,

@@ -74,6 +74,17 @@ impl LowLatencyBuffer {
     /// Allocates the buffers of `cfg` (a low-latency mode on a one-rank
     /// placement) on `device`, once.
     pub fn new(cfg: &EpConfig, device: &Device) -> Result<LowLatencyBuffer> {
+        Self::sized(cfg, device, None)
+    }
+
+    /// [`LowLatencyBuffer::new`] with room for `tokens` tokens a call in
+    /// place of the mode's max_tokens (`ep::dispatch`'s buffers of one call:
+    /// memory for the tokens it has, not for the most the mode allows).
+    pub(super) fn sized(
+        cfg: &EpConfig,
+        device: &Device,
+        tokens: Option<usize>,
+    ) -> Result<LowLatencyBuffer> {
         let Mode::LowLatency {
             max_tokens,
             capacity,
@@ -92,6 +103,7 @@ impl LowLatencyBuffer {
                 why: "the preallocated path serves a one-rank group; a wider group dispatches through ep::dispatch",
             });
         }
+        let max_tokens = tokens.map_or(max_tokens, |t| t.clamp(1, max_tokens));
         let (l, d, k) = (cfg.placement().slots_per_rank(), cfg.hidden(), cfg.top_k());
         let (x, scales) = match cfg.payload() {
             Payload::Bf16 => (Tensor::empty(device, DType::BF16, &[l, capacity, d])?, None),
