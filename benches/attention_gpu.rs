@@ -4,9 +4,13 @@
 //! 512 compressed rows) and prefill (`sparse_mqa_prefill`, 4096 and 32768
 //! tokens, 128 window + 512 compressed rows per token), V4.1's shape (64
 //! heads × 512, FP8 window rows of 528 bytes, FP4 compressed rows of 288).
-//! Decode rows are scattered over pools far larger than L2 (512K window
-//! rows, 2M compressed rows: 846 MB) and the index lists rotate over enough
-//! copies that one sweep touches ≥ 512 MiB of rows; prefill pools are the
+//! Decode: each of 256 sequence slots owns a private context of 16,384
+//! compressed rows (32K tokens at ratio 2, as the FlashMLA peer's 32K-token
+//! requests), in pages of 64 rows scattered over the pool by a random
+//! permutation, and each query picks 512 distinct rows of its own context;
+//! its 128 window rows are one ring block of a 512K-row pool (pools of
+//! 1.4 GB, far larger than L2). The index lists rotate over enough copies
+//! that one sweep touches ≥ 512 MiB of rows; prefill pools are the
 //! prompt's own rows (tokens window rows, tokens / 2 compressed rows), as in
 //! a real prefill. TFLOP/s = 2·64·T·640·(512 + 512) / t (K = V); GB/s over
 //! the rows read (with repeats), q, out and lse. Peers (from
@@ -35,6 +39,36 @@ mod gpu {
     const KC: usize = 512;
     const WROW: usize = 528;
     const CROW: usize = 288;
+
+    /// Sequence slots of the decode pool, compressed rows in each slot's
+    /// context, rows per page.
+    const SLOTS: usize = 256;
+    const CTX_C: usize = 16 << 10;
+    const PAGE: usize = 64;
+
+    /// A random permutation of `n` pages (Fisher-Yates).
+    fn page_permutation(n: usize, rng: &mut Rng) -> Vec<usize> {
+        let mut p: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            p.swap(i, rng.below(i + 1));
+        }
+        p
+    }
+
+    /// KC distinct rows of slot `slot`'s context (its pages
+    /// `pages[slot * CTX_C / PAGE ..]`), as physical pool rows.
+    fn private_rows(slot: usize, pages: &[usize], rng: &mut Rng) -> Vec<i32> {
+        let mut seen = vec![false; CTX_C];
+        let mut rows = Vec::with_capacity(KC);
+        while rows.len() < KC {
+            let r = rng.below(CTX_C);
+            if !std::mem::replace(&mut seen[r], true) {
+                let page = pages[slot * (CTX_C / PAGE) + r / PAGE];
+                rows.push((page * PAGE + r % PAGE) as i32);
+            }
+        }
+        rows
+    }
 
     struct Rng(u64);
     impl Rng {
@@ -183,10 +217,14 @@ mod gpu {
             .to_device(&dev)
             .unwrap();
 
-        // Decode: pools far larger than L2, rows scattered.
-        let (nw, nc) = (512 << 10, 2 << 20);
+        // Decode: pools far larger than L2; each sequence slot's private
+        // context in pages scattered over the compressed pool.
+        let nw = 512 << 10;
+        let nc = SLOTS * CTX_C;
         let window = window_rows(&dev, nw, &mut rng);
         let compressed = compressed_rows(&dev, nc, &mut rng);
+        let pages = page_permutation(nc / PAGE, &mut rng);
+        let mut next_slot = 0usize;
         let batches: &[usize] = if quick {
             &[1, 64]
         } else {
@@ -203,13 +241,16 @@ mod gpu {
                         // Each sequence: one 128-row ring block; its s_q
                         // queries share it and pick their own 512 rows.
                         let mut wi = Vec::with_capacity(t * KW);
+                        let mut ci = Vec::with_capacity(t * KC);
                         for _ in 0..b {
                             let base = rng.below(nw / KW) * KW;
+                            let slot = next_slot % SLOTS;
+                            next_slot += 1;
                             for _ in 0..sq {
                                 wi.extend((0..KW).map(|k| (base + k) as i32));
+                                ci.extend(private_rows(slot, &pages, &mut rng));
                             }
                         }
-                        let ci: Vec<i32> = (0..t * KC).map(|_| rng.below(nc) as i32).collect();
                         (
                             queries(&dev, t, &mut rng),
                             i32s(&dev, wi, &[t, KW]),

@@ -170,6 +170,75 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, float s2) {
     return pack_bf16(f.x * s2, f.y * s2);
 }
 
+// The online softmax of one thread's two head rows over a block of 64
+// logits in the m16n8 accumulator layout (consume's s[8][4] and
+// consume_wgmma's m64n64 fragment hold the same 32 floats): s[4n], s[4n+1]
+// are row g at columns 8n + 2c and 8n + 2c + 1, s[4n+2], s[4n+3] row g + 8.
+// A block scales and biases the logits, takes the quad's row max, writes P
+// as the BF16 A fragments of P.V and rescales the running sums and the
+// accumulator (its fragments in the same row order, 4 floats per n).
+struct OnlineSoftmax {
+    float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+
+    __device__ __forceinline__ void step(float (&s)[32], const float *bias, int c, float scale,
+                                         uint32_t (&pa)[4][4], float (&acc)[128]) {
+        constexpr float kLog2e = 1.4426950408889634f;
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float2 bb = *reinterpret_cast<const float2 *>(&bias[8 * n + 2 * c]);
+            s[4 * n] = s[4 * n] * scale + bb.x;
+            s[4 * n + 1] = s[4 * n + 1] * scale + bb.y;
+            s[4 * n + 2] = s[4 * n + 2] * scale + bb.x;
+            s[4 * n + 3] = s[4 * n + 3] * scale + bb.y;
+            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
+            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 2));
+        const float al0 = expf(m0 - mx0), al1 = expf(m1 - mx1);
+        float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+            const float p00 = ex2((s[4 * n] - mx0) * kLog2e), p01 = ex2((s[4 * n + 1] - mx0) * kLog2e);
+            const float p10 = ex2((s[4 * n + 2] - mx1) * kLog2e), p11 = ex2((s[4 * n + 3] - mx1) * kLog2e);
+            ps0 += p00 + p01;
+            ps1 += p10 + p11;
+            pa[n / 2][(n & 1) * 2] = pack_bf16(p00, p01);
+            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p10, p11);
+        }
+        l0 = l0 * al0 + ps0;
+        l1 = l1 * al1 + ps1;
+        m0 = mx0;
+        m1 = mx1;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            acc[4 * n] *= al0;
+            acc[4 * n + 1] *= al0;
+            acc[4 * n + 2] *= al1;
+            acc[4 * n + 3] *= al1;
+        }
+    }
+
+    // The quad's partial sums added, then the sinks of heads h_lo, h_lo + 8.
+    __device__ __forceinline__ void finish(const float *sink, int h_lo) {
+        l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
+        l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
+        l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
+        l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
+        l0 += expf(sink[h_lo] - m0);
+        l1 += expf(sink[h_lo + 8] - m1);
+    }
+
+    // Both rows' log-sum-exp into lse[at] and lse[at + 8].
+    __device__ __forceinline__ void store_lse(float *lse, int64_t at) const {
+        lse[at] = logf(l0) + m0;
+        lse[at + 8] = logf(l1) + m1;
+    }
+};
+
 // Consumer warp cw (0 .. 2*HG-1): heads 16*hg .. 16*hg+15 of the CTA (hg =
 // cw % HG) and output dims 256*dh .. 256*dh+255 (dh = cw / HG). Per block it
 // computes its partial logits over its 256 dims, adds its partner's (the
@@ -206,9 +275,8 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
     float acc[32][4];
 #pragma unroll
     for (int n = 0; n < 32; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+    OnlineSoftmax sm;
     const float scale = p.scale;
-    constexpr float kLog2e = 1.4426950408889634f;
 
     // Step-0 ldmatrix addresses: Q (A of Q.K^T), the tile as K (B, 8 keys x
     // 16 dims per pair of matrices) and as V (B transposed, 16 keys x 8 dims).
@@ -246,44 +314,9 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
         for (int i = 0; i < 32; ++i) s[i / 4][i % 4] += partner[i * 32 + lane];
         pair_sync(1 + hg);
 
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float2 bb = *reinterpret_cast<const float2 *>(&bias[b * kBlock + 8 * n + 2 * c]);
-            s[n][0] = s[n][0] * scale + bb.x;
-            s[n][1] = s[n][1] * scale + bb.y;
-            s[n][2] = s[n][2] * scale + bb.x;
-            s[n][3] = s[n][3] * scale + bb.y;
-            mx0 = fmaxf(mx0, fmaxf(s[n][0], s[n][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[n][2], s[n][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 2));
-        const float al0 = expf(m0 - mx0), al1 = expf(m1 - mx1);
         uint32_t pa[4][4];
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float p00 = ex2((s[n][0] - mx0) * kLog2e), p01 = ex2((s[n][1] - mx0) * kLog2e);
-            const float p10 = ex2((s[n][2] - mx1) * kLog2e), p11 = ex2((s[n][3] - mx1) * kLog2e);
-            ps0 += p00 + p01;
-            ps1 += p10 + p11;
-            pa[n / 2][(n & 1) * 2] = pack_bf16(p00, p01);
-            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p10, p11);
-        }
-        l0 = l0 * al0 + ps0;
-        l1 = l1 * al1 + ps1;
-        m0 = mx0;
-        m1 = mx1;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-            acc[n][0] *= al0;
-            acc[n][1] *= al0;
-            acc[n][2] *= al1;
-            acc[n][3] *= al1;
-        }
+        sm.step(reinterpret_cast<float(&)[32]>(s), bias + b * kBlock, c, scale, pa,
+                reinterpret_cast<float(&)[128]>(acc));
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
 #pragma unroll
@@ -297,13 +330,9 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
         bar_arrive(&empty[b]);
     }
 
-    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
-    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
-    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
-    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
     const int h_lo = h0 + hg * 16 + g;
-    l0 += expf(p.sink[h_lo] - m0);
-    l1 += expf(p.sink[h_lo + 8] - m1);
+    sm.finish(p.sink, h_lo);
+    const float l0 = sm.l0, l1 = sm.l1;
     // The output tile goes through this warp's own Q sub-tile (no other warp
     // reads it) so the global stores are whole 16-byte chunks.
 #pragma unroll
@@ -320,10 +349,7 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
         *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
             *reinterpret_cast<const uint4 *>(sq + swz(r, chunk));
     }
-    if (dh == 0 && c == 0) {
-        p.lse[t * p.h + h_lo] = logf(l0) + m0;
-        p.lse[t * p.h + h_lo + 8] = logf(l1) + m1;
-    }
+    if (dh == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
 }
 
 // ---- version 3: exact e2m1 -> BF16 by byte permutes -------------------------
@@ -690,9 +716,8 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
 #pragma unroll
     for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
     float s[32];
-    float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+    OnlineSoftmax sm;
     const float scale = p.scale;
-    constexpr float kLog2e = 1.4426950408889634f;
 
     // Q.K^T of block j into s: 16 k-steps of 16 over this half's 256 dims
     // (kFullK: 32 over all 512).
@@ -732,44 +757,8 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
             if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
         }
 
-        float mx0 = m0, mx1 = m1;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float2 bb = *reinterpret_cast<const float2 *>(&bias[b * kBlock + 8 * n + 2 * c]);
-            s[4 * n] = s[4 * n] * scale + bb.x;
-            s[4 * n + 1] = s[4 * n + 1] * scale + bb.y;
-            s[4 * n + 2] = s[4 * n + 2] * scale + bb.x;
-            s[4 * n + 3] = s[4 * n + 3] * scale + bb.y;
-            mx0 = fmaxf(mx0, fmaxf(s[4 * n], s[4 * n + 1]));
-            mx1 = fmaxf(mx1, fmaxf(s[4 * n + 2], s[4 * n + 3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xFFFFFFFFu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xFFFFFFFFu, mx1, 2));
-        const float al0 = expf(m0 - mx0), al1 = expf(m1 - mx1);
         uint32_t pa[4][4];
-        float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 8; ++n) {
-            const float p00 = ex2((s[4 * n] - mx0) * kLog2e), p01 = ex2((s[4 * n + 1] - mx0) * kLog2e);
-            const float p10 = ex2((s[4 * n + 2] - mx1) * kLog2e), p11 = ex2((s[4 * n + 3] - mx1) * kLog2e);
-            ps0 += p00 + p01;
-            ps1 += p10 + p11;
-            pa[n / 2][(n & 1) * 2] = pack_bf16(p00, p01);
-            pa[n / 2][(n & 1) * 2 + 1] = pack_bf16(p10, p11);
-        }
-        l0 = l0 * al0 + ps0;
-        l1 = l1 * al1 + ps1;
-        m0 = mx0;
-        m1 = mx1;
-#pragma unroll
-        for (int n = 0; n < 32; ++n) {
-            acc[4 * n] *= al0;
-            acc[4 * n + 1] *= al0;
-            acc[4 * n + 2] *= al1;
-            acc[4 * n + 3] *= al1;
-        }
+        sm.step(s, bias + b * kBlock, c, scale, pa, acc);
         // P.V: V = the tile's 64 rows (K) x this half's 256 columns (N).
         const uint8_t *tile = tiles + b * kTileBytes;
         s9::fence_operands(acc);
@@ -799,13 +788,9 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
         }
     }
 
-    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
-    l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
-    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
-    l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
     const int h_lo = h0 + w * 16 + g;
-    l0 += expf(p.sink[h_lo] - m0);
-    l1 += expf(p.sink[h_lo + 8] - m1);
+    sm.finish(p.sink, h_lo);
+    const float l0 = sm.l0, l1 = sm.l1;
     // Every wgmma of this warpgroup has completed (its reads of Q too; with
     // kFullK the other warpgroup's as well): the warpgroup's half of Q
     // becomes its output staging, warp w writing and then storing its own
@@ -827,10 +812,7 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
         *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
             *reinterpret_cast<const uint4 *>(sq + v6_off(r, chunk));
     }
-    if (wg == 0 && c == 0) {
-        p.lse[t * p.h + h_lo] = logf(l0) + m0;
-        p.lse[t * p.h + h_lo + 8] = logf(l1) + m1;
-    }
+    if (wg == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
 }
 
 // ---- version 7: raw rows by cp.async, decoded from shared memory -----------

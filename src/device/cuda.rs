@@ -198,8 +198,27 @@ impl CudaDevice {
         })
     }
 
-    /// Copies host bytes into new device memory.
+    /// Refuses a host copy while this stream is being captured: a captured
+    /// copy would not run now (a read-back would return stale bytes) and its
+    /// replay would touch a host buffer long gone.
+    fn refuse_in_capture(&self, what: &'static str) -> Result<()> {
+        let status = self
+            .stream
+            .capture_status()
+            .map_err(driver("cuStreamIsCapturing"))?;
+        if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            op: what,
+            device: self.to_string(),
+            why: "a host copy inside a CUDA graph capture",
+        })
+    }
+
+    /// Copies host bytes into new device memory (not inside a capture).
     pub fn upload(&self, bytes: &[u8]) -> Result<CudaBuffer> {
+        self.refuse_in_capture("copying host bytes to the device")?;
         let slice = self.stream.clone_htod(bytes).map_err(driver(format!(
             "copying {} bytes to the device",
             bytes.len()
@@ -445,8 +464,11 @@ impl CudaBuffer {
             .map_err(driver("cuMemcpyDtoDAsync"))
     }
 
-    /// Copies the whole buffer back to the host (synchronises the stream).
+    /// Copies the whole buffer back to the host (synchronises the stream;
+    /// not inside a capture).
     pub fn download(&self) -> Result<Vec<u8>> {
+        self.device
+            .refuse_in_capture("copying a device buffer to the host")?;
         let n = self.slice.len();
         // The host buffer is reserved fallibly before the copy: a buffer the
         // host cannot hold is a typed error, not an abort.
