@@ -17,8 +17,10 @@
 //! benches/peers/attention_torch.py, same shapes): torch gather + bmm +
 //! softmax over a BF16 copy of the pools, and FlashMLA SM90 (`flashmla_sm90`,
 //! its own 584-byte layout, from its bench in the same device run).
-//! The versions in contention are timed: the default (`Auto`) as the record
-//! name, the others as `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6`, `_v7`
+//! The versions in contention are timed: the default (`Auto` kernel and
+//! split: few queries split over the SMs) as the record name, the others as
+//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6`, `_v7` unsplit and
+//! `_v3_split128` (the fixed span a batch-invariant caller can take)
 //! (prefill: v3, v6, v7 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
@@ -28,7 +30,7 @@ mod harness;
 #[cfg(deepinfer_cuda)]
 mod gpu {
     use super::harness::Harness;
-    use deepinfer::ops::SparseMqaKernel;
+    use deepinfer::ops::{SparseMqaKernel, SparseMqaSplit};
     use deepinfer::{DType, Device, Tensor, ops};
     use half::bf16;
     use serde_json::json;
@@ -129,24 +131,29 @@ mod gpu {
         compressed: &Tensor,
         sets: &[(Tensor, Tensor, Tensor)],
         sink: &Tensor,
-        kernels: &[SparseMqaKernel],
+        kernels: &[(SparseMqaKernel, SparseMqaSplit)],
     ) {
         let mut out = Tensor::empty(&h.dev, DType::BF16, &[t, H, D]).unwrap();
         let mut lse = Tensor::empty(&h.dev, DType::F32, &[t, H]).unwrap();
         let flops = 2.0 * (H * t * (KW + KC) * (D + D)) as f64;
         let bytes = t * (KW * WROW + KC * CROW + 2 * H * D * 2 + H * 4);
-        for &kernel in kernels {
+        for &(kernel, split) in kernels {
             let us = h.time_us(|i| {
                 let (q, wi, ci) = &sets[i % sets.len()];
                 let comp = Some((compressed, ci));
-                ops::sparse_mqa_into_with(q, window, wi, comp, sink, &mut out, &mut lse, kernel)
-                    .unwrap()
+                ops::sparse_mqa_into_split(
+                    q, window, wi, comp, sink, &mut out, &mut lse, kernel, split,
+                )
+                .unwrap()
             });
-            // The default version carries the record name; the others a suffix.
-            let name = if kernel == SparseMqaKernel::default() {
-                op.to_string()
-            } else {
-                format!("{op}_{}", version_name(kernel))
+            // The default (kernel and split) carries the record name; the
+            // others a suffix.
+            let name = match (kernel == SparseMqaKernel::default(), split) {
+                (true, SparseMqaSplit::Auto) => op.to_string(),
+                (_, SparseMqaSplit::Entries(n)) => {
+                    format!("{op}_{}_split{n}", version_name(kernel))
+                }
+                _ => format!("{op}_{}", version_name(kernel)),
             };
             h.record_gemm(
                 &name,
@@ -179,19 +186,20 @@ mod gpu {
     /// prefill the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the
     /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`)
     /// and left the build.
-    const DECODE_KERNELS: [SparseMqaKernel; 6] = [
-        SparseMqaKernel::V3,
-        SparseMqaKernel::V5Heads32,
-        SparseMqaKernel::V5Heads16,
-        SparseMqaKernel::V6,
-        SparseMqaKernel::V7,
-        SparseMqaKernel::Auto,
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 7] = [
+        (SparseMqaKernel::V3, SparseMqaSplit::None),
+        (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
+        (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
+        (SparseMqaKernel::V6, SparseMqaSplit::None),
+        (SparseMqaKernel::V7, SparseMqaSplit::None),
+        (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
+        (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [SparseMqaKernel; 4] = [
-        SparseMqaKernel::V3,
-        SparseMqaKernel::V6,
-        SparseMqaKernel::V7,
-        SparseMqaKernel::Auto,
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 4] = [
+        (SparseMqaKernel::V3, SparseMqaSplit::None),
+        (SparseMqaKernel::V6, SparseMqaSplit::None),
+        (SparseMqaKernel::V7, SparseMqaSplit::None),
+        (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
 
     fn queries(dev: &Device, t: usize, rng: &mut Rng) -> Tensor {

@@ -166,6 +166,30 @@ pub enum SparseMqaKernel {
     Auto,
 }
 
+/// Split-KV of `ops::sparse_mqa` on CUDA: a query's list cut into spans of
+/// a fixed number of entries, one CTA each, their partial results combined
+/// in split order by a second kernel. A query's result depends on the span
+/// size alone, never on the other queries (the tensor-core versions only;
+/// `Generic` and the CPU never split).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SparseMqaSplit {
+    /// One CTA per query: no combine pass (the fastest when the queries
+    /// fill the GPU).
+    None,
+    /// Spans of this many entries (a positive multiple of
+    /// [`SPARSE_MQA_SPLIT_UNIT`]).
+    Entries(usize),
+    /// From the number of queries: spans sized so that the CTAs fill the
+    /// SMs once when the queries alone would leave them idle, else none. A
+    /// batch-invariant handle never splits here (its span would depend on
+    /// the batch); it can pass `Entries` for a fixed span.
+    #[default]
+    Auto,
+}
+
+/// Entries of the online-softmax block: a split span is a multiple of it.
+pub const SPARSE_MQA_SPLIT_UNIT: usize = 64;
+
 /// Shape of a validated `ops::sparse_mqa` call.
 #[derive(Clone, Copy, Debug)]
 pub struct SparseMqaShape {

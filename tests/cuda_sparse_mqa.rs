@@ -8,7 +8,9 @@
 //! query's result bitwise equal alone and inside batches (batch
 //! invariance, V6, V7 and the default); versions 3 and 5 bitwise equal to
 //! each other and versions 6 and 7 within the bound below; the
-//! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096); CUDA
+//! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096);
+//! split-KV (spans of 64-256 entries, every tensor-core version, `Auto`)
+//! within the same bounds and a fixed span batch-invariant; CUDA
 //! shape limits as typed errors. DEEPINFER_QUICK=1
 //! keeps to small shapes (the compute-sanitizer pass, where the out-of-range
 //! entries show that nothing outside the pools is read). Built only for
@@ -32,7 +34,7 @@ use common::attention::{compressed_pool, index_lists, window_pool};
 use deepinfer::device::CudaDevice;
 use deepinfer::kv_format;
 use deepinfer::numerics::calc_diff;
-use deepinfer::ops::SparseMqaKernel;
+use deepinfer::ops::{SparseMqaKernel, SparseMqaSplit};
 use deepinfer::{DType, Device, Error, Tensor, ops};
 use half::bf16;
 use rand::Rng;
@@ -124,13 +126,23 @@ impl Inputs {
 
     /// (out, lse) of one CUDA kernel version into fresh (poisoned) outputs.
     fn run_with(&self, dev: &Device, kernel: SparseMqaKernel) -> (Vec<bf16>, Vec<f32>) {
+        self.run_split(dev, kernel, SparseMqaSplit::None)
+    }
+
+    /// [`Inputs::run_with`] with split-KV.
+    fn run_split(
+        &self,
+        dev: &Device,
+        kernel: SparseMqaKernel,
+        split: SparseMqaSplit,
+    ) -> (Vec<bf16>, Vec<f32>) {
         let comp = self.compressed.as_ref().map(|(r, i)| (r, i));
         let &[t, h, d] = self.q.shape() else {
             unreachable!("q is [T, H, D]")
         };
         let mut out = Tensor::empty(dev, DType::BF16, &[t, h, d]).unwrap();
         let mut lse = Tensor::empty(dev, DType::F32, &[t, h]).unwrap();
-        ops::sparse_mqa_into_with(
+        ops::sparse_mqa_into_split(
             &self.q,
             &self.window,
             &self.widx,
@@ -139,6 +151,7 @@ impl Inputs {
             &mut out,
             &mut lse,
             kernel,
+            split,
         )
         .unwrap();
         (out.to_vec::<bf16>().unwrap(), lse.to_vec::<f32>().unwrap())
@@ -314,11 +327,97 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         SparseMqaKernel::V6,
         SparseMqaKernel::V7,
     ] {
-        let got = g.run_with(&dev, kernel);
-        compare(&format!("empty query {kernel:?}"), &got, &want);
-        let (out, lse) = got;
-        assert!(out[64 * D..128 * D].iter().all(|v| v.to_bits() == 0));
-        assert!(lse[64..128].iter().all(|&v| v == f32::INFINITY));
+        for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
+            let got = g.run_split(&dev, kernel, split);
+            compare(&format!("empty query {kernel:?} {split:?}"), &got, &want);
+            let (out, lse) = got;
+            assert!(out[64 * D..128 * D].iter().all(|v| v.to_bits() == 0));
+            assert!(lse[64..128].iter().all(|&v| v == f32::INFINITY));
+        }
+    }
+}
+
+/// Split-KV against the CPU op, within the unsplit bounds: spans of 64 to
+/// 256 entries (tails: Kw + Kc not a multiple of the span; one span of a
+/// query with no row, whose partial lse is −∞), every tensor-core version,
+/// and `Auto` (a split at these query counts). A fixed span keeps a query's
+/// result bitwise alone and inside a batch; on a batch-invariant handle
+/// `Auto` does not split (bitwise version 3 unsplit). A span that is not a
+/// positive multiple of 64 is a typed error.
+#[test]
+fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
+    let dev = gpu();
+    let mut rng = common::rng("sparse_mqa_cuda_split");
+    let mut cases: Vec<Case> = vec![
+        (1, 64, (300, 128), Some((2000, 512)), 0.05),
+        (6, 64, (50, 37), Some((90, 100)), 0.3),
+        (2, 128, (64, 64), Some((64, 1)), 0.1),
+        (3, 64, (10, 0), Some((70, 130)), 0.2),
+    ];
+    if !quick() {
+        cases.push((16, 64, (16 * 128, 128), Some((20_000, 512)), 0.02));
+    }
+    for (t, h, w, c, holes) in cases {
+        let mut host = Inputs::random(&mut rng, t, h, w, c, holes);
+        // Query 0's first 64 window entries name no row: with a span of 64
+        // its first split is empty.
+        if w.1 >= 64 {
+            let mut widx = host.widx.to_vec::<i32>().unwrap();
+            widx[..64].fill(-1);
+            host.widx = Tensor::from_vec(widx, &[t, w.1]).unwrap();
+        }
+        let label = format!("T {t} H {h} window {w:?} compressed {c:?} holes {holes}");
+        let want = host.run();
+        let g = host.to(&dev);
+        for split in [64, 128, 192, 256].map(SparseMqaSplit::Entries) {
+            for kernel in [
+                SparseMqaKernel::V3,
+                SparseMqaKernel::V5Heads16,
+                SparseMqaKernel::V6,
+                SparseMqaKernel::V7,
+            ] {
+                let got = g.run_split(&dev, kernel, split);
+                compare(&format!("{label} {kernel:?} {split:?}"), &got, &want);
+            }
+        }
+        let auto = g.run_split(&dev, SparseMqaKernel::Auto, SparseMqaSplit::Auto);
+        compare(&format!("{label} Auto split"), &auto, &want);
+        let inv = dev.with_batch_invariant_kernels();
+        let gi = host.to(&inv);
+        let unsplit = gi.run_split(&inv, SparseMqaKernel::Auto, SparseMqaSplit::Auto);
+        assert!(
+            unsplit == g.run_with(&dev, SparseMqaKernel::V3),
+            "{label}: Auto on a batch-invariant handle split"
+        );
+    }
+    let t = if quick() { 5 } else { 40 };
+    let host = Inputs::random(&mut rng, t, 64, (500, 128), Some((3000, 512)), 0.1);
+    let g = host.to(&dev);
+    for kernel in [SparseMqaKernel::V3, SparseMqaKernel::V7] {
+        let split = SparseMqaSplit::Entries(128);
+        let batch = g.run_split(&dev, kernel, split);
+        alone_equals_batch_split(&dev, &host, &batch, t, kernel, split);
+    }
+    for bad in [0, 100, 1 << 31] {
+        let comp = g.compressed.as_ref().map(|(r, i)| (r, i));
+        let mut out = Tensor::empty(&dev, DType::BF16, &[t, 64, D]).unwrap();
+        let mut lse = Tensor::empty(&dev, DType::F32, &[t, 64]).unwrap();
+        let e = ops::sparse_mqa_into_split(
+            &g.q,
+            &g.window,
+            &g.widx,
+            comp,
+            &g.sink,
+            &mut out,
+            &mut lse,
+            SparseMqaKernel::V3,
+            SparseMqaSplit::Entries(bad),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::Argument { arg: "split", .. }),
+            "split {bad}: {e}"
+        );
     }
 }
 
@@ -347,6 +446,18 @@ fn alone_equals_batch(
     t: usize,
     kernel: SparseMqaKernel,
 ) {
+    alone_equals_batch_split(dev, host, batch, t, kernel, SparseMqaSplit::None);
+}
+
+/// [`alone_equals_batch`] with split-KV.
+fn alone_equals_batch_split(
+    dev: &Device,
+    host: &Inputs,
+    batch: &(Vec<bf16>, Vec<f32>),
+    t: usize,
+    kernel: SparseMqaKernel,
+    split: SparseMqaSplit,
+) {
     let kw = 128;
     let kc = 512;
     let (widx, cidx) = (
@@ -365,7 +476,7 @@ fn alone_equals_batch(
             )),
             sink: host.sink.clone(),
         };
-        let (out, lse) = alone.to(dev).run_with(dev, kernel);
+        let (out, lse) = alone.to(dev).run_split(dev, kernel, split);
         let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             bits(&out),

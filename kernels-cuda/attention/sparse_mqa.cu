@@ -237,7 +237,52 @@ struct OnlineSoftmax {
         lse[at] = logf(l0) + m0;
         lse[at + 8] = logf(l1) + m1;
     }
+
+    // Split-KV: the quad's partial sums only (the sink joins in the combine).
+    __device__ __forceinline__ void finish_split() {
+        l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 1);
+        l0 += __shfl_xor_sync(0xFFFFFFFFu, l0, 2);
+        l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 1);
+        l1 += __shfl_xor_sync(0xFFFFFFFFu, l1, 2);
+    }
 };
+
+// Split-KV (p.split > 0): CTA z of a query takes entries [z split, (z + 1)
+// split) of its list (split a multiple of kBlock, so only the last split
+// reaches the list's end, past which every entry is no row).
+__device__ __forceinline__ int64_t split_first(const di_sparse_mqa_params &p) {
+    return p.split > 0 ? int64_t{blockIdx.z} * p.split : 0;
+}
+
+// Blocks of kBlock entries of this CTA's span.
+__device__ __forceinline__ int split_blocks(const di_sparse_mqa_params &p) {
+    const int64_t total = int64_t{p.kw} + p.kc, e0 = split_first(p);
+    const int64_t n = p.split > 0 ? min(int64_t{p.split}, total - e0) : total;
+    return static_cast<int>((n + kBlock - 1) / kBlock);
+}
+
+// Split-KV epilogue: this thread's fp32 accumulator (rows g and g + 8 of its
+// 16 heads; acc[4n..4n+3] at dims dbase + 8n + 2c, + 1, the m16n8 layout of
+// both consumers) divided by the partial sum, into part_out[t][z][head][dim],
+// and the partial log-sum-exp (no sink; -inf for a span without rows, whose
+// output is zeros) into part_lse[t][z][head] when `lse_writer`.
+__device__ __forceinline__ void store_split(const di_sparse_mqa_params &p, const float (&acc)[128],
+                                            const OnlineSoftmax &sm, int64_t t, int h_lo, int dbase, int c,
+                                            bool lse_writer) {
+    const int64_t slot = (t * gridDim.z + blockIdx.z) * p.h;
+    const float i0 = sm.l0 > 0.0f ? 1.0f / sm.l0 : 0.0f, i1 = sm.l1 > 0.0f ? 1.0f / sm.l1 : 0.0f;
+    float *o0 = p.part_out + (slot + h_lo) * kDim + dbase + 2 * c;
+    float *o1 = o0 + 8 * kDim;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        *reinterpret_cast<float2 *>(o0 + 8 * n) = make_float2(acc[4 * n] * i0, acc[4 * n + 1] * i0);
+        *reinterpret_cast<float2 *>(o1 + 8 * n) = make_float2(acc[4 * n + 2] * i1, acc[4 * n + 3] * i1);
+    }
+    if (lse_writer) {
+        p.part_lse[slot + h_lo] = sm.l0 > 0.0f ? logf(sm.l0) + sm.m0 : -INFINITY;
+        p.part_lse[slot + h_lo + 8] = sm.l1 > 0.0f ? logf(sm.l1) + sm.m1 : -INFINITY;
+    }
+}
 
 // Consumer warp cw (0 .. 2*HG-1): heads 16*hg .. 16*hg+15 of the CTA (hg =
 // cw % HG) and output dims 256*dh .. 256*dh+255 (dh = cw / HG). Per block it
@@ -331,6 +376,11 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
     }
 
     const int h_lo = h0 + hg * 16 + g;
+    if (p.split > 0) {
+        sm.finish_split();
+        store_split(p, reinterpret_cast<const float(&)[128]>(acc), sm, t, h_lo, dh * 256, c, dh == 0 && c == 0);
+        return;
+    }
     sm.finish(p.sink, h_lo);
     const float l0 = sm.l0, l1 = sm.l1;
     // The output tile goes through this warp's own Q sub-tile (no other warp
@@ -483,7 +533,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
     const uint8_t *window = static_cast<const uint8_t *>(p.window);
     const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
     constexpr int RW = kBlock / NP;  // rows per producer warp (16 or 8)
-    const int mine = pw * RW + (lane % RW);
+    const int64_t mine = split_first(p) + pw * RW + (lane % RW);
     int k0, r0, k1, r1, k2, r2;
     resolve(p, t, mine, k0, r0);
     resolve(p, t, int64_t{kBlock} + mine, k1, r1);
@@ -620,7 +670,7 @@ __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * Layout<HG>::heads;
-    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    const int blocks = split_blocks(p);
     if (threadIdx.x == 0) {
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
         bar_init(&bars[0], NP * 32);
@@ -789,6 +839,11 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     }
 
     const int h_lo = h0 + w * 16 + g;
+    if (p.split > 0) {
+        sm.finish_split();
+        store_split(p, acc, sm, t, h_lo, wg * 256, c, wg == 0 && c == 0);
+        return;
+    }
     sm.finish(p.sink, h_lo);
     const float l0 = sm.l0, l1 = sm.l1;
     // Every wgmma of this warpgroup has completed (its reads of Q too; with
@@ -905,7 +960,7 @@ __device__ __forceinline__ void produce_v7(const di_sparse_mqa_params &p, uint8_
     uint64_t *empty = full + 2;
     float *bias = reinterpret_cast<float *>(smem + kOffBias);
     uint8_t *raw = smem + kOffRaw7;
-    const int mine = 16 * w + (lane & 15);
+    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
     auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
     const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
     int v2 = load_entry(p, t, entry(2));
@@ -947,7 +1002,7 @@ template <bool kV7> __device__ __forceinline__ void sparse_mqa_wgmma_body(const 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * 64;
-    const int blocks = (p.kw + p.kc + kBlock - 1) / kBlock;
+    const int blocks = split_blocks(p);
     if (threadIdx.x == 0) {
         uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
         bar_init(&bars[0], kProducerWarps * 32);
@@ -1013,4 +1068,43 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 #else
     sparse_mqa_body<4>(p);
 #endif
+}
+
+// Split-KV combine: one CTA per (query, head), thread i dims 4 i .. 4 i + 3.
+// With M the largest partial lse, out = sum_z e^(lse_z - M) O_z / L and
+// lse = ln L + M, L = sum_z e^(lse_z - M) + e^(sink - M); splits in order,
+// so the result depends on the split size only, never on the batch.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_COMBINE_THREADS)
+    sparse_mqa_combine(const __grid_constant__ di_sparse_mqa_combine_params p) {
+    static_assert(DI_SPARSE_MQA_COMBINE_THREADS * 4 == kDim, "four dims per thread");
+    const int64_t t = blockIdx.x;
+    const int head = blockIdx.y;
+    const float *lse = p.part_lse + t * p.splits * p.h + head;
+    float m = -INFINITY;
+    for (int z = 0; z < p.splits; ++z) m = fmaxf(m, lse[int64_t{z} * p.h]);
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __nv_bfloat162 *out =
+        reinterpret_cast<__nv_bfloat162 *>(static_cast<uint8_t *>(p.out) + ((t * p.h + head) * kDim + 4 * threadIdx.x) * 2);
+    if (m == -INFINITY) {
+        out[0] = __floats2bfloat162_rn(0.0f, 0.0f);
+        out[1] = __floats2bfloat162_rn(0.0f, 0.0f);
+        if (threadIdx.x == 0) p.lse[t * p.h + head] = INFINITY;
+        return;
+    }
+    float l = 0.0f;
+    for (int z = 0; z < p.splits; ++z) {
+        const float w = expf(lse[int64_t{z} * p.h] - m);
+        const float4 v = *reinterpret_cast<const float4 *>(
+            p.part_out + ((t * p.splits + z) * p.h + head) * kDim + 4 * threadIdx.x);
+        l += w;
+        o.x += w * v.x;
+        o.y += w * v.y;
+        o.z += w * v.z;
+        o.w += w * v.w;
+    }
+    l += expf(p.sink[head] - m);
+    const float inv = 1.0f / l;
+    out[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
+    out[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
+    if (threadIdx.x == 0) p.lse[t * p.h + head] = logf(l) + m;
 }

@@ -82,6 +82,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_topk_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_block_params {}
 // SAFETY: as above (addresses, integers and one float).
 unsafe impl cudarc::driver::DeviceRepr for params::di_sparse_mqa_params {}
+// SAFETY: as above (addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_sparse_mqa_combine_params {}
 // SAFETY: as above (addresses, integers and one float).
 unsafe impl cudarc::driver::DeviceRepr for params::di_kv_rows_params {}
 // SAFETY: as above (the glue kernels' structs: addresses, integers, floats

@@ -9,16 +9,24 @@
 //! every entry outside its pool as no row and never read it. No CTA's work
 //! depends on another's and a head's arithmetic is the same in every CTA
 //! size, so a query's result does not depend on the batch (nor on the CTA
-//! size `Auto` picks from it).
+//! size `Auto` picks from it). Split-KV (`SparseMqaSplit`) cuts each list
+//! into spans of a fixed size, one CTA each writing an fp32 partial output
+//! and lse, then `sparse_mqa_combine` merges a query's spans in order: the
+//! result depends on the span size, which `Auto` picks from the number of
+//! queries only on a handle that is not batch-invariant.
 
 use super::params::{
-    DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS, DI_SPARSE_MQA_V7_SMEM_BYTES,
-    di_sparse_mqa_params,
+    DI_SPARSE_MQA_COMBINE_THREADS, DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS,
+    DI_SPARSE_MQA_V7_SMEM_BYTES, di_sparse_mqa_combine_params, di_sparse_mqa_params,
 };
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
-use crate::contract::{SPARSE_MQA_GENERIC_MAX_DIM, SparseMqaKernel, SparseMqaShape};
+use crate::contract::{
+    SPARSE_MQA_GENERIC_MAX_DIM, SPARSE_MQA_SPLIT_UNIT, SparseMqaKernel, SparseMqaShape,
+    SparseMqaSplit,
+};
 use crate::device::CudaDevice;
+use crate::dtype::DType;
 use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
@@ -55,7 +63,21 @@ fn auto_heads(t: usize, h: usize, sms: usize) -> usize {
         .map_or(64, |&(heads, _)| heads)
 }
 
-/// out `[T, H, D]` and lse `[T, H]` of the chosen kernel version.
+/// The span of `SparseMqaSplit::Auto`: none when the queries' CTAs fill the
+/// SMs (or on a batch-invariant handle); else the fewest 64-entry blocks per
+/// span that keep the CTAs within one wave (at least two spans).
+fn auto_split(t: usize, h: usize, entries: usize, sms: usize) -> Option<usize> {
+    let ctas = t * (h / 64);
+    let spans = sms / ctas.max(1);
+    if spans < 2 {
+        return None;
+    }
+    let blocks = entries.div_ceil(SPARSE_MQA_SPLIT_UNIT);
+    let per = blocks.div_ceil(spans);
+    (per < blocks).then_some(per * SPARSE_MQA_SPLIT_UNIT)
+}
+
+/// out `[T, H, D]` and lse `[T, H]` of the chosen kernel version and split.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn sparse_mqa(
     dev: &CudaDevice,
@@ -68,10 +90,26 @@ pub(crate) fn sparse_mqa(
     lse: &mut Tensor,
     s: SparseMqaShape,
     version: SparseMqaKernel,
+    split: SparseMqaSplit,
 ) -> Result<()> {
     if s.t == 0 {
         return Ok(());
     }
+    let entries = s.kw + s.kc;
+    let tensor_cores = version != SparseMqaKernel::Generic && s.fits_tensor_cores();
+    let span = match split {
+        _ if !tensor_cores => None,
+        SparseMqaSplit::None => None,
+        SparseMqaSplit::Entries(n) => (n < entries).then_some(n),
+        SparseMqaSplit::Auto if dev.batch_invariant() => None,
+        SparseMqaSplit::Auto => auto_split(s.t, s.h, entries, dev.sm_count()),
+    };
+    // A split runs 64-head CTAs (version 5's smaller CTAs duplicate the
+    // decode, which the split divides instead).
+    let version = match (version, span) {
+        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V3,
+        (v, _) => v,
+    };
     use kernels::attention as k;
     let auto = |heads| match heads {
         16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
@@ -108,6 +146,26 @@ pub(crate) fn sparse_mqa(
         .map_or((std::ptr::null(), std::ptr::null()), |((c, _), (ci, _))| {
             (*c, *ci)
         });
+    let splits = span.map_or(1, |n| entries.div_ceil(n));
+    let device = crate::Device::Cuda(dev.clone());
+    let mut parts = match span {
+        Some(_) => Some((
+            Tensor::empty(&device, DType::F32, &[s.t, splits, s.h, s.d])?,
+            Tensor::empty(&device, DType::F32, &[s.t, splits, s.h])?,
+        )),
+        None => None,
+    };
+    let part_ptrs = match parts.as_mut() {
+        Some((po, pl)) => Some((
+            write_ptr(po.cuda_mut()?, dev),
+            write_ptr(pl.cuda_mut()?, dev),
+        )),
+        None => None,
+    };
+    let (pop, plp) = part_ptrs.as_ref().map_or(
+        (std::ptr::null_mut(), std::ptr::null_mut()),
+        |((po, _), (pl, _))| (*po, *pl),
+    );
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let (lp, _gl) = write_ptr(lse.cuda_mut()?, dev);
     let p = di_sparse_mqa_params {
@@ -126,15 +184,36 @@ pub(crate) fn sparse_mqa(
         kc: i32_param("kc", s.kc)?,
         d: i32_param("d", s.d)?,
         scale: crate::numerics::round_f32((s.d as f64).powf(-0.5)),
+        split: i32_param("split", span.unwrap_or(0))?,
+        part_out: pop as *mut f32,
+        part_lse: plp as *mut f32,
     };
     let cfg = LaunchConfig {
         grid_dim: (
             u32_param("t", s.t)?,
             u32_param("head groups", s.h / heads)?,
-            1,
+            u32_param("splits", splits)?,
         ),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: smem,
     };
-    launch(dev, kernel, cfg, &p)
+    launch(dev, kernel, cfg, &p)?;
+    if span.is_none() {
+        return Ok(());
+    }
+    let c = di_sparse_mqa_combine_params {
+        part_out: pop as *const f32,
+        part_lse: plp as *const f32,
+        sink: sp as *const f32,
+        out: op,
+        lse: lp as *mut f32,
+        h: i32_param("h", s.h)?,
+        splits: i32_param("splits", splits)?,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (u32_param("t", s.t)?, u32_param("h", s.h)?, 1),
+        block_dim: (DI_SPARSE_MQA_COMBINE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, k::SPARSE_MQA_COMBINE, cfg, &c)
 }

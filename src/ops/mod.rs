@@ -70,8 +70,9 @@ pub use rms_norm_act_quant::{
 };
 pub use rope::{inverse_rope, inverse_rope_into, rope, rope_into};
 pub use sparse_mqa::{
-    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, SPARSE_MQA_GENERIC_MAX_DIM, SparseMqaKernel,
-    sparse_mqa, sparse_mqa_into, sparse_mqa_into_with,
+    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, SPARSE_MQA_GENERIC_MAX_DIM,
+    SPARSE_MQA_SPLIT_UNIT, SparseMqaKernel, SparseMqaSplit, sparse_mqa, sparse_mqa_into,
+    sparse_mqa_into_split, sparse_mqa_into_with,
 };
 pub use swiglu::{swiglu_act_quant_fp8, swiglu_act_quant_fp8_into};
 

@@ -23,12 +23,12 @@
 
 use super::{common_device, shape_error};
 pub use crate::contract::{
-    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, SPARSE_MQA_GENERIC_MAX_DIM, SparseMqaKernel,
-    SparseMqaShape,
+    SPARSE_MQA_CUDA_DIM, SPARSE_MQA_CUDA_HEAD_GROUP, SPARSE_MQA_GENERIC_MAX_DIM,
+    SPARSE_MQA_SPLIT_UNIT, SparseMqaKernel, SparseMqaShape, SparseMqaSplit,
 };
 use crate::device::Device;
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use crate::{cpu_backend, kv_format};
 use half::bf16;
@@ -69,7 +69,8 @@ pub fn sparse_mqa(
 }
 
 /// [`sparse_mqa`] into a preallocated BF16 `out` `[T, H, D]` and F32 `lse`
-/// `[T, H]`.
+/// `[T, H]` (the `Auto` kernel and split: on CUDA, few queries are split
+/// over the SMs unless the handle is batch-invariant).
 pub fn sparse_mqa_into(
     q: &Tensor,
     window: &Tensor,
@@ -79,7 +80,7 @@ pub fn sparse_mqa_into(
     out: &mut Tensor,
     lse: &mut Tensor,
 ) -> Result<()> {
-    sparse_mqa_into_with(
+    sparse_mqa_into_split(
         q,
         window,
         window_idx,
@@ -88,11 +89,12 @@ pub fn sparse_mqa_into(
         out,
         lse,
         SparseMqaKernel::default(),
+        SparseMqaSplit::default(),
     )
 }
 
-/// [`sparse_mqa_into`] with an explicit CUDA kernel version (tests and
-/// benches).
+/// [`sparse_mqa_into`] with an explicit CUDA kernel version and no split
+/// (tests and benches).
 #[allow(clippy::too_many_arguments)]
 pub fn sparse_mqa_into_with(
     q: &Tensor,
@@ -104,6 +106,46 @@ pub fn sparse_mqa_into_with(
     lse: &mut Tensor,
     kernel: SparseMqaKernel,
 ) -> Result<()> {
+    sparse_mqa_into_split(
+        q,
+        window,
+        window_idx,
+        compressed,
+        sink,
+        out,
+        lse,
+        kernel,
+        SparseMqaSplit::None,
+    )
+}
+
+/// [`sparse_mqa_into`] with an explicit CUDA kernel version and split-KV
+/// ([`SparseMqaSplit`]; `Entries(n)` needs n a positive multiple of
+/// [`SPARSE_MQA_SPLIT_UNIT`] below 2^31). The CPU and the generic kernel
+/// compute the whole list at once whatever the split; a split changes the
+/// order of the sums only, within the op's bound of the unsplit result.
+#[allow(clippy::too_many_arguments)]
+pub fn sparse_mqa_into_split(
+    q: &Tensor,
+    window: &Tensor,
+    window_idx: &Tensor,
+    compressed: Option<(&Tensor, &Tensor)>,
+    sink: &Tensor,
+    out: &mut Tensor,
+    lse: &mut Tensor,
+    kernel: SparseMqaKernel,
+    split: SparseMqaSplit,
+) -> Result<()> {
+    if let SparseMqaSplit::Entries(n) = split
+        && (n == 0 || !n.is_multiple_of(SPARSE_MQA_SPLIT_UNIT) || n > i32::MAX as usize)
+    {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "split",
+            value: n.to_string(),
+            why: "entries per split must be a positive multiple of 64 below 2^31",
+        });
+    }
     let s = validate(q, window, window_idx, compressed, sink, kernel)?;
     out.expect_output(OP, "out", DType::BF16, &[s.t, s.h, s.d])?;
     lse.expect_output(OP, "lse", DType::F32, &[s.t, s.h])?;
@@ -111,11 +153,11 @@ pub fn sparse_mqa_into_with(
         Device::Cpu => cpu(q, window, window_idx, compressed, sink, out, lse, s),
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => crate::cuda_backend::sparse_mqa::sparse_mqa(
-            &dev, q, window, window_idx, compressed, sink, out, lse, s, kernel,
+            &dev, q, window, window_idx, compressed, sink, out, lse, s, kernel, split,
         ),
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => {
-            let _ = kernel;
+            let _ = (kernel, split);
             Err(super::kernels_not_built(OP, &d))
         }
     }

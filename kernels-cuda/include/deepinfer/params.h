@@ -216,7 +216,29 @@ typedef struct di_sparse_mqa_params {
                                       sparse_mqa_generic takes any multiple of 64
                                       up to DI_SPARSE_MQA_GENERIC_MAX_DIM */
     float scale;                   /* d^-0.5 */
+    int32_t split;                 /* split-KV: entries per CTA (a multiple of 64, grid z =
+                                      ceil((kw + kc) / split)), writing part_out and
+                                      part_lse instead of out and lse; 0: one CTA per
+                                      query (versions 3, 5, 6, 7; generic takes 0 only) */
+    float *part_out;               /* f32 [t, splits, h, 512] (split > 0) */
+    float *part_lse;               /* f32 [t, splits, h]: partial lse without the sink,
+                                      -inf for a span without rows */
 } di_sparse_mqa_params;
+
+/* sparse_mqa_combine: grid (t, h), DI_SPARSE_MQA_COMBINE_THREADS threads:
+ * out and lse of each (query, head) from its splits' part_out and part_lse
+ * and the sink; a query whose splits hold no row gets zeros and lse = +inf,
+ * as one CTA gives. */
+typedef struct di_sparse_mqa_combine_params {
+    const float *part_out;         /* f32 [t, splits, h, 512] */
+    const float *part_lse;         /* f32 [t, splits, h] */
+    const float *sink;             /* [h] */
+    void *out;                     /* bf16 [t, h, 512] */
+    float *lse;                    /* [t, h] */
+    int32_t h;
+    int32_t splits;
+} di_sparse_mqa_combine_params;
+#define DI_SPARSE_MQA_COMBINE_THREADS 128
 
 /* sparse_mqa_v3 and _v6: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
  * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory; sparse_mqa_v5_h32 and
