@@ -10,6 +10,7 @@ pub mod limits;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]
 pub mod torch;
+pub mod weights;
 
 use deepinfer::{E4M3, E8M0, Fp4x2};
 use half::bf16;
