@@ -13,6 +13,10 @@
 //! keeps only the pages that hold its last `window` positions: older pages
 //! go back to the free list after every step.
 //!
+//! Sizing (`sizing`): a pool takes at most `min(user budget, free device
+//! memory − weights still to load − a step's headroom)` ([`PoolMemory`],
+//! [`PoolConfig::within`]), checked before anything is allocated.
+//!
 //! Invariants: a page belongs to at most one (sequence, cache) at a time;
 //! pages are reserved for a whole step before anything is written, all or
 //! nothing, so running out of pages is an [`OpError::OutOfPages`] that leaves
@@ -37,7 +41,9 @@ use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
 
 mod rollback;
+mod sizing;
 mod snapshot;
+pub use sizing::{CUDA_RESERVE_BYTES, PoolMemory, step_headroom, step_workspace_bytes};
 pub use snapshot::SeqSnapshot;
 
 /// A sequence's handle in a [`StatePool`].
