@@ -295,6 +295,7 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
         moe: true,
         routing: true,
         index_lists: true,
+        ..Capture::default()
     };
     let step = |model: &Model, tokens: &[u32]| {
         let mut pool = single_sequence_pool(model, PROMPT + 1).unwrap();
