@@ -4,7 +4,9 @@
 #![allow(dead_code)]
 
 pub mod attention;
+pub mod drift;
 pub mod ep;
+pub mod fullwidth;
 pub mod invariance;
 pub mod limits;
 pub mod tiny;
