@@ -33,6 +33,7 @@
 
 mod common;
 
+use common::drift::{Agreement, Report, compare};
 use deepinfer::device::CudaDevice;
 use deepinfer::model::forward::{Capture, LayerTrace, Model, SeqInput, StepOutput};
 use deepinfer::model::runner::single_sequence_pool;
@@ -62,70 +63,6 @@ fn capture() -> Capture {
         routing: true,
         index_lists: true,
         ..Capture::default()
-    }
-}
-
-#[derive(Default)]
-struct Agreement {
-    equal: usize,
-    total: usize,
-}
-
-impl Agreement {
-    fn add(&mut self, a: &[i32], b: &[i32], width: usize) {
-        for (x, y) in a.chunks(width.max(1)).zip(b.chunks(width.max(1))) {
-            self.total += 1;
-            self.equal += usize::from(x == y);
-        }
-    }
-
-    fn share(&self) -> f64 {
-        if self.total == 0 {
-            1.0
-        } else {
-            self.equal as f64 / self.total as f64
-        }
-    }
-}
-
-struct Report {
-    diffs: Vec<f64>,
-    routing: Agreement,
-    lists: Agreement,
-    argmax: Agreement,
-}
-
-fn compare(report: &mut Report, step: usize, cpu: &StepOutput, gpu: &StepOutput) {
-    let (c, g) = (
-        cpu.logits.to_vec::<f32>().unwrap(),
-        gpu.logits.to_vec::<f32>().unwrap(),
-    );
-    assert_eq!(c.len(), g.len(), "step {step}: logits size");
-    if let Some(i) = g.iter().position(|x| !x.is_finite()) {
-        panic!("step {step}: GPU logit {i} is {}", g[i]);
-    }
-    let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
-    report.diffs.push(calc_diff(&f64s(&g), &f64s(&c)));
-    let am = |o: &StepOutput| ops::argmax(&o.logits).unwrap().to_vec::<i32>().unwrap();
-    report.argmax.add(&am(cpu), &am(gpu), 1);
-    assert_eq!(cpu.layers.len(), gpu.layers.len());
-    for (lc, lg) in cpu.layers.iter().zip(&gpu.layers) {
-        if let (Some(rc), Some(rg)) = (&lc.routing, &lg.routing) {
-            let k = rc.shape().last().copied().unwrap_or(1);
-            report.routing.add(
-                &rc.to_vec::<i32>().unwrap(),
-                &rg.to_vec::<i32>().unwrap(),
-                k,
-            );
-        }
-        if let (Some(ic), Some(ig)) = (&lc.index_lists, &lg.index_lists) {
-            for (a, b) in ic.iter().zip(ig) {
-                let k = a.shape().last().copied().unwrap_or(1);
-                report
-                    .lists
-                    .add(&a.to_vec::<i32>().unwrap(), &b.to_vec::<i32>().unwrap(), k);
-            }
-        }
     }
 }
 
@@ -297,6 +234,7 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
         moe: true,
         routing: true,
         index_lists: true,
+        ..Capture::default()
     };
     let step = |model: &Model, tokens: &[u32]| {
         let mut pool = single_sequence_pool(model, PROMPT + 1).unwrap();

@@ -314,9 +314,30 @@ impl Harness {
         self.fp8_tflops = json!(tflops);
     }
 
-    /// Writes the JSON (when $DEEPINFER_BENCH_JSON names a file) and the ceiling line.
-    pub fn finish(self) {
-        let out = json!({
+    /// The copy ceiling measured when the harness opened (GB/s, bytes read
+    /// + written).
+    #[allow(dead_code, reason = "only the model bench reads the ceilings back")]
+    pub fn copy_gbps(&self) -> f64 {
+        self.copy_gbps
+    }
+
+    /// Keeps a record built by the bench itself (printed by the bench).
+    #[allow(dead_code, reason = "only the model bench builds its own records")]
+    pub fn push(&mut self, record: Value) {
+        self.records.push(record);
+    }
+
+    /// Writes the JSON of the records so far (when $DEEPINFER_BENCH_JSON
+    /// names a file), so a run stopped by its time limit keeps them.
+    #[allow(dead_code, reason = "only the model bench writes as it goes")]
+    pub fn write_partial(&self) {
+        if let Ok(path) = std::env::var("DEEPINFER_BENCH_JSON") {
+            std::fs::write(&path, serde_json::to_string_pretty(&self.json()).unwrap()).unwrap();
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
             "device": self.cuda.name().unwrap_or_default(),
             "driver": self.peers["driver"].clone(),
             "date": std::env::var("DEEPINFER_BENCH_DATE").unwrap_or_default(),
@@ -327,9 +348,13 @@ impl Harness {
                 "fp8_tflops": self.fp8_tflops,
             },
             "records": self.records,
-        });
+        })
+    }
+
+    /// Writes the JSON (when $DEEPINFER_BENCH_JSON names a file) and the ceiling line.
+    pub fn finish(self) {
         if let Ok(path) = std::env::var("DEEPINFER_BENCH_JSON") {
-            std::fs::write(&path, serde_json::to_string_pretty(&out).unwrap()).unwrap();
+            std::fs::write(&path, serde_json::to_string_pretty(&self.json()).unwrap()).unwrap();
             println!("wrote {path}");
         }
         println!(

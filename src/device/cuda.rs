@@ -104,11 +104,16 @@ impl CudaDevice {
 
     /// Free device memory in bytes (`cuMemGetInfo`).
     pub fn free_memory(&self) -> Result<usize> {
+        Ok(self.memory_info()?.0)
+    }
+
+    /// (free, total) device memory in bytes (`cuMemGetInfo`): what the
+    /// state pool is sized from (`model::pool::PoolMemory`).
+    pub fn memory_info(&self) -> Result<(usize, usize)> {
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the CUDA context"))?;
-        let (free, _) = cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))?;
-        Ok(free)
+        cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))
     }
 
     pub fn ordinal(&self) -> usize {

@@ -98,16 +98,18 @@ pub const SWITCHES: [&str; 6] = [
 
 /// Other `DEEPINFER_*` variables the project reads (build, kernel choice,
 /// cache, model, bench and test settings): not engine switches, not unknown.
-const OTHER_KNOWN: [&str; 37] = [
+const OTHER_KNOWN: [&str; 39] = [
     "DEEPINFER_ACCELERATOR",
     "DEEPINFER_ACT_QUANT_FP8_KERNEL",
     "DEEPINFER_ASCEND_ARCH",
     "DEEPINFER_ASCEND_FP8_NATIVE",
+    "DEEPINFER_BENCH_BUDGET_S",
     "DEEPINFER_BENCH_COMMIT",
     "DEEPINFER_BENCH_DATE",
     "DEEPINFER_BENCH_JSON",
     "DEEPINFER_BENCH_OUT",
     "DEEPINFER_BENCH_QUICK",
+    "DEEPINFER_BENCH_TIMEOUT",
     "DEEPINFER_CACHE",
     "DEEPINFER_COMMIT",
     "DEEPINFER_CUDA_ARCHS",

@@ -39,7 +39,7 @@ pub use structured::{Constraint, Grammars, SchemaType, StructuredOutput};
 pub use verify::{SpecCosts, SpecStats};
 
 use crate::model::forward::{Capture, Model, SeqInput};
-use crate::model::pool::{PoolConfig, SeqId, StatePool};
+use crate::model::pool::{PoolConfig, PoolMemory, SeqId, StatePool, step_headroom};
 use crate::model::runner::load_model_and_drafter;
 use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
@@ -758,8 +758,9 @@ impl Engine {
 
 impl Engine {
     /// The state pool of one batch: `seqs` sequences of up to `context`
-    /// tokens fed in chunks of up to `chunk`, within the configured budget
-    /// (checked before anything is allocated).
+    /// tokens fed in chunks of up to `chunk`, within `min(pool_memory, free
+    /// device memory − a step's headroom)` (`pool::PoolMemory`; checked
+    /// before anything is allocated).
     ///
     /// Sizing invariant: `context` is the longest prompt + `max_tokens`
     /// (a bound the caches never reach: the last sampled token is never
@@ -777,19 +778,9 @@ impl Engine {
     fn pool(&self, seqs: usize, context: usize, chunk: usize) -> Result<StatePool> {
         let cfg = &self.model.cfg;
         let device = self.model.device();
-        let pc = PoolConfig::fitting(cfg, seqs, context, chunk, self.config.page_rows)?;
-        if let Some(budget) = self.config.pool_memory {
-            let bytes = pc.memory_bytes(cfg)?;
-            if bytes > budget {
-                return Err(crate::Error::OutOfMemory {
-                    what: "the batch's state pool",
-                    bytes,
-                    device: format!("the pool budget (pool_memory) on {device}"),
-                    available: budget,
-                }
-                .into());
-            }
-        }
+        let headroom = step_headroom(&device, cfg, seqs.saturating_mul(chunk));
+        let memory = PoolMemory::query(&device, 0, headroom, self.config.pool_memory)?;
+        let pc = PoolConfig::within(cfg, &memory, seqs, context, chunk, self.config.page_rows)?;
         StatePool::new(cfg, &device, pc)
     }
 }

@@ -19,6 +19,7 @@ use super::config::{LayerPlan, ModelConfig, ScoreFunc};
 use super::layers::Block;
 use super::layers::linear::Bf16Linear;
 use super::layers::moe::MoeParams;
+use super::marks::Marks;
 use super::pool::{SeqId, StatePool};
 use super::truncate::{EntryShape, Tails, late_layer_start};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, ngram_ids};
@@ -71,6 +72,10 @@ pub struct Capture {
     pub routing: bool,
     /// Each entry's compressed index list `[len, k]` (entry indices).
     pub index_lists: bool,
+    /// The time of each op family ([`StepOutput::families`]): CUDA events
+    /// between the families on a GPU, the host clock on the CPU. The step
+    /// then waits for the device at its end.
+    pub timing: bool,
 }
 
 /// One backbone layer's captured tensors (`None` where not asked for).
@@ -96,6 +101,10 @@ pub struct StepOutput {
     pub rows: Vec<Range<usize>>,
     /// Per backbone layer, what [`Capture`] asked for.
     pub layers: Vec<LayerTrace>,
+    /// With [`Capture::timing`]: milliseconds per op family over the step
+    /// (`embed`, `engram`, `mhc`, `attention`, `moe`, `head`), in the order
+    /// they first ran; empty otherwise.
+    pub families: Vec<(&'static str, f64)>,
 }
 
 /// Where a step first produced a NaN or ±Inf ([`StepOutput::first_non_finite`]).
@@ -401,6 +410,7 @@ impl Model {
             .collect();
         let t = ids.len();
         let ids = Tensor::from_vec(ids, &[t])?.to_device(&device)?;
+        let mut marks = Marks::new(&device, capture.timing)?;
         let map = &self.weights.engram_token_map;
         let compressed: Vec<Vec<Option<i64>>> = inputs
             .iter()
@@ -418,6 +428,7 @@ impl Model {
         };
 
         let mut streams = ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?;
+        marks.mark("embed")?;
         let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
         let mut pre = Tensor::from_vec(one_hot, &[t, HC_STREAMS])?.to_device(&device)?;
         let mut published = Default::default();
@@ -444,6 +455,7 @@ impl Model {
             }
             if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
                 streams = e.forward(&streams, ng, crate::numerics::round_f32(cfg.norm_eps))?;
+                marks.mark("engram")?;
             }
             if let Some(i) = plan.dspark_target {
                 let slot = targets.get_mut(i).ok_or_else(|| crate::Error::Argument {
@@ -460,7 +472,9 @@ impl Model {
             let (x, mix) = block
                 .hc_attn
                 .input(&streams, &mut pre, &block.attn_norm, hp)?;
+            marks.mark("mhc")?;
             let (f, lists) = block.attn.forward(cfg, plan, &x, b, pool, &mut published)?;
+            marks.mark("attention")?;
             streams = mix.expand(&streams, &f)?;
             if capture.attention {
                 trace.attention = Some(f);
@@ -471,8 +485,11 @@ impl Model {
             let (x, mix) = block
                 .hc_ffn
                 .input(&streams, &mut pre, &block.ffn_norm, hp)?;
+            marks.mark("mhc")?;
             let (f, selected) = block.ffn.forward(&x, moe_p)?;
+            marks.mark("moe")?;
             streams = mix.expand(&streams, &f)?;
+            marks.mark("mhc")?;
             if capture.moe {
                 trace.moe = Some(f);
             }
@@ -486,6 +503,7 @@ impl Model {
         } else {
             self.head(&streams, &pre)?
         };
+        marks.mark("head")?;
         for (e, c) in b.entries.iter().zip(&compressed) {
             pool.advance(e.seq, e.len - e.replay, c)?;
         }
@@ -502,6 +520,7 @@ impl Model {
                 None => b.entries.iter().map(|e| e.row..e.row + e.len).collect(),
             },
             layers,
+            families: marks.totals()?,
         })
     }
 

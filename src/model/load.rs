@@ -1,10 +1,11 @@
 //! Builds [`ModelWeights`] and [`DsparkWeights`] from a loaded checkpoint,
-//! following the tensor names of `v41-flash.md` §12 and the layer roles of
+//! or from any other [`TensorSource`] (the in-memory random weights of
+//! [`random_weights_on`]), following the tensor names of `v41-flash.md` §12 and the layer roles of
 //! the config; applies the reference's load-time conversions (`wo_a`
 //! dequantised to BF16, expert I8 bytes read as packed e2m1 pairs).
 //!
-//! Invariant: the checkpoint was validated against the same config's
-//! manifest, so every name asked for here exists with the expected dtype
+//! Invariant: the source (a checkpoint, or random weights) was validated
+//! against the same config's manifest, so every name asked for here exists with the expected dtype
 //! and shape; the dense weights are FP8 (a BF16-dense checkpoint is
 //! rejected with an error).
 //!
@@ -16,9 +17,11 @@
 //! tensor is converted its pages leave the page cache (`Src`), and a shard
 //! leaves it whole once all its tensors are converted (the kernel drops
 //! cache only in whole folios), so a host holds a second copy of at most
-//! the shards being converted, and none once the load returns.
+//! the shards being converted, and none once the load returns. Random
+//! weights are generated tensor by tensor as the loader asks for them, so
+//! the host never holds more than one parameter's bytes.
 
-use super::checkpoint::{Checkpoint, CheckpointError};
+use super::checkpoint::{Checkpoint, CheckpointError, RandomWeights, TensorSource, TensorView};
 use super::config::{LayerPlan, ModelConfig, WeightFormat};
 use super::dspark::DsparkWeights;
 use super::forward::ModelWeights;
@@ -37,29 +40,40 @@ use crate::numpy_rng::engram_multipliers;
 use crate::tensor::Tensor;
 use half::bf16;
 
-/// The checkpoint and the device its weights are loaded onto.
-#[derive(Clone, Copy)]
-struct Src<'a> {
-    ck: &'a Checkpoint,
+/// The tensor source and the device its weights are loaded onto.
+struct Src<'a, S> {
+    ck: &'a S,
     dev: &'a Device,
 }
 
+impl<S> Clone for Src<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Src<'_, S> {}
+
 /// Every read of a stored tensor goes through these methods, which release
-/// its pages from the page cache (`Checkpoint::release`) once the loader
-/// holds its own copy: on the CPU a host then keeps one copy of a weight
-/// (the heap tensor), not two; on a GPU, none.
-impl Src<'_> {
+/// it from the source (`TensorSource::release`: a checkpoint's pages leave
+/// the page cache) once the loader holds its own copy: on the CPU a host
+/// then keeps one copy of a weight (the heap tensor), not two; on a GPU,
+/// none.
+impl<S: TensorSource> Src<'_, S> {
     /// Stored tensor `name` on the device, as `shape` (the manifest checked
     /// its element count; the reshape restates it).
     fn raw(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self.ck.get(name)?.to_tensor_on(self.dev)?.reshape(shape)?;
+        let t = self
+            .ck
+            .read(name, |v| v.to_tensor_on(self.dev))?
+            .reshape(shape)?;
         self.ck.release(name);
         Ok(t)
     }
 
     /// A stored vector on the device.
     fn vector(&self, name: &str) -> Result<Tensor> {
-        let t = self.ck.get(name)?.to_tensor_on(self.dev)?;
+        let t = self.ck.read(name, |v| v.to_tensor_on(self.dev))?;
         self.ck.release(name);
         let n = t.numel();
         Ok(t.reshape(&[n])?)
@@ -69,9 +83,9 @@ impl Src<'_> {
     fn host<T>(
         &self,
         name: &str,
-        read: impl FnOnce(&Checkpoint, &str) -> std::result::Result<Vec<T>, CheckpointError>,
+        read: impl FnOnce(&TensorView<'_>) -> std::result::Result<Vec<T>, CheckpointError>,
     ) -> Result<Vec<T>> {
-        let v = read(self.ck, name)?;
+        let v = self.ck.read(name, |view| Ok(read(&view)?))?;
         self.ck.release(name);
         Ok(v)
     }
@@ -85,7 +99,7 @@ impl Src<'_> {
     }
 }
 
-fn fp8(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
+fn fp8<S: TensorSource>(w: Src<S>, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
     Ok(Fp8Linear {
         weight: w.raw(&format!("{base}.weight"), &[out_dim, in_dim])?,
         scale: w.raw(
@@ -97,9 +111,14 @@ fn fp8(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Fp8Linear> {
 
 /// An FP8 weight dequantised to BF16 (exact: e4m3 × 2^e), as the reference
 /// does for `wo_a`.
-fn fp8_dequantized(src: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Tensor> {
-    let w = src.host(&format!("{base}.weight"), Checkpoint::e4m3)?;
-    let s = src.host(&format!("{base}.scale"), Checkpoint::e8m0)?;
+fn fp8_dequantized<S: TensorSource>(
+    src: Src<S>,
+    base: &str,
+    out_dim: usize,
+    in_dim: usize,
+) -> Result<Tensor> {
+    let w = src.host(&format!("{base}.weight"), |v| v.to_e4m3())?;
+    let s = src.host(&format!("{base}.scale"), |v| v.to_e8m0())?;
     let kb = in_dim.div_ceil(MX_BLOCK);
     // The manifest checked both shapes; a scale it lacks would read NaN.
     let v: Vec<bf16> = w
@@ -118,8 +137,8 @@ fn fp8_dequantized(src: Src, base: &str, out_dim: usize, in_dim: usize) -> Resul
 }
 
 /// One projection of experts `0..n` stacked `[E, out, in]`.
-fn fp4_experts(
-    src: Src,
+fn fp4_experts<S: TensorSource>(
+    src: Src<S>,
     p: &str,
     which: &str,
     n: usize,
@@ -128,14 +147,16 @@ fn fp4_experts(
 ) -> Result<Fp4Experts> {
     let (mut w, mut s): (Vec<Fp4x2>, Vec<_>) = (Vec::new(), Vec::new());
     for e in 0..n {
-        w.extend(src.host(
-            &format!("{p}.ffn.experts.{e}.{which}.weight"),
-            Checkpoint::fp4x2,
-        )?);
-        s.extend(src.host(
-            &format!("{p}.ffn.experts.{e}.{which}.scale"),
-            Checkpoint::e8m0,
-        )?);
+        w.extend(
+            src.host(&format!("{p}.ffn.experts.{e}.{which}.weight"), |v| {
+                v.to_fp4x2()
+            })?,
+        );
+        s.extend(
+            src.host(&format!("{p}.ffn.experts.{e}.{which}.scale"), |v| {
+                v.to_e8m0()
+            })?,
+        );
     }
     Ok(Fp4Experts {
         weight: src.moved(Tensor::from_vec(w, &[n, out_dim, in_dim])?)?,
@@ -146,15 +167,20 @@ fn fp4_experts(
     })
 }
 
-fn bf16_linear(w: Src, base: &str, out_dim: usize, in_dim: usize) -> Result<Bf16Linear> {
+fn bf16_linear<S: TensorSource>(
+    w: Src<S>,
+    base: &str,
+    out_dim: usize,
+    in_dim: usize,
+) -> Result<Bf16Linear> {
     Ok(Bf16Linear {
         weight: w.raw(&format!("{base}.weight"), &[out_dim, in_dim])?,
     })
 }
 
-fn hc(src: Src, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
-    let base = src.host(&format!("{prefix}.hc_{which}_base"), Checkpoint::f32)?;
-    let scale = src.host(&format!("{prefix}.hc_{which}_scale"), Checkpoint::f32)?;
+fn hc<S: TensorSource>(src: Src<S>, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
+    let base = src.host(&format!("{prefix}.hc_{which}_base"), |v| v.to_f32())?;
+    let scale = src.host(&format!("{prefix}.hc_{which}_scale"), |v| v.to_f32())?;
     if base.len() != 24 || scale.len() != 3 {
         return Err(Error::Op(crate::Error::Argument {
             op: "load weights",
@@ -177,7 +203,12 @@ fn hc(src: Src, cfg: &ModelConfig, prefix: &str, which: &str) -> Result<Hc> {
     })
 }
 
-fn attention(ck: Src, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> Result<Attention> {
+fn attention<S: TensorSource>(
+    ck: Src<S>,
+    cfg: &ModelConfig,
+    plan: &LayerPlan,
+    p: &str,
+) -> Result<Attention> {
     let (d, a) = (cfg.hidden_size, cfg.attention);
     let (hd, qr) = (a.head_dim, a.q_lora_rank);
     let wo_a = fp8_dequantized(
@@ -234,7 +265,7 @@ fn attention(ck: Src, cfg: &ModelConfig, plan: &LayerPlan, p: &str) -> Result<At
     })
 }
 
-fn moe(ck: Src, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
+fn moe<S: TensorSource>(ck: Src<S>, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
     let (d, i) = (cfg.hidden_size, cfg.moe.inter_dim);
     let s = format!("{p}.ffn.shared_experts");
     let si = cfg.moe.n_shared_experts * i;
@@ -255,10 +286,16 @@ fn moe(ck: Src, cfg: &ModelConfig, p: &str, n_experts: usize) -> Result<Moe> {
     })
 }
 
-fn engram(src: Src, cfg: &ModelConfig, p: &str, table: usize, layer: usize) -> Result<Engram> {
+fn engram<S: TensorSource>(
+    src: Src<S>,
+    cfg: &ModelConfig,
+    p: &str,
+    table: usize,
+    layer: usize,
+) -> Result<Engram> {
     let (d, e) = (cfg.hidden_size, &cfg.engram);
-    let values = src.host(&format!("{p}.engram.embed.weight"), Checkpoint::e4m3)?;
-    let scales = src.host(&format!("{p}.engram.embed.scale"), Checkpoint::e8m0)?;
+    let values = src.host(&format!("{p}.engram.embed.weight"), |v| v.to_e4m3())?;
+    let scales = src.host(&format!("{p}.engram.embed.scale"), |v| v.to_e8m0())?;
     let per_row = e.head_dim / MX_BLOCK;
     let rows_bytes = values
         .chunks(e.head_dim)
@@ -290,8 +327,8 @@ fn engram(src: Src, cfg: &ModelConfig, p: &str, table: usize, layer: usize) -> R
     })
 }
 
-fn block(
-    ck: Src,
+fn block<S: TensorSource>(
+    ck: Src<S>,
     cfg: &ModelConfig,
     plan: &LayerPlan,
     prefix: &str,
@@ -339,15 +376,52 @@ pub fn load_weights_on(
     token_map: Vec<i64>,
     device: &Device,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
-    let loaded = load_all(Src { ck, dev: device }, cfg, token_map);
-    ck.release_all();
+    load_weights_from(ck, cfg, token_map, device, true)
+}
+
+/// The weights of `cfg` from any [`TensorSource`] onto `device`, with the
+/// DSpark drafter when `drafter` is set and the config has stages (the
+/// source's caches are released afterwards, on success or error).
+pub fn load_weights_from<S: TensorSource>(
+    source: &S,
+    cfg: &ModelConfig,
+    token_map: Vec<i64>,
+    device: &Device,
+    drafter: bool,
+) -> Result<(ModelWeights, Option<DsparkWeights>)> {
+    let loaded = load_all(
+        Src {
+            ck: source,
+            dev: device,
+        },
+        cfg,
+        token_map,
+        drafter,
+    );
+    source.release_all();
     loaded
 }
 
-fn load_all(
-    ck: Src,
+/// The generator's random weights of `cfg` for `seed`
+/// ([`RandomWeights`]) built straight onto `device`, one tensor at a time,
+/// without a checkpoint file: bitwise the weights [`load_weights_on`] loads
+/// from `generate(cfg, dir, seed)`'s shards. The Engram token map is
+/// [`modulo_token_map`]; `drafter` as in [`load_weights_from`].
+pub fn random_weights_on(
+    cfg: &ModelConfig,
+    seed: u64,
+    device: &Device,
+    drafter: bool,
+) -> Result<(ModelWeights, Option<DsparkWeights>)> {
+    let source = RandomWeights::new(cfg, seed)?;
+    load_weights_from(&source, cfg, modulo_token_map(cfg), device, drafter)
+}
+
+fn load_all<S: TensorSource>(
+    ck: Src<S>,
     cfg: &ModelConfig,
     token_map: Vec<i64>,
+    drafter: bool,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
     if cfg.quant.weights != WeightFormat::Fp8 || cfg.quant.experts != WeightFormat::Fp4 {
         return Err(Error::Op(crate::Error::Argument {
@@ -383,7 +457,7 @@ fn load_all(
         engram_token_map: token_map,
     };
     let ds = &cfg.dspark;
-    if ds.n_stages == 0 {
+    if ds.n_stages == 0 || !drafter {
         return Ok((weights, None));
     }
     let last = format!("mtp.{}", ds.n_stages - 1);

@@ -16,6 +16,7 @@ pub mod error;
 pub mod forward;
 pub mod layers;
 pub mod load;
+mod marks;
 pub mod pool;
 pub mod runner;
 pub mod tokenizer;

@@ -13,6 +13,10 @@
 //! keeps only the pages that hold its last `window` positions: older pages
 //! go back to the free list after every step.
 //!
+//! Sizing (`sizing`): a pool takes at most `min(user budget, free device
+//! memory − weights still to load − a step's headroom)` ([`PoolMemory`],
+//! [`PoolConfig::within`]), checked before anything is allocated.
+//!
 //! Invariants: a page belongs to at most one (sequence, cache) at a time;
 //! pages are reserved for a whole step before anything is written, all or
 //! nothing, so running out of pages is an [`OpError::OutOfPages`] that leaves
@@ -37,7 +41,9 @@ use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
 
 mod rollback;
+mod sizing;
 mod snapshot;
+pub use sizing::{CUDA_RESERVE_BYTES, PoolMemory, step_headroom, step_workspace_bytes};
 pub use snapshot::SeqSnapshot;
 
 /// A sequence's handle in a [`StatePool`].
@@ -450,6 +456,96 @@ impl StatePool {
             },
         );
         Ok(id)
+    }
+
+    /// Marks `len` positions of the new (empty) sequence `seq` as processed
+    /// without computing them, for benches that need long contexts
+    /// cheaply: reserves the pages a prefill of `len` tokens leaves behind
+    /// (each backbone ring's pages of the last `window` positions, each
+    /// source's `len / ratio` entries and index keys) and counts their rows
+    /// as written, with whatever bytes the pool holds there (write rows of
+    /// the right format first or after: [`StatePool::fill_rows`]). No
+    /// partial group (`len` must be a multiple of every source's ratio),
+    /// `history` (the last compressed ids, oldest first) as the Engram
+    /// history, the DSpark stage rings left empty. All or nothing: out of
+    /// pages is an [`OpError::OutOfPages`] that changes nothing.
+    pub fn seed_context(&mut self, seq: SeqId, len: usize, history: &[Option<i64>]) -> Result<()> {
+        let bad = |why| OpError::Argument {
+            op: "StatePool::seed_context",
+            arg: "len",
+            value: format!("{len} for sequence {seq}"),
+            why,
+        };
+        if self.get(seq)?.pos != 0 {
+            return Err(bad("the sequence is not new (its position is not 0)").into());
+        }
+        if self.sources.iter().any(|s| !len.is_multiple_of(s.ratio)) {
+            return Err(
+                bad("a ratio-2 source would hold a partial group: use an even length").into(),
+            );
+        }
+        if len > i32::MAX as usize {
+            return Err(bad("positions must stay below 2^31").into());
+        }
+        let (pr, window, n_layers) = (self.cfg.page_rows, self.window, self.n_layers);
+        // The rings keep the pages of the window of the next position only.
+        let keep = (len + 1).saturating_sub(window);
+        let s = self.get_mut(seq)?;
+        for t in &mut s.rings[..n_layers] {
+            t.first = keep / pr;
+        }
+        if let Err(e) = self.reserve_step(&[(seq, len)]) {
+            let s = self.get_mut(seq)?;
+            for t in &mut s.rings[..n_layers] {
+                t.first = 0;
+            }
+            return Err(e);
+        }
+        let sources = self.sources.clone();
+        let s = self.get_mut(seq)?;
+        for ring in 0..n_layers {
+            s.extend_ring(ring, keep, len - keep, n_layers);
+        }
+        for (i, src) in sources.iter().enumerate() {
+            s.n_entries[i] = len / src.ratio;
+        }
+        s.pos = len;
+        s.history = history[history.len().saturating_sub(HISTORY)..]
+            .iter()
+            .copied()
+            .collect();
+        Ok(())
+    }
+
+    /// Overwrites every row of the three row pools with `window`,
+    /// `compressed` and `keys` (each of the pool's dtype and row width)
+    /// repeated from row 0: a bench's cheap stand-in for the caches of long
+    /// contexts ([`StatePool::seed_context`]). Live sequences' rows change
+    /// too; their tables and counts do not.
+    pub fn fill_rows(&mut self, window: &Tensor, compressed: &Tensor, keys: &Tensor) -> Result<()> {
+        for (pages, rows) in [
+            (&mut self.ring_pages, window),
+            (&mut self.comp_pages, compressed),
+            (&mut self.key_pages, keys),
+        ] {
+            let (total, period) = (pages.rows.rows(), rows.rows());
+            if period == 0 {
+                return Err(OpError::Argument {
+                    op: "StatePool::fill_rows",
+                    arg: pages.name,
+                    value: "0 rows".into(),
+                    why: "a fill pattern needs at least one row",
+                }
+                .into());
+            }
+            let mut at = 0;
+            while at < total {
+                let n = period.min(total - at);
+                pages.rows.copy_rows_from(at, rows, 0, n)?;
+                at += n;
+            }
+        }
+        Ok(())
     }
 
     /// A copy of `seq` in new pages: the same position, caches, partial

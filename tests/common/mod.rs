@@ -4,12 +4,15 @@
 #![allow(dead_code)]
 
 pub mod attention;
+pub mod drift;
 pub mod ep;
+pub mod fullwidth;
 pub mod invariance;
 pub mod limits;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]
 pub mod torch;
+pub mod weights;
 
 use deepinfer::{E4M3, E8M0, Fp4x2};
 use half::bf16;

@@ -10,7 +10,10 @@
 //!   even code), packed with the even element in the low nibble.
 //!
 //! Invariant: the output has one byte vector per entry of
-//! [`Param::tensors`], each exactly that tensor's byte size, little-endian.
+//! [`Param::tensors`], each exactly that tensor's byte size, little-endian;
+//! and rows are encoded independently of the rows outside their scale
+//! block (one block row for FP8 blocks, one row otherwise), so encoding a
+//! split by block rows piece by piece gives the same bytes.
 
 use half::bf16;
 
@@ -24,6 +27,14 @@ use crate::numerics::{
 /// The stored bytes of `param` holding `values` (row-major, logical shape).
 pub(crate) fn encode(param: &Param, values: &[f32]) -> Vec<Vec<u8>> {
     let (rows, cols) = param.matrix();
+    encode_rows(param, rows, cols, values)
+}
+
+/// [`encode`] of `rows` whole rows of `param` (`values` holds `rows ×
+/// cols`): the bytes of those rows and their scales. For a block format
+/// the rows must start on a block-row boundary; then the parts of a split
+/// into such row ranges concatenate to the whole encoding.
+pub(crate) fn encode_rows(param: &Param, rows: usize, cols: usize, values: &[f32]) -> Vec<Vec<u8>> {
     match param.format {
         Format::Bf16 => vec![
             values

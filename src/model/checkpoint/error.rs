@@ -73,6 +73,10 @@ pub enum CheckpointError {
     /// A derived dimension or byte count does not fit in `usize`.
     #[error("{what} of this config overflows the address space")]
     TooLarge { what: String },
+    /// Generating a tensor in memory failed (`RandomWeights`): a thread
+    /// could not start or died, or a chunk's bytes did not fit its place.
+    #[error("generating `{name}` in memory failed: {why}")]
+    Generate { name: String, why: String },
     #[error("cannot write shard {}: {source}", .path.display())]
     Write {
         path: PathBuf,

@@ -34,6 +34,7 @@
 //! shard at a time.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
@@ -294,8 +295,16 @@ fn write_shard(path: &Path, params: &[&Param], seed: u64) -> Result<Vec<String>,
 
 /// The f32 values of `param` for `seed`, row-major over its logical shape.
 fn param_values(param: &Param, seed: u64) -> Vec<f32> {
-    let mut rng = SplitMix64::new(seed, &param.name);
     let n: usize = param.shape.iter().product();
+    param_values_range(param, seed, 0..n)
+}
+
+/// Values `range` (flat, row-major) of [`param_values`]: the stream is
+/// counter-based, so a range starts by jumping ahead, and the ranges of a
+/// split concatenate to the whole (what `random.rs` generates in parallel).
+pub(super) fn param_values_range(param: &Param, seed: u64, range: Range<usize>) -> Vec<f32> {
+    let mut rng = SplitMix64::new(seed, &param.name);
+    rng.skip((range.start as u64).wrapping_mul(NORMAL_DRAWS));
     let (mean, std) = match param.role {
         Role::Norm | Role::HcScale => (1.0, 0.05),
         Role::Linear { fan_in } => (0.0, 1.0 / (fan_in.max(1) as f64).sqrt()),
@@ -304,10 +313,16 @@ fn param_values(param: &Param, seed: u64) -> Vec<f32> {
         Role::HcFn { fan_in } => (0.0, 0.5 / (fan_in.max(1) as f64).sqrt()),
         Role::GateBias => (0.0, 0.01),
     };
-    (0..n)
+    range
         .map(|_| crate::numerics::round_f32(mean + std * rng.normal()))
         .collect()
 }
+
+/// Stream outputs one normal variate consumes ([`SplitMix64::normal`]).
+const NORMAL_DRAWS: u64 = 4;
+
+/// The increment of [`SplitMix64`]'s counter.
+const SPLITMIX_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a
 /// bijective mixer.
@@ -321,8 +336,14 @@ impl SplitMix64 {
         SplitMix64(mixer.next_u64() ^ fnv)
     }
 
+    /// Advances the stream by `n` outputs in O(1): the state is a counter
+    /// stepped by the golden-ratio increment.
+    fn skip(&mut self, n: u64) {
+        self.0 = self.0.wrapping_add(n.wrapping_mul(SPLITMIX_GAMMA));
+    }
+
     fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

@@ -11,7 +11,11 @@
 //!   out typed [`TensorView`]s (`view`); `pages` drops a converted tensor's
 //!   pages from the page cache.
 //! - [`generate`](mod@generate): a seeded, platform-independent random-weight generator
-//!   writing every manifest tensor with the real quantisers.
+//!   writing every manifest tensor with the real quantisers; [`RandomWeights`]
+//!   (`random`) generates the same bytes in memory, on demand and in
+//!   parallel, for models too large to write out.
+//! - [`TensorSource`] (`source`): what the weight loader reads from, a
+//!   [`Checkpoint`] or [`RandomWeights`].
 //!
 //! Invariant: a [`Checkpoint`] exists only for a directory whose tensors match
 //! the manifest exactly (names, dtypes, shapes, no duplicates), apart from the
@@ -25,6 +29,8 @@ pub mod loader;
 pub mod manifest;
 mod pages;
 mod param;
+mod random;
+mod source;
 mod view;
 
 pub use error::{CheckpointError, LISTED_PROBLEMS, NonFiniteValue, TensorProblem};
@@ -32,4 +38,6 @@ pub use generate::{GenerateOptions, Generated, generate, generate_from_dir, para
 pub use loader::{Checkpoint, INDEX_FILE, LoadOptions, PROGRESS_THRESHOLD, Progress};
 pub use manifest::Manifest;
 pub use param::{CheckpointDType, Format, Param, Role, TensorSpec};
+pub use random::RandomWeights;
+pub use source::TensorSource;
 pub use view::TensorView;

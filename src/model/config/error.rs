@@ -180,6 +180,21 @@ pub enum ConfigError {
         candidate_source: usize,
     },
     #[error(
+        "an expert-parallel degree of {ep} is invalid for {experts} routed experts ({}): {why}",
+        keys::N_ROUTED_EXPERTS
+    )]
+    EpDegree {
+        ep: usize,
+        experts: usize,
+        why: &'static str,
+    },
+    #[error(
+        "an expert-parallel degree of {ep} leaves {local} routed experts per rank, fewer \
+         than the {k} each token selects ({})",
+        keys::N_ACTIVATED_EXPERTS
+    )]
+    EpTopK { ep: usize, local: usize, k: usize },
+    #[error(
         "{} has {tables} entries for {layers} Engram layers ({})",
         keys::ENGRAM_TABLE_ROWS,
         keys::ENGRAM_LAYERS

@@ -19,9 +19,12 @@
 //! Layout: `types` holds the structs and `keys` the key spellings of both
 //! forms; `error` holds [`ConfigError`]; `load` (over `reader`) reads the
 //! JSON forms; `validate` checks values; `engram` derives the Engram hash
-//! primes; `layer_plan` describes a layer's role and `roles` derives it.
+//! primes; `layer_plan` describes a layer's role and `roles` derives it;
+//! `ep_rank` derives the config of one rank of an expert-parallel
+//! deployment (the per-GPU bench's model).
 
 mod engram;
+mod ep_rank;
 mod error;
 mod keys;
 mod layer_plan;
@@ -31,6 +34,7 @@ mod roles;
 mod types;
 mod validate;
 
+pub use ep_rank::V41_FLASH_CONFIG;
 pub use error::ConfigError;
 pub use keys::{ConfigForm, Key};
 pub use layer_plan::{AttentionPlan, CompressorPlan, LayerKind, LayerPlan, Selection};

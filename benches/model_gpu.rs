@@ -1,0 +1,641 @@
+//! GPU benchmark of the whole V4.1-Flash forward as one GPU's share of an
+//! expert-parallel deployment (issue 11): the model of one EP rank
+//! (`ModelConfig::ep_rank`: every official dimension and the 43-layer
+//! schedule, 384 / EP routed experts per layer, routing over those) with the
+//! generator's random weights built straight onto cuda:0
+//! (`load::random_weights_on`, no checkpoint file, no drafter), for EP ∈
+//! {64, 16, 8} (smallest first, so a short budget still measures some).
+//!
+//! - `v41_decode_step` (shape `{ep, batch, context}`): one decode token for
+//!   each of `batch` ∈ {1, 8, 64, 256} sequences at `context` ∈ {8K, 32K,
+//!   128K}. Contexts are seeded, not prefilled: each sequence's pages are
+//!   claimed as a prefill would leave them (`StatePool::seed_context`) and
+//!   every cache row holds random rows of the right format, encoded by
+//!   `kv_format::encode_row` (`StatePool::fill_rows`). Mode `eager` (every
+//!   op launched from the host; the CUDA-graph path does not exist yet):
+//!   `ours_us` is the median wall time of a step including its host work,
+//!   `gpu_us` the CUDA-event time of the same steps.
+//! - `v41_prefill` (shape `{ep, tokens}`): one prompt of 4K or 32K tokens,
+//!   fed in steps of at most 8K tokens; `ours_us` is the wall time of the
+//!   whole prompt.
+//!
+//! Each record has `roofline_us` = max(bytes / copy ceiling, FP8 FLOPs /
+//! FP8 ceiling), both ceilings measured in this run (a 2 GiB device copy
+//! and cuBLASLt FP8 at 8192³), `roofline_frac` = roofline_us / ours_us, the
+//! per-GPU tokens/s, and the op-family breakdown of one step from CUDA
+//! events (`Capture::timing`: embed, engram, mhc, attention, moe, head).
+//! Bytes that must move: the dense weights the step reads (every backbone
+//! weight but the routed experts, the embedding and the Engram tables, with
+//! `wo_a` as the BF16 it is loaded as), the routed experts the step's
+//! routing touched (counted from its captured routing), and per token the
+//! KV rows read (window rows, selected compressed rows, and the index keys
+//! its indexers score), its embedding row and Engram rows. FLOPs: 2 × the
+//! linear parameters a token uses (dense, head, its k experts) plus the
+//! attention (QK and PV over the rows read) and the indexer scores, all
+//! counted at the FP8 ceiling (the BF16 `wo_a` and fp32 head are faster to
+//! reach there than they run). Records `bytes` and `flops` beside them.
+//!
+//! A point whose state pool does not fit `min(free − headroom)` is
+//! recorded as skipped with the bytes it needs (`model::pool::PoolMemory`);
+//! a point the wall-time budget (DEEPINFER_BENCH_BUDGET_S, default 400 s)
+//! has no room for is recorded as skipped for the budget. The JSON is
+//! rewritten after every point. DEEPINFER_BENCH_QUICK=1: EP 64, batch 1
+//! and 8, context 8K, prefill 4K.
+//!
+//! Not yet run on the H200: it compiles for nvidia; its first run is the
+//! next device session's.
+
+#[cfg(deepinfer_cuda)]
+#[path = "common/gpu_harness.rs"]
+mod harness;
+
+#[cfg(deepinfer_cuda)]
+mod gpu {
+    use super::harness::Harness;
+    use deepinfer::contract::KvRowFormat;
+    use deepinfer::cuda_backend::blas::Fp8TensorwisePlan;
+    use deepinfer::kv_format::encode_row;
+    use deepinfer::model::checkpoint::{Manifest, Role};
+    use deepinfer::model::config::{ModelConfig, V41_FLASH_CONFIG};
+    use deepinfer::model::forward::{Capture, Model, SeqInput, StepOutput};
+    use deepinfer::model::load::random_weights_on;
+    use deepinfer::model::pool::{PoolConfig, PoolMemory, StatePool, step_headroom};
+    use deepinfer::{DType, Tensor};
+    use half::bf16;
+    use serde_json::{Value, json};
+    use std::time::{Duration, Instant};
+
+    const SEED: u64 = 0x0041_f1a5;
+    /// Pool page rows: larger than the engine's 64, so that gathering a
+    /// sequence's index keys (one copy per page) does not dominate.
+    const PAGE_ROWS: usize = 256;
+    const PREFILL_CHUNK: usize = 8192;
+    /// Distinct random rows of each cache format, repeated over the pools.
+    const PATTERN_ROWS: usize = 8192;
+    const MODE: &str = "eager";
+    /// Time the decode steps of a point aim at (at least one, at most 5).
+    const STEP_TIME_S: f64 = 2.0;
+
+    struct Sweep {
+        eps: &'static [usize],
+        batches: &'static [usize],
+        contexts: &'static [usize],
+        prefill: &'static [usize],
+    }
+
+    fn sweep() -> Sweep {
+        if std::env::var("DEEPINFER_BENCH_QUICK").is_ok_and(|v| v == "1") {
+            Sweep {
+                eps: &[64],
+                batches: &[1, 8],
+                contexts: &[8192],
+                prefill: &[4096],
+            }
+        } else {
+            Sweep {
+                eps: &[64, 16, 8],
+                batches: &[1, 8, 64, 256],
+                contexts: &[8192, 32768, 131072],
+                prefill: &[4096, 32768],
+            }
+        }
+    }
+
+    /// The wall-time budget of the whole run.
+    struct Budget {
+        start: Instant,
+        limit: Duration,
+    }
+
+    impl Budget {
+        fn from_env() -> Budget {
+            let s = std::env::var("DEEPINFER_BENCH_BUDGET_S")
+                .ok()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(400.0);
+            Budget {
+                start: Instant::now(),
+                limit: Duration::from_secs_f64(s),
+            }
+        }
+
+        fn left_s(&self) -> f64 {
+            self.limit.as_secs_f64() - self.start.elapsed().as_secs_f64()
+        }
+    }
+
+    /// What a token and a step of one EP rank's model cost, from its
+    /// manifest and config (module doc).
+    struct Costs {
+        /// Dense weight bytes a step reads once.
+        dense_bytes: f64,
+        /// Linear parameters a token uses besides its routed experts.
+        dense_params: f64,
+        /// Bytes and parameters of one routed expert (w1, w2, w3).
+        expert_bytes: f64,
+        expert_params: f64,
+        /// Embedding row and Engram rows a token reads.
+        token_bytes: f64,
+        weight_bytes: f64,
+    }
+
+    impl Costs {
+        fn of(cfg: &ModelConfig) -> Costs {
+            let m = Manifest::new(cfg).unwrap();
+            let (mut dense_bytes, mut dense_params, mut weight_bytes) = (0.0, 0.0, 0.0);
+            let mut expert_bytes = 0.0;
+            for p in m.params() {
+                if p.name.starts_with("mtp.") {
+                    continue;
+                }
+                let numel = p.shape.iter().product::<usize>() as f64;
+                let mut bytes: f64 = p.tensors().iter().map(|t| t.bytes() as f64).sum();
+                if p.name.ends_with("attn.wo_a.weight") {
+                    bytes = 2.0 * numel; // loaded as BF16, no scale
+                }
+                weight_bytes += bytes;
+                if p.name.contains(".ffn.experts.") {
+                    if p.name.starts_with("layers.0.ffn.experts.0.") {
+                        expert_bytes += bytes;
+                    }
+                    continue;
+                }
+                if matches!(p.role, Role::Linear { .. } | Role::HcFn { .. }) {
+                    dense_params += numel;
+                }
+                if p.name == "embed.weight" || p.name.contains("engram.embed") {
+                    continue;
+                }
+                dense_bytes += bytes;
+            }
+            let (d, e) = (cfg.hidden_size, &cfg.engram);
+            let table_row = (e.head_dim + e.head_dim / 32) as f64;
+            let lookups = (e.layer_ids.len() * e.columns()) as f64;
+            Costs {
+                dense_bytes,
+                dense_params,
+                expert_bytes,
+                expert_params: (3 * cfg.moe.inter_dim * d) as f64,
+                token_bytes: (2 * d) as f64 + lookups * table_row,
+                weight_bytes,
+            }
+        }
+    }
+
+    /// KV bytes read and attention + indexer FLOPs of one token at
+    /// position `p` (its own row included), over the backbone layers.
+    fn attention_cost(model: &Model, p: usize) -> (f64, f64) {
+        let cfg = &model.cfg;
+        let (a, ic) = (cfg.attention, cfg.indexer);
+        let window_row = deepinfer::kv_format::window_row_bytes(a.head_dim) as f64;
+        let comp_row = deepinfer::kv_format::compressed_row_bytes(a.head_dim) as f64;
+        let key_row = deepinfer::kv_format::index_key_row_bytes(ic.head_dim) as f64;
+        let per_row_flops = (4 * a.n_heads * a.head_dim) as f64;
+        let pool = cfg
+            .candidate
+            .map_or(usize::MAX, |c| c.topk_blocks * c.block_size);
+        let (mut bytes, mut flops) = (0.0, 0.0);
+        for plan in model.plans.iter().take(cfg.n_layers) {
+            let w = a.window.min(p + 1) as f64;
+            bytes += w * window_row;
+            flops += w * per_row_flops;
+            if plan.ratio == 0 {
+                continue;
+            }
+            let visible = (p + 1) / plan.ratio;
+            let k = ic.topk.min(visible) as f64;
+            bytes += k * comp_row;
+            flops += k * per_row_flops;
+            if plan.is_index_source() {
+                let keys = if plan.candidates_from().is_some() {
+                    visible.min(pool)
+                } else {
+                    visible
+                } as f64;
+                bytes += keys * key_row;
+                flops += keys * (2 * ic.n_heads * ic.head_dim) as f64;
+            }
+        }
+        (bytes, flops)
+    }
+
+    /// Routed experts the step's captured routing touched, summed over
+    /// the layers.
+    fn touched_experts(out: &StepOutput) -> usize {
+        out.layers
+            .iter()
+            .filter_map(|l| l.routing.as_ref())
+            .map(|r| {
+                let mut ids = r.to_vec::<i32>().unwrap();
+                ids.sort_unstable();
+                ids.dedup();
+                ids.len()
+            })
+            .sum()
+    }
+
+    struct Ceilings {
+        copy_gbps: f64,
+        fp8_tflops: f64,
+    }
+
+    /// The roofline fields of a record: bytes, FLOPs, the time each needs
+    /// at its ceiling, and the larger.
+    fn roofline(c: &Ceilings, bytes: f64, flops: f64) -> (f64, Value) {
+        let bytes_us = bytes / (c.copy_gbps * 1e3);
+        let flops_us = flops / (c.fp8_tflops * 1e6);
+        let us = bytes_us.max(flops_us);
+        (
+            us,
+            json!({ "bytes": bytes, "flops": flops, "bytes_us": bytes_us, "flops_us": flops_us }),
+        )
+    }
+
+    /// Random rows of each cache format (window, compressed, index key).
+    fn patterns(h: &Harness, cfg: &ModelConfig) -> (Tensor, Tensor, Tensor) {
+        let mut s = SEED | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            // Roughly unit values: sums of two bytes, centred.
+            let v = ((s & 0xff) as f32 + ((s >> 8) & 0xff) as f32 - 255.0) / 128.0;
+            bf16::from_f32(v)
+        };
+        let mut rows = |format, dim: usize| {
+            let mut bytes = Vec::new();
+            for _ in 0..PATTERN_ROWS {
+                let row: Vec<bf16> = (0..dim).map(|_| next()).collect();
+                bytes.extend(encode_row(format, &row));
+            }
+            bytes
+        };
+        let (hd, ihd) = (cfg.attention.head_dim, cfg.indexer.head_dim);
+        let w = rows(KvRowFormat::Window, hd);
+        let c = rows(KvRowFormat::Compressed, hd);
+        let k = rows(KvRowFormat::IndexKey, ihd);
+        let t = |dtype, width: usize, bytes: &[u8]| {
+            Tensor::from_le_bytes(&h.dev, dtype, &[PATTERN_ROWS, width], bytes).unwrap()
+        };
+        (
+            t(DType::U8, w.len() / PATTERN_ROWS, &w),
+            t(DType::U8, c.len() / PATTERN_ROWS, &c),
+            t(DType::F4E2M1x2, 2 * k.len() / PATTERN_ROWS, &k),
+        )
+    }
+
+    /// A skipped point's record: why, and the pool bytes needed when the
+    /// pool does not fit.
+    fn skipped(op: &str, shape: Value, why: String, need: Option<(usize, usize)>) -> Value {
+        println!("{op:<16} {shape} skipped: {why}");
+        json!({
+            "op": op, "shape": shape, "mode": MODE, "ours_us": Value::Null, "skipped": why,
+            "bytes_needed": need.map(|n| n.0), "bytes_available": need.map(|n| n.1),
+        })
+    }
+
+    /// A state pool for `seqs` sequences of `context` tokens in steps of
+    /// `chunk`, or the skip record's reason and sizes.
+    fn pool_for(
+        h: &Harness,
+        model: &Model,
+        seqs: usize,
+        context: usize,
+        chunk: usize,
+    ) -> Result<StatePool, (String, Option<(usize, usize)>)> {
+        let cfg = &model.cfg;
+        let headroom = step_headroom(&h.dev, cfg, seqs * chunk);
+        let memory =
+            PoolMemory::query(&h.dev, 0, headroom, None).map_err(|e| (e.to_string(), None))?;
+        let pc =
+            PoolConfig::within(cfg, &memory, seqs, context, chunk, PAGE_ROWS).map_err(|e| {
+                let need = match e.op() {
+                    Some(deepinfer::Error::OutOfMemory {
+                        bytes, available, ..
+                    }) => Some((*bytes, *available)),
+                    _ => None,
+                };
+                (format!("the state pool does not fit: {e}"), need)
+            })?;
+        StatePool::new(cfg, &h.dev, pc).map_err(|e| (e.to_string(), None))
+    }
+
+    fn families(out: &StepOutput) -> Value {
+        Value::Object(
+            out.families
+                .iter()
+                .map(|(f, ms)| (f.to_string(), json!(ms * 1e3)))
+                .collect(),
+        )
+    }
+
+    /// One decode point (module doc): its record, or a skip record.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_point(
+        h: &Harness,
+        model: &Model,
+        costs: &Costs,
+        ceilings: &Ceilings,
+        patterns: &(Tensor, Tensor, Tensor),
+        ep: usize,
+        batch: usize,
+        context: usize,
+    ) -> Value {
+        let op = "v41_decode_step";
+        let shape = json!({ "ep": ep, "batch": batch, "context": context });
+        let mut pool = match pool_for(h, model, batch, context + 16, 1) {
+            Ok(p) => p,
+            Err((why, need)) => return skipped(op, shape, why, need),
+        };
+        let vocab = model.cfg.vocab_size as u32;
+        let map = &model.weights.engram_token_map;
+        let history: Vec<Option<i64>> = (0..3u32)
+            .map(|t| map.get(t as usize + 3).copied())
+            .collect();
+        let mut seqs = Vec::with_capacity(batch);
+        for _ in 0..batch {
+            let seq = pool.add_sequence().unwrap();
+            if let Err(e) = pool.seed_context(seq, context, &history) {
+                return skipped(op, shape, format!("seeding the context: {e}"), None);
+            }
+            seqs.push(seq);
+        }
+        let (w, c, k) = patterns;
+        pool.fill_rows(w, c, k).unwrap();
+        let mut step_no = 0u32;
+        let mut step = |pool: &mut StatePool, capture: Capture| {
+            step_no += 1;
+            let tokens: Vec<[u32; 1]> = (0..batch as u32)
+                .map(|i| [(i * 7919 + step_no * 104_729) % vocab])
+                .collect();
+            let inputs: Vec<SeqInput> = seqs
+                .iter()
+                .zip(&tokens)
+                .map(|(&seq, t)| SeqInput { seq, tokens: t })
+                .collect();
+            let out = model.step(pool, &inputs, capture);
+            h.cuda.synchronize().unwrap();
+            out
+        };
+        let t0 = Instant::now();
+        if let Err(e) = step(&mut pool, Capture::default()) {
+            return skipped(op, shape, format!("the warm-up step failed: {e}"), None);
+        }
+        let warm_s = t0.elapsed().as_secs_f64();
+        let n = ((STEP_TIME_S / warm_s.max(1e-6)) as usize).clamp(1, 5);
+        let stream = h.cuda.stream();
+        let (mut wall, mut gpu) = (Vec::new(), Vec::new());
+        for _ in 0..n {
+            let (a, b) = (h.cuda.event().unwrap(), h.cuda.event().unwrap());
+            let t = Instant::now();
+            a.record(&stream).unwrap();
+            if let Err(e) = step(&mut pool, Capture::default()) {
+                return skipped(op, shape, format!("a timed step failed: {e}"), None);
+            }
+            b.record(&stream).unwrap();
+            wall.push(t.elapsed().as_secs_f64() * 1e6);
+            gpu.push(f64::from(a.elapsed_ms(&b).unwrap()) * 1e3);
+        }
+        let capture = Capture {
+            timing: true,
+            routing: true,
+            ..Capture::default()
+        };
+        let timed = match step(&mut pool, capture) {
+            Ok(out) => out,
+            Err(e) => return skipped(op, shape, format!("the timing step failed: {e}"), None),
+        };
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (ours_us, gpu_us) = (median(&mut wall), median(&mut gpu));
+        let touched = touched_experts(&timed);
+        let (kv, attn_flops) = attention_cost(model, context);
+        let b = batch as f64;
+        let bytes =
+            costs.dense_bytes + touched as f64 * costs.expert_bytes + b * (kv + costs.token_bytes);
+        let k = model.cfg.moe.n_activated_experts as f64;
+        let flops = b * (2.0 * costs.dense_params + 2.0 * k * costs.expert_params + attn_flops);
+        let (roof_us, detail) = roofline(ceilings, bytes, flops);
+        let tps = b / (ours_us * 1e-6);
+        println!(
+            "{op:<16} ep={ep:<3} batch={batch:<4} context={context:<7} {ours_us:>11.0} us (gpu {gpu_us:.0}) roofline {roof_us:>9.0} us ({:>5.1}%) {tps:>9.0} tok/s/GPU  {:?}",
+            100.0 * roof_us / ours_us,
+            timed.families
+        );
+        json!({
+            "op": op, "shape": shape, "mode": MODE, "ours_us": ours_us, "gpu_us": gpu_us,
+            "steps_timed": n, "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
+            "roofline": detail, "tokens_per_s_per_gpu": tps, "touched_experts": touched,
+            "families_us": families(&timed), "page_rows": PAGE_ROWS,
+            "bytes_formula": "dense weights (wo_a as BF16) + touched experts x expert bytes + batch x (window/compressed/index-key rows read + embedding row + Engram rows)",
+            "flop_formula": "batch x (2 x (dense linear params + k x expert params) + 4 H hd x attended rows + 2 ih ihd x scored keys)",
+        })
+    }
+
+    /// One prefill point: a prompt of `tokens` tokens in steps of at most
+    /// [`PREFILL_CHUNK`].
+    fn prefill_point(
+        h: &Harness,
+        model: &Model,
+        costs: &Costs,
+        ceilings: &Ceilings,
+        ep: usize,
+        tokens: usize,
+    ) -> Value {
+        let op = "v41_prefill";
+        let shape = json!({ "ep": ep, "tokens": tokens });
+        let chunk = tokens.min(PREFILL_CHUNK);
+        let mut pool = match pool_for(h, model, 1, tokens + 1, chunk) {
+            Ok(p) => p,
+            Err((why, need)) => return skipped(op, shape, why, need),
+        };
+        let vocab = model.cfg.vocab_size as u32;
+        let prompt: Vec<u32> = (0..tokens as u32)
+            .map(|i| (i * 7919 + 17) % vocab)
+            .collect();
+        // Warm-up: a short prompt in a sequence of its own.
+        let warm = pool.add_sequence().unwrap();
+        if let Err(e) = model.forward(&mut pool, warm, &prompt[..256.min(tokens)]) {
+            return skipped(op, shape, format!("the warm-up prefill failed: {e}"), None);
+        }
+        pool.free_sequence(warm).unwrap();
+        h.cuda.synchronize().unwrap();
+        let seq = pool.add_sequence().unwrap();
+        let t = Instant::now();
+        let mut touched = 0;
+        let mut breakdown = Vec::new();
+        for (i, part) in prompt.chunks(chunk).enumerate() {
+            let capture = Capture {
+                timing: i == 0,
+                routing: true,
+                ..Capture::default()
+            };
+            let out = match model.step(&mut pool, &[SeqInput { seq, tokens: part }], capture) {
+                Ok(o) => o,
+                Err(e) => return skipped(op, shape, format!("prefill step {i} failed: {e}"), None),
+            };
+            touched = touched.max(touched_experts(&out));
+            if i == 0 {
+                breakdown = out.families;
+            }
+        }
+        h.cuda.synchronize().unwrap();
+        let ours_us = t.elapsed().as_secs_f64() * 1e6;
+        let (mut kv, mut attn_flops) = (0.0, 0.0);
+        for p in 0..tokens {
+            let (b, f) = attention_cost(model, p);
+            kv += b;
+            attn_flops += f;
+        }
+        let n = tokens as f64;
+        let k = model.cfg.moe.n_activated_experts as f64;
+        let bytes =
+            costs.dense_bytes + touched as f64 * costs.expert_bytes + kv + n * costs.token_bytes;
+        let flops = n * (2.0 * costs.dense_params + 2.0 * k * costs.expert_params) + attn_flops;
+        let (roof_us, detail) = roofline(ceilings, bytes, flops);
+        let tps = n / (ours_us * 1e-6);
+        println!(
+            "{op:<16} ep={ep:<3} tokens={tokens:<6} {ours_us:>11.0} us roofline {roof_us:>9.0} us ({:>5.1}%) {tps:>9.0} tok/s  first step {breakdown:?}",
+            100.0 * roof_us / ours_us
+        );
+        let first: Value = Value::Object(
+            breakdown
+                .iter()
+                .map(|(f, ms)| (f.to_string(), json!(ms * 1e3)))
+                .collect(),
+        );
+        json!({
+            "op": op, "shape": shape, "mode": MODE, "ours_us": ours_us, "chunk": chunk,
+            "roofline_us": roof_us, "roofline_frac": roof_us / ours_us, "roofline": detail,
+            "tokens_per_s": tps, "touched_experts_max_step": touched,
+            "families_us_first_step": first, "page_rows": PAGE_ROWS,
+            "bytes_formula": "dense weights + touched experts (most of any step) + KV rows read per token + embedding and Engram rows",
+            "flop_formula": "tokens x 2 x (dense linear params + k x expert params) + attention and indexer FLOPs per token",
+        })
+    }
+
+    /// cuBLASLt FP8 per-tensor at 8192³: the FP8 ceiling of this run.
+    fn fp8_ceiling(h: &mut Harness) -> f64 {
+        let s = 8192;
+        let mut x = 0x9e37_79b9u32;
+        let bytes: Vec<u8> = (0..s * s)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x & 0x3f) as u8 | ((x >> 8) as u8 & 0x80)
+            })
+            .collect();
+        let a = Tensor::from_le_bytes(&h.dev, DType::F8E4M3, &[s, s], &bytes).unwrap();
+        let one = Tensor::from_vec(vec![1.0f32], &[1])
+            .unwrap()
+            .to_device(&h.dev)
+            .unwrap();
+        let mut out = Tensor::empty(&h.dev, DType::BF16, &[s, s]).unwrap();
+        let mut plan = Fp8TensorwisePlan::new(&h.cuda, s, s, s, DType::BF16).unwrap();
+        let us = h.time_us(|_| plan.run(&a, &one, &a, &one, &mut out).unwrap());
+        let tflops = 2.0 * (s * s * s) as f64 / (us * 1e-6) / 1e12;
+        println!("fp8 ceiling (cuBLASLt per-tensor, 8192^3): {tflops:.0} TFLOP/s");
+        h.set_fp8_ceiling(tflops);
+        tflops
+    }
+
+    pub fn main() {
+        let Some(mut h) = Harness::open("model_gpu") else {
+            return;
+        };
+        let budget = Budget::from_env();
+        let ceilings = Ceilings {
+            copy_gbps: h.copy_gbps(),
+            fp8_tflops: fp8_ceiling(&mut h),
+        };
+        let official = ModelConfig::from_hf_json(V41_FLASH_CONFIG).unwrap();
+        let sweep = sweep();
+        // Bytes per second the last rank was built at; a first guess of
+        // 0.5 GB/s before any.
+        let mut build_rate = 0.5e9;
+        for &ep in sweep.eps {
+            let cfg = official.ep_rank(ep).unwrap();
+            let costs = Costs::of(&cfg);
+            let points = || {
+                let decode = sweep.contexts.iter().flat_map(|&c| {
+                    sweep.batches.iter().map(move |&b| {
+                        (
+                            "v41_decode_step",
+                            json!({ "ep": ep, "batch": b, "context": c }),
+                        )
+                    })
+                });
+                let prefill = sweep
+                    .prefill
+                    .iter()
+                    .map(move |&t| ("v41_prefill", json!({ "ep": ep, "tokens": t })));
+                decode.chain(prefill).collect::<Vec<_>>()
+            };
+            let need_s = costs.weight_bytes / build_rate + 30.0;
+            if budget.left_s() < need_s {
+                for (op, shape) in points() {
+                    let why = format!(
+                        "wall-time budget: {:.0} s left, building EP {ep} takes about {need_s:.0} s",
+                        budget.left_s()
+                    );
+                    h.push(skipped(op, shape, why, None));
+                }
+                h.write_partial();
+                continue;
+            }
+            println!(
+                "building the EP {ep} rank: {:.1} GB of random weights on cuda:0",
+                costs.weight_bytes / 1e9
+            );
+            let t = Instant::now();
+            let model = match random_weights_on(&cfg, SEED, &h.dev, false)
+                .and_then(|(w, _)| Model::new(cfg.clone(), w))
+            {
+                Ok(m) => m,
+                Err(e) => {
+                    for (op, shape) in points() {
+                        h.push(skipped(op, shape, format!("building EP {ep}: {e}"), None));
+                    }
+                    h.write_partial();
+                    continue;
+                }
+            };
+            let build_s = t.elapsed().as_secs_f64();
+            build_rate = costs.weight_bytes / build_s.max(1e-3);
+            println!("built in {build_s:.1} s ({:.2} GB/s)", build_rate / 1e9);
+            h.push(json!({
+                "op": "v41_ep_rank_build", "shape": { "ep": ep }, "ours_us": build_s * 1e6,
+                "weight_bytes": costs.weight_bytes, "routed_experts_per_layer": cfg.moe.n_routed_experts,
+            }));
+            let patterns = patterns(&h, &cfg);
+            for (op, shape) in points() {
+                // A point takes seconds; keep room for the prefill points.
+                let reserve = if op == "v41_prefill" { 20.0 } else { 10.0 };
+                let record = if budget.left_s() < reserve {
+                    let why = format!("wall-time budget: {:.0} s left", budget.left_s());
+                    skipped(op, shape, why, None)
+                } else if op == "v41_prefill" {
+                    let tokens = shape["tokens"].as_u64().unwrap() as usize;
+                    prefill_point(&h, &model, &costs, &ceilings, ep, tokens)
+                } else {
+                    let batch = shape["batch"].as_u64().unwrap() as usize;
+                    let context = shape["context"].as_u64().unwrap() as usize;
+                    decode_point(&h, &model, &costs, &ceilings, &patterns, ep, batch, context)
+                };
+                h.push(record);
+                h.write_partial();
+            }
+        }
+        h.finish();
+    }
+}
+
+fn main() {
+    #[cfg(deepinfer_cuda)]
+    gpu::main();
+    #[cfg(not(deepinfer_cuda))]
+    println!("model_gpu: built without DEEPINFER_ACCELERATOR=nvidia; nothing to measure");
+}
