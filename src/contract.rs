@@ -132,7 +132,7 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements; versions 1, 2 and 4 lost to these
-/// and left the build). V3 and V5 give bitwise the same result; V6 and V7
+/// and left the build). V3 and V5 give bitwise the same result; V6, V7 and V8
 /// (wgmma) sum their dot products in other orders and agree with them
 /// within the op's stated bound, not bitwise. The
 /// CPU has one reference and ignores this.
@@ -154,6 +154,10 @@ pub enum SparseMqaKernel {
     /// that copy raw rows by cp.async and decode them from shared memory
     /// (64 heads per CTA; version 3 where the device has no wgmma).
     V7,
+    /// `sparse_mqa_v8`: V7 with zero-filled missing rows and a branch-free
+    /// decode of blocks of one format (64 heads per CTA; version 3 where the
+    /// device has no wgmma).
+    V8,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

@@ -6,8 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance, V6, V7 and the default); versions 3 and 5 bitwise equal to
-//! each other and versions 6 and 7 within the bound below; the
+//! invariance, V6, V7, V8 and the default); versions 3 and 5 bitwise equal
+//! to each other and versions 6, 7 and 8 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096);
 //! split-KV (spans of 64-256 entries, every tensor-core version, `Auto`)
 //! within the same bounds and a fixed span batch-invariant; CUDA
@@ -212,7 +212,11 @@ fn sparse_mqa_matches_the_cpu_op() {
         compare(&format!("{label} V3"), &v3, &want);
         // Versions 6 and 7 (wgmma) sum the dot products in other orders:
         // within the bound against the CPU, not bitwise V3.
-        for kernel in [SparseMqaKernel::V6, SparseMqaKernel::V7] {
+        for kernel in [
+            SparseMqaKernel::V6,
+            SparseMqaKernel::V7,
+            SparseMqaKernel::V8,
+        ] {
             let got = gpu_inputs.run_with(&dev, kernel);
             compare(&format!("{label} {kernel:?}"), &got, &want);
         }
@@ -326,6 +330,7 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         SparseMqaKernel::Auto,
         SparseMqaKernel::V6,
         SparseMqaKernel::V7,
+        SparseMqaKernel::V8,
     ] {
         for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
             let got = g.run_split(&dev, kernel, split);
@@ -375,6 +380,7 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
                 SparseMqaKernel::V5Heads16,
                 SparseMqaKernel::V6,
                 SparseMqaKernel::V7,
+                SparseMqaKernel::V8,
             ] {
                 let got = g.run_split(&dev, kernel, split);
                 compare(&format!("{label} {kernel:?} {split:?}"), &got, &want);
@@ -393,7 +399,11 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
     let t = if quick() { 5 } else { 40 };
     let host = Inputs::random(&mut rng, t, 64, (500, 128), Some((3000, 512)), 0.1);
     let g = host.to(&dev);
-    for kernel in [SparseMqaKernel::V3, SparseMqaKernel::V7] {
+    for kernel in [
+        SparseMqaKernel::V3,
+        SparseMqaKernel::V7,
+        SparseMqaKernel::V8,
+    ] {
         let split = SparseMqaSplit::Entries(128);
         let batch = g.run_split(&dev, kernel, split);
         alone_equals_batch_split(&dev, &host, &batch, t, kernel, split);
@@ -432,6 +442,7 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
         SparseMqaKernel::Auto,
         SparseMqaKernel::V6,
         SparseMqaKernel::V7,
+        SparseMqaKernel::V8,
     ] {
         alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
     }

@@ -991,13 +991,140 @@ __device__ __forceinline__ void produce_v7(const di_sparse_mqa_params &p, uint8_
     }
 }
 
-// Versions 6 and 7: grid (T, H / 64), 384 threads; version 6 with
-// DI_SPARSE_MQA_SMEM_BYTES (the 64-head carve-up, its partial-logit exchange
-// 2 x 32 x 128 floats), version 7 with DI_SPARSE_MQA_V7_SMEM_BYTES (the raw
-// stage in the exchange's place). Producers: version 3's in the wgmma
-// layout (6) or produce_v7 (7); consumers: consume_wgmma, over half the dims
-// with the exchange (6) or over all of them (7).
-template <bool kV7> __device__ __forceinline__ void sparse_mqa_wgmma_body(const di_sparse_mqa_params &p) {
+// ---- version 8: version 7 with branch-free decode of uniform blocks ------
+// Version 7's ncu (benches/results/2026-12-02-h200-attention-v7-ncu.txt):
+// its producer warp runs ~2,420 instructions per block at ~5 cycles each,
+// one warp per SM sub-partition, each row behind a shuffle and a three-way
+// branch on its kind, so rows never overlap. Here a row without a row is
+// zero-filled by its cp.async (zeros decode to zeros in both formats), so a
+// block whose rows are all FP4-or-none (or FP8-or-none) decodes every row
+// with one loop, no shuffle and no branch, rows interleaved by the
+// compiler; a block mixing both formats (a list's window/compressed seam
+// off a 64-entry boundary) takes the per-row branch. The odd lanes' swap
+// of their two 16-byte chunks (spread stores, as version 7) moves to the
+// loads' addresses; the bias is one store per entry lane.
+
+// As issue_raw7, but a row with no row zero-fills 33 chunks (cp.async with
+// source size 0 reads nothing).
+__device__ __forceinline__ void issue_raw8(const di_sparse_mqa_params &p, uint8_t *raw, int w, int lane, int kind,
+                                           int row) {
+    const uint8_t *window = static_cast<const uint8_t *>(p.window);
+    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
+#pragma unroll 4
+    for (int i = 0; i < 16; ++i) {
+        const int k = __shfl_sync(0xFFFFFFFFu, kind, i);
+        const int64_t at = __shfl_sync(0xFFFFFFFFu, row, i);
+        const uint32_t dst = smem_addr(raw + (16 * w + i) * kWindowRow);
+        const uint8_t *src = k == 2 ? comp + at * kCompressedRow : window + at * kWindowRow;
+        const int chunks = k == 2 ? kCompressedRow / 16 : kWindowRow / 16;
+        const uint32_t bytes = k == 0 ? 0u : 16u;
+        for (int c = lane; c < chunks; c += 32)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + 16 * c),
+                         "l"(k == 0 ? window : src + 16 * c), "r"(bytes)
+                         : "memory");
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+// Lane `lane`'s values 16 lane .. 16 lane + 15 of raw row r decoded in
+// kind `fp4`'s format into tile row r: the first store to chunk 2 lane + odd
+// (its values 16 lane + 8 odd ..), the second to the other.
+template <bool kFp4>
+__device__ __forceinline__ void decode_row8(const uint8_t *raw, uint8_t *tile, int r, int lane, int odd) {
+    const uint8_t *src = raw + r * kWindowRow;
+    uint32_t a[4], b[4];
+    if constexpr (kFp4) {
+        const uint32_t w0 = *reinterpret_cast<const uint32_t *>(src + 8 * lane + 4 * odd);
+        const uint32_t w1 = *reinterpret_cast<const uint32_t *>(src + 8 * lane + 4 * (1 - odd));
+        const __nv_bfloat162 s2 = e4m3_bf16x2(src[kDim / 2 + lane]);
+        e2m1x8_scaled(w0, s2, a);
+        e2m1x8_scaled(w1, s2, b);
+    } else {
+        const uint2 v0 = *reinterpret_cast<const uint2 *>(src + 16 * lane + 8 * odd);
+        const uint2 v1 = *reinterpret_cast<const uint2 *>(src + 16 * lane + 8 * (1 - odd));
+        const float sc = deepinfer::e8m0_to_f32(src[kDim + lane / 2]);
+        a[0] = e4m3x2_scaled(v0.x & 0xFFFFu, sc);
+        a[1] = e4m3x2_scaled(v0.x >> 16, sc);
+        a[2] = e4m3x2_scaled(v0.y & 0xFFFFu, sc);
+        a[3] = e4m3x2_scaled(v0.y >> 16, sc);
+        b[0] = e4m3x2_scaled(v1.x & 0xFFFFu, sc);
+        b[1] = e4m3x2_scaled(v1.x >> 16, sc);
+        b[2] = e4m3x2_scaled(v1.y & 0xFFFFu, sc);
+        b[3] = e4m3x2_scaled(v1.y >> 16, sc);
+    }
+    *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + odd)) = make_uint4(a[0], a[1], a[2], a[3]);
+    *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + 1 - odd)) = make_uint4(b[0], b[1], b[2], b[3]);
+}
+
+// Decodes warp w's 16 raw rows (lanes 0..15 hold their kinds) into tile
+// rows 16 w .. 16 w + 15 and their logit bias.
+__device__ __forceinline__ void decode_raw8(const uint8_t *raw, uint8_t *tile, float *bias, int w, int lane,
+                                            int kind) {
+    const int odd = (lane >> 2) & 1;
+    const uint32_t fp8 = __ballot_sync(0xFFFFFFFFu, kind == 1) & 0xFFFFu;
+    const uint32_t fp4 = __ballot_sync(0xFFFFFFFFu, kind == 2) & 0xFFFFu;
+    if (fp8 == 0) {
+#pragma unroll 4
+        for (int i = 0; i < 16; ++i) decode_row8<true>(raw, tile, 16 * w + i, lane, odd);
+    } else if (fp4 == 0) {
+#pragma unroll 4
+        for (int i = 0; i < 16; ++i) decode_row8<false>(raw, tile, 16 * w + i, lane, odd);
+    } else {
+#pragma unroll 1
+        for (int i = 0; i < 16; ++i) {
+            if ((fp4 >> i) & 1) decode_row8<true>(raw, tile, 16 * w + i, lane, odd);
+            else decode_row8<false>(raw, tile, 16 * w + i, lane, odd);
+        }
+    }
+    if (lane < 16) bias[16 * w + lane] = kind != 0 ? 0.0f : -INFINITY;
+}
+
+// Producer warp w of version 8: version 7's schedule with issue_raw8 and
+// decode_raw8.
+__device__ __forceinline__ void produce_v8(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
+                                           int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    uint8_t *raw = smem + kOffRaw7;
+    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
+    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
+    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
+    int v2 = load_entry(p, t, entry(2));
+    int k0, r0, k1, r1;
+    classify(p, entry(0), v0, k0, r0);
+    issue_raw8(p, raw, w, lane, k0, r0);
+    classify(p, entry(1), v1, k1, r1);
+    prefetch_row(p, k1, r1, lane);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        const int v3 = load_entry(p, t, entry(j + 3));
+        int k2, r2;
+        classify(p, entry(j + 2), v2, k2, r2);
+        prefetch_row(p, k2, r2, lane);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncwarp();
+        decode_raw8(raw, smem + kOffTiles + b * kTileBytes, bias + b * kBlock, w, lane, k0);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bar_arrive(&full[b]);
+        __syncwarp();
+        if (j + 1 < blocks) issue_raw8(p, raw, w, lane, k1, r1);
+        k0 = k1, r0 = r1;
+        k1 = k2, r1 = r2;
+        v2 = v3;
+    }
+}
+
+// Versions 6, 7 and 8 (kProducer): grid (T, H / 64), 384 threads; version 6
+// with DI_SPARSE_MQA_SMEM_BYTES (the 64-head carve-up, its partial-logit
+// exchange 2 x 32 x 128 floats), versions 7 and 8 with
+// DI_SPARSE_MQA_V7_SMEM_BYTES (the raw stage in the exchange's place).
+// Producers: version 3's in the wgmma layout (6), produce_v7 or produce_v8;
+// consumers: consume_wgmma, over half the dims with the exchange (6) or
+// over all of them (7, 8).
+template <int kProducer> __device__ __forceinline__ void sparse_mqa_wgmma_body(const di_sparse_mqa_params &p) {
+    constexpr bool kV7 = kProducer != 6;
     extern __shared__ __align__(1024) uint8_t smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
@@ -1013,7 +1140,8 @@ template <bool kV7> __device__ __forceinline__ void sparse_mqa_wgmma_body(const 
     __syncthreads();
     if (warp < kProducerWarps) {
         deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        if constexpr (kV7) produce_v7(p, smem, warp, lane, t, blocks);
+        if constexpr (kProducer == 8) produce_v8(p, smem, warp, lane, t, blocks);
+        else if constexpr (kProducer == 7) produce_v7(p, smem, warp, lane, t, blocks);
         else produce_v2<kProducerWarps, true>(p, smem, warp, lane, t, blocks);
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
@@ -1051,7 +1179,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v6(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_wgmma_body<false>(p);
+    sparse_mqa_wgmma_body<6>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif
@@ -1064,7 +1192,19 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v7(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_wgmma_body<true>(p);
+    sparse_mqa_wgmma_body<7>(p);
+#else
+    sparse_mqa_body<4>(p);
+#endif
+}
+
+// Version 8: version 7 with branch-free decode of blocks of one format
+// (grid, threads and shared memory as version 7). Outside sm_90a (no
+// wgmma) it runs version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v8(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_wgmma_body<8>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

@@ -12,7 +12,7 @@ use deepinfer::contract::{MhcPre, RopeParams, Yarn};
 use deepinfer::ep::{self, EpConfig, ExpertLoad, Local, Mode, Payload, Placement};
 use deepinfer::ops::{
     self, ActQuantImpl, GemmImpl, KvRowFormat, MhcParams, RowNorm, RowRope, RowsOut, ScoreKernel,
-    SparseMqaKernel,
+    SparseMqaKernel, SparseMqaSplit,
 };
 use deepinfer::{DType, Device, Tensor};
 
@@ -289,10 +289,18 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V5Heads16,
                     SparseMqaKernel::V6,
                     SparseMqaKernel::V7,
+                    SparseMqaKernel::V8,
                     SparseMqaKernel::Generic,
                 ]);
-                let _ = ops::sparse_mqa_into_with(
-                    &q, &window, &idx, compressed, &sink, &mut out, &mut lse, k,
+                let split = b.pick(&[
+                    SparseMqaSplit::None,
+                    SparseMqaSplit::Auto,
+                    SparseMqaSplit::Entries(64),
+                    SparseMqaSplit::Entries(100),
+                    SparseMqaSplit::Entries(0),
+                ]);
+                let _ = ops::sparse_mqa_into_split(
+                    &q, &window, &idx, compressed, &sink, &mut out, &mut lse, k, split,
                 );
             }
         }

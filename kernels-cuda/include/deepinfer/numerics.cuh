@@ -77,9 +77,10 @@ constexpr float kFp4E8M0AmaxFloor = 6.0f * 1.17549435e-38f;
 
 // E8M0 byte -> f32 (0xFF NaN; byte 0 is the subnormal 2^-127).
 __device__ __forceinline__ float e8m0_to_f32(uint32_t b) {
-    if (b == 0xFFu) return __uint_as_float(0x7FC00000u);
-    if (b == 0u) return __uint_as_float(0x00400000u);
-    return __uint_as_float(b << 23);
+    // Selects, not branches: a per-lane branch here kept the sparse MQA
+    // producers from overlapping rows.
+    const uint32_t bits = b == 0xFFu ? 0x7FC00000u : (b == 0u ? 0x00400000u : b << 23);
+    return __uint_as_float(bits);
 }
 
 // e4m3 byte -> f32 (exact: every e4m3 value is an f16 value; 0x7F/0xFF NaN).
