@@ -26,6 +26,18 @@
 //! 2^-8 to 2^-7 relative, calc_diff = Σ(x−y)² / Σ(x²+y²)), far above the
 //! expected ~1e-8 and far below any indexing or masking error (≥ 1e-3).
 //! lse: |Δ| ≤ 1e-4 (its fp32 error is ~1e-6 of l), +∞ exactly where the CPU's is.
+//!
+//! Split-KV changes one more thing: the probabilities are rounded to BF16
+//! for P·V relative to the running maximum, which within a span starts from
+//! the span's own maximum, not the list's. A probability then differs from
+//! the CPU's by up to one BF16 rounding (2^-9 relative, ~1.6e-3 RMS between
+//! two independent roundings), and an output that averages many random V
+//! rows is small against them, so its relative error is of that order:
+//! calc_diff ≈ (1.6e-3)² / 2 ≈ 1.3e-6 (measured 3.1e-6 on the H200 with
+//! spans of 64, T 1, against the unsplit bound of 1e-6). SPLIT_OUT_LIMIT is
+//! 2e-5: four BF16 roundings' worth (2^-8 relative) and still 50× below an
+//! indexing or masking error (≥ 1e-3); lse keeps its bound (l sums the fp32
+//! probabilities).
 #![cfg(deepinfer_cuda)]
 
 mod common;
@@ -42,6 +54,7 @@ use rand::rngs::StdRng;
 
 const D: usize = 512;
 const OUT_LIMIT: f64 = 1e-6;
+const SPLIT_OUT_LIMIT: f64 = 2e-5;
 const LSE_TOL: f32 = 1e-4;
 
 fn gpu() -> Device {
@@ -159,6 +172,16 @@ impl Inputs {
 }
 
 fn compare(label: &str, got: &(Vec<bf16>, Vec<f32>), want: &(Vec<bf16>, Vec<f32>)) {
+    compare_within(label, got, want, OUT_LIMIT);
+}
+
+/// [`compare`] with the output bound `limit`.
+fn compare_within(
+    label: &str,
+    got: &(Vec<bf16>, Vec<f32>),
+    want: &(Vec<bf16>, Vec<f32>),
+    limit: f64,
+) {
     assert_eq!(got.0.len(), want.0.len(), "{label}");
     assert!(
         got.0.iter().all(|v| v.is_finite()),
@@ -166,10 +189,7 @@ fn compare(label: &str, got: &(Vec<bf16>, Vec<f32>), want: &(Vec<bf16>, Vec<f32>
     );
     let diff = calc_diff(&common::to_f64(&got.0), &common::to_f64(&want.0));
     eprintln!("{label}: calc_diff {diff:.3e}");
-    assert!(
-        diff <= OUT_LIMIT,
-        "{label}: calc_diff {diff:e} > {OUT_LIMIT:e}"
-    );
+    assert!(diff <= limit, "{label}: calc_diff {diff:e} > {limit:e}");
     for (i, (g, w)) in got.1.iter().zip(&want.1).enumerate() {
         let ok = if w.is_infinite() {
             g == w
@@ -334,7 +354,12 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
     ] {
         for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
             let got = g.run_split(&dev, kernel, split);
-            compare(&format!("empty query {kernel:?} {split:?}"), &got, &want);
+            compare_within(
+                &format!("empty query {kernel:?} {split:?}"),
+                &got,
+                &want,
+                SPLIT_OUT_LIMIT,
+            );
             let (out, lse) = got;
             assert!(out[64 * D..128 * D].iter().all(|v| v.to_bits() == 0));
             assert!(lse[64..128].iter().all(|&v| v == f32::INFINITY));
@@ -342,7 +367,7 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
     }
 }
 
-/// Split-KV against the CPU op, within the unsplit bounds: spans of 64 to
+/// Split-KV against the CPU op, within SPLIT_OUT_LIMIT: spans of 64 to
 /// 256 entries (tails: Kw + Kc not a multiple of the span; one span of a
 /// query with no row, whose partial lse is −∞), every tensor-core version,
 /// and `Auto` (a split at these query counts). A fixed span keeps a query's
@@ -383,11 +408,21 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
                 SparseMqaKernel::V8,
             ] {
                 let got = g.run_split(&dev, kernel, split);
-                compare(&format!("{label} {kernel:?} {split:?}"), &got, &want);
+                compare_within(
+                    &format!("{label} {kernel:?} {split:?}"),
+                    &got,
+                    &want,
+                    SPLIT_OUT_LIMIT,
+                );
             }
         }
         let auto = g.run_split(&dev, SparseMqaKernel::Auto, SparseMqaSplit::Auto);
-        compare(&format!("{label} Auto split"), &auto, &want);
+        compare_within(
+            &format!("{label} Auto split"),
+            &auto,
+            &want,
+            SPLIT_OUT_LIMIT,
+        );
         let inv = dev.with_batch_invariant_kernels();
         let gi = host.to(&inv);
         let unsplit = gi.run_split(&inv, SparseMqaKernel::Auto, SparseMqaSplit::Auto);

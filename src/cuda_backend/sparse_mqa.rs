@@ -64,13 +64,18 @@ fn auto_heads(t: usize, h: usize, sms: usize) -> usize {
         .map_or(64, |&(heads, _)| heads)
 }
 
-/// The span of `SparseMqaSplit::Auto`: none when the queries' CTAs fill the
-/// SMs (or on a batch-invariant handle); else the fewest 64-entry blocks per
-/// span that keep the CTAs within one wave (at least two spans).
+/// The span of `SparseMqaSplit::Auto`: none when the queries' CTAs fill a
+/// third of the SMs or more (or on a batch-invariant handle); else the
+/// fewest 64-entry blocks per span that keep the CTAs within one wave.
+/// Measured on the H200 (bench of 18451c5, 640 entries): a span of one or
+/// two blocks costs ≈ 20 µs per CTA (the pipeline's start), so split the
+/// list in 10, 5 and 4 spans at T 1, 16 and 32 (26, 28 and 34 µs against 40,
+/// 40 and 41 for version 5's small CTAs), but 2 spans at T 64 take 54 µs
+/// against version 5's 44 (32-head CTAs).
 fn auto_split(t: usize, h: usize, entries: usize, sms: usize) -> Option<usize> {
     let ctas = t * (h / 64);
     let spans = sms / ctas.max(1);
-    if spans < 2 {
+    if spans < 3 {
         return None;
     }
     let blocks = entries.div_ceil(SPARSE_MQA_SPLIT_UNIT);
