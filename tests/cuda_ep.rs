@@ -193,6 +193,36 @@ fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
     }
 }
 
+/// `gather_row_blocks` on the GPU (one gather launch of whole blocks, one
+/// copy of the partial last block) is bitwise the CPU's, for 16-byte and odd
+/// rows.
+#[test]
+fn gather_row_blocks_is_bitwise_the_cpu() {
+    let mut rng = common::rng("cuda_gather_row_blocks");
+    let dev = gpu();
+    for &(dtype, width, block) in &[(DType::U8, 136usize, 256usize), (DType::BF16, 7, 3)] {
+        let whole = rng.random_range(2..40usize);
+        let rows = whole * block + rng.random_range(0..block);
+        let n = dtype.storage_bytes(rows * width);
+        let bytes: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+        let cpu = Tensor::from_le_bytes(&Device::Cpu, dtype, &[rows, width], &bytes).unwrap();
+        let x = Tensor::from_le_bytes(&dev, dtype, &[rows, width], &bytes).unwrap();
+        let blocks: Vec<usize> = (0..rng.random_range(1..20))
+            .map(|_| rng.random_range(0..whole))
+            .collect();
+        for n in [blocks.len() * block, blocks.len() * block - 1, 1] {
+            let want = ops::gather_row_blocks(&cpu, block, &blocks, n).unwrap();
+            let got = ops::gather_row_blocks(&x, block, &blocks, n).unwrap();
+            assert!(matches!(got.device(), Device::Cuda(_)));
+            assert_eq!(
+                got.to_le_bytes().unwrap(),
+                want.to_le_bytes().unwrap(),
+                "{dtype} block {block} n {n}"
+            );
+        }
+    }
+}
+
 /// Two or more GPUs: dispatch → grouped GEMMs → combine across an NCCL
 /// world of every device equals the single-rank MoE of the same mode on
 /// GPU 0 bitwise (and the CPU's within calc_diff), in both modes and with

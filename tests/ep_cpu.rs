@@ -732,3 +732,50 @@ fn the_masked_ops_refuse_bad_shapes_naming_the_tensor() {
     );
     ops::moe_masked_combine_into(&rows, &pos, &x, &mut y).unwrap();
 }
+
+/// `gather_row_blocks` equals `gather_rows` over the blocks' rows (whole
+/// blocks, a partial last block, repeats, none), and bad blocks, block
+/// sizes and row counts are typed errors naming the argument.
+#[test]
+fn gather_row_blocks_equals_gather_rows_over_the_blocks() {
+    let mut rng = common::rng("gather_row_blocks_cpu");
+    let (rows, width, block) = (70, 5, 8);
+    let x = t(
+        (0..rows * width)
+            .map(|_| bf16::from_f32(rng.random_range(-4.0..4.0)))
+            .collect(),
+        &[rows, width],
+    );
+    let whole = rows / block;
+    for blocks in [vec![3, 0, 7, 7, 1], vec![6], Vec::new()] {
+        for n in [
+            blocks.len() * block,
+            (blocks.len() * block).saturating_sub(3),
+            0,
+        ] {
+            let idx: Vec<usize> = blocks
+                .iter()
+                .flat_map(|&b| b * block..(b + 1) * block)
+                .take(n)
+                .collect();
+            let want = deepinfer::ops::gather_rows(&x, &idx).unwrap();
+            let got = deepinfer::ops::gather_row_blocks(&x, block, &blocks, n).unwrap();
+            assert_eq!(got.shape(), want.shape(), "{blocks:?} {n}");
+            assert_eq!(
+                got.to_le_bytes().unwrap(),
+                want.to_le_bytes().unwrap(),
+                "{blocks:?} {n}"
+            );
+        }
+    }
+    let arg = |e: Error| match e {
+        Error::Argument { arg, .. } => arg,
+        e => panic!("not an argument error: {e}"),
+    };
+    let go = |b: usize, blocks: &[usize], n: usize| {
+        deepinfer::ops::gather_row_blocks(&x, b, blocks, n).unwrap_err()
+    };
+    assert_eq!(arg(go(block, &[whole], 1)), "blocks");
+    assert_eq!(arg(go(0, &[0], 0)), "block_rows");
+    assert_eq!(arg(go(block, &[0, 1], 2 * block + 1)), "n");
+}

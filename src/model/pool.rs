@@ -36,7 +36,7 @@ use crate::dtype::DType;
 use crate::error::Error as OpError;
 use crate::kv_format;
 use crate::model::error::Result;
-use crate::ops::index_key_row_nibbles;
+use crate::ops::{self, index_key_row_nibbles};
 use crate::tensor::Tensor;
 use std::collections::{HashMap, VecDeque};
 
@@ -831,21 +831,19 @@ impl StatePool {
         let src = self.source(layer)?;
         let s = self.get(seq)?;
         let pr = self.cfg.page_rows;
-        let rows = &self.key_pages.rows;
-        let mut out = Tensor::empty(&rows.device(), rows.dtype(), &[n, rows.shape()[1]])?;
-        let mut j = 0;
-        while j < n {
+        let mut pages = Vec::with_capacity(n.div_ceil(pr));
+        for j in (0..n).step_by(pr.max(1)) {
             let phys = s.keys[src].row(j, pr).ok_or(OpError::Argument {
                 op: "StatePool::gather_keys",
                 arg: "n",
                 value: n.to_string(),
                 why: "more keys asked for than the source holds",
             })?;
-            let run = (pr - j % pr).min(n - j);
-            out.copy_rows_from(j, rows, phys, run)?;
-            j += run;
+            pages.push(phys / pr);
         }
-        Ok(out)
+        // One gather of whole pages (and one copy of the partial last page),
+        // not one copy per page.
+        Ok(ops::gather_row_blocks(&self.key_pages.rows, pr, &pages, n)?)
     }
 
     /// The row of the partial group of `layer`'s ratio-2 source for `seq`

@@ -79,6 +79,83 @@ pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
     Ok(out)
 }
 
+const BLOCKS_OP: &str = "gather_row_blocks";
+
+/// The first `n` rows of the blocks `blocks[0], blocks[1], …` of `x`, one
+/// after another, as a new tensor on x's device (`[n, …]`): block b is rows
+/// `b·block_rows .. (b + 1)·block_rows` of x and lies wholly inside it, and
+/// `n` ≤ `blocks.len()·block_rows` (a paged pool's first n rows from its
+/// page list). On CUDA one gather launch copies the whole blocks and one
+/// copy the partial last one; a block may repeat.
+pub fn gather_row_blocks(
+    x: &Tensor,
+    block_rows: usize,
+    blocks: &[usize],
+    n: usize,
+) -> Result<Tensor> {
+    let Some(&n_rows) = x.shape().first() else {
+        return Err(super::shape_error(BLOCKS_OP, "x", x, "rank >= 1".into()));
+    };
+    if x.dtype() == DType::F4E2M1x2 && x.shape().len() == 1 {
+        return Err(super::shape_error(
+            BLOCKS_OP,
+            "x",
+            x,
+            "rank >= 2 (a packed FP4 row of rank 1 is half a byte)".into(),
+        ));
+    }
+    let bad = |arg: &'static str, value: usize, why: &'static str| Error::Argument {
+        op: BLOCKS_OP,
+        arg,
+        value: value.to_string(),
+        why,
+    };
+    if block_rows == 0 {
+        return Err(bad("block_rows", 0, "must be positive"));
+    }
+    let whole = n_rows / block_rows;
+    if let Some(&b) = blocks.iter().find(|&&b| b >= whole) {
+        return Err(bad("blocks", b, "a block at or past x's last whole block"));
+    }
+    if blocks
+        .len()
+        .checked_mul(block_rows)
+        .is_none_or(|cap| n > cap)
+    {
+        return Err(bad("n", n, "more rows than the blocks hold"));
+    }
+    let shape: Vec<usize> = std::iter::once(n)
+        .chain(x.shape().iter().skip(1).copied())
+        .collect();
+    let mut out = Tensor::empty(&x.device(), x.dtype(), &shape)?;
+    let (full, tail) = (n / block_rows, n % block_rows);
+    match x.device() {
+        Device::Cpu => {
+            for (i, &b) in blocks.iter().take(full).enumerate() {
+                out.copy_rows_from(i * block_rows, x, b * block_rows, block_rows)?;
+            }
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let row_bytes = x.dtype().storage_bytes(x.shape().iter().skip(1).product());
+            crate::cuda_backend::copy_rows(
+                &dev,
+                x,
+                Some(&blocks[..full]),
+                &mut out,
+                None,
+                (full, row_bytes * block_rows),
+            )?;
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(BLOCKS_OP, &d)),
+    }
+    if let Some(&b) = blocks.get(full).filter(|_| tail > 0) {
+        out.copy_rows_from(full * block_rows, x, b * block_rows, tail)?;
+    }
+    Ok(out)
+}
+
 /// The rows of `t`'s matrix view: (rows, row length), every dimension but
 /// the last flattened; packed FP4 is refused (a row must be whole bytes of a
 /// byte-addressable dtype for the element copies below).
