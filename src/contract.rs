@@ -165,7 +165,8 @@ pub enum SparseMqaKernel {
     Generic,
     /// At D 512 and H a multiple of 64: V3 with 64 heads per CTA or V5 with
     /// 32 or 16, the CTA size chosen from the number of CTAs each gives (more,
-    /// smaller CTAs for few queries). At every other shape: `Generic`.
+    /// smaller CTAs for few queries), or V3 when [`SparseMqaSplit::Auto`]
+    /// splits the lists. At every other shape: `Generic`.
     #[default]
     Auto,
 }
