@@ -19,9 +19,9 @@
 //! its own 584-byte layout, from its bench in the same device run).
 //! The versions in contention are timed: the default (`Auto` kernel and
 //! split: few queries split over the SMs) as the record name, the others as
-//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6`, `_v7`, `_v8` unsplit and
+//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6`, `_v7`, `_v8`, `_v9` unsplit and
 //! `_v3_split128` (the fixed span a batch-invariant caller can take)
-//! (prefill: v3, v6, v7, v8 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
+//! (prefill: v3, v6-v9 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -177,6 +177,7 @@ mod gpu {
             SparseMqaKernel::V6 => "v6",
             SparseMqaKernel::V7 => "v7",
             SparseMqaKernel::V8 => "v8",
+            SparseMqaKernel::V9 => "v9",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
@@ -187,21 +188,23 @@ mod gpu {
     /// prefill the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the
     /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`)
     /// and left the build.
-    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 8] = [
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 9] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
         (SparseMqaKernel::V6, SparseMqaSplit::None),
         (SparseMqaKernel::V7, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
+        (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 5] = [
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 6] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V6, SparseMqaSplit::None),
         (SparseMqaKernel::V7, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
+        (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
 

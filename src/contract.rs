@@ -132,7 +132,7 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements; versions 1, 2 and 4 lost to these
-/// and left the build). V3 and V5 give bitwise the same result; V6, V7 and V8
+/// and left the build). V3 and V5 give bitwise the same result; V6-V9
 /// (wgmma) sum their dot products in other orders and agree with them
 /// within the op's stated bound, not bitwise. The
 /// CPU has one reference and ignores this.
@@ -158,6 +158,9 @@ pub enum SparseMqaKernel {
     /// decode of blocks of one format (64 heads per CTA; version 3 where the
     /// device has no wgmma).
     V8,
+    /// `sparse_mqa_v9`: V8 with one bulk copy (`cp.async.bulk`) per row
+    /// (64 heads per CTA; version 3 where the device has no wgmma).
+    V9,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

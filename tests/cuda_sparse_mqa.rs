@@ -6,8 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance, V6, V7, V8 and the default); versions 3 and 5 bitwise equal
-//! to each other and versions 6, 7 and 8 within the bound below; the
+//! invariance, V6-V9 and the default); versions 3 and 5 bitwise equal
+//! to each other and versions 6-9 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096);
 //! split-KV (spans of 64-256 entries, every tensor-core version, `Auto`)
 //! within the same bounds and a fixed span batch-invariant; CUDA
@@ -236,6 +236,7 @@ fn sparse_mqa_matches_the_cpu_op() {
             SparseMqaKernel::V6,
             SparseMqaKernel::V7,
             SparseMqaKernel::V8,
+            SparseMqaKernel::V9,
         ] {
             let got = gpu_inputs.run_with(&dev, kernel);
             compare(&format!("{label} {kernel:?}"), &got, &want);
@@ -351,6 +352,7 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         SparseMqaKernel::V6,
         SparseMqaKernel::V7,
         SparseMqaKernel::V8,
+        SparseMqaKernel::V9,
     ] {
         for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
             let got = g.run_split(&dev, kernel, split);
@@ -406,6 +408,7 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
                 SparseMqaKernel::V6,
                 SparseMqaKernel::V7,
                 SparseMqaKernel::V8,
+                SparseMqaKernel::V9,
             ] {
                 let got = g.run_split(&dev, kernel, split);
                 compare_within(
@@ -438,6 +441,7 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
         SparseMqaKernel::V3,
         SparseMqaKernel::V7,
         SparseMqaKernel::V8,
+        SparseMqaKernel::V9,
     ] {
         let split = SparseMqaSplit::Entries(128);
         let batch = g.run_split(&dev, kernel, split);
@@ -478,6 +482,7 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
         SparseMqaKernel::V6,
         SparseMqaKernel::V7,
         SparseMqaKernel::V8,
+        SparseMqaKernel::V9,
     ] {
         alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
     }

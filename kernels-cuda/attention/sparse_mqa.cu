@@ -1116,13 +1116,106 @@ __device__ __forceinline__ void produce_v8(const di_sparse_mqa_params &p, uint8_
     }
 }
 
-// Versions 6, 7 and 8 (kProducer): grid (T, H / 64), 384 threads; version 6
+// ---- version 9: version 8 with one bulk copy per row ----------------------
+// Version 8's ncu (benches/results/2026-12-02-h200-attention-v8-ncu.txt):
+// ~2,140 producer instructions per block, of which issue_raw8's shuffles,
+// address selects and chunk loops take ~50 per row. Here lane i < 16 of a
+// producer warp copies its own row with one cp.async.bulk (528 or 288
+// bytes), counted on the warp's raw barrier (16 arrivals a phase, with the
+// row's bytes as expected transactions); a missing row is not copied and its
+// tile row is stored as zeros by the decode (a stale raw row may hold NaN
+// codes).
+constexpr int kOffRawBars9 = 32;  // four mbarriers after full[2], empty[2]
+static_assert(kOffRawBars9 + 4 * 8 <= kOffBias, "raw barriers fit before the bias");
+
+// Lane i < 16 of warp w: raw row 16 w + i from its row (no copy for no row),
+// arriving on the warp's raw barrier with its bytes expected.
+__device__ __forceinline__ void issue_raw9(const di_sparse_mqa_params &p, uint8_t *raw, uint64_t *bar, int w,
+                                           int lane, int kind, int row) {
+    if (lane >= 16) return;
+    uint8_t *dst = raw + (16 * w + lane) * kWindowRow;
+    if (kind == 1) {
+        deepinfer::sm90::mbar_arrive_expect_tx(bar, kWindowRow);
+        deepinfer::sm90::bulk_load(dst, static_cast<const uint8_t *>(p.window) + int64_t{row} * kWindowRow,
+                                   kWindowRow, bar);
+    } else if (kind == 2) {
+        deepinfer::sm90::mbar_arrive_expect_tx(bar, kCompressedRow);
+        deepinfer::sm90::bulk_load(dst, static_cast<const uint8_t *>(p.compressed) + int64_t{row} * kCompressedRow,
+                                   kCompressedRow, bar);
+    } else {
+        deepinfer::sm90::mbar_arrive(bar);
+    }
+}
+
+// decode_raw8 with missing rows stored as zeros (their raw rows are stale).
+__device__ __forceinline__ void decode_raw9(const uint8_t *raw, uint8_t *tile, float *bias, int w, int lane,
+                                            int kind) {
+    const int odd = (lane >> 2) & 1;
+    const uint32_t fp8 = __ballot_sync(0xFFFFFFFFu, kind == 1) & 0xFFFFu;
+    const uint32_t fp4 = __ballot_sync(0xFFFFFFFFu, kind == 2) & 0xFFFFu;
+    const uint32_t none = ~(fp8 | fp4) & 0xFFFFu;
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll 1
+    for (int i = 0; i < 16; ++i) {
+        const int r = 16 * w + i;
+        if ((none >> i) & 1) {
+            *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane)) = zero;
+            *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + 1)) = zero;
+        } else if ((fp4 >> i) & 1) {
+            decode_row8<true>(raw, tile, r, lane, odd);
+        } else {
+            decode_row8<false>(raw, tile, r, lane, odd);
+        }
+    }
+    if (lane < 16) bias[16 * w + lane] = kind != 0 ? 0.0f : -INFINITY;
+}
+
+// Producer warp w of version 9: version 8's schedule; the raw rows of block
+// j arrive on raw barrier w in phase j.
+__device__ __forceinline__ void produce_v9(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
+                                           int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    uint64_t *rawbar = reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    uint8_t *raw = smem + kOffRaw7;
+    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
+    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
+    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
+    int v2 = load_entry(p, t, entry(2));
+    int k0, r0, k1, r1;
+    classify(p, entry(0), v0, k0, r0);
+    issue_raw9(p, raw, rawbar, w, lane, k0, r0);
+    classify(p, entry(1), v1, k1, r1);
+    prefetch_row(p, k1, r1, lane);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        const int v3 = load_entry(p, t, entry(j + 3));
+        int k2, r2;
+        classify(p, entry(j + 2), v2, k2, r2);
+        prefetch_row(p, k2, r2, lane);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        bar_wait(rawbar, j & 1);
+        decode_raw9(raw, smem + kOffTiles + b * kTileBytes, bias + b * kBlock, w, lane, k0);
+        // The tile goes to wgmma and the raw rows to the next bulk copy, both
+        // through the async proxy: order this warp's generic accesses first.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bar_arrive(&full[b]);
+        __syncwarp();
+        if (j + 1 < blocks) issue_raw9(p, raw, rawbar, w, lane, k1, r1);
+        k0 = k1, r0 = r1;
+        k1 = k2, r1 = r2;
+        v2 = v3;
+    }
+}
+
+// Versions 6-9 (kProducer): grid (T, H / 64), 384 threads; version 6
 // with DI_SPARSE_MQA_SMEM_BYTES (the 64-head carve-up, its partial-logit
-// exchange 2 x 32 x 128 floats), versions 7 and 8 with
+// exchange 2 x 32 x 128 floats), versions 7-9 with
 // DI_SPARSE_MQA_V7_SMEM_BYTES (the raw stage in the exchange's place).
-// Producers: version 3's in the wgmma layout (6), produce_v7 or produce_v8;
-// consumers: consume_wgmma, over half the dims with the exchange (6) or
-// over all of them (7, 8).
+// Producers: version 3's in the wgmma layout (6), produce_v7, produce_v8 or
+// produce_v9; consumers: consume_wgmma, over half the dims with the
+// exchange (6) or over all of them (7-9).
 template <int kProducer> __device__ __forceinline__ void sparse_mqa_wgmma_body(const di_sparse_mqa_params &p) {
     constexpr bool kV7 = kProducer != 6;
     extern __shared__ __align__(1024) uint8_t smem[];
@@ -1136,11 +1229,18 @@ template <int kProducer> __device__ __forceinline__ void sparse_mqa_wgmma_body(c
         bar_init(&bars[1], kProducerWarps * 32);
         bar_init(&bars[2], 256);
         bar_init(&bars[3], 256);
+        if constexpr (kProducer == 9) {
+            for (int w = 0; w < kProducerWarps; ++w)
+                bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, 16);
+            // The bulk copies arrive on these barriers through the async proxy.
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
     }
     __syncthreads();
     if (warp < kProducerWarps) {
         deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        if constexpr (kProducer == 8) produce_v8(p, smem, warp, lane, t, blocks);
+        if constexpr (kProducer == 9) produce_v9(p, smem, warp, lane, t, blocks);
+        else if constexpr (kProducer == 8) produce_v8(p, smem, warp, lane, t, blocks);
         else if constexpr (kProducer == 7) produce_v7(p, smem, warp, lane, t, blocks);
         else produce_v2<kProducerWarps, true>(p, smem, warp, lane, t, blocks);
     } else {
@@ -1247,4 +1347,15 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_COMBINE_THREADS)
     out[0] = __floats2bfloat162_rn(o.x * inv, o.y * inv);
     out[1] = __floats2bfloat162_rn(o.z * inv, o.w * inv);
     if (threadIdx.x == 0) p.lse[t * p.h + head] = logf(l) + m;
+}
+
+// Version 9: version 8 with one bulk copy per row (grid, threads and shared
+// memory as version 7). Outside sm_90a (no wgmma) it runs version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v9(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_wgmma_body<9>(p);
+#else
+    sparse_mqa_body<4>(p);
+#endif
 }

@@ -290,6 +290,7 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V6,
                     SparseMqaKernel::V7,
                     SparseMqaKernel::V8,
+                    SparseMqaKernel::V9,
                     SparseMqaKernel::Generic,
                 ]);
                 let split = b.pick(&[

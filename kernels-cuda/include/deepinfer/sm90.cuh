@@ -94,6 +94,16 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const void *map, uint64_t
 
 /* Orders this thread's generic-proxy shared-memory writes before later
  * async-proxy reads (wgmma operands written by threads, not by TMA). */
+// One contiguous global -> shared copy of `bytes` (a multiple of 16, both
+// addresses 16-byte aligned) by the async proxy, counted on `bar`'s
+// transaction bytes.
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+}
+
 __device__ __forceinline__ void fence_proxy_async_smem() {
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
