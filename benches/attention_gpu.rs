@@ -19,9 +19,9 @@
 //! its own 584-byte layout, from its bench in the same device run).
 //! The versions in contention are timed: the default (`Auto` kernel and
 //! split: few queries split over the SMs) as the record name, the others as
-//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v6`, `_v7`, `_v8`, `_v9` unsplit and
+//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v8`, `_v9` unsplit and
 //! `_v3_split128` (the fixed span a batch-invariant caller can take)
-//! (prefill: v3, v6-v9 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
+//! (prefill: v3, v8, v9 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -174,8 +174,6 @@ mod gpu {
             SparseMqaKernel::V3 => "v3",
             SparseMqaKernel::V5Heads32 => "v5_h32",
             SparseMqaKernel::V5Heads16 => "v5_h16",
-            SparseMqaKernel::V6 => "v6",
-            SparseMqaKernel::V7 => "v7",
             SparseMqaKernel::V8 => "v8",
             SparseMqaKernel::V9 => "v9",
             SparseMqaKernel::Generic => "generic",
@@ -184,25 +182,22 @@ mod gpu {
     }
 
     /// Decode times every version but the generic one (version 3 at 64
-    /// heads, version 5 at 32 and 16, versions 6 and 7) and the default;
+    /// heads, version 5 at 32 and 16, versions 8 and 9) and the default;
     /// prefill the 64-head ones. Versions 1, 2 and 4 lost to version 3 in the
-    /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`)
-    /// and left the build.
-    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 9] = [
+    /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`),
+    /// versions 6 and 7 to versions 3 and 8 in the runs of 2026-12-02, and
+    /// left the build.
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 7] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
-        (SparseMqaKernel::V6, SparseMqaSplit::None),
-        (SparseMqaKernel::V7, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 6] = [
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 4] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
-        (SparseMqaKernel::V6, SparseMqaSplit::None),
-        (SparseMqaKernel::V7, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),

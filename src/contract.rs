@@ -132,9 +132,9 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements; versions 1, 2 and 4 lost to these
-/// and left the build). V3 and V5 give bitwise the same result; V6-V9
-/// (wgmma) sum their dot products in other orders and agree with them
-/// within the op's stated bound, not bitwise. The
+/// and left the build, as did V6 and V7). V3 and V5 give bitwise the same
+/// result; V8 and V9 (wgmma) sum their dot products in other orders and
+/// agree with them within the op's stated bound, not bitwise. The
 /// CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SparseMqaKernel {
@@ -147,16 +147,11 @@ pub enum SparseMqaKernel {
     V5Heads32,
     /// `sparse_mqa_v5_h16`: the same with 16 heads per CTA.
     V5Heads16,
-    /// `sparse_mqa_v6`: V3's producers with two wgmma consumer warpgroups
+    /// `sparse_mqa_v8`: a producer warpgroup that copies raw rows by
+    /// cp.async (missing rows zero-filled) and decodes them from shared
+    /// memory, branch-free in blocks of one format; two wgmma consumer
+    /// warpgroups, each over all 512 dims for Q·Kᵀ and half of them for P·V
     /// (64 heads per CTA; version 3 where the device has no wgmma).
-    V6,
-    /// `sparse_mqa_v7`: V6's consumers over all 512 dims each, producers
-    /// that copy raw rows by cp.async and decode them from shared memory
-    /// (64 heads per CTA; version 3 where the device has no wgmma).
-    V7,
-    /// `sparse_mqa_v8`: V7 with zero-filled missing rows and a branch-free
-    /// decode of blocks of one format (64 heads per CTA; version 3 where the
-    /// device has no wgmma).
     V8,
     /// `sparse_mqa_v9`: V8 with one bulk copy (`cp.async.bulk`) per row
     /// (64 heads per CTA; version 3 where the device has no wgmma).

@@ -6,8 +6,8 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance, V6-V9 and the default); versions 3 and 5 bitwise equal
-//! to each other and versions 6-9 within the bound below; the
+//! invariance, V8, V9 and the default); versions 3 and 5 bitwise equal
+//! to each other and versions 8 and 9 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096);
 //! split-KV (spans of 64-256 entries, every tensor-core version, `Auto`)
 //! within the same bounds and a fixed span batch-invariant; CUDA
@@ -230,14 +230,9 @@ fn sparse_mqa_matches_the_cpu_op() {
         let gpu_inputs = host.to(&dev);
         let v3 = gpu_inputs.run_with(&dev, SparseMqaKernel::V3);
         compare(&format!("{label} V3"), &v3, &want);
-        // Versions 6 and 7 (wgmma) sum the dot products in other orders:
+        // Versions 8 and 9 (wgmma) sum the dot products in other orders:
         // within the bound against the CPU, not bitwise V3.
-        for kernel in [
-            SparseMqaKernel::V6,
-            SparseMqaKernel::V7,
-            SparseMqaKernel::V8,
-            SparseMqaKernel::V9,
-        ] {
+        for kernel in [SparseMqaKernel::V8, SparseMqaKernel::V9] {
             let got = gpu_inputs.run_with(&dev, kernel);
             compare(&format!("{label} {kernel:?}"), &got, &want);
         }
@@ -349,8 +344,6 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
     let want = host.run();
     for kernel in [
         SparseMqaKernel::Auto,
-        SparseMqaKernel::V6,
-        SparseMqaKernel::V7,
         SparseMqaKernel::V8,
         SparseMqaKernel::V9,
     ] {
@@ -405,8 +398,6 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
             for kernel in [
                 SparseMqaKernel::V3,
                 SparseMqaKernel::V5Heads16,
-                SparseMqaKernel::V6,
-                SparseMqaKernel::V7,
                 SparseMqaKernel::V8,
                 SparseMqaKernel::V9,
             ] {
@@ -439,7 +430,6 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
     let g = host.to(&dev);
     for kernel in [
         SparseMqaKernel::V3,
-        SparseMqaKernel::V7,
         SparseMqaKernel::V8,
         SparseMqaKernel::V9,
     ] {
@@ -479,8 +469,6 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
     let g = host.to(&dev);
     for kernel in [
         SparseMqaKernel::Auto,
-        SparseMqaKernel::V6,
-        SparseMqaKernel::V7,
         SparseMqaKernel::V8,
         SparseMqaKernel::V9,
     ] {
@@ -552,7 +540,7 @@ fn cuda_shape_limits_are_typed_errors() {
     let cases = [
         (32, 512, SparseMqaKernel::V3),
         (64, 256, SparseMqaKernel::V5Heads16),
-        (96, 512, SparseMqaKernel::V7),
+        (96, 512, SparseMqaKernel::V9),
         (1, 4160, SparseMqaKernel::Auto),
         (1, 4160, SparseMqaKernel::Generic),
         (65_536, 64, SparseMqaKernel::Auto),

@@ -1,8 +1,8 @@
 // Sparse MQA over V4.1's native cache rows (v41-flash.md 3.10, 11): one CTA
 // per (query, 16, 32 or 64 heads), producer warps that gather and dequantise
 // rows into shared memory, BF16 tensor cores. Versions 3 and 5 (mma.sync)
-// give bitwise the same results; versions 6 and 7 (wgmma) sum in other
-// orders. Versions 1, 2 and 4 and V3's 32/16-head CTAs lost to these in the
+// give bitwise the same results; versions 8 and 9 (wgmma) sum in other
+// orders. Versions 1, 2, 4, 6 and 7 and V3's 32/16-head CTAs lost in the
 // H200 bench and left the build (the README keeps their designs and figures).
 // Layouts, numerics and the design: kernels-cuda/attention/README.md.
 //
@@ -43,13 +43,13 @@ static_assert(kProducerRegs * 128 + kConsumerRegs * 256 <= kRegPool384, "registe
 constexpr int kProducerRegs8 = 120;
 constexpr int kConsumerRegs8 = 248;
 static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= kRegPool384, "register pool (version 5)");
-// Version 6 (one producer warpgroup, two wgmma consumer warpgroups holding
-// a 64 x 256 fp32 accumulator each).
-// At 200 consumer registers ptxas serialises the wgmmas; 208 leaves the
-// producers 88 (they spill a few registers to local memory).
+// Versions 8 and 9 (one producer warpgroup, two wgmma consumer warpgroups
+// holding a 64 x 256 fp32 accumulator each; the split of version 6, which
+// left the build). At 200 consumer registers ptxas serialised version 6's
+// wgmmas; 208 leaves the producers 88.
 constexpr int kProducerRegs6 = 88;
 constexpr int kConsumerRegs6 = 208;
-static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= kRegPool384, "register pool (version 6)");
+static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= kRegPool384, "register pool (versions 8, 9)");
 
 // Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
 // per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
@@ -507,24 +507,7 @@ __device__ __forceinline__ void prefetch_row(const di_sparse_mqa_params &p, int 
     }
 }
 
-// Tile offset of (row, chunk): version 1-5's row-major swizzle, or with
-// kWgmma version 6's column-block layout (v6_off).
-// Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
-// version-6 tile or Q: eight 64-column blocks of [64 rows][128 bytes], each
-// the 128-byte-swizzled wgmma layout (chunk c of row r at c ^ (r % 8)).
-// K-major (Q.K^T, rows = heads or entries): 8-row groups 1024 bytes apart.
-// N-major (P.V, V's rows = K): the 64-column blocks are 8192 bytes apart
-// (leading byte offset), 8-row groups 1024 (stride byte offset).
-__device__ __forceinline__ uint32_t v6_off(int row, int chunk) {
-    return static_cast<uint32_t>((chunk >> 3) * 8192 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
-}
-
-template <bool kWgmma> __device__ __forceinline__ uint32_t tile_off(int row, int chunk) {
-    if constexpr (kWgmma) return v6_off(row, chunk);
-    else return swz(row, chunk);
-}
-
-template <int NP, bool kWgmma = false>
+template <int NP>
 __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_t *smem, int pw,
                                            int lane, int64_t t, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
@@ -594,8 +577,8 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 #pragma unroll
                         for (int k = 0; k < 8; ++k) o[k] = 0;
                     }
-                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
-                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane)) = make_uint4(o[0], o[1], o[2], o[3]);
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 2 * lane + 1)) = make_uint4(o[4], o[5], o[6], o[7]);
                     if (lane == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
                 }
             }
@@ -640,13 +623,11 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
                 }
 #pragma unroll
                 for (int q = 0; q < 4; ++q)
-                    *reinterpret_cast<uint4 *>(tile + tile_off<kWgmma>(r, 4 * part + q)) =
+                    *reinterpret_cast<uint4 *>(tile + swz(r, 4 * part + q)) =
                         make_uint4(o[4 * q], o[4 * q + 1], o[4 * q + 2], o[4 * q + 3]);
                 if (part == 0) bias[b * kBlock + r] = kinds[i] != 0 ? 0.0f : -INFINITY;
             }
         }
-        // Version 6's consumers read the tile through the async proxy (wgmma).
-        if constexpr (kWgmma) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         bar_arrive(&full[b]);
         k0 = k1, r0 = r1;
         k1 = k2, r1 = r2;
@@ -691,13 +672,28 @@ __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
     }
 }
 
-// ---- version 6: wgmma consumers ----------------------------------------------
-// The producers are version 3's, storing the tile in the wgmma operand layout
-// (v6_off); two consumer warpgroups, each all 64 heads and one half of the
-// 512 dims, issue Q.K^T as m64n64k16 (Q and K from shared memory) and P.V as
-// m64n256k16 (P from registers, V = the same tile read N-major). The tile is
-// read once per warpgroup instruction instead of once per 16-head warp.
+// ---- versions 8 and 9: wgmma consumers ------------------------------------
+// Producers store the tile in the wgmma operand layout (v6_off); two
+// consumer warpgroups, each all 64 heads, issue Q.K^T over all 512 dims as
+// m64n64k16 (Q and K from shared memory) and P.V for one half of the dims
+// as m64n256k16 (P from registers, V = the same tile read N-major). The
+// tile is read once per warpgroup instruction instead of once per 16-head
+// warp. (Version 6 split Q.K^T between the warpgroups and exchanged the
+// partial logits; version 7 dropped the exchange: both lost to version 3
+// and left the build, README.)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+// Byte offset of 16-byte chunk `chunk` (8 BF16 values) of row `row` in a
+// wgmma tile or Q (the layout version 6 introduced): eight 64-column
+// blocks of [64 rows][128 bytes], each the 128-byte-swizzled wgmma layout
+// (chunk c of row r at c ^ (r % 8)).
+// K-major (Q.K^T, rows = heads or entries): 8-row groups 1024 bytes apart.
+// N-major (P.V, V's rows = K): the 64-column blocks are 8192 bytes apart
+// (leading byte offset), 8-row groups 1024 (stride byte offset).
+__device__ __forceinline__ uint32_t v6_off(int row, int chunk) {
+    return static_cast<uint32_t>((chunk >> 3) * 8192 + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
 
 // Keeps a register fragment live (and unmoved) up to this point.
 __device__ __forceinline__ void keep_alive(uint32_t (&a)[4][4]) {
@@ -720,16 +716,11 @@ __device__ __forceinline__ uint64_t v6_desc_n_major(const void *p) {
 
 // Consumer warpgroup wg (0, 1): heads 0..63 of the CTA, output dims
 // 256 wg .. 256 wg + 255. Thread (warp w, lane g*4+c) holds heads 16w+g and
-// 16w+g+8 (the wgmma accumulator layout). Per block: partial logits over
-// its 256 dims, the partner's partial added through shared memory (a + b ==
-// b + a: both warpgroups hold the same logits), the online softmax as in
-// consume(), then P.V for its dims. The Q.K^T of block j+1 is issued before
-// the warpgroup waits for the P.V of block j.
-//
-// kFullK (version 7): each warpgroup computes the logits over all 512 dims
-// (32 k-steps) itself: no exchange, no coupling of the two warpgroups but
-// through Q, which both read whole.
-template <bool kFullK>
+// 16w+g+8 (the wgmma accumulator layout). Per block: the logits over all
+// 512 dims (32 k-steps; both warpgroups hold the same logits, coupled only
+// through Q, which both read whole), the online softmax as in consume(),
+// then P.V for its dims. The Q.K^T of block j+1 is issued before the
+// warpgroup waits for the P.V of block j.
 __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
                                               int64_t t, int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
@@ -738,11 +729,6 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
     const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
-    // The partial-logit exchange (not kFullK): one 32 x 128-float slot per
-    // warpgroup.
-    float *exch = reinterpret_cast<float *>(smem + Layout<4>::exch);
-    float *mine = exch + wg * 32 * 128;
-    const float *partner = exch + (1 - wg) * 32 * 128;
     const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
     uint8_t *sq = smem + Layout<4>::q;
     const uint8_t *tiles = smem + kOffTiles;
@@ -758,9 +744,8 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     }
     asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
     s9::fence_proxy_async_smem();
-    // Each warpgroup loaded its half of Q; with kFullK both read all of it.
-    if constexpr (kFullK) asm volatile("bar.sync 1, 256;" ::: "memory");
-    else asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    // Each warpgroup loaded its half of Q; both read all of it.
+    asm volatile("bar.sync 1, 256;" ::: "memory");
 
     float acc[128];
 #pragma unroll
@@ -769,17 +754,14 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     OnlineSoftmax sm;
     const float scale = p.scale;
 
-    // Q.K^T of block j into s: 16 k-steps of 16 over this half's 256 dims
-    // (kFullK: 32 over all 512).
+    // Q.K^T of block j into s: 32 k-steps of 16 over all 512 dims.
     auto issue_qk = [&](int j) {
         const uint8_t *tile = tiles + (j & 1) * kTileBytes;
         s9::fence_operands(s);
         s9::wgmma_fence();
-        constexpr int kSteps = kFullK ? 32 : 16;
-        const int kb0 = kFullK ? 0 : 4 * wg;
 #pragma unroll
-        for (int ks = 0; ks < kSteps; ++ks) {
-            const int off = (kb0 + ks / 4) * 8192 + (ks % 4) * 32;
+        for (int ks = 0; ks < 32; ++ks) {
+            const int off = (ks / 4) * 8192 + (ks % 4) * 32;
             Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
         }
         s9::wgmma_commit();
@@ -794,19 +776,6 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     }
     for (int j = 0; j < blocks; ++j) {
         const int b = j & 1;
-        // Full logits: this half's partial + the partner's. The partner
-        // arrives on barrier 5 + wg once it has read this warpgroup's slot,
-        // so the next block's write waits only if it has not yet.
-        if constexpr (!kFullK) {
-            if (j > 0) asm volatile("bar.sync %0, 256;" ::"r"(5 + wg) : "memory");
-#pragma unroll
-            for (int i = 0; i < 32; ++i) mine[i * 128 + tid] = s[i];
-            asm volatile("bar.sync 4, 256;" ::: "memory");
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += partner[i * 128 + tid];
-            if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
-        }
-
         uint32_t pa[4][4];
         sm.step(s, bias + b * kBlock, c, scale, pa, acc);
         // P.V: V = the tile's 64 rows (K) x this half's 256 columns (N).
@@ -846,12 +815,10 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     }
     sm.finish(p.sink, h_lo);
     const float l0 = sm.l0, l1 = sm.l1;
-    // Every wgmma of this warpgroup has completed (its reads of Q too; with
-    // kFullK the other warpgroup's as well): the warpgroup's half of Q
-    // becomes its output staging, warp w writing and then storing its own
-    // 16 heads.
-    if constexpr (kFullK) asm volatile("bar.sync 1, 256;" ::: "memory");
-    else asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+    // Every wgmma of both warpgroups has completed (their reads of Q too):
+    // the warpgroup's half of Q becomes its output staging, warp w writing
+    // and then storing its own 16 heads.
+    asm volatile("bar.sync 1, 256;" ::: "memory");
 #pragma unroll
     for (int n = 0; n < 32; ++n) {
         const int chunk = wg * 32 + n, r = w * 16 + g;
@@ -870,128 +837,18 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     if (wg == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
 }
 
-// ---- version 7: raw rows by cp.async, decoded from shared memory -----------
-// Version 6 was producer-bound (README): each producer warp held its rows in
-// registers (spilling at 88), compared the entries it loaded ahead at once,
-// and ran ~1,870 dependent instructions per block. Here a producer warp
-// copies its 16 raw rows of block j+1 into a raw stage by cp.async (no
-// registers held while they fly), classifies an entry one block after its
-// index load, and decodes block j from shared memory: lane l takes values
-// 16 l .. 16 l + 15 of every row in both formats (FP8: 16 bytes and the
-// E8M0 of its 32; FP4: 8 bytes and the e4m3 of its 16), stores spread so
-// that eight lanes cover all eight chunk slots of a 128-byte span. The
-// consumers are version 6's with kFullK (the exchange's 32 KiB hold the raw
-// stage instead). Shared memory: Layout<4> up to Q, then the raw stage of
-// 64 x 528 bytes (row r at 528 r whatever its format).
+// ---- the raw stage of versions 8 and 9 -------------------------------------
+// Producer warps copy the raw rows of block j+1 into a stage while block j
+// is consumed, and decode them from shared memory (version 7's design, which
+// the README describes; its per-row shuffles and branches lost to version 3
+// and it left the build). Shared memory: Layout<4> up to Q, then the raw
+// stage of 64 x 528 bytes (row r at 528 r whatever its format) in place of
+// the partial-logit exchange the wgmma consumers do not use.
 constexpr int kOffRaw7 = Layout<4>::exch;
 constexpr int kSmem7 = kOffRaw7 + kBlock * kWindowRow;
-static_assert(kSmem7 == DI_SPARSE_MQA_V7_SMEM_BYTES, "params.h: version 7 shared memory");
+static_assert(kSmem7 == DI_SPARSE_MQA_V7_SMEM_BYTES, "params.h: the raw-stage shared memory");
 
-// Warp w's 16 rows (lanes 0..15 hold their kind and row) into raw rows
-// 16 w .. 16 w + 15: 33 (FP8) or 18 (FP4) 16-byte copies per row; one
-// commit group.
-__device__ __forceinline__ void issue_raw7(const di_sparse_mqa_params &p, uint8_t *raw, int w, int lane, int kind,
-                                           int row) {
-    const uint8_t *window = static_cast<const uint8_t *>(p.window);
-    const uint8_t *comp = static_cast<const uint8_t *>(p.compressed);
-#pragma unroll 4
-    for (int i = 0; i < 16; ++i) {
-        const int k = __shfl_sync(0xFFFFFFFFu, kind, i);
-        const int64_t at = __shfl_sync(0xFFFFFFFFu, row, i);
-        const uint32_t dst = smem_addr(raw + (16 * w + i) * kWindowRow);
-        const uint8_t *src = nullptr;
-        int chunks = 0;
-        if (k == 1) src = window + at * kWindowRow, chunks = kWindowRow / 16;
-        else if (k == 2) src = comp + at * kCompressedRow, chunks = kCompressedRow / 16;
-        for (int c = lane; c < chunks; c += 32)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * c), "l"(src + 16 * c)
-                         : "memory");
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-}
-
-// Decodes warp w's 16 raw rows into tile rows 16 w .. 16 w + 15 and their
-// logit bias (0, or -inf for no row, whose tile row is zeros).
-__device__ __forceinline__ void decode_raw7(const uint8_t *raw, uint8_t *tile, float *bias, int w, int lane,
-                                            int kind) {
-    const bool odd = (lane >> 2) & 1;
-#pragma unroll 4
-    for (int i = 0; i < 16; ++i) {
-        const int r = 16 * w + i;
-        const int k = __shfl_sync(0xFFFFFFFFu, kind, i);
-        const uint8_t *src = raw + r * kWindowRow;
-        uint32_t o[8];
-        if (k == 1) {
-            const uint4 v = *reinterpret_cast<const uint4 *>(src + 16 * lane);
-            const float sc = deepinfer::e8m0_to_f32(src[kDim + lane / 2]);
-            const uint32_t wd[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                o[2 * q] = e4m3x2_scaled(wd[q] & 0xFFFFu, sc);
-                o[2 * q + 1] = e4m3x2_scaled(wd[q] >> 16, sc);
-            }
-        } else if (k == 2) {
-            const uint2 v = *reinterpret_cast<const uint2 *>(src + 8 * lane);
-            const __nv_bfloat162 s2 = e4m3_bf16x2(src[kDim / 2 + lane]);
-            uint32_t lo[4], hi[4];
-            e2m1x8_scaled(v.x, s2, lo);
-            e2m1x8_scaled(v.y, s2, hi);
-#pragma unroll
-            for (int q = 0; q < 4; ++q) o[q] = lo[q], o[4 + q] = hi[q];
-        } else {
-#pragma unroll
-            for (int q = 0; q < 8; ++q) o[q] = 0;
-        }
-        const uint4 a = make_uint4(o[0], o[1], o[2], o[3]), b = make_uint4(o[4], o[5], o[6], o[7]);
-        *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + odd)) = odd ? b : a;
-        *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + !odd)) = odd ? a : b;
-        if (lane == 0) bias[r] = k != 0 ? 0.0f : -INFINITY;
-    }
-}
-
-// Producer warp w of version 7. Per lane, entry 16 w + (lane % 16) of each
-// block: block j+3's index is loaded at iteration j and classified at j+1
-// (for the L2 prefetch of its rows at j+1 and its raw copy at the end of
-// j+2); block j is decoded at j from the raw stage filled since the end of
-// j-1.
-__device__ __forceinline__ void produce_v7(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
-                                           int64_t t, int blocks) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
-    uint64_t *empty = full + 2;
-    float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    uint8_t *raw = smem + kOffRaw7;
-    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
-    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
-    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
-    int v2 = load_entry(p, t, entry(2));
-    int k0, r0, k1, r1;
-    classify(p, entry(0), v0, k0, r0);
-    issue_raw7(p, raw, w, lane, k0, r0);
-    classify(p, entry(1), v1, k1, r1);
-    prefetch_row(p, k1, r1, lane);
-    for (int j = 0; j < blocks; ++j) {
-        const int b = j & 1;
-        const int v3 = load_entry(p, t, entry(j + 3));
-        int k2, r2;
-        classify(p, entry(j + 2), v2, k2, r2);
-        prefetch_row(p, k2, r2, lane);
-        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncwarp();
-        decode_raw7(raw, smem + kOffTiles + b * kTileBytes, bias + b * kBlock, w, lane, k0);
-        // The consumers read the tile through the async proxy (wgmma).
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        bar_arrive(&full[b]);
-        // Every lane of this warp has read its raw rows: refill them.
-        __syncwarp();
-        if (j + 1 < blocks) issue_raw7(p, raw, w, lane, k1, r1);
-        k0 = k1, r0 = r1;
-        k1 = k2, r1 = r2;
-        v2 = v3;
-    }
-}
-
-// ---- version 8: version 7 with branch-free decode of uniform blocks ------
+// ---- version 8: branch-free decode of one-format blocks --------------------
 // Version 7's ncu (benches/results/2026-12-02-h200-attention-v7-ncu.txt):
 // its producer warp runs ~2,420 instructions per block at ~5 cycles each,
 // one warp per SM sub-partition, each row behind a shuffle and a three-way
@@ -1004,8 +861,10 @@ __device__ __forceinline__ void produce_v7(const di_sparse_mqa_params &p, uint8_
 // of their two 16-byte chunks (spread stores, as version 7) moves to the
 // loads' addresses; the bias is one store per entry lane.
 
-// As issue_raw7, but a row with no row zero-fills 33 chunks (cp.async with
-// source size 0 reads nothing).
+// Warp w's 16 rows (lanes 0..15 hold their kind and row) into raw rows
+// 16 w .. 16 w + 15: 33 (FP8, and zero-filled for no row: cp.async with
+// source size 0 reads nothing) or 18 (FP4) 16-byte copies per row; one
+// commit group.
 __device__ __forceinline__ void issue_raw8(const di_sparse_mqa_params &p, uint8_t *raw, int w, int lane, int kind,
                                            int row) {
     const uint8_t *window = static_cast<const uint8_t *>(p.window);
@@ -1079,43 +938,6 @@ __device__ __forceinline__ void decode_raw8(const uint8_t *raw, uint8_t *tile, f
     if (lane < 16) bias[16 * w + lane] = kind != 0 ? 0.0f : -INFINITY;
 }
 
-// Producer warp w of version 8: version 7's schedule with issue_raw8 and
-// decode_raw8.
-__device__ __forceinline__ void produce_v8(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
-                                           int64_t t, int blocks) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
-    uint64_t *empty = full + 2;
-    float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    uint8_t *raw = smem + kOffRaw7;
-    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
-    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
-    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
-    int v2 = load_entry(p, t, entry(2));
-    int k0, r0, k1, r1;
-    classify(p, entry(0), v0, k0, r0);
-    issue_raw8(p, raw, w, lane, k0, r0);
-    classify(p, entry(1), v1, k1, r1);
-    prefetch_row(p, k1, r1, lane);
-    for (int j = 0; j < blocks; ++j) {
-        const int b = j & 1;
-        const int v3 = load_entry(p, t, entry(j + 3));
-        int k2, r2;
-        classify(p, entry(j + 2), v2, k2, r2);
-        prefetch_row(p, k2, r2, lane);
-        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        asm volatile("cp.async.wait_group 0;" ::: "memory");
-        __syncwarp();
-        decode_raw8(raw, smem + kOffTiles + b * kTileBytes, bias + b * kBlock, w, lane, k0);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        bar_arrive(&full[b]);
-        __syncwarp();
-        if (j + 1 < blocks) issue_raw8(p, raw, w, lane, k1, r1);
-        k0 = k1, r0 = r1;
-        k1 = k2, r1 = r2;
-        v2 = v3;
-    }
-}
-
 // ---- version 9: version 8 with one bulk copy per row ----------------------
 // Version 8's ncu (benches/results/2026-12-02-h200-attention-v8-ncu.txt):
 // ~2,140 producer instructions per block, of which issue_raw8's shuffles,
@@ -1170,10 +992,15 @@ __device__ __forceinline__ void decode_raw9(const uint8_t *raw, uint8_t *tile, f
     if (lane < 16) bias[16 * w + lane] = kind != 0 ? 0.0f : -INFINITY;
 }
 
-// Producer warp w of version 9: version 8's schedule; the raw rows of block
-// j arrive on raw barrier w in phase j.
-__device__ __forceinline__ void produce_v9(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
-                                           int64_t t, int blocks) {
+// Producer warp w of versions 8 (kBulk false: issue_raw8, cp.async groups)
+// and 9 (kBulk: issue_raw9, the raw rows of block j on raw barrier w in
+// phase j). Per lane, entry 16 w + (lane % 16) of each block: block j+3's
+// index is loaded at iteration j and classified at j+1 (for the L2 prefetch
+// of its rows at j+1 and its raw copy at the end of j+2); block j is
+// decoded at j from the raw stage filled since the end of j-1.
+template <bool kBulk>
+__device__ __forceinline__ void produce_staged(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
+                                               int64_t t, int blocks) {
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
     uint64_t *rawbar = reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w;
@@ -1181,11 +1008,15 @@ __device__ __forceinline__ void produce_v9(const di_sparse_mqa_params &p, uint8_
     uint8_t *raw = smem + kOffRaw7;
     const int64_t mine = split_first(p) + 16 * w + (lane & 15);
     auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
+    auto issue = [&](int kind, int row) {
+        if constexpr (kBulk) issue_raw9(p, raw, rawbar, w, lane, kind, row);
+        else issue_raw8(p, raw, w, lane, kind, row);
+    };
     const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
     int v2 = load_entry(p, t, entry(2));
     int k0, r0, k1, r1;
     classify(p, entry(0), v0, k0, r0);
-    issue_raw9(p, raw, rawbar, w, lane, k0, r0);
+    issue(k0, r0);
     classify(p, entry(1), v1, k1, r1);
     prefetch_row(p, k1, r1, lane);
     for (int j = 0; j < blocks; ++j) {
@@ -1195,29 +1026,32 @@ __device__ __forceinline__ void produce_v9(const di_sparse_mqa_params &p, uint8_
         classify(p, entry(j + 2), v2, k2, r2);
         prefetch_row(p, k2, r2, lane);
         if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        bar_wait(rawbar, j & 1);
-        decode_raw9(raw, smem + kOffTiles + b * kTileBytes, bias + b * kBlock, w, lane, k0);
-        // The tile goes to wgmma and the raw rows to the next bulk copy, both
-        // through the async proxy: order this warp's generic accesses first.
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+        if constexpr (kBulk) {
+            bar_wait(rawbar, j & 1);
+            decode_raw9(raw, tile, bias + b * kBlock, w, lane, k0);
+        } else {
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+            __syncwarp();
+            decode_raw8(raw, tile, bias + b * kBlock, w, lane, k0);
+        }
+        // The tile goes to wgmma (and with kBulk the raw rows to the next
+        // bulk copy), both through the async proxy: order this warp's
+        // generic accesses first.
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         bar_arrive(&full[b]);
         __syncwarp();
-        if (j + 1 < blocks) issue_raw9(p, raw, rawbar, w, lane, k1, r1);
+        if (j + 1 < blocks) issue(k1, r1);
         k0 = k1, r0 = r1;
         k1 = k2, r1 = r2;
         v2 = v3;
     }
 }
 
-// Versions 6-9 (kProducer): grid (T, H / 64), 384 threads; version 6
-// with DI_SPARSE_MQA_SMEM_BYTES (the 64-head carve-up, its partial-logit
-// exchange 2 x 32 x 128 floats), versions 7-9 with
-// DI_SPARSE_MQA_V7_SMEM_BYTES (the raw stage in the exchange's place).
-// Producers: version 3's in the wgmma layout (6), produce_v7, produce_v8 or
-// produce_v9; consumers: consume_wgmma, over half the dims with the
-// exchange (6) or over all of them (7-9).
-template <int kProducer> __device__ __forceinline__ void sparse_mqa_wgmma_body(const di_sparse_mqa_params &p) {
-    constexpr bool kV7 = kProducer != 6;
+// Versions 8 and 9 (kBulk): grid (T, H / 64), 384 threads,
+// DI_SPARSE_MQA_V7_SMEM_BYTES; one producer warpgroup (produce_staged) and
+// two consumer warpgroups (consume_wgmma).
+template <bool kBulk> __device__ __forceinline__ void sparse_mqa_wgmma_body(const di_sparse_mqa_params &p) {
     extern __shared__ __align__(1024) uint8_t smem[];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
@@ -1229,7 +1063,7 @@ template <int kProducer> __device__ __forceinline__ void sparse_mqa_wgmma_body(c
         bar_init(&bars[1], kProducerWarps * 32);
         bar_init(&bars[2], 256);
         bar_init(&bars[3], 256);
-        if constexpr (kProducer == 9) {
+        if constexpr (kBulk) {
             for (int w = 0; w < kProducerWarps; ++w)
                 bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, 16);
             // The bulk copies arrive on these barriers through the async proxy.
@@ -1239,14 +1073,11 @@ template <int kProducer> __device__ __forceinline__ void sparse_mqa_wgmma_body(c
     __syncthreads();
     if (warp < kProducerWarps) {
         deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        if constexpr (kProducer == 9) produce_v9(p, smem, warp, lane, t, blocks);
-        else if constexpr (kProducer == 8) produce_v8(p, smem, warp, lane, t, blocks);
-        else if constexpr (kProducer == 7) produce_v7(p, smem, warp, lane, t, blocks);
-        else produce_v2<kProducerWarps, true>(p, smem, warp, lane, t, blocks);
+        produce_staged<kBulk>(p, smem, warp, lane, t, blocks);
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         const int wg = (warp - kProducerWarps) / 4;
-        consume_wgmma<kV7>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+        consume_wgmma(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
     }
 }
 #endif
@@ -1273,38 +1104,13 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_body<1, 8>(p);
 }
 
-// Version 6: wgmma consumers, 64 heads per CTA (grid (T, H / 64),
-// DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES). Outside sm_90a
-// (no wgmma) it runs version 3.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v6(const __grid_constant__ di_sparse_mqa_params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_wgmma_body<6>(p);
-#else
-    sparse_mqa_body<4>(p);
-#endif
-}
-
-// Version 7: version 6's consumers over the whole 512 dims, producers that
-// copy raw rows by cp.async and decode them from shared memory (grid
-// (T, H / 64), DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_V7_SMEM_BYTES).
-// Outside sm_90a (no wgmma) it runs version 3.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v7(const __grid_constant__ di_sparse_mqa_params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_wgmma_body<7>(p);
-#else
-    sparse_mqa_body<4>(p);
-#endif
-}
-
-// Version 8: version 7 with branch-free decode of blocks of one format
-// (grid, threads and shared memory as version 7). Outside sm_90a (no
-// wgmma) it runs version 3.
+// Version 8: raw rows by cp.async, decoded branch-free in blocks of one
+// format, wgmma consumers (grid (T, H / 64), DI_SPARSE_MQA_THREADS threads,
+// DI_SPARSE_MQA_V7_SMEM_BYTES). Outside sm_90a (no wgmma) it runs version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v8(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_wgmma_body<8>(p);
+    sparse_mqa_wgmma_body<false>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif
@@ -1350,11 +1156,11 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_COMBINE_THREADS)
 }
 
 // Version 9: version 8 with one bulk copy per row (grid, threads and shared
-// memory as version 7). Outside sm_90a (no wgmma) it runs version 3.
+// memory as version 8). Outside sm_90a (no wgmma) it runs version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v9(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_wgmma_body<9>(p);
+    sparse_mqa_wgmma_body<true>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

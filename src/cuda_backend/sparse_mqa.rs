@@ -44,7 +44,7 @@ const _: () = assert!(DI_SPARSE_MQA_GENERIC_MAX_DIM as usize == SPARSE_MQA_GENER
 const CTA_64: (usize, u32, u32) = (64, 384, 230_400);
 const CTA_32_V5: (usize, u32, u32) = (32, 384, 181_248);
 const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
-/// Versions 7, 8 and 9: 64 heads, the raw-row stage in place of the logit
+/// Versions 8 and 9: 64 heads, the raw-row stage in place of the logit
 /// exchange.
 const CTA_64_V7: (usize, u32, u32) = (64, 384, DI_SPARSE_MQA_V7_SMEM_BYTES);
 
@@ -132,8 +132,6 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V3 => (k::SPARSE_MQA_V3, CTA_64),
         SparseMqaKernel::V5Heads32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
-        SparseMqaKernel::V6 => (k::SPARSE_MQA_V6, CTA_64),
-        SparseMqaKernel::V7 => (k::SPARSE_MQA_V7, CTA_64_V7),
         SparseMqaKernel::V8 => (k::SPARSE_MQA_V8, CTA_64_V7),
         SparseMqaKernel::V9 => (k::SPARSE_MQA_V9, CTA_64_V7),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),

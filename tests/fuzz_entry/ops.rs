@@ -287,8 +287,6 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V3,
                     SparseMqaKernel::V5Heads32,
                     SparseMqaKernel::V5Heads16,
-                    SparseMqaKernel::V6,
-                    SparseMqaKernel::V7,
                     SparseMqaKernel::V8,
                     SparseMqaKernel::V9,
                     SparseMqaKernel::Generic,

@@ -240,7 +240,7 @@ typedef struct di_sparse_mqa_combine_params {
 } di_sparse_mqa_combine_params;
 #define DI_SPARSE_MQA_COMBINE_THREADS 128
 
-/* sparse_mqa_v3 and _v6: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
+/* sparse_mqa_v3: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads and
  * DI_SPARSE_MQA_SMEM_BYTES of dynamic shared memory; sparse_mqa_v5_h32 and
  * _h16: grid (t, h / 32) and (t, h / 16), DI_SPARSE_MQA_THREADS threads and
  * the _H32 / _H16 bytes (the kernel static-asserts its carve-up). */
@@ -248,7 +248,8 @@ typedef struct di_sparse_mqa_combine_params {
 #define DI_SPARSE_MQA_SMEM_BYTES 230400
 #define DI_SPARSE_MQA_H32_SMEM_BYTES 181248
 #define DI_SPARSE_MQA_H16_SMEM_BYTES 156672
-/* sparse_mqa_v7: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads; its
+/* sparse_mqa_v8 and _v9 (the layout of the former version 7): grid
+ * (t, h / 64), DI_SPARSE_MQA_THREADS threads; its
  * shared memory holds a raw-row stage of 64 x 528 bytes in place of the
  * partial-logit exchange. */
 #define DI_SPARSE_MQA_V7_SMEM_BYTES 231424
