@@ -190,16 +190,7 @@ fn pinned_bf16_linear_rows_do_not_depend_on_the_row_count() {
             }
         ));
     }
-    // The report (the GPU bundle's run.sh keeps it under reports/).
-    let text = report.join("\n");
-    println!("{text}");
-    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
-        std::fs::write(
-            std::path::Path::new(&dir).join("cuda_batch_invariance.txt"),
-            text + "\n",
-        )
-        .unwrap();
-    }
+    common::keep_report("cuda_batch_invariance.txt", &(report.join("\n") + "\n"));
 }
 
 #[test]

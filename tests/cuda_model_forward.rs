@@ -171,15 +171,7 @@ fn the_tiny_model_on_the_gpu_tracks_the_cpu_model_over_200_decode_steps() {
     for (step, (d, n)) in report.diffs.iter().zip(&base.diffs).enumerate() {
         text.push_str(&format!("step {step}: calc_diff {d:.3e} nudged {n:.3e}\n"));
     }
-    print!("{text}");
-    // The bundle keeps the report even when the test passes.
-    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
-        std::fs::write(
-            std::path::Path::new(&dir).join("cuda_model_forward.txt"),
-            &text,
-        )
-        .unwrap();
-    }
+    common::keep_report("cuda_model_forward.txt", &text);
     assert!(
         report.routing.total > 0 && report.lists.total > 0,
         "nothing captured"
@@ -350,14 +342,7 @@ fn each_layer_of_the_prefill_tracks_the_cpu() {
             }
         }
     }
-    print!("{text}");
-    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
-        std::fs::write(
-            std::path::Path::new(&dir).join("cuda_model_layers.txt"),
-            &text,
-        )
-        .unwrap();
-    }
+    common::keep_report("cuda_model_layers.txt", &text);
     for (l, sum) in sums.iter().enumerate() {
         for (what, (g, n)) in ["attention", "moe"].into_iter().zip(sum) {
             let bound = 2.5 * n + 1e-4 * PROMPTS as f64;
@@ -482,14 +467,7 @@ fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
             worst = (d, name);
         }
     }
-    print!("{text}");
-    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
-        std::fs::write(
-            std::path::Path::new(&dir).join("cuda_model_projections.txt"),
-            &text,
-        )
-        .unwrap();
-    }
+    common::keep_report("cuda_model_projections.txt", &text);
     assert!(worst.0 <= 1e-5, "{}: calc_diff {:e}", worst.1, worst.0);
 }
 

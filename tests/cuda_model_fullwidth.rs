@@ -177,14 +177,7 @@ fn the_fullwidth_stack_on_the_gpu_tracks_the_cpu_model() {
         "nudged CPU (one ulp in every 8th embedding value) against the CPU",
         &base,
     ));
-    print!("{text}");
-    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
-        std::fs::write(
-            std::path::Path::new(&dir).join("cuda_model_fullwidth.txt"),
-            &text,
-        )
-        .unwrap();
-    }
+    common::keep_report("cuda_model_fullwidth.txt", &text);
 
     assert!(
         report.routing.total > 0 && report.lists.total > 0,

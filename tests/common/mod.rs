@@ -32,6 +32,16 @@ pub fn python() -> std::path::PathBuf {
         .join("bin/python")
 }
 
+/// Prints a test's text report and, when DEEPINFER_DUMP_DIR is set (the GPU
+/// bundle's run.sh sets it and keeps the folder under reports/), writes it
+/// there as `name`, so the report survives a passing run.
+pub fn keep_report(name: &str, text: &str) {
+    print!("{text}");
+    if let Some(dir) = std::env::var_os("DEEPINFER_DUMP_DIR") {
+        std::fs::write(std::path::Path::new(&dir).join(name), text).unwrap();
+    }
+}
+
 /// Whether DEEPINFER_QUICK is set: the GPU bundle's sanitizer passes set it,
 /// and the CUDA tests then keep their small shapes.
 pub fn quick() -> bool {
