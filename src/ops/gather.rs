@@ -21,20 +21,25 @@ use crate::tensor::Tensor;
 const OP: &str = "gather_rows";
 const COPY_OP: &str = "copy_rows_into";
 
-/// Rows `rows[0], rows[1], …` of `x` as a new tensor on x's device
-/// (`[rows.len(), …]`); an index may repeat.
-pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
-    let Some(&n_rows) = x.shape().first() else {
-        return Err(super::shape_error(OP, "x", x, "rank >= 1".into()));
-    };
-    if x.dtype() == DType::F4E2M1x2 && x.shape().len() == 1 {
-        return Err(super::shape_error(
-            OP,
+/// The rows of a tensor `op` gathers from: its first dimension (rank ≥ 1,
+/// and ≥ 2 for packed FP4, whose rank-1 row is half a byte).
+fn gathered_rows(op: &'static str, x: &Tensor) -> Result<usize> {
+    match x.shape() {
+        [_] if x.dtype() == DType::F4E2M1x2 => Err(super::shape_error(
+            op,
             "x",
             x,
             "rank >= 2 (a packed FP4 row of rank 1 is half a byte)".into(),
-        ));
+        )),
+        [n, ..] => Ok(*n),
+        [] => Err(super::shape_error(op, "x", x, "rank >= 1".into())),
     }
+}
+
+/// Rows `rows[0], rows[1], …` of `x` as a new tensor on x's device
+/// (`[rows.len(), …]`); an index may repeat.
+pub fn gather_rows(x: &Tensor, rows: &[usize]) -> Result<Tensor> {
+    let n_rows = gathered_rows(OP, x)?;
     if let Some(&bad) = rows.iter().find(|&&r| r >= n_rows) {
         return Err(Error::Argument {
             op: OP,
@@ -93,17 +98,7 @@ pub fn gather_row_blocks(
     blocks: &[usize],
     n: usize,
 ) -> Result<Tensor> {
-    let Some(&n_rows) = x.shape().first() else {
-        return Err(super::shape_error(BLOCKS_OP, "x", x, "rank >= 1".into()));
-    };
-    if x.dtype() == DType::F4E2M1x2 && x.shape().len() == 1 {
-        return Err(super::shape_error(
-            BLOCKS_OP,
-            "x",
-            x,
-            "rank >= 2 (a packed FP4 row of rank 1 is half a byte)".into(),
-        ));
-    }
+    let n_rows = gathered_rows(BLOCKS_OP, x)?;
     let bad = |arg: &'static str, value: usize, why: &'static str| Error::Argument {
         op: BLOCKS_OP,
         arg,
