@@ -40,7 +40,9 @@
 //! a point the wall-time budget (DEEPINFER_BENCH_BUDGET_S, default 400 s)
 //! has no room for is recorded as skipped for the budget. The JSON is
 //! rewritten after every point. DEEPINFER_BENCH_QUICK=1: EP 64, batch 1
-//! and 8, context 8K, prefill 4K.
+//! and 8, context 8K, prefill 4K. DEEPINFER_BENCH_ONLY=<prefix> keeps the
+//! points whose op starts with it (`v41_decode_step` for a profile of the
+//! decode steps alone).
 //!
 //! Not yet run on the H200: it compiles for nvidia; its first run is the
 //! next device session's.
@@ -553,6 +555,7 @@ mod gpu {
         };
         let official = ModelConfig::from_hf_json(V41_FLASH_CONFIG).unwrap();
         let sweep = sweep();
+        let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
         // Bytes per second the last rank was built at; a first guess of
         // 0.5 GB/s before any.
         let mut build_rate = 0.5e9;
@@ -572,7 +575,10 @@ mod gpu {
                     .prefill
                     .iter()
                     .map(move |&t| ("v41_prefill", json!({ "ep": ep, "tokens": t })));
-                decode.chain(prefill).collect::<Vec<_>>()
+                decode
+                    .chain(prefill)
+                    .filter(|(op, _)| only.as_deref().is_none_or(|o| op.starts_with(o)))
+                    .collect::<Vec<_>>()
             };
             let need_s = costs.weight_bytes / build_rate + 30.0;
             if budget.left_s() < need_s {

@@ -161,10 +161,11 @@ pub enum SparseMqaKernel {
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU
     /// reference but for lse's last ulp. A correctness path, not a fast one.
     Generic,
-    /// At D 512 and H a multiple of 64: V3 with 64 heads per CTA or V5 with
+    /// At D 512 and H a multiple of 64: V9 with 64 heads per CTA or V5 with
     /// 32 or 16, the CTA size chosen from the number of CTAs each gives (more,
-    /// smaller CTAs for few queries), or V3 when [`SparseMqaSplit::Auto`]
-    /// splits the lists. At every other shape: `Generic`.
+    /// smaller CTAs for few queries); V9 when [`SparseMqaSplit::Auto`] splits
+    /// the lists and always on a batch-invariant handle (V5 and V9 round
+    /// differently). At every other shape: `Generic`.
     #[default]
     Auto,
 }

@@ -4,7 +4,10 @@
 //! - bitwise (NaN matching NaN): `scale`, `div_scalar`, `add`, `cat_cols`,
 //!   `embedding`, `argmax` (ties, NaN, ±0, all-NaN rows), `hc_init`,
 //!   `hc_collapse`, `hc_stream_mean`, `engram_rows`, `engram_lookup`,
-//!   `moe_permute`, `moe_combine` (random and repeated permutations);
+//!   `moe_permute`, `moe_combine` (random and repeated permutations),
+//!   `paged_rows` and `paged_window_rows` (random block tables with missing
+//!   pages and out-of-range owners and rows; also against the independent
+//!   pool model of `common::paged`);
 //! - `engram_gate_update` within half a BF16 ulp of each side plus
 //!   |value|·2^-18 per element, and `calc_diff` < 1e-6: its three sums are
 //!   block reductions, the CPU's are sequential, so the gate differs by fp32
@@ -546,5 +549,35 @@ fn grouped_bf16_linear_matches_the_cpu_within_fp32_reordering() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn paged_rows_are_bitwise_the_cpu_and_the_pool_model() {
+    let dev = gpu();
+    let mut rng = common::rng("paged_rows_are_bitwise_the_cpu_and_the_pool_model");
+    let cases = if common::quick() { 12 } else { 120 };
+    for case in 0..cases {
+        let tokens = [1usize, 5, 33, 700][case % 4];
+        let width = [1usize, 7, 64, 640][(case / 4) % 4];
+        let p = common::paged::problem(&mut rng, tokens, 1 + case % 9, width);
+        let [pages, bounds, owner, idx, positions] = p.tensors().map(|t| up(&t, &dev));
+        let tables = ops::BlockTables {
+            pages: &pages,
+            bounds: &bounds,
+            page_rows: p.page_rows,
+        };
+        let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
+        let window = ops::paged_window_rows(&positions, &owner, tables, width).unwrap();
+        assert_eq!(
+            rows.to_vec::<i32>().unwrap(),
+            p.expect_rows,
+            "case {case}: paged_rows"
+        );
+        assert_eq!(
+            window.to_vec::<i32>().unwrap(),
+            p.expect_window,
+            "case {case}: paged_window_rows"
+        );
     }
 }

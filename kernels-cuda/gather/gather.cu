@@ -6,7 +6,8 @@
 // rows are distinct, so no two CTAs write one row. One CTA per copied row
 // (grid-stride over rows), threads over the row in 16-byte words when
 // row_bytes is a multiple of 16 (allocations are 256-byte aligned and
-// tensors have no offsets), else in bytes.
+// tensors have no offsets), else in bytes. Also paged_rows (ops::paged_rows),
+// at the end: logical rows -> physical rows of a paged pool.
 #include <cstdint>
 #include "deepinfer/params.h"
 
@@ -24,5 +25,40 @@ extern "C" __global__ void copy_rows(const __grid_constant__ di_gather_params p)
         } else {
             for (int64_t e = threadIdx.x; e < p.row_bytes; e += blockDim.x) out[e] = src[e];
         }
+    }
+}
+
+// Logical -> physical rows of a paged pool (ops::paged_rows; the rule is
+// di_paged_rows_params'): one thread per output element, grid-stride.
+// Every read is bounds-checked against the table's shape, so any index
+// values give -1 rather than an out-of-range read.
+extern "C" __global__ void paged_rows(const __grid_constant__ di_paged_rows_params p) {
+    const int64_t total = p.tokens * p.width;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int64_t t = i / p.width;
+        const int64_t j = i - t * p.width;
+        int64_t r;
+        if (p.idx) {
+            r = p.idx[i];
+        } else {
+            const int64_t pos = p.positions[t];
+            r = (pos + 1 - p.width > 0 ? pos + 1 - p.width : 0) + j;
+            if (r > pos) r = -1;
+        }
+        const int32_t e = p.owner[t];
+        int32_t v = -1;
+        if (r >= 0 && e >= 0 && e < p.entries) {
+            const int32_t *b = p.bounds + 3 * int64_t(e);
+            if (r >= b[1] && r < b[2]) {
+                const int64_t c = r / p.page_rows - b[0];
+                if (c >= 0 && c < p.table_pages) {
+                    const int64_t page = p.pages[int64_t(e) * p.table_pages + c];
+                    const int64_t phys = page * p.page_rows + r % p.page_rows;
+                    if (page >= 0 && phys <= INT32_MAX) v = int32_t(phys);
+                }
+            }
+        }
+        p.out[i] = v;
     }
 }

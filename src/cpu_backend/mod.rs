@@ -25,6 +25,7 @@ pub mod mhc;
 pub mod moe;
 pub mod moe_layout;
 pub mod moe_masked;
+pub mod paged;
 mod rms_norm;
 mod rope;
 pub mod sparse_attention;

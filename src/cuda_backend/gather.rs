@@ -1,7 +1,7 @@
 //! Launch of `kernels-cuda/gather/`: whole rows of any dtype copied by host
 //! index lists (uploaded as int32), one launch for the whole list.
 
-use super::params::di_gather_params;
+use super::params::{di_gather_params, di_paged_rows_params};
 use super::{i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::error::Result;
@@ -53,4 +53,50 @@ pub fn copy_rows(
     let per_thread = if row_bytes.is_multiple_of(16) { 16 } else { 1 };
     let cfg = row_launch(n, row_bytes / per_thread, 256)?;
     launch(dev, kernels::gather::COPY_ROWS, cfg, &p)
+}
+
+/// `ops::paged_rows` / `ops::paged_window_rows`: `inputs` are (idx or none,
+/// positions or none, owner), `tables` (pages, bounds); `dims` are
+/// [tokens, width, entries, table_pages, page_rows] as the op checked them.
+pub fn paged_rows(
+    dev: &CudaDevice,
+    (idx, positions, owner): (Option<&Tensor>, Option<&Tensor>, &Tensor),
+    (pages, bounds): (&Tensor, &Tensor),
+    out: &mut Tensor,
+    [tokens, width, entries, table_pages, page_rows]: [usize; 5],
+) -> Result<()> {
+    let total = tokens.saturating_mul(width);
+    if total == 0 {
+        return Ok(());
+    }
+    let ip = idx
+        .map(|t| t.cuda().map(|b| read_ptr(b, dev)))
+        .transpose()?;
+    let pp = positions
+        .map(|t| t.cuda().map(|b| read_ptr(b, dev)))
+        .transpose()?;
+    let (op, _go) = read_ptr(owner.cuda()?, dev);
+    let (pg, _gp) = read_ptr(pages.cuda()?, dev);
+    let (bd, _gb) = read_ptr(bounds.cuda()?, dev);
+    let (o, _gout) = write_ptr(out.cuda_mut()?, dev);
+    let p = di_paged_rows_params {
+        idx: ip.as_ref().map_or(std::ptr::null(), |(p, _)| p.cast()),
+        positions: pp.as_ref().map_or(std::ptr::null(), |(p, _)| p.cast()),
+        owner: op.cast(),
+        pages: pg.cast(),
+        bounds: bd.cast(),
+        out: o.cast(),
+        tokens: i64::from(i32_param("tokens", tokens)?),
+        width: i32_param("width", width)?,
+        entries: i32_param("entries", entries)?,
+        table_pages: i32_param("table_pages", table_pages)?,
+        page_rows: i32_param("page_rows", page_rows)?,
+    };
+    const THREADS: u32 = 256;
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (super::grid_for(total, THREADS as usize), 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::gather::PAGED_ROWS, cfg, &p)
 }

@@ -29,7 +29,7 @@ pub use act_quant::act_quant_fp8;
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
 pub use embedding::{argmax, embedding};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
-pub use gather::copy_rows;
+pub use gather::{copy_rows, paged_rows};
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{
     MaskedDims, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter, moe_permute,
@@ -107,6 +107,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_engram_gate_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_moe_params {}
 // SAFETY: as above (addresses and integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_gather_params {}
+// SAFETY: as above (addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_paged_rows_params {}
 // SAFETY: as above (addresses and integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_moe_masked_params {}
 

@@ -1,15 +1,17 @@
 //! Sparse MQA launches (`kernels-cuda/attention/`): the tensor-core versions
 //! at D 512 and H a multiple of 64, one CTA per (query, 64, 32 or 16 heads)
-//! by version, and `Auto` (version 3 at 64 heads, version 5 at 32 or 16, the
-//! CTA size chosen from the number of CTAs it gives; a head's result does not
-//! depend on it); at every other shape `Auto` runs `sparse_mqa_generic`, one
-//! CTA per (query, head). The caller is [`crate::ops::sparse_mqa_into`],
+//! by version, and `Auto` (version 9 at 64 heads, version 5 at 32 or 16, the
+//! CTA size chosen from the number of CTAs it gives; always version 9 on a
+//! batch-invariant handle, since versions 5 and 9 round differently); at
+//! every other shape `Auto` runs `sparse_mqa_generic`, one CTA per (query,
+//! head). The caller is [`crate::ops::sparse_mqa_into`],
 //! which has checked dtypes, shapes (against the chosen version), devices and
 //! the output shapes; index values are not checked here: the kernels treat
 //! every entry outside its pool as no row and never read it. No CTA's work
 //! depends on another's and a head's arithmetic is the same in every CTA
-//! size, so a query's result does not depend on the batch (nor on the CTA
-//! size `Auto` picks from it). Split-KV (`SparseMqaSplit`) cuts each list
+//! of one version, so with a fixed version a query's result does not depend
+//! on the batch; `Auto`'s choice between versions 9 and 5 does, which is why
+//! a batch-invariant handle always takes version 9. Split-KV (`SparseMqaSplit`) cuts each list
 //! into spans of a fixed size, one CTA each writing an fp32 partial output
 //! and lse, then `sparse_mqa_combine` merges a query's spans in order: the
 //! result depends on the span size, which `Auto` picks from the number of
@@ -50,9 +52,10 @@ const CTA_64_V7: (usize, u32, u32) = (64, 384, DI_SPARSE_MQA_V7_SMEM_BYTES);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
 /// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
-/// the H200 (bench of 6530954, 640 rows, one wave): 65.3 µs per 64-head
-/// CTA (version 3), 43.3 and 40.2 µs per 32- and 16-head CTA (version 5).
-const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.66), (16, 0.62)];
+/// the H200 (640 rows, one wave): 52.6 µs per 64-head CTA (version 9,
+/// bench of c919196+paged), 43.3 and 40.2 µs per 32- and 16-head CTA
+/// (version 5, bench of 6530954).
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.82), (16, 0.76)];
 
 /// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
 /// CTA per SM) times its relative cost is least, ties to the larger CTA.
@@ -111,16 +114,21 @@ pub(crate) fn sparse_mqa(
         SparseMqaSplit::Auto => auto_split(s.t, s.h, entries, dev.sm_count()),
     };
     // A split runs 64-head CTAs (version 5's smaller CTAs duplicate the
-    // decode, which the split divides instead).
+    // decode, which the split divides instead); so does a batch-invariant
+    // handle (version 5 is not bitwise version 9, so the CTA size must not
+    // follow the batch).
     let version = match (version, span) {
-        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V3,
+        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V9,
+        (SparseMqaKernel::Auto, None) if dev.batch_invariant() && s.fits_tensor_cores() => {
+            SparseMqaKernel::V9
+        }
         (v, _) => v,
     };
     use kernels::attention as k;
     let auto = |heads| match heads {
         16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
-        _ => (k::SPARSE_MQA_V3, CTA_64),
+        _ => (k::SPARSE_MQA_V9, CTA_64_V7),
     };
     // One head per CTA, the query and accumulator in shared memory.
     let generic = (

@@ -9,6 +9,8 @@
 //! they rebuild window rows only, `v41-flash.md` §5) and the rest are new.
 
 use super::pool::SeqId;
+use crate::device::Device;
+use crate::error::Result;
 use crate::tensor::Tensor;
 
 /// One sequence's part of a step.
@@ -24,9 +26,35 @@ pub struct Entry {
     pub row: usize,
 }
 
-/// A step's entries and the positions of all its rows (I64 `[T]` on the
-/// model's device).
+/// A step's entries, the positions of all its rows (I64 `[T]`) and the
+/// entry of each row (I32 `[T]`, the `owner` of `ops::paged_rows`), both on
+/// the model's device.
 pub struct Batch {
     pub entries: Vec<Entry>,
     pub positions: Tensor,
+    pub owners: Tensor,
+}
+
+impl Batch {
+    /// `entries` laid out as their rows say, with every row's position.
+    pub fn new(entries: Vec<Entry>, positions: Vec<i64>, device: &Device) -> Result<Batch> {
+        let n = positions.len();
+        let mut owners = vec![0i32; n];
+        for (i, e) in entries.iter().enumerate() {
+            let i = i32::try_from(i).map_err(|_| crate::Error::Argument {
+                op: "Batch::new",
+                arg: "entries",
+                value: entries.len().to_string(),
+                why: "more than 2^31 entries",
+            })?;
+            if let Some(rows) = owners.get_mut(e.row..e.row + e.len) {
+                rows.fill(i);
+            }
+        }
+        Ok(Batch {
+            entries,
+            positions: Tensor::from_vec(positions, &[n])?.to_device(device)?,
+            owners: Tensor::from_vec(owners, &[n])?.to_device(device)?,
+        })
+    }
 }

@@ -342,11 +342,7 @@ impl Model {
         let reserve: Vec<(SeqId, usize)> =
             entries.iter().map(|e| (e.seq, e.len - e.replay)).collect();
         pool.reserve_step(&reserve)?;
-        let n = positions.len();
-        Ok(Batch {
-            entries,
-            positions: Tensor::from_vec(positions, &[n])?.to_device(&self.device())?,
-        })
+        Ok(Batch::new(entries, positions, &self.device())?)
     }
 
     /// Runs one batched step: every entry's tokens at its sequence's next

@@ -814,17 +814,6 @@ impl StatePool {
         Ok((j0, rows, key_rows))
     }
 
-    /// Physical row of entry `j` of `layer`'s source for `seq`, if it exists.
-    pub(crate) fn entry_row(&self, seq: SeqId, layer: usize, j: usize) -> Result<Option<i32>> {
-        let src = self.source(layer)?;
-        let s = self.get(seq)?;
-        (j < s.n_entries[src])
-            .then(|| s.entries[src].row(j, self.cfg.page_rows))
-            .flatten()
-            .map(phys_i32)
-            .transpose()
-    }
-
     /// The first `n` index keys of `layer`'s source for `seq`, contiguous:
     /// `[n, 136]` on the pool's device.
     pub(crate) fn gather_keys(&self, seq: SeqId, layer: usize, n: usize) -> Result<Tensor> {
@@ -969,6 +958,77 @@ impl StatePool {
     /// Ring index of DSpark stage `stage`.
     pub(crate) fn stage_ring(&self, stage: usize) -> usize {
         self.n_layers + stage
+    }
+
+    /// The block tables of ring `ring` for `seqs` (row i: `seqs[i]`) on the
+    /// pool's device, as [`ops::paged_window_rows`] reads them: a position
+    /// maps to the row [`StatePool::ring_row`] gives, else to −1.
+    pub(crate) fn ring_tables(&self, seqs: &[SeqId], ring: usize) -> Result<StepTables> {
+        let rows = seqs
+            .iter()
+            .map(|&seq| {
+                let s = self.get(seq)?;
+                Ok((&s.rings[ring], s.ring_begin[ring], s.ring_end[ring]))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.upload_tables(&rows)
+    }
+
+    /// The block tables of the entries of `layer`'s source for `seqs`, as
+    /// [`ops::paged_rows`] reads them: entry j maps to its physical row in
+    /// the compressed pool while j is below the sequence's entry count, else
+    /// to −1.
+    pub(crate) fn source_tables(&self, seqs: &[SeqId], layer: usize) -> Result<StepTables> {
+        let src = self.source(layer)?;
+        let rows = seqs
+            .iter()
+            .map(|&seq| {
+                let s = self.get(seq)?;
+                Ok((&s.entries[src], 0, s.n_entries[src]))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.upload_tables(&rows)
+    }
+
+    /// Tables `[rows, widest]` (−1 padded) and bounds `[rows, 3]` of
+    /// (table, lo, hi) rows, uploaded.
+    fn upload_tables(&self, rows: &[(&BlockTable, usize, usize)]) -> Result<StepTables> {
+        let width = rows.iter().map(|(t, ..)| t.pages.len()).max().unwrap_or(0);
+        let mut pages = Vec::with_capacity(rows.len() * width);
+        let mut bounds = Vec::with_capacity(rows.len() * 3);
+        for (t, lo, hi) in rows {
+            for c in 0..width {
+                // A page number is below the pool's pages, which stay
+                // below 2^31 rows (so below 2^31 pages).
+                pages.push(t.pages.get(c).map_or(Ok(-1), |&p| phys_i32(p as usize))?);
+            }
+            for v in [t.first, *lo, *hi] {
+                bounds.push(phys_i32(v)?);
+            }
+        }
+        let device = self.device();
+        Ok(StepTables {
+            pages: Tensor::from_vec(pages, &[rows.len(), width])?.to_device(&device)?,
+            bounds: Tensor::from_vec(bounds, &[rows.len(), 3])?.to_device(&device)?,
+            page_rows: self.cfg.page_rows,
+        })
+    }
+}
+
+/// One cache's block tables for a step's entries, on the pool's device.
+pub(crate) struct StepTables {
+    pages: Tensor,
+    bounds: Tensor,
+    page_rows: usize,
+}
+
+impl StepTables {
+    pub(crate) fn view(&self) -> ops::BlockTables<'_> {
+        ops::BlockTables {
+            pages: &self.pages,
+            bounds: &self.bounds,
+            page_rows: self.page_rows,
+        }
     }
 }
 

@@ -89,13 +89,8 @@ impl Tails {
             ranges.push(e.row + off..e.row + e.len);
             row += n;
         }
-        let n = positions.len();
-        let device = b.positions.device();
         Ok(Tails {
-            batch: Batch {
-                entries,
-                positions: Tensor::from_vec(positions, &[n])?.to_device(&device)?,
-            },
+            batch: Batch::new(entries, positions, &b.positions.device())?,
             kept,
             ranges,
         })

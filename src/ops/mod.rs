@@ -27,6 +27,7 @@ mod mhc;
 mod moe;
 mod moe_masked;
 mod moe_route;
+mod paged;
 mod rms_norm;
 mod rms_norm_act_quant;
 mod rope;
@@ -64,6 +65,7 @@ pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,
     moe_route_into,
 };
+pub use paged::{BlockTables, paged_rows, paged_window_rows};
 pub use rms_norm::{rms_norm, rms_norm_into};
 pub use rms_norm_act_quant::{
     RMS_NORM_ACT_QUANT_MAX_DIM, rms_norm_act_quant_fp8, rms_norm_act_quant_fp8_into,

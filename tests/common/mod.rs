@@ -9,6 +9,7 @@ pub mod ep;
 pub mod fullwidth;
 pub mod invariance;
 pub mod limits;
+pub mod paged;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]
 pub mod torch;

@@ -472,4 +472,27 @@ typedef struct di_gather_params {
     int64_t row_bytes;
 } di_gather_params;
 
+/* Logical rows -> physical rows of a paged row pool (kernels-cuda/gather/,
+   ops::paged_rows). Row r of entry e lives at physical row
+   pages[e, r / page_rows - bounds[e, 0]] * page_rows + r % page_rows when
+   bounds[e, 1] <= r < bounds[e, 2], the table column lies in
+   [0, table_pages) and its page is >= 0; every other r (negative ones, an
+   owner outside [0, entries), a row past int32) maps to -1.
+   out[t, j] = that row of r = idx[t, j] with e = owner[t]; with idx null
+   (the window lists), r = max(0, positions[t] + 1 - width) + j, -1 past
+   positions[t]. */
+typedef struct di_paged_rows_params {
+    const int32_t *idx;       /* [tokens, width] logical rows, or null */
+    const int64_t *positions; /* [tokens], read when idx is null */
+    const int32_t *owner;     /* [tokens] entry of each token */
+    const int32_t *pages;     /* [entries, table_pages] */
+    const int32_t *bounds;    /* [entries, 3]: first page, lo row, hi row */
+    int32_t *out;             /* [tokens, width] */
+    int64_t tokens;
+    int32_t width;
+    int32_t entries;
+    int32_t table_pages;
+    int32_t page_rows; /* > 0 */
+} di_paged_rows_params;
+
 #endif

@@ -37,6 +37,9 @@ use crate::model::error::{Error, Result};
 /// Values a chunk holds by default: 4M (16 MB of f32 per thread at once).
 const CHUNK_VALUES: usize = 1 << 22;
 
+/// The smallest chunk a parameter is split into for parallelism (64K values).
+const MIN_CHUNK_VALUES: usize = 1 << 16;
+
 /// The file name the views of generated tensors report.
 const GENERATED: &str = "(generated in memory)";
 
@@ -105,7 +108,16 @@ impl RandomWeights {
             Format::Fp8Block([br, _]) => br.max(1),
             _ => 1,
         };
-        let chunk_rows = ((self.chunk_values / cols.max(1)) / align).max(1) * align;
+        // At least two chunks per thread where the parameter allows, so a
+        // parameter of a few chunk sizes (an expert's 8M values) still
+        // keeps every thread busy; never below MIN_CHUNK_VALUES.
+        let per_thread = rows
+            .saturating_mul(cols)
+            .div_ceil(self.threads.saturating_mul(2).max(1));
+        let values = self
+            .chunk_values
+            .min(per_thread.max(MIN_CHUNK_VALUES.min(self.chunk_values)));
+        let chunk_rows = ((values / cols.max(1)) / align).max(1) * align;
         let chunks: Vec<Range<usize>> = (0..rows)
             .step_by(chunk_rows)
             .map(|r| r..r.saturating_add(chunk_rows).min(rows))

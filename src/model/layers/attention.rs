@@ -553,34 +553,32 @@ fn missing(plan: &LayerPlan, why: &'static str) -> crate::Error {
 }
 
 /// The window part of every query's list as physical ring rows:
-/// I32 `[T, window]`.
+/// I32 `[T, window]`, built on the device from the ring's block tables.
 pub(crate) fn window_lists(
     pool: &StatePool,
     b: &Batch,
     ring: usize,
     window: usize,
 ) -> Result<Tensor> {
-    let mut idx = Vec::with_capacity(b.positions.rows() * window);
-    for e in &b.entries {
-        for p in e.start..e.start + e.len {
-            let first = (p + 1).saturating_sub(window);
-            for k in 0..window {
-                let pos = first + k;
-                idx.push(if pos > p {
-                    -1
-                } else {
-                    pool.ring_row(e.seq, ring, pos)?.unwrap_or(-1)
-                });
-            }
-        }
-    }
-    let t = idx.len() / window.max(1);
-    host_i32(idx, &[t, window], &b.positions.device())
+    let tables = pool.ring_tables(&seqs_of(b), ring)?;
+    Ok(ops::paged_window_rows(
+        &b.positions,
+        &b.owners,
+        tables.view(),
+        window,
+    )?)
+}
+
+/// The step's sequences in entry order (the rows of its block tables).
+fn seqs_of(b: &Batch) -> Vec<SeqId> {
+    b.entries.iter().map(|e| e.seq).collect()
 }
 
 /// The compressed part of every query's list as physical rows of the
 /// compressed pool: I32 `[T, Kc]`, Kc the widest entry's k (−1 padded);
-/// `None` while no entry has any (the list is the window alone).
+/// `None` while no entry has any (the list is the window alone). Built on
+/// the device: the entries' lists side by side (a narrower one padded with
+/// −1 columns), then mapped through the source's block tables.
 fn compressed_lists(
     pool: &StatePool,
     b: &Batch,
@@ -592,26 +590,38 @@ fn compressed_lists(
     if kc == 0 {
         return Ok(None);
     }
-    let mut idx = Vec::with_capacity(b.positions.rows() * kc);
-    for (e, l) in b.entries.iter().zip(lists) {
-        let w = width(l);
-        let host = l.to_vec::<i32>()?;
-        for r in 0..e.len {
-            for j in 0..kc {
-                let v = if j < w {
-                    host.get(r * w + j).copied().unwrap_or(-1)
-                } else {
-                    -1
-                };
-                idx.push(match usize::try_from(v) {
-                    Ok(j) => pool.entry_row(e.seq, src, j)?.unwrap_or(-1),
-                    Err(_) => -1,
-                });
+    let device = b.positions.device();
+    let padded = lists
+        .iter()
+        .zip(&b.entries)
+        .map(|(l, e)| {
+            let w = width(l);
+            if w == kc {
+                return Ok(None);
             }
+            let fill = host_i32(vec![-1; e.len * (kc - w)], &[e.len, kc - w], &device)?;
+            Ok(Some(if w == 0 {
+                fill
+            } else {
+                ops::cat_cols(&[l, &fill])?
+            }))
+        })
+        .collect::<Result<Vec<Option<Tensor>>>>()?;
+    let parts: Vec<&Tensor> = lists
+        .iter()
+        .zip(&padded)
+        .map(|(l, p)| p.as_ref().unwrap_or(l))
+        .collect();
+    let cat;
+    let logical = match parts.as_slice() {
+        [one] => *one,
+        _ => {
+            cat = Tensor::cat_rows(&parts)?;
+            &cat
         }
-    }
-    let t = idx.len() / kc;
-    Ok(Some(host_i32(idx, &[t, kc], &b.positions.device())?))
+    };
+    let tables = pool.source_tables(&seqs_of(b), src)?;
+    Ok(Some(ops::paged_rows(logical, &b.owners, tables.view())?))
 }
 
 /// The DSpark stage list shared by every block query of `seq`

@@ -1,0 +1,76 @@
+//! `ops::paged_rows` and `ops::paged_window_rows` on the CPU against an
+//! independent model of a paged pool (`common::paged`: a map from (entry,
+//! logical page) to physical page), over random tables with missing
+//! pages, out-of-range owners, negative and far rows, page sizes 1–256 and
+//! empty batches; wrong shapes and dtypes are typed errors naming the
+//! tensor.
+
+mod common;
+
+use deepinfer::{Error, Tensor, ops};
+
+fn run(p: &common::paged::Problem) -> (Vec<i32>, Vec<i32>) {
+    let [pages, bounds, owner, idx, positions] = p.tensors();
+    let tables = ops::BlockTables {
+        pages: &pages,
+        bounds: &bounds,
+        page_rows: p.page_rows,
+    };
+    let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
+    let window = ops::paged_window_rows(&positions, &owner, tables, p.width).unwrap();
+    (rows.to_vec().unwrap(), window.to_vec().unwrap())
+}
+
+#[test]
+fn paged_rows_follow_the_block_tables() {
+    let mut rng = common::rng("paged_rows_follow_the_block_tables");
+    for case in 0..300 {
+        let tokens = [0usize, 1, 5, 33][case % 4];
+        let width = [1usize, 7, 64, 130][(case / 4) % 4];
+        let p = common::paged::problem(&mut rng, tokens, 1 + case % 9, width);
+        let (rows, window) = run(&p);
+        assert_eq!(rows, p.expect_rows, "case {case}: paged_rows");
+        assert_eq!(window, p.expect_window, "case {case}: paged_window_rows");
+    }
+}
+
+#[test]
+fn bad_shapes_and_dtypes_are_typed_errors() {
+    let i32t = |v: Vec<i32>, s: &[usize]| Tensor::from_vec(v, s).unwrap();
+    let pages = i32t(vec![0; 6], &[2, 3]);
+    let bounds = i32t(vec![0; 6], &[2, 3]);
+    let owner = i32t(vec![0; 4], &[4]);
+    let idx = i32t(vec![0; 8], &[4, 2]);
+    let ok = ops::BlockTables {
+        pages: &pages,
+        bounds: &bounds,
+        page_rows: 4,
+    };
+    assert!(ops::paged_rows(&idx, &owner, ok).is_ok());
+    let named = |r: Result<Tensor, Error>, what: &str| {
+        let e = r.expect_err(what).to_string();
+        assert!(e.contains(what), "{e} should name {what}");
+    };
+    let short = i32t(vec![0; 3], &[3]);
+    named(ops::paged_rows(&idx, &short, ok), "owner");
+    let bad_bounds = i32t(vec![0; 4], &[2, 2]);
+    named(
+        ops::paged_rows(
+            &idx,
+            &owner,
+            ops::BlockTables {
+                bounds: &bad_bounds,
+                ..ok
+            },
+        ),
+        "bounds",
+    );
+    named(
+        ops::paged_rows(&idx, &owner, ops::BlockTables { page_rows: 0, ..ok }),
+        "page_rows",
+    );
+    let f32_idx = Tensor::from_vec(vec![0f32; 8], &[4, 2]).unwrap();
+    named(ops::paged_rows(&f32_idx, &owner, ok), "idx");
+    let i32_pos = i32t(vec![0; 4], &[4]);
+    named(ops::paged_window_rows(&i32_pos, &owner, ok, 3), "positions");
+}
