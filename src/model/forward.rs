@@ -469,14 +469,14 @@ impl Model {
                 .hc_attn
                 .input(&streams, &mut pre, &block.attn_norm, hp)?;
             marks.mark("mhc")?;
-            let (f, lists) = block.attn.forward(cfg, plan, &x, b, pool, &mut published)?;
+            let f = block.attn.forward(cfg, plan, &x, b, pool, &mut published)?;
             marks.mark("attention")?;
             streams = mix.expand(&streams, &f)?;
             if capture.attention {
                 trace.attention = Some(f);
             }
             if capture.index_lists {
-                trace.index_lists = Some(lists);
+                trace.index_lists = Some(entry_lists(published.lists_of(plan), b)?);
             }
             let (x, mix) = block
                 .hc_ffn
@@ -561,4 +561,19 @@ impl Model {
         )?;
         Ok(self.weights.head.forward_f32(&h)?)
     }
+}
+
+/// Each entry's rows of a layer's compressed index lists (`[len, 0]` when
+/// the layer has none).
+fn entry_lists(lists: Option<&Tensor>, b: &Batch) -> Result<Vec<Tensor>> {
+    b.entries
+        .iter()
+        .map(|e| {
+            Ok(match lists {
+                Some(l) => l.narrow_rows(e.row, e.len)?,
+                None => Tensor::from_vec(Vec::<i32>::new(), &[e.len, 0])?
+                    .to_device(&b.positions.device())?,
+            })
+        })
+        .collect()
 }

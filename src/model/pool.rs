@@ -814,25 +814,61 @@ impl StatePool {
         Ok((j0, rows, key_rows))
     }
 
-    /// The first `n` index keys of `layer`'s source for `seq`, contiguous:
-    /// `[n, 136]` on the pool's device.
-    pub(crate) fn gather_keys(&self, seq: SeqId, layer: usize, n: usize) -> Result<Tensor> {
+    /// The pages holding the first `n` index keys of `layer`'s source for
+    /// `seq`, in logical order.
+    fn key_pages_of(&self, seq: SeqId, layer: usize, n: usize) -> Result<Vec<usize>> {
         let src = self.source(layer)?;
         let s = self.get(seq)?;
         let pr = self.cfg.page_rows;
-        let mut pages = Vec::with_capacity(n.div_ceil(pr));
-        for j in (0..n).step_by(pr.max(1)) {
-            let phys = s.keys[src].row(j, pr).ok_or(OpError::Argument {
-                op: "StatePool::gather_keys",
-                arg: "n",
-                value: n.to_string(),
-                why: "more keys asked for than the source holds",
-            })?;
-            pages.push(phys / pr);
-        }
+        (0..n)
+            .step_by(pr.max(1))
+            .map(|j| {
+                let phys = s.keys[src].row(j, pr).ok_or(OpError::Argument {
+                    op: "StatePool::gather_keys",
+                    arg: "n",
+                    value: n.to_string(),
+                    why: "more keys asked for than the source holds",
+                })?;
+                Ok(phys / pr)
+            })
+            .collect()
+    }
+
+    /// The first `n` index keys of `layer`'s source for `seq`, contiguous:
+    /// `[n, 136]` on the pool's device.
+    pub(crate) fn gather_keys(&self, seq: SeqId, layer: usize, n: usize) -> Result<Tensor> {
+        let pages = self.key_pages_of(seq, layer, n)?;
         // One gather of whole pages (and one copy of the partial last page),
         // not one copy per page.
-        Ok(ops::gather_row_blocks(&self.key_pages.rows, pr, &pages, n)?)
+        Ok(ops::gather_row_blocks(
+            &self.key_pages.rows,
+            self.cfg.page_rows,
+            &pages,
+            n,
+        )?)
+    }
+
+    /// The index keys of `layer`'s source for many score rows at once: row
+    /// i holds the first `n_i` keys of `rows[i] = (seq, n_i)` followed by
+    /// rows of no meaning up to the widest: `[rows, width, 136]` with
+    /// `width` the most pages any row needs × `page_rows`, in one gather of
+    /// whole pages. A score row reads only its first `n_i` keys (its
+    /// visible count never exceeds them), so the padding is never scored.
+    pub(crate) fn gather_keys_rows(&self, layer: usize, rows: &[(SeqId, usize)]) -> Result<Tensor> {
+        let pr = self.cfg.page_rows;
+        let mut lists = Vec::with_capacity(rows.len());
+        for &(seq, n) in rows {
+            lists.push(self.key_pages_of(seq, layer, n)?);
+        }
+        let width = lists.iter().map(Vec::len).max().unwrap_or(0);
+        let mut blocks = Vec::with_capacity(rows.len() * width);
+        for l in &lists {
+            let pad = l.first().copied().unwrap_or(0);
+            blocks.extend(l.iter().copied().chain(std::iter::repeat(pad)).take(width));
+        }
+        let keys = ops::gather_row_blocks(&self.key_pages.rows, pr, &blocks, blocks.len() * pr)?;
+        let row = keys.shape().get(1).copied().unwrap_or(0);
+        Ok(keys.reshape(&[rows.len(), width * pr, row])?)
     }
 
     /// The row of the partial group of `layer`'s ratio-2 source for `seq`

@@ -117,17 +117,9 @@ impl Tails {
     /// The published selections narrowed to the kept entries' tails.
     pub fn narrow_published(&self, p: &mut Published) -> Result<()> {
         for lists in p.topk.values_mut().chain(p.candidates.values_mut()) {
-            let mut out = Vec::with_capacity(self.kept.len());
-            for (&(i, off), e) in self.kept.iter().zip(&self.batch.entries) {
-                let l = lists.get(i).ok_or(crate::Error::Argument {
-                    op: "Tails::narrow_published",
-                    arg: "entry",
-                    value: i.to_string(),
-                    why: "a published selection without this entry",
-                })?;
-                out.push(l.narrow_rows(off, e.len)?);
+            if let Some(l) = lists {
+                *l = self.rows(l)?;
             }
-            *lists = out;
         }
         Ok(())
     }

@@ -37,6 +37,7 @@ use crate::model::error::Result;
 use crate::model::pool::{SeqId, StatePool};
 use crate::ops::{self, RowNorm, RowRope, RowsOut};
 use crate::tensor::Tensor;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// A KV source's compressor.
@@ -84,16 +85,40 @@ pub struct Attention {
     pub indexer: Option<Indexer>,
 }
 
-/// Selections published by earlier layers of the same step, one tensor per
-/// batch entry.
+/// Selections published by earlier layers of the same step, each one
+/// tensor over all the step's rows (entries one after another, as the
+/// batch lays them out), −1 padded to the widest entry's list.
 #[derive(Default)]
 pub struct Published {
-    /// Index source → per entry I32 `[len, k]` compressed entry indices
-    /// (−1 = none).
-    pub topk: HashMap<usize, Vec<Tensor>>,
-    /// Candidate source → per entry I32 `[len, W]` candidate block lists.
-    pub candidates: HashMap<usize, Vec<Tensor>>,
+    /// Index source → I32 `[T, k]` compressed entry indices (−1 = none);
+    /// `None` while no entry has a compressed entry yet.
+    pub topk: HashMap<usize, Option<Tensor>>,
+    /// Candidate source → I32 `[T, W]` candidate block lists (−1 = none);
+    /// `None` as for `topk`.
+    pub candidates: HashMap<usize, Option<Tensor>>,
 }
+
+impl Published {
+    /// The compressed index lists layer `plan` attends with: its own (an
+    /// index source) or its index source's (a reuse layer); `None` for a
+    /// window-only layer or while there are none.
+    pub fn lists_of(&self, plan: &LayerPlan) -> Option<&Tensor> {
+        let layer = match plan.attention {
+            AttentionPlan::WindowOnly => return None,
+            AttentionPlan::Sparse { selection, .. } => match selection {
+                Selection::Indexer { .. } => plan.layer,
+                Selection::Reuse { index_source } => index_source,
+            },
+        };
+        self.topk.get(&layer).and_then(Option::as_ref)
+    }
+}
+
+/// Entries of at most this many tokens (decode steps, speculative
+/// verification) are indexed together, one score row per token against its
+/// own entry's keys; longer ones (prompts and prefill chunks) one at a
+/// time, their tokens sharing one copy of the keys.
+const BATCHED_TOKENS: usize = 8;
 
 /// The RoPE of a layer.
 pub fn rope_params(plan: &LayerPlan) -> RopeParams {
@@ -243,8 +268,9 @@ impl Attention {
 
     /// Attention of layer `plan.layer` over the batch `b` (inputs `x`
     /// `[T, D]`, the `attn_norm` output). Writes the layer's window rows,
-    /// runs the compressor of a KV source, publishes the selection, and
-    /// returns `[T, D]` and each entry's compressed index list.
+    /// runs the compressor of a KV source, publishes the selection of an
+    /// index source ([`Published::lists_of`] gives the lists it attended
+    /// with), and returns `[T, D]`.
     pub fn forward(
         &self,
         cfg: &ModelConfig,
@@ -253,7 +279,7 @@ impl Attention {
         b: &Batch,
         pool: &mut StatePool,
         published: &mut Published,
-    ) -> Result<(Tensor, Vec<Tensor>)> {
+    ) -> Result<Tensor> {
         let rope = rope_params(plan);
         let (q, qr) = self.query(cfg, x, &b.positions, &rope)?;
         let mut slots = vec![-1i32; x.rows()];
@@ -269,33 +295,36 @@ impl Attention {
         if let Some(c) = &self.compressor {
             self.compress(cfg, plan, c, x, b, pool)?;
         }
-        let lists = match plan.attention {
-            AttentionPlan::WindowOnly => Vec::new(),
-            AttentionPlan::Sparse { selection, .. } => {
-                let lists = match selection {
-                    Selection::Indexer { candidates_from } => {
-                        let iw = self.indexer.as_ref().ok_or_else(|| {
-                            missing(plan, "an index source without indexer weights")
-                        })?;
-                        self.index(cfg, plan, iw, x, &qr, b, pool, published, candidates_from)?
-                    }
-                    Selection::Reuse { index_source } => {
-                        published.topk.get(&index_source).cloned().ok_or_else(|| {
-                            missing(
-                                plan,
-                                "a reuse layer whose index source published nothing in this step",
-                            )
-                        })?
-                    }
-                };
-                published.topk.insert(plan.layer, lists.clone());
-                lists
-            }
-        };
+        if let AttentionPlan::Sparse {
+            selection: Selection::Indexer { candidates_from },
+            ..
+        } = plan.attention
+        {
+            let iw = self
+                .indexer
+                .as_ref()
+                .ok_or_else(|| missing(plan, "an index source without indexer weights"))?;
+            self.index(cfg, plan, iw, x, &qr, b, pool, published, candidates_from)?;
+        }
+        if let AttentionPlan::Sparse {
+            selection: Selection::Reuse { index_source },
+            ..
+        } = plan.attention
+            && !published.topk.contains_key(&index_source)
+        {
+            return Err(missing(
+                plan,
+                "a reuse layer whose index source published nothing in this step",
+            )
+            .into());
+        }
         let window_idx = window_lists(pool, b, plan.layer, cfg.attention.window)?;
-        let comp_idx = match plan.kv_source() {
-            Some(src) => compressed_lists(pool, b, src, &lists)?,
-            None => None,
+        let comp_idx = match (plan.kv_source(), published.lists_of(plan)) {
+            (Some(src), Some(lists)) => {
+                let tables = pool.source_tables(&seqs_of(b), src)?;
+                Some(ops::paged_rows(lists, &b.owners, tables.view())?)
+            }
+            _ => None,
         };
         let f = self.attend(
             cfg,
@@ -306,7 +335,7 @@ impl Attention {
             &b.positions,
             &rope,
         )?;
-        Ok((f, lists))
+        Ok(f)
     }
 
     /// A KV source's compressor over every entry's new (not replayed)
@@ -435,8 +464,16 @@ impl Attention {
         Ok(())
     }
 
-    /// The indexer of an index source: per entry, I32 `[len, k]` compressed
-    /// entry indices (ascending, −1 trailing), k = min(topk, end / ratio).
+    /// The indexer of an index source: publishes I32 `[T, k]` compressed
+    /// entry indices (per row ascending, −1 trailing; an entry's own k is
+    /// min(topk, end / ratio), its list −1 padded to the widest) and, for a
+    /// candidate source, the candidate block lists. Entries of at most
+    /// [`BATCHED_TOKENS`] tokens are scored in one pass (every token a row
+    /// against its entry's keys, padded to the widest entry's pages; a
+    /// row's scores past its visible count are −∞, so the padding never
+    /// changes a pick: with k ≥ an entry's entries every one is picked
+    /// either way, the visible ones ascending, then −1), the others one
+    /// entry at a time.
     #[allow(clippy::too_many_arguments)]
     fn index(
         &self,
@@ -449,12 +486,45 @@ impl Attention {
         pool: &StatePool,
         published: &mut Published,
         candidates_from: Option<usize>,
-    ) -> Result<Vec<Tensor>> {
+    ) -> Result<()> {
         let ic = cfg.indexer;
         let device = x.device();
         let src = plan
             .kv_source()
             .ok_or_else(|| missing(plan, "a sparse layer without a KV source"))?;
+        let cand = match (
+            plan.candidate_source || candidates_from.is_some(),
+            cfg.candidate,
+        ) {
+            (false, _) => None,
+            (true, Some(c)) => Some(c),
+            (true, None) => {
+                return Err(missing(plan, "a candidate layer without candidate settings").into());
+            }
+        };
+        let mask_all =
+            match candidates_from {
+                Some(cs) => Some(published.candidates.get(&cs).ok_or_else(|| {
+                    missing(plan, "the candidate source did not publish its blocks")
+                })?),
+                None => None,
+            };
+        // Per entry: its entries at its end and its k.
+        let ks: Vec<(usize, usize)> = b
+            .entries
+            .iter()
+            .map(|e| {
+                let n = (e.start + e.len) / plan.ratio;
+                (n, ic.topk.min(n))
+            })
+            .collect();
+        if ks.iter().all(|&(_, k)| k == 0) {
+            published.topk.insert(plan.layer, None);
+            if plan.candidate_source {
+                published.candidates.insert(plan.layer, None);
+            }
+            return Ok(());
+        }
         let q = ops::rope(
             &iw.wq_b.forward(qr)?,
             &b.positions,
@@ -465,25 +535,88 @@ impl Attention {
         let q = ops::index_key_quant(&q.reshape(&[x.rows(), ic.n_heads, ic.head_dim])?)?;
         let c = crate::numerics::round_f32(((ic.head_dim * ic.n_heads) as f64).powf(-0.5));
         let w = ops::scale(&iw.weights_proj.forward(x)?, c)?;
-        let mut lists = Vec::with_capacity(b.entries.len());
-        let mut cands = Vec::new();
-        for (i, e) in b.entries.iter().enumerate() {
-            let end = e.start + e.len;
-            let n = end / plan.ratio;
-            let k = ic.topk.min(n);
-            if k == 0 {
-                lists.push(Tensor::from_vec(Vec::<i32>::new(), &[e.len, 0])?.to_device(&device)?);
-                if plan.candidate_source {
-                    cands.push(
-                        Tensor::from_vec(Vec::<i32>::new(), &[e.len, 0])?.to_device(&device)?,
-                    );
+        let visible_of = |e: &crate::model::batch::Entry| -> Result<Vec<i32>> {
+            (e.start..e.start + e.len)
+                .map(|p| i32_of("visible entries", (p + 1) / plan.ratio))
+                .collect()
+        };
+        // Rows of the step's [T, ..] tensors in batch order: the batched
+        // entries' rows come from one pass, each other entry's from its own.
+        let mut lists: Vec<Piece> = Vec::new();
+        let mut cands: Vec<Piece> = Vec::new();
+        let batched: Vec<usize> = (0..b.entries.len())
+            .filter(|&i| {
+                b.entries.get(i).is_some_and(|e| e.len <= BATCHED_TOKENS)
+                    && ks.get(i).is_some_and(|&(_, k)| k > 0)
+            })
+            .collect();
+        let mut batch_out: Option<(Tensor, Option<Tensor>)> = None;
+        if !batched.is_empty() {
+            let (mut rows, mut key_rows, mut visible) = (Vec::new(), Vec::new(), Vec::new());
+            let mut k = 0;
+            for &i in &batched {
+                let (e, &(n, ke)) = b
+                    .entries
+                    .get(i)
+                    .zip(ks.get(i))
+                    .ok_or_else(|| missing(plan, "a batch entry past the step's entries"))?;
+                rows.extend(e.row..e.row + e.len);
+                key_rows.extend(std::iter::repeat_n((e.seq, n), e.len));
+                visible.extend(visible_of(e)?);
+                k = k.max(ke);
+            }
+            let all = rows.len() == x.rows();
+            let pick = |t| pick_rows(t, all, &rows);
+            let keys = pool.gather_keys_rows(src, &key_rows)?;
+            let tb = rows.len();
+            let visible = host_i32(visible, &[tb], &device)?;
+            let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &visible)?;
+            let cb = match (plan.candidate_source, cand) {
+                (true, Some(cd)) => Some(ops::index_candidates(
+                    &scores,
+                    &visible,
+                    cd.block_size,
+                    cd.topk_blocks,
+                )?),
+                _ => None,
+            };
+            let lb = match (mask_all, cand) {
+                (Some(mask), Some(cd)) => {
+                    let mask = match mask {
+                        Some(m) => pick(m)?,
+                        None => Cow::Owned(host_i32(Vec::new(), &[tb, 0], &device)?),
+                    };
+                    ops::index_reindex_topk(&scores, &mask, cd.block_size, &visible, k, 0)?
                 }
+                _ => ops::index_topk(&scores, &visible, k, 0)?,
+            };
+            // Every entry in the one pass (a decode step): its results are
+            // the step's, row for row.
+            if batched.len() == b.entries.len() {
+                published.topk.insert(plan.layer, Some(lb));
+                if plan.candidate_source {
+                    published.candidates.insert(plan.layer, cb);
+                }
+                return Ok(());
+            }
+            batch_out = Some((lb, cb));
+        }
+        let mut at = 0;
+        for (i, (e, &(n, k))) in b.entries.iter().zip(&ks).enumerate() {
+            if let Some((lb, cb)) = batch_out.as_ref().filter(|_| batched.contains(&i)) {
+                lists.push(Piece::Rows(lb, at, e.len));
+                if let Some(cb) = cb {
+                    cands.push(Piece::Rows(cb, at, e.len));
+                }
+                at += e.len;
                 continue;
             }
-            let visible: Vec<i32> = (e.start..end)
-                .map(|p| i32_of("visible entries", (p + 1) / plan.ratio))
-                .collect::<Result<_>>()?;
-            let visible = host_i32(visible, &[e.len], &device)?;
+            if k == 0 {
+                lists.push(Piece::Empty(e.len));
+                cands.push(Piece::Empty(e.len));
+                continue;
+            }
+            let visible = host_i32(visible_of(e)?, &[e.len], &device)?;
             let keys = pool.gather_keys(e.seq, src, n)?;
             let scores = ops::index_scores(
                 &q.narrow_rows(e.row, e.len)?,
@@ -491,39 +624,92 @@ impl Attention {
                 &keys,
                 &visible,
             )?;
-            if plan.candidate_source {
-                let cand = cfg
-                    .candidate
-                    .ok_or_else(|| missing(plan, "a candidate layer without candidate settings"))?;
-                cands.push(ops::index_candidates(
+            if let (true, Some(cd)) = (plan.candidate_source, cand) {
+                cands.push(Piece::Own(ops::index_candidates(
                     &scores,
                     &visible,
-                    cand.block_size,
-                    cand.topk_blocks,
-                )?);
+                    cd.block_size,
+                    cd.topk_blocks,
+                )?));
             }
-            lists.push(match candidates_from {
-                Some(cs) => {
-                    let cand = cfg.candidate.ok_or_else(|| {
-                        missing(plan, "a candidate layer without candidate settings")
-                    })?;
-                    let mask = published
-                        .candidates
-                        .get(&cs)
-                        .and_then(|v| v.get(i))
-                        .ok_or_else(|| {
-                            missing(plan, "the candidate source did not publish its blocks")
-                        })?;
-                    ops::index_reindex_topk(&scores, mask, cand.block_size, &visible, k, 0)?
+            lists.push(Piece::Own(match (mask_all, cand) {
+                (Some(mask), Some(cd)) => {
+                    let mask = match mask {
+                        Some(m) => m.narrow_rows(e.row, e.len)?,
+                        None => host_i32(Vec::new(), &[e.len, 0], &device)?,
+                    };
+                    ops::index_reindex_topk(&scores, &mask, cd.block_size, &visible, k, 0)?
                 }
-                None => ops::index_topk(&scores, &visible, k, 0)?,
-            });
+                _ => ops::index_topk(&scores, &visible, k, 0)?,
+            }));
         }
+        published.topk.insert(plan.layer, assemble(lists, &device)?);
         if plan.candidate_source {
-            published.candidates.insert(plan.layer, cands);
+            published
+                .candidates
+                .insert(plan.layer, assemble(cands, &device)?);
         }
-        Ok(lists)
+        Ok(())
     }
+}
+
+/// A part of a published `[T, ..]` tensor, one entry's rows: rows of a
+/// batched result, a result of its own, or none (−1).
+enum Piece<'a> {
+    Rows(&'a Tensor, usize, usize),
+    Own(Tensor),
+    Empty(usize),
+}
+
+/// The pieces one after another as I32 `[T, widest]`, narrower ones −1
+/// padded; `None` when every piece is empty or of width 0. A single piece
+/// of its own is taken as it is.
+fn assemble(pieces: Vec<Piece>, device: &crate::device::Device) -> Result<Option<Tensor>> {
+    let width = |p: &Piece| match p {
+        Piece::Rows(t, ..) => t.shape().get(1).copied().unwrap_or(0),
+        Piece::Own(t) => t.shape().get(1).copied().unwrap_or(0),
+        Piece::Empty(_) => 0,
+    };
+    let wide = pieces.iter().map(width).max().unwrap_or(0);
+    if wide == 0 {
+        return Ok(None);
+    }
+    let mut parts = Vec::with_capacity(pieces.len());
+    for p in pieces {
+        let w = width(&p);
+        let (own, rows) = match p {
+            Piece::Rows(t, at, n) => (Some(t.narrow_rows(at, n)?), n),
+            Piece::Own(t) => {
+                let n = t.rows();
+                (Some(t), n)
+            }
+            Piece::Empty(n) => (None, n),
+        };
+        let fill = (w < wide)
+            .then(|| host_i32(vec![-1; rows * (wide - w)], &[rows, wide - w], device))
+            .transpose()?;
+        parts.push(match (own, fill) {
+            (Some(t), None) => t,
+            (Some(t), Some(f)) if w > 0 => ops::cat_cols(&[&t, &f])?,
+            (_, Some(f)) => f,
+            // Only a piece of width `wide` = 0, which returned above.
+            (None, None) => host_i32(Vec::new(), &[rows, 0], device)?,
+        });
+    }
+    if parts.len() == 1 {
+        return Ok(parts.pop());
+    }
+    let refs: Vec<&Tensor> = parts.iter().collect();
+    Ok(Some(Tensor::cat_rows(&refs)?))
+}
+
+/// `rows` of `t`, or all of it as it is.
+fn pick_rows<'t>(t: &'t Tensor, all: bool, rows: &[usize]) -> Result<Cow<'t, Tensor>> {
+    Ok(if all {
+        Cow::Borrowed(t)
+    } else {
+        Cow::Owned(ops::gather_rows(t, rows)?)
+    })
 }
 
 /// The rows of `x` of every entry's new (not replayed) tokens; `None`
@@ -572,56 +758,6 @@ pub(crate) fn window_lists(
 /// The step's sequences in entry order (the rows of its block tables).
 fn seqs_of(b: &Batch) -> Vec<SeqId> {
     b.entries.iter().map(|e| e.seq).collect()
-}
-
-/// The compressed part of every query's list as physical rows of the
-/// compressed pool: I32 `[T, Kc]`, Kc the widest entry's k (−1 padded);
-/// `None` while no entry has any (the list is the window alone). Built on
-/// the device: the entries' lists side by side (a narrower one padded with
-/// −1 columns), then mapped through the source's block tables.
-fn compressed_lists(
-    pool: &StatePool,
-    b: &Batch,
-    src: usize,
-    lists: &[Tensor],
-) -> Result<Option<Tensor>> {
-    let width = |l: &Tensor| l.shape().get(1).copied().unwrap_or(0);
-    let kc = lists.iter().map(width).max().unwrap_or(0);
-    if kc == 0 {
-        return Ok(None);
-    }
-    let device = b.positions.device();
-    let padded = lists
-        .iter()
-        .zip(&b.entries)
-        .map(|(l, e)| {
-            let w = width(l);
-            if w == kc {
-                return Ok(None);
-            }
-            let fill = host_i32(vec![-1; e.len * (kc - w)], &[e.len, kc - w], &device)?;
-            Ok(Some(if w == 0 {
-                fill
-            } else {
-                ops::cat_cols(&[l, &fill])?
-            }))
-        })
-        .collect::<Result<Vec<Option<Tensor>>>>()?;
-    let parts: Vec<&Tensor> = lists
-        .iter()
-        .zip(&padded)
-        .map(|(l, p)| p.as_ref().unwrap_or(l))
-        .collect();
-    let cat;
-    let logical = match parts.as_slice() {
-        [one] => *one,
-        _ => {
-            cat = Tensor::cat_rows(&parts)?;
-            &cat
-        }
-    };
-    let tables = pool.source_tables(&seqs_of(b), src)?;
-    Ok(Some(ops::paged_rows(logical, &b.owners, tables.view())?))
 }
 
 /// The DSpark stage list shared by every block query of `seq`
