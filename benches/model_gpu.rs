@@ -44,8 +44,10 @@
 //! points whose op starts with it (`v41_decode_step` for a profile of the
 //! decode steps alone).
 //!
-//! Not yet run on the H200: it compiles for nvidia; its first run is the
-//! next device session's.
+//! Run on the H200 on 2026-12-02 at the QUICK points only
+//! (`benches/results/2026-12-02-h200-model*.json`); the full sweep (EP 16
+//! and 8, batch 64 and 256, contexts 32K and 128K, prefill 32K) has not
+//! run yet.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]

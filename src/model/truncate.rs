@@ -116,10 +116,13 @@ impl Tails {
 
     /// The published selections narrowed to the kept entries' tails.
     pub fn narrow_published(&self, p: &mut Published) -> Result<()> {
-        for lists in p.topk.values_mut().chain(p.candidates.values_mut()) {
-            if let Some(l) = lists {
-                *l = self.rows(l)?;
-            }
+        for l in p
+            .topk
+            .values_mut()
+            .chain(p.candidates.values_mut())
+            .flatten()
+        {
+            *l = self.rows(l)?;
         }
         Ok(())
     }
