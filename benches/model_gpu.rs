@@ -23,7 +23,10 @@
 //! FP8 ceiling), both ceilings measured in this run (a 2 GiB device copy
 //! and cuBLASLt FP8 at 8192³), `roofline_frac` = roofline_us / ours_us, the
 //! per-GPU tokens/s, and the op-family breakdown of one step from CUDA
-//! events (`Capture::timing`: embed, engram, mhc, attention, moe, head).
+//! events (`Capture::timing`: embed, engram, mhc, attention, moe, head);
+//! decode records also hold `parts_us`, the attention and MoE parts
+//! (`StepOutput::parts`) as [device µs, host µs]: a part whose host time
+//! is near its device time kept the GPU waiting for the host.
 //! Bytes that must move: the dense weights the step reads (every backbone
 //! weight but the routed experts, the embedding and the Engram tables, with
 //! `wo_a` as the BF16 it is loaded as), the routed experts the step's
@@ -333,6 +336,16 @@ mod gpu {
         )
     }
 
+    /// Each part's [device µs, host µs] (`StepOutput::parts`).
+    fn parts(out: &StepOutput) -> Value {
+        Value::Object(
+            out.parts
+                .iter()
+                .map(|(p, t)| (p.to_string(), json!([t.device_ms * 1e3, t.host_ms * 1e3])))
+                .collect(),
+        )
+    }
+
     /// One decode point (module doc): its record, or a skip record.
     #[allow(clippy::too_many_arguments)]
     fn decode_point(
@@ -428,11 +441,12 @@ mod gpu {
             100.0 * roof_us / ours_us,
             timed.families
         );
+        println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
             "op": op, "shape": shape, "mode": MODE, "ours_us": ours_us, "gpu_us": gpu_us,
             "steps_timed": n, "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
             "roofline": detail, "tokens_per_s_per_gpu": tps, "touched_experts": touched,
-            "families_us": families(&timed), "page_rows": PAGE_ROWS,
+            "families_us": families(&timed), "parts_us": parts(&timed), "page_rows": PAGE_ROWS,
             "bytes_formula": "dense weights (wo_a as BF16) + touched experts x expert bytes + batch x (window/compressed/index-key rows read + embedding row + Engram rows)",
             "flop_formula": "batch x (2 x (dense linear params + k x expert params) + 4 H hd x attended rows + 2 ih ihd x scored keys)",
         })
@@ -470,6 +484,7 @@ mod gpu {
         let t = Instant::now();
         let mut touched = 0;
         let mut breakdown = Vec::new();
+        let mut parts_first = Value::Null;
         for (i, part) in prompt.chunks(chunk).enumerate() {
             let capture = Capture {
                 timing: i == 0,
@@ -482,6 +497,7 @@ mod gpu {
             };
             touched = touched.max(touched_experts(&out));
             if i == 0 {
+                parts_first = parts(&out);
                 breakdown = out.families;
             }
         }
@@ -514,7 +530,7 @@ mod gpu {
             "op": op, "shape": shape, "mode": MODE, "ours_us": ours_us, "chunk": chunk,
             "roofline_us": roof_us, "roofline_frac": roof_us / ours_us, "roofline": detail,
             "tokens_per_s": tps, "touched_experts_max_step": touched,
-            "families_us_first_step": first, "page_rows": PAGE_ROWS,
+            "families_us_first_step": first, "parts_us_first_step": parts_first, "page_rows": PAGE_ROWS,
             "bytes_formula": "dense weights + touched experts (most of any step) + KV rows read per token + embedding and Engram rows",
             "flop_formula": "tokens x 2 x (dense linear params + k x expert params) + attention and indexer FLOPs per token",
         })

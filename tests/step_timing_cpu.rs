@@ -1,7 +1,8 @@
 //! Op-family timing of a step (`Capture::timing`, the per-GPU bench's
 //! breakdown): on the CPU the host clock charges the step to embed,
 //! Engram, mHC, attention, MoE and head, in the order they first ran, and
-//! the parts sum to no more than the step; off, nothing is recorded.
+//! the families sum to no more than the step; the parts split attention
+//! and MoE and sum to their families; off, nothing is recorded.
 
 mod common;
 
@@ -43,6 +44,43 @@ fn a_timed_step_names_every_op_family_and_sums_within_the_step() {
         sum > 0.0 && sum <= wall_ms,
         "families {sum} ms, step {wall_ms} ms"
     );
+    // The parts: attention and MoE split, the others whole; every family's
+    // time is the sum of its parts', and on the CPU a part's device time is
+    // its host time.
+    let parts: Vec<&str> = out.parts.iter().map(|p| p.0).collect();
+    assert_eq!(
+        parts,
+        [
+            "embed",
+            "mhc",
+            "attention.query",
+            "attention.kv",
+            "attention.lists",
+            "attention.mqa",
+            "attention.out",
+            "moe.route",
+            "moe.experts",
+            "moe.shared",
+            "moe.combine",
+            // Layer 1 has Engram; the first index source comes later.
+            "engram",
+            "attention.index",
+            "head"
+        ]
+    );
+    for (family, ms) in &out.families {
+        let of_family: f64 = out
+            .parts
+            .iter()
+            .filter(|p| p.0.split('.').next() == Some(family))
+            .map(|p| p.1.device_ms)
+            .sum();
+        assert!(
+            (of_family - ms).abs() <= 1e-9 * ms.max(1.0),
+            "{family}: parts {of_family} ms, family {ms} ms"
+        );
+    }
+    assert!(out.parts.iter().all(|p| p.1.device_ms == p.1.host_ms));
     let plain = model
         .step(
             &mut pool,
@@ -53,5 +91,5 @@ fn a_timed_step_names_every_op_family_and_sums_within_the_step() {
             Capture::default(),
         )
         .unwrap();
-    assert!(plain.families.is_empty());
+    assert!(plain.families.is_empty() && plain.parts.is_empty());
 }

@@ -20,6 +20,7 @@ use super::layers::Block;
 use super::layers::linear::Bf16Linear;
 use super::layers::moe::MoeParams;
 use super::marks::Marks;
+pub use super::marks::PartTime;
 use super::pool::{SeqId, StatePool};
 use super::truncate::{EntryShape, Tails, late_layer_start};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, ngram_ids};
@@ -72,9 +73,10 @@ pub struct Capture {
     pub routing: bool,
     /// Each entry's compressed index list `[len, k]` (entry indices).
     pub index_lists: bool,
-    /// The time of each op family ([`StepOutput::families`]): CUDA events
-    /// between the families on a GPU, the host clock on the CPU. The step
-    /// then waits for the device at its end.
+    /// The time of each op family and part ([`StepOutput::families`],
+    /// [`StepOutput::parts`]): CUDA events between them on a GPU, the host
+    /// clock on the CPU, and the host's issue time beside. The step then
+    /// waits for the device at its end.
     pub timing: bool,
 }
 
@@ -105,6 +107,13 @@ pub struct StepOutput {
     /// (`embed`, `engram`, `mhc`, `attention`, `moe`, `head`), in the order
     /// they first ran; empty otherwise.
     pub families: Vec<(&'static str, f64)>,
+    /// With [`Capture::timing`]: the families split into their parts
+    /// (`attention.query`, `.kv`, `.index`, `.lists`, `.mqa`, `.out`;
+    /// `moe.route`, `.experts`, `.shared`, `.combine`; the others whole),
+    /// each on the device's clock and on the host's (the time issuing it
+    /// took: a part whose host time is near its device time kept the GPU
+    /// waiting for the host); empty otherwise.
+    pub parts: Vec<(&'static str, PartTime)>,
 }
 
 /// Where a step first produced a NaN or ±Inf ([`StepOutput::first_non_finite`]).
@@ -469,8 +478,9 @@ impl Model {
                 .hc_attn
                 .input(&streams, &mut pre, &block.attn_norm, hp)?;
             marks.mark("mhc")?;
-            let f = block.attn.forward(cfg, plan, &x, b, pool, &mut published)?;
-            marks.mark("attention")?;
+            let f = block
+                .attn
+                .forward(cfg, plan, &x, b, pool, &mut published, &mut marks)?;
             streams = mix.expand(&streams, &f)?;
             if capture.attention {
                 trace.attention = Some(f);
@@ -482,8 +492,7 @@ impl Model {
                 .hc_ffn
                 .input(&streams, &mut pre, &block.ffn_norm, hp)?;
             marks.mark("mhc")?;
-            let (f, selected) = block.ffn.forward(&x, moe_p)?;
-            marks.mark("moe")?;
+            let (f, selected) = block.ffn.forward_marked(&x, moe_p, &mut marks)?;
             streams = mix.expand(&streams, &f)?;
             marks.mark("mhc")?;
             if capture.moe {
@@ -503,11 +512,12 @@ impl Model {
         for (e, c) in b.entries.iter().zip(&compressed) {
             pool.advance(e.seq, e.len - e.replay, c)?;
         }
-        let parts: Option<Vec<&Tensor>> = targets.iter().map(Option::as_ref).collect();
-        let features = match parts {
-            Some(parts) if !parts.is_empty() => Some(ops::cat_cols(&parts)?),
+        let targets: Option<Vec<&Tensor>> = targets.iter().map(Option::as_ref).collect();
+        let features = match targets {
+            Some(t) if !t.is_empty() => Some(ops::cat_cols(&t)?),
             _ => None,
         };
+        let parts = marks.parts()?;
         Ok(StepOutput {
             logits,
             features,
@@ -516,7 +526,8 @@ impl Model {
                 None => b.entries.iter().map(|e| e.row..e.row + e.len).collect(),
             },
             layers,
-            families: marks.totals()?,
+            families: Marks::totals(&parts),
+            parts,
         })
     }
 

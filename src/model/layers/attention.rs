@@ -34,6 +34,7 @@ use crate::dtype::DType;
 use crate::model::batch::Batch;
 use crate::model::config::{AttentionPlan, LayerPlan, ModelConfig, Selection};
 use crate::model::error::Result;
+use crate::model::marks::Marks;
 use crate::model::pool::{SeqId, StatePool};
 use crate::ops::{self, RowNorm, RowRope, RowsOut};
 use crate::tensor::Tensor;
@@ -256,12 +257,35 @@ impl Attention {
         positions: &Tensor,
         rope: &RopeParams,
     ) -> Result<Tensor> {
+        let o = self.mqa(cfg, pool, q, window_idx, compressed_idx)?;
+        self.output(cfg, &o, positions, rope)
+    }
+
+    /// The sparse MQA of [`Attention::attend`]: `[T, H · hd]`.
+    fn mqa(
+        &self,
+        cfg: &ModelConfig,
+        pool: &StatePool,
+        q: &Tensor,
+        window_idx: &Tensor,
+        compressed_idx: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let a = cfg.attention;
         let comp = compressed_idx.map(|i| (pool.compressed_rows(), i));
         let (o, _) = ops::sparse_mqa(q, pool.window_rows(), window_idx, comp, &self.sink)?;
-        let t = q.rows();
-        let o = o.reshape(&[t, a.n_heads * a.head_dim])?;
-        let o = ops::inverse_rope(&o, positions, a.n_heads, a.rope_head_dim, rope)?;
+        Ok(o.reshape(&[q.rows(), a.n_heads * a.head_dim])?)
+    }
+
+    /// The inverse RoPE and output projection of [`Attention::attend`].
+    fn output(
+        &self,
+        cfg: &ModelConfig,
+        o: &Tensor,
+        positions: &Tensor,
+        rope: &RopeParams,
+    ) -> Result<Tensor> {
+        let a = cfg.attention;
+        let o = ops::inverse_rope(o, positions, a.n_heads, a.rope_head_dim, rope)?;
         let y = ops::grouped_bf16_linear(&o, &self.wo_a, a.o_groups)?;
         Ok(self.wo_b.forward(&y)?)
     }
@@ -270,8 +294,10 @@ impl Attention {
     /// `[T, D]`, the `attn_norm` output). Writes the layer's window rows,
     /// runs the compressor of a KV source, publishes the selection of an
     /// index source ([`Published::lists_of`] gives the lists it attended
-    /// with), and returns `[T, D]`.
-    pub fn forward(
+    /// with), and returns `[T, D]`. Marks its parts (`attention.query`,
+    /// `.kv`, `.index`, `.lists`, `.mqa`, `.out`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn forward(
         &self,
         cfg: &ModelConfig,
         plan: &LayerPlan,
@@ -279,9 +305,11 @@ impl Attention {
         b: &Batch,
         pool: &mut StatePool,
         published: &mut Published,
+        marks: &mut Marks,
     ) -> Result<Tensor> {
         let rope = rope_params(plan);
         let (q, qr) = self.query(cfg, x, &b.positions, &rope)?;
+        marks.mark("attention.query")?;
         let mut slots = vec![-1i32; x.rows()];
         for e in &b.entries {
             let rows = pool.claim_ring_rows(e.seq, plan.layer, e.start, e.len)?;
@@ -295,6 +323,7 @@ impl Attention {
         if let Some(c) = &self.compressor {
             self.compress(cfg, plan, c, x, b, pool)?;
         }
+        marks.mark("attention.kv")?;
         if let AttentionPlan::Sparse {
             selection: Selection::Indexer { candidates_from },
             ..
@@ -305,6 +334,7 @@ impl Attention {
                 .as_ref()
                 .ok_or_else(|| missing(plan, "an index source without indexer weights"))?;
             self.index(cfg, plan, iw, x, &qr, b, pool, published, candidates_from)?;
+            marks.mark("attention.index")?;
         }
         if let AttentionPlan::Sparse {
             selection: Selection::Reuse { index_source },
@@ -326,15 +356,11 @@ impl Attention {
             }
             _ => None,
         };
-        let f = self.attend(
-            cfg,
-            pool,
-            &q,
-            &window_idx,
-            comp_idx.as_ref(),
-            &b.positions,
-            &rope,
-        )?;
+        marks.mark("attention.lists")?;
+        let o = self.mqa(cfg, pool, &q, &window_idx, comp_idx.as_ref())?;
+        marks.mark("attention.mqa")?;
+        let f = self.output(cfg, &o, &b.positions, &rope)?;
+        marks.mark("attention.out")?;
         Ok(f)
     }
 

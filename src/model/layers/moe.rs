@@ -9,7 +9,8 @@
 
 use super::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
 use crate::dtype::DType;
-use crate::error::Result;
+use crate::model::error::Result;
+use crate::model::marks::Marks;
 use crate::ops;
 use crate::tensor::Tensor;
 
@@ -47,6 +48,17 @@ impl Moe {
     /// `x` BF16 `[T, D]` (the `ffn_norm` output) → BF16 `[T, D]` and the
     /// selected expert ids I32 `[T, top_k]` (ascending per token).
     pub fn forward(&self, x: &Tensor, p: MoeParams) -> Result<(Tensor, Tensor)> {
+        self.forward_marked(x, p, &mut Marks::off())
+    }
+
+    /// [`Moe::forward`] marking its parts (`moe.route`, `moe.experts`,
+    /// `moe.shared`, `moe.combine`).
+    pub(crate) fn forward_marked(
+        &self,
+        x: &Tensor,
+        p: MoeParams,
+        marks: &mut Marks,
+    ) -> Result<(Tensor, Tensor)> {
         let mut logits = self.gate.forward_f32(x)?;
         if p.gate_temp != 1.0 {
             logits = ops::div_scalar(&logits, p.gate_temp)?;
@@ -54,11 +66,13 @@ impl Moe {
         let (ids, weights) = ops::moe_route(&logits, &self.bias, p.top_k, p.route_scale)?;
         let (_, offsets, perm) = ops::moe_layout(&ids, self.gate.out_dim())?;
         let (xg, wg) = ops::moe_permute(x, &weights, &perm)?;
+        marks.mark("moe.route")?;
         let (xq, xs) = ops::act_quant_fp8(&xg)?;
         let g = self.w1.forward(&xq, &xs, &offsets)?;
         let u = self.w3.forward(&xq, &xs, &offsets)?;
         let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &wg, p.swiglu_limit)?;
         let routed = self.w2.forward(&hq, &hs, &offsets)?;
+        marks.mark("moe.experts")?;
 
         let s = &self.shared;
         let (xq, xs) = ops::act_quant_fp8(x)?;
@@ -67,6 +81,9 @@ impl Moe {
         let ones = Tensor::from_vec(vec![1.0f32; x.rows()], &[x.rows()])?.to_device(&x.device())?;
         let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &ones, p.swiglu_limit)?;
         let shared = ops::mxfp8_linear(&hq, &hs, &s.w2.weight, &s.w2.scale, DType::BF16)?;
-        Ok((ops::moe_combine(&routed, &perm, &shared)?, ids))
+        marks.mark("moe.shared")?;
+        let out = ops::moe_combine(&routed, &perm, &shared)?;
+        marks.mark("moe.combine")?;
+        Ok((out, ids))
     }
 }
