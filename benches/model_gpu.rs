@@ -629,10 +629,17 @@ mod gpu {
             };
             let build_s = t.elapsed().as_secs_f64();
             build_rate = costs.weight_bytes / build_s.max(1e-3);
-            println!("built in {build_s:.1} s ({:.2} GB/s)", build_rate / 1e9);
+            // The generator runs on every host thread the process may use:
+            // recorded, since the build rate follows it.
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+            println!(
+                "built in {build_s:.1} s ({:.2} GB/s, {threads} host threads)",
+                build_rate / 1e9
+            );
             h.push(json!({
                 "op": "v41_ep_rank_build", "shape": { "ep": ep }, "ours_us": build_s * 1e6,
                 "weight_bytes": costs.weight_bytes, "routed_experts_per_layer": cfg.moe.n_routed_experts,
+                "host_threads": threads,
             }));
             let patterns = patterns(&h, &cfg);
             for (op, shape) in points() {
