@@ -580,4 +580,24 @@ fn paged_rows_are_bitwise_the_cpu_and_the_pool_model() {
             "case {case}: paged_window_rows"
         );
     }
+    for (p, what) in common::paged::edges() {
+        let [pages, bounds, owner, idx, positions] = p.tensors().map(|t| up(&t, &dev));
+        let tables = ops::BlockTables {
+            pages: &pages,
+            bounds: &bounds,
+            page_rows: p.page_rows,
+        };
+        let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
+        let window = ops::paged_window_rows(&positions, &owner, tables, p.width).unwrap();
+        assert_eq!(
+            rows.to_vec::<i32>().unwrap(),
+            p.expect_rows,
+            "{what}: paged_rows"
+        );
+        assert_eq!(
+            window.to_vec::<i32>().unwrap(),
+            p.expect_window,
+            "{what}: paged_window_rows"
+        );
+    }
 }

@@ -1,8 +1,8 @@
 //! `ops::paged_rows` and `ops::paged_window_rows` on the CPU against an
 //! independent model of a paged pool (`common::paged`: a map from (entry,
 //! logical page) to physical page), over random tables with missing
-//! pages, out-of-range owners, negative and far rows, page sizes 1–256 and
-//! empty batches; wrong shapes and dtypes are typed errors naming the
+//! pages, out-of-range owners, negative and far rows, page sizes 1–256,
+//! extreme positions, rows past i32, width 0 and empty batches; wrong shapes and dtypes are typed errors naming the
 //! tensor.
 
 mod common;
@@ -31,6 +31,15 @@ fn paged_rows_follow_the_block_tables() {
         let (rows, window) = run(&p);
         assert_eq!(rows, p.expect_rows, "case {case}: paged_rows");
         assert_eq!(window, p.expect_window, "case {case}: paged_window_rows");
+    }
+}
+
+#[test]
+fn edge_cases_give_their_known_lists() {
+    for (p, what) in common::paged::edges() {
+        let (rows, window) = run(&p);
+        assert_eq!(rows, p.expect_rows, "{what}: paged_rows");
+        assert_eq!(window, p.expect_window, "{what}: paged_window_rows");
     }
 }
 

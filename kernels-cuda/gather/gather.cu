@@ -42,9 +42,10 @@ extern "C" __global__ void paged_rows(const __grid_constant__ di_paged_rows_para
         if (p.idx) {
             r = p.idx[i];
         } else {
+            // max(0, pos + 1 - width) without overflow at extreme positions.
             const int64_t pos = p.positions[t];
-            r = (pos + 1 - p.width > 0 ? pos + 1 - p.width : 0) + j;
-            if (r > pos) r = -1;
+            const int64_t first = pos >= p.width ? pos - p.width + 1 : 0;
+            r = (pos >= 0 && first + j <= pos) ? first + j : -1;
         }
         const int32_t e = p.owner[t];
         int32_t v = -1;

@@ -59,11 +59,15 @@ pub fn paged_rows(
             let (t, j) = (i / width, (i % width) as i64);
             let r = match idx {
                 Some(idx) => idx.get(i).map_or(-1, |&r| i64::from(r)),
-                None => {
-                    let pos = positions.get(t).copied().unwrap_or(-1);
-                    let r = (pos + 1 - w).max(0) + j;
-                    if r > pos { -1 } else { r }
-                }
+                None => match positions.get(t).copied() {
+                    // first = max(0, pos + 1 − w) without overflow; first + j
+                    // ≤ pos + 1 − w + j ≤ pos for j < w, or ≤ j ≤ pos.
+                    Some(pos) if pos >= 0 => {
+                        let first = if pos >= w { pos - w + 1 } else { 0 };
+                        if first + j > pos { -1 } else { first + j }
+                    }
+                    _ => -1,
+                },
             };
             tables.row(i64::from(owner.get(t).copied().unwrap_or(-1)), r)
         })

@@ -39,7 +39,8 @@ impl Batch {
     /// `entries` laid out as their rows say, with every row's position.
     pub fn new(entries: Vec<Entry>, positions: Vec<i64>, device: &Device) -> Result<Batch> {
         let n = positions.len();
-        let mut owners = vec![0i32; n];
+        // A row outside every entry (none, by the layout) owns no table.
+        let mut owners = vec![-1i32; n];
         for (i, e) in entries.iter().enumerate() {
             let i = i32::try_from(i).map_err(|_| crate::Error::Argument {
                 op: "Batch::new",

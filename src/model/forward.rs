@@ -71,7 +71,9 @@ pub struct Capture {
     pub moe: bool,
     /// Each token's selected experts `[T, top_k]` (ascending).
     pub routing: bool,
-    /// Each entry's compressed index list `[len, k]` (entry indices).
+    /// Each entry's compressed index list `[len, k]` (entry indices; k
+    /// the step's widest list, −1 padded; `[len, 0]` on a layer without
+    /// one).
     pub index_lists: bool,
     /// The time of each op family and part ([`StepOutput::families`],
     /// [`StepOutput::parts`]): CUDA events between them on a GPU, the host
@@ -87,7 +89,7 @@ pub struct LayerTrace {
     pub attention: Option<Tensor>,
     pub moe: Option<Tensor>,
     pub routing: Option<Tensor>,
-    /// Per batch entry; empty for window-only layers.
+    /// Per batch entry (`[len, 0]` each on a window-only layer).
     pub index_lists: Option<Vec<Tensor>>,
 }
 

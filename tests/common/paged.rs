@@ -128,3 +128,56 @@ pub fn problem(rng: &mut StdRng, tokens: usize, entries: usize, width: usize) ->
         expect_window,
     }
 }
+
+/// Edge cases with known answers (worked out by hand), each with its name:
+/// extreme positions, a page whose rows lie past i32, width 0, no tokens.
+pub fn edges() -> Vec<(Problem, &'static str)> {
+    let mk = |positions: Vec<i64>,
+              idx: Vec<i32>,
+              width: usize,
+              pages: Vec<i32>,
+              expect_window: Vec<i32>,
+              expect_rows: Vec<i32>| Problem {
+        page_rows: 4,
+        entries: 1,
+        table_pages: pages.len(),
+        pages,
+        bounds: vec![0, 0, i32::MAX],
+        owner: vec![0; positions.len()],
+        width,
+        idx,
+        positions,
+        expect_rows,
+        expect_window,
+    };
+    vec![
+        (
+            mk(
+                vec![i64::MAX, i64::MIN, -1],
+                vec![-1; 6],
+                2,
+                vec![5, 6],
+                vec![-1; 6],
+                vec![-1; 6],
+            ),
+            "extreme positions",
+        ),
+        (
+            // Page i32::MAX / 2 holds rows past i32 at 4 rows a page.
+            mk(
+                vec![5, 1],
+                vec![5, 1, 0, 3],
+                2,
+                vec![7, i32::MAX / 2],
+                vec![-1, -1, 28, 29],
+                vec![-1, 29, 28, 31],
+            ),
+            "rows past i32",
+        ),
+        (
+            mk(vec![3, 9], vec![], 0, vec![1], vec![], vec![]),
+            "width 0",
+        ),
+        (mk(vec![], vec![], 3, vec![1], vec![], vec![]), "no tokens"),
+    ]
+}

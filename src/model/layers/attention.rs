@@ -115,11 +115,18 @@ impl Published {
     }
 }
 
-/// Entries of at most this many tokens (decode steps, speculative
-/// verification) are indexed together, one score row per token against its
-/// own entry's keys; longer ones (prompts and prefill chunks) one at a
-/// time, their tokens sharing one copy of the keys.
-const BATCHED_TOKENS: usize = 8;
+/// Entries of at most this many tokens (decode steps) are indexed
+/// together, one score row per token against its own entry's keys; longer
+/// ones (prompts, prefill chunks, speculative verification) one at a time,
+/// their tokens sharing one copy of the keys. At 1 no key is copied twice;
+/// a larger bound would copy an entry's keys once per token.
+const BATCHED_TOKENS: usize = 1;
+
+/// The most bytes the batched pass gathers its keys into (every row padded
+/// to the batch's longest): past it the entries are indexed one at a time,
+/// so a step mixing one very long sequence with many short ones, or a huge
+/// batch at a long context, never allocates the padded copy.
+const BATCHED_KEY_BYTES: usize = 256 << 20;
 
 /// The RoPE of a layer.
 pub fn rope_params(plan: &LayerPlan) -> RopeParams {
@@ -494,7 +501,8 @@ impl Attention {
     /// entry indices (per row ascending, −1 trailing; an entry's own k is
     /// min(topk, end / ratio), its list −1 padded to the widest) and, for a
     /// candidate source, the candidate block lists. Entries of at most
-    /// [`BATCHED_TOKENS`] tokens are scored in one pass (every token a row
+    /// [`BATCHED_TOKENS`] tokens are scored in one pass (while their padded
+    /// keys fit [`BATCHED_KEY_BYTES`]) (every token a row
     /// against its entry's keys, padded to the widest entry's pages; a
     /// row's scores past its visible count are −∞, so the padding never
     /// changes a pick: with k ≥ an entry's entries every one is picked
@@ -570,12 +578,34 @@ impl Attention {
         // entries' rows come from one pass, each other entry's from its own.
         let mut lists: Vec<Piece> = Vec::new();
         let mut cands: Vec<Piece> = Vec::new();
-        let batched: Vec<usize> = (0..b.entries.len())
+        let mut batched: Vec<usize> = (0..b.entries.len())
             .filter(|&i| {
                 b.entries.get(i).is_some_and(|e| e.len <= BATCHED_TOKENS)
                     && ks.get(i).is_some_and(|&(_, k)| k > 0)
             })
             .collect();
+        let pr = pool.config().page_rows.max(1);
+        let widest = batched
+            .iter()
+            .filter_map(|&i| ks.get(i))
+            .map(|&(n, _)| n.div_ceil(pr) * pr)
+            .max()
+            .unwrap_or(0);
+        let rows: usize = batched
+            .iter()
+            .filter_map(|&i| b.entries.get(i))
+            .map(|e| e.len)
+            .sum();
+        let key_bytes = ops::index_key_row_nibbles(ic.head_dim) / 2;
+        if rows.saturating_mul(widest).saturating_mul(key_bytes) > BATCHED_KEY_BYTES {
+            batched.clear();
+        }
+        let mut in_batch = vec![false; b.entries.len()];
+        for &i in &batched {
+            if let Some(f) = in_batch.get_mut(i) {
+                *f = true;
+            }
+        }
         let mut batch_out: Option<(Tensor, Option<Tensor>)> = None;
         if !batched.is_empty() {
             let (mut rows, mut key_rows, mut visible) = (Vec::new(), Vec::new(), Vec::new());
@@ -629,7 +659,10 @@ impl Attention {
         }
         let mut at = 0;
         for (i, (e, &(n, k))) in b.entries.iter().zip(&ks).enumerate() {
-            if let Some((lb, cb)) = batch_out.as_ref().filter(|_| batched.contains(&i)) {
+            if let Some((lb, cb)) = batch_out
+                .as_ref()
+                .filter(|_| in_batch.get(i) == Some(&true))
+            {
                 lists.push(Piece::Rows(lb, at, e.len));
                 if let Some(cb) = cb {
                     cands.push(Piece::Rows(cb, at, e.len));
