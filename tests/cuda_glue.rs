@@ -557,47 +557,18 @@ fn paged_rows_are_bitwise_the_cpu_and_the_pool_model() {
     let dev = gpu();
     let mut rng = common::rng("paged_rows_are_bitwise_the_cpu_and_the_pool_model");
     let cases = if common::quick() { 12 } else { 120 };
-    for case in 0..cases {
+    let problems = (0..cases).map(|case| {
         let tokens = [1usize, 5, 33, 700][case % 4];
         let width = [1usize, 7, 64, 640][(case / 4) % 4];
         let p = common::paged::problem(&mut rng, tokens, 1 + case % 9, width);
-        let [pages, bounds, owner, idx, positions] = p.tensors().map(|t| up(&t, &dev));
-        let tables = ops::BlockTables {
-            pages: &pages,
-            bounds: &bounds,
-            page_rows: p.page_rows,
-        };
-        let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
-        let window = ops::paged_window_rows(&positions, &owner, tables, width).unwrap();
-        assert_eq!(
-            rows.to_vec::<i32>().unwrap(),
-            p.expect_rows,
-            "case {case}: paged_rows"
-        );
-        assert_eq!(
-            window.to_vec::<i32>().unwrap(),
-            p.expect_window,
-            "case {case}: paged_window_rows"
-        );
-    }
-    for (p, what) in common::paged::edges() {
-        let [pages, bounds, owner, idx, positions] = p.tensors().map(|t| up(&t, &dev));
-        let tables = ops::BlockTables {
-            pages: &pages,
-            bounds: &bounds,
-            page_rows: p.page_rows,
-        };
-        let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
-        let window = ops::paged_window_rows(&positions, &owner, tables, p.width).unwrap();
-        assert_eq!(
-            rows.to_vec::<i32>().unwrap(),
-            p.expect_rows,
-            "{what}: paged_rows"
-        );
-        assert_eq!(
-            window.to_vec::<i32>().unwrap(),
-            p.expect_window,
-            "{what}: paged_window_rows"
-        );
+        (p, format!("case {case}"))
+    });
+    let edges = common::paged::edges()
+        .into_iter()
+        .map(|(p, what)| (p, what.to_string()));
+    for (p, what) in problems.collect::<Vec<_>>().into_iter().chain(edges) {
+        let (rows, window) = common::paged::run_on(&p, &dev);
+        assert_eq!(rows, p.expect_rows, "{what}: paged_rows");
+        assert_eq!(window, p.expect_window, "{what}: paged_window_rows");
     }
 }

@@ -7,19 +7,7 @@
 
 mod common;
 
-use deepinfer::{Error, Tensor, ops};
-
-fn run(p: &common::paged::Problem) -> (Vec<i32>, Vec<i32>) {
-    let [pages, bounds, owner, idx, positions] = p.tensors();
-    let tables = ops::BlockTables {
-        pages: &pages,
-        bounds: &bounds,
-        page_rows: p.page_rows,
-    };
-    let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
-    let window = ops::paged_window_rows(&positions, &owner, tables, p.width).unwrap();
-    (rows.to_vec().unwrap(), window.to_vec().unwrap())
-}
+use deepinfer::{Device, Error, Tensor, ops};
 
 #[test]
 fn paged_rows_follow_the_block_tables() {
@@ -28,7 +16,7 @@ fn paged_rows_follow_the_block_tables() {
         let tokens = [0usize, 1, 5, 33][case % 4];
         let width = [1usize, 7, 64, 130][(case / 4) % 4];
         let p = common::paged::problem(&mut rng, tokens, 1 + case % 9, width);
-        let (rows, window) = run(&p);
+        let (rows, window) = common::paged::run_on(&p, &Device::Cpu);
         assert_eq!(rows, p.expect_rows, "case {case}: paged_rows");
         assert_eq!(window, p.expect_window, "case {case}: paged_window_rows");
     }
@@ -37,7 +25,7 @@ fn paged_rows_follow_the_block_tables() {
 #[test]
 fn edge_cases_give_their_known_lists() {
     for (p, what) in common::paged::edges() {
-        let (rows, window) = run(&p);
+        let (rows, window) = common::paged::run_on(&p, &Device::Cpu);
         assert_eq!(rows, p.expect_rows, "{what}: paged_rows");
         assert_eq!(window, p.expect_window, "{what}: paged_window_rows");
     }

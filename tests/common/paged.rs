@@ -4,7 +4,7 @@
 //! ops' table arithmetic.
 #![allow(dead_code)]
 
-use deepinfer::Tensor;
+use deepinfer::{Device, Tensor, ops};
 use rand::Rng;
 use rand::rngs::StdRng;
 use std::collections::HashMap;
@@ -180,4 +180,18 @@ pub fn edges() -> Vec<(Problem, &'static str)> {
         ),
         (mk(vec![], vec![], 3, vec![1], vec![], vec![]), "no tokens"),
     ]
+}
+
+/// Both ops over `p` on `device`: (`paged_rows`, `paged_window_rows`), read
+/// back to the host.
+pub fn run_on(p: &Problem, device: &Device) -> (Vec<i32>, Vec<i32>) {
+    let [pages, bounds, owner, idx, positions] = p.tensors().map(|t| t.to_device(device).unwrap());
+    let tables = ops::BlockTables {
+        pages: &pages,
+        bounds: &bounds,
+        page_rows: p.page_rows,
+    };
+    let rows = ops::paged_rows(&idx, &owner, tables).unwrap();
+    let window = ops::paged_window_rows(&positions, &owner, tables, p.width).unwrap();
+    (rows.to_vec().unwrap(), window.to_vec().unwrap())
 }
