@@ -32,7 +32,7 @@ use super::linear::{Bf16Linear, Fp8Linear};
 use crate::contract::{KvRowFormat, RopeParams, Yarn};
 use crate::dtype::DType;
 use crate::model::batch::Batch;
-use crate::model::config::{AttentionPlan, LayerPlan, ModelConfig, Selection};
+use crate::model::config::{AttentionPlan, CandidateConfig, LayerPlan, ModelConfig, Selection};
 use crate::model::error::Result;
 use crate::model::marks::Marks;
 use crate::model::pool::{SeqId, StatePool};
@@ -576,46 +576,40 @@ impl Attention {
         };
         // Rows of the step's [T, ..] tensors in batch order: the batched
         // entries' rows come from one pass, each other entry's from its own.
-        let mut lists: Vec<Piece> = Vec::new();
-        let mut cands: Vec<Piece> = Vec::new();
-        let mut batched: Vec<usize> = (0..b.entries.len())
-            .filter(|&i| {
-                b.entries.get(i).is_some_and(|e| e.len <= BATCHED_TOKENS)
-                    && ks.get(i).is_some_and(|&(_, k)| k > 0)
-            })
-            .collect();
-        let pr = pool.config().page_rows.max(1);
-        let widest = batched
+        let mut in_batch: Vec<bool> = b
+            .entries
             .iter()
-            .filter_map(|&i| ks.get(i))
-            .map(|&(n, _)| n.div_ceil(pr) * pr)
+            .zip(&ks)
+            .map(|(e, &(_, k))| e.len <= BATCHED_TOKENS && k > 0)
+            .collect();
+        let batched = || {
+            b.entries
+                .iter()
+                .zip(&ks)
+                .zip(&in_batch)
+                .filter_map(|(ek, &on)| on.then_some(ek))
+        };
+        let pr = pool.config().page_rows.max(1);
+        let widest = batched()
+            .map(|(_, &(n, _))| n.div_ceil(pr) * pr)
             .max()
             .unwrap_or(0);
-        let rows: usize = batched
-            .iter()
-            .filter_map(|&i| b.entries.get(i))
-            .map(|e| e.len)
-            .sum();
+        let rows: usize = batched().map(|(e, _)| e.len).sum();
         let key_bytes = ops::index_key_row_nibbles(ic.head_dim) / 2;
         if rows.saturating_mul(widest).saturating_mul(key_bytes) > BATCHED_KEY_BYTES {
-            batched.clear();
-        }
-        let mut in_batch = vec![false; b.entries.len()];
-        for &i in &batched {
-            if let Some(f) = in_batch.get_mut(i) {
-                *f = true;
-            }
+            in_batch.fill(false);
         }
         let mut batch_out: Option<(Tensor, Option<Tensor>)> = None;
-        if !batched.is_empty() {
+        if in_batch.contains(&true) {
             let (mut rows, mut key_rows, mut visible) = (Vec::new(), Vec::new(), Vec::new());
             let mut k = 0;
-            for &i in &batched {
-                let (e, &(n, ke)) = b
-                    .entries
-                    .get(i)
-                    .zip(ks.get(i))
-                    .ok_or_else(|| missing(plan, "a batch entry past the step's entries"))?;
+            for (e, &(n, ke)) in b
+                .entries
+                .iter()
+                .zip(&ks)
+                .zip(&in_batch)
+                .filter_map(|(ek, &on)| on.then_some(ek))
+            {
                 rows.extend(e.row..e.row + e.len);
                 key_rows.extend(std::iter::repeat_n((e.seq, n), e.len));
                 visible.extend(visible_of(e)?);
@@ -627,28 +621,16 @@ impl Attention {
             let tb = rows.len();
             let visible = host_i32(visible, &[tb], &device)?;
             let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &visible)?;
-            let cb = match (plan.candidate_source, cand) {
-                (true, Some(cd)) => Some(ops::index_candidates(
-                    &scores,
-                    &visible,
-                    cd.block_size,
-                    cd.topk_blocks,
-                )?),
-                _ => None,
-            };
-            let lb = match (mask_all, cand) {
-                (Some(mask), Some(cd)) => {
-                    let mask = match mask {
-                        Some(m) => pick(m)?,
-                        None => Cow::Owned(host_i32(Vec::new(), &[tb, 0], &device)?),
-                    };
-                    ops::index_reindex_topk(&scores, &mask, cd.block_size, &visible, k, 0)?
-                }
-                _ => ops::index_topk(&scores, &visible, k, 0)?,
-            };
+            let mask = mask_all
+                .map(|m| match m {
+                    Some(m) => pick(m),
+                    None => Ok(Cow::Owned(host_i32(Vec::new(), &[tb, 0], &device)?)),
+                })
+                .transpose()?;
+            let (lb, cb) = select(plan, cand, &scores, &visible, mask.as_deref(), k)?;
             // Every entry in the one pass (a decode step): its results are
             // the step's, row for row.
-            if batched.len() == b.entries.len() {
+            if in_batch.iter().all(|&on| on) {
                 published.topk.insert(plan.layer, Some(lb));
                 if plan.candidate_source {
                     published.candidates.insert(plan.layer, cb);
@@ -657,16 +639,12 @@ impl Attention {
             }
             batch_out = Some((lb, cb));
         }
+        let (mut lists, mut cands) = (Vec::new(), Vec::new());
         let mut at = 0;
-        for (i, (e, &(n, k))) in b.entries.iter().zip(&ks).enumerate() {
-            if let Some((lb, cb)) = batch_out
-                .as_ref()
-                .filter(|_| in_batch.get(i) == Some(&true))
-            {
+        for ((e, &(n, k)), &on) in b.entries.iter().zip(&ks).zip(&in_batch) {
+            if let Some((lb, cb)) = batch_out.as_ref().filter(|_| on) {
                 lists.push(Piece::Rows(lb, at, e.len));
-                if let Some(cb) = cb {
-                    cands.push(Piece::Rows(cb, at, e.len));
-                }
+                cands.extend(cb.as_ref().map(|cb| Piece::Rows(cb, at, e.len)));
                 at += e.len;
                 continue;
             }
@@ -683,24 +661,15 @@ impl Attention {
                 &keys,
                 &visible,
             )?;
-            if let (true, Some(cd)) = (plan.candidate_source, cand) {
-                cands.push(Piece::Own(ops::index_candidates(
-                    &scores,
-                    &visible,
-                    cd.block_size,
-                    cd.topk_blocks,
-                )?));
-            }
-            lists.push(Piece::Own(match (mask_all, cand) {
-                (Some(mask), Some(cd)) => {
-                    let mask = match mask {
-                        Some(m) => m.narrow_rows(e.row, e.len)?,
-                        None => host_i32(Vec::new(), &[e.len, 0], &device)?,
-                    };
-                    ops::index_reindex_topk(&scores, &mask, cd.block_size, &visible, k, 0)?
-                }
-                _ => ops::index_topk(&scores, &visible, k, 0)?,
-            }));
+            let mask = mask_all
+                .map(|m| match m {
+                    Some(m) => Ok(m.narrow_rows(e.row, e.len)?),
+                    None => host_i32(Vec::new(), &[e.len, 0], &device),
+                })
+                .transpose()?;
+            let (l, c) = select(plan, cand, &scores, &visible, mask.as_ref(), k)?;
+            lists.push(Piece::Own(l));
+            cands.extend(c.map(Piece::Own));
         }
         published.topk.insert(plan.layer, assemble(lists, &device)?);
         if plan.candidate_source {
@@ -710,6 +679,35 @@ impl Attention {
         }
         Ok(())
     }
+}
+
+/// The selection over rows of index scores: the index lists (top-k, or
+/// reindexed inside `mask`'s candidate blocks when the layer reads a
+/// candidate source's) and, for a candidate source, its candidate blocks.
+fn select(
+    plan: &LayerPlan,
+    cand: Option<CandidateConfig>,
+    scores: &Tensor,
+    visible: &Tensor,
+    mask: Option<&Tensor>,
+    k: usize,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let blocks = match (plan.candidate_source, cand) {
+        (true, Some(cd)) => Some(ops::index_candidates(
+            scores,
+            visible,
+            cd.block_size,
+            cd.topk_blocks,
+        )?),
+        _ => None,
+    };
+    let lists = match (mask, cand) {
+        (Some(mask), Some(cd)) => {
+            ops::index_reindex_topk(scores, mask, cd.block_size, visible, k, 0)?
+        }
+        _ => ops::index_topk(scores, visible, k, 0)?,
+    };
+    Ok((lists, blocks))
 }
 
 /// A part of a published `[T, ..]` tensor, one entry's rows: rows of a
