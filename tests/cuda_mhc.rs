@@ -1,12 +1,16 @@
 //! The TileLang mHC kernels on the GPU against the CPU reference, T {1, 3,
-//! 64, 257} × D {5120, 128, 512}, fresh random inputs, NaN-poisoned outputs
-//! (every element must be written):
+//! 64, 100, 257} × D {5120, 128, 512, 200} (token tiles of 64 with one or
+//! two tokens a lane, chunks of 128 positions with a part-filled tail),
+//! fresh random inputs, NaN-poisoned outputs (every element must be
+//! written):
 //! - `mhc_pre`: u (the collapse with the lagged pre) bitwise; the 24 mixes
 //!   `calc_diff` < 1e-5 and every mix within 1e-3 (relative, absolute below 1) (the GPU's GEMV
 //!   sums in another order than the CPU's sequential loop); pre/post/comb
 //!   bitwise equal to the CPU `hc_split` applied to the GPU's own mixes.
 //! - `mhc_expand`: `S'_k = BF16(post_k · F + Σ_j comb[j][k] · S_j)` bitwise,
 //!   with a Sinkhorn-normalised comb and raw random ones of both signs.
+//! - `mhc_pre` is batch invariant: a token's outputs are bitwise the same
+//!   alone, at any place in a batch of 257 and whatever its neighbours.
 //! - D % 8 != 0 is a typed error on the GPU.
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
@@ -27,8 +31,8 @@ fn gpu() -> Device {
     Device::Cuda(dev.with_poisoned_allocations())
 }
 
-const TOKENS: &[usize] = &[1, 3, 64, 257];
-const DIMS: &[usize] = &[5120, 128, 512];
+const TOKENS: &[usize] = &[1, 3, 64, 100, 257];
+const DIMS: &[usize] = &[5120, 128, 512, 200];
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
@@ -112,6 +116,76 @@ fn mhc_pre_matches_the_cpu_reference() {
                 );
             }
         }
+    }
+}
+
+/// The mixes' reduction order is fixed by D alone: a token computed alone,
+/// or at another place in another batch, gives the same bits everywhere.
+#[test]
+fn mhc_pre_is_batch_invariant() {
+    let dev = gpu();
+    let mut rng = common::rng("mhc_pre_invariance");
+    let p = ops::MhcParams::default();
+    let (t, d) = (257, 5120);
+    let s = common::random_activations(&mut rng, t * 4 * d, 1.0);
+    let hc_fn: Vec<f32> = (0..24 * 4 * d)
+        .map(|_| rng.random_range(-0.05..0.05))
+        .collect();
+    let base: Vec<f32> = (0..24).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.1..2.0)).collect();
+    let lag: Vec<f32> = (0..t * 4).map(|_| rng.random_range(0.0..2.0)).collect();
+    let up =
+        |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape).unwrap().to_device(&dev).unwrap();
+    let (hc_fn, base, scale) = (up(hc_fn, &[24, 4 * d]), up(base, &[24]), up(scale, &[3]));
+    let run = |rows: &[usize]| {
+        let s: Vec<bf16> = rows
+            .iter()
+            .flat_map(|&r| s[r * 4 * d..][..4 * d].iter().copied())
+            .collect();
+        let l: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| lag[r * 4..][..4].to_vec())
+            .collect();
+        let n = rows.len();
+        let s = Tensor::from_vec(s, &[n, 4, d])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let o = ops::mhc_pre(&s, &hc_fn, &base, &scale, &up(l, &[n, 4]), p).unwrap();
+        let f = |x: &Tensor| bits(&x.to_vec::<f32>().unwrap());
+        let u: Vec<u32> =
+            o.u.to_vec::<bf16>()
+                .unwrap()
+                .iter()
+                .map(|x| u32::from(x.to_bits()))
+                .collect();
+        [u, f(&o.mixes), f(&o.pre), f(&o.post), f(&o.comb)]
+    };
+    // Row widths of u, mixes, pre, post, comb.
+    let widths = [d, 24, 4, 4, 16];
+    let pick = |o: &[Vec<u32>; 5], r: usize| -> Vec<Vec<u32>> {
+        o.iter()
+            .zip(widths)
+            .map(|(v, w)| v[r * w..][..w].to_vec())
+            .collect()
+    };
+    let all: Vec<usize> = (0..t).collect();
+    let full = run(&all);
+    // Reversed: every token lands in another tile, lane and lane half.
+    let rev: Vec<usize> = (0..t).rev().collect();
+    let back = run(&rev);
+    for (i, &tok) in [0usize, 31, 32, 63, 64, 200, 256].iter().enumerate() {
+        let alone = run(&[tok]);
+        assert_eq!(
+            pick(&alone, 0),
+            pick(&full, tok),
+            "token {tok} alone vs in the batch ({i})"
+        );
+        assert_eq!(
+            pick(&back, t - 1 - tok),
+            pick(&full, tok),
+            "token {tok} reversed batch"
+        );
     }
 }
 

@@ -65,6 +65,7 @@ PROGRAMS = (
     Program("moe_layout", "moe_layout", "moe_layout"),
     Program("mhc", "mhc", "mhc_expand"),
     Program("mhc_pre", "mhc_pre", "mhc_pre"),
+    Program("mhc_split", "mhc_split", "mhc_split"),
 )
 
 

@@ -1,47 +1,57 @@
-"""mHC front half (v41-flash.md §6) in TileLang, one token per CTA: the
-collapse with the lagged pre, the 24 mixes (an fp32 GEMV over the 4·D
-streams, scaled by the inverse RMS) and their split into pre/post/comb with
-Sinkhorn. The streams are read from HBM once per token.
+"""mHC front half (v41-flash.md §6), pass 1 of 2 in TileLang: the collapse
+with the lagged pre and the fixed-split partial sums of the 24 mixes and of
+the sum of squares. Pass 2 (`mhc_split.py`) adds the partials of each token
+in a fixed order and runs the split and Sinkhorn.
 
 Semantics (twin of `cpu_backend::mhc` per token)
 -----------------------------------------------
-Streams S are BF16 [T, 4, D] (D % 8 == 0), hc_fn fp32 [24, 4·D], hc_base fp32
-[24], hc_scale fp32 [3], pre_in fp32 [T, 4] (the lagged pre); eps, hc_eps
-fp32, iters int (>= 1).
+Streams S are BF16 [T, 4, D] (D % 8 == 0), hc_fn fp32 [24, 4·D], pre_in fp32
+[T, 4] (the lagged pre).
 
-    u[x]  = bf16_rn((((0 + pre_0*S_0) + pre_1*S_1) + pre_2*S_2) + pre_3*S_3)
-            every multiply and add rounded (__fmul_rn/__fadd_rn): bitwise
-            equal to `hc_collapse` (the CPU folds from +0.0, which turns an
-            all -0 sum into +0; the explicit 0 + keeps that).
-    m_r   = (Σ_x hc_fn[r, x]·S[x]) · 1/sqrt(Σ S²/(4D) + eps)
-            fp32, but each thread sums its own slice and the CTA sums the
-            slices in a tree: NOT the CPU's sequential order (compare with a
-            relative tolerance / calc_diff).
-    split = `hc_split(m)` by thread 0 in the CPU's exact operation order,
-            every multiply/add/divide IEEE rounded, σ(x) = 1/(1 + e^-x) and e^x
-            evaluated in double precision and rounded to fp32 once (the CPU's
-            correctly rounded convention; CUDA's exp is within 1 ulp of
-            double, so the fp32 results agree except on near-midpoint inputs).
+    u[x] = bf16_rn((((0 + pre_0*S_0) + pre_1*S_1) + pre_2*S_2) + pre_3*S_3)
+           every multiply and add rounded (__fmul_rn/__fadd_rn): bitwise
+           equal to `hc_collapse` (the CPU folds from +0.0, which turns an
+           all -0 sum into +0; the explicit 0 + keeps that).
+    part[c, t, r]  = Σ_{x in chunk c} hc_fn[r, x]·S_t[x]   (r < 24)
+    part[c, t, 24] = Σ_{x in chunk c} S_t[x]²
+           over the flat 4·D index x = i·D + p, chunk c holding the positions
+           p in [128c, 128c + 128) of all four streams.
 
-Outputs: u BF16 [T, D], mixes fp32 [T, 24] (the GPU's m, for checking the
-split), pre / post fp32 [T, 4], comb fp32 [T, 16] (comb[4j + k]).
+The reduction order is fixed and depends on neither T nor the token's place
+in its tile (batch invariant): each thread sums one stream's positions of
+the chunk in ascending order (fp32, FMA-contracted), the four streams are
+then added in the order ((0 + 1) + 2) + 3, and pass 2 adds the chunks in
+ascending order. Not the CPU's sequential order: compare the mixes with a
+tolerance.
 
 Layout and work mapping
 -----------------------
-    streams : bf16 [T, 4, n_vec, 8]   (== [T, 4, D]), n_vec = D / 8, 16-byte aligned
-    hc_fn   : fp32 [24, 4, n_vec, 2, 4] (== [24, 4·D]),             16-byte aligned
-    u       : bf16 [T, n_vec, 8]      (== [T, D]),                  16-byte aligned
+    streams : bf16 [T, 4, n_vec, 8]          (== [T, 4, D]), n_vec = D / 8
+    hc_fn   : fp32 [24, 4, n_vec, 2, 4]      (== [24, 4·D])
+    pre_in  : fp32 [T, 4]
+    u       : bf16 [T, n_vec, 8]             (== [T, D])
+    part    : fp32 [n_chunks, T, 25]          n_chunks = ceil(n_vec / 16)
 
-One CTA of THREADS = 128 threads per token. Thread tx owns the vectors
-v = tx, tx + 128, ... < n_vec: it loads the 4 stream vectors at v (16 B
-each), writes u's vector v, and accumulates the sum of squares and the 24
-row dots over those 32 elements (hc_fn's 24 × 4 × 32 B at v: read through
-L2, 24·4·D·4 bytes per token). The 25 partial sums go to shared memory
-[25, 128] and are tree-reduced (7 halvings); thread 0 then scales the mixes,
-runs the split and Sinkhorn and writes mixes/pre/post/comb.
+grid = (n_chunks, ceil(T / 64)): one CTA per chunk of 128 positions and tile
+of 64 tokens; the chunk's 48 KiB of hc_fn is read once per tile (through L2).
+128 threads = 4 warps; warp i sums stream i, lane l tokens l and l + 32 of
+the tile (the second only when the tile has more than 32 tokens: a
+warp-uniform branch, so small batches do half the arithmetic).
 
-Launch: grid = (T, 1, 1), block = (128, 1, 1), 12800 bytes of dynamic shared
-memory (the [25, 128] fp32 partial sums). T * 4 * D < 2^31.
+The chunk is walked in 4 steps of 32 positions. Each step's hc_fn slice
+(24 × 4 × 32 fp32, 12 KiB) and stream slice (64 tokens × 4 × 32 BF16, rows
+padded to 272 bytes so the per-token 16-byte loads are conflict-free) go
+global → registers → shared memory; the next step's global loads are issued
+before the current step's arithmetic. u is written from the staged
+registers. Positions past D and tokens past T stage as zeros.
+The four warps' sums meet in shared memory [64, 25] (stride 25 words:
+conflict-free) in stream order, and the tile's [64, 25] block of part is
+written contiguously.
+
+Launch: grid = (n_chunks, ceil(T / 64), 1), block = (128, 1, 1), 29696 bytes
+of dynamic shared memory (hc_fn slice 12288, streams 17408; the sums, 6400,
+reuse the streams' space after the last step).
+T * 4 * D < 2^31.
 """
 
 import tilelang.language as T
@@ -53,147 +63,163 @@ MIXES = 24
 VEC = 8
 THREADS = 128
 RED_ROWS = MIXES + 1  # 24 dots and the sum of squares
-SMEM_BYTES = RED_ROWS * THREADS * 4
+TOK = 64  # tokens per CTA (2 per lane)
+CHUNK_VEC = 16  # 16-byte vectors (of each stream) per chunk: 128 positions
+STEP_VEC = 4  # vectors per step: 32 positions
+STEPS = CHUNK_VEC // STEP_VEC
+ROW = HC * STEP_VEC * VEC + VEC  # BF16 per staged token row, padded by 16 bytes
+W_F4 = MIXES * HC * STEP_VEC * 2  # float4 loads of one step's hc_fn slice
+W_PER_THREAD = W_F4 // THREADS
+PAIRS = TOK * STEP_VEC // THREADS  # (token, vector) pairs staged per thread
+# The [64, 25] sums live after the last step: TileLang places them over the
+# staged streams (its liveness merge), so they add nothing.
+SMEM_BYTES = W_F4 * 16 + TOK * ROW * 2
+assert TOK * RED_ROWS * 4 <= TOK * ROW * 2
+
+assert W_F4 % THREADS == 0 and (TOK * STEP_VEC) % THREADS == 0
 
 
-def mhc_pre(threads: int = THREADS):
-    """Build the TileLang PrimFunc. `threads` must be a power of two >= 32."""
-    assert threads >= 32 and threads & (threads - 1) == 0
-    log2_threads = threads.bit_length() - 1
-
+def mhc_pre():
+    """Build the TileLang PrimFunc (pass 1)."""
     n_tokens = T.dynamic("n_tokens")
     n_vec = T.dynamic("n_vec")  # D / 8
+    n_chunks = T.dynamic("n_chunks")  # ceil(n_vec / CHUNK_VEC)
+
+    @T.macro
+    def load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, step):
+        # Global -> registers: this thread's hc_fn float4s and stream pairs.
+        for k in T.unroll(W_PER_THREAD):
+            f = k * THREADS + tx
+            r = f // (HC * STEP_VEC * 2)
+            i = (f // (STEP_VEC * 2)) % HC
+            vv = (f // 2) % STEP_VEC
+            h = f % 2
+            g = ch * CHUNK_VEC + step * STEP_VEC + vv
+            for j in T.vectorized(VEC // 2):
+                wr[k, j] = T.if_then_else(g < n_vec, hc_fn[r, i, T.min(g, n_vec - 1), h, j], T.float32(0))
+        for k in T.unroll(PAIRS):
+            p = k * THREADS + tx
+            tok = tile * TOK + p // STEP_VEC
+            g = ch * CHUNK_VEC + step * STEP_VEC + p % STEP_VEC
+            for i in T.unroll(HC):
+                for j in T.vectorized(VEC):
+                    sr[k, i, j] = T.if_then_else(
+                        tok < n_tokens and g < n_vec,
+                        streams[T.min(tok, n_tokens - 1), i, T.min(g, n_vec - 1), j],
+                        T.bfloat16(0),
+                    )
+
+    @T.macro
+    def store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step):
+        # Registers -> shared memory, and the collapse u of the staged pairs.
+        for k in T.unroll(W_PER_THREAD):
+            f = k * THREADS + tx
+            r = f // (HC * STEP_VEC * 2)
+            i = (f // (STEP_VEC * 2)) % HC
+            vv = (f // 2) % STEP_VEC
+            h = f % 2
+            for j in T.vectorized(VEC // 2):
+                ws[r, i, vv, h, j] = wr[k, j]
+        for k in T.unroll(PAIRS):
+            p = k * THREADS + tx
+            tt = p // STEP_VEC
+            vv = p % STEP_VEC
+            tok = tile * TOK + tt
+            g = ch * CHUNK_VEC + step * STEP_VEC + vv
+            for i in T.unroll(HC):
+                for j in T.vectorized(VEC):
+                    ss[tt, i * (STEP_VEC * VEC) + vv * VEC + j] = sr[k, i, j]
+            if tok < n_tokens and g < n_vec:
+                for j in T.unroll(VEC):
+                    # 0 + p0*S0 like the CPU's fold from 0.0 (turns -0 into +0).
+                    a = T.ieee_add(T.float32(0), T.ieee_mul(lag[k, 0], T.cast(sr[k, 0, j], T.float32)))
+                    a = T.ieee_add(a, T.ieee_mul(lag[k, 1], T.cast(sr[k, 1, j], T.float32)))
+                    a = T.ieee_add(a, T.ieee_mul(lag[k, 2], T.cast(sr[k, 2, j], T.float32)))
+                    a = T.ieee_add(a, T.ieee_mul(lag[k, 3], T.cast(sr[k, 3, j], T.float32)))
+                    ub[j] = T.cast(a, T.bfloat16)
+                for j in T.vectorized(VEC):
+                    u[tok, g, j] = ub[j]
+
+    @T.macro
+    def dots(ss, ws, sb, xs, wv, acc, warp, lane, nq):
+        # Warp `warp` = stream i; lane: tokens lane and lane + 32.
+        for vv in T.unroll(STEP_VEC):
+            for q in T.unroll(nq):
+                for j in T.vectorized(VEC):
+                    sb[q, j] = ss[lane + 32 * q, warp * (STEP_VEC * VEC) + vv * VEC + j]
+                for j in T.unroll(VEC):
+                    xs[q, j] = T.cast(sb[q, j], T.float32)
+                    acc[q, MIXES] = acc[q, MIXES] + xs[q, j] * xs[q, j]
+            for r in T.unroll(MIXES):
+                for h in T.unroll(2):
+                    for j in T.vectorized(VEC // 2):
+                        wv[h * (VEC // 2) + j] = ws[r, warp, vv, h, j]
+                for j in T.unroll(VEC):
+                    for q in T.unroll(nq):
+                        acc[q, r] = acc[q, r] + wv[j] * xs[q, j]
 
     @T.prim_func
     def deepinfer_mhc_pre(
         streams: T.Tensor((n_tokens, HC, n_vec, VEC), T.bfloat16),
         hc_fn: T.Tensor((MIXES, HC, n_vec, 2, VEC // 2), T.float32),
-        hc_base: T.Tensor((MIXES,), T.float32),
-        hc_scale: T.Tensor((3,), T.float32),
         pre_in: T.Tensor((n_tokens, HC), T.float32),
         u: T.Tensor((n_tokens, n_vec, VEC), T.bfloat16),
-        mixes: T.Tensor((n_tokens, MIXES), T.float32),
-        pre: T.Tensor((n_tokens, HC), T.float32),
-        post: T.Tensor((n_tokens, HC), T.float32),
-        comb: T.Tensor((n_tokens, HC * HC), T.float32),
-        eps: T.float32,
-        hc_eps: T.float32,
-        iters: T.int32,
+        part: T.Tensor((n_chunks, n_tokens, RED_ROWS), T.float32),
     ):
-        with T.Kernel(n_tokens, threads=threads) as tok:
+        with T.Kernel(n_chunks, T.ceildiv(n_tokens, TOK), threads=THREADS) as (ch, tile):
             tx = T.get_thread_binding()
-            sb = T.alloc_local((HC, VEC), T.bfloat16)
-            wb = T.alloc_local((VEC,), T.float32)
+            ws = T.alloc_shared((MIXES, HC, STEP_VEC, 2, VEC // 2), T.float32)
+            ss = T.alloc_shared((TOK, ROW), T.bfloat16)
+            red = T.alloc_shared((TOK, RED_ROWS), T.float32)
+            wr = T.alloc_local((W_PER_THREAD, VEC // 2), T.float32)
+            sr = T.alloc_local((PAIRS, HC, VEC), T.bfloat16)
+            lag = T.alloc_local((PAIRS, HC), T.float32)
             ub = T.alloc_local((VEC,), T.bfloat16)
-            lag = T.alloc_local((HC,), T.float32)
-            acc = T.alloc_local((RED_ROWS,), T.float32)
-            m = T.alloc_local((MIXES,), T.float32)
-            c = T.alloc_local((HC * HC,), T.float32)
-            sc = T.alloc_local((4,), T.float32)
-            red = T.alloc_shared((RED_ROWS, threads), T.float32)
+            sb = T.alloc_local((2, VEC), T.bfloat16)
+            xs = T.alloc_local((2, VEC), T.float32)
+            wv = T.alloc_local((VEC,), T.float32)
+            acc = T.alloc_local((2, RED_ROWS), T.float32)
 
-            for i in T.unroll(HC):
-                lag[i] = pre_in[tok, i]
-            for r in T.unroll(RED_ROWS):
-                acc[r] = T.float32(0)
+            warp = tx // 32
+            lane = tx % 32
+            both = tile * TOK + 32 < n_tokens  # warp-uniform: a second token per lane
 
-            # 1. One pass over the token's streams: collapse, sum of squares, dots.
-            for it in T.serial(T.ceildiv(n_vec, threads)):
-                v = it * threads + tx
-                if v < n_vec:
-                    for i in T.unroll(HC):
-                        for j in T.vectorized(VEC):
-                            sb[i, j] = streams[tok, i, v, j]
-                    for j in T.unroll(VEC):
-                        # 0 + p0*S0 like the CPU's fold from 0.0 (turns -0 into +0).
-                        a = T.ieee_add(T.float32(0), T.ieee_mul(lag[0], T.cast(sb[0, j], T.float32)))
-                        a = T.ieee_add(a, T.ieee_mul(lag[1], T.cast(sb[1, j], T.float32)))
-                        a = T.ieee_add(a, T.ieee_mul(lag[2], T.cast(sb[2, j], T.float32)))
-                        a = T.ieee_add(a, T.ieee_mul(lag[3], T.cast(sb[3, j], T.float32)))
-                        ub[j] = T.cast(a, T.bfloat16)
-                    for j in T.vectorized(VEC):
-                        u[tok, v, j] = ub[j]
-                    for i in T.unroll(HC):
-                        for j in T.unroll(VEC):
-                            x = T.cast(sb[i, j], T.float32)
-                            acc[MIXES] = acc[MIXES] + x * x
-                    for r in T.unroll(MIXES):
-                        for i in T.unroll(HC):
-                            # Two 16-byte loads (sm_100a would otherwise merge them into
-                            # one 32-byte load that compat.cuh does not provide).
-                            for h in T.unroll(2):
-                                for j in T.vectorized(VEC // 2):
-                                    wb[h * (VEC // 2) + j] = hc_fn[r, i, v, h, j]
-                            for j in T.unroll(VEC):
-                                acc[r] = acc[r] + wb[j] * T.cast(sb[i, j], T.float32)
+            for q in T.unroll(2):
+                for r in T.unroll(RED_ROWS):
+                    acc[q, r] = T.float32(0)
+            for k in T.unroll(PAIRS):
+                tok = tile * TOK + (k * THREADS + tx) // STEP_VEC
+                for i in T.unroll(HC):
+                    lag[k, i] = T.if_then_else(tok < n_tokens, pre_in[T.min(tok, n_tokens - 1), i], T.float32(0))
 
-            # 2. Tree reduction of the 25 partial sums over the CTA.
-            for r in T.unroll(RED_ROWS):
-                red[r, tx] = acc[r]
-            T.sync_threads()
-            for step in T.unroll(log2_threads):
-                half = T.shift_right(threads, step + 1)
-                if tx < half:
-                    for r in T.unroll(RED_ROWS):
-                        red[r, tx] = red[r, tx] + red[r, tx + half]
+            load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, 0)
+            for step in T.serial(STEPS):
+                store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
+                T.sync_threads()
+                if step + 1 < STEPS:
+                    load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, step + 1)
+                if both:
+                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 2)
+                else:
+                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 1)
                 T.sync_threads()
 
-            # 3. Thread 0: mixes, split, Sinkhorn (the CPU's order, IEEE ops).
-            if tx == 0:
-                for i in T.unroll(3):
-                    sc[i] = hc_scale[i]
-                ms = T.ieee_add(T.ieee_fdiv(red[MIXES, 0], T.cast(n_vec * (HC * VEC), T.float32)), eps)
-                sc[3] = T.ieee_fdiv(T.float32(1), T.sqrt(ms))
-                for r in T.unroll(MIXES):
-                    m[r] = T.ieee_mul(red[r, 0], sc[3])
-                    mixes[tok, r] = m[r]
-                for i in T.unroll(HC):
-                    zp = T.ieee_add(T.ieee_mul(m[i], sc[0]), hc_base[i])
-                    ep = T.cast(T.exp(T.cast(-zp, T.float64)), T.float32)
-                    pre[tok, i] = T.ieee_add(
-                        T.ieee_fdiv(T.float32(1), T.ieee_add(T.float32(1), ep)), hc_eps
-                    )
-                    zq = T.ieee_add(T.ieee_mul(m[4 + i], sc[1]), hc_base[4 + i])
-                    eq = T.cast(T.exp(T.cast(-zq, T.float64)), T.float32)
-                    post[tok, i] = T.ieee_mul(
-                        T.float32(2), T.ieee_fdiv(T.float32(1), T.ieee_add(T.float32(1), eq))
-                    )
-                for k in T.unroll(HC * HC):
-                    c[k] = T.ieee_add(T.ieee_mul(m[8 + k], sc[2]), hc_base[8 + k])
-                # Row softmax, + eps.
-                for j in T.unroll(HC):
-                    mx = T.max(T.max(c[4 * j], c[4 * j + 1]), T.max(c[4 * j + 2], c[4 * j + 3]))
-                    for k in T.unroll(HC):
-                        c[4 * j + k] = T.cast(
-                            T.exp(T.cast(T.ieee_sub(c[4 * j + k], mx), T.float64)), T.float32
-                        )
-                    s = T.ieee_add(
-                        T.ieee_add(T.ieee_add(c[4 * j], c[4 * j + 1]), c[4 * j + 2]), c[4 * j + 3]
-                    )
-                    for k in T.unroll(HC):
-                        c[4 * j + k] = T.ieee_add(T.ieee_fdiv(c[4 * j + k], s), hc_eps)
-                # Columns, then iters - 1 x (rows, columns).
-                for it in T.serial(iters):
-                    if it > 0:
-                        for j in T.unroll(HC):
-                            s = T.ieee_add(
-                                T.ieee_add(
-                                    T.ieee_add(T.ieee_add(c[4 * j], c[4 * j + 1]), c[4 * j + 2]),
-                                    c[4 * j + 3],
-                                ),
-                                hc_eps,
-                            )
-                            for k in T.unroll(HC):
-                                c[4 * j + k] = T.ieee_fdiv(c[4 * j + k], s)
-                    for k in T.unroll(HC):
-                        s = T.ieee_add(
-                            T.ieee_add(T.ieee_add(T.ieee_add(c[k], c[4 + k]), c[8 + k]), c[12 + k]),
-                            hc_eps,
-                        )
-                        for j in T.unroll(HC):
-                            c[4 * j + k] = T.ieee_fdiv(c[4 * j + k], s)
-                for k in T.unroll(HC * HC):
-                    comb[tok, k] = c[k]
+            # The four streams' sums, in stream order, then the tile's block of part.
+            for w in T.unroll(HC):
+                if warp == w:
+                    for q in T.unroll(2):
+                        for r in T.unroll(RED_ROWS):
+                            if w == 0:
+                                red[lane + 32 * q, r] = acc[q, r]
+                            else:
+                                red[lane + 32 * q, r] = red[lane + 32 * q, r] + acc[q, r]
+                T.sync_threads()
+            for e in T.serial(T.ceildiv(TOK * RED_ROWS, THREADS)):
+                idx = e * THREADS + tx
+                tt = idx // RED_ROWS
+                tok = tile * TOK + tt
+                if idx < TOK * RED_ROWS and tok < n_tokens:
+                    part[ch, tok, idx % RED_ROWS] = red[tt, idx % RED_ROWS]
 
     return deepinfer_mhc_pre
 
@@ -201,9 +227,10 @@ def mhc_pre(threads: int = THREADS):
 def launch_info() -> dict:
     """Launch geometry of the default build, for generate.py's header."""
     return {
-        "grid": "(n_tokens, 1, 1): one token per CTA",
+        "grid": "(ceil(n_vec / %d), ceil(n_tokens / %d), 1): one chunk of %d positions and %d tokens per CTA"
+        % (CHUNK_VEC, TOK, CHUNK_VEC * VEC, TOK),
         "block": "(%d, 1, 1)" % THREADS,
-        "dynamic_smem": "%d bytes (the [25, %d] fp32 partial sums)" % (SMEM_BYTES, THREADS),
+        "dynamic_smem": "%d bytes (hc_fn step slice, staged streams; the [%d, 25] sums reuse the latter)" % (SMEM_BYTES, TOK),
         "dynamic_smem_bytes": SMEM_BYTES,
         "alignment": "streams, hc_fn, u 16 B, the rest 4 B; D % 8 == 0, T*4*D < 2^31",
     }

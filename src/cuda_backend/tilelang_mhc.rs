@@ -1,13 +1,16 @@
-//! Launches of the TileLang mHC kernels: the front half (`tilelang/mhc_pre.py`:
-//! collapse, mixes, split, Sinkhorn) and the expand (`tilelang/mhc.py`), generated
-//! into `tilelang/generated/mhc{,_pre}.sm_*.cu`. Like the other TileLang launchers it
+//! Launches of the TileLang mHC kernels: the front half in two passes
+//! (`tilelang/mhc_pre.py`: collapse and the fixed-split partial sums of the
+//! mixes; `tilelang/mhc_split.py`: their fixed-order total, split, Sinkhorn)
+//! and the expand (`tilelang/mhc.py`), generated into
+//! `tilelang/generated/mhc{,_pre,_split}.sm_*.cu`. Like the other TileLang launchers it
 //! passes raw device addresses and scalars in the order TileLang emits
 //! (buffers by name, then scalars by name), not the program's order.
 
 use super::u32_param;
-use super::{Arg, launch_raw, read_ptr, write_ptr};
+use super::{launch_raw, read_ptr, write_ptr};
 use crate::contract::MhcPre;
-use crate::device::CudaDevice;
+use crate::device::{CudaDevice, Device};
+use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::tensor::Tensor;
@@ -102,19 +105,37 @@ pub fn mhc_expand(
     Ok(())
 }
 
-/// Threads per CTA of the front half (`THREADS` in `tilelang/mhc_pre.py`).
+/// Threads per CTA of both passes of the front half (`THREADS` in
+/// `tilelang/mhc_pre.py` and `tilelang/mhc_split.py`).
 const PRE_THREADS: u32 = 128;
-/// Its dynamic shared memory: the [25, 128] fp32 partial sums.
-const PRE_SMEM_BYTES: u32 = 25 * 128 * 4;
+/// Pass 1: 16-byte vectors of each stream per chunk (`CHUNK_VEC`).
+const PRE_CHUNK_VEC: usize = 16;
+/// Pass 1: tokens per CTA (`TOK`).
+const PRE_TOKENS: usize = 64;
+/// Pass 1: dynamic shared memory (`SMEM_BYTES`: the hc_fn slice and the
+/// staged streams of one step).
+const PRE_SMEM_BYTES: u32 = 29696;
+/// Pass 1's partial sums per token and chunk: 24 dots and the squares.
+const PRE_PARTS: usize = 25;
+/// Pass 2: tokens per CTA (`TOK` in `tilelang/mhc_split.py`).
+const SPLIT_TOKENS: usize = 8;
 
-/// `deepinfer_mhc_pre_kernel(float* comb, const float* hc_base, const float*
-/// hc_fn, const float* hc_scale, float* mixes, float* post, float* pre,
-/// const float* pre_in, const bfloat16_t* streams, bfloat16_t* u, float eps,
-/// float hc_eps, int iters, int n_tokens, int n_vec)` with `n_vec = d / 8`:
-/// one token per CTA of 128 threads (grid `(tokens, 1, 1)`), 12800 bytes of
-/// dynamic shared memory, launch bounds (128, 1). Needs `d % 8 == 0`
-/// (checked here), `tokens · 4 · d < 2^31` and `1 ≤ iters < 2^31` (checked
-/// by the caller).
+/// The mHC front half in two launches:
+///
+/// 1. `deepinfer_mhc_pre_kernel(const float* hc_fn, float* part, const
+///    float* pre_in, const bfloat16_t* streams, bfloat16_t* u, int n_chunks,
+///    int n_tokens, int n_vec)`: grid `(n_chunks, ceil(tokens / 64))` with
+///    `n_chunks = ceil(n_vec / 16)`, 128 threads, 29696 bytes of dynamic
+///    shared memory; writes u and the partial sums `part` F32
+///    `[n_chunks, tokens, 25]` (a scratch tensor here).
+/// 2. `deepinfer_mhc_split_kernel(float* comb, const float* hc_base, const
+///    float* hc_scale, float* mixes, const float* part, float* post, float*
+///    pre, float eps, float hc_eps, int iters, int n_chunks, int n_tokens,
+///    int n_vec)`: grid `ceil(tokens / 8)`, 128 threads; adds the chunks in
+///    order and writes mixes, pre, post and comb.
+///
+/// `n_vec = d / 8`. Needs `d % 8 == 0` (checked here), `tokens · 4 · d <
+/// 2^31` and `1 ≤ iters < 2^31` (checked by the caller).
 #[allow(clippy::too_many_arguments)]
 pub fn mhc_pre(
     dev: &CudaDevice,
@@ -131,7 +152,8 @@ pub fn mhc_pre(
     d: usize,
 ) -> Result<()> {
     const OP: &str = "mhc_pre (TileLang)";
-    let kernel = kernels::tilelang_mhc_pre::DEEPINFER_MHC_PRE_KERNEL;
+    let pass1 = kernels::tilelang_mhc_pre::DEEPINFER_MHC_PRE_KERNEL;
+    let pass2 = kernels::tilelang_mhc_split::DEEPINFER_MHC_SPLIT_KERNEL;
     if !d.is_multiple_of(VEC) {
         return Err(Error::Shape {
             op: OP,
@@ -140,21 +162,25 @@ pub fn mhc_pre(
             expected: "[T, 4, D] with D a multiple of 8 (16-byte vectors)".into(),
         });
     }
-    let (Ok(n_tokens), Ok(n_vec), Ok(iters)) = (
+    let chunks = (d / VEC).div_ceil(PRE_CHUNK_VEC);
+    let (Ok(n_tokens), Ok(n_vec), Ok(n_chunks), Ok(iters)) = (
         i32::try_from(tokens),
         i32::try_from(d / VEC),
+        i32::try_from(chunks),
         i32::try_from(iters),
     ) else {
         return Err(Error::Argument {
             op: OP,
             arg: "tokens",
             value: tokens.to_string(),
-            why: "the generated kernel takes tokens, D/8 and iters as 32-bit ints",
+            why: "the generated kernels take tokens, D/8, the chunk count and iters as 32-bit ints",
         });
     };
     if tokens == 0 {
         return Ok(());
     }
+    let device = Device::Cuda(dev.clone());
+    let mut part = Tensor::empty(&device, DType::F32, &[chunks, tokens, PRE_PARTS])?;
     let (sp, _g0) = read_ptr(streams.cuda()?, dev);
     let (fp, _g1) = read_ptr(hc_fn.cuda()?, dev);
     let (bp, _g2) = read_ptr(hc_base.cuda()?, dev);
@@ -165,43 +191,83 @@ pub fn mhc_pre(
     let (pp, _g7) = write_ptr(out.pre.cuda_mut()?, dev);
     let (qp, _g8) = write_ptr(out.post.cuda_mut()?, dev);
     let (kp, _g9) = write_ptr(out.comb.cuda_mut()?, dev);
-    let args = [
-        kp as u64, bp as u64, fp as u64, cp as u64, mp as u64, qp as u64, pp as u64, lp as u64,
-        sp as u64, up as u64,
-    ];
-    let cfg = LaunchConfig {
-        grid_dim: (u32_param("tokens", tokens)?, 1, 1),
+    let (tp, _g10) = write_ptr(part.cuda_mut()?, dev);
+    let cfg1 = LaunchConfig {
+        grid_dim: (
+            u32_param("chunks", chunks)?,
+            u32_param("token tiles", tokens.div_ceil(PRE_TOKENS))?,
+            1,
+        ),
         block_dim: (PRE_THREADS, 1, 1),
         shared_mem_bytes: PRE_SMEM_BYTES,
     };
-    // SAFETY: the argument list matches the generated signature above in
-    // order and size (ten 8-byte device addresses in TileLang's order: comb,
-    // hc_base, hc_fn, hc_scale, mixes, post, pre, pre_in, streams, u; two
-    // floats, three ints). The addresses come from whole allocations
-    // (256-byte aligned, so the 16-byte loads of streams and hc_fn and the
-    // stores of u are aligned: D % 8 == 0) whose shapes the caller validated
-    // (streams [T, 4, D], hc_fn [24, 4D], hc_base [24], hc_scale [3], pre_in
-    // [T, 4]; outputs u [T, D], mixes [T, 24], pre/post [T, 4], comb [T, 16]);
-    // the guards live until after the launch, inputs are only read and the
-    // five outputs are distinct buffers (&mut). One CTA per token writes
-    // exactly that token's outputs; the 12800 bytes of dynamic shared memory
-    // are below the 48 KiB default limit.
+    // SAFETY: the argument list matches pass 1's generated signature above
+    // in order and size (five 8-byte device addresses in TileLang's order:
+    // hc_fn, part, pre_in, streams, u; three ints). The addresses come from
+    // whole allocations (256-byte aligned, so the 16-byte loads of streams
+    // and hc_fn and the stores of u are aligned: D % 8 == 0) whose shapes
+    // the caller validated (streams [T, 4, D], hc_fn [24, 4D], pre_in
+    // [T, 4], u [T, D]); part was just allocated as [n_chunks, T, 25]. The
+    // kernel clamps every load to the tensors' bounds and writes u and part
+    // only for tokens below T and vectors below n_vec; each (chunk, token
+    // tile) is one CTA. The guards live until after the launch; u and part
+    // are distinct buffers (&mut). 29696 bytes of dynamic shared memory are
+    // below the 48 KiB default limit.
     unsafe {
         launch_raw(
             dev,
-            kernel,
-            cfg,
-            &args
-                .iter()
-                .map(|&a| Arg::from(a))
-                .chain([
-                    eps.into(),
-                    hc_eps.into(),
-                    iters.into(),
-                    n_tokens.into(),
-                    n_vec.into(),
-                ])
-                .collect::<Vec<Arg>>(),
+            pass1,
+            cfg1,
+            &[
+                (fp as u64).into(),
+                (tp as u64).into(),
+                (lp as u64).into(),
+                (sp as u64).into(),
+                (up as u64).into(),
+                n_chunks.into(),
+                n_tokens.into(),
+                n_vec.into(),
+            ],
+        )
+    }?;
+    let cfg2 = LaunchConfig {
+        grid_dim: (
+            u32_param("token groups", tokens.div_ceil(SPLIT_TOKENS))?,
+            1,
+            1,
+        ),
+        block_dim: (PRE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the argument list matches pass 2's generated signature above
+    // (seven 8-byte device addresses in TileLang's order: comb, hc_base,
+    // hc_scale, mixes, part, post, pre; two floats, four ints). part is the
+    // [n_chunks, T, 25] tensor pass 1 filled on the same stream (every
+    // element: each chunk CTA writes all 25 sums of each of its tokens);
+    // the outputs are mixes [T, 24], pre/post [T, 4], comb [T, 16] as the
+    // caller validated, hc_base [24] and hc_scale [3]. Loads are clamped to
+    // token T - 1 and stores masked to tokens below T. Guards live until
+    // after the launch; the five outputs are distinct buffers (&mut).
+    unsafe {
+        launch_raw(
+            dev,
+            pass2,
+            cfg2,
+            &[
+                (kp as u64).into(),
+                (bp as u64).into(),
+                (cp as u64).into(),
+                (mp as u64).into(),
+                (tp as u64).into(),
+                (qp as u64).into(),
+                (pp as u64).into(),
+                eps.into(),
+                hc_eps.into(),
+                iters.into(),
+                n_chunks.into(),
+                n_tokens.into(),
+                n_vec.into(),
+            ],
         )
     }?;
     Ok(())

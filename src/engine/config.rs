@@ -98,7 +98,7 @@ pub const SWITCHES: [&str; 6] = [
 
 /// Other `DEEPINFER_*` variables the project reads (build, kernel choice,
 /// cache, model, bench and test settings): not engine switches, not unknown.
-const OTHER_KNOWN: [&str; 39] = [
+const OTHER_KNOWN: [&str; 40] = [
     "DEEPINFER_ACCELERATOR",
     "DEEPINFER_ACT_QUANT_FP8_KERNEL",
     "DEEPINFER_ASCEND_ARCH",
@@ -118,6 +118,7 @@ const OTHER_KNOWN: [&str; 39] = [
     "DEEPINFER_HF_MODEL_DIR",
     "DEEPINFER_MHC_EXPAND_KERNEL",
     "DEEPINFER_MHC_PRE_KERNEL",
+    "DEEPINFER_MHC_SPLIT_KERNEL",
     "DEEPINFER_MOE_LAYOUT_KERNEL",
     "DEEPINFER_MOE_ROUTE_KERNEL",
     "DEEPINFER_ONLY",

@@ -8,10 +8,12 @@
 //! (fp32, fixed order, e^x correctly rounded via f64). The CUDA path of
 //! [`mhc_expand`] is the TileLang program `tilelang/mhc.py`, bit-exact with
 //! [`cpu_backend::mhc::hc_expand`]. The CUDA path of [`mhc_pre`] is
-//! `tilelang/mhc_pre.py`: the collapse is bit-exact; the mixes are an fp32
-//! GEMV whose reduction order differs from the CPU's sequential sums (close,
-//! not bitwise); the split and Sinkhorn follow the CPU's operation order
-//! exactly on the GPU's own mixes (returned in [`MhcPre::mixes`]).
+//! `tilelang/mhc_pre.py` then `tilelang/mhc_split.py`: the collapse is
+//! bit-exact; the mixes are an fp32 GEMV summed in chunks of 128 positions
+//! and then over the chunks, an order fixed by D alone (batch invariant) but
+//! not the CPU's sequential sums (close, not bitwise); the split and
+//! Sinkhorn follow the CPU's operation order exactly on the GPU's own mixes
+//! (returned in [`MhcPre::mixes`]).
 //!
 //! [`cpu_backend::mhc`]: crate::cpu_backend::mhc
 

@@ -5,11 +5,11 @@
 // TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include <this file>
 //        (no --use_fast_math / -ftz=true)
-// Entry point: extern "C" __global__ void deepinfer_mhc_pre_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_fn, const float* __restrict__ hc_scale, float* __restrict__ mixes, float* __restrict__ post, float* __restrict__ pre, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, float eps, float hc_eps, int iters, int n_tokens, int n_vec)
+// Entry point: extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec)
 //   __launch_bounds__(128, 1)
-// grid: (n_tokens, 1, 1): one token per CTA
+// grid: (ceil(n_vec / 16), ceil(n_tokens / 64), 1): one chunk of 128 positions and 64 tokens per CTA
 // block: (128, 1, 1)
-// dynamic_smem: 12800 bytes (the [25, 128] fp32 partial sums)
+// dynamic_smem: 29696 bytes (hc_fn step slice, staged streams; the [64, 25] sums reuse the latter)
 // alignment: streams, hc_fn, u 16 B, the rest 4 B; D % 8 == 0, T*4*D < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
@@ -21,137 +21,193 @@
 #endif
 #include "deepinfer_tl/compat.cuh"
 
-extern "C" __global__ void deepinfer_mhc_pre_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_fn, const float* __restrict__ hc_scale, float* __restrict__ mixes, float* __restrict__ post, float* __restrict__ pre, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, float eps, float hc_eps, int iters, int n_tokens, int n_vec);
-extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_pre_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_fn, const float* __restrict__ hc_scale, float* __restrict__ mixes, float* __restrict__ post, float* __restrict__ pre, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, float eps, float hc_eps, int iters, int n_tokens, int n_vec) {
-  float lag[4];
-  float acc[25];
-  bfloat16_t sb[32];
+extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec);
+extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec) {
+  extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
+  void* red = ((void*)((char*)buf_dyn_shmem + 0));
+  void* ss = ((void*)((char*)buf_dyn_shmem + 0));
+  void* ws = ((void*)((char*)buf_dyn_shmem + 17408));
+  float acc[50];
+  float lag[8];
+  float wr[24];
+  bfloat16_t sr[64];
   bfloat16_t ub[8];
-  float wb[8];
-  extern __shared__ __align__(1024) float red[];
-  float sc[4];
-  float m[24];
-  float c[16];
+  bfloat16_t sb[16];
+  float xs[16];
+  float wv[8];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    lag[i] = pre_in[((((int64_t)((int)blockIdx.x)) * (int64_t)4) + ((int64_t)i))];
-  }
-  #pragma unroll
-  for (int r = 0; r < 25; ++r) {
-    acc[r] = 0x0p+0f/*0.000000e+00*/;
-  }
-  for (int it = 0; it < ((n_vec + 127) >> 7); ++it) {
-    if (((it * 128) + ((int)threadIdx.x)) < n_vec) {
-      #pragma unroll
-      for (int i_1 = 0; i_1 < 4; ++i_1) {
-        *(uint4*)(sb + (i_1 * 8)) = *(uint4*)(streams + ((((((int64_t)it) * (int64_t)1024) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_vec)) * (int64_t)32)) + ((((int64_t)i_1) * ((int64_t)n_vec)) * (int64_t)8)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8)));
-      }
-      #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float a = __fadd_rn(0x0p+0f/*0.000000e+00*/, __fmul_rn(lag[0], ((float)sb[j])));
-        float a_1 = __fadd_rn(a, __fmul_rn(lag[1], ((float)sb[(j + 8)])));
-        float a_2 = __fadd_rn(a_1, __fmul_rn(lag[2], ((float)sb[(j + 16)])));
-        float a_3 = __fadd_rn(a_2, __fmul_rn(lag[3], ((float)sb[(j + 24)])));
-        ub[j] = ((bfloat16_t)a_3);
-      }
-      *(uint4*)(u + (((((int64_t)it) * (int64_t)1024) + (((int64_t)((int)threadIdx.x)) * (int64_t)8)) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_vec)) * (int64_t)8))) = *(uint4*)(ub + 0);
-      #pragma unroll
-      for (int i_2 = 0; i_2 < 4; ++i_2) {
-        #pragma unroll
-        for (int j_1 = 0; j_1 < 8; ++j_1) {
-          float x = ((float)sb[((i_2 * 8) + j_1)]);
-          acc[24] = (acc[24] + (x * x));
-        }
-      }
-      #pragma unroll
-      for (int r_1 = 0; r_1 < 24; ++r_1) {
-        #pragma unroll
-        for (int i_3 = 0; i_3 < 4; ++i_3) {
-          #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            *(float4*)(wb + (h * 4)) = *(float4*)(hc_fn + (((((((int64_t)it) * (int64_t)1024) + ((((int64_t)r_1) * ((int64_t)n_vec)) * (int64_t)32)) + ((((int64_t)i_3) * ((int64_t)n_vec)) * (int64_t)8)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8)) + (((int64_t)h) * (int64_t)4)));
-          }
-          #pragma unroll
-          for (int j_2 = 0; j_2 < 8; ++j_2) {
-            acc[r_1] = (acc[r_1] + (wb[j_2] * ((float)sb[((i_3 * 8) + j_2)])));
-          }
-        }
-      }
+  for (int q = 0; q < 2; ++q) {
+    #pragma unroll
+    for (int r = 0; r < 25; ++r) {
+      acc[((q * 25) + r)] = 0x0p+0f/*0.000000e+00*/;
     }
   }
   #pragma unroll
-  for (int r_2 = 0; r_2 < 25; ++r_2) {
-    red[((r_2 * 128) + ((int)threadIdx.x))] = acc[r_2];
+  for (int k = 0; k < 2; ++k) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float condval;
+      if (((((((int)blockIdx.y) * 64) + (k * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens)) {
+        condval = pre_in[((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)4) + ((int64_t)i))];
+      } else {
+        condval = 0x0p+0f/*0.000000e+00*/;
+      }
+      lag[((k * 4) + i)] = condval;
+    }
   }
-  __syncthreads();
   #pragma unroll
-  for (int step = 0; step < 7; ++step) {
-    if (((int)threadIdx.x) < (128 >> (step + 1))) {
+  for (int k_1 = 0; k_1 < 6; ++k_1) {
+    float broadcast_var = 0x0p+0f/*0.000000e+00*/;
+    float4 condval_1;
+    if ((((((int)blockIdx.x) * 16) + ((((int)threadIdx.x) & 7) >> 1)) < n_vec)) {
+      condval_1 = *(float4*)(hc_fn + (((((((((int64_t)k_1) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
+    } else {
+      condval_1 = make_float4(broadcast_var, broadcast_var, broadcast_var, broadcast_var);
+    }
+    *(float4*)(wr + (k_1 * 4)) = condval_1;
+  }
+  #pragma unroll
+  for (int k_2 = 0; k_2 < 2; ++k_2) {
+    #pragma unroll
+    for (int i_1 = 0; i_1 < 4; ++i_1) {
+      bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+      uint4 condval_2;
+      if ((((((((int)blockIdx.y) * 64) + (k_2 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((int)blockIdx.x) * 16) + (((int)threadIdx.x) & 3)) < n_vec))) {
+        condval_2 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_2) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_1) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
+      } else {
+        condval_2 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+      }
+      *(uint4*)(sr + ((k_2 * 32) + (i_1 * 8))) = condval_2;
+    }
+  }
+  for (int step = 0; step < 4; ++step) {
+    #pragma unroll
+    for (int k_3 = 0; k_3 < 6; ++k_3) {
+      *(float4*)(((float*)ws) + ((k_3 * 512) + (((int)threadIdx.x) * 4))) = *(float4*)(wr + (k_3 * 4));
+    }
+    #pragma unroll
+    for (int k_4 = 0; k_4 < 2; ++k_4) {
       #pragma unroll
-      for (int r_3 = 0; r_3 < 25; ++r_3) {
-        red[((r_3 * 128) + ((int)threadIdx.x))] = (red[((r_3 * 128) + ((int)threadIdx.x))] + red[(((r_3 * 128) + ((int)threadIdx.x)) + (128 >> (step + 1)))]);
+      for (int i_2 = 0; i_2 < 4; ++i_2) {
+        *(uint4*)(((bfloat16_t*)ss) + ((((k_4 * 4352) + ((((int)threadIdx.x) >> 2) * 136)) + (i_2 * 32)) + ((((int)threadIdx.x) & 3) * 8))) = *(uint4*)(sr + ((k_4 * 32) + (i_2 * 8)));
+      }
+      if (((((((int)blockIdx.y) * 64) + (k_4 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && ((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) < n_vec)) {
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float a = __fadd_rn(0x0p+0f/*0.000000e+00*/, __fmul_rn(lag[(k_4 * 4)], ((float)sr[((k_4 * 32) + j)])));
+          float a_1 = __fadd_rn(a, __fmul_rn(lag[((k_4 * 4) + 1)], ((float)sr[(((k_4 * 32) + j) + 8)])));
+          float a_2 = __fadd_rn(a_1, __fmul_rn(lag[((k_4 * 4) + 2)], ((float)sr[(((k_4 * 32) + j) + 16)])));
+          float a_3 = __fadd_rn(a_2, __fmul_rn(lag[((k_4 * 4) + 3)], ((float)sr[(((k_4 * 32) + j) + 24)])));
+          ub[j] = ((bfloat16_t)a_3);
+        }
+        *(uint4*)(u + ((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + (((int64_t)step) * (int64_t)32)) + (((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_4) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) * ((int64_t)n_vec)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8))) = *(uint4*)(ub + 0);
+      }
+    }
+    __syncthreads();
+    if (step < 3) {
+      #pragma unroll
+      for (int k_5 = 0; k_5 < 6; ++k_5) {
+        float broadcast_var_2 = 0x0p+0f/*0.000000e+00*/;
+        float4 condval_3;
+        if ((((((((int)blockIdx.x) * 16) + (step * 4)) + ((((int)threadIdx.x) & 7) >> 1)) + 4) < n_vec)) {
+          condval_3 = *(float4*)(hc_fn + (((((((((int64_t)k_5) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
+        } else {
+          condval_3 = make_float4(broadcast_var_2, broadcast_var_2, broadcast_var_2, broadcast_var_2);
+        }
+        *(float4*)(wr + (k_5 * 4)) = condval_3;
+      }
+      #pragma unroll
+      for (int k_6 = 0; k_6 < 2; ++k_6) {
+        #pragma unroll
+        for (int i_3 = 0; i_3 < 4; ++i_3) {
+          bfloat16_t broadcast_var_3 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+          uint4 condval_4;
+          if ((((((((int)blockIdx.y) * 64) + (k_6 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) + 4) < n_vec))) {
+            condval_4 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_6) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
+          } else {
+            condval_4 = make_uint4(__pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3));
+          }
+          *(uint4*)(sr + ((k_6 * 32) + (i_3 * 8))) = condval_4;
+        }
+      }
+    }
+    if (((((int)blockIdx.y) * 64) + 32) < n_tokens) {
+      #pragma unroll
+      for (int vv = 0; vv < 4; ++vv) {
+        #pragma unroll
+        for (int q_1 = 0; q_1 < 2; ++q_1) {
+          *(uint4*)(sb + (q_1 * 8)) = *(uint4*)(((bfloat16_t*)ss) + ((((q_1 * 4352) + ((((int)threadIdx.x) & 31) * 136)) + ((((int)threadIdx.x) >> 5) * 32)) + (vv * 8)));
+          #pragma unroll
+          for (int j_1 = 0; j_1 < 8; ++j_1) {
+            xs[((q_1 * 8) + j_1)] = ((float)sb[((q_1 * 8) + j_1)]);
+            acc[((q_1 * 25) + 24)] = (acc[((q_1 * 25) + 24)] + (xs[((q_1 * 8) + j_1)] * xs[((q_1 * 8) + j_1)]));
+          }
+        }
+        #pragma unroll
+        for (int r_1 = 0; r_1 < 24; ++r_1) {
+          #pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            *(float4*)(wv + (h * 4)) = *(float4*)(((float*)ws) + ((((r_1 * 128) + ((((int)threadIdx.x) >> 5) * 32)) + (vv * 8)) + (h * 4)));
+          }
+          #pragma unroll
+          for (int j_2 = 0; j_2 < 8; ++j_2) {
+            #pragma unroll
+            for (int q_2 = 0; q_2 < 2; ++q_2) {
+              acc[((q_2 * 25) + r_1)] = (acc[((q_2 * 25) + r_1)] + (wv[j_2] * xs[((q_2 * 8) + j_2)]));
+            }
+          }
+        }
+      }
+    } else {
+      #pragma unroll
+      for (int vv_1 = 0; vv_1 < 4; ++vv_1) {
+        *(uint4*)(sb + 0) = *(uint4*)(((bfloat16_t*)ss) + ((((((int)threadIdx.x) & 31) * 136) + ((((int)threadIdx.x) >> 5) * 32)) + (vv_1 * 8)));
+        #pragma unroll
+        for (int j_3 = 0; j_3 < 8; ++j_3) {
+          xs[j_3] = ((float)sb[j_3]);
+          acc[24] = (acc[24] + (xs[j_3] * xs[j_3]));
+        }
+        #pragma unroll
+        for (int r_2 = 0; r_2 < 24; ++r_2) {
+          #pragma unroll
+          for (int h_1 = 0; h_1 < 2; ++h_1) {
+            *(float4*)(wv + (h_1 * 4)) = *(float4*)(((float*)ws) + ((((r_2 * 128) + ((((int)threadIdx.x) >> 5) * 32)) + (vv_1 * 8)) + (h_1 * 4)));
+          }
+          #pragma unroll
+          for (int j_4 = 0; j_4 < 8; ++j_4) {
+            acc[r_2] = (acc[r_2] + (wv[j_4] * xs[j_4]));
+          }
+        }
       }
     }
     __syncthreads();
   }
-  if (((int)threadIdx.x) == 0) {
-    #pragma unroll
-    for (int i_4 = 0; i_4 < 3; ++i_4) {
-      sc[i_4] = hc_scale[i_4];
-    }
-    sc[3] = __fdiv_rn(0x1p+0f/*1.000000e+00*/, sqrtf(__fadd_rn(__fdiv_rn(red[3072], ((float)(n_vec * 32))), eps)));
-    #pragma unroll
-    for (int r_4 = 0; r_4 < 24; ++r_4) {
-      m[r_4] = __fmul_rn(red[(r_4 * 128)], sc[3]);
-      mixes[((((int64_t)((int)blockIdx.x)) * (int64_t)24) + ((int64_t)r_4))] = m[r_4];
-    }
-    #pragma unroll
-    for (int i_5 = 0; i_5 < 4; ++i_5) {
-      float zp = __fadd_rn(__fmul_rn(m[i_5], sc[0]), hc_base[i_5]);
-      pre[((((int64_t)((int)blockIdx.x)) * (int64_t)4) + ((int64_t)i_5))] = __fadd_rn(__fdiv_rn(0x1p+0f/*1.000000e+00*/, __fadd_rn(0x1p+0f/*1.000000e+00*/, ((float)exp(((double)(zp * -0x1p+0f/*-1.000000e+00*/)))))), hc_eps);
-      float zq = __fadd_rn(__fmul_rn(m[(i_5 + 4)], sc[1]), hc_base[(i_5 + 4)]);
-      post[((((int64_t)((int)blockIdx.x)) * (int64_t)4) + ((int64_t)i_5))] = __fmul_rn(0x1p+1f/*2.000000e+00*/, __fdiv_rn(0x1p+0f/*1.000000e+00*/, __fadd_rn(0x1p+0f/*1.000000e+00*/, ((float)exp(((double)(zq * -0x1p+0f/*-1.000000e+00*/)))))));
-    }
-    #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      c[k] = __fadd_rn(__fmul_rn(m[(k + 8)], sc[2]), hc_base[(k + 8)]);
-    }
-    #pragma unroll
-    for (int j_3 = 0; j_3 < 4; ++j_3) {
-      float mx = max(max(c[(j_3 * 4)], c[((j_3 * 4) + 1)]), max(c[((j_3 * 4) + 2)], c[((j_3 * 4) + 3)]));
-      #pragma unroll
-      for (int k_1 = 0; k_1 < 4; ++k_1) {
-        c[((j_3 * 4) + k_1)] = ((float)exp(((double)__fsub_rn(c[((j_3 * 4) + k_1)], mx))));
-      }
-      float s = __fadd_rn(__fadd_rn(__fadd_rn(c[(j_3 * 4)], c[((j_3 * 4) + 1)]), c[((j_3 * 4) + 2)]), c[((j_3 * 4) + 3)]);
-      #pragma unroll
-      for (int k_2 = 0; k_2 < 4; ++k_2) {
-        c[((j_3 * 4) + k_2)] = __fadd_rn(__fdiv_rn(c[((j_3 * 4) + k_2)], s), hc_eps);
-      }
-    }
-    for (int it_1 = 0; it_1 < iters; ++it_1) {
-      if (0 < it_1) {
+  #pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    if ((((int)threadIdx.x) >> 5) == w) {
+      if (w == 0) {
         #pragma unroll
-        for (int j_4 = 0; j_4 < 4; ++j_4) {
-          float s_1 = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[(j_4 * 4)], c[((j_4 * 4) + 1)]), c[((j_4 * 4) + 2)]), c[((j_4 * 4) + 3)]), hc_eps);
+        for (int q_3 = 0; q_3 < 2; ++q_3) {
           #pragma unroll
-          for (int k_3 = 0; k_3 < 4; ++k_3) {
-            c[((j_4 * 4) + k_3)] = __fdiv_rn(c[((j_4 * 4) + k_3)], s_1);
+          for (int r_3 = 0; r_3 < 25; ++r_3) {
+            ((float*)red)[(((q_3 * 800) + ((((int)threadIdx.x) & 31) * 25)) + r_3)] = acc[((q_3 * 25) + r_3)];
+          }
+        }
+      } else {
+        #pragma unroll
+        for (int q_4 = 0; q_4 < 2; ++q_4) {
+          #pragma unroll
+          for (int r_4 = 0; r_4 < 25; ++r_4) {
+            ((float*)red)[(((q_4 * 800) + ((((int)threadIdx.x) & 31) * 25)) + r_4)] = (((float*)red)[(((q_4 * 800) + ((((int)threadIdx.x) & 31) * 25)) + r_4)] + acc[((q_4 * 25) + r_4)]);
           }
         }
       }
-      #pragma unroll
-      for (int k_4 = 0; k_4 < 4; ++k_4) {
-        float s_2 = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(c[k_4], c[(k_4 + 4)]), c[(k_4 + 8)]), c[(k_4 + 12)]), hc_eps);
-        #pragma unroll
-        for (int j_5 = 0; j_5 < 4; ++j_5) {
-          c[((j_5 * 4) + k_4)] = __fdiv_rn(c[((j_5 * 4) + k_4)], s_2);
-        }
-      }
     }
-    #pragma unroll
-    for (int k_5 = 0; k_5 < 16; ++k_5) {
-      comb[((((int64_t)((int)blockIdx.x)) * (int64_t)16) + ((int64_t)k_5))] = c[k_5];
+    __syncthreads();
+  }
+  for (int e = 0; e < 13; ++e) {
+    if ((((e * 2) + (((int)threadIdx.x) >> 6)) < 25) && (((((int)blockIdx.y) * 64) + (((e * 128) + ((int)threadIdx.x)) / 25)) < n_tokens)) {
+      part[((((((int64_t)((int)blockIdx.y)) * (int64_t)1600) + (((int64_t)e) * (int64_t)128)) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_tokens)) * (int64_t)25)) + ((int64_t)((int)threadIdx.x)))] = ((float*)red)[((e * 128) + ((int)threadIdx.x))];
     }
   }
 }
