@@ -46,6 +46,7 @@ THREADS = 128
 LANES = 16  # lanes per token
 TOK = THREADS // LANES
 FLAT_PER_VEC = HC * 8  # flat 4·D values per 8-position vector
+UNROLL = 8  # chunks loaded per round
 
 
 def mhc_split():
@@ -70,6 +71,7 @@ def mhc_split():
         with T.Kernel(T.ceildiv(n_tokens, TOK), threads=THREADS) as bx:
             tx = T.get_thread_binding()
             s = T.alloc_local((3,), T.float32)  # dot of mix k, of mix 16 + k, squares
+            v = T.alloc_local((UNROLL, 3), T.float32)
             m = T.alloc_local((2,), T.float32)
             c = T.alloc_local((1,), T.float32)
             g = T.alloc_local((HC,), T.float32)
@@ -83,10 +85,17 @@ def mhc_split():
 
             for i in T.unroll(3):
                 s[i] = T.float32(0)
-            for ci in T.serial(n_chunks):
-                s[0] = s[0] + part[ci, tc, k]
-                s[1] = s[1] + part[ci, tc, k2]
-                s[2] = s[2] + part[ci, tc, MIXES]
+            # UNROLL chunks' loads in flight at once; the adds stay in order.
+            for cb in T.serial(T.ceildiv(n_chunks, UNROLL)):
+                for uu in T.unroll(UNROLL):
+                    ci = T.min(cb * UNROLL + uu, n_chunks - 1)
+                    v[uu, 0] = part[ci, tc, k]
+                    v[uu, 1] = part[ci, tc, k2]
+                    v[uu, 2] = part[ci, tc, MIXES]
+                for uu in T.unroll(UNROLL):
+                    if cb * UNROLL + uu < n_chunks:
+                        for i in T.unroll(3):
+                            s[i] = s[i] + v[uu, i]
             ms = T.ieee_add(T.ieee_fdiv(s[2], T.cast(n_vec * FLAT_PER_VEC, T.float32)), eps)
             rs = T.ieee_fdiv(T.float32(1), T.sqrt(ms))
             m[0] = T.ieee_mul(s[0], rs)

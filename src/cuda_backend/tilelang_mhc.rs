@@ -105,9 +105,11 @@ pub fn mhc_expand(
     Ok(())
 }
 
-/// Threads per CTA of both passes of the front half (`THREADS` in
-/// `tilelang/mhc_pre.py` and `tilelang/mhc_split.py`).
-const PRE_THREADS: u32 = 128;
+/// Threads per CTA of pass 1 of the front half (`THREADS` in
+/// `tilelang/mhc_pre.py`).
+const PRE_THREADS: u32 = 256;
+/// Threads per CTA of pass 2 (`THREADS` in `tilelang/mhc_split.py`).
+const SPLIT_THREADS: u32 = 128;
 /// Pass 1: 16-byte vectors of each stream per chunk (`CHUNK_VEC`).
 const PRE_CHUNK_VEC: usize = 16;
 /// Pass 1: tokens per CTA (`TOK`).
@@ -125,7 +127,7 @@ const SPLIT_TOKENS: usize = 8;
 /// 1. `deepinfer_mhc_pre_kernel(const float* hc_fn, float* part, const
 ///    float* pre_in, const bfloat16_t* streams, bfloat16_t* u, int n_chunks,
 ///    int n_tokens, int n_vec)`: grid `(n_chunks, ceil(tokens / 64))` with
-///    `n_chunks = ceil(n_vec / 16)`, 128 threads, 29696 bytes of dynamic
+///    `n_chunks = ceil(n_vec / 16)`, 256 threads, 29696 bytes of dynamic
 ///    shared memory; writes u and the partial sums `part` F32
 ///    `[n_chunks, tokens, 25]` (a scratch tensor here).
 /// 2. `deepinfer_mhc_split_kernel(float* comb, const float* hc_base, const
@@ -236,7 +238,7 @@ pub fn mhc_pre(
             1,
             1,
         ),
-        block_dim: (PRE_THREADS, 1, 1),
+        block_dim: (SPLIT_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the argument list matches pass 2's generated signature above

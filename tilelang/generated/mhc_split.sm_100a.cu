@@ -24,6 +24,7 @@
 extern "C" __global__ void deepinfer_mhc_split_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_scale, float* __restrict__ mixes, const float* __restrict__ part, float* __restrict__ post, float* __restrict__ pre, float eps, float hc_eps, int iters, int n_chunks, int n_tokens, int n_vec);
 extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_split_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_scale, float* __restrict__ mixes, const float* __restrict__ part, float* __restrict__ post, float* __restrict__ pre, float eps, float hc_eps, int iters, int n_chunks, int n_tokens, int n_vec) {
   float s[3];
+  float v[24];
   float m[2];
   float c[1];
   float g[4];
@@ -31,28 +32,40 @@ extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_split_kernel(
   for (int i = 0; i < 3; ++i) {
     s[i] = 0x0p+0f/*0.000000e+00*/;
   }
-  for (int ci = 0; ci < n_chunks; ++ci) {
-    float condval;
-    if ((1 <= n_tokens)) {
-      condval = part[(((min(((((int64_t)((int)blockIdx.x)) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)4)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)25) + ((((int64_t)ci) * ((int64_t)n_tokens)) * (int64_t)25)) + (((int64_t)((int)threadIdx.x)) & (int64_t)15))];
-    } else {
-      condval = 0x0p+0f/*0.000000e+00*/;
+  for (int cb = 0; cb < ((n_chunks + 7) >> 3); ++cb) {
+    #pragma unroll
+    for (int uu = 0; uu < 8; ++uu) {
+      float condval;
+      if ((1 <= n_tokens)) {
+        condval = part[(((min(((((int64_t)((int)blockIdx.x)) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)4)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)25) + ((min(((((int64_t)cb) * (int64_t)8) + ((int64_t)uu)), (((int64_t)n_chunks) - (int64_t)1)) * ((int64_t)n_tokens)) * (int64_t)25)) + (((int64_t)((int)threadIdx.x)) & (int64_t)15))];
+      } else {
+        condval = 0x0p+0f/*0.000000e+00*/;
+      }
+      v[(uu * 3)] = condval;
+      float condval_1;
+      if ((1 <= n_tokens)) {
+        condval_1 = part[(((min(((((int64_t)((int)blockIdx.x)) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)4)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)25) + ((min(((((int64_t)cb) * (int64_t)8) + ((int64_t)uu)), (((int64_t)n_chunks) - (int64_t)1)) * ((int64_t)n_tokens)) * (int64_t)25)) + min(((((int64_t)((int)threadIdx.x)) & (int64_t)15) + (int64_t)16), (int64_t)24))];
+      } else {
+        condval_1 = 0x0p+0f/*0.000000e+00*/;
+      }
+      v[((uu * 3) + 1)] = condval_1;
+      float condval_2;
+      if ((1 <= n_tokens)) {
+        condval_2 = part[(((min(((((int64_t)((int)blockIdx.x)) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)4)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)25) + ((min(((((int64_t)cb) * (int64_t)8) + ((int64_t)uu)), (((int64_t)n_chunks) - (int64_t)1)) * ((int64_t)n_tokens)) * (int64_t)25)) + (int64_t)24)];
+      } else {
+        condval_2 = 0x0p+0f/*0.000000e+00*/;
+      }
+      v[((uu * 3) + 2)] = condval_2;
     }
-    s[0] = (s[0] + condval);
-    float condval_1;
-    if ((1 <= n_tokens)) {
-      condval_1 = part[(((min(((((int64_t)((int)blockIdx.x)) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)4)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)25) + ((((int64_t)ci) * ((int64_t)n_tokens)) * (int64_t)25)) + min(((((int64_t)((int)threadIdx.x)) & (int64_t)15) + (int64_t)16), (int64_t)24))];
-    } else {
-      condval_1 = 0x0p+0f/*0.000000e+00*/;
+    #pragma unroll
+    for (int uu_1 = 0; uu_1 < 8; ++uu_1) {
+      if (((cb * 8) + uu_1) < n_chunks) {
+        #pragma unroll
+        for (int i_1 = 0; i_1 < 3; ++i_1) {
+          s[i_1] = (s[i_1] + v[((uu_1 * 3) + i_1)]);
+        }
+      }
     }
-    s[1] = (s[1] + condval_1);
-    float condval_2;
-    if ((1 <= n_tokens)) {
-      condval_2 = part[(((min(((((int64_t)((int)blockIdx.x)) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)4)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)25) + ((((int64_t)ci) * ((int64_t)n_tokens)) * (int64_t)25)) + (int64_t)24)];
-    } else {
-      condval_2 = 0x0p+0f/*0.000000e+00*/;
-    }
-    s[2] = (s[2] + condval_2);
   }
   float ms = __fadd_rn(__fdiv_rn(s[2], ((float)(n_vec * 32))), eps);
   m[0] = __fmul_rn(s[0], __fdiv_rn(0x1p+0f/*1.000000e+00*/, sqrtf(ms)));
@@ -81,28 +94,28 @@ extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_split_kernel(
   }
   c[0] = __fadd_rn(__fmul_rn(condval_3, hc_scale[2]), hc_base[((((int)threadIdx.x) & 15) + 8)]);
   #pragma unroll
-  for (int i_1 = 0; i_1 < 4; ++i_1) {
-    g[i_1] = __shfl_sync((uint)4294967295, c[0], ((((((int)threadIdx.x) & 15) >> 2) * 4) + i_1), 16);
+  for (int i_2 = 0; i_2 < 4; ++i_2) {
+    g[i_2] = __shfl_sync((uint)4294967295, c[0], ((((((int)threadIdx.x) & 15) >> 2) * 4) + i_2), 16);
   }
   float mx = max(max(g[0], g[1]), max(g[2], g[3]));
   c[0] = ((float)exp(((double)__fsub_rn(c[0], mx))));
   #pragma unroll
-  for (int i_2 = 0; i_2 < 4; ++i_2) {
-    g[i_2] = __shfl_sync((uint)4294967295, c[0], ((((((int)threadIdx.x) & 15) >> 2) * 4) + i_2), 16);
+  for (int i_3 = 0; i_3 < 4; ++i_3) {
+    g[i_3] = __shfl_sync((uint)4294967295, c[0], ((((((int)threadIdx.x) & 15) >> 2) * 4) + i_3), 16);
   }
   float rsum = __fadd_rn(__fadd_rn(__fadd_rn(g[0], g[1]), g[2]), g[3]);
   c[0] = __fadd_rn(__fdiv_rn(c[0], rsum), hc_eps);
   for (int it = 0; it < iters; ++it) {
     if (0 < it) {
       #pragma unroll
-      for (int i_3 = 0; i_3 < 4; ++i_3) {
-        g[i_3] = __shfl_sync((uint)4294967295, c[0], ((((((int)threadIdx.x) & 15) >> 2) * 4) + i_3), 16);
+      for (int i_4 = 0; i_4 < 4; ++i_4) {
+        g[i_4] = __shfl_sync((uint)4294967295, c[0], ((((((int)threadIdx.x) & 15) >> 2) * 4) + i_4), 16);
       }
       c[0] = __fdiv_rn(c[0], __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(g[0], g[1]), g[2]), g[3]), hc_eps));
     }
     #pragma unroll
-    for (int i_4 = 0; i_4 < 4; ++i_4) {
-      g[i_4] = __shfl_sync((uint)4294967295, c[0], ((i_4 * 4) + (((int)threadIdx.x) & 3)), 16);
+    for (int i_5 = 0; i_5 < 4; ++i_5) {
+      g[i_5] = __shfl_sync((uint)4294967295, c[0], ((i_5 * 4) + (((int)threadIdx.x) & 3)), 16);
     }
     c[0] = __fdiv_rn(c[0], __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(g[0], g[1]), g[2]), g[3]), hc_eps));
   }
