@@ -512,6 +512,80 @@ fn moe_permute_and_combine_are_bitwise_the_cpu() {
     }
 }
 
+/// The deferred forms: no sync per op, the same bits as the checked ops,
+/// and every recorded failure surfaces in the verdict (naming the op), also
+/// when the slots run out and the checks read themselves early.
+#[test]
+fn deferred_moe_checks_report_at_the_verdict() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_deferred");
+    let (t, k, d) = (5usize, 6usize, 64usize);
+    let n = t * k;
+    let x = up(
+        &Tensor::from_vec(common::random_activations(&mut rng, t * d, 1.0), &[t, d]).unwrap(),
+        &dev,
+    );
+    let w: Vec<f32> = (0..n).map(|_| rng.random_range(0.0..1.0)).collect();
+    let w = up(&Tensor::from_vec(w, &[t, k]).unwrap(), &dev);
+    let routed = up(
+        &Tensor::from_vec(common::random_activations(&mut rng, n * d, 1.0), &[n, d]).unwrap(),
+        &dev,
+    );
+    let mut perm: Vec<i32> = (0..n as i32).collect();
+    perm.shuffle(&mut rng);
+    let good = up(&Tensor::from_vec(perm.clone(), &[n]).unwrap(), &dev);
+    let mut b = perm.clone();
+    b[7] = -3;
+    let bad = up(&Tensor::from_vec(b, &[n]).unwrap(), &dev);
+
+    // Good: bitwise the checked ops, two pending checks, a clean verdict.
+    let mut checks = ops::DeviceChecks::new();
+    let (xg, wg) = ops::moe_permute_deferred(&x, &w, &good, &mut checks).unwrap();
+    let got = ops::moe_combine_deferred(&routed, &good, &x, &mut checks).unwrap();
+    assert_eq!(checks.pending(), 2);
+    checks.verdict().unwrap();
+    assert_eq!(checks.pending(), 0);
+    let (xw, ww) = ops::moe_permute(&x, &w, &good).unwrap();
+    assert_same("deferred permute rows", &xg, &xw);
+    assert_same("deferred permute weights", &wg, &ww);
+    assert_same(
+        "deferred combine",
+        &got,
+        &ops::moe_combine(&routed, &good, &x).unwrap(),
+    );
+
+    // A bad permutation: the op returns, the verdict names op, input, entry.
+    for (op, first_bad) in [("moe_permute", true), ("moe_combine", false)] {
+        let mut checks = ops::DeviceChecks::new();
+        let p = if first_bad { &bad } else { &good };
+        ops::moe_permute_deferred(&x, &w, p, &mut checks).unwrap();
+        let c = if first_bad { &good } else { &bad };
+        ops::moe_combine_deferred(&routed, c, &x, &mut checks).unwrap();
+        let f = checks.failure().unwrap();
+        assert_eq!(
+            f,
+            Some(ops::Failure {
+                op,
+                input: "permutation",
+                at: 7
+            }),
+            "{op}"
+        );
+        assert_eq!(checks.failure().unwrap(), None, "{op}: read once");
+    }
+
+    // Full slots: the 257th launch reads the first 256 and reports the bad one.
+    let mut checks = ops::DeviceChecks::new();
+    ops::moe_permute_deferred(&x, &w, &bad, &mut checks).unwrap();
+    for i in 1..256 {
+        ops::moe_permute_deferred(&x, &w, &good, &mut checks)
+            .unwrap_or_else(|e| panic!("launch {i}: {e}"));
+    }
+    let e = ops::moe_permute_deferred(&x, &w, &good, &mut checks).unwrap_err();
+    assert!(is_arg_error(&e, "permutation", "entry 7"), "{e}");
+    assert_eq!(checks.pending(), 0, "the early read empties the checks");
+}
+
 #[test]
 fn grouped_bf16_linear_matches_the_cpu_within_fp32_reordering() {
     let dev = gpu();

@@ -364,6 +364,23 @@ fn moe_permute_and_combine_follow_the_layout_and_expert_order() {
     assert!(e.to_string().contains("permutation"), "{e}");
 }
 
+/// On the CPU the deferred MoE ops check at once and record nothing.
+#[test]
+fn deferred_moe_ops_check_at_once_on_the_cpu() {
+    let (t, k, d) = (2usize, 2usize, 3usize);
+    let x = t_bf16(vec![bf16::from_f32(0.5); t * d], &[t, d]);
+    let w = Tensor::from_vec(vec![0.25f32; t * k], &[t, k]).unwrap();
+    let bad = Tensor::from_vec(vec![0i32, 1, 2, 9], &[t * k]).unwrap();
+    let mut checks = ops::DeviceChecks::new();
+    let e = ops::moe_permute_deferred(&x, &w, &bad, &mut checks).unwrap_err();
+    assert!(e.to_string().contains("permutation"), "{e}");
+    let routed = t_bf16(vec![bf16::from_f32(1.0); t * k * d], &[t * k, d]);
+    let e = ops::moe_combine_deferred(&routed, &bad, &x, &mut checks).unwrap_err();
+    assert!(e.to_string().contains("permutation"), "{e}");
+    assert_eq!(checks.pending(), 0);
+    checks.verdict().unwrap();
+}
+
 #[test]
 fn scalar_and_concat_ops_round_once_and_check_shapes() {
     let x = t_bf16(vec![bf16::from_f32(3.0), bf16::from_f32(-1.5)], &[2]);

@@ -3,7 +3,7 @@
 //! a fixed tree: the result is numerics::argmax's, whatever the batch).
 
 use super::params::{DI_ARGMAX_THREADS, di_argmax_params, di_embedding_params};
-use super::{BadSlot, grid_for, launch, read_ptr, row_launch, write_ptr};
+use super::{BadSlots, grid_for, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::Result;
 use crate::kernels;
@@ -25,12 +25,12 @@ pub fn embedding(
     if tokens == 0 {
         return Ok(None);
     }
-    let mut bad = BadSlot::new(dev)?;
+    let mut bad = BadSlots::new(dev, 1)?;
     {
         let (tp, _gt) = read_ptr(table.cuda()?, dev);
         let (ip, _gi) = read_ptr(ids.cuda()?, dev);
         let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-        let (bp, _gb) = bad.ptr(dev)?;
+        let (bp, _gb) = bad.ptr(dev, 0)?;
         let p = di_embedding_params {
             table: tp,
             ids: ip.cast(),

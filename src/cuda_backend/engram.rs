@@ -6,7 +6,7 @@
 use super::params::{
     DI_ENGRAM_MAX_COLS, di_engram_gate_params, di_engram_lookup_params, di_engram_rows_params,
 };
-use super::{BadSlot, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
+use super::{BadSlots, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -78,12 +78,12 @@ pub fn engram_lookup(
     if entries == 0 {
         return Ok(None);
     }
-    let mut bad = BadSlot::new(dev)?;
+    let mut bad = BadSlots::new(dev, 1)?;
     {
         let (tp, _gt) = read_ptr(table.cuda()?, dev);
         let (rp, _gr) = read_ptr(rows.cuda()?, dev);
         let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-        let (bp, _gb) = bad.ptr(dev)?;
+        let (bp, _gb) = bad.ptr(dev, 0)?;
         let p = di_engram_lookup_params {
             table: tp.cast(),
             rows: rp.cast(),

@@ -255,33 +255,60 @@ fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
         })
 }
 
-/// The "bad slot" of the gather kernels (`params.h`): an int64 on the
-/// device, set to `i64::MAX`, that a kernel lowers to the first position
-/// whose index input is out of range.
-struct BadSlot(crate::tensor::Tensor);
+/// The "bad slots" of the checking kernels (`params.h`): `n` int64 on the
+/// device, each set to `i64::MAX`, that a kernel lowers to the first
+/// position whose index input is out of range. One slot per launch; a
+/// caller that reads them later ([`BadSlots::read`]) takes one sync for
+/// many launches.
+pub struct BadSlots(crate::tensor::Tensor);
 
-impl BadSlot {
-    fn new(dev: &CudaDevice) -> Result<BadSlot> {
-        let host = crate::tensor::Tensor::from_vec(vec![i64::MAX], &[1])?;
-        Ok(BadSlot(
+impl BadSlots {
+    pub fn new(dev: &CudaDevice, n: usize) -> Result<BadSlots> {
+        let host = crate::tensor::Tensor::from_vec(vec![i64::MAX; n], &[n])?;
+        Ok(BadSlots(
             host.to_device(&crate::device::Device::Cuda(dev.clone()))?,
         ))
     }
 
-    /// The slot's address for a launch; the guard must outlive it.
-    fn ptr<'a>(&'a mut self, dev: &'a CudaDevice) -> Result<(*mut i64, impl Drop + 'a)> {
-        let (p, g) = write_ptr(self.0.cuda_mut()?, dev);
-        Ok((p.cast::<i64>(), g))
+    /// The number of slots.
+    pub fn slots(&self) -> usize {
+        self.0.numel()
     }
 
-    /// The first bad position the launches on the stream recorded, if any
-    /// (reading it waits for them).
+    /// Slot `i`'s address for a launch (`i` below [`BadSlots::slots`],
+    /// checked); the guard must outlive it.
+    fn ptr<'a>(&'a mut self, dev: &'a CudaDevice, i: usize) -> Result<(*mut i64, impl Drop + 'a)> {
+        if i >= self.slots() {
+            return Err(Error::Argument {
+                op: "bad slots",
+                arg: "slot",
+                value: i.to_string(),
+                why: "past the slots allocated",
+            });
+        }
+        let (p, g) = write_ptr(self.0.cuda_mut()?, dev);
+        // SAFETY: i < len, so the offset stays inside the allocation.
+        Ok((unsafe { p.cast::<i64>().add(i) }, g))
+    }
+
+    /// Each slot's first bad position, if any (reading them waits for the
+    /// launches on the stream).
+    pub fn read(&self) -> Result<Vec<Option<usize>>> {
+        Ok(self
+            .0
+            .to_vec::<i64>()?
+            .into_iter()
+            .map(|b| {
+                Some(b)
+                    .filter(|&b| b != i64::MAX)
+                    .and_then(|b| usize::try_from(b).ok())
+            })
+            .collect())
+    }
+
+    /// Slot 0's verdict (see [`BadSlots::read`]).
     fn first(&self) -> Result<Option<usize>> {
-        let v = self.0.to_vec::<i64>()?;
-        Ok(v.first()
-            .copied()
-            .filter(|&b| b != i64::MAX)
-            .and_then(|b| usize::try_from(b).ok()))
+        Ok(self.read()?.first().copied().flatten())
     }
 }
 

@@ -3,7 +3,7 @@
 //! atomicMax over a zeroed scratch, then the slot-ordered sum).
 
 use super::params::{di_moe_masked_params, di_moe_params};
-use super::{BadSlot, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
+use super::{BadSlots, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::{CudaDevice, Device};
 use crate::dtype::DType;
 use crate::error::Result;
@@ -12,8 +12,9 @@ use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
 /// `x_out[i] = x[perm[i] / top_k]`, `w_out[i] = weights[perm[i]]` for
-/// `n = tokens · top_k` entries of width `d`. Returns the first entry of
-/// `perm` outside `0..n`, after waiting for the kernel.
+/// `n = tokens · top_k` entries of width `d`. The kernel skips an entry of
+/// `perm` outside `0..n` and records the first in slot `slot` of `bad`
+/// (nothing waits here).
 #[allow(clippy::too_many_arguments)]
 pub fn moe_permute(
     dev: &CudaDevice,
@@ -23,19 +24,19 @@ pub fn moe_permute(
     x_out: &mut Tensor,
     w_out: &mut Tensor,
     (n, d, top_k): (usize, usize, usize),
-) -> Result<Option<usize>> {
+    (bad, slot): (&mut BadSlots, usize),
+) -> Result<()> {
     if n == 0 {
-        return Ok(None);
+        return Ok(());
     }
     i32_param("T · top_k", n)?;
-    let mut bad = BadSlot::new(dev)?;
     {
         let (xp, _gx) = read_ptr(x.cuda()?, dev);
         let (wp, _gw) = read_ptr(weights.cuda()?, dev);
         let (pp, _gp) = read_ptr(perm.cuda()?, dev);
         let (op, _go) = write_ptr(x_out.cuda_mut()?, dev);
         let (wo, _gwo) = write_ptr(w_out.cuda_mut()?, dev);
-        let (bp, _gb) = bad.ptr(dev)?;
+        let (bp, _gb) = bad.ptr(dev, slot)?;
         let p = di_moe_params {
             x: xp,
             weights: wp.cast(),
@@ -57,11 +58,12 @@ pub fn moe_permute(
             &p,
         )?;
     }
-    bad.first()
+    Ok(())
 }
 
 /// `out[t] = BF16(Σ_slot routed[pos(t · top_k + slot)] + shared[t])`.
-/// Returns the first entry of `perm` outside `0..n`, after waiting.
+/// The first entry of `perm` outside `0..n` goes to slot `slot` of `bad`
+/// (nothing waits here).
 pub fn moe_combine(
     dev: &CudaDevice,
     routed: &Tensor,
@@ -69,22 +71,22 @@ pub fn moe_combine(
     shared: &Tensor,
     out: &mut Tensor,
     (tokens, d, top_k): (usize, usize, usize),
-) -> Result<Option<usize>> {
+    (bad, slot): (&mut BadSlots, usize),
+) -> Result<()> {
     let n = tokens.saturating_mul(top_k);
     // D = 0 still runs the inversion, which checks every entry.
     if tokens == 0 {
-        return Ok(None);
+        return Ok(());
     }
     i32_param("T · top_k", n)?;
     let mut pos = Tensor::zeros(&Device::Cuda(dev.clone()), DType::I32, &[n])?;
-    let mut bad = BadSlot::new(dev)?;
     {
         let (rp, _gr) = read_ptr(routed.cuda()?, dev);
         let (pp, _gp) = read_ptr(perm.cuda()?, dev);
         let (sp, _gs) = read_ptr(shared.cuda()?, dev);
         let (posp, _gpos) = write_ptr(pos.cuda_mut()?, dev);
         let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-        let (bp, _gb) = bad.ptr(dev)?;
+        let (bp, _gb) = bad.ptr(dev, slot)?;
         let p = di_moe_params {
             x: rp,
             weights: std::ptr::null(),
@@ -108,7 +110,7 @@ pub fn moe_combine(
             &p,
         )?;
     }
-    bad.first()
+    Ok(())
 }
 
 /// Sizes of a masked-layout launch (`kernels-cuda/moe/masked.cu`): tokens,

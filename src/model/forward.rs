@@ -443,6 +443,7 @@ impl Model {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let hp = self.mhc_params();
         let moe_p = self.moe_params(cfg.moe.n_activated_experts);
+        let mut checks = ops::DeviceChecks::new();
         for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
             let mut trace = LayerTrace::default();
             if truncated && plan.layer == late_start {
@@ -494,7 +495,9 @@ impl Model {
                 .hc_ffn
                 .input(&streams, &mut pre, &block.ffn_norm, hp)?;
             marks.mark("mhc")?;
-            let (f, selected) = block.ffn.forward_marked(&x, moe_p, &mut marks)?;
+            let (f, selected) = block
+                .ffn
+                .forward_marked(&x, moe_p, &mut marks, &mut checks)?;
             streams = mix.expand(&streams, &f)?;
             marks.mark("mhc")?;
             if capture.moe {
@@ -511,6 +514,9 @@ impl Model {
             self.head(&streams, &pre)?
         };
         marks.mark("head")?;
+        // The layers' device range checks, in one sync, before the pool
+        // advances past a step that may be invalid.
+        checks.verdict()?;
         for (e, c) in b.entries.iter().zip(&compressed) {
             pool.advance(e.seq, e.len - e.replay, c)?;
         }

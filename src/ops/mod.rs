@@ -13,6 +13,7 @@
 #![allow(clippy::indexing_slicing)]
 
 mod act_quant;
+mod checks;
 mod compressor;
 mod elementwise;
 mod embedding;
@@ -36,6 +37,7 @@ mod swiglu;
 
 pub use crate::contract::{FP4_KV_GROUP, KvRowFormat, MX_BLOCK};
 pub use act_quant::{ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with};
+pub use checks::{DeviceChecks, Failure};
 pub use compressor::{compress_ratio2, compressor_rows_into};
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding};
@@ -59,7 +61,7 @@ pub use kv_cache::{
     RowNorm, RowRope, RowsOut, compressed_rows, kv_row_layout, kv_rows, kv_rows_into, window_rows,
 };
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
-pub use moe::{moe_combine, moe_permute};
+pub use moe::{moe_combine, moe_combine_deferred, moe_permute, moe_permute_deferred};
 pub use moe_masked::{moe_masked_combine_into, moe_masked_layout_into, moe_masked_scatter_into};
 pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,

@@ -8,13 +8,14 @@
 //! Invariant: bitwise [`cpu_backend::moe::moe_combine`] per token, on
 //! either device (the CUDA kernels gather exactly and sum in the same
 //! order); entry `j = token · top_k + slot` of the layout's permutation. An
-//! entry outside `0..T·top_k` is a typed error naming it (a CUDA kernel
-//! records it and the op reads it back, so these ops wait for their
-//! kernels on CUDA).
+//! entry outside `0..T·top_k` is a typed error naming it: a CUDA kernel
+//! skips and records it, and [`moe_permute`] / [`moe_combine`] read it back
+//! (so they wait for their kernels), while the `_deferred` forms leave it
+//! to [`DeviceChecks::verdict`] (one sync for a whole step).
 //!
 //! [`cpu_backend::moe::moe_combine`]: crate::cpu_backend::moe::moe_combine
 
-use super::{common_device, shape_error};
+use super::{DeviceChecks, common_device, shape_error};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -45,7 +46,6 @@ fn bad_entry(op: &'static str, j: Option<i32>) -> Error {
 }
 
 /// The error for the entry at `at` of a device `perm` a kernel found bad.
-#[cfg(deepinfer_cuda)]
 fn bad_entry_at(op: &'static str, perm: &Tensor, at: usize) -> Error {
     match perm.to_vec::<i32>() {
         Ok(v) => bad_entry(op, v.get(at).copied()),
@@ -72,6 +72,25 @@ fn entries(op: &'static str, perm: &Tensor, n: usize) -> Result<Vec<usize>> {
 /// order of `perm`: `x_perm[i] = x[perm[i] / top_k]`,
 /// `w_perm[i] = weights[perm[i]]`; returns BF16 `[N, D]` and F32 `[N]`.
 pub fn moe_permute(x: &Tensor, weights: &Tensor, perm: &Tensor) -> Result<(Tensor, Tensor)> {
+    let mut checks = DeviceChecks::new();
+    let out = moe_permute_deferred(x, weights, perm, &mut checks)?;
+    match checks.failure()? {
+        None => Ok(out),
+        Some(f) => Err(bad_entry_at(f.op, perm, f.at)),
+    }
+}
+
+/// [`moe_permute`] whose CUDA range check of `perm` is read later, by
+/// [`DeviceChecks::verdict`] (no sync here; an entry out of range is
+/// skipped and its rows left unwritten until then). The CPU checks at once.
+// Without CUDA no kernel records into `checks`.
+#[cfg_attr(not(deepinfer_cuda), allow(unused_variables))]
+pub fn moe_permute_deferred(
+    x: &Tensor,
+    weights: &Tensor,
+    perm: &Tensor,
+    checks: &mut DeviceChecks,
+) -> Result<(Tensor, Tensor)> {
     const OP: &str = "moe_permute";
     x.expect_dtype(OP, "x", DType::BF16)?;
     weights.expect_dtype(OP, "weights", DType::F32)?;
@@ -106,12 +125,9 @@ pub fn moe_permute(x: &Tensor, weights: &Tensor, perm: &Tensor) -> Result<(Tenso
             let mut xo = Tensor::empty(&x.device(), DType::BF16, &[n, d])?;
             let mut wo = Tensor::empty(&x.device(), DType::F32, &[n])?;
             let dims = (n, d, k);
-            return match crate::cuda_backend::moe_permute(
-                &dev, x, weights, perm, &mut xo, &mut wo, dims,
-            )? {
-                None => Ok((xo, wo)),
-                Some(at) => Err(bad_entry_at(OP, perm, at)),
-            };
+            let slot = checks.slot(&dev, OP, "permutation")?;
+            crate::cuda_backend::moe_permute(&dev, x, weights, perm, &mut xo, &mut wo, dims, slot)?;
+            return Ok((xo, wo));
         }
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
@@ -133,6 +149,26 @@ pub fn moe_permute(x: &Tensor, weights: &Tensor, perm: &Tensor) -> Result<(Tenso
 /// pos inverts `perm`: BF16 `routed` `[N, D]` in expert order, `shared`
 /// `[T, D]`; returns BF16 `[T, D]`.
 pub fn moe_combine(routed: &Tensor, perm: &Tensor, shared: &Tensor) -> Result<Tensor> {
+    let mut checks = DeviceChecks::new();
+    let out = moe_combine_deferred(routed, perm, shared, &mut checks)?;
+    match checks.failure()? {
+        None => Ok(out),
+        Some(f) => Err(bad_entry_at(f.op, perm, f.at)),
+    }
+}
+
+/// [`moe_combine`] whose CUDA range check of `perm` is read later, by
+/// [`DeviceChecks::verdict`] (no sync here; an entry out of range is
+/// skipped, leaving its token without that slot until then). The CPU
+/// checks at once.
+// Without CUDA no kernel records into `checks`.
+#[cfg_attr(not(deepinfer_cuda), allow(unused_variables))]
+pub fn moe_combine_deferred(
+    routed: &Tensor,
+    perm: &Tensor,
+    shared: &Tensor,
+    checks: &mut DeviceChecks,
+) -> Result<Tensor> {
     const OP: &str = "moe_combine";
     routed.expect_dtype(OP, "routed", DType::BF16)?;
     shared.expect_dtype(OP, "shared", DType::BF16)?;
@@ -165,17 +201,17 @@ pub fn moe_combine(routed: &Tensor, perm: &Tensor, shared: &Tensor) -> Result<Te
             check_perm(OP, perm, n)?;
             let k = n.checked_div(t).unwrap_or(0);
             let mut out = Tensor::empty(&shared.device(), DType::BF16, &[t, d])?;
-            return match crate::cuda_backend::moe_combine(
+            let slot = checks.slot(&dev, OP, "permutation")?;
+            crate::cuda_backend::moe_combine(
                 &dev,
                 routed,
                 perm,
                 shared,
                 &mut out,
                 (t, d, k),
-            )? {
-                None => Ok(out),
-                Some(at) => Err(bad_entry_at(OP, perm, at)),
-            };
+                slot,
+            )?;
+            return Ok(out);
         }
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),

@@ -48,16 +48,23 @@ impl Moe {
     /// `x` BF16 `[T, D]` (the `ffn_norm` output) → BF16 `[T, D]` and the
     /// selected expert ids I32 `[T, top_k]` (ascending per token).
     pub fn forward(&self, x: &Tensor, p: MoeParams) -> Result<(Tensor, Tensor)> {
-        self.forward_marked(x, p, &mut Marks::off())
+        let mut checks = ops::DeviceChecks::new();
+        let out = self.forward_marked(x, p, &mut Marks::off(), &mut checks)?;
+        checks.verdict()?;
+        Ok(out)
     }
 
     /// [`Moe::forward`] marking its parts (`moe.route`, `moe.experts`,
-    /// `moe.shared`, `moe.combine`).
+    /// `moe.shared`, `moe.combine`), its device range checks left in
+    /// `checks` (the permutation comes from `moe_layout` on the same
+    /// device, so they hold by construction; the caller reads them once a
+    /// step instead of two syncs a layer).
     pub(crate) fn forward_marked(
         &self,
         x: &Tensor,
         p: MoeParams,
         marks: &mut Marks,
+        checks: &mut ops::DeviceChecks,
     ) -> Result<(Tensor, Tensor)> {
         let mut logits = self.gate.forward_f32(x)?;
         if p.gate_temp != 1.0 {
@@ -65,7 +72,7 @@ impl Moe {
         }
         let (ids, weights) = ops::moe_route(&logits, &self.bias, p.top_k, p.route_scale)?;
         let (_, offsets, perm) = ops::moe_layout(&ids, self.gate.out_dim())?;
-        let (xg, wg) = ops::moe_permute(x, &weights, &perm)?;
+        let (xg, wg) = ops::moe_permute_deferred(x, &weights, &perm, checks)?;
         marks.mark("moe.route")?;
         let (xq, xs) = ops::act_quant_fp8(&xg)?;
         let g = self.w1.forward(&xq, &xs, &offsets)?;
@@ -82,7 +89,7 @@ impl Moe {
         let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &ones, p.swiglu_limit)?;
         let shared = ops::mxfp8_linear(&hq, &hs, &s.w2.weight, &s.w2.scale, DType::BF16)?;
         marks.mark("moe.shared")?;
-        let out = ops::moe_combine(&routed, &perm, &shared)?;
+        let out = ops::moe_combine_deferred(&routed, &perm, &shared, checks)?;
         marks.mark("moe.combine")?;
         Ok((out, ids))
     }

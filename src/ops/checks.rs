@@ -1,0 +1,107 @@
+//! Range checks that CUDA kernels make on their index inputs, read back
+//! later: an op given a [`DeviceChecks`] launches without waiting, its
+//! kernel skips (and records) an out-of-range entry, and
+//! [`DeviceChecks::verdict`] reads every recorded check in one sync and
+//! turns the first failure into the typed error the op would have returned.
+//! A step that already syncs once (for its logits) checks its whole batch
+//! of launches at no extra sync; without it each op's check is a sync that
+//! drains the stream.
+//!
+//! Invariant: every launch that took a slot is checked by the next
+//! [`DeviceChecks::verdict`] (also taken when the slots run out), and a
+//! check that is dropped unread never hides a memory fault: the kernels
+//! skip the entries they record. On the CPU the ops check at once.
+
+use crate::error::{Error, Result};
+
+/// Slots allocated at once (one int64 each on the device).
+#[cfg(deepinfer_cuda)]
+const SLOTS: usize = 256;
+
+/// Deferred range checks of one device (see the module doc).
+#[derive(Default)]
+pub struct DeviceChecks {
+    #[cfg(deepinfer_cuda)]
+    slots: Option<(crate::device::CudaDevice, crate::cuda_backend::BadSlots)>,
+    /// The op and the input each used slot checks, in slot order.
+    pending: Vec<(&'static str, &'static str)>,
+}
+
+impl DeviceChecks {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Checks recorded and not yet read.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The next free slot on `dev` for a launch of `op` checking `input`:
+    /// reads the verdict first when the slots are full or on another device.
+    #[cfg(deepinfer_cuda)]
+    pub(crate) fn slot(
+        &mut self,
+        dev: &crate::device::CudaDevice,
+        op: &'static str,
+        input: &'static str,
+    ) -> Result<(&mut crate::cuda_backend::BadSlots, usize)> {
+        let stale = match &self.slots {
+            Some((d, s)) => d.ordinal() != dev.ordinal() || self.pending.len() >= s.slots(),
+            None => true,
+        };
+        if stale {
+            self.verdict()?;
+            self.slots = Some((dev.clone(), crate::cuda_backend::BadSlots::new(dev, SLOTS)?));
+        }
+        let i = self.pending.len();
+        self.pending.push((op, input));
+        let (_, s) = self.slots.as_mut().ok_or_else(|| Error::Argument {
+            op,
+            arg: "checks",
+            value: "none".into(),
+            why: "no slots after allocating them",
+        })?;
+        Ok((s, i))
+    }
+
+    /// Reads every pending check (one sync when there are any) and returns
+    /// the first failure as the op's typed error; the checks are then empty.
+    pub fn verdict(&mut self) -> Result<()> {
+        match self.failure()? {
+            None => Ok(()),
+            Some(f) => Err(Error::Argument {
+                op: f.op,
+                arg: f.input,
+                value: format!("entry {}", f.at),
+                why: "outside its range (found by the kernel, which skipped it)",
+            }),
+        }
+    }
+
+    /// [`DeviceChecks::verdict`] as data: the first failed check, if any.
+    pub fn failure(&mut self) -> Result<Option<Failure>> {
+        #[cfg(deepinfer_cuda)]
+        if let Some((_, s)) = self.slots.take()
+            && !self.pending.is_empty()
+        {
+            let pending = std::mem::take(&mut self.pending);
+            let found = pending
+                .iter()
+                .zip(s.read()?)
+                .find_map(|(&(op, input), bad)| bad.map(|at| Failure { op, input, at }));
+            return Ok(found);
+        }
+        self.pending.clear();
+        Ok(None)
+    }
+}
+
+/// A range check a kernel failed: the op, its input and the position of
+/// the first entry out of range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub op: &'static str,
+    pub input: &'static str,
+    pub at: usize,
+}
