@@ -18,11 +18,10 @@ Streams S are BF16 [T, 4, D] (D % 8 == 0), hc_fn fp32 [24, 4·D], pre_in fp32
            p in [128c, 128c + 128) of all four streams.
 
 The reduction order is fixed and depends on neither T nor the token's place
-in its tile (batch invariant): each thread sums, for one stream, two of the
-four vectors of every 32-position step of the chunk (fp32, FMA-contracted,
-ascending), the eight warps' sums are then added in warp order (warp w =
-stream w % 4, vector half w / 4), and pass 2 adds the chunks in ascending
-order. Not the CPU's sequential order: compare the mixes with a
+in its tile (batch invariant): each thread sums one stream's positions of
+the chunk in ascending order (fp32, FMA-contracted), the four streams are
+then added in the order ((0 + 1) + 2) + 3, and pass 2 adds the chunks in
+ascending order. Not the CPU's sequential order: compare the mixes with a
 tolerance.
 
 Layout and work mapping
@@ -35,11 +34,14 @@ Layout and work mapping
 
 grid = (n_chunks, ceil(T / 64)): one CTA per chunk of 128 positions and tile
 of 64 tokens; the chunk's 48 KiB of hc_fn is read once per tile (through L2).
-256 threads = 8 warps; warp w sums stream w % 4 over vectors 2(w / 4) and
-2(w / 4) + 1 of each step, lane l tokens l and l + 32 of the tile (the
-second only when the tile has more than 32 tokens: a warp-uniform branch,
-so small batches do half the arithmetic). Two warps a stream halve the
-serial work of a CTA, which bounds the latency at decode.
+128 threads = 4 warps; warp i sums stream i, lane l tokens l and l + 32 of
+the tile (the second only when the tile has more than 32 tokens: a
+warp-uniform branch, so small batches do half the arithmetic).
+
+Tried and dropped: two warps a stream (256 threads, each taking half of a
+step's vectors) compile to 214 registers, one CTA an SM, and measured
+slower on the H200 (929 against 754 us at 16384 tokens, 2026-12-02): with
+one CTA nothing overlaps a CTA's barriers and loads.
 
 The chunk is walked in 4 steps of 32 positions. Each step's hc_fn slice
 (24 × 4 × 32 fp32, 12 KiB) and stream slice (64 tokens × 4 × 32 BF16, rows
@@ -47,11 +49,11 @@ padded to 272 bytes so the per-token 16-byte loads are conflict-free) go
 global → registers → shared memory; the next step's global loads are issued
 before the current step's arithmetic. u is written from the staged
 registers. Positions past D and tokens past T stage as zeros.
-The eight warps' sums meet in shared memory [64, 25] (stride 25 words:
+The four warps' sums meet in shared memory [64, 25] (stride 25 words:
 conflict-free) in stream order, and the tile's [64, 25] block of part is
 written contiguously.
 
-Launch: grid = (n_chunks, ceil(T / 64), 1), block = (256, 1, 1), 29696 bytes
+Launch: grid = (n_chunks, ceil(T / 64), 1), block = (128, 1, 1), 29696 bytes
 of dynamic shared memory (hc_fn slice 12288, streams 17408; the sums, 6400,
 reuse the streams' space after the last step).
 T * 4 * D < 2^31.
@@ -64,14 +66,12 @@ PRIM_FUNC_NAME = "deepinfer_mhc_pre"
 HC = 4
 MIXES = 24
 VEC = 8
-THREADS = 256
+THREADS = 128
 RED_ROWS = MIXES + 1  # 24 dots and the sum of squares
 TOK = 64  # tokens per CTA (2 per lane)
 CHUNK_VEC = 16  # 16-byte vectors (of each stream) per chunk: 128 positions
 STEP_VEC = 4  # vectors per step: 32 positions
 STEPS = CHUNK_VEC // STEP_VEC
-HALVES = 2  # warps per stream, each taking half of a step's vectors
-WARPS = HC * HALVES
 ROW = HC * STEP_VEC * VEC + VEC  # BF16 per staged token row, padded by 16 bytes
 W_F4 = MIXES * HC * STEP_VEC * 2  # float4 loads of one step's hc_fn slice
 W_PER_THREAD = W_F4 // THREADS
@@ -81,7 +81,6 @@ PAIRS = TOK * STEP_VEC // THREADS  # (token, vector) pairs staged per thread
 SMEM_BYTES = W_F4 * 16 + TOK * ROW * 2
 assert TOK * RED_ROWS * 4 <= TOK * ROW * 2
 
-assert THREADS == 32 * WARPS and STEP_VEC % HALVES == 0
 assert W_F4 % THREADS == 0 and (TOK * STEP_VEC) % THREADS == 0
 
 
@@ -148,20 +147,18 @@ def mhc_pre():
 
     @T.macro
     def dots(ss, ws, sb, xs, wv, acc, warp, lane, nq):
-        # Warp `warp`: stream warp % 4, vectors of half warp // 4 of the step;
-        # lane: tokens lane and lane + 32.
-        for hv in T.unroll(STEP_VEC // HALVES):
-            vv = (warp // HC) * (STEP_VEC // HALVES) + hv
+        # Warp `warp` = stream i; lane: tokens lane and lane + 32.
+        for vv in T.unroll(STEP_VEC):
             for q in T.unroll(nq):
                 for j in T.vectorized(VEC):
-                    sb[q, j] = ss[lane + 32 * q, (warp % HC) * (STEP_VEC * VEC) + vv * VEC + j]
+                    sb[q, j] = ss[lane + 32 * q, warp * (STEP_VEC * VEC) + vv * VEC + j]
                 for j in T.unroll(VEC):
                     xs[q, j] = T.cast(sb[q, j], T.float32)
                     acc[q, MIXES] = acc[q, MIXES] + xs[q, j] * xs[q, j]
             for r in T.unroll(MIXES):
                 for h in T.unroll(2):
                     for j in T.vectorized(VEC // 2):
-                        wv[h * (VEC // 2) + j] = ws[r, warp % HC, vv, h, j]
+                        wv[h * (VEC // 2) + j] = ws[r, warp, vv, h, j]
                 for j in T.unroll(VEC):
                     for q in T.unroll(nq):
                         acc[q, r] = acc[q, r] + wv[j] * xs[q, j]
@@ -213,7 +210,7 @@ def mhc_pre():
                 T.sync_threads()
 
             # The four streams' sums, in stream order, then the tile's block of part.
-            for w in T.unroll(WARPS):
+            for w in T.unroll(HC):
                 if warp == w:
                     for q in T.unroll(2):
                         for r in T.unroll(RED_ROWS):

@@ -107,7 +107,7 @@ pub fn mhc_expand(
 
 /// Threads per CTA of pass 1 of the front half (`THREADS` in
 /// `tilelang/mhc_pre.py`).
-const PRE_THREADS: u32 = 256;
+const PRE_THREADS: u32 = 128;
 /// Threads per CTA of pass 2 (`THREADS` in `tilelang/mhc_split.py`).
 const SPLIT_THREADS: u32 = 128;
 /// Pass 1: 16-byte vectors of each stream per chunk (`CHUNK_VEC`).
@@ -127,7 +127,7 @@ const SPLIT_TOKENS: usize = 8;
 /// 1. `deepinfer_mhc_pre_kernel(const float* hc_fn, float* part, const
 ///    float* pre_in, const bfloat16_t* streams, bfloat16_t* u, int n_chunks,
 ///    int n_tokens, int n_vec)`: grid `(n_chunks, ceil(tokens / 64))` with
-///    `n_chunks = ceil(n_vec / 16)`, 256 threads, 29696 bytes of dynamic
+///    `n_chunks = ceil(n_vec / 16)`, 128 threads, 29696 bytes of dynamic
 ///    shared memory; writes u and the partial sums `part` F32
 ///    `[n_chunks, tokens, 25]` (a scratch tensor here).
 /// 2. `deepinfer_mhc_split_kernel(float* comb, const float* hc_base, const

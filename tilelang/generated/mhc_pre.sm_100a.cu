@@ -6,9 +6,9 @@
 // Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec)
-//   __launch_bounds__(256, 1)
+//   __launch_bounds__(128, 1)
 // grid: (ceil(n_vec / 16), ceil(n_tokens / 64), 1): one chunk of 128 positions and 64 tokens per CTA
-// block: (256, 1, 1)
+// block: (128, 1, 1)
 // dynamic_smem: 29696 bytes (hc_fn step slice, staged streams; the [64, 25] sums reuse the latter)
 // alignment: streams, hc_fn, u 16 B, the rest 4 B; D % 8 == 0, T*4*D < 2^31
 
@@ -22,15 +22,15 @@
 #include "deepinfer_tl/compat.cuh"
 
 extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec);
-extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec) {
+extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* red = ((void*)((char*)buf_dyn_shmem + 0));
   void* ss = ((void*)((char*)buf_dyn_shmem + 0));
   void* ws = ((void*)((char*)buf_dyn_shmem + 17408));
   float acc[50];
-  float lag[4];
-  float wr[12];
-  bfloat16_t sr[32];
+  float lag[8];
+  float wr[24];
+  bfloat16_t sr[64];
   bfloat16_t ub[8];
   bfloat16_t sb[16];
   float xs[16];
@@ -43,88 +43,100 @@ extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(co
     }
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float condval;
-    if ((((((int)blockIdx.y) * 64) + (((int)threadIdx.x) >> 2)) < n_tokens)) {
-      condval = pre_in[((min(((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)4) + ((int64_t)i))];
-    } else {
-      condval = 0x0p+0f/*0.000000e+00*/;
+  for (int k = 0; k < 2; ++k) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float condval;
+      if (((((((int)blockIdx.y) * 64) + (k * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens)) {
+        condval = pre_in[((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)4) + ((int64_t)i))];
+      } else {
+        condval = 0x0p+0f/*0.000000e+00*/;
+      }
+      lag[((k * 4) + i)] = condval;
     }
-    lag[i] = condval;
   }
   #pragma unroll
-  for (int k = 0; k < 3; ++k) {
+  for (int k_1 = 0; k_1 < 6; ++k_1) {
     float broadcast_var = 0x0p+0f/*0.000000e+00*/;
     float4 condval_1;
     if ((((((int)blockIdx.x) * 16) + ((((int)threadIdx.x) & 7) >> 1)) < n_vec)) {
-      condval_1 = *(float4*)(hc_fn + (((((((((int64_t)k) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
+      condval_1 = *(float4*)(hc_fn + (((((((((int64_t)k_1) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
     } else {
       condval_1 = make_float4(broadcast_var, broadcast_var, broadcast_var, broadcast_var);
     }
-    *(float4*)(wr + (k * 4)) = condval_1;
+    *(float4*)(wr + (k_1 * 4)) = condval_1;
   }
   #pragma unroll
-  for (int i_1 = 0; i_1 < 4; ++i_1) {
-    bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-    uint4 condval_2;
-    if (((((((int)blockIdx.y) * 64) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((int)blockIdx.x) * 16) + (((int)threadIdx.x) & 3)) < n_vec))) {
-      condval_2 = *(uint4*)(streams + ((((min(((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_1) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
-    } else {
-      condval_2 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+  for (int k_2 = 0; k_2 < 2; ++k_2) {
+    #pragma unroll
+    for (int i_1 = 0; i_1 < 4; ++i_1) {
+      bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+      uint4 condval_2;
+      if ((((((((int)blockIdx.y) * 64) + (k_2 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((int)blockIdx.x) * 16) + (((int)threadIdx.x) & 3)) < n_vec))) {
+        condval_2 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_2) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_1) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
+      } else {
+        condval_2 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+      }
+      *(uint4*)(sr + ((k_2 * 32) + (i_1 * 8))) = condval_2;
     }
-    *(uint4*)(sr + (i_1 * 8)) = condval_2;
   }
   for (int step = 0; step < 4; ++step) {
     #pragma unroll
-    for (int k_1 = 0; k_1 < 3; ++k_1) {
-      *(float4*)(((float*)ws) + ((k_1 * 1024) + (((int)threadIdx.x) * 4))) = *(float4*)(wr + (k_1 * 4));
+    for (int k_3 = 0; k_3 < 6; ++k_3) {
+      *(float4*)(((float*)ws) + ((k_3 * 512) + (((int)threadIdx.x) * 4))) = *(float4*)(wr + (k_3 * 4));
     }
     #pragma unroll
-    for (int i_2 = 0; i_2 < 4; ++i_2) {
-      *(uint4*)(((bfloat16_t*)ss) + ((((((int)threadIdx.x) >> 2) * 136) + (i_2 * 32)) + ((((int)threadIdx.x) & 3) * 8))) = *(uint4*)(sr + (i_2 * 8));
-    }
-    if ((((((int)blockIdx.y) * 64) + (((int)threadIdx.x) >> 2)) < n_tokens) && ((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) < n_vec)) {
+    for (int k_4 = 0; k_4 < 2; ++k_4) {
       #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        float a = __fadd_rn(0x0p+0f/*0.000000e+00*/, __fmul_rn(lag[0], ((float)sr[j])));
-        float a_1 = __fadd_rn(a, __fmul_rn(lag[1], ((float)sr[(j + 8)])));
-        float a_2 = __fadd_rn(a_1, __fmul_rn(lag[2], ((float)sr[(j + 16)])));
-        float a_3 = __fadd_rn(a_2, __fmul_rn(lag[3], ((float)sr[(j + 24)])));
-        ub[j] = ((bfloat16_t)a_3);
+      for (int i_2 = 0; i_2 < 4; ++i_2) {
+        *(uint4*)(((bfloat16_t*)ss) + ((((k_4 * 4352) + ((((int)threadIdx.x) >> 2) * 136)) + (i_2 * 32)) + ((((int)threadIdx.x) & 3) * 8))) = *(uint4*)(sr + ((k_4 * 32) + (i_2 * 8)));
       }
-      *(uint4*)(u + ((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + (((int64_t)step) * (int64_t)32)) + ((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) * ((int64_t)n_vec)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8))) = *(uint4*)(ub + 0);
+      if (((((((int)blockIdx.y) * 64) + (k_4 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && ((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) < n_vec)) {
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          float a = __fadd_rn(0x0p+0f/*0.000000e+00*/, __fmul_rn(lag[(k_4 * 4)], ((float)sr[((k_4 * 32) + j)])));
+          float a_1 = __fadd_rn(a, __fmul_rn(lag[((k_4 * 4) + 1)], ((float)sr[(((k_4 * 32) + j) + 8)])));
+          float a_2 = __fadd_rn(a_1, __fmul_rn(lag[((k_4 * 4) + 2)], ((float)sr[(((k_4 * 32) + j) + 16)])));
+          float a_3 = __fadd_rn(a_2, __fmul_rn(lag[((k_4 * 4) + 3)], ((float)sr[(((k_4 * 32) + j) + 24)])));
+          ub[j] = ((bfloat16_t)a_3);
+        }
+        *(uint4*)(u + ((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + (((int64_t)step) * (int64_t)32)) + (((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_4) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) * ((int64_t)n_vec)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8))) = *(uint4*)(ub + 0);
+      }
     }
     __syncthreads();
     if (step < 3) {
       #pragma unroll
-      for (int k_2 = 0; k_2 < 3; ++k_2) {
+      for (int k_5 = 0; k_5 < 6; ++k_5) {
         float broadcast_var_2 = 0x0p+0f/*0.000000e+00*/;
         float4 condval_3;
         if ((((((((int)blockIdx.x) * 16) + (step * 4)) + ((((int)threadIdx.x) & 7) >> 1)) + 4) < n_vec)) {
-          condval_3 = *(float4*)(hc_fn + (((((((((int64_t)k_2) * (int64_t)8) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
+          condval_3 = *(float4*)(hc_fn + (((((((((int64_t)k_5) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
         } else {
           condval_3 = make_float4(broadcast_var_2, broadcast_var_2, broadcast_var_2, broadcast_var_2);
         }
-        *(float4*)(wr + (k_2 * 4)) = condval_3;
+        *(float4*)(wr + (k_5 * 4)) = condval_3;
       }
       #pragma unroll
-      for (int i_3 = 0; i_3 < 4; ++i_3) {
-        bfloat16_t broadcast_var_3 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-        uint4 condval_4;
-        if (((((((int)blockIdx.y) * 64) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) + 4) < n_vec))) {
-          condval_4 = *(uint4*)(streams + ((((min(((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
-        } else {
-          condval_4 = make_uint4(__pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3));
+      for (int k_6 = 0; k_6 < 2; ++k_6) {
+        #pragma unroll
+        for (int i_3 = 0; i_3 < 4; ++i_3) {
+          bfloat16_t broadcast_var_3 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+          uint4 condval_4;
+          if ((((((((int)blockIdx.y) * 64) + (k_6 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) + 4) < n_vec))) {
+            condval_4 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_6) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
+          } else {
+            condval_4 = make_uint4(__pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3));
+          }
+          *(uint4*)(sr + ((k_6 * 32) + (i_3 * 8))) = condval_4;
         }
-        *(uint4*)(sr + (i_3 * 8)) = condval_4;
       }
     }
     if (((((int)blockIdx.y) * 64) + 32) < n_tokens) {
       #pragma unroll
-      for (int hv = 0; hv < 2; ++hv) {
+      for (int vv = 0; vv < 4; ++vv) {
         #pragma unroll
         for (int q_1 = 0; q_1 < 2; ++q_1) {
-          *(uint4*)(sb + (q_1 * 8)) = *(uint4*)(((bfloat16_t*)ss) + (((((q_1 * 4352) + ((((int)threadIdx.x) & 31) * 136)) + (((((int)threadIdx.x) & 127) >> 5) * 32)) + ((((int)threadIdx.x) >> 7) * 16)) + (hv * 8)));
+          *(uint4*)(sb + (q_1 * 8)) = *(uint4*)(((bfloat16_t*)ss) + ((((q_1 * 4352) + ((((int)threadIdx.x) & 31) * 136)) + ((((int)threadIdx.x) >> 5) * 32)) + (vv * 8)));
           #pragma unroll
           for (int j_1 = 0; j_1 < 8; ++j_1) {
             xs[((q_1 * 8) + j_1)] = ((float)sb[((q_1 * 8) + j_1)]);
@@ -135,7 +147,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(co
         for (int r_1 = 0; r_1 < 24; ++r_1) {
           #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            *(float4*)(wv + (h * 4)) = *(float4*)(((float*)ws) + (((((r_1 * 128) + (((((int)threadIdx.x) & 127) >> 5) * 32)) + ((((int)threadIdx.x) >> 7) * 16)) + (hv * 8)) + (h * 4)));
+            *(float4*)(wv + (h * 4)) = *(float4*)(((float*)ws) + ((((r_1 * 128) + ((((int)threadIdx.x) >> 5) * 32)) + (vv * 8)) + (h * 4)));
           }
           #pragma unroll
           for (int j_2 = 0; j_2 < 8; ++j_2) {
@@ -148,8 +160,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(co
       }
     } else {
       #pragma unroll
-      for (int hv_1 = 0; hv_1 < 2; ++hv_1) {
-        *(uint4*)(sb + 0) = *(uint4*)(((bfloat16_t*)ss) + (((((((int)threadIdx.x) & 31) * 136) + (((((int)threadIdx.x) & 127) >> 5) * 32)) + ((((int)threadIdx.x) >> 7) * 16)) + (hv_1 * 8)));
+      for (int vv_1 = 0; vv_1 < 4; ++vv_1) {
+        *(uint4*)(sb + 0) = *(uint4*)(((bfloat16_t*)ss) + ((((((int)threadIdx.x) & 31) * 136) + ((((int)threadIdx.x) >> 5) * 32)) + (vv_1 * 8)));
         #pragma unroll
         for (int j_3 = 0; j_3 < 8; ++j_3) {
           xs[j_3] = ((float)sb[j_3]);
@@ -159,7 +171,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(co
         for (int r_2 = 0; r_2 < 24; ++r_2) {
           #pragma unroll
           for (int h_1 = 0; h_1 < 2; ++h_1) {
-            *(float4*)(wv + (h_1 * 4)) = *(float4*)(((float*)ws) + (((((r_2 * 128) + (((((int)threadIdx.x) & 127) >> 5) * 32)) + ((((int)threadIdx.x) >> 7) * 16)) + (hv_1 * 8)) + (h_1 * 4)));
+            *(float4*)(wv + (h_1 * 4)) = *(float4*)(((float*)ws) + ((((r_2 * 128) + ((((int)threadIdx.x) >> 5) * 32)) + (vv_1 * 8)) + (h_1 * 4)));
           }
           #pragma unroll
           for (int j_4 = 0; j_4 < 8; ++j_4) {
@@ -171,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(co
     __syncthreads();
   }
   #pragma unroll
-  for (int w = 0; w < 8; ++w) {
+  for (int w = 0; w < 4; ++w) {
     if ((((int)threadIdx.x) >> 5) == w) {
       if (w == 0) {
         #pragma unroll
@@ -193,9 +205,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_mhc_pre_kernel(co
     }
     __syncthreads();
   }
-  for (int e = 0; e < 7; ++e) {
-    if ((((e * 4) + (((int)threadIdx.x) >> 6)) < 25) && (((((int)blockIdx.y) * 64) + (((e * 256) + ((int)threadIdx.x)) / 25)) < n_tokens)) {
-      part[((((((int64_t)((int)blockIdx.y)) * (int64_t)1600) + (((int64_t)e) * (int64_t)256)) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_tokens)) * (int64_t)25)) + ((int64_t)((int)threadIdx.x)))] = ((float*)red)[((e * 256) + ((int)threadIdx.x))];
+  for (int e = 0; e < 13; ++e) {
+    if ((((e * 2) + (((int)threadIdx.x) >> 6)) < 25) && (((((int)blockIdx.y) * 64) + (((e * 128) + ((int)threadIdx.x)) / 25)) < n_tokens)) {
+      part[((((((int64_t)((int)blockIdx.y)) * (int64_t)1600) + (((int64_t)e) * (int64_t)128)) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_tokens)) * (int64_t)25)) + ((int64_t)((int)threadIdx.x)))] = ((float*)red)[((e * 128) + ((int)threadIdx.x))];
     }
   }
 }
