@@ -584,6 +584,38 @@ fn deferred_moe_checks_report_at_the_verdict() {
     let e = ops::moe_permute_deferred(&x, &w, &good, &mut checks).unwrap_err();
     assert!(is_arg_error(&e, "permutation", "entry 7"), "{e}");
     assert_eq!(checks.pending(), 0, "the early read empties the checks");
+
+    // The step's other checks: token ids and Engram rows, in one verdict.
+    let table =
+        Tensor::from_vec(common::random_activations(&mut rng, 7 * 16, 1.0), &[7, 16]).unwrap();
+    let ids = Tensor::from_vec(vec![6i32, 0, 3], &[3]).unwrap();
+    let fp8 = Tensor::from_vec(
+        (0..10 * 33)
+            .map(|i| (i * 37 % 251) as u8)
+            .collect::<Vec<u8>>(),
+        &[10, 33],
+    )
+    .unwrap();
+    let rows = Tensor::from_vec(vec![0i64, 9, 3, 1, 10, 2], &[2, 3]).unwrap();
+    let mut checks = ops::DeviceChecks::new();
+    let got = ops::embedding_deferred(&up(&table, &dev), &up(&ids, &dev), &mut checks).unwrap();
+    assert_same(
+        "deferred embedding",
+        &got,
+        &ops::embedding(&table, &ids).unwrap(),
+    );
+    ops::engram_lookup_deferred(&up(&fp8, &dev), &up(&rows, &dev), 32, &mut checks).unwrap();
+    assert_eq!(
+        checks.failure().unwrap(),
+        Some(ops::Failure {
+            op: "engram_lookup",
+            input: "rows",
+            at: 4
+        })
+    );
+    // The checked form names the row itself.
+    let e = ops::engram_lookup(&up(&fp8, &dev), &up(&rows, &dev), 32).unwrap_err();
+    assert!(is_arg_error(&e, "rows", "10"), "{e}");
 }
 
 #[test]

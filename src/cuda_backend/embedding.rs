@@ -11,26 +11,25 @@ use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
 /// `out[t] = table[ids[t]]` for BF16 `table` `[vocab, d]`, I32 `ids`
-/// `[tokens]`. Returns the first position whose id is outside the table
-/// (its row is not written), after waiting for the kernel.
+/// `[tokens]`. The first position whose id is outside the table (its row
+/// is not written) goes to slot `slot` of `bad` (nothing waits here).
 pub fn embedding(
     dev: &CudaDevice,
     table: &Tensor,
     ids: &Tensor,
     out: &mut Tensor,
-    vocab: usize,
-    d: usize,
-) -> Result<Option<usize>> {
+    (vocab, d): (usize, usize),
+    (bad, slot): (&mut BadSlots, usize),
+) -> Result<()> {
     let tokens = ids.numel();
     if tokens == 0 {
-        return Ok(None);
+        return Ok(());
     }
-    let mut bad = BadSlots::new(dev, 1)?;
     {
         let (tp, _gt) = read_ptr(table.cuda()?, dev);
         let (ip, _gi) = read_ptr(ids.cuda()?, dev);
         let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-        let (bp, _gb) = bad.ptr(dev, 0)?;
+        let (bp, _gb) = bad.ptr(dev, slot)?;
         let p = di_embedding_params {
             table: tp,
             ids: ip.cast(),
@@ -44,7 +43,7 @@ pub fn embedding(
         let cfg = row_launch(tokens, per_thread, 256)?;
         launch(dev, kernels::embedding::EMBEDDING_BF16, cfg, &p)?;
     }
-    bad.first()
+    Ok(())
 }
 
 /// Each row's argmax of F32 `logits` `[rows, v]` into I32 `out` `[rows]`.

@@ -64,26 +64,25 @@ pub fn engram_rows(
 }
 
 /// BF16 `out` `[entries, head_dim]` from the FP8 table rows `rows` I64
-/// `[entries]`. Returns the first entry whose row is outside the table,
-/// after waiting for the kernel.
+/// `[entries]`. The first entry whose row is outside the table (skipped)
+/// goes to slot `slot` of `bad` (nothing waits here).
 pub fn engram_lookup(
     dev: &CudaDevice,
     table: &Tensor,
     rows: &Tensor,
     out: &mut Tensor,
-    table_rows: usize,
-    head_dim: usize,
-) -> Result<Option<usize>> {
+    (table_rows, head_dim): (usize, usize),
+    (bad, slot): (&mut BadSlots, usize),
+) -> Result<()> {
     let entries = rows.numel();
     if entries == 0 {
-        return Ok(None);
+        return Ok(());
     }
-    let mut bad = BadSlots::new(dev, 1)?;
     {
         let (tp, _gt) = read_ptr(table.cuda()?, dev);
         let (rp, _gr) = read_ptr(rows.cuda()?, dev);
         let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-        let (bp, _gb) = bad.ptr(dev, 0)?;
+        let (bp, _gb) = bad.ptr(dev, slot)?;
         let p = di_engram_lookup_params {
             table: tp.cast(),
             rows: rp.cast(),
@@ -96,7 +95,7 @@ pub fn engram_lookup(
         let cfg = row_launch(entries, head_dim, 256)?;
         launch(dev, kernels::engram::ENGRAM_LOOKUP_BF16, cfg, &p)?;
     }
-    bad.first()
+    Ok(())
 }
 
 /// The gated update of `c` streams of width `d` per token (see the op).

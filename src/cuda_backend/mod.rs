@@ -287,7 +287,7 @@ impl BadSlots {
             });
         }
         let (p, g) = write_ptr(self.0.cuda_mut()?, dev);
-        // SAFETY: i < len, so the offset stays inside the allocation.
+        // SAFETY: i < slots(), so the offset stays inside the allocation.
         Ok((unsafe { p.cast::<i64>().add(i) }, g))
     }
 
@@ -304,11 +304,6 @@ impl BadSlots {
                     .and_then(|b| usize::try_from(b).ok())
             })
             .collect())
-    }
-
-    /// Slot 0's verdict (see [`BadSlots::read`]).
-    fn first(&self) -> Result<Option<usize>> {
-        Ok(self.read()?.first().copied().flatten())
     }
 }
 

@@ -434,7 +434,14 @@ impl Model {
             Some(self.ngram_ids(pool, &b, &compressed)?)
         };
 
-        let mut streams = ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?;
+        // Device range checks of the step (ids, Engram rows, MoE
+        // permutations), read once at its end.
+        let mut checks = ops::DeviceChecks::new();
+        let mut streams = ops::hc_init(&ops::embedding_deferred(
+            &self.weights.embed,
+            &ids,
+            &mut checks,
+        )?)?;
         marks.mark("embed")?;
         let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
         let mut pre = Tensor::from_vec(one_hot, &[t, HC_STREAMS])?.to_device(&device)?;
@@ -443,7 +450,6 @@ impl Model {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let hp = self.mhc_params();
         let moe_p = self.moe_params(cfg.moe.n_activated_experts);
-        let mut checks = ops::DeviceChecks::new();
         for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
             let mut trace = LayerTrace::default();
             if truncated && plan.layer == late_start {
@@ -462,7 +468,12 @@ impl Model {
                 continue;
             }
             if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
-                streams = e.forward(&streams, ng, crate::numerics::round_f32(cfg.norm_eps))?;
+                streams = e.forward(
+                    &streams,
+                    ng,
+                    crate::numerics::round_f32(cfg.norm_eps),
+                    &mut checks,
+                )?;
                 marks.mark("engram")?;
             }
             if let Some(i) = plan.dspark_target {
@@ -514,7 +525,7 @@ impl Model {
             self.head(&streams, &pre)?
         };
         marks.mark("head")?;
-        // The layers' device range checks, in one sync, before the pool
+        // The step's device range checks, in one sync, before the pool
         // advances past a step that may be invalid.
         checks.verdict()?;
         for (e, c) in b.entries.iter().zip(&compressed) {

@@ -4,11 +4,12 @@
 //!
 //! Invariant: an id outside the table is a typed error naming the id (the
 //! CPU reads the ids before allocating; the CUDA kernel skips the token and
-//! records its position, which the op reads back after the launch, so a
-//! CUDA embedding waits for its kernel). The gather is exact and the
+//! records its position, which [`embedding`] reads back after the launch,
+//! so it waits for its kernel, and [`embedding_deferred`] leaves to
+//! [`DeviceChecks::verdict`]). The gather is exact and the
 //! argmax follows one order on both devices: bitwise the same results.
 
-use super::shape_error;
+use super::{DeviceChecks, shape_error};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -30,6 +31,24 @@ fn bad_id(id: Option<i32>) -> Error {
 /// Rows `table[ids[t]]` of a BF16 `table` `[V, D]` for I32 `ids` `[T]`:
 /// a new BF16 `[T, D]` tensor on the table's device.
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
+    let mut checks = DeviceChecks::new();
+    let out = embedding_deferred(table, ids, &mut checks)?;
+    match checks.failure()? {
+        None => Ok(out),
+        Some(f) => Err(bad_id(ids.to_vec::<i32>()?.get(f.at).copied())),
+    }
+}
+
+/// [`embedding`] whose CUDA check of the ids is read later, by
+/// [`DeviceChecks::verdict`] (no sync here; a token whose id is outside
+/// the table keeps an unwritten row until then). The CPU checks at once.
+// Without CUDA no kernel records into `checks`.
+#[cfg_attr(not(deepinfer_cuda), allow(unused_variables))]
+pub fn embedding_deferred(
+    table: &Tensor,
+    ids: &Tensor,
+    checks: &mut DeviceChecks,
+) -> Result<Tensor> {
     let ids_t = ids;
     table.expect_dtype(EMBED, "table", DType::BF16)?;
     ids.expect_dtype(EMBED, "ids", DType::I32)?;
@@ -50,10 +69,9 @@ pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
             // Launched for D = 0 too: the ids are checked even when no row
             // is copied.
             let mut out = Tensor::empty(&table.device(), DType::BF16, &[t, d])?;
-            return match crate::cuda_backend::embedding(&dev, table, ids, &mut out, v, d)? {
-                None => Ok(out),
-                Some(pos) => Err(bad_id(ids.to_vec::<i32>()?.get(pos).copied())),
-            };
+            let slot = checks.slot(&dev, EMBED, "ids")?;
+            crate::cuda_backend::embedding(&dev, table, ids, &mut out, (v, d), slot)?;
+            return Ok(out);
         }
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => return Err(super::kernels_not_built(EMBED, &d)),

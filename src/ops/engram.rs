@@ -9,12 +9,13 @@
 //! CUDA the rows and the lookup are bitwise too; the gate's three sums are
 //! block reductions, so the gate (and through it the update) differs from
 //! the CPU by fp32 rounding only (`tests/cuda_glue.rs` bounds it). A CUDA
-//! lookup reads back whether a row was out of range, so it waits for its
-//! kernel.
+//! lookup skips a row out of range and records it: [`engram_lookup`] reads
+//! that back (so it waits for its kernel), [`engram_lookup_deferred`]
+//! leaves it to [`DeviceChecks::verdict`].
 //!
 //! [`cpu_backend::engram`]: crate::cpu_backend::engram
 
-use super::{common_device, shape_error};
+use super::{DeviceChecks, common_device, shape_error};
 use crate::contract::MX_BLOCK;
 use crate::cpu_backend::engram;
 use crate::device::Device;
@@ -22,6 +23,8 @@ use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use half::bf16;
+
+const LOOKUP: &str = "engram_lookup";
 
 /// The table rows `[T, cols]` (I64, global row numbers) of the n-gram ids
 /// `ids` I64 `[T, 4]` (the last four compressed ids, newest last, padded),
@@ -80,7 +83,35 @@ pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Resu
 /// Rows `rows` I64 `[T, cols]` of the FP8 table U8 `[R, hd + hd/32]`
 /// (e4m3 values then E8M0 scales per 32), dequantised: BF16 `[T, cols·hd]`.
 pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<Tensor> {
-    const OP: &str = "engram_lookup";
+    let mut checks = DeviceChecks::new();
+    let out = engram_lookup_deferred(table, rows, head_dim, &mut checks)?;
+    match checks.failure()? {
+        None => Ok(out),
+        Some(f) => Err(bad_row(rows.to_vec::<i64>()?.get(f.at).copied())),
+    }
+}
+
+fn bad_row(v: Option<i64>) -> Error {
+    Error::Argument {
+        op: LOOKUP,
+        arg: "rows",
+        value: v.map_or_else(|| "?".into(), |v| v.to_string()),
+        why: "table row outside the table",
+    }
+}
+
+/// [`engram_lookup`] whose CUDA check of the rows is read later, by
+/// [`DeviceChecks::verdict`] (no sync here; an entry whose row is outside
+/// the table stays unwritten until then). The CPU checks at once.
+// Without CUDA no kernel records into `checks`.
+#[cfg_attr(not(deepinfer_cuda), allow(unused_variables))]
+pub fn engram_lookup_deferred(
+    table: &Tensor,
+    rows: &Tensor,
+    head_dim: usize,
+    checks: &mut DeviceChecks,
+) -> Result<Tensor> {
+    const OP: &str = LOOKUP;
     table.expect_dtype(OP, "table", DType::U8)?;
     rows.expect_dtype(OP, "rows", DType::I64)?;
     let row_bytes = head_dim.saturating_add(head_dim / MX_BLOCK);
@@ -108,23 +139,14 @@ pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<T
             "[T, cols] with cols × head_dim in usize".into(),
         )
     })?;
-    let bad_row = |v: Option<i64>| Error::Argument {
-        op: OP,
-        arg: "rows",
-        value: v.map_or_else(|| "?".into(), |v| v.to_string()),
-        why: "table row outside the table",
-    };
     match device {
         Device::Cpu => {}
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => {
             let mut out = Tensor::empty(&table.device(), DType::BF16, &[t, width])?;
-            return match crate::cuda_backend::engram_lookup(
-                &dev, table, rows, &mut out, r, head_dim,
-            )? {
-                None => Ok(out),
-                Some(e) => Err(bad_row(rows.to_vec::<i64>()?.get(e).copied())),
-            };
+            let slot = checks.slot(&dev, OP, "rows")?;
+            crate::cuda_backend::engram_lookup(&dev, table, rows, &mut out, (r, head_dim), slot)?;
+            return Ok(out);
         }
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),

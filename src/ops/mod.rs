@@ -40,8 +40,8 @@ pub use act_quant::{ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_f
 pub use checks::{DeviceChecks, Failure};
 pub use compressor::{compress_ratio2, compressor_rows_into};
 pub use elementwise::{add, cat_cols, div_scalar, scale};
-pub use embedding::{argmax, embedding};
-pub use engram::{engram_gate_update, engram_lookup, engram_rows};
+pub use embedding::{argmax, embedding, embedding_deferred};
+pub use engram::{engram_gate_update, engram_lookup, engram_lookup_deferred, engram_rows};
 pub use gather::{copy_rows_into, gather_row_blocks, gather_rows};
 pub use gemm::{
     GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,

@@ -29,10 +29,17 @@ pub struct Engram {
 
 impl Engram {
     /// Updates the streams BF16 `[T, 4, D]` from the tokens' n-gram ids
-    /// I64 `[T, 4]` (newest first).
-    pub fn forward(&self, streams: &Tensor, ngram_ids: &Tensor, eps: f32) -> Result<Tensor> {
+    /// I64 `[T, 4]` (newest first). The table rows come from `engram_rows`
+    /// (in range by construction); their device check is left in `checks`.
+    pub fn forward(
+        &self,
+        streams: &Tensor,
+        ngram_ids: &Tensor,
+        eps: f32,
+        checks: &mut ops::DeviceChecks,
+    ) -> Result<Tensor> {
         let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
-        let lookups = ops::engram_lookup(&self.table, &rows, self.head_dim)?;
+        let lookups = ops::engram_lookup_deferred(&self.table, &rows, self.head_dim, checks)?;
         let &[t, c, d] = streams.shape() else {
             return Err(crate::ops::shape_error(
                 "Engram::forward",
