@@ -2,7 +2,8 @@
 //! later: an op given a [`DeviceChecks`] launches without waiting, its
 //! kernel skips (and records) an out-of-range entry, and
 //! [`DeviceChecks::verdict`] reads every recorded check in one sync and
-//! turns the first failure into the typed error the op would have returned.
+//! turns the first failure into a typed error naming the op, its input and
+//! the entry.
 //! A step that already syncs once (for its logits) checks its whole batch
 //! of launches at no extra sync; without it each op's check is a sync that
 //! drains the stream.
