@@ -159,9 +159,16 @@ impl Tensor {
         })
     }
 
-    /// A host tensor of zeros (or a CUDA one, uploaded).
+    /// A tensor of zeros (on CUDA a device memset, with no host copy).
     pub fn zeros(device: &Device, dtype: DType, shape: &[usize]) -> Result<Tensor> {
-        Tensor::filled_bytes(dtype, shape, 0)?.to_device(device)
+        match device {
+            Device::Cpu => Tensor::filled_bytes(dtype, shape, 0),
+            Device::Cuda(d) => Ok(Tensor {
+                shape: shape.to_vec(),
+                dtype,
+                storage: Storage::Cuda(d.zeroed(dtype.storage_bytes(check_shape(dtype, shape)?))?),
+            }),
+        }
     }
 
     /// The same data under another shape of the same element count.

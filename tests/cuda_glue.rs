@@ -512,6 +512,27 @@ fn moe_permute_and_combine_are_bitwise_the_cpu() {
     }
 }
 
+/// `Tensor::zeros` on CUDA is a device memset (no host buffer): every byte
+/// is zero, also on a handle that poisons its other allocations and at
+/// sizes that are no multiple of a word.
+#[test]
+fn cuda_zeros_are_zero_without_a_host_copy() {
+    let dev = gpu();
+    for (dtype, shape) in [
+        (DType::U8, vec![0usize]),
+        (DType::U8, vec![7]),
+        (DType::BF16, vec![3, 1001]),
+        (DType::I32, vec![257]),
+        (DType::F32, vec![1 << 20]),
+    ] {
+        let z = Tensor::zeros(&dev, dtype, &shape).unwrap();
+        assert_eq!(z.shape(), &shape[..]);
+        let host = z.to_le_bytes().unwrap();
+        assert_eq!(host.len(), z.storage_bytes());
+        assert!(host.iter().all(|&b| b == 0), "{dtype:?} {shape:?}");
+    }
+}
+
 /// The deferred forms: no sync per op, the same bits as the checked ops,
 /// and every recorded failure surfaces in the verdict (naming the op), also
 /// when the slots run out and the checks read themselves early.

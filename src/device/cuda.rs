@@ -203,6 +203,24 @@ impl CudaDevice {
         })
     }
 
+    /// `bytes` of device memory set to zero by a memset on the stream: no
+    /// host buffer, so it may run inside a CUDA graph capture.
+    pub fn zeroed(&self, bytes: usize) -> Result<CudaBuffer> {
+        // SAFETY: the memset below writes every byte, in stream order before
+        // any use of the buffer.
+        let mut slice = unsafe { self.stream.alloc::<u8>(bytes) }
+            .map_err(driver(format!("allocating {bytes} bytes")))?;
+        if bytes > 0 {
+            self.stream
+                .memset_zeros(&mut slice)
+                .map_err(driver(format!("zeroing {bytes} bytes")))?;
+        }
+        Ok(CudaBuffer {
+            device: self.clone(),
+            slice,
+        })
+    }
+
     /// Refuses a host copy while this stream is being captured: a captured
     /// copy would not run now (a read-back would return stale bytes) and its
     /// replay would touch a host buffer long gone.
