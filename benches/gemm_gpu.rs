@@ -31,7 +31,9 @@
 //! DEEPINFER_BENCH_QUICK=1 runs a small subset (two projections, M ∈ {1,
 //! 64, 4096}, one MoE shape per layout); DEEPINFER_BENCH_MOE=1 the MoE rows
 //! (masked at 1, 4, 16 tokens; contiguous 16 × 2048 and 8 × 4096) and wq_a,
-//! wo_b at M = 4096.
+//! wo_b at M = 4096; DEEPINFER_BENCH_MOE=rank one EP-64 rank's decode layer
+//! (6 experts of 1 or 8 tokens) in both layouts, the weights rotated
+//! through copies so they are not L2-hot.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -322,24 +324,34 @@ mod gpu {
         (w, s)
     }
 
-    fn moe_masked(h: &mut Harness, counts: &[usize], shapes: &[(&str, usize, usize)]) {
+    fn moe_masked(
+        h: &mut Harness,
+        experts: usize,
+        counts: &[usize],
+        shapes: &[(&str, usize, usize)],
+    ) {
         let dev = h.dev.clone();
         for &(name, n, k) in shapes {
             let kb = k.div_ceil(32);
-            // A whole layer's experts (2.3 GB) are far larger than L2: one copy.
-            let (w, w_s) = expert_weights(&dev, EXPERTS, n, k, 1);
-            let (w, w_s) = (&w[0], &w_s[0]);
+            // A whole layer's 384 experts (2.3 GB) are far larger than L2 and
+            // take one copy; an EP rank's few rotate through copies.
+            let wc = if experts >= EXPERTS {
+                1
+            } else {
+                Harness::copies(experts * n * k / 2)
+            };
+            let (w, w_s) = expert_weights(&dev, experts, n, k, wc);
             for &c in counts {
-                let ac = Harness::copies(EXPERTS * c * k);
-                let a = upload(&dev, host(EXPERTS * c * k, 81, fp8), &[EXPERTS, c, k], ac);
+                let ac = Harness::copies(experts * c * k);
+                let a = upload(&dev, host(experts * c * k, 81, fp8), &[experts, c, k], ac);
                 let a_s = upload(
                     &dev,
-                    host(EXPERTS * c * kb, 82, scale),
-                    &[EXPERTS, c, kb],
+                    host(experts * c * kb, 82, scale),
+                    &[experts, c, kb],
                     ac,
                 );
-                let cnt = upload(&dev, vec![c as i32; EXPERTS], &[EXPERTS], 1).remove(0);
-                let mut out = Tensor::empty(&dev, DType::BF16, &[EXPERTS, c, n]).unwrap();
+                let cnt = upload(&dev, vec![c as i32; experts], &[experts], 1).remove(0);
+                let mut out = Tensor::empty(&dev, DType::BF16, &[experts, c, n]).unwrap();
                 for (label, v) in [
                     ("skinny_v1", SkinnyVersion::V1),
                     ("skinny_v2", SkinnyVersion::V2),
@@ -350,21 +362,21 @@ mod gpu {
                             &h.cuda,
                             &a[i % ac],
                             &a_s[i % ac],
-                            w,
-                            w_s,
+                            &w[i % wc],
+                            &w_s[i % wc],
                             &cnt,
                             &mut out,
                             v,
                         )
                     });
-                    let rows = EXPERTS * c;
+                    let rows = experts * c;
                     h.record_gemm(
                         &format!("mxfp4_grouped_masked/{name}/{label}"),
                         &format!("moe_masked/{name}"),
-                        json!({ "experts": EXPERTS, "tokens_per_expert": c, "n": n, "k": k }),
+                        json!({ "experts": experts, "tokens_per_expert": c, "n": n, "k": k }),
                         us,
                         2.0 * (rows * n * k) as f64,
-                        rows * k + rows * kb + EXPERTS * (n * k / 2 + n * kb) + 2 * rows * n,
+                        rows * k + rows * kb + experts * (n * k / 2 + n * kb) + 2 * rows * n,
                         "E*c*k (a) + E*c*ceil(k/32) (a_s) + E*(n*k/2 (fp4 w) + n*ceil(k/32) (w_s)) + 2*E*c*n (bf16 out); every expert holds c tokens",
                         Vec::new(),
                     );
@@ -457,8 +469,14 @@ mod gpu {
             {
                 dense(&mut h, p, &[4096]);
             }
-            moe_masked(&mut h, &MASKED_COUNTS[..3], MOE_SHAPES);
+            moe_masked(&mut h, EXPERTS, &MASKED_COUNTS[..3], MOE_SHAPES);
             moe_contiguous(&mut h, &[(16, 2048), (8, 4096)], MOE_SHAPES);
+        } else if std::env::var("DEEPINFER_BENCH_MOE").is_ok_and(|v| v == "rank") {
+            // One EP-64 rank's layer at decode: 6 experts, every token routed
+            // to all of them (the model bench's B 1 and B 8), both layouts.
+            let e = EXPERTS / 64;
+            moe_masked(&mut h, e, &[1, 8], MOE_SHAPES);
+            moe_contiguous(&mut h, &[(e, 1), (e, 8)], MOE_SHAPES);
         } else if quick() {
             for p in PROJECTIONS
                 .iter()
@@ -466,13 +484,13 @@ mod gpu {
             {
                 dense(&mut h, p, &[1, 64, 4096]);
             }
-            moe_masked(&mut h, &[4], &MOE_SHAPES[..1]);
+            moe_masked(&mut h, EXPERTS, &[4], &MOE_SHAPES[..1]);
             moe_contiguous(&mut h, &[(8, 4096)], &MOE_SHAPES[..1]);
         } else {
             for p in PROJECTIONS {
                 dense(&mut h, p, MS);
             }
-            moe_masked(&mut h, MASKED_COUNTS, MOE_SHAPES);
+            moe_masked(&mut h, EXPERTS, MASKED_COUNTS, MOE_SHAPES);
             moe_contiguous(&mut h, CONTIGUOUS, MOE_SHAPES);
         }
         h.finish();
