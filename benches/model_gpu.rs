@@ -82,7 +82,8 @@ mod gpu {
     /// Distinct random rows of each cache format, repeated over the pools.
     const PATTERN_ROWS: usize = 8192;
     const MODE: &str = "eager";
-    /// Time the decode steps of a point aim at (at least one, at most 5).
+    /// Time the timed decode steps of a point aim at (at least one, at most
+    /// `MAX_STEPS`).
     const STEP_TIME_S: f64 = 2.0;
     /// Untimed decode steps before the timed ones.
     const WARM_STEPS: usize = 3;

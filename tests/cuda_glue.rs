@@ -531,6 +531,26 @@ fn cuda_zeros_are_zero_without_a_host_copy() {
         assert_eq!(host.len(), z.storage_bytes());
         assert!(host.iter().all(|&b| b == 0), "{dtype:?} {shape:?}");
     }
+    // No host copy: zeros can be made (and freed) inside a graph capture,
+    // where the host upload they replaced is refused.
+    let cuda = CudaDevice::new(0).unwrap();
+    let d = Device::Cuda(cuda.clone());
+    // SAFETY: this handle has one stream, and each capture touches only the
+    // tensor it makes and drops.
+    let made = unsafe { cuda.capture(|| Tensor::zeros(&d, DType::F32, &[1000]).map(|_| ())) };
+    assert!(made.is_ok(), "zeros inside a capture: {:?}", made.err());
+    // SAFETY: as above.
+    let uploaded = unsafe {
+        cuda.capture(|| {
+            Tensor::filled_bytes(DType::F32, &[1000], 0)?
+                .to_device(&d)
+                .map(|_| ())
+        })
+    };
+    assert!(
+        uploaded.is_err(),
+        "a host upload inside a capture must be refused"
+    );
 }
 
 /// The deferred forms: no sync per op, the same bits as the checked ops,
@@ -604,6 +624,16 @@ fn deferred_moe_checks_report_at_the_verdict() {
     }
     let e = ops::moe_permute_deferred(&x, &w, &good, &mut checks).unwrap_err();
     assert!(is_arg_error(&e, "permutation", "entry 7"), "{e}");
+    assert!(
+        matches!(
+            e,
+            Error::Argument {
+                op: "moe_permute",
+                ..
+            }
+        ),
+        "{e}"
+    );
     assert_eq!(checks.pending(), 0, "the early read empties the checks");
 
     // The step's other checks: token ids and Engram rows, in one verdict.

@@ -13,8 +13,10 @@ chunk), hc_base fp32 [24], hc_scale fp32 [3]; eps, hc_eps fp32; iters int
     m_r   = dot_r · (1 / sqrt(ss / (4·D) + eps))      every op IEEE rounded
     split = `hc_split(m)` in the CPU's exact operation order, every multiply,
             add and divide IEEE rounded, σ(x) = 1/(1 + e^-x) and e^x evaluated
-            in double precision and rounded to fp32 once (the CPU's correctly
-            rounded convention).
+            in double precision and rounded to fp32 once, as the CPU does
+            (CUDA's double exp is within an ulp of the CPU's, so the fp32
+            results agree except on the rare input whose double lies next
+            to an fp32 rounding boundary).
 
 Outputs: mixes fp32 [T, 24] (the GPU's m, for checking the split), pre / post
 fp32 [T, 4], comb fp32 [T, 16] (comb[4j + k]).

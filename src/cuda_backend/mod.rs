@@ -287,8 +287,9 @@ impl BadSlots {
             });
         }
         let (p, g) = write_ptr(self.0.cuda_mut()?, dev);
-        // SAFETY: i < slots(), so the offset stays inside the allocation.
-        Ok((unsafe { p.cast::<i64>().add(i) }, g))
+        // A device address: plain arithmetic (i < slots() keeps it inside
+        // the slots' allocation).
+        Ok((p.cast::<i64>().wrapping_add(i), g))
     }
 
     /// Each slot's first bad position, if any (reading them waits for the

@@ -119,6 +119,8 @@ const PRE_TOKENS: usize = 64;
 const PRE_SMEM_BYTES: u32 = 29696;
 /// Pass 1's partial sums per token and chunk: 24 dots and the squares.
 const PRE_PARTS: usize = 25;
+/// The most CTAs a grid's y dimension takes.
+const MAX_GRID_Y: usize = 65_535;
 /// Pass 2: tokens per CTA (`TOK` in `tilelang/mhc_split.py`).
 const SPLIT_TOKENS: usize = 8;
 
@@ -173,11 +175,20 @@ pub fn mhc_pre(
     ) else {
         return Err(Error::Argument {
             op: OP,
-            arg: "tokens",
-            value: tokens.to_string(),
+            arg: "tokens, D, iters",
+            value: format!("{tokens}, {d}, {iters}"),
             why: "the generated kernels take tokens, D/8, the chunk count and iters as 32-bit ints",
         });
     };
+    let tiles = tokens.div_ceil(PRE_TOKENS);
+    if tiles > MAX_GRID_Y {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "tokens",
+            value: tokens.to_string(),
+            why: "pass 1 takes a grid row of 64 tokens, and a grid has at most 65535 rows",
+        });
+    }
     if tokens == 0 {
         return Ok(());
     }
@@ -197,7 +208,7 @@ pub fn mhc_pre(
     let cfg1 = LaunchConfig {
         grid_dim: (
             u32_param("chunks", chunks)?,
-            u32_param("token tiles", tokens.div_ceil(PRE_TOKENS))?,
+            u32_param("token tiles", tiles)?,
             1,
         ),
         block_dim: (PRE_THREADS, 1, 1),
