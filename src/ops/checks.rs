@@ -47,23 +47,37 @@ impl DeviceChecks {
         op: &'static str,
         input: &'static str,
     ) -> Result<(&mut crate::cuda_backend::BadSlots, usize)> {
-        let stale = match &self.slots {
-            Some((d, s)) => d.ordinal() != dev.ordinal() || self.pending.len() >= s.slots(),
-            None => true,
+        let fresh = match &self.slots {
+            Some((d, s)) => d.ordinal() == dev.ordinal() && self.pending.len() < s.slots(),
+            None => false,
         };
-        if stale {
+        if !fresh {
             self.verdict()?;
-            self.slots = Some((dev.clone(), crate::cuda_backend::BadSlots::new(dev, SLOTS)?));
         }
+        let (_, s) = match self.slots.take() {
+            Some(held) if fresh => self.slots.insert(held),
+            _ => self
+                .slots
+                .insert((dev.clone(), crate::cuda_backend::BadSlots::new(dev, SLOTS)?)),
+        };
         let i = self.pending.len();
         self.pending.push((op, input));
-        let (_, s) = self.slots.as_mut().ok_or_else(|| Error::Argument {
-            op,
-            arg: "checks",
-            value: "none".into(),
-            why: "no slots after allocating them",
-        })?;
         Ok((s, i))
+    }
+
+    /// The checked form of a `_deferred` op: runs `op` with checks of its
+    /// own and reads them at once (one sync), `error` turning a failure into
+    /// the op's typed error (naming the bad value it reads back).
+    pub(crate) fn at_once<T>(
+        op: impl FnOnce(&mut DeviceChecks) -> Result<T>,
+        error: impl FnOnce(Failure) -> Result<Error>,
+    ) -> Result<T> {
+        let mut checks = DeviceChecks::new();
+        let out = op(&mut checks)?;
+        match checks.failure()? {
+            None => Ok(out),
+            Some(f) => Err(error(f)?),
+        }
     }
 
     /// Reads every pending check (one sync when there are any) and returns

@@ -31,12 +31,10 @@ fn bad_id(id: Option<i32>) -> Error {
 /// Rows `table[ids[t]]` of a BF16 `table` `[V, D]` for I32 `ids` `[T]`:
 /// a new BF16 `[T, D]` tensor on the table's device.
 pub fn embedding(table: &Tensor, ids: &Tensor) -> Result<Tensor> {
-    let mut checks = DeviceChecks::new();
-    let out = embedding_deferred(table, ids, &mut checks)?;
-    match checks.failure()? {
-        None => Ok(out),
-        Some(f) => Err(bad_id(ids.to_vec::<i32>()?.get(f.at).copied())),
-    }
+    DeviceChecks::at_once(
+        |c| embedding_deferred(table, ids, c),
+        |f| Ok(bad_id(ids.to_vec::<i32>()?.get(f.at).copied())),
+    )
 }
 
 /// [`embedding`] whose CUDA check of the ids is read later, by

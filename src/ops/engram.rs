@@ -83,12 +83,10 @@ pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Resu
 /// Rows `rows` I64 `[T, cols]` of the FP8 table U8 `[R, hd + hd/32]`
 /// (e4m3 values then E8M0 scales per 32), dequantised: BF16 `[T, cols·hd]`.
 pub fn engram_lookup(table: &Tensor, rows: &Tensor, head_dim: usize) -> Result<Tensor> {
-    let mut checks = DeviceChecks::new();
-    let out = engram_lookup_deferred(table, rows, head_dim, &mut checks)?;
-    match checks.failure()? {
-        None => Ok(out),
-        Some(f) => Err(bad_row(rows.to_vec::<i64>()?.get(f.at).copied())),
-    }
+    DeviceChecks::at_once(
+        |c| engram_lookup_deferred(table, rows, head_dim, c),
+        |f| Ok(bad_row(rows.to_vec::<i64>()?.get(f.at).copied())),
+    )
 }
 
 fn bad_row(v: Option<i64>) -> Error {

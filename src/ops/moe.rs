@@ -46,11 +46,8 @@ fn bad_entry(op: &'static str, j: Option<i32>) -> Error {
 }
 
 /// The error for the entry at `at` of a device `perm` a kernel found bad.
-fn bad_entry_at(op: &'static str, perm: &Tensor, at: usize) -> Error {
-    match perm.to_vec::<i32>() {
-        Ok(v) => bad_entry(op, v.get(at).copied()),
-        Err(e) => e,
-    }
+fn bad_entry_at(op: &'static str, perm: &Tensor, at: usize) -> Result<Error> {
+    Ok(bad_entry(op, perm.to_vec::<i32>()?.get(at).copied()))
 }
 
 /// The permutation `perm` I32 `[N]` (N = T · top_k) as host indices, each
@@ -72,12 +69,10 @@ fn entries(op: &'static str, perm: &Tensor, n: usize) -> Result<Vec<usize>> {
 /// order of `perm`: `x_perm[i] = x[perm[i] / top_k]`,
 /// `w_perm[i] = weights[perm[i]]`; returns BF16 `[N, D]` and F32 `[N]`.
 pub fn moe_permute(x: &Tensor, weights: &Tensor, perm: &Tensor) -> Result<(Tensor, Tensor)> {
-    let mut checks = DeviceChecks::new();
-    let out = moe_permute_deferred(x, weights, perm, &mut checks)?;
-    match checks.failure()? {
-        None => Ok(out),
-        Some(f) => Err(bad_entry_at(f.op, perm, f.at)),
-    }
+    DeviceChecks::at_once(
+        |c| moe_permute_deferred(x, weights, perm, c),
+        |f| bad_entry_at(f.op, perm, f.at),
+    )
 }
 
 /// [`moe_permute`] whose CUDA range check of `perm` is read later, by
@@ -149,12 +144,10 @@ pub fn moe_permute_deferred(
 /// pos inverts `perm`: BF16 `routed` `[N, D]` in expert order, `shared`
 /// `[T, D]`; returns BF16 `[T, D]`.
 pub fn moe_combine(routed: &Tensor, perm: &Tensor, shared: &Tensor) -> Result<Tensor> {
-    let mut checks = DeviceChecks::new();
-    let out = moe_combine_deferred(routed, perm, shared, &mut checks)?;
-    match checks.failure()? {
-        None => Ok(out),
-        Some(f) => Err(bad_entry_at(f.op, perm, f.at)),
-    }
+    DeviceChecks::at_once(
+        |c| moe_combine_deferred(routed, perm, shared, c),
+        |f| bad_entry_at(f.op, perm, f.at),
+    )
 }
 
 /// [`moe_combine`] whose CUDA range check of `perm` is read later, by
