@@ -25,6 +25,7 @@ use deepinfer::numerics::calc_diff;
 use deepinfer::{Device, Error, Tensor, ops};
 use half::bf16;
 use rand::Rng;
+use rand::rngs::StdRng;
 
 fn gpu() -> Device {
     let dev = CudaDevice::new(0).expect("the CUDA tests need a GPU: run them from the GPU bundle");
@@ -38,6 +39,28 @@ fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
+/// Fresh random inputs of `mhc_pre` for `t` tokens of width `d`: streams,
+/// hc_fn, hc_base, hc_scale and the lagged pre.
+struct PreInputs {
+    s: Vec<bf16>,
+    hc_fn: Vec<f32>,
+    base: Vec<f32>,
+    scale: Vec<f32>,
+    lag: Vec<f32>,
+}
+
+fn random_pre_inputs(rng: &mut StdRng, t: usize, d: usize) -> PreInputs {
+    PreInputs {
+        s: common::random_activations(rng, t * 4 * d, 1.0),
+        hc_fn: (0..24 * 4 * d)
+            .map(|_| rng.random_range(-0.05..0.05))
+            .collect(),
+        base: (0..24).map(|_| rng.random_range(-1.0..1.0)).collect(),
+        scale: (0..3).map(|_| rng.random_range(0.1..2.0)).collect(),
+        lag: (0..t * 4).map(|_| rng.random_range(0.0..2.0)).collect(),
+    }
+}
+
 #[test]
 fn mhc_pre_matches_the_cpu_reference() {
     let dev = gpu();
@@ -45,13 +68,13 @@ fn mhc_pre_matches_the_cpu_reference() {
     let p = ops::MhcParams::default();
     for &t in TOKENS {
         for &d in DIMS {
-            let s = common::random_activations(&mut rng, t * 4 * d, 1.0);
-            let hc_fn: Vec<f32> = (0..24 * 4 * d)
-                .map(|_| rng.random_range(-0.05..0.05))
-                .collect();
-            let base: Vec<f32> = (0..24).map(|_| rng.random_range(-1.0..1.0)).collect();
-            let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.1..2.0)).collect();
-            let lag: Vec<f32> = (0..t * 4).map(|_| rng.random_range(0.0..2.0)).collect();
+            let PreInputs {
+                s,
+                hc_fn,
+                base,
+                scale,
+                lag,
+            } = random_pre_inputs(&mut rng, t, d);
             let cpu = [
                 Tensor::from_vec(s, &[t, 4, d]).unwrap(),
                 Tensor::from_vec(hc_fn, &[24, 4 * d]).unwrap(),
@@ -127,13 +150,13 @@ fn mhc_pre_is_batch_invariant() {
     let mut rng = common::rng("mhc_pre_invariance");
     let p = ops::MhcParams::default();
     let (t, d) = (257, 5120);
-    let s = common::random_activations(&mut rng, t * 4 * d, 1.0);
-    let hc_fn: Vec<f32> = (0..24 * 4 * d)
-        .map(|_| rng.random_range(-0.05..0.05))
-        .collect();
-    let base: Vec<f32> = (0..24).map(|_| rng.random_range(-1.0..1.0)).collect();
-    let scale: Vec<f32> = (0..3).map(|_| rng.random_range(0.1..2.0)).collect();
-    let lag: Vec<f32> = (0..t * 4).map(|_| rng.random_range(0.0..2.0)).collect();
+    let PreInputs {
+        s,
+        hc_fn,
+        base,
+        scale,
+        lag,
+    } = random_pre_inputs(&mut rng, t, d);
     let up =
         |v: Vec<f32>, shape: &[usize]| Tensor::from_vec(v, shape).unwrap().to_device(&dev).unwrap();
     let (hc_fn, base, scale) = (up(hc_fn, &[24, 4 * d]), up(base, &[24]), up(scale, &[3]));
