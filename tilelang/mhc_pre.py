@@ -84,6 +84,12 @@ assert TOK * RED_ROWS * 4 <= TOK * ROW * 2
 assert W_F4 % THREADS == 0 and (TOK * STEP_VEC) % THREADS == 0
 
 
+def w_slot(f):
+    """(mix r, stream i, vector vv, half h) of float4 `f` of a step's hc_fn
+    slice [24, 4, STEP_VEC, 2, 4], flat in that order."""
+    return f // (HC * STEP_VEC * 2), (f // (STEP_VEC * 2)) % HC, (f // 2) % STEP_VEC, f % 2
+
+
 def mhc_pre():
     """Build the TileLang PrimFunc (pass 1)."""
     n_tokens = T.dynamic("n_tokens")
@@ -94,11 +100,7 @@ def mhc_pre():
     def load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, step):
         # Global -> registers: this thread's hc_fn float4s and stream pairs.
         for k in T.unroll(W_PER_THREAD):
-            f = k * THREADS + tx
-            r = f // (HC * STEP_VEC * 2)
-            i = (f // (STEP_VEC * 2)) % HC
-            vv = (f // 2) % STEP_VEC
-            h = f % 2
+            r, i, vv, h = w_slot(k * THREADS + tx)
             g = ch * CHUNK_VEC + step * STEP_VEC + vv
             for j in T.vectorized(VEC // 2):
                 wr[k, j] = T.if_then_else(g < n_vec, hc_fn[r, i, T.min(g, n_vec - 1), h, j], T.float32(0))
@@ -118,11 +120,7 @@ def mhc_pre():
     def store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step):
         # Registers -> shared memory, and the collapse u of the staged pairs.
         for k in T.unroll(W_PER_THREAD):
-            f = k * THREADS + tx
-            r = f // (HC * STEP_VEC * 2)
-            i = (f // (STEP_VEC * 2)) % HC
-            vv = (f // 2) % STEP_VEC
-            h = f % 2
+            r, i, vv, h = w_slot(k * THREADS + tx)
             for j in T.vectorized(VEC // 2):
                 ws[r, i, vv, h, j] = wr[k, j]
         for k in T.unroll(PAIRS):
