@@ -359,17 +359,18 @@ impl Tensor {
                     })
                 }
             }
-            (Storage::Cuda(d), Storage::Cuda(s))
-                if d.device().ordinal() == s.device().ordinal() =>
-            {
+            (Storage::Cuda(d), Storage::Cuda(s)) if d.device().same_stream(s.device()) => {
                 d.copy_range_from(d0, s, s0, len)
             }
-            _ => Err(Error::DeviceMismatch {
-                op,
-                tensor: "src",
-                got: src.device().to_string(),
-                expected: self.device().to_string(),
-            }),
+            _ => {
+                let (got, expected) = Device::mismatch_names(&src.device(), &self.device());
+                Err(Error::DeviceMismatch {
+                    op,
+                    tensor: "src",
+                    got,
+                    expected,
+                })
+            }
         }
     }
 

@@ -553,6 +553,56 @@ fn cuda_zeros_are_zero_without_a_host_copy() {
     );
 }
 
+/// Tensors of two handles of one GPU (two streams, not ordered against each
+/// other: cudarc's event tracking is off) never meet in an op or a row
+/// copy: a typed mismatch naming the other handle. Clones share the stream.
+/// Freed memory stays in the pool for reuse, and `memory_info` counts it
+/// as free again.
+#[test]
+fn handles_of_one_gpu_keep_to_their_streams_and_the_pool_is_trimmed() {
+    let a = CudaDevice::new(0).unwrap();
+    let b = CudaDevice::new(0).unwrap();
+    assert!(a.same_stream(&a.with_poisoned_allocations()));
+    assert!(a.same_stream(&a.with_batch_invariant_kernels()));
+    assert!(!a.same_stream(&b));
+    assert!(!a.same_stream(&a.with_new_stream().unwrap()));
+    let (da, db) = (Device::Cuda(a.clone()), Device::Cuda(b));
+    let x = Tensor::from_vec(vec![1.5f32; 64], &[8, 8]).unwrap();
+    let (xa, xb) = (up(&x, &da), up(&x, &db));
+    let e = ops::add(&xa, &xb).unwrap_err();
+    assert!(
+        matches!(&e, Error::DeviceMismatch { got, .. } if got.contains("another handle")),
+        "{e:?}"
+    );
+    let mut ya = up(&x, &da);
+    let e = ya.copy_rows_from(0, &xb, 0, 1).unwrap_err();
+    assert!(matches!(e, Error::DeviceMismatch { .. }), "{e:?}");
+    // Moved with to_device, the tensor meets the other handle's.
+    let moved = xb.to_device(&da).unwrap();
+    let sum = ops::add(&xa, &moved).unwrap();
+    assert_eq!(sum.to_vec::<f32>().unwrap(), vec![3.0f32; 64]);
+
+    // 4 GiB allocated and dropped: back in the free count after the trim.
+    let (free0, total) = a.memory_info().unwrap();
+    let big = 4usize << 30;
+    assert!(
+        free0 > 2 * big,
+        "the test needs 8 GiB free, {free0} of {total}"
+    );
+    let t = Tensor::empty(&da, DType::U8, &[big]).unwrap();
+    let (held, _) = a.memory_info().unwrap();
+    assert!(
+        held + big - (64 << 20) <= free0,
+        "{held} free while 4 GiB are held of {free0}"
+    );
+    drop(t);
+    let (free1, _) = a.memory_info().unwrap();
+    assert!(
+        free1 + (64 << 20) >= free0,
+        "{free1} free after the drop, {free0} before"
+    );
+}
+
 /// The deferred forms: no sync per op, the same bits as the checked ops,
 /// and every recorded failure surfaces in the verdict (naming the op), also
 /// when the slots run out and the checks read themselves early.

@@ -578,11 +578,12 @@ impl Fp8TensorwisePlan {
             ("out", &*out),
         ] {
             if !t.device().same_as(&here) {
+                let (got, expected) = Device::mismatch_names(&t.device(), &here);
                 return Err(Error::DeviceMismatch {
                     op: FP8_OP,
                     tensor: name,
-                    got: t.device().to_string(),
-                    expected: here.to_string(),
+                    got,
+                    expected,
                 });
             }
         }

@@ -32,6 +32,15 @@ fn driver(during: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError)
 
 /// One CUDA device: its primary context, the stream ops are issued on, and
 /// the loaded kernel modules. Cloning is cheap and shares all three.
+///
+/// Invariant: every buffer of a handle is used on that handle's stream
+/// only. Ops, row copies, cuBLAS plans and the NCCL transport refuse
+/// operands of another stream ([`CudaDevice::same_stream`]), downloads
+/// synchronise the stream, and a buffer is freed (`cuMemFreeAsync`) on the
+/// stream it was used on. Stream order alone therefore orders every use, so
+/// cudarc's cross-stream event tracking (two events per allocation, an
+/// event wait and record per pointer of every launch) is off: launches cost
+/// the driver call only, and a capture needs no tracking paused.
 #[derive(Clone)]
 pub struct CudaDevice {
     ordinal: usize,
@@ -74,7 +83,12 @@ impl CudaDevice {
             });
         }
         let ctx = CudaContext::new(ordinal).map_err(driver("creating the CUDA context"))?;
+        // SAFETY: turned off before this context's first stream or
+        // allocation, so no slice of it carries events; the type's invariant
+        // (one stream per buffer, refused mixing) orders every use and free.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
+        retain_freed_memory(&ctx)?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("reading the SM count"))?;
@@ -108,12 +122,48 @@ impl CudaDevice {
     }
 
     /// (free, total) device memory in bytes (`cuMemGetInfo`): what the
-    /// state pool is sized from (`model::pool::PoolMemory`).
+    /// state pool is sized from (`model::pool::PoolMemory`). Waits for the
+    /// stream and first returns the memory pool's idle bytes to the driver
+    /// ([`retain_freed_memory`] keeps them otherwise), so they count as free.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
+        self.release_idle_memory()?;
+        cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))
+    }
+
+    /// Waits for the stream, then trims the device's memory pool to the
+    /// bytes in use (`cuMemPoolTrimTo`).
+    fn release_idle_memory(&self) -> Result<()> {
+        self.synchronize()?;
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the CUDA context"))?;
-        cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))
+        // SAFETY: the device comes from a live context; trimming releases
+        // only memory no allocation holds.
+        unsafe {
+            let pool = cudarc::driver::result::device::get_mem_pool(self.ctx.cu_device())
+                .map_err(driver("cuDeviceGetMemPool"))?;
+            cudarc::driver::result::mem_pool::trim_to(pool, 0).map_err(driver("cuMemPoolTrimTo"))
+        }
+    }
+
+    /// `bytes` of uninitialised stream-ordered memory. When the device is
+    /// out of memory, the pool's idle bytes go back to the driver and the
+    /// allocation is tried once more (outside a capture, which may not wait).
+    fn alloc_slice(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        // SAFETY (both calls): the memory is uninitialised; each caller
+        // writes all of it before anyone reads it (see `alloc`, `zeroed`,
+        // `upload`). A zero-byte request is served without a driver call.
+        match unsafe { self.stream.alloc::<u8>(bytes) } {
+            Err(e)
+                if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY
+                    && self.refuse_in_capture("retrying an allocation").is_ok() =>
+            {
+                self.release_idle_memory()?;
+                unsafe { self.stream.alloc::<u8>(bytes) }
+            }
+            r => r,
+        }
+        .map_err(driver(format!("allocating {bytes} bytes")))
     }
 
     pub fn ordinal(&self) -> usize {
@@ -143,7 +193,18 @@ impl CudaDevice {
         Stream(self.stream.clone())
     }
 
-    /// A handle to the same device whose ops go to a fresh stream.
+    /// Whether buffers of `self` and `other` may meet in one op: the same
+    /// stream (so the same GPU). Clones, including
+    /// [`CudaDevice::with_poisoned_allocations`] and
+    /// [`CudaDevice::with_batch_invariant_kernels`], share their stream; two
+    /// [`CudaDevice::new`] handles, or one from
+    /// [`CudaDevice::with_new_stream`], do not.
+    pub fn same_stream(&self, other: &CudaDevice) -> bool {
+        self.ordinal == other.ordinal && Arc::ptr_eq(&self.stream, &other.stream)
+    }
+
+    /// A handle to the same device whose ops go to a fresh stream. Its
+    /// tensors meet this handle's only through [`crate::Tensor::to_device`].
     pub fn with_new_stream(&self) -> Result<CudaDevice> {
         let stream = self.ctx.new_stream().map_err(driver("creating a stream"))?;
         Ok(CudaDevice {
@@ -192,11 +253,9 @@ impl CudaDevice {
         if self.poison {
             return self.upload(&vec![0xFF; bytes]);
         }
-        // SAFETY: the memory is uninitialised; every op that allocates an output
-        // writes all of it before anyone reads it, and tests poison outputs to
-        // prove it. A zero-byte request is served by cudarc without a driver call.
-        let slice = unsafe { self.stream.alloc::<u8>(bytes) }
-            .map_err(driver(format!("allocating {bytes} bytes")))?;
+        // Every op that allocates an output writes all of it before anyone
+        // reads it; tests poison outputs to prove it.
+        let slice = self.alloc_slice(bytes)?;
         Ok(CudaBuffer {
             device: self.clone(),
             slice,
@@ -206,10 +265,9 @@ impl CudaDevice {
     /// `bytes` of device memory set to zero by a memset on the stream: no
     /// host buffer, so it may run inside a CUDA graph capture.
     pub fn zeroed(&self, bytes: usize) -> Result<CudaBuffer> {
-        // SAFETY: the memset below writes every byte, in stream order before
-        // any use of the buffer.
-        let mut slice = unsafe { self.stream.alloc::<u8>(bytes) }
-            .map_err(driver(format!("allocating {bytes} bytes")))?;
+        // The memset below writes every byte, in stream order before any use
+        // of the buffer.
+        let mut slice = self.alloc_slice(bytes)?;
         if bytes > 0 {
             self.stream
                 .memset_zeros(&mut slice)
@@ -242,10 +300,14 @@ impl CudaDevice {
     /// Copies host bytes into new device memory (not inside a capture).
     pub fn upload(&self, bytes: &[u8]) -> Result<CudaBuffer> {
         self.refuse_in_capture("copying host bytes to the device")?;
-        let slice = self.stream.clone_htod(bytes).map_err(driver(format!(
-            "copying {} bytes to the device",
-            bytes.len()
-        )))?;
+        // The copy below writes every byte, in stream order.
+        let mut slice = self.alloc_slice(bytes.len())?;
+        self.stream
+            .memcpy_htod(bytes, &mut slice)
+            .map_err(driver(format!(
+                "copying {} bytes to the device",
+                bytes.len()
+            )))?;
         Ok(CudaBuffer {
             device: self.clone(),
             slice,
@@ -319,22 +381,15 @@ impl CudaDevice {
     /// returns the graph to replay with [`Graph::launch`]. Waits for the
     /// stream first. Work that cannot be captured (a synchronisation, a copy
     /// to pageable host memory) fails the capture with a typed error, so a
-    /// capture that succeeds proves `f` issued device work only. cudarc's
-    /// cross-stream event tracking is paused for this context meanwhile: the
-    /// capture refuses waits on events recorded before it.
+    /// capture that succeeds proves `f` issued device work only.
     ///
     /// # Safety
-    /// While `f` runs, no other stream of this context (a handle from
-    /// [`CudaDevice::with_new_stream`] or a clone of one) may issue work on
-    /// tensors this stream uses: their ordering is not tracked then. A replay
-    /// reads and writes the addresses captured, so every tensor `f` touched
-    /// must outlive the graph's launches.
+    /// No other thread may issue work on this stream while `f` runs (it
+    /// would join the capture). A replay reads and writes the addresses
+    /// captured, so every tensor `f` touched must outlive the graph's
+    /// launches.
     pub unsafe fn capture(&self, f: impl FnOnce() -> Result<()>) -> Result<Graph> {
         self.synchronize()?;
-        // SAFETY: the caller guarantees no other stream of this context works
-        // on these tensors during the capture, and the stream is idle (above),
-        // so the waits cudarc would insert order nothing.
-        unsafe { self.ctx.disable_event_tracking() };
         let ran = self
             .stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -348,9 +403,6 @@ impl CudaDevice {
                     .map_err(driver("cuStreamEndCapture"));
                 ran.and(graph)
             });
-        // SAFETY: slices created while tracking was off (none by this
-        // function) keep no events; the others resume being tracked.
-        unsafe { self.ctx.enable_event_tracking() };
         match ran? {
             Some(graph) => Ok(Graph(graph)),
             None => Err(Error::Unsupported {
@@ -368,6 +420,37 @@ impl CudaDevice {
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(driver("cuEventCreate"))?;
         Ok(Event(ev))
+    }
+}
+
+/// Keeps memory freed by `cuMemFreeAsync` in the device's memory pool (a
+/// release threshold of all of it) instead of handing it back to the driver
+/// at every synchronisation, as the default threshold of 0 does: a step's
+/// temporaries are then served from the pool in the next step, not mapped
+/// anew. [`CudaDevice::memory_info`] and an allocation that finds the device
+/// full trim the pool first. A device without memory pools (cudarc then
+/// allocates synchronously) is left as it is.
+fn retain_freed_memory(ctx: &CudaContext) -> Result<()> {
+    use cudarc::driver::result::{device, mem_pool};
+    // SAFETY: the device comes from a live context; the attribute reads a
+    // cuuint64_t through the pointer, which outlives the call.
+    unsafe {
+        let pools = device::get_attribute(
+            ctx.cu_device(),
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        )
+        .map_err(driver("reading the memory-pool support"))?;
+        if pools == 0 {
+            return Ok(());
+        }
+        let pool = device::get_mem_pool(ctx.cu_device()).map_err(driver("cuDeviceGetMemPool"))?;
+        let mut keep: u64 = u64::MAX;
+        mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&raw mut keep).cast(),
+        )
+        .map_err(driver("setting the memory pool's release threshold"))
     }
 }
 
@@ -438,6 +521,23 @@ impl CudaBuffer {
         &self.device
     }
 
+    /// Refuses a copy from a buffer of another stream (see [`CudaDevice`]).
+    fn expect_same_stream(&self, op: &'static str, src: &CudaBuffer) -> Result<()> {
+        if self.device.same_stream(&src.device) {
+            return Ok(());
+        }
+        let (got, expected) = crate::device::Device::mismatch_names(
+            &crate::device::Device::Cuda(src.device.clone()),
+            &crate::device::Device::Cuda(self.device.clone()),
+        );
+        Err(Error::DeviceMismatch {
+            op,
+            tensor: "src",
+            got,
+            expected,
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.slice.len()
     }
@@ -446,8 +546,9 @@ impl CudaBuffer {
         self.slice.len() == 0
     }
 
-    /// Copies `src` into the start of this buffer on this buffer's stream.
+    /// Copies `src` (of this buffer's stream) into the start of this buffer.
     pub fn copy_from(&mut self, src: &CudaBuffer) -> Result<()> {
+        self.expect_same_stream("CudaBuffer::copy_from", src)?;
         if src.len() > self.len() {
             return Err(Error::Argument {
                 op: "CudaBuffer::copy_from",
@@ -462,8 +563,8 @@ impl CudaBuffer {
             .map_err(driver("cuMemcpyDtoDAsync"))
     }
 
-    /// Copies `len` bytes of `src` from byte `s0` to byte `d0` of this buffer
-    /// on this buffer's stream (callers check the ranges).
+    /// Copies `len` bytes of `src` (of this buffer's stream) from byte `s0`
+    /// to byte `d0` of this buffer.
     pub fn copy_range_from(
         &mut self,
         d0: usize,
@@ -471,7 +572,10 @@ impl CudaBuffer {
         s0: usize,
         len: usize,
     ) -> Result<()> {
-        if d0 + len > self.len() || s0 + len > src.len() {
+        self.expect_same_stream("CudaBuffer::copy_range_from", src)?;
+        if d0.checked_add(len).is_none_or(|e| e > self.len())
+            || s0.checked_add(len).is_none_or(|e| e > src.len())
+        {
             return Err(Error::Argument {
                 op: "CudaBuffer::copy_range_from",
                 arg: "len",

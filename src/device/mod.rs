@@ -95,12 +95,30 @@ impl Device {
         }
     }
 
-    /// Same physical device (CUDA: same ordinal).
+    /// Whether tensors of `self` and `other` may meet in one op: the CPU,
+    /// or one CUDA stream (handles made by one [`CudaDevice::new`], and
+    /// their clones). Two handles of one GPU have two streams, which nothing
+    /// orders against each other ([`CudaDevice::same_stream`]).
     pub fn same_as(&self, other: &Device) -> bool {
         match (self, other) {
             (Device::Cpu, Device::Cpu) => true,
-            (Device::Cuda(a), Device::Cuda(b)) => a.ordinal() == b.ordinal(),
+            (Device::Cuda(a), Device::Cuda(b)) => a.same_stream(b),
             _ => false,
+        }
+    }
+
+    /// `got` and `expected` of a [`crate::Error::DeviceMismatch`] between
+    /// tensors of `got` and an op on `expected`: their names, and which
+    /// handle when both name one GPU.
+    pub fn mismatch_names(got: &Device, expected: &Device) -> (String, String) {
+        let (g, e) = (got.to_string(), expected.to_string());
+        if g == e {
+            (
+                format!("{g} (another handle's stream: move it with to_device)"),
+                e,
+            )
+        } else {
+            (g, e)
         }
     }
 }

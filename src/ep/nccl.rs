@@ -257,11 +257,12 @@ impl Transport for NcclTransport {
             let mut h = Vec::with_capacity(world * HEADER);
             for t in &send {
                 if !t.device().same_as(&device) {
+                    let (got, expected) = Device::mismatch_names(&t.device(), &device);
                     return Err(Error::DeviceMismatch {
                         op: OP,
                         tensor: "send",
-                        got: t.device().to_string(),
-                        expected: device.to_string(),
+                        got,
+                        expected,
                     });
                 }
                 h.extend(header(t)?);

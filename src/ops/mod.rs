@@ -104,11 +104,12 @@ pub(crate) fn common_device(
     for (name, t) in rest {
         let d = t.device();
         if !d.same_as(&device) {
+            let (got, expected) = Device::mismatch_names(&d, &device);
             return Err(Error::DeviceMismatch {
                 op,
                 tensor: name,
-                got: d.to_string(),
-                expected: device.to_string(),
+                got,
+                expected,
             });
         }
     }
