@@ -44,6 +44,7 @@ pub mod numerics;
 pub mod numpy_rng;
 pub mod ops;
 pub mod tensor;
+pub mod weight_rng;
 
 pub use device::Device;
 pub use dtype::{DType, E4M3, E8M0, Fp4x2};

@@ -149,3 +149,67 @@ fn full_width_parameters_chunked_equal_the_generator() {
         );
     }
 }
+
+/// An independent statement of the generator's stream: splitmix64 stepped
+/// one output at a time from the parameter's key (the run seed's first
+/// output xor FNV-1a of the name), four uniforms per normal, summed in
+/// order. `weight_rng::values` jumps to any element in O(1); both agree
+/// from the start and from the middle.
+#[test]
+fn the_counter_stream_is_splitmix64_drawn_in_order() {
+    use deepinfer::weight_rng::{Format, RandomParam, stream_key, values};
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+    let name = "layers.7.attn.wq_b.weight";
+    let fnv = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let key = mix(SEED.wrapping_add(GAMMA)) ^ fnv;
+    assert_eq!(stream_key(SEED, name), key);
+    let p = RandomParam {
+        key,
+        mean: 0.25,
+        std: 0.5,
+        rows: 9,
+        cols: 31,
+        format: Format::F32,
+    };
+    let mut state = key;
+    let want: Vec<f32> = (0..p.rows * p.cols)
+        .map(|_| {
+            let mut sum = 0.0f64;
+            for _ in 0..4 {
+                state = state.wrapping_add(GAMMA);
+                sum += (mix(state) >> 11) as f64 / 9_007_199_254_740_992.0;
+            }
+            (0.25 + 0.5 * ((sum - 2.0) * 3f64.sqrt())) as f32
+        })
+        .collect();
+    assert_eq!(values(&p, 0..want.len()), want);
+    assert_eq!(values(&p, 100..want.len()), want[100..]);
+}
+
+/// `ops::random_param` on the CPU stores every tiny-config parameter
+/// exactly as the checkpoint generator writes it, in the stored dtypes.
+#[test]
+fn the_random_param_op_is_the_generators_bytes_on_the_cpu() {
+    let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny");
+    let cfg = ModelConfig::from_dir(&tiny).unwrap();
+    let random = RandomWeights::new(&cfg, SEED).unwrap();
+    let mut formats = std::collections::HashSet::new();
+    for param in random.manifest().params() {
+        let made = deepinfer::ops::random_param(&Device::Cpu, &param.random(SEED)).unwrap();
+        let want = param_bytes(param, SEED);
+        assert_eq!(made.len(), want.len(), "{}", param.name);
+        for ((t, w), spec) in made.iter().zip(&want).zip(param.tensors()) {
+            assert_eq!(t.dtype(), spec.dtype.tensor_dtype(), "{}", spec.name);
+            assert!(t.to_le_bytes().unwrap() == *w, "{}", spec.name);
+        }
+        formats.insert(format!("{:?}", param.format));
+    }
+    assert!(formats.len() >= 5, "{formats:?}");
+}

@@ -16,6 +16,7 @@ mod hc_streams;
 pub mod indexer;
 pub(crate) mod kv_rows;
 mod moe;
+mod random;
 mod rms_norm;
 pub(crate) mod sparse_mqa;
 mod tilelang;
@@ -34,6 +35,7 @@ pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{
     MaskedDims, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter, moe_permute,
 };
+pub use random::random_param;
 pub use rms_norm::rms_norm;
 pub use tilelang::rms_norm_act_quant_fp8;
 pub use tilelang_mhc::{mhc_expand, mhc_pre};
@@ -97,6 +99,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_embedding_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_argmax_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_hc_params {}
+// SAFETY: as above (addresses, integers and two doubles).
+unsafe impl cudarc::driver::DeviceRepr for params::di_random_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_engram_rows_params {}
 // SAFETY: as above.

@@ -11,7 +11,9 @@
 //!
 //! Weights land on the device the load names. A stored tensor goes from the
 //! memory-mapped shard straight to it (on a GPU, one upload from the page
-//! cache, with no host tensor between); only the converted ones (`wo_a`
+//! cache, with no host tensor between), or, for random weights on a GPU, is
+//! generated there (`TensorSource::on_device`, the experts stacked on the
+//! device); only the converted ones (`wo_a`
 //! dequantised, the experts stacked, the Engram rows interleaved, the mHC
 //! vectors checked) are built on the host first, one at a time. Once a
 //! tensor is converted its pages leave the page cache (`Src`), and a shard
@@ -63,20 +65,25 @@ impl<S: TensorSource> Src<'_, S> {
     /// Stored tensor `name` on the device, as `shape` (the manifest checked
     /// its element count; the reshape restates it).
     fn raw(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let t = self
-            .ck
-            .read(name, |v| v.to_tensor_on(self.dev))?
-            .reshape(shape)?;
-        self.ck.release(name);
-        Ok(t)
+        Ok(self.stored(name)?.reshape(shape)?)
     }
 
     /// A stored vector on the device.
     fn vector(&self, name: &str) -> Result<Tensor> {
-        let t = self.ck.read(name, |v| v.to_tensor_on(self.dev))?;
-        self.ck.release(name);
+        let t = self.stored(name)?;
         let n = t.numel();
         Ok(t.reshape(&[n])?)
+    }
+
+    /// Stored tensor `name` on the device, made there by the source when it
+    /// can (random weights on a GPU), else read from its bytes.
+    fn stored(&self, name: &str) -> Result<Tensor> {
+        let t = match self.ck.on_device(name, self.dev)? {
+            Some(t) => t,
+            None => self.ck.read(name, |v| v.to_tensor_on(self.dev))?,
+        };
+        self.ck.release(name);
+        Ok(t)
     }
 
     /// A stored tensor's values on the host, converted by `read`.
@@ -145,18 +152,21 @@ fn fp4_experts<S: TensorSource>(
     out_dim: usize,
     in_dim: usize,
 ) -> Result<Fp4Experts> {
+    let name = |e: usize, what: &str| format!("{p}.ffn.experts.{e}.{which}.{what}");
+    if let Some((w, s)) = fp4_experts_on_device(src, &name, n)? {
+        let stack = |parts: &[Tensor], cols: usize| -> Result<Tensor> {
+            let refs: Vec<&Tensor> = parts.iter().collect();
+            Ok(Tensor::cat_rows(&refs)?.reshape(&[n, out_dim, cols])?)
+        };
+        return Ok(Fp4Experts {
+            weight: stack(&w, in_dim)?,
+            scale: stack(&s, in_dim.div_ceil(MX_BLOCK))?,
+        });
+    }
     let (mut w, mut s): (Vec<Fp4x2>, Vec<_>) = (Vec::new(), Vec::new());
     for e in 0..n {
-        w.extend(
-            src.host(&format!("{p}.ffn.experts.{e}.{which}.weight"), |v| {
-                v.to_fp4x2()
-            })?,
-        );
-        s.extend(
-            src.host(&format!("{p}.ffn.experts.{e}.{which}.scale"), |v| {
-                v.to_e8m0()
-            })?,
-        );
+        w.extend(src.host(&name(e, "weight"), |v| v.to_fp4x2())?);
+        s.extend(src.host(&name(e, "scale"), |v| v.to_e8m0())?);
     }
     Ok(Fp4Experts {
         weight: src.moved(Tensor::from_vec(w, &[n, out_dim, in_dim])?)?,
@@ -165,6 +175,39 @@ fn fp4_experts<S: TensorSource>(
             &[n, out_dim, in_dim.div_ceil(MX_BLOCK)],
         )?)?,
     })
+}
+
+/// The experts' weights and scales made on the device by the source (see
+/// [`Src::stored`]), or `None` when the source has only host bytes (or
+/// there are no experts).
+fn fp4_experts_on_device<S: TensorSource>(
+    src: Src<S>,
+    name: &dyn Fn(usize, &str) -> String,
+    n: usize,
+) -> Result<Option<(Vec<Tensor>, Vec<Tensor>)>> {
+    let (mut weights, mut scales) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    if n == 0 {
+        return Ok(None);
+    }
+    for e in 0..n {
+        let (w, s) = (name(e, "weight"), name(e, "scale"));
+        let Some(weight) = src.ck.on_device(&w, src.dev)? else {
+            return Ok(None);
+        };
+        let scale = src.ck.on_device(&s, src.dev)?.ok_or_else(|| {
+            Error::Op(crate::Error::Argument {
+                op: "load weights",
+                arg: "source",
+                value: s.clone(),
+                why: "the source made an expert's weight on the device but not its scale",
+            })
+        })?;
+        src.ck.release(&w);
+        src.ck.release(&s);
+        weights.push(weight);
+        scales.push(scale);
+    }
+    Ok(Some((weights, scales)))
 }
 
 fn bf16_linear<S: TensorSource>(

@@ -29,6 +29,7 @@ mod moe;
 mod moe_masked;
 mod moe_route;
 mod paged;
+mod random;
 mod rms_norm;
 mod rms_norm_act_quant;
 mod rope;
@@ -68,6 +69,7 @@ pub use moe_route::{
     moe_route_into,
 };
 pub use paged::{BlockTables, paged_rows, paged_window_rows};
+pub use random::random_param;
 pub use rms_norm::{rms_norm, rms_norm_into};
 pub use rms_norm_act_quant::{
     RMS_NORM_ACT_QUANT_MAX_DIM, rms_norm_act_quant_fp8, rms_norm_act_quant_fp8_into,

@@ -495,4 +495,24 @@ typedef struct di_paged_rows_params {
     int32_t page_rows; /* > 0 */
 } di_paged_rows_params;
 
+/* random_* (weight_rng.rs): the random-weight generator's [rows, cols]
+   parameter of stream `key`: value i = f32(mean + std * g_i), g_i the
+   Irwin-Hall unit normal of element i (f64, unfused), stored as
+   random_f32 / random_bf16: values only (scales null);
+   random_fp8_blocks: e4m3 values and one E8M0 scale per
+     [block_rows, block_cols] block, the grid row-major;
+   random_fp4: each value rounded to BF16, per 32 along a row one E8M0
+     scale and e2m1 codes, packed even-low (cols even). */
+typedef struct di_random_params {
+    void *values;
+    uint8_t *scales;
+    uint64_t key;
+    double mean;
+    double std_dev;
+    int64_t rows;
+    int64_t cols;
+    int64_t block_rows; /* > 0 for the FP8 blocks */
+    int64_t block_cols; /* > 0 for the FP8 blocks */
+} di_random_params;
+
 #endif

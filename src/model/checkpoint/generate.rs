@@ -29,7 +29,7 @@
 //! g / √n keeps a linear's output at the RMS of its (normed) input, so the
 //! residual grows only like a random walk over the layers and the head's
 //! logits have a standard deviation near 1. Quantised formats then go
-//! through the real quantisers (see `encode`): FP8 with E8M0 block scales,
+//! through the real quantisers (`crate::weight_rng`): FP8 with E8M0 block scales,
 //! FP4 with per-32 E8M0 scales. Each parameter is generated in memory, one
 //! shard at a time.
 
@@ -39,11 +39,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
-use super::encode::encode;
 use super::error::CheckpointError;
 use super::manifest::Manifest;
-use super::param::{Param, Role, TensorSpec};
+use super::param::{Param, TensorSpec};
 use crate::model::config::ModelConfig;
+use crate::weight_rng;
 
 /// Config files copied next to the shards by [`generate_from_dir`].
 const CONFIG_FILES: [&str; 2] = ["config.json", "inference-config.json"];
@@ -213,7 +213,8 @@ pub fn generate_from_dir(
 /// The stored bytes of one parameter for `seed`: one vector per entry of
 /// [`Param::tensors`], exactly what [`generate`] writes.
 pub fn param_bytes(param: &Param, seed: u64) -> Vec<Vec<u8>> {
-    encode(param, &param_values(param, seed))
+    let (rows, cols) = param.matrix();
+    weight_rng::encode_rows(param.format, rows, cols, &param_values(param, seed))
 }
 
 /// Groups consecutive parameters into shards of at most `limit` bytes.
@@ -303,62 +304,5 @@ fn param_values(param: &Param, seed: u64) -> Vec<f32> {
 /// counter-based, so a range starts by jumping ahead, and the ranges of a
 /// split concatenate to the whole (what `random.rs` generates in parallel).
 pub(super) fn param_values_range(param: &Param, seed: u64, range: Range<usize>) -> Vec<f32> {
-    let mut rng = SplitMix64::new(seed, &param.name);
-    rng.skip((range.start as u64).wrapping_mul(NORMAL_DRAWS));
-    let (mean, std) = match param.role {
-        Role::Norm | Role::HcScale => (1.0, 0.05),
-        Role::Linear { fan_in } => (0.0, 1.0 / (fan_in.max(1) as f64).sqrt()),
-        Role::Embedding => (0.0, 1.0),
-        Role::AttnSink | Role::HcBase => (0.0, 0.1),
-        Role::HcFn { fan_in } => (0.0, 0.5 / (fan_in.max(1) as f64).sqrt()),
-        Role::GateBias => (0.0, 0.01),
-    };
-    range
-        .map(|_| crate::numerics::round_f32(mean + std * rng.normal()))
-        .collect()
-}
-
-/// Stream outputs one normal variate consumes ([`SplitMix64::normal`]).
-const NORMAL_DRAWS: u64 = 4;
-
-/// The increment of [`SplitMix64`]'s counter.
-const SPLITMIX_GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// splitmix64 (Steele, Lea, Flood 2014): a 64-bit counter through a
-/// bijective mixer.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    /// A stream for one tensor: the run seed mixed with FNV-1a of `name`.
-    fn new(seed: u64, name: &str) -> SplitMix64 {
-        let fnv = crate::numerics::fnv1a64(name.as_bytes());
-        let mut mixer = SplitMix64(seed);
-        SplitMix64(mixer.next_u64() ^ fnv)
-    }
-
-    /// Advances the stream by `n` outputs in O(1): the state is a counter
-    /// stepped by the golden-ratio increment.
-    fn skip(&mut self, n: u64) {
-        self.0 = self.0.wrapping_add(n.wrapping_mul(SPLITMIX_GAMMA));
-    }
-
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(SPLITMIX_GAMMA);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 53 random bits.
-    fn uniform(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Mean 0, variance 1: the sum of four uniforms (variance 4/12),
-    /// centred and scaled by √3; bounded by ±2√3.
-    fn normal(&mut self) -> f64 {
-        let sum: f64 = (0..4).map(|_| self.uniform()).sum();
-        (sum - 2.0) * 3f64.sqrt()
-    }
+    weight_rng::values(&param.random(seed), range)
 }

@@ -22,7 +22,6 @@
 //! tensors the manifest declares ignorable; every view it hands out lies inside
 //! its shard's mapping.
 
-mod encode;
 mod error;
 pub mod generate;
 pub mod loader;

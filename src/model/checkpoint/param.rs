@@ -14,6 +14,8 @@ use safetensors::Dtype;
 
 use crate::contract::MX_BLOCK;
 use crate::dtype::DType;
+pub use crate::weight_rng::Format;
+use crate::weight_rng::{RandomParam, stream_key};
 
 /// The dtypes a V4.1 checkpoint stores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -106,20 +108,6 @@ impl TensorSpec {
     }
 }
 
-/// How a parameter's values are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Bf16,
-    F32,
-    /// e4m3 values and one E8M0 scale per `[rows, cols]` block.
-    Fp8Block([usize; 2]),
-    /// e4m3 values and one E8M0 scale per 32 along the last dim.
-    Fp8Row,
-    /// Packed e2m1 pairs (I8, ⌈cols/2⌉ bytes a row) and one E8M0 scale per
-    /// 32 along the last dim.
-    Fp4,
-}
-
 /// What a parameter is; it fixes how the generator draws its values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -196,6 +184,29 @@ impl Param {
                 value(CheckpointDType::I8, with_last(cols.div_ceil(2))),
                 scale(with_last(cols.div_ceil(MX_BLOCK))),
             ],
+        }
+    }
+
+    /// The generator's draw of this parameter for run seed `seed`: its
+    /// stream, and the mean and standard deviation its role fixes (the
+    /// table of `generate`).
+    pub fn random(&self, seed: u64) -> RandomParam {
+        let (mean, std) = match self.role {
+            Role::Norm | Role::HcScale => (1.0, 0.05),
+            Role::Linear { fan_in } => (0.0, 1.0 / (fan_in.max(1) as f64).sqrt()),
+            Role::Embedding => (0.0, 1.0),
+            Role::AttnSink | Role::HcBase => (0.0, 0.1),
+            Role::HcFn { fan_in } => (0.0, 0.5 / (fan_in.max(1) as f64).sqrt()),
+            Role::GateBias => (0.0, 0.01),
+        };
+        let (rows, cols) = self.matrix();
+        RandomParam {
+            key: stream_key(seed, &self.name),
+            mean,
+            std,
+            rows,
+            cols,
+            format: self.format,
         }
     }
 

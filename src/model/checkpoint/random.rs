@@ -15,6 +15,10 @@
 //! the loader reads a weight, its `.scale` (generated with it) is kept until
 //! the loader asks for it, which it does next.
 //!
+//! On a GPU the loader asks [`TensorSource::on_device`] instead: the
+//! parameter is generated there by `ops::random_param` (the same bytes, no
+//! host bytes at all), its other tensor kept on the device until asked for.
+//!
 //! Invariant: [`TensorSource::read`] of any manifest tensor gives the bytes
 //! `param_bytes(param, seed)` gives for it, whatever the thread count and
 //! chunk size; a name outside the manifest is an error naming it.
@@ -24,15 +28,18 @@ use std::ops::Range;
 use std::path::Path;
 use std::sync::Mutex;
 
-use super::encode::encode_rows;
 use super::error::CheckpointError;
 use super::generate::param_values_range;
 use super::manifest::Manifest;
 use super::param::{Format, Param};
 use super::source::TensorSource;
 use super::view::TensorView;
+use crate::device::Device;
 use crate::model::config::ModelConfig;
 use crate::model::error::{Error, Result};
+use crate::ops;
+use crate::tensor::Tensor;
+use crate::weight_rng::encode_rows;
 
 /// Values a chunk holds by default: 4M (16 MB of f32 per thread at once).
 const CHUNK_VALUES: usize = 1 << 22;
@@ -54,6 +61,8 @@ pub struct RandomWeights {
     owner: HashMap<String, (usize, usize)>,
     /// Tensors generated with a parameter's other tensor, not yet read.
     spare: Mutex<HashMap<String, Vec<u8>>>,
+    /// The same for [`TensorSource::on_device`]: device tensors.
+    spare_on_device: Mutex<HashMap<String, Tensor>>,
 }
 
 impl RandomWeights {
@@ -79,6 +88,7 @@ impl RandomWeights {
             chunk_values: CHUNK_VALUES,
             owner,
             spare: Mutex::new(HashMap::new()),
+            spare_on_device: Mutex::new(HashMap::new()),
         })
     }
 
@@ -190,7 +200,7 @@ impl RandomWeights {
     ) -> Result<()> {
         let flat = range.start.saturating_mul(cols)..range.end.saturating_mul(cols);
         let values = param_values_range(param, self.seed, flat);
-        let encoded = encode_rows(param, range.len(), cols, &values);
+        let encoded = encode_rows(param.format, range.len(), cols, &values);
         if encoded.len() != slices.len() {
             return Err(internal(param, "an encoding with the wrong tensor count"));
         }
@@ -203,12 +213,9 @@ impl RandomWeights {
         Ok(())
     }
 
-    /// Lock on the spare tensors (a poisoned lock still holds whole
-    /// tensors: inserts and removals are single calls).
+    /// Lock on the spare host tensors.
     fn spare(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<u8>>> {
-        self.spare
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.spare)
     }
 }
 
@@ -249,11 +256,47 @@ impl TensorSource for RandomWeights {
     /// Drops the spare copy of `name`, if one is kept.
     fn release(&self, name: &str) {
         self.spare().remove(name);
+        lock(&self.spare_on_device).remove(name);
     }
 
     fn release_all(&self) {
         self.spare().clear();
+        lock(&self.spare_on_device).clear();
     }
+
+    /// On a GPU, the parameter owning `name` generated there
+    /// ([`ops::random_param`], the same bytes as the host generator); its
+    /// other tensor is kept until the loader asks for it. `None` on the
+    /// CPU, where [`TensorSource::read`] already builds the tensor in place.
+    fn on_device(&self, name: &str, device: &Device) -> Result<Option<Tensor>> {
+        if matches!(device, Device::Cpu) {
+            return Ok(None);
+        }
+        if let Some(t) = lock(&self.spare_on_device).remove(name) {
+            return Ok(Some(t));
+        }
+        let unknown = || CheckpointError::UnknownTensor {
+            name: name.to_string(),
+        };
+        let &(p, t) = self.owner.get(name).ok_or_else(unknown)?;
+        let param = self.manifest.params().get(p).ok_or_else(unknown)?;
+        let made = ops::random_param(device, &param.random(self.seed))?;
+        let mut mine = None;
+        for (j, (tensor, spec)) in made.into_iter().zip(param.tensors()).enumerate() {
+            if j == t {
+                mine = Some(tensor);
+            } else {
+                lock(&self.spare_on_device).insert(spec.name, tensor);
+            }
+        }
+        Ok(Some(mine.ok_or_else(unknown)?))
+    }
+}
+
+/// A lock on a map of whole entries (a poisoned lock still holds them:
+/// inserts and removals are single calls).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A zeroed host buffer, reserved fallibly (a size the host cannot hold is

@@ -9,7 +9,9 @@
 
 use super::loader::Checkpoint;
 use super::view::TensorView;
+use crate::device::Device;
 use crate::model::Result;
+use crate::tensor::Tensor;
 
 /// A store of checkpoint tensors, read one at a time.
 pub trait TensorSource: Sync {
@@ -23,6 +25,16 @@ pub trait TensorSource: Sync {
 
     /// The load is over: the source may drop every cache.
     fn release_all(&self);
+
+    /// Stored tensor `name` made on `device` by the source itself, as the
+    /// manifest stores it but laid out `[rows, cols]` (the loader reshapes),
+    /// when the source can make it there without host bytes; `None` when it
+    /// cannot, and the loader reads it through [`TensorSource::read`]. The
+    /// bytes are those `read` hands out.
+    fn on_device(&self, name: &str, device: &Device) -> Result<Option<Tensor>> {
+        let _ = (name, device);
+        Ok(None)
+    }
 }
 
 impl TensorSource for Checkpoint {
