@@ -171,6 +171,30 @@ impl Tensor {
         }
     }
 
+    /// An F32 tensor whose every element is `value` (on CUDA a device
+    /// memset of its bit pattern, with no host copy).
+    pub fn full_f32(device: &Device, shape: &[usize], value: f32) -> Result<Tensor> {
+        let numel = check_shape(DType::F32, shape)?;
+        let storage = match device {
+            Device::Cpu => Storage::Host(HostStorage::F32(host_alloc(
+                "Tensor::full_f32",
+                numel.saturating_mul(4),
+                || {
+                    let mut v = Vec::new();
+                    v.try_reserve_exact(numel).ok()?;
+                    v.resize(numel, value);
+                    Some(v)
+                },
+            )?)),
+            Device::Cuda(d) => Storage::Cuda(d.filled_u32(numel, value.to_bits())?),
+        };
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype: DType::F32,
+            storage,
+        })
+    }
+
     /// The same data under another shape of the same element count.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
         if check_shape(self.dtype, shape)? != self.numel() {

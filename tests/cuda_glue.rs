@@ -512,12 +512,32 @@ fn moe_permute_and_combine_are_bitwise_the_cpu() {
     }
 }
 
-/// `Tensor::zeros` on CUDA is a device memset (no host buffer): every byte
-/// is zero, also on a handle that poisons its other allocations and at
-/// sizes that are no multiple of a word.
+/// `Tensor::zeros` and `Tensor::full_f32` on CUDA are device memsets (no
+/// host buffer): every byte is zero, every element the value, also on a
+/// handle that poisons its other allocations and at sizes that are no
+/// multiple of a word.
 #[test]
 fn cuda_zeros_are_zero_without_a_host_copy() {
     let dev = gpu();
+    for (shape, value) in [
+        (vec![0usize], 1.0f32),
+        (vec![3, 7], -0.0),
+        (vec![1 << 20], 1.5),
+    ] {
+        let t = Tensor::full_f32(&dev, &shape, value).unwrap();
+        let want = Tensor::full_f32(&Device::Cpu, &shape, value).unwrap();
+        assert_eq!(t.shape(), want.shape());
+        assert!(
+            t.to_le_bytes().unwrap() == want.to_le_bytes().unwrap(),
+            "{shape:?} {value}"
+        );
+        assert!(
+            want.to_vec::<f32>()
+                .unwrap()
+                .iter()
+                .all(|x| x.to_bits() == value.to_bits())
+        );
+    }
     for (dtype, shape) in [
         (DType::U8, vec![0usize]),
         (DType::U8, vec![7]),
@@ -539,6 +559,9 @@ fn cuda_zeros_are_zero_without_a_host_copy() {
     // tensor it makes and drops.
     let made = unsafe { cuda.capture(|| Tensor::zeros(&d, DType::F32, &[1000]).map(|_| ())) };
     assert!(made.is_ok(), "zeros inside a capture: {:?}", made.err());
+    // SAFETY: as above.
+    let made = unsafe { cuda.capture(|| Tensor::full_f32(&d, &[1000], 1.0).map(|_| ())) };
+    assert!(made.is_ok(), "full_f32 inside a capture: {:?}", made.err());
     // SAFETY: as above.
     let uploaded = unsafe {
         cuda.capture(|| {

@@ -6,7 +6,9 @@
 use crate::device::fatbin;
 use crate::error::{Error, Result};
 use crate::kernels::{Family, KernelRef};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, sys};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, sys,
+};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -272,6 +274,34 @@ impl CudaDevice {
             self.stream
                 .memset_zeros(&mut slice)
                 .map_err(driver(format!("zeroing {bytes} bytes")))?;
+        }
+        Ok(CudaBuffer {
+            device: self.clone(),
+            slice,
+        })
+    }
+
+    /// `words` 32-bit words of device memory each set to `pattern` by a
+    /// memset on the stream (`cuMemsetD32Async`): no host buffer, so it may
+    /// run inside a CUDA graph capture.
+    pub fn filled_u32(&self, words: usize, pattern: u32) -> Result<CudaBuffer> {
+        let bytes = words.checked_mul(4).ok_or(Error::Argument {
+            op: "CudaDevice::filled_u32",
+            arg: "words",
+            value: words.to_string(),
+            why: "more bytes than the address space holds",
+        })?;
+        // The memset below writes every byte, in stream order before any use
+        // of the buffer.
+        let mut slice = self.alloc_slice(bytes)?;
+        if words > 0 {
+            let (ptr, _guard) = slice.device_ptr_mut(&self.stream);
+            // SAFETY: `ptr` addresses the `words` 4-byte words just allocated
+            // (cuMemAllocAsync aligns to 256 bytes), alive across the call;
+            // the memset is ordered on this handle's stream.
+            unsafe { sys::cuMemsetD32Async(ptr, pattern, words, self.stream.cu_stream()) }
+                .result()
+                .map_err(driver(format!("filling {words} words")))?;
         }
         Ok(CudaBuffer {
             device: self.clone(),

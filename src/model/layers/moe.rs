@@ -85,7 +85,7 @@ impl Moe {
         let (xq, xs) = ops::act_quant_fp8(x)?;
         let g = s.w1.forward_quantized(&xq, &xs)?;
         let u = s.w3.forward_quantized(&xq, &xs)?;
-        let ones = Tensor::from_vec(vec![1.0f32; x.rows()], &[x.rows()])?.to_device(&x.device())?;
+        let ones = Tensor::full_f32(&x.device(), &[x.rows()], 1.0)?;
         let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &ones, p.swiglu_limit)?;
         let shared = ops::mxfp8_linear(&hq, &hs, &s.w2.weight, &s.w2.scale, DType::BF16)?;
         marks.mark("moe.shared")?;
