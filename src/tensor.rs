@@ -195,6 +195,32 @@ impl Tensor {
         })
     }
 
+    /// An I64 tensor whose every element is `value` (on CUDA device
+    /// memsets, with no host copy).
+    pub fn full_i64(device: &Device, shape: &[usize], value: i64) -> Result<Tensor> {
+        let numel = check_shape(DType::I64, shape)?;
+        let storage = match device {
+            Device::Cpu => Storage::Host(HostStorage::I64(host_alloc(
+                "Tensor::full_i64",
+                numel.saturating_mul(8),
+                || {
+                    let mut v = Vec::new();
+                    v.try_reserve_exact(numel).ok()?;
+                    v.resize(numel, value);
+                    Some(v)
+                },
+            )?)),
+            Device::Cuda(d) => {
+                Storage::Cuda(d.filled_u64(numel, u64::from_ne_bytes(value.to_ne_bytes()))?)
+            }
+        };
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype: DType::I64,
+            storage,
+        })
+    }
+
     /// The same data under another shape of the same element count.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
         if check_shape(self.dtype, shape)? != self.numel() {

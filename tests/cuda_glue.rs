@@ -512,7 +512,7 @@ fn moe_permute_and_combine_are_bitwise_the_cpu() {
     }
 }
 
-/// `Tensor::zeros` and `Tensor::full_f32` on CUDA are device memsets (no
+/// `Tensor::zeros`, `Tensor::full_f32` and `full_i64` on CUDA are device memsets (no
 /// host buffer): every byte is zero, every element the value, also on a
 /// handle that poisons its other allocations and at sizes that are no
 /// multiple of a word.
@@ -551,6 +551,14 @@ fn cuda_zeros_are_zero_without_a_host_copy() {
         assert_eq!(host.len(), z.storage_bytes());
         assert!(host.iter().all(|&b| b == 0), "{dtype:?} {shape:?}");
     }
+    for (n, value) in [
+        (0usize, i64::MAX),
+        (1, i64::MAX),
+        (1001, -0x1234_5678_9abc_def0),
+    ] {
+        let t = Tensor::full_i64(&dev, &[n], value).unwrap();
+        assert_eq!(t.to_vec::<i64>().unwrap(), vec![value; n], "{n} {value}");
+    }
     // No host copy: zeros can be made (and freed) inside a graph capture,
     // where the host upload they replaced is refused.
     let cuda = CudaDevice::new(0).unwrap();
@@ -562,6 +570,9 @@ fn cuda_zeros_are_zero_without_a_host_copy() {
     // SAFETY: as above.
     let made = unsafe { cuda.capture(|| Tensor::full_f32(&d, &[1000], 1.0).map(|_| ())) };
     assert!(made.is_ok(), "full_f32 inside a capture: {:?}", made.err());
+    // SAFETY: as above.
+    let made = unsafe { cuda.capture(|| Tensor::full_i64(&d, &[64], i64::MAX).map(|_| ())) };
+    assert!(made.is_ok(), "full_i64 inside a capture: {:?}", made.err());
     // SAFETY: as above.
     let uploaded = unsafe {
         cuda.capture(|| {

@@ -268,10 +268,12 @@ pub struct BadSlots(crate::tensor::Tensor);
 
 impl BadSlots {
     pub fn new(dev: &CudaDevice, n: usize) -> Result<BadSlots> {
-        let host = crate::tensor::Tensor::from_vec(vec![i64::MAX; n], &[n])?;
-        Ok(BadSlots(
-            host.to_device(&crate::device::Device::Cuda(dev.clone()))?,
-        ))
+        // Device memsets, no host copy: slots can be made inside a capture.
+        Ok(BadSlots(crate::tensor::Tensor::full_i64(
+            &crate::device::Device::Cuda(dev.clone()),
+            &[n],
+            i64::MAX,
+        )?))
     }
 
     /// The number of slots.

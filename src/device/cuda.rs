@@ -309,6 +309,48 @@ impl CudaDevice {
         })
     }
 
+    /// `words` 64-bit words of device memory each set to `pattern`: two
+    /// strided 32-bit memsets (`cuMemsetD2D32Async`, pitch 8 bytes), the low
+    /// halves then the high halves. No host buffer, so capturable.
+    pub fn filled_u64(&self, words: usize, pattern: u64) -> Result<CudaBuffer> {
+        let bytes = words.checked_mul(8).ok_or(Error::Argument {
+            op: "CudaDevice::filled_u64",
+            arg: "words",
+            value: words.to_string(),
+            why: "more bytes than the address space holds",
+        })?;
+        // The memsets below write every byte, in stream order before any
+        // use of the buffer.
+        let mut slice = self.alloc_slice(bytes)?;
+        if words > 0 {
+            let (ptr, _guard) = slice.device_ptr_mut(&self.stream);
+            for (offset, half) in [
+                (0u64, crate::numerics::low_u32(pattern)),
+                (4, crate::numerics::low_u32(pattern >> 32)),
+            ] {
+                // SAFETY: rows of one 4-byte word at pitch 8 from byte
+                // `offset` < 8 cover `words` words inside the `bytes` just
+                // allocated (alive across the call); ordered on this stream.
+                unsafe {
+                    sys::cuMemsetD2D32Async(
+                        ptr + offset,
+                        8,
+                        half,
+                        1,
+                        words,
+                        self.stream.cu_stream(),
+                    )
+                }
+                .result()
+                .map_err(driver(format!("filling {words} 64-bit words")))?;
+            }
+        }
+        Ok(CudaBuffer {
+            device: self.clone(),
+            slice,
+        })
+    }
+
     /// Refuses a host copy while this stream is being captured: a captured
     /// copy would not run now (a read-back would return stale bytes) and its
     /// replay would touch a host buffer long gone.
