@@ -616,23 +616,25 @@ fn handles_of_one_gpu_keep_to_their_streams_and_the_pool_is_trimmed() {
     let sum = ops::add(&xa, &moved).unwrap();
     assert_eq!(sum.to_vec::<f32>().unwrap(), vec![3.0f32; 64]);
 
-    // 4 GiB allocated and dropped: back in the free count after the trim.
+    // 8 GiB allocated and dropped: back in the free count after the trim
+    // (kept by the pool otherwise). The other tests of this binary run
+    // alongside with small tensors: 1 GiB of slack covers them.
     let (free0, total) = a.memory_info().unwrap();
-    let big = 4usize << 30;
+    let (big, slack) = (8usize << 30, 1usize << 30);
     assert!(
         free0 > 2 * big,
-        "the test needs 8 GiB free, {free0} of {total}"
+        "the test needs 16 GiB free, {free0} of {total}"
     );
     let t = Tensor::empty(&da, DType::U8, &[big]).unwrap();
     let (held, _) = a.memory_info().unwrap();
     assert!(
-        held + big - (64 << 20) <= free0,
-        "{held} free while 4 GiB are held of {free0}"
+        held + big <= free0 + slack,
+        "{held} free while 8 GiB are held of {free0}"
     );
     drop(t);
     let (free1, _) = a.memory_info().unwrap();
     assert!(
-        free1 + (64 << 20) >= free0,
+        free1 + slack >= free0,
         "{free1} free after the drop, {free0} before"
     );
 }
