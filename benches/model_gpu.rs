@@ -2,8 +2,9 @@
 //! expert-parallel deployment (issue 11): the model of one EP rank
 //! (`ModelConfig::ep_rank`: every official dimension and the 43-layer
 //! schedule, 384 / EP routed experts per layer, routing over those) with the
-//! generator's random weights built straight onto cuda:0
-//! (`load::random_weights_on`, no checkpoint file, no drafter), for EP ∈
+//! generator's random weights generated on cuda:0 (`load::random_weights_on`,
+//! `ops::random_param`: no checkpoint file, no host bytes but the few
+//! converted tensors, no drafter), for EP ∈
 //! {64, 16, 8} (smallest first, so a short budget still measures some).
 //!
 //! - `v41_decode_step` (shape `{ep, batch, context}`): one decode token for
@@ -47,7 +48,9 @@
 //! rewritten after every point. DEEPINFER_BENCH_QUICK=1: EP 64, batch 1
 //! and 8, context 8K, prefill 4K. DEEPINFER_BENCH_ONLY=<prefix> keeps the
 //! points whose op starts with it (`v41_decode_step` for a profile of the
-//! decode steps alone).
+//! decode steps alone). DEEPINFER_BATCH_INVARIANT=1 builds the model on a
+//! batch-invariant handle (mode `eager-invariant`): the mode's cost is its
+//! time over a plain run's at the same point.
 //!
 //! Run on the H200 on 2026-12-02 at the QUICK points only
 //! (`benches/results/2026-12-02-h200-model*.json`); the full sweep (EP 16
@@ -81,7 +84,20 @@ mod gpu {
     const PREFILL_CHUNK: usize = 8192;
     /// Distinct random rows of each cache format, repeated over the pools.
     const PATTERN_ROWS: usize = 8192;
-    const MODE: &str = "eager";
+    /// `eager`, or `eager-invariant` with DEEPINFER_BATCH_INVARIANT=1: the
+    /// weights on a batch-invariant handle, so every op picks only
+    /// batch-invariant kernels (the cost of the mode, beside a plain run).
+    fn mode() -> &'static str {
+        if invariant() {
+            "eager-invariant"
+        } else {
+            "eager"
+        }
+    }
+
+    fn invariant() -> bool {
+        std::env::var("DEEPINFER_BATCH_INVARIANT").is_ok_and(|v| v == "1")
+    }
     /// Time the timed decode steps of a point aim at (at least one, at most
     /// `MAX_STEPS`).
     const STEP_TIME_S: f64 = 2.0;
@@ -304,7 +320,7 @@ mod gpu {
     fn skipped(op: &str, shape: Value, why: String, need: Option<(usize, usize)>) -> Value {
         println!("{op:<16} {shape} skipped: {why}");
         json!({
-            "op": op, "shape": shape, "mode": MODE, "ours_us": Value::Null, "skipped": why,
+            "op": op, "shape": shape, "mode": mode(), "ours_us": Value::Null, "skipped": why,
             "bytes_needed": need.map(|n| n.0), "bytes_available": need.map(|n| n.1),
         })
     }
@@ -457,7 +473,7 @@ mod gpu {
         );
         println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
-            "op": op, "shape": shape, "mode": MODE, "ours_us": ours_us, "gpu_us": gpu_us,
+            "op": op, "shape": shape, "mode": mode(), "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
             "steps_timed": n, "steps_warm": WARM_STEPS, "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
             "roofline": detail, "tokens_per_s_per_gpu": tps, "touched_experts": touched,
@@ -542,7 +558,7 @@ mod gpu {
                 .collect(),
         );
         json!({
-            "op": op, "shape": shape, "mode": MODE, "ours_us": ours_us, "chunk": chunk,
+            "op": op, "shape": shape, "mode": mode(), "ours_us": ours_us, "chunk": chunk,
             "roofline_us": roof_us, "roofline_frac": roof_us / ours_us, "roofline": detail,
             "tokens_per_s": tps, "touched_experts_max_step": touched,
             "families_us_first_step": first, "parts_us_first_step": parts_first, "page_rows": PAGE_ROWS,
@@ -590,8 +606,8 @@ mod gpu {
         let sweep = sweep();
         let only = std::env::var("DEEPINFER_BENCH_ONLY").ok();
         // Bytes per second the last rank was built at; a first guess of
-        // 0.5 GB/s before any.
-        let mut build_rate = 0.5e9;
+        // 2 GB/s before any.
+        let mut build_rate = 2e9;
         for &ep in sweep.eps {
             let cfg = official.ep_rank(ep).unwrap();
             let costs = Costs::of(&cfg);
@@ -630,7 +646,12 @@ mod gpu {
                 costs.weight_bytes / 1e9
             );
             let t = Instant::now();
-            let model = match random_weights_on(&cfg, SEED, &h.dev, false)
+            let dev = if invariant() {
+                h.dev.with_batch_invariant_kernels()
+            } else {
+                h.dev.clone()
+            };
+            let model = match random_weights_on(&cfg, SEED, &dev, false)
                 .and_then(|(w, _)| Model::new(cfg.clone(), w))
             {
                 Ok(m) => m,
@@ -644,17 +665,14 @@ mod gpu {
             };
             let build_s = t.elapsed().as_secs_f64();
             build_rate = costs.weight_bytes / build_s.max(1e-3);
-            // The generator runs on every host thread the process may use:
-            // recorded, since the build rate follows it.
-            let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
             println!(
-                "built in {build_s:.1} s ({:.2} GB/s, {threads} host threads)",
+                "built in {build_s:.1} s ({:.2} GB/s, generated on the GPU)",
                 build_rate / 1e9
             );
             h.push(json!({
                 "op": "v41_ep_rank_build", "shape": { "ep": ep }, "ours_us": build_s * 1e6,
                 "weight_bytes": costs.weight_bytes, "routed_experts_per_layer": cfg.moe.n_routed_experts,
-                "host_threads": threads,
+                "generated_on": "gpu (ops::random_param; the converted tensors on the host)",
             }));
             let patterns = patterns(&h, &cfg);
             for (op, shape) in points() {
