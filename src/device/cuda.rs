@@ -49,6 +49,9 @@ pub struct CudaDevice {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     modules: Arc<Mutex<HashMap<&'static str, Arc<CudaModule>>>>,
+    /// Functions looked up once per (family, kernel), so a launch makes no
+    /// `cuModuleGetFunction` call.
+    functions: Arc<Mutex<HashMap<(&'static str, &'static str), CudaFunction>>>,
     sms: usize,
     poison: bool,
     batch_invariant: bool,
@@ -99,6 +102,7 @@ impl CudaDevice {
             ctx,
             stream,
             modules: Arc::default(),
+            functions: Arc::default(),
             sms: sms.max(1) as usize,
             poison: false,
             batch_invariant: false,
@@ -387,18 +391,29 @@ impl CudaDevice {
     }
 
     /// A loaded kernel function. The family's image is validated and loaded on
-    /// first use and cached per device.
+    /// first use and cached per device, and so is the function's handle.
     pub fn function(&self, kernel: KernelRef) -> Result<CudaFunction> {
+        let key = (kernel.family.name, kernel.name);
+        let mut functions = self
+            .functions
+            .lock()
+            // A poisoned cache still holds only functions that were found.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(f) = functions.get(&key) {
+            return Ok(f.clone());
+        }
         // Names outside the registry never reach the driver (whose lookup error
         // would also show up in compute-sanitizer logs).
         kernel.family.kernel(kernel.name)?;
         let module = self.module(kernel.family)?;
-        module
+        let f = module
             .load_function(kernel.name)
             .map_err(|_| Error::KernelNotFound {
                 family: kernel.family.name.into(),
                 kernel: kernel.name.into(),
-            })
+            })?;
+        functions.insert(key, f.clone());
+        Ok(f)
     }
 
     /// Loads (once) the module of `family`, after checking its image.
