@@ -50,7 +50,12 @@
 //! points whose op starts with it (`v41_decode_step` for a profile of the
 //! decode steps alone). DEEPINFER_BATCH_INVARIANT=1 builds the model on a
 //! batch-invariant handle (mode `eager-invariant`): the mode's cost is its
-//! time over a plain run's at the same point.
+//! time over a plain run's at the same point. DEEPINFER_BENCH_PROFILE=1
+//! runs each decode point's first step after the warm-up as the CUDA
+//! profiler's range (`CudaDevice::profiled`) and times nothing: under `ncu
+//! --profile-from-start off` it gives every kernel of one step
+//! (`benches/tools/kernel_times.py` sums them by kernel: the step's device
+//! busy time, free of host launch gaps).
 //!
 //! Run on the H200 on 2026-12-02 at the QUICK points only
 //! (`benches/results/2026-12-02-h200-model*.json`); the full sweep (EP 16
@@ -426,6 +431,17 @@ mod gpu {
                 return skipped(op, shape, format!("a warm-up step failed: {e}"), None);
             }
             warm_s = t0.elapsed().as_secs_f64();
+        }
+        if std::env::var("DEEPINFER_BENCH_PROFILE").is_ok_and(|v| v == "1") {
+            // One step as the profiled range (for `ncu --profile-from-start
+            // off`), then no timed steps: ncu's serialised kernels would
+            // distort them.
+            let why = match h.cuda.profiled(|| step(&mut pool, Capture::default())) {
+                Ok(Ok(_)) => "profiled: one step under the profiler".to_string(),
+                Ok(Err(e)) => format!("the profiled step failed: {e}"),
+                Err(e) => format!("the profiler range failed: {e}"),
+            };
+            return skipped(op, shape, why, None);
         }
         let n = ((STEP_TIME_S / warm_s.max(1e-6)) as usize).clamp(1, MAX_STEPS);
         let stream = h.cuda.stream();

@@ -500,6 +500,28 @@ impl CudaDevice {
         }
     }
 
+    /// Runs `f` as the profiled range (`cuProfilerStart` .. `cuProfilerStop`),
+    /// waiting for the stream before and after: under `ncu
+    /// --profile-from-start off` only the kernels `f` launches are
+    /// profiled. Without a profiler attached the two calls do nothing.
+    pub fn profiled<T>(&self, f: impl FnOnce() -> T) -> Result<T> {
+        self.synchronize()?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the CUDA context"))?;
+        // SAFETY: no arguments; the context is current on this thread.
+        unsafe { sys::cuProfilerStart() }
+            .result()
+            .map_err(driver("cuProfilerStart"))?;
+        let out = f();
+        let synced = self.synchronize();
+        // SAFETY: as above.
+        unsafe { sys::cuProfilerStop() }
+            .result()
+            .map_err(driver("cuProfilerStop"))?;
+        synced.map(|()| out)
+    }
+
     /// Creates a timing event.
     pub fn event(&self) -> Result<Event> {
         let ev = self

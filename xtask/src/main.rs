@@ -4,7 +4,8 @@
 //! `DEEPINFER_ACCELERATOR=nvidia` and gathers the GPU ones (tests/cuda_*.rs,
 //! errors.rs, the benches/*_gpu.rs benches with their torch peers in
 //! benches/peers/, and the `deepinfer` binary), the torch scripts and
-//! `scripts/gpu-bundle-run.sh` (as `run.sh`) into `gpu-bundle/` (git-ignored),
+//! `scripts/gpu-bundle-run.sh` (as `run.sh`), `benches/tools/kernel_times.py`
+//! (as `tools/`) into `gpu-bundle/` (git-ignored),
 //! ready to carry to the GPU machine. There, `bash gpu-bundle/run.sh` runs
 //! every test, the compute-sanitizer passes and the benches, writes logs and
 //! the benchmark JSON under `$OUT`, and prints a one-line summary last.
@@ -143,6 +144,10 @@ fn gpu_bundle(root: &Path) {
     copy(
         &root.join("tests/torch/check_slice.py"),
         &dir.join("torch/check_slice.py"),
+    );
+    copy(
+        &root.join("benches/tools/kernel_times.py"),
+        &dir.join("tools/kernel_times.py"),
     );
     let commit = Command::new("git")
         .current_dir(root)
