@@ -604,7 +604,7 @@ fn the_low_latency_buffer_on_the_gpu_equals_the_single_rank_masked_moe() {
 fn the_low_latency_path_is_captured_in_a_cuda_graph_and_replays_new_inputs() {
     use deepinfer::ep::LowLatencyBuffer;
     let mut rng = common::rng("cuda_ep_ll_graph");
-    // A handle of its own: the capture pauses event tracking for its context.
+    // A handle of its own: no other test's work may join its capture.
     let Device::Cuda(cuda) = gpu() else {
         unreachable!()
     };

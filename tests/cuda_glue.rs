@@ -616,9 +616,13 @@ fn handles_of_one_gpu_keep_to_their_streams_and_the_pool_is_trimmed() {
     let sum = ops::add(&xa, &moved).unwrap();
     assert_eq!(sum.to_vec::<f32>().unwrap(), vec![3.0f32; 64]);
 
-    // 8 GiB allocated and dropped: back in the free count after the trim
-    // (kept by the pool otherwise). The other tests of this binary run
-    // alongside with small tensors: 1 GiB of slack covers them.
+    // 8 GiB allocated and dropped: the pool keeps them reserved (freed
+    // memory is retained for the next step), and memory_info counts them as
+    // free again. Skipped under the sanitizers (DEEPINFER_QUICK), whose
+    // shadow memory changes the device's accounting.
+    if common::quick() {
+        return;
+    }
     let (free0, total) = a.memory_info().unwrap();
     let (big, slack) = (8usize << 30, 1usize << 30);
     assert!(
@@ -632,6 +636,15 @@ fn handles_of_one_gpu_keep_to_their_streams_and_the_pool_is_trimmed() {
         "{held} free while 8 GiB are held of {free0}"
     );
     drop(t);
+    a.synchronize().unwrap();
+    let (reserved, used) = a
+        .memory_pool_bytes()
+        .unwrap()
+        .expect("the H200 has memory pools");
+    assert!(
+        reserved >= used + big,
+        "the pool released the freed 8 GiB: {reserved} reserved, {used} used"
+    );
     let (free1, _) = a.memory_info().unwrap();
     assert!(
         free1 + slack >= free0,

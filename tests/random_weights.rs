@@ -193,8 +193,10 @@ fn the_counter_stream_is_splitmix64_drawn_in_order() {
     assert_eq!(values(&p, 100..want.len()), want[100..]);
 }
 
-/// `ops::random_param` on the CPU stores every tiny-config parameter
-/// exactly as the checkpoint generator writes it, in the stored dtypes.
+/// `ops::random_param` on the CPU carries the checkpoint generator's bytes
+/// of every tiny-config parameter in the manifest's stored dtypes (its
+/// plumbing: both share `weight_rng`, which the stream test above and the
+/// checkpoint tests pin; the GPU test compares the kernels with it).
 #[test]
 fn the_random_param_op_is_the_generators_bytes_on_the_cpu() {
     let tiny = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny");

@@ -53,6 +53,8 @@ pub struct CudaDevice {
     /// `cuModuleGetFunction` call.
     functions: Arc<Mutex<HashMap<(&'static str, &'static str), CudaFunction>>>,
     sms: usize,
+    /// Whether the device allocates from a memory pool (`cuMemAllocAsync`).
+    pools: bool,
     poison: bool,
     batch_invariant: bool,
 }
@@ -93,7 +95,7 @@ impl CudaDevice {
         // (one stream per buffer, refused mixing) orders every use and free.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(driver("creating a stream"))?;
-        retain_freed_memory(&ctx)?;
+        let pools = retain_freed_memory(&ctx)?;
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("reading the SM count"))?;
@@ -104,6 +106,7 @@ impl CudaDevice {
             modules: Arc::default(),
             functions: Arc::default(),
             sms: sms.max(1) as usize,
+            pools,
             poison: false,
             batch_invariant: false,
         })
@@ -128,23 +131,65 @@ impl CudaDevice {
     }
 
     /// (free, total) device memory in bytes (`cuMemGetInfo`): what the
-    /// state pool is sized from (`model::pool::PoolMemory`). Waits for the
-    /// stream and first returns the memory pool's idle bytes to the driver
-    /// ([`retain_freed_memory`] keeps them otherwise), so they count as free.
+    /// state pool is sized from (`model::pool::PoolMemory`). The memory
+    /// pool's idle bytes ([`retain_freed_memory`] keeps freed memory there)
+    /// count as free: an allocation reuses them. No sync, no trim.
     pub fn memory_info(&self) -> Result<(usize, usize)> {
-        self.release_idle_memory()?;
-        cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the CUDA context"))?;
+        let (free, total) =
+            cudarc::driver::result::mem_get_info().map_err(driver("cuMemGetInfo"))?;
+        let idle = match self.memory_pool_bytes()? {
+            Some((reserved, used)) => reserved.saturating_sub(used),
+            None => 0,
+        };
+        Ok((free.saturating_add(idle).min(total), total))
+    }
+
+    /// (reserved, used) bytes of the device's memory pool
+    /// (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`, `_USED_MEM_CURRENT`);
+    /// `None` on a device without memory pools.
+    pub fn memory_pool_bytes(&self) -> Result<Option<(usize, usize)>> {
+        use cudarc::driver::result::{device, mem_pool};
+        use sys::CUmemPool_attribute as A;
+        if !self.pools {
+            return Ok(None);
+        }
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver("binding the CUDA context"))?;
+        let read = |attr| -> Result<usize> {
+            let mut v: u64 = 0;
+            // SAFETY: the device comes from a live context that has memory
+            // pools; both attributes write a cuuint64_t through the pointer,
+            // which outlives the call.
+            unsafe {
+                let pool = device::get_mem_pool(self.ctx.cu_device())
+                    .map_err(driver("cuDeviceGetMemPool"))?;
+                mem_pool::get_attribute(pool, attr, (&raw mut v).cast())
+                    .map_err(driver("reading the memory pool's size"))?;
+            }
+            Ok(usize::try_from(v).unwrap_or(usize::MAX))
+        };
+        Ok(Some((
+            read(A::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?,
+            read(A::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+        )))
     }
 
     /// Waits for the stream, then trims the device's memory pool to the
-    /// bytes in use (`cuMemPoolTrimTo`).
+    /// bytes in use (`cuMemPoolTrimTo`); nothing on a device without pools.
     fn release_idle_memory(&self) -> Result<()> {
+        if !self.pools {
+            return Ok(());
+        }
         self.synchronize()?;
         self.ctx
             .bind_to_thread()
             .map_err(driver("binding the CUDA context"))?;
-        // SAFETY: the device comes from a live context; trimming releases
-        // only memory no allocation holds.
+        // SAFETY: the device comes from a live context with memory pools;
+        // trimming releases only memory no allocation holds.
         unsafe {
             let pool = cudarc::driver::result::device::get_mem_pool(self.ctx.cu_device())
                 .map_err(driver("cuDeviceGetMemPool"))?;
@@ -536,10 +581,11 @@ impl CudaDevice {
 /// release threshold of all of it) instead of handing it back to the driver
 /// at every synchronisation, as the default threshold of 0 does: a step's
 /// temporaries are then served from the pool in the next step, not mapped
-/// anew. [`CudaDevice::memory_info`] and an allocation that finds the device
-/// full trim the pool first. A device without memory pools (cudarc then
-/// allocates synchronously) is left as it is.
-fn retain_freed_memory(ctx: &CudaContext) -> Result<()> {
+/// anew. [`CudaDevice::memory_info`] counts the pool's idle bytes as free,
+/// and an allocation that finds the device full trims the pool and tries
+/// again. A device without memory pools (cudarc then allocates
+/// synchronously) is left as it is. Returns whether the device has pools.
+fn retain_freed_memory(ctx: &CudaContext) -> Result<bool> {
     use cudarc::driver::result::{device, mem_pool};
     // SAFETY: the device comes from a live context; the attribute reads a
     // cuuint64_t through the pointer, which outlives the call.
@@ -550,7 +596,7 @@ fn retain_freed_memory(ctx: &CudaContext) -> Result<()> {
         )
         .map_err(driver("reading the memory-pool support"))?;
         if pools == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let pool = device::get_mem_pool(ctx.cu_device()).map_err(driver("cuDeviceGetMemPool"))?;
         let mut keep: u64 = u64::MAX;
@@ -559,8 +605,9 @@ fn retain_freed_memory(ctx: &CudaContext) -> Result<()> {
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&raw mut keep).cast(),
         )
-        .map_err(driver("setting the memory pool's release threshold"))
+        .map_err(driver("setting the memory pool's release threshold"))?;
     }
+    Ok(true)
 }
 
 /// A captured CUDA graph ([`CudaDevice::capture`]), replayed on the stream

@@ -39,7 +39,8 @@ impl DeviceChecks {
     }
 
     /// The next free slot on `dev` for a launch of `op` checking `input`:
-    /// reads the verdict first when the slots are full or on another device.
+    /// reads the verdict first when the slots are full or on another
+    /// device or stream.
     #[cfg(deepinfer_cuda)]
     pub(crate) fn slot(
         &mut self,
@@ -48,7 +49,9 @@ impl DeviceChecks {
         input: &'static str,
     ) -> Result<(&mut crate::cuda_backend::BadSlots, usize)> {
         let fresh = match &self.slots {
-            Some((d, s)) => d.ordinal() == dev.ordinal() && self.pending.len() < s.slots(),
+            // One stream: the slots' memsets, the kernels writing them and
+            // the read are ordered only within it.
+            Some((d, s)) => d.same_stream(dev) && self.pending.len() < s.slots(),
             None => false,
         };
         if !fresh {
