@@ -50,7 +50,10 @@
 //! points whose op starts with it (`v41_decode_step` for a profile of the
 //! decode steps alone). DEEPINFER_BATCH_INVARIANT=1 builds the model on a
 //! batch-invariant handle (mode `eager-invariant`): the mode's cost is its
-//! time over a plain run's at the same point. DEEPINFER_BENCH_PROFILE=1
+//! time over a plain run's at the same point. DEEPINFER_MOE_LAYOUT =
+//! `masked` | `contiguous` | `auto` picks the routed experts' layout
+//! (`Model::moe_layout`; decode records name the one that ran as
+//! `moe_layout`). DEEPINFER_BENCH_PROFILE=1
 //! runs each decode point's first step after the warm-up as the CUDA
 //! profiler's range (`CudaDevice::profiled`) and times nothing: under `ncu
 //! --profile-from-start off` it gives every kernel of one step
@@ -74,7 +77,7 @@ mod gpu {
     use deepinfer::kv_format::encode_row;
     use deepinfer::model::checkpoint::{Manifest, Role};
     use deepinfer::model::config::{ModelConfig, V41_FLASH_CONFIG};
-    use deepinfer::model::forward::{Capture, Model, SeqInput, StepOutput};
+    use deepinfer::model::forward::{Capture, Model, MoeLayout, SeqInput, StepOutput};
     use deepinfer::model::load::random_weights_on;
     use deepinfer::model::pool::{PoolConfig, PoolMemory, StatePool, step_headroom};
     use deepinfer::{DType, Tensor};
@@ -97,6 +100,16 @@ mod gpu {
             "eager-invariant"
         } else {
             "eager"
+        }
+    }
+
+    /// DEEPINFER_MOE_LAYOUT = `masked` | `contiguous` | `auto` (the
+    /// default): the routed experts' layout, recorded as `moe_layout`.
+    fn moe_layout() -> MoeLayout {
+        match std::env::var("DEEPINFER_MOE_LAYOUT").as_deref() {
+            Ok("masked") => MoeLayout::Masked,
+            Ok("contiguous") => MoeLayout::Contiguous,
+            _ => MoeLayout::Auto,
         }
     }
 
@@ -489,7 +502,8 @@ mod gpu {
         );
         println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
-            "op": op, "shape": shape, "mode": mode(), "ours_us": ours_us, "gpu_us": gpu_us,
+            "op": op, "shape": shape, "mode": mode(), "moe_layout": format!("{:?}", moe_layout().resolve(batch, &model.device())),
+            "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
             "steps_timed": n, "steps_warm": WARM_STEPS, "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
             "roofline": detail, "tokens_per_s_per_gpu": tps, "touched_experts": touched,
@@ -670,7 +684,10 @@ mod gpu {
             let model = match random_weights_on(&cfg, SEED, &dev, false)
                 .and_then(|(w, _)| Model::new(cfg.clone(), w))
             {
-                Ok(m) => m,
+                Ok(mut m) => {
+                    m.moe_layout = moe_layout();
+                    m
+                }
                 Err(e) => {
                     for (op, shape) in points() {
                         h.push(skipped(op, shape, format!("building EP {ep}: {e}"), None));

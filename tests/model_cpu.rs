@@ -7,7 +7,7 @@
 //! smaller than the visible entries, candidate blocks, odd partial groups,
 //! Engram look-back across the start); a sequence's logits are bitwise the
 //! same alone or inside any batch (prefill/decode/chunk mixes, neighbours of
-//! every length); the pool returns pages on free and reports running out as
+//! every length), with the routed experts in either grouped layout; the pool returns pages on free and reports running out as
 //! a typed error without touching other sequences; bad input is a typed
 //! error; the DSpark drafter produces greedy drafts with confidences.
 
@@ -21,7 +21,7 @@ use deepinfer::model::checkpoint::{
     Checkpoint, CheckpointError, GenerateOptions, LoadOptions, TensorProblem, generate,
 };
 use deepinfer::model::config::ModelConfig;
-use deepinfer::model::forward::{Capture, Model, SeqInput};
+use deepinfer::model::forward::{Capture, Model, MoeLayout, SeqInput};
 use deepinfer::model::pool::{PoolConfig, StatePool};
 use rand::Rng;
 use std::path::Path;
@@ -148,7 +148,11 @@ fn decoding_and_chunks_match_prefill_bit_for_bit() {
 #[test]
 fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
     let mut rng = common::rng("model_batch_invariance");
-    let (model, _) = tiny_model(rng.random());
+    let (mut model, _) = tiny_model(rng.random());
+    // The CPU is batch-invariant: Auto runs the contiguous layout there.
+    let cpu = deepinfer::Device::Cpu;
+    assert_eq!(MoeLayout::Auto.resolve(1, &cpu), MoeLayout::Contiguous);
+    assert_eq!(MoeLayout::Masked.resolve(4096, &cpu), MoeLayout::Masked);
     let vocab = model.cfg.vocab_size;
     let n_seqs = 5;
     let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(20..70)).collect();
@@ -156,6 +160,13 @@ fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
     let alone: Vec<Vec<f32>> = prompts.iter().map(|t| prefill(&model, t)).collect();
     let mut compositions = 0;
     for round in 0..8 {
+        // Odd rounds run the routed experts in the masked layout: on the
+        // CPU its rows are computed exactly as the contiguous layout's.
+        model.moe_layout = if round % 2 == 1 {
+            MoeLayout::Masked
+        } else {
+            MoeLayout::Auto
+        };
         // A fresh pool of all sequences; each step takes a random subset,
         // each with a random chunk of its remaining tokens.
         let mut p = pool(&model, n_seqs, 70, 70);

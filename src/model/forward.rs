@@ -18,6 +18,7 @@ use super::batch::{Batch, Entry};
 use super::config::{LayerPlan, ModelConfig, ScoreFunc};
 use super::layers::Block;
 use super::layers::linear::Bf16Linear;
+pub use super::layers::moe::MoeLayout;
 use super::layers::moe::MoeParams;
 use super::marks::Marks;
 pub use super::marks::PartTime;
@@ -50,6 +51,11 @@ pub struct Model {
     pub cfg: ModelConfig,
     pub plans: Vec<LayerPlan>,
     pub weights: ModelWeights,
+    /// The routed experts' layout ([`MoeLayout::Auto`] by default: masked
+    /// for decode-sized steps off a batch-invariant device). Every layout
+    /// gives the same bits on the CPU; on a GPU the layouts' GEMMs sum in
+    /// different orders.
+    pub moe_layout: MoeLayout,
 }
 
 /// One sequence's new tokens in a step.
@@ -231,6 +237,7 @@ impl Model {
             cfg,
             plans,
             weights,
+            moe_layout: MoeLayout::Auto,
         })
     }
 
@@ -254,6 +261,7 @@ impl Model {
             route_scale: crate::numerics::round_f32(m.route_scale),
             gate_temp: crate::numerics::round_f32(m.gate_temp),
             swiglu_limit: crate::numerics::round_f32(m.swiglu_limit),
+            layout: self.moe_layout,
         }
     }
 

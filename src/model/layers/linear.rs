@@ -71,4 +71,16 @@ impl Fp4Experts {
     pub fn forward(&self, q: &Tensor, s: &Tensor, offsets: &Tensor) -> Result<Tensor> {
         ops::mxfp4_grouped_contiguous(q, s, &self.weight, &self.scale, offsets, DType::BF16)
     }
+
+    /// The masked layout: `q` `[E, C, in]` (with `s`), of which the first
+    /// `counts[e]` rows of expert e are valid → BF16 `[E, C, out]`, the
+    /// other rows +0.0.
+    pub fn forward_masked(&self, q: &Tensor, s: &Tensor, counts: &Tensor) -> Result<Tensor> {
+        let dim = |i: usize| q.shape().get(i).copied().unwrap_or(0);
+        let (e, c) = (dim(0), dim(1));
+        let out_dim = self.weight.shape().get(1).copied().unwrap_or(0);
+        let mut out = Tensor::zeros(&q.device(), DType::BF16, &[e, c, out_dim])?;
+        ops::mxfp4_grouped_masked_into(q, s, &self.weight, &self.scale, counts, &mut out)?;
+        Ok(out)
+    }
 }

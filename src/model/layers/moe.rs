@@ -8,6 +8,7 @@
 //! depend on the batch.
 
 use super::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
+use crate::contract::MX_BLOCK;
 use crate::dtype::DType;
 use crate::model::error::Result;
 use crate::model::marks::Marks;
@@ -42,6 +43,42 @@ pub struct MoeParams {
     pub route_scale: f32,
     pub gate_temp: f32,
     pub swiglu_limit: f32,
+    pub layout: MoeLayout,
+}
+
+/// Which grouped layout the routed experts run in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MoeLayout {
+    /// Rows grouped by expert, one after another (`moe_layout`, the
+    /// contiguous FP4 GEMM): the layout of prefill, and of every step on a
+    /// batch-invariant device (its kernels do not depend on the row count).
+    Contiguous,
+    /// Each expert's rows in a fixed-capacity `[E, T, ·]` buffer
+    /// (`moe_masked_*`, the masked FP4 GEMM, whose work follows the rows
+    /// each expert holds rather than 128-row tiles).
+    Masked,
+    /// Masked for steps of at most [`MASKED_MAX_TOKENS`] tokens on a device
+    /// that is not batch-invariant, contiguous otherwise.
+    #[default]
+    Auto,
+}
+
+/// The most tokens a step runs in the masked layout under
+/// [`MoeLayout::Auto`] (decode batches): its buffers hold T rows per
+/// expert, so they grow with T · experts.
+pub const MASKED_MAX_TOKENS: usize = 64;
+
+impl MoeLayout {
+    /// The layout a step of `tokens` rows on `device` runs.
+    pub fn resolve(self, tokens: usize, device: &crate::device::Device) -> MoeLayout {
+        match self {
+            MoeLayout::Auto if tokens <= MASKED_MAX_TOKENS && !device.batch_invariant() => {
+                MoeLayout::Masked
+            }
+            MoeLayout::Auto => MoeLayout::Contiguous,
+            l => l,
+        }
+    }
 }
 
 impl Moe {
@@ -71,6 +108,9 @@ impl Moe {
             logits = ops::div_scalar(&logits, p.gate_temp)?;
         }
         let (ids, weights) = ops::moe_route(&logits, &self.bias, p.top_k, p.route_scale)?;
+        if p.layout.resolve(x.rows(), &x.device()) == MoeLayout::Masked {
+            return self.masked(x, ids, &weights, p, marks);
+        }
         let (_, offsets, perm) = ops::moe_layout(&ids, self.gate.out_dim())?;
         let (xg, wg) = ops::moe_permute_deferred(x, &weights, &perm, checks)?;
         marks.mark("moe.route")?;
@@ -80,17 +120,82 @@ impl Moe {
         let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &wg, p.swiglu_limit)?;
         let routed = self.w2.forward(&hq, &hs, &offsets)?;
         marks.mark("moe.experts")?;
+        let shared = self.shared_expert(x, p)?;
+        marks.mark("moe.shared")?;
+        let out = ops::moe_combine_deferred(&routed, &perm, &shared, checks)?;
+        marks.mark("moe.combine")?;
+        Ok((out, ids))
+    }
 
+    /// The routed experts in the masked layout ([`MoeLayout::Masked`]),
+    /// capacity T (a token routes to an expert at most once, so nothing is
+    /// dropped): the same rows, quantisation, SwiGLU weights and combine
+    /// order as the contiguous path. Rows past an expert's count are +0.0
+    /// through the experts (the GEMM outputs start zeroed), so no kernel
+    /// reads memory nothing wrote.
+    fn masked(
+        &self,
+        x: &Tensor,
+        ids: Tensor,
+        weights: &Tensor,
+        p: MoeParams,
+        marks: &mut Marks,
+    ) -> Result<(Tensor, Tensor)> {
+        let device = x.device();
+        let (t, d) = (x.rows(), x.shape().get(1).copied().unwrap_or(0));
+        let e = self.gate.out_dim();
+        let mut pos = Tensor::empty(&device, DType::I32, &[t, p.top_k])?;
+        let mut counts = Tensor::empty(&device, DType::I32, &[e])?;
+        let mut w_rows = Tensor::empty(&device, DType::F32, &[e, t])?;
+        let mut dropped = Tensor::empty(&device, DType::I32, &[e + 1])?;
+        ops::moe_masked_layout_into(
+            &ids,
+            weights,
+            &mut pos,
+            &mut counts,
+            &mut w_rows,
+            &mut dropped,
+        )?;
+        let mut xq = Tensor::zeros(&device, DType::F8E4M3, &[e, t, d])?;
+        let mut xs = Tensor::zeros(&device, DType::E8M0, &[e, t, d / MX_BLOCK])?;
+        ops::moe_masked_scatter_into(x, &pos, &mut xq, Some(&mut xs))?;
+        marks.mark("moe.route")?;
+        let g = self.w1.forward_masked(&xq, &xs, &counts)?;
+        let u = self.w3.forward_masked(&xq, &xs, &counts)?;
+        let inter = g.shape().get(2).copied().unwrap_or(0);
+        let (hq, hs) = ops::swiglu_act_quant_fp8(
+            &g.reshape(&[e * t, inter])?,
+            &u.reshape(&[e * t, inter])?,
+            &w_rows.reshape(&[e * t])?,
+            p.swiglu_limit,
+        )?;
+        let hq = hq.reshape(&[e, t, inter])?;
+        let hs = hs.reshape(&[e, t, inter / MX_BLOCK])?;
+        let routed = self.w2.forward_masked(&hq, &hs, &counts)?;
+        marks.mark("moe.experts")?;
+        let shared = self.shared_expert(x, p)?;
+        marks.mark("moe.shared")?;
+        let mut out = Tensor::empty(&device, DType::BF16, &[t, d])?;
+        ops::moe_masked_combine_into(&routed, &pos, &shared, &mut out)?;
+        marks.mark("moe.combine")?;
+        Ok((out, ids))
+    }
+
+    /// The shared expert of `x`: the clamped SwiGLU of the FP8 `w1`, `w3`
+    /// with weight 1, then `w2`.
+    fn shared_expert(&self, x: &Tensor, p: MoeParams) -> Result<Tensor> {
         let s = &self.shared;
         let (xq, xs) = ops::act_quant_fp8(x)?;
         let g = s.w1.forward_quantized(&xq, &xs)?;
         let u = s.w3.forward_quantized(&xq, &xs)?;
         let ones = Tensor::full_f32(&x.device(), &[x.rows()], 1.0)?;
         let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &ones, p.swiglu_limit)?;
-        let shared = ops::mxfp8_linear(&hq, &hs, &s.w2.weight, &s.w2.scale, DType::BF16)?;
-        marks.mark("moe.shared")?;
-        let out = ops::moe_combine_deferred(&routed, &perm, &shared, checks)?;
-        marks.mark("moe.combine")?;
-        Ok((out, ids))
+        Ok(ops::mxfp8_linear(
+            &hq,
+            &hs,
+            &s.w2.weight,
+            &s.w2.scale,
+            DType::BF16,
+        )?)
     }
 }
