@@ -124,6 +124,8 @@ impl Tails {
         {
             *l = self.rows(l)?;
         }
+        // Physical rows were made for the full batch's entries.
+        p.rows.clear();
         Ok(())
     }
 

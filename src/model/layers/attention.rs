@@ -97,21 +97,33 @@ pub struct Published {
     /// Candidate source → I32 `[T, W]` candidate block lists (−1 = none);
     /// `None` as for `topk`.
     pub candidates: HashMap<usize, Option<Tensor>>,
+    /// (lists layer, KV source) → those lists as physical rows of the
+    /// compressed pool, I32 `[T, k]` (`ops::paged_rows` through the
+    /// source's block tables), made by the first layer that attends with
+    /// them and reused by the rest of the step (a source's entries change
+    /// only in its own layer, before any layer reads them). Cleared when
+    /// the step narrows its rows.
+    pub(crate) rows: HashMap<(usize, usize), Tensor>,
+}
+
+/// The layer whose compressed index lists `plan` attends with: its own (an
+/// index source) or its index source's (a reuse layer); `None` for a
+/// window-only layer.
+fn lists_layer(plan: &LayerPlan) -> Option<usize> {
+    match plan.attention {
+        AttentionPlan::WindowOnly => None,
+        AttentionPlan::Sparse { selection, .. } => Some(match selection {
+            Selection::Indexer { .. } => plan.layer,
+            Selection::Reuse { index_source } => index_source,
+        }),
+    }
 }
 
 impl Published {
-    /// The compressed index lists layer `plan` attends with: its own (an
-    /// index source) or its index source's (a reuse layer); `None` for a
-    /// window-only layer or while there are none.
+    /// The compressed index lists layer `plan` attends with ([`lists_layer`]);
+    /// `None` for a window-only layer or while there are none.
     pub fn lists_of(&self, plan: &LayerPlan) -> Option<&Tensor> {
-        let layer = match plan.attention {
-            AttentionPlan::WindowOnly => return None,
-            AttentionPlan::Sparse { selection, .. } => match selection {
-                Selection::Indexer { .. } => plan.layer,
-                Selection::Reuse { index_source } => index_source,
-            },
-        };
-        self.topk.get(&layer).and_then(Option::as_ref)
+        self.topk.get(&lists_layer(plan)?).and_then(Option::as_ref)
     }
 }
 
@@ -356,15 +368,18 @@ impl Attention {
             .into());
         }
         let window_idx = window_lists(pool, b, plan.layer, cfg.attention.window)?;
-        let comp_idx = match (plan.kv_source(), published.lists_of(plan)) {
-            (Some(src), Some(lists)) => {
-                let tables = pool.source_tables(&seqs_of(b), src)?;
-                Some(ops::paged_rows(lists, &b.owners, tables.view())?)
-            }
-            _ => None,
-        };
+        let key = plan.kv_source().zip(lists_layer(plan));
+        if let Some((src, ll)) = key
+            && !published.rows.contains_key(&(ll, src))
+            && let Some(lists) = published.lists_of(plan)
+        {
+            let tables = pool.source_tables(&seqs_of(b), src)?;
+            let rows = ops::paged_rows(lists, &b.owners, tables.view())?;
+            published.rows.insert((ll, src), rows);
+        }
+        let comp_idx = key.and_then(|(src, ll)| published.rows.get(&(ll, src)));
         marks.mark("attention.lists")?;
-        let o = self.mqa(cfg, pool, &q, &window_idx, comp_idx.as_ref())?;
+        let o = self.mqa(cfg, pool, &q, &window_idx, comp_idx)?;
         marks.mark("attention.mqa")?;
         let f = self.output(cfg, &o, &b.positions, &rope)?;
         marks.mark("attention.out")?;
