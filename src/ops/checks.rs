@@ -115,6 +115,22 @@ impl DeviceChecks {
     }
 }
 
+/// Checks dropped unread (a step that failed for another reason before its
+/// verdict) are reported, never silently lost: their kernels skipped the
+/// entries they flagged, so no memory fault hides behind them.
+impl Drop for DeviceChecks {
+    fn drop(&mut self) {
+        if let Some(&(op, input)) = self.pending.first() {
+            tracing::warn!(
+                pending = self.pending.len(),
+                first_op = op,
+                first_input = input,
+                "device range checks dropped without a verdict"
+            );
+        }
+    }
+}
+
 /// A range check a kernel failed: the op, its input and the position of
 /// the first entry out of range.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
