@@ -63,6 +63,16 @@ fn host_bytes(op: &'static str, dtype: DType, bytes: usize, byte: u8) -> Result<
     host_alloc(op, bytes, || HostStorage::try_filled(dtype, bytes, byte))
 }
 
+/// `numel` copies of `value`, reserved through [`host_alloc`].
+fn host_full<T: Clone>(op: &'static str, numel: usize, value: T) -> Result<Vec<T>> {
+    host_alloc(op, numel.saturating_mul(size_of::<T>()), || {
+        let mut v = Vec::new();
+        v.try_reserve_exact(numel).ok()?;
+        v.resize(numel, value);
+        Some(v)
+    })
+}
+
 /// Host storage of `dtype` decoded from little-endian `bytes`, reserved
 /// through [`host_alloc`].
 fn host_decode(op: &'static str, dtype: DType, bytes: &[u8]) -> Result<HostStorage> {
@@ -176,15 +186,10 @@ impl Tensor {
     pub fn full_f32(device: &Device, shape: &[usize], value: f32) -> Result<Tensor> {
         let numel = check_shape(DType::F32, shape)?;
         let storage = match device {
-            Device::Cpu => Storage::Host(HostStorage::F32(host_alloc(
+            Device::Cpu => Storage::Host(HostStorage::F32(host_full(
                 "Tensor::full_f32",
-                numel.saturating_mul(4),
-                || {
-                    let mut v = Vec::new();
-                    v.try_reserve_exact(numel).ok()?;
-                    v.resize(numel, value);
-                    Some(v)
-                },
+                numel,
+                value,
             )?)),
             Device::Cuda(d) => Storage::Cuda(d.filled_u32(numel, value.to_bits())?),
         };
@@ -200,15 +205,10 @@ impl Tensor {
     pub fn full_i64(device: &Device, shape: &[usize], value: i64) -> Result<Tensor> {
         let numel = check_shape(DType::I64, shape)?;
         let storage = match device {
-            Device::Cpu => Storage::Host(HostStorage::I64(host_alloc(
+            Device::Cpu => Storage::Host(HostStorage::I64(host_full(
                 "Tensor::full_i64",
-                numel.saturating_mul(8),
-                || {
-                    let mut v = Vec::new();
-                    v.try_reserve_exact(numel).ok()?;
-                    v.resize(numel, value);
-                    Some(v)
-                },
+                numel,
+                value,
             )?)),
             Device::Cuda(d) => {
                 Storage::Cuda(d.filled_u64(numel, u64::from_ne_bytes(value.to_ne_bytes()))?)

@@ -316,17 +316,10 @@ impl CudaDevice {
     /// `bytes` of device memory set to zero by a memset on the stream: no
     /// host buffer, so it may run inside a CUDA graph capture.
     pub fn zeroed(&self, bytes: usize) -> Result<CudaBuffer> {
-        // The memset below writes every byte, in stream order before any use
-        // of the buffer.
-        let mut slice = self.alloc_slice(bytes)?;
-        if bytes > 0 {
-            self.stream
-                .memset_zeros(&mut slice)
-                .map_err(driver(format!("zeroing {bytes} bytes")))?;
-        }
-        Ok(CudaBuffer {
-            device: self.clone(),
-            slice,
+        // SAFETY: `ptr` addresses the `bytes` just allocated, alive across
+        // the call; the memset is ordered on this handle's stream.
+        self.filled("zeroing", bytes, 1, |ptr, stream| unsafe {
+            sys::cuMemsetD8Async(ptr, 0, bytes, stream)
         })
     }
 
@@ -334,27 +327,11 @@ impl CudaDevice {
     /// memset on the stream (`cuMemsetD32Async`): no host buffer, so it may
     /// run inside a CUDA graph capture.
     pub fn filled_u32(&self, words: usize, pattern: u32) -> Result<CudaBuffer> {
-        let bytes = words.checked_mul(4).ok_or(Error::Argument {
-            op: "CudaDevice::filled_u32",
-            arg: "words",
-            value: words.to_string(),
-            why: "more bytes than the address space holds",
-        })?;
-        // The memset below writes every byte, in stream order before any use
-        // of the buffer.
-        let mut slice = self.alloc_slice(bytes)?;
-        if words > 0 {
-            let (ptr, _guard) = slice.device_ptr_mut(&self.stream);
-            // SAFETY: `ptr` addresses the `words` 4-byte words just allocated
-            // (cuMemAllocAsync aligns to 256 bytes), alive across the call;
-            // the memset is ordered on this handle's stream.
-            unsafe { sys::cuMemsetD32Async(ptr, pattern, words, self.stream.cu_stream()) }
-                .result()
-                .map_err(driver(format!("filling {words} words")))?;
-        }
-        Ok(CudaBuffer {
-            device: self.clone(),
-            slice,
+        // SAFETY: `ptr` addresses the `words` 4-byte words just allocated
+        // (cuMemAllocAsync aligns to 256 bytes), alive across the call; the
+        // memset is ordered on this handle's stream.
+        self.filled("filling 32-bit words", words, 4, |ptr, stream| unsafe {
+            sys::cuMemsetD32Async(ptr, pattern, words, stream)
         })
     }
 
@@ -362,37 +339,46 @@ impl CudaDevice {
     /// strided 32-bit memsets (`cuMemsetD2D32Async`, pitch 8 bytes), the low
     /// halves then the high halves. No host buffer, so capturable.
     pub fn filled_u64(&self, words: usize, pattern: u64) -> Result<CudaBuffer> {
-        let bytes = words.checked_mul(8).ok_or(Error::Argument {
-            op: "CudaDevice::filled_u64",
+        let halves = [
+            (0u64, crate::numerics::low_u32(pattern)),
+            (4, crate::numerics::low_u32(pattern >> 32)),
+        ];
+        self.filled("filling 64-bit words", words, 8, |ptr, stream| {
+            for (offset, half) in halves {
+                // SAFETY: rows of one 4-byte word at pitch 8 from byte
+                // `offset` < 8 cover `words` words inside the allocation
+                // (alive across the call); ordered on this stream.
+                let r = unsafe { sys::cuMemsetD2D32Async(ptr + offset, 8, half, 1, words, stream) };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return r;
+                }
+            }
+            sys::CUresult::CUDA_SUCCESS
+        })
+    }
+
+    /// `words` words of `word_bytes` each, allocated on the stream and
+    /// written whole by `set` (a memset on the stream, given the address and
+    /// the stream), in stream order before any use.
+    fn filled(
+        &self,
+        what: &'static str,
+        words: usize,
+        word_bytes: usize,
+        set: impl FnOnce(sys::CUdeviceptr, sys::CUstream) -> sys::CUresult,
+    ) -> Result<CudaBuffer> {
+        let bytes = words.checked_mul(word_bytes).ok_or(Error::Argument {
+            op: "CudaDevice::filled",
             arg: "words",
-            value: words.to_string(),
+            value: format!("{words} of {word_bytes} bytes"),
             why: "more bytes than the address space holds",
         })?;
-        // The memsets below write every byte, in stream order before any
-        // use of the buffer.
         let mut slice = self.alloc_slice(bytes)?;
         if words > 0 {
             let (ptr, _guard) = slice.device_ptr_mut(&self.stream);
-            for (offset, half) in [
-                (0u64, crate::numerics::low_u32(pattern)),
-                (4, crate::numerics::low_u32(pattern >> 32)),
-            ] {
-                // SAFETY: rows of one 4-byte word at pitch 8 from byte
-                // `offset` < 8 cover `words` words inside the `bytes` just
-                // allocated (alive across the call); ordered on this stream.
-                unsafe {
-                    sys::cuMemsetD2D32Async(
-                        ptr + offset,
-                        8,
-                        half,
-                        1,
-                        words,
-                        self.stream.cu_stream(),
-                    )
-                }
+            set(ptr, self.stream.cu_stream())
                 .result()
-                .map_err(driver(format!("filling {words} 64-bit words")))?;
-            }
+                .map_err(driver(format!("{what}: {bytes} bytes")))?;
         }
         Ok(CudaBuffer {
             device: self.clone(),
