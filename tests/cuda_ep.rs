@@ -94,6 +94,41 @@ fn the_local_transport_on_the_gpu_equals_the_gpu_single_rank_moe_bitwise() {
     }
 }
 
+/// The one-rank normal mode checks its ids on the device (one kernel, no
+/// copy of the ids to the host unless one is bad): an id past the experts
+/// or negative, anywhere in the batch, is a typed error naming it, and
+/// `ops::check_ids` passes every valid id.
+#[test]
+fn the_one_rank_normal_mode_checks_ids_on_the_device() {
+    let mut rng = common::rng("cuda_ep_ids");
+    let dev = gpu();
+    let (tokens, n_experts, top_k, d) = (300, 16, 3, 64);
+    let p = problem(&mut rng, tokens, n_experts, top_k, d, 64).to_device(&dev);
+    let cfg = EpConfig::new(
+        Placement::uniform(n_experts, 1).unwrap(),
+        top_k,
+        d,
+        Payload::Fp8,
+        Mode::Normal,
+    )
+    .unwrap();
+    ops::check_ids("test", &p.ids, n_experts).unwrap();
+    let host: Vec<i32> = p.ids.to_vec().unwrap();
+    for (at, bad) in [(0usize, 16i32), (tokens * top_k - 1, -1), (457, i32::MAX)] {
+        let mut ids = host.clone();
+        ids[at] = bad;
+        let ids = Tensor::from_vec(ids, &[tokens, top_k])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
+        let e = ep::dispatch(&Local, &cfg, &p.x, &ids, &p.weights).unwrap_err();
+        assert!(
+            matches!(&e, Error::Argument { arg: "ids", value, .. } if *value == bad.to_string()),
+            "{e}"
+        );
+    }
+}
+
 #[test]
 fn a_one_rank_nccl_world_moves_tensors_and_runs_the_same_moe() {
     let dev = gpu();

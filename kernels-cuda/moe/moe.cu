@@ -52,3 +52,13 @@ extern "C" __global__ void moe_combine_bf16(const __grid_constant__ di_moe_param
         out[i] = __float2bfloat16_rn(__fadd_rn(acc, __bfloat162float(shared[i])));
     }
 }
+
+// Range check of routed expert ids (ops::check_ids): one thread per id,
+// grid-stride; an id outside [0, bound) lowers *bad to its position.
+extern "C" __global__ void check_ids(const __grid_constant__ di_check_ids_params p) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
+         i += int64_t(gridDim.x) * blockDim.x) {
+        const int32_t v = p.ids[i];
+        if (v < 0 || v >= p.bound) atomicMin(p.bad, (long long)i);
+    }
+}

@@ -33,7 +33,8 @@ pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
 pub use gather::{copy_rows, paged_rows};
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{
-    MaskedDims, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter, moe_permute,
+    MaskedDims, check_ids, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter,
+    moe_permute,
 };
 pub use random::random_param;
 pub use rms_norm::rms_norm;
@@ -101,6 +102,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_argmax_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_hc_params {}
 // SAFETY: as above (addresses, integers and two doubles).
 unsafe impl cudarc::driver::DeviceRepr for params::di_random_params {}
+// SAFETY: as above (addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_check_ids_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_engram_rows_params {}
 // SAFETY: as above.

@@ -2,7 +2,7 @@
 //! weights into expert order, and the combine (the inverse permutation by
 //! atomicMax over a zeroed scratch, then the slot-ordered sum).
 
-use super::params::{di_moe_masked_params, di_moe_params};
+use super::params::{di_check_ids_params, di_moe_masked_params, di_moe_params};
 use super::{BadSlots, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::{CudaDevice, Device};
 use crate::dtype::DType;
@@ -10,6 +10,29 @@ use crate::error::Result;
 use crate::kernels;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
+
+/// Records in slot `slot` of `bad` the first of the `n` I32 `ids` outside
+/// `0..bound` (nothing waits here).
+pub fn check_ids(
+    dev: &CudaDevice,
+    ids: &Tensor,
+    n: usize,
+    bound: usize,
+    (bad, slot): (&mut BadSlots, usize),
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let (ip, _gi) = read_ptr(ids.cuda()?, dev);
+    let (bp, _gb) = bad.ptr(dev, slot)?;
+    let p = di_check_ids_params {
+        ids: ip.cast(),
+        bad: bp,
+        n: n as i64,
+        bound: i32_param("bound", bound)?,
+    };
+    launch(dev, kernels::moe::CHECK_IDS, flat_launch(n), &p)
+}
 
 /// `x_out[i] = x[perm[i] / top_k]`, `w_out[i] = weights[perm[i]]` for
 /// `n = tokens · top_k` entries of width `d`. The kernel skips an entry of

@@ -179,7 +179,10 @@ fn rows_or_zero(src: &Tensor, rows: &[Option<usize>]) -> Result<Tensor> {
 /// as [`ops::moe_route`] returns them) and `weights` F32 `[T, top_k]`, on
 /// one device. Every rank of `transport` calls it with the same `cfg`. The
 /// ids and the received entry lists are read on the host, so the call
-/// waits for the device (DeepEP's normal mode also syncs on the counts).
+/// waits for the device (DeepEP's normal mode also syncs on the counts);
+/// the normal mode of a one-rank group holding every expert in id order
+/// checks the ids on the device instead (`ops::check_ids`: one kernel and
+/// one sync, the ids copied back only when one is bad).
 /// On a one-rank group the low-latency layout itself is built on the
 /// device ([`super::LowLatencyBuffer`], in buffers allocated for the call);
 /// a decode step keeps a [`super::LowLatencyBuffer`] instead, which neither
@@ -244,11 +247,20 @@ fn dispatch_on(
             "more tokens than the low-latency mode's max_tokens",
         ));
     }
-    let host_ids = ids.to_vec::<i32>()?;
     let n_experts = placement.n_experts();
+    if world == 1
+        && cfg.mode() == Mode::Normal
+        && n_experts <= crate::contract::MOE_MAX_EXPERTS
+        && placement.table().iter().enumerate().all(|(p, &e)| p == e)
+    {
+        // The ids checked where they are (the layout kernel cannot check
+        // them): on a GPU one kernel and one sync, no copy to the host.
+        ops::check_ids(OP, ids, n_experts)?;
+        return one_rank(cfg, x, ids, weights, t);
+    }
+    let host_ids = ids.to_vec::<i32>()?;
     let slots = placement.slots_per_rank();
-    // Each entry's physical slot (checked here for every path: the GPU's
-    // layout kernel cannot check ids).
+    // Each entry's physical slot, checked here for every other path.
     let mut phys = Vec::with_capacity(t * k);
     for (j, &e) in host_ids.iter().enumerate() {
         let p = usize::try_from(e)
@@ -257,15 +269,8 @@ fn dispatch_on(
             .and_then(|e| placement.physical(e, rank, j / k));
         match p {
             Some(p) => phys.push(p),
-            None => return Err(arg_error(OP, "ids", e, "an expert id outside 0..n_experts")),
+            None => return Err(ops::bad_expert_id(OP, Some(e))),
         }
-    }
-    if world == 1
-        && cfg.mode() == Mode::Normal
-        && n_experts <= crate::contract::MOE_MAX_EXPERTS
-        && placement.table().iter().enumerate().all(|(p, &e)| p == e)
-    {
-        return one_rank(cfg, x, ids, weights, t);
     }
     if world == 1 && matches!(cfg.mode(), Mode::LowLatency { .. }) {
         return one_rank_masked(cfg, x, ids, weights, &device);

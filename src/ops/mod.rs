@@ -62,7 +62,11 @@ pub use kv_cache::{
     RowNorm, RowRope, RowsOut, compressed_rows, kv_row_layout, kv_rows, kv_rows_into, window_rows,
 };
 pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
-pub use moe::{moe_combine, moe_combine_deferred, moe_permute, moe_permute_deferred};
+pub(crate) use moe::bad_expert_id;
+pub use moe::{
+    check_ids, check_ids_deferred, moe_combine, moe_combine_deferred, moe_permute,
+    moe_permute_deferred,
+};
 pub use moe_masked::{moe_masked_combine_into, moe_masked_layout_into, moe_masked_scatter_into};
 pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,

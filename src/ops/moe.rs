@@ -140,6 +140,58 @@ pub fn moe_permute_deferred(
     ))
 }
 
+/// The error of an expert id outside `0..n_experts`, for `op`.
+pub(crate) fn bad_expert_id(op: &'static str, id: Option<i32>) -> Error {
+    Error::Argument {
+        op,
+        arg: "ids",
+        value: id.map_or_else(|| "?".into(), |id| id.to_string()),
+        why: "an expert id outside 0..n_experts",
+    }
+}
+
+/// Checks, for `op`, that every routed expert id of I32 `ids` (any shape)
+/// lies in `0..n_experts`: on the CPU at once ([`bad_expert_id`]), on CUDA
+/// by a kernel whose finding [`DeviceChecks::verdict`] reads later (the
+/// ids never leave the device; a [`super::Failure`]'s `at` is the flat
+/// position of the first bad id).
+// Without CUDA no kernel records into `checks`.
+#[cfg_attr(not(deepinfer_cuda), allow(unused_variables))]
+pub fn check_ids_deferred(
+    op: &'static str,
+    ids: &Tensor,
+    n_experts: usize,
+    checks: &mut DeviceChecks,
+) -> Result<()> {
+    ids.expect_dtype(op, "ids", DType::I32)?;
+    match ids.device() {
+        Device::Cpu => match ids
+            .as_slice::<i32>()?
+            .iter()
+            .find(|&&v| usize::try_from(v).map_or(true, |v| v >= n_experts))
+        {
+            Some(&v) => Err(bad_expert_id(op, Some(v))),
+            None => Ok(()),
+        },
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let slot = checks.slot(&dev, op, "ids")?;
+            crate::cuda_backend::check_ids(&dev, ids, ids.numel(), n_experts, slot)
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(op, &d)),
+    }
+}
+
+/// [`check_ids_deferred`] read at once (one sync on CUDA; the id is read
+/// back only when one is bad).
+pub fn check_ids(op: &'static str, ids: &Tensor, n_experts: usize) -> Result<()> {
+    DeviceChecks::at_once(
+        |c| check_ids_deferred(op, ids, n_experts, c),
+        |f| Ok(bad_expert_id(op, ids.to_vec::<i32>()?.get(f.at).copied())),
+    )
+}
+
 /// out[t] = BF16(Σ_slot routed[pos(t·top_k + slot)] + shared[t]) where
 /// pos inverts `perm`: BF16 `routed` `[N, D]` in expert order, `shared`
 /// `[T, D]`; returns BF16 `[T, D]`.

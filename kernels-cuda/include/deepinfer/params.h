@@ -515,4 +515,14 @@ typedef struct di_random_params {
     int64_t block_cols; /* > 0 for the FP8 blocks */
 } di_random_params;
 
+/* check_ids: lowers *bad to each position i whose ids[i] lies outside
+   [0, bound) (atomicMin: the first such position remains); reads nothing
+   else and writes nothing else. */
+typedef struct di_check_ids_params {
+    const int32_t *ids; /* [n] */
+    long long *bad;
+    int64_t n;
+    int32_t bound;
+} di_check_ids_params;
+
 #endif
