@@ -261,6 +261,39 @@ fn argmax_follows_the_cpu_rule_on_ties_nan_and_zeros() {
     }
 }
 
+/// `first_non_finite` (the sampler's check of its logits on the device)
+/// gives the CPU's lowest index of a NaN or ±Inf per row, −1 for finite
+/// rows: one bad value at the first, last or a random place, several, none.
+#[test]
+fn first_non_finite_is_the_cpus() {
+    let dev = gpu();
+    let mut rng = common::rng("cuda_glue_non_finite");
+    for &v in &[1usize, 7, 513, 129_280] {
+        for &rows in &[1usize, 3, 17] {
+            let mut x: Vec<f32> = (0..rows * v).map(|_| rng.random_range(-4.0..4.0)).collect();
+            for r in 0..rows {
+                let bad = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][r % 3];
+                let row = &mut x[r * v..(r + 1) * v];
+                match r % 4 {
+                    1 => row[0] = bad,
+                    2 => row[v - 1] = bad,
+                    3 => {
+                        for _ in 0..3 {
+                            row[rng.random_range(0..v)] = bad;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            let cpu = Tensor::from_vec(x, &[rows, v]).unwrap();
+            let want = ops::first_non_finite(&cpu).unwrap();
+            assert!(want.to_vec::<i32>().unwrap().iter().any(|&i| i >= 0) || rows == 1);
+            let got = ops::first_non_finite(&up(&cpu, &dev)).unwrap();
+            assert_same(&format!("V {v} rows {rows}"), &got, &want);
+        }
+    }
+}
+
 #[test]
 fn hc_streams_ops_are_bitwise_the_cpu() {
     let dev = gpu();

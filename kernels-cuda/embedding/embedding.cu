@@ -74,3 +74,27 @@ extern "C" __global__ void __launch_bounds__(DI_ARGMAX_THREADS)
         __syncthreads();  // the next row reuses sv / si
     }
 }
+
+// first_non_finite_f32 (ops::first_non_finite): one CTA of
+// DI_ARGMAX_THREADS per row; each thread keeps the lowest index of a NaN or
+// +-Inf among its strided elements, a tree takes the minimum, and thread 0
+// writes it (-1 for a finite row). The minimum is order-free: exact.
+extern "C" __global__ void __launch_bounds__(DI_ARGMAX_THREADS)
+    first_non_finite_f32(const __grid_constant__ di_argmax_params p) {
+    __shared__ int32_t sm[DI_ARGMAX_THREADS];
+    for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
+        const float *x = p.x + r * p.v;
+        int32_t first = 0x7FFFFFFF;
+        for (int64_t i = threadIdx.x; i < p.v && first == 0x7FFFFFFF; i += DI_ARGMAX_THREADS)
+            if (!isfinite(x[i])) first = int32_t(i);
+        sm[threadIdx.x] = first;
+        __syncthreads();
+        for (int o = DI_ARGMAX_THREADS / 2; o > 0; o >>= 1) {
+            if (threadIdx.x < o) sm[threadIdx.x] = min(sm[threadIdx.x], sm[threadIdx.x + o]);
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) p.out[r] = sm[0] == 0x7FFFFFFF ? -1 : sm[0];
+        // Every thread has read sm[0] before the next row overwrites it.
+        __syncthreads();
+    }
+}

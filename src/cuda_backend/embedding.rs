@@ -72,3 +72,31 @@ pub fn argmax(
     };
     launch(dev, kernels::embedding::ARGMAX_F32, cfg, &p)
 }
+
+/// Each row's lowest index of a NaN or ±Inf in F32 `x` `[rows, v]` into
+/// I32 `out` `[rows]` (−1 for a finite row).
+pub fn first_non_finite(
+    dev: &CudaDevice,
+    x: &Tensor,
+    out: &mut Tensor,
+    rows: usize,
+    v: usize,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let p = di_argmax_params {
+        x: xp.cast(),
+        out: op.cast(),
+        rows: rows as i64,
+        v: super::i32_param("v", v)?,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(rows, 1), 1, 1),
+        block_dim: (DI_ARGMAX_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::embedding::FIRST_NON_FINITE_F32, cfg, &p)
+}

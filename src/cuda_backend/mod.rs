@@ -28,7 +28,7 @@ mod tma;
 
 pub use act_quant::act_quant_fp8;
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
-pub use embedding::{argmax, embedding};
+pub use embedding::{argmax, embedding, first_non_finite};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
 pub use gather::{copy_rows, paged_rows};
 pub use hc_streams::{HcOp, hc_streams};

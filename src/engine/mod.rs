@@ -647,11 +647,71 @@ impl Engine {
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let v = self.model.cfg.vocab_size;
+        let greedy = rows.iter().all(|&(k, _)| {
+            live.get(k).is_some_and(|l| {
+                l.constraint.is_none() && params.get(l.index).is_some_and(|p| p.temperature == 0.0)
+            })
+        });
+        if greedy {
+            return self.sample_greedy(logits, rows, live, params, prompts, on_token);
+        }
         let host = logits.to_vec::<f32>()?;
         for &(k, r) in rows {
             let l = &mut live[k];
             if let Err(e) = self.sample_one(&host[r * v..(r + 1) * v], l, params, prompts, on_token)
             {
+                l.failed = Some(e);
+                l.done = Some(StopReason::Length);
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Engine::sample`] when every row is greedy and unconstrained: the
+    /// argmax and the finiteness check run where the logits are
+    /// (`ops::argmax`, `ops::first_non_finite`), so only two ints a row
+    /// leave the device (and a failing row, to name its value). Bitwise
+    /// the host path: the same argmax rule, the same error.
+    fn sample_greedy(
+        &self,
+        logits: &crate::Tensor,
+        rows: &[(usize, usize)],
+        live: &mut [Live],
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
+        let picked: Vec<usize> = rows.iter().map(|&(_, r)| r).collect();
+        let all = picked.len() == logits.rows() && picked.iter().enumerate().all(|(i, &r)| i == r);
+        let gathered;
+        let x = if all {
+            logits
+        } else {
+            gathered = crate::ops::gather_rows(logits, &picked)?;
+            &gathered
+        };
+        let ids = crate::ops::argmax(x)?.to_vec::<i32>()?;
+        let bad = crate::ops::first_non_finite(x)?.to_vec::<i32>()?;
+        for (i, &(k, _)) in rows.iter().enumerate() {
+            let l = &mut live[k];
+            let p = &params[l.index];
+            let position = (prompts[l.index].len() + l.tokens.len()) as u64;
+            let sampled = match usize::try_from(bad[i]) {
+                Ok(at) => {
+                    let row = x.narrow_rows(i, 1)?.to_vec::<f32>()?;
+                    Err(non_finite(row[at], at, position, l.tokens.len()))
+                }
+                Err(_) => self.emit(
+                    Sample {
+                        token: u32::try_from(ids[i]).unwrap_or(0),
+                        logprob: 0.0,
+                    },
+                    l,
+                    p,
+                    on_token,
+                ),
+            };
+            if let Err(e) = sampled {
                 l.failed = Some(e);
                 l.done = Some(StopReason::Length);
             }
@@ -688,11 +748,7 @@ impl Engine {
     /// decode step (the index of the output token it was to choose).
     fn check_finite(&self, row: &[f32], position: u64, step: usize) -> Result<()> {
         match row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            Some((bad, x)) => Err(arg(
-                "logits",
-                format!("{x} at vocabulary id {bad}, position {position}, decode step {step}"),
-                "non-finite logit",
-            )),
+            Some((bad, &x)) => Err(non_finite(x, bad, position, step)),
             None => Ok(()),
         }
     }
@@ -783,6 +839,16 @@ impl Engine {
         let pc = PoolConfig::within(cfg, &memory, seqs, context, chunk, self.config.page_rows)?;
         StatePool::new(cfg, &device, pc)
     }
+}
+
+/// The error of logit `x` at vocabulary id `bad` (non-finite) of the row
+/// predicting `position`, at decode step `step` of its request.
+fn non_finite(x: f32, bad: usize, position: u64, step: usize) -> Error {
+    arg(
+        "logits",
+        format!("{x} at vocabulary id {bad}, position {position}, decode step {step}"),
+        "non-finite logit",
+    )
 }
 
 fn arg(arg: &'static str, value: String, why: &'static str) -> Error {

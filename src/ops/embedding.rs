@@ -1,6 +1,8 @@
 //! Token embedding and greedy sampling: [`embedding`] gathers one row of a
 //! BF16 table per token id; [`argmax`] picks each row's largest logit with
-//! ties to the lowest id (the deterministic greedy rule of the runner).
+//! ties to the lowest id (the deterministic greedy rule of the runner);
+//! [`first_non_finite`] finds each row's first NaN or ±Inf (the sampler's
+//! check of its logits without copying them to the host).
 //!
 //! Invariant: an id outside the table is a typed error naming the id (the
 //! CPU reads the ids before allocating; the CUDA kernel skips the token and
@@ -128,4 +130,39 @@ pub fn argmax(logits: &Tensor) -> Result<Tensor> {
         .map(|r| super::i32_sat(crate::numerics::argmax(&x[r * v..(r + 1) * v])))
         .collect();
     Tensor::from_vec(ids, &[t])
+}
+
+/// Each row's lowest index of a NaN or ±Inf in F32 `x` `[T, V]` (−1 for a
+/// finite row): I32 `[T]` on x's device, so a sampler checks its logits
+/// without copying them to the host.
+pub fn first_non_finite(x: &Tensor) -> Result<Tensor> {
+    const OP: &str = "first_non_finite";
+    x.expect_dtype(OP, "x", DType::F32)?;
+    let &[t, v] = x.shape() else {
+        return Err(shape_error(OP, "x", x, "[T, V]".into()));
+    };
+    if i32::try_from(v).is_err() {
+        return Err(shape_error(OP, "x", x, "[T, V] with V < 2^31".into()));
+    }
+    match x.device() {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let mut out = Tensor::empty(&x.device(), DType::I32, &[t])?;
+            crate::cuda_backend::first_non_finite(&dev, x, &mut out, t, v)?;
+            return Ok(out);
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
+    let xs = x.as_slice::<f32>()?;
+    let first: Vec<i32> = (0..t)
+        .map(|r| {
+            xs[r * v..(r + 1) * v]
+                .iter()
+                .position(|y| !y.is_finite())
+                .map_or(-1, super::i32_sat)
+        })
+        .collect();
+    Tensor::from_vec(first, &[t])
 }

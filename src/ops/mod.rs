@@ -41,7 +41,7 @@ pub use act_quant::{ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_f
 pub use checks::{DeviceChecks, Failure};
 pub use compressor::{compress_ratio2, compressor_rows_into};
 pub use elementwise::{add, cat_cols, div_scalar, scale};
-pub use embedding::{argmax, embedding, embedding_deferred};
+pub use embedding::{argmax, embedding, embedding_deferred, first_non_finite};
 pub use engram::{engram_gate_update, engram_lookup, engram_lookup_deferred, engram_rows};
 pub use gather::{copy_rows_into, gather_row_blocks, gather_rows};
 pub use gemm::{

@@ -350,7 +350,9 @@ typedef struct di_embedding_params {
 
 /* argmax_f32: out[r] = the index of row r's largest value; ties to the
  * lowest index, a NaN never beats a number, an all-NaN row gives 0
- * (numerics::argmax). One CTA of DI_ARGMAX_THREADS per row. */
+ * (numerics::argmax). One CTA of DI_ARGMAX_THREADS per row.
+ * first_non_finite_f32 (same struct): out[r] = the lowest index of a NaN or
+ * +-Inf in row r, -1 when the row is finite. */
 typedef struct di_argmax_params {
     const float *x;  /* [rows, v] */
     int32_t *out;    /* [rows] */
