@@ -25,7 +25,7 @@
 use super::drafter::{DraftInput, Drafter, Proposal};
 use super::prefill::{Prefilled, Tail};
 use super::verify::{Schedule, SpecStats, decide, schedule};
-use super::{Engine, Live, SamplingParams, TokenEvent, arg};
+use super::{Engine, Live, Sample, SamplingParams, TokenEvent, arg, non_finite};
 use crate::model::Result;
 use crate::model::forward::{Capture, SeqInput};
 use crate::model::pool::StatePool;
@@ -162,13 +162,27 @@ impl Engine {
             })
             .collect();
         let out = self.model.step(pool, &inputs, Capture::default())?;
-        let host = out.logits.to_vec::<f32>()?;
-        let v = self.model.cfg.vocab_size;
+        // A greedy, unconstrained batch verifies on the logits' device: per
+        // row its argmax and first non-finite index, not the logits.
+        let greedy = active.iter().all(|&k| {
+            let l = &live[k];
+            l.constraint.is_none() && params[l.index].temperature == 0.0
+        });
+        let logits = if greedy {
+            Verified::Greedy {
+                ids: crate::ops::argmax(&out.logits)?.to_vec::<i32>()?,
+                bad: crate::ops::first_non_finite(&out.logits)?.to_vec::<i32>()?,
+                logits: &out.logits,
+            }
+        } else {
+            Verified::Host(out.logits.to_vec::<f32>()?)
+        };
         for (j, &k) in active.iter().enumerate() {
             let rows = out.rows[j].clone();
             let start = pool.position(live[k].seq)? - rows.len();
             let (emitted, accepted) = self.accept(
-                &host[rows.start * v..rows.end * v],
+                &logits,
+                rows.start,
                 &proposals[j],
                 lens[j],
                 &mut live[k],
@@ -286,14 +300,15 @@ impl Engine {
         Ok(out)
     }
 
-    /// Accepts and emits along one request's verify rows (`host`: its
-    /// `[k + 1, vocab]` logits); returns how many tokens it emitted and how
-    /// many of them were accepted drafts. A failure fails the request
-    /// alone.
+    /// Accepts and emits along one request's verify rows (rows
+    /// `first_row ..= first_row + k` of the step's `logits`); returns how
+    /// many tokens it emitted and how many of them were accepted drafts. A
+    /// failure fails the request alone.
     #[allow(clippy::too_many_arguments)]
     fn accept(
         &self,
-        host: &[f32],
+        logits: &Verified,
+        first_row: usize,
         proposal: &Proposal,
         k: usize,
         l: &mut Live,
@@ -310,16 +325,35 @@ impl Engine {
                 let q = proposal.probs.as_ref().and_then(|q| q.get(i));
                 (proposal.tokens[i], q.map(Vec::as_slice))
             });
-            let row = &host[i * v..(i + 1) * v];
+            let r = first_row + i;
             let mut step = || -> Result<bool> {
-                self.check_finite(row, position, l.tokens.len())?;
-                let (s, accepted) = match &mut l.constraint {
-                    Some(c) => {
-                        let mut masked = row.to_vec();
-                        c.mask(&mut masked)?;
-                        decide(&masked, p, draft, position)
+                let (s, accepted) = match logits {
+                    Verified::Host(host) => {
+                        let row = &host[r * v..(r + 1) * v];
+                        self.check_finite(row, position, l.tokens.len())?;
+                        match &mut l.constraint {
+                            Some(c) => {
+                                let mut masked = row.to_vec();
+                                c.mask(&mut masked)?;
+                                decide(&masked, p, draft, position)
+                            }
+                            None => decide(row, p, draft, position),
+                        }
                     }
-                    None => decide(row, p, draft, position),
+                    // `decide`'s greedy rule: the argmax, accepted when it
+                    // is the draft.
+                    Verified::Greedy { ids, bad, logits } => {
+                        if let Ok(at) = usize::try_from(bad[r]) {
+                            let row = logits.narrow_rows(r, 1)?.to_vec::<f32>()?;
+                            return Err(non_finite(row[at], at, position, l.tokens.len()));
+                        }
+                        let token = u32::try_from(ids[r]).unwrap_or(0);
+                        let s = Sample {
+                            token,
+                            logprob: 0.0,
+                        };
+                        (s, draft.is_some_and(|(d, _)| d == token))
+                    }
                 };
                 self.emit(s, l, p, on_token)?;
                 Ok(accepted)
@@ -341,4 +375,17 @@ impl Engine {
         }
         (emitted, drafts)
     }
+}
+
+/// What a verification step reads of its logits: all of them on the host,
+/// or, for a greedy unconstrained batch, each row's argmax and first
+/// non-finite index (−1: none) from the device, with the logits kept there
+/// to name a bad value.
+enum Verified<'a> {
+    Host(Vec<f32>),
+    Greedy {
+        ids: Vec<i32>,
+        bad: Vec<i32>,
+        logits: &'a Tensor,
+    },
 }
