@@ -1,12 +1,13 @@
 //! Launches of `kernels-cuda/embedding/`: the embedding gather (one CTA per
-//! token) and the greedy argmax (one CTA of `DI_ARGMAX_THREADS` per row,
-//! a fixed tree: the result is numerics::argmax's, whatever the batch).
+//! token), the greedy argmax (one CTA of `DI_ARGMAX_THREADS` per row,
+//! a fixed tree: the result is numerics::argmax's, whatever the batch) and
+//! each row's first non-finite index (the same launch).
 
 use super::params::{DI_ARGMAX_THREADS, di_argmax_params, di_embedding_params};
 use super::{BadSlots, grid_for, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::Result;
-use crate::kernels;
+use crate::kernels::{self, KernelRef};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
@@ -54,29 +55,33 @@ pub fn argmax(
     rows: usize,
     v: usize,
 ) -> Result<()> {
-    if rows == 0 {
-        return Ok(());
-    }
-    let (xp, _gx) = read_ptr(logits.cuda()?, dev);
-    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-    let p = di_argmax_params {
-        x: xp.cast(),
-        out: op.cast(),
-        rows: rows as i64,
-        v: super::i32_param("v", v)?,
-    };
-    let cfg = LaunchConfig {
-        grid_dim: (grid_for(rows, 1), 1, 1),
-        block_dim: (DI_ARGMAX_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch(dev, kernels::embedding::ARGMAX_F32, cfg, &p)
+    row_scan(dev, kernels::embedding::ARGMAX_F32, logits, out, rows, v)
 }
 
 /// Each row's lowest index of a NaN or ±Inf in F32 `x` `[rows, v]` into
 /// I32 `out` `[rows]` (−1 for a finite row).
 pub fn first_non_finite(
     dev: &CudaDevice,
+    x: &Tensor,
+    out: &mut Tensor,
+    rows: usize,
+    v: usize,
+) -> Result<()> {
+    row_scan(
+        dev,
+        kernels::embedding::FIRST_NON_FINITE_F32,
+        x,
+        out,
+        rows,
+        v,
+    )
+}
+
+/// One CTA of `DI_ARGMAX_THREADS` per row of F32 `x` `[rows, v]`, one I32
+/// result a row: the launch `argmax_f32` and `first_non_finite_f32` share.
+fn row_scan(
+    dev: &CudaDevice,
+    kernel: KernelRef,
     x: &Tensor,
     out: &mut Tensor,
     rows: usize,
@@ -98,5 +103,5 @@ pub fn first_non_finite(
         block_dim: (DI_ARGMAX_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(dev, kernels::embedding::FIRST_NON_FINITE_F32, cfg, &p)
+    launch(dev, kernel, cfg, &p)
 }

@@ -105,6 +105,14 @@ struct Live {
     spec: Option<SpecStats>,
 }
 
+impl Live {
+    /// Samples greedily and without a grammar: its tokens need only each
+    /// row's argmax and finiteness ([`GreedyRows`]).
+    fn greedy(&self, params: &[SamplingParams]) -> bool {
+        self.constraint.is_none() && params.get(self.index).is_some_and(|p| p.temperature == 0.0)
+    }
+}
+
 impl Engine {
     /// An engine without a tokenizer (prompts and outputs are token ids);
     /// `config` is checked against the model ([`EngineConfig::validate`]).
@@ -647,12 +655,10 @@ impl Engine {
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let v = self.model.cfg.vocab_size;
-        let greedy = rows.iter().all(|&(k, _)| {
-            live.get(k).is_some_and(|l| {
-                l.constraint.is_none() && params.get(l.index).is_some_and(|p| p.temperature == 0.0)
-            })
-        });
-        if greedy {
+        if rows
+            .iter()
+            .all(|&(k, _)| live.get(k).is_some_and(|l| l.greedy(params)))
+        {
             return self.sample_greedy(logits, rows, live, params, prompts, on_token);
         }
         let host = logits.to_vec::<f32>()?;
@@ -690,27 +696,14 @@ impl Engine {
             gathered = crate::ops::gather_rows(logits, &picked)?;
             &gathered
         };
-        let ids = crate::ops::argmax(x)?.to_vec::<i32>()?;
-        let bad = crate::ops::first_non_finite(x)?.to_vec::<i32>()?;
+        let greedy = GreedyRows::of(x)?;
         for (i, &(k, _)) in rows.iter().enumerate() {
             let l = &mut live[k];
             let p = &params[l.index];
             let position = (prompts[l.index].len() + l.tokens.len()) as u64;
-            let sampled = match usize::try_from(bad[i]) {
-                Ok(at) => {
-                    let row = x.narrow_rows(i, 1)?.to_vec::<f32>()?;
-                    Err(non_finite(row[at], at, position, l.tokens.len()))
-                }
-                Err(_) => self.emit(
-                    Sample {
-                        token: u32::try_from(ids[i]).unwrap_or(0),
-                        logprob: 0.0,
-                    },
-                    l,
-                    p,
-                    on_token,
-                ),
-            };
+            let sampled = greedy
+                .pick(i, position, l.tokens.len())
+                .and_then(|s| self.emit(s, l, p, on_token));
             if let Err(e) = sampled {
                 l.failed = Some(e);
                 l.done = Some(StopReason::Length);
@@ -838,6 +831,40 @@ impl Engine {
         let memory = PoolMemory::query(&device, 0, headroom, self.config.pool_memory)?;
         let pc = PoolConfig::within(cfg, &memory, seqs, context, chunk, self.config.page_rows)?;
         StatePool::new(cfg, &device, pc)
+    }
+}
+
+/// Each row's greedy token and first non-finite index (−1: none) of a
+/// logits tensor, computed where the logits are (`ops::argmax`,
+/// `ops::first_non_finite`): two ints a row leave a GPU, and a failing row
+/// only to name its value.
+struct GreedyRows<'a> {
+    ids: Vec<i32>,
+    bad: Vec<i32>,
+    logits: &'a crate::Tensor,
+}
+
+impl<'a> GreedyRows<'a> {
+    fn of(logits: &'a crate::Tensor) -> Result<GreedyRows<'a>> {
+        Ok(GreedyRows {
+            ids: crate::ops::argmax(logits)?.to_vec::<i32>()?,
+            bad: crate::ops::first_non_finite(logits)?.to_vec::<i32>()?,
+            logits,
+        })
+    }
+
+    /// Row `r`'s greedy sample (what `sample_row` gives at temperature 0),
+    /// or the error `check_finite` gives for its first non-finite logit;
+    /// `position` and `step` name the row in that error.
+    fn pick(&self, r: usize, position: u64, step: usize) -> Result<Sample> {
+        if let Ok(at) = usize::try_from(self.bad[r]) {
+            let row = self.logits.narrow_rows(r, 1)?.to_vec::<f32>()?;
+            return Err(non_finite(row[at], at, position, step));
+        }
+        Ok(Sample {
+            token: u32::try_from(self.ids[r]).unwrap_or(0),
+            logprob: 0.0,
+        })
     }
 }
 

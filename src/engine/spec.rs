@@ -25,7 +25,7 @@
 use super::drafter::{DraftInput, Drafter, Proposal};
 use super::prefill::{Prefilled, Tail};
 use super::verify::{Schedule, SpecStats, decide, schedule};
-use super::{Engine, Live, Sample, SamplingParams, TokenEvent, arg, non_finite};
+use super::{Engine, GreedyRows, Live, SamplingParams, TokenEvent, arg};
 use crate::model::Result;
 use crate::model::forward::{Capture, SeqInput};
 use crate::model::pool::StatePool;
@@ -164,16 +164,8 @@ impl Engine {
         let out = self.model.step(pool, &inputs, Capture::default())?;
         // A greedy, unconstrained batch verifies on the logits' device: per
         // row its argmax and first non-finite index, not the logits.
-        let greedy = active.iter().all(|&k| {
-            let l = &live[k];
-            l.constraint.is_none() && params[l.index].temperature == 0.0
-        });
-        let logits = if greedy {
-            Verified::Greedy {
-                ids: crate::ops::argmax(&out.logits)?.to_vec::<i32>()?,
-                bad: crate::ops::first_non_finite(&out.logits)?.to_vec::<i32>()?,
-                logits: &out.logits,
-            }
+        let logits = if active.iter().all(|&k| live[k].greedy(params)) {
+            Verified::Greedy(GreedyRows::of(&out.logits)?)
         } else {
             Verified::Host(out.logits.to_vec::<f32>()?)
         };
@@ -342,17 +334,9 @@ impl Engine {
                     }
                     // `decide`'s greedy rule: the argmax, accepted when it
                     // is the draft.
-                    Verified::Greedy { ids, bad, logits } => {
-                        if let Ok(at) = usize::try_from(bad[r]) {
-                            let row = logits.narrow_rows(r, 1)?.to_vec::<f32>()?;
-                            return Err(non_finite(row[at], at, position, l.tokens.len()));
-                        }
-                        let token = u32::try_from(ids[r]).unwrap_or(0);
-                        let s = Sample {
-                            token,
-                            logprob: 0.0,
-                        };
-                        (s, draft.is_some_and(|(d, _)| d == token))
+                    Verified::Greedy(rows) => {
+                        let s = rows.pick(r, position, l.tokens.len())?;
+                        (s, draft.is_some_and(|(d, _)| d == s.token))
                     }
                 };
                 self.emit(s, l, p, on_token)?;
@@ -379,13 +363,8 @@ impl Engine {
 
 /// What a verification step reads of its logits: all of them on the host,
 /// or, for a greedy unconstrained batch, each row's argmax and first
-/// non-finite index (−1: none) from the device, with the logits kept there
-/// to name a bad value.
+/// non-finite index from the device ([`GreedyRows`]).
 enum Verified<'a> {
     Host(Vec<f32>),
-    Greedy {
-        ids: Vec<i32>,
-        bad: Vec<i32>,
-        logits: &'a Tensor,
-    },
+    Greedy(GreedyRows<'a>),
 }
