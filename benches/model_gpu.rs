@@ -705,7 +705,7 @@ mod gpu {
             h.push(json!({
                 "op": "v41_ep_rank_build", "shape": { "ep": ep }, "ours_us": build_s * 1e6,
                 "weight_bytes": costs.weight_bytes, "routed_experts_per_layer": cfg.moe.n_routed_experts,
-                "generated_on": "gpu (ops::random_param; the converted tensors on the host)",
+                "generated_on": "gpu (ops::random_param; wo_a dequantised and Engram rows joined on the GPU)",
             }));
             let patterns = patterns(&h, &cfg);
             for (op, shape) in points() {

@@ -235,6 +235,37 @@ impl Tensor {
         Ok(self)
     }
 
+    /// The same elements of a one-byte dtype (e4m3, E8M0 or bytes) as raw
+    /// bytes (`U8`, same shape): a device tensor keeps its storage, a host
+    /// one is copied. Any other dtype is a typed error.
+    pub fn into_bytes(self) -> Result<Tensor> {
+        let storage = match self.storage {
+            Storage::Cuda(b) if matches!(self.dtype, DType::F8E4M3 | DType::E8M0 | DType::U8) => {
+                Storage::Cuda(b)
+            }
+            Storage::Host(HostStorage::F8E4M3(v)) => {
+                Storage::Host(HostStorage::U8(v.into_iter().map(|x| x.0).collect()))
+            }
+            Storage::Host(HostStorage::E8M0(v)) => {
+                Storage::Host(HostStorage::U8(v.into_iter().map(|x| x.0).collect()))
+            }
+            Storage::Host(HostStorage::U8(v)) => Storage::Host(HostStorage::U8(v)),
+            _ => {
+                return Err(Error::Argument {
+                    op: "Tensor::into_bytes",
+                    arg: "self",
+                    value: self.dtype.to_string(),
+                    why: "only e4m3, E8M0 and byte tensors are read as bytes",
+                });
+            }
+        };
+        Ok(Tensor {
+            shape: self.shape,
+            dtype: DType::U8,
+            storage,
+        })
+    }
+
     /// Rows along the first dimension (0 for a rank-0 tensor).
     pub fn rows(&self) -> usize {
         self.shape.first().copied().unwrap_or(0)

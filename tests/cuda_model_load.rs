@@ -2,8 +2,8 @@
 //! model's every weight, read back from the device, is bitwise the CPU
 //! load's (dtype, shape and bytes), and lives on the device. The stored
 //! tensors are uploaded from the memory-mapped shards with no host tensor
-//! between; the converted ones (wo_a, stacked experts, Engram rows, mHC
-//! vectors) are built on the host and moved. Built only for
+//! between; wo_a is dequantised and the Engram rows joined on the device,
+//! the stacked experts and mHC vectors are built on the host and moved. Built only for
 //! DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through the GPU bundle).
 //! Random weights made on the GPU (`ops::random_param`, what
 //! `random_weights_on` uses there) are bitwise the CPU generator's, for

@@ -456,3 +456,37 @@ fn truncated_or_corrupt_images_are_refused_before_or_by_the_driver() {
         "{e}"
     );
 }
+
+/// `ops::mxfp8_dequantize` on the GPU against the CPU reference, bitwise:
+/// every e4m3 code (NaN codes included) and every E8M0 byte (the NaN scale,
+/// the subnormal 2^-127 and exponents that under- and overflow BF16), over
+/// shapes with and without 32-tails. The output is allocated poisoned.
+#[test]
+fn mxfp8_dequantize_is_bitwise_equal_to_the_cpu_reference() {
+    use rand::Rng;
+    let dev = gpu();
+    let mut rng = common::rng("mxfp8_dequantize_cuda");
+    for &(n, k) in &[(64, 64), (33, 70), (1, 1), (1024, 4096), (31, 513), (0, 32)] {
+        let w: Vec<E4M3> = (0..n * k).map(|_| E4M3(rng.random())).collect();
+        let s: Vec<E8M0> = (0..n.div_ceil(32) * k.div_ceil(32))
+            .map(|_| E8M0(rng.random()))
+            .collect();
+        let w = Tensor::from_vec(w, &[n, k]).unwrap();
+        let s = Tensor::from_vec(s, &[n.div_ceil(32), k.div_ceil(32)]).unwrap();
+        let want = ops::mxfp8_dequantize(&w, &s).unwrap();
+        let got = ops::mxfp8_dequantize(&w.to_device(&dev).unwrap(), &s.to_device(&dev).unwrap())
+            .unwrap()
+            .to_device(&Device::Cpu)
+            .unwrap();
+        let (a, b) = (
+            got.as_slice::<bf16>().unwrap(),
+            want.as_slice::<bf16>().unwrap(),
+        );
+        let bad = a
+            .iter()
+            .zip(b)
+            .position(|(x, y)| x.to_bits() != y.to_bits());
+        assert_eq!(bad, None, "{n}x{k}: first difference {bad:?}");
+        assert_eq!(a.len(), n * k);
+    }
+}

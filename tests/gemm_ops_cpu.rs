@@ -616,3 +616,58 @@ fn bf16_linear_rejects_bad_inputs_with_typed_errors() {
     let e = ops::bf16_linear_into(&a, &w, &mut out).unwrap_err();
     assert!(is_shape(&e, "out"), "{e}");
 }
+
+/// `ops::mxfp8_dequantize` on the CPU: each value is e4m3 · 2^e computed in
+/// f64 (exact) and rounded to BF16 through f32 (exact in f32 for these
+/// scales, so one rounding), a NaN code gives the canonical NaN; malformed
+/// operands are typed errors naming the tensor.
+#[test]
+fn mxfp8_dequantize_is_the_block_scaled_value_and_rejects_bad_operands() {
+    let mut rng = common::rng("mxfp8_dequantize_cpu");
+    let (n, k): (usize, usize) = (45, 70);
+    let (nb, kb) = (n.div_ceil(32), k.div_ceil(32));
+    let mut w: Vec<E4M3> = (0..n * k).map(|_| E4M3(rng.random())).collect();
+    w[3] = E4M3(0x7F);
+    let s = random_e8m0(&mut rng, nb * kb, -20..=20);
+    let wt = Tensor::from_vec(w.clone(), &[n, k]).unwrap();
+    let st = Tensor::from_vec(s.clone(), &[nb, kb]).unwrap();
+    let got = ops::mxfp8_dequantize(&wt, &st).unwrap();
+    assert_eq!((got.dtype(), got.shape()), (DType::BF16, &[n, k][..]));
+    for (i, v) in got.as_slice::<bf16>().unwrap().iter().enumerate() {
+        let (r, c) = (i / k, i % k);
+        let x = e4m3_to_f32(w[i]) as f64 * e8m0_to_f32(s[(r / 32) * kb + c / 32]) as f64;
+        let want = if x.is_nan() {
+            bf16::NAN
+        } else {
+            bf16::from_f64(x)
+        };
+        assert_eq!(
+            v.to_bits(),
+            want.to_bits(),
+            "element {i} (code {:#x})",
+            w[i].0
+        );
+    }
+    let e = ops::mxfp8_dequantize(&wt, &Tensor::from_vec(s[..kb].to_vec(), &[1, kb]).unwrap())
+        .unwrap_err();
+    assert!(matches!(e, Error::Shape { tensor: "w_s", .. }), "{e}");
+    let e = ops::mxfp8_dequantize(&st, &st).unwrap_err();
+    assert!(matches!(e, Error::DType { tensor: "w", .. }), "{e}");
+    let e = Tensor::from_vec(vec![1.0f32; 4], &[4])
+        .unwrap()
+        .into_bytes()
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Argument {
+                op: "Tensor::into_bytes",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let bytes = wt.into_bytes().unwrap();
+    assert_eq!(bytes.dtype(), DType::U8);
+    assert_eq!(bytes.as_slice::<u8>().unwrap()[3], 0x7F);
+}

@@ -16,8 +16,8 @@ mod common;
 use common::torch::{bf16_to_torch, from_torch_bf16, from_torch_f32};
 use common::{WIDE_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{
-    RopeParams, Yarn, fp4_gemm, fp4_gemm_f32, fp8_gemm, fp8_gemm_f32, inverse_rope, rope,
-    rope_freqs,
+    RopeParams, Yarn, fp4_gemm, fp4_gemm_f32, fp8_gemm, fp8_gemm_f32, inverse_rope,
+    mxfp8_dequantize, rope, rope_freqs,
 };
 use deepinfer::numerics::calc_diff;
 use deepinfer::{E4M3, E8M0, Fp4x2};
@@ -179,6 +179,40 @@ fn fp4_gemm_matches_torch() {
 
 /// The reference's frequency table with torch ops (fp32 `pow`, reciprocal,
 /// ramp and blend), for `d` rotary dims.
+/// `mxfp8_dequantize` (wo_a's load-time conversion) against torch: the
+/// e4m3 values decoded by torch, times their 32 × 32 block scales expanded
+/// by `repeat_interleave`, rounded to BF16 by torch; bitwise, over shapes
+/// with 32-tails and scales from 2^-126 to 2^127 (products that under- and
+/// overflow BF16 included).
+#[test]
+fn mxfp8_dequantize_matches_torch() {
+    let mut rng = common::rng("mxfp8_dequantize_torch");
+    for &(n, k) in &[(64usize, 96usize), (33, 70), (200, 513)] {
+        let (nb, kb) = (n.div_ceil(32), k.div_ceil(32));
+        let w = random_e4m3(&mut rng, n * k);
+        let s = random_e8m0(&mut rng, nb * kb, -126..=127);
+        let ours = mxfp8_dequantize(&w, &s, n, k);
+        let scale = e8m0_torch(&s, nb, kb)
+            .repeat_interleave_self_int(32, 0, None)
+            .repeat_interleave_self_int(32, 1, None)
+            .narrow(0, 0, n as i64)
+            .narrow(1, 0, k as i64);
+        let torch = from_torch_bf16(&(e4m3_torch(&w, n, k) * scale).to_kind(Kind::BFloat16));
+        let bad = ours
+            .iter()
+            .zip(&torch)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            bad,
+            0,
+            "{n}x{k}: {bad} of {} values differ from torch",
+            n * k
+        );
+        assert_eq!(torch.len(), n * k);
+    }
+}
+
 fn freqs_torch(params: &RopeParams, d: i64) -> TT {
     let opts = (Kind::Float, Device::Cpu);
     let exps = TT::arange_start_step(0, d, 2, opts) / d;

@@ -275,6 +275,29 @@ where
     out
 }
 
+/// An FP8 weight `w` `[n, k]` e4m3 with 32 × 32 E8M0 block scales `w_s`
+/// `[⌈n/32⌉, ⌈k/32⌉]` dequantised to BF16 `[n, k]`: each value is the fp32
+/// product e4m3 · 2^e (exact in fp32) rounded once to nearest even, which
+/// is exact unless it under- or overflows BF16. A NaN (an e4m3 NaN code or
+/// the E8M0 NaN scale) is the canonical BF16 NaN `0x7FC0`, so every device
+/// gives the same bits.
+pub fn mxfp8_dequantize(w: &[E4M3], w_s: &[E8M0], n: usize, k: usize) -> Vec<bf16> {
+    let (lut, kb) = (e4m3_table(), k.div_ceil(BLOCK));
+    let mut out = Vec::with_capacity(n * k);
+    for (r, row) in w.chunks(k.max(1)).take(n).enumerate() {
+        let scales = &w_s[(r / BLOCK) * kb..(r / BLOCK + 1) * kb];
+        out.extend(row.iter().enumerate().map(|(c, q)| {
+            let v = lut[q.0 as usize] * e8m0_to_f32(scales[c / BLOCK]);
+            if v.is_nan() {
+                bf16::NAN
+            } else {
+                bf16::from_f32(v)
+            }
+        }));
+    }
+    out
+}
+
 /// The §10.4 loop over the decoded activation `a` (`[m, k]` fp32). Each
 /// weight row is decoded by `decode_b_row(n, buf)` into `k` fp32 values, and
 /// `b_scales(n)` gives that row's ⌈k/32⌉ scales.

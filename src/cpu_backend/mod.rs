@@ -35,6 +35,7 @@ pub use act_quant::act_quant_fp8;
 pub use gemm::{
     bf16_gemm, f32_gemm, fp4_gemm, fp4_gemm_f32, fp4_grouped_contiguous,
     fp4_grouped_contiguous_f32, fp4_grouped_masked, fp4_grouped_masked_f32, fp8_gemm, fp8_gemm_f32,
+    mxfp8_dequantize,
 };
 pub use rms_norm::{rms_norm, rms_norm_act_quant_fp8};
 pub use rope::{RopeParams, Yarn, inverse_rope, rope, rope_freqs, yarn_band};

@@ -1,7 +1,8 @@
 //! FP8 1×32 activation quantiser launch: the 8-wide vector kernel when
 //! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel.
 
-use super::{grid_for, launch, params::di_act_quant_params, read_ptr, write_ptr};
+use super::params::{di_act_quant_params, di_dequant_params};
+use super::{flat_launch, grid_for, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
 use crate::contract::ActQuantImpl;
 use crate::device::CudaDevice;
@@ -60,4 +61,33 @@ pub fn act_quant_fp8(
         }
     }
     Ok(())
+}
+
+/// `out = w · w_s` dequantised to BF16 (`ops::mxfp8_dequantize`, which
+/// validated the dtypes and shapes: `w` `[n, k]`, `w_s`
+/// `[⌈n/32⌉, ⌈k/32⌉]`, `out` `[n, k]`, n · k > 0).
+pub fn mxfp8_dequantize(
+    dev: &CudaDevice,
+    w: &Tensor,
+    w_s: &Tensor,
+    out: &mut Tensor,
+    n: usize,
+    k: usize,
+) -> Result<()> {
+    let (wp, _gw) = read_ptr(w.cuda()?, dev);
+    let (sp, _gs) = read_ptr(w_s.cuda()?, dev);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let p = di_dequant_params {
+        w: wp,
+        s: sp,
+        out: op,
+        n: n as i64,
+        k: k as i64,
+    };
+    launch(
+        dev,
+        kernels::quant::MXFP8_DEQUANT_BF16,
+        flat_launch(n * k),
+        &p,
+    )
 }

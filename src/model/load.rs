@@ -13,9 +13,10 @@
 //! memory-mapped shard straight to it (on a GPU, one upload from the page
 //! cache, with no host tensor between), or, for random weights on a GPU, is
 //! generated there (`TensorSource::on_device`, the experts stacked on the
-//! device); only the converted ones (`wo_a`
-//! dequantised, the experts stacked, the Engram rows interleaved, the mHC
-//! vectors checked) are built on the host first, one at a time. Once a
+//! device). The conversions run on the weights' device too: `wo_a` is
+//! dequantised by `ops::mxfp8_dequantize` and the Engram rows are joined
+//! by `ops::cat_cols`; only the experts of a checkpoint (stacked) and the
+//! mHC vectors (checked) pass through the host, one tensor at a time. Once a
 //! tensor is converted its pages leave the page cache (`Src`), and a shard
 //! leaves it whole once all its tensors are converted (the kernel drops
 //! cache only in whole folios), so a host holds a second copy of at most
@@ -37,10 +38,9 @@ use crate::contract::MX_BLOCK;
 use crate::device::Device;
 use crate::dtype::Fp4x2;
 use crate::model::error::{Error, Result};
-use crate::numerics::{e4m3_to_f32, e8m0_to_f32};
 use crate::numpy_rng::engram_multipliers;
+use crate::ops;
 use crate::tensor::Tensor;
-use half::bf16;
 
 /// The tensor source and the device its weights are loaded onto.
 struct Src<'a, S> {
@@ -116,31 +116,16 @@ fn fp8<S: TensorSource>(w: Src<S>, base: &str, out_dim: usize, in_dim: usize) ->
     })
 }
 
-/// An FP8 weight dequantised to BF16 (exact: e4m3 × 2^e), as the reference
-/// does for `wo_a`.
+/// An FP8 weight dequantised to BF16 on the device (`ops::mxfp8_dequantize`:
+/// e4m3 × 2^e, rounded once), as the reference does for `wo_a`.
 fn fp8_dequantized<S: TensorSource>(
     src: Src<S>,
     base: &str,
     out_dim: usize,
     in_dim: usize,
 ) -> Result<Tensor> {
-    let w = src.host(&format!("{base}.weight"), |v| v.to_e4m3())?;
-    let s = src.host(&format!("{base}.scale"), |v| v.to_e8m0())?;
-    let kb = in_dim.div_ceil(MX_BLOCK);
-    // The manifest checked both shapes; a scale it lacks would read NaN.
-    let v: Vec<bf16> = w
-        .iter()
-        .take(out_dim * in_dim)
-        .enumerate()
-        .map(|(i, &wi)| {
-            let (r, c) = (i / in_dim, i % in_dim);
-            let si = s
-                .get((r / MX_BLOCK) * kb + c / MX_BLOCK)
-                .map_or(f32::NAN, |&x| e8m0_to_f32(x));
-            bf16::from_f32(e4m3_to_f32(wi) * si)
-        })
-        .collect();
-    src.moved(Tensor::from_vec(v, &[out_dim, in_dim])?)
+    let w = fp8(src, base, out_dim, in_dim)?;
+    Ok(ops::mxfp8_dequantize(&w.weight, &w.scale)?)
 }
 
 /// One projection of experts `0..n` stacked `[E, out, in]`.
@@ -337,25 +322,22 @@ fn engram<S: TensorSource>(
     layer: usize,
 ) -> Result<Engram> {
     let (d, e) = (cfg.hidden_size, &cfg.engram);
-    let values = src.host(&format!("{p}.engram.embed.weight"), |v| v.to_e4m3())?;
-    let scales = src.host(&format!("{p}.engram.embed.scale"), |v| v.to_e8m0())?;
+    // Rows of the table: the 256 e4m3 values, then their 8 E8M0 scales
+    // (`kv_format`-style bytes), joined on the weights' device.
     let per_row = e.head_dim / MX_BLOCK;
-    let rows_bytes = values
-        .chunks(e.head_dim)
-        .zip(scales.chunks(per_row))
-        .flat_map(|(v, s)| {
-            v.iter()
-                .map(|x| x.0)
-                .chain(s.iter().map(|x| x.0))
-                .collect::<Vec<_>>()
-        })
-        .collect::<Vec<u8>>();
-    let row_bytes = e.head_dim + per_row;
-    let n_rows = rows_bytes.len() / row_bytes.max(1);
+    let name = format!("{p}.engram.embed.weight");
+    let values = src.stored(&name)?;
+    let n_rows = values.numel() / e.head_dim.max(1);
+    let values = values.reshape(&[n_rows, e.head_dim])?.into_bytes()?;
+    let scales = src
+        .raw(&format!("{p}.engram.embed.scale"), &[n_rows, per_row])?
+        .into_bytes()?;
+    let rows = ops::cat_cols(&[&values, &scales])?;
+    drop((values, scales));
     let primes = e.table_primes()?.swap_remove(table);
     let streams = cfg.mhc.mult;
     Ok(Engram {
-        table: src.moved(Tensor::from_vec(rows_bytes, &[n_rows, row_bytes])?)?,
+        table: rows,
         wkv: fp8(
             src,
             &format!("{p}.engram.wkv"),

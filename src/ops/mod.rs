@@ -15,6 +15,7 @@
 mod act_quant;
 mod checks;
 mod compressor;
+mod dequant;
 mod elementwise;
 mod embedding;
 mod engram;
@@ -40,6 +41,7 @@ pub use crate::contract::{FP4_KV_GROUP, KvRowFormat, MX_BLOCK};
 pub use act_quant::{ActQuantImpl, act_quant_fp8, act_quant_fp8_into, act_quant_fp8_with};
 pub use checks::{DeviceChecks, Failure};
 pub use compressor::{compress_ratio2, compressor_rows_into};
+pub use dequant::mxfp8_dequantize;
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding, embedding_deferred, first_non_finite};
 pub use engram::{engram_gate_update, engram_lookup, engram_lookup_deferred, engram_rows};

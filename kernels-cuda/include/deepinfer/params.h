@@ -27,6 +27,16 @@ typedef struct di_act_quant_params {
     int32_t k;
 } di_act_quant_params;
 
+/* mxfp8_dequant_bf16: out[r, c] = bf16_rn(e4m3(w[r, c]) * 2^(s[r / 32, c / 32]
+ * - 127)), a NaN as 0x7FC0 (cpu_backend::mxfp8_dequantize). */
+typedef struct di_dequant_params {
+    const void *w;  /* e4m3 [n, k] */
+    const void *s;  /* e8m0 [ceil(n / 32), ceil(k / 32)] */
+    void *out;      /* bf16 [n, k] */
+    int64_t n;
+    int64_t k;
+} di_dequant_params;
+
 /* A CUDA tensor map (CUtensorMap) encoded on the host by cuTensorMapEncodeTiled
  * (src/cuda_backend/tma.rs): opaque, 128 bytes, 64-byte aligned. Kernels pass
  * its address in parameter space to the TMA instructions. */
