@@ -2,7 +2,8 @@
 //! top-6 of V4.1's 384 experts, renormalised weights × 1.5) through the
 //! shared harness (`benches/common/gpu_harness.rs`), with torch peers from
 //! benches/peers/moe_route_torch.py; then the grouped-GEMM layout of the
-//! routed ids (counts, offsets, permutation; no torch peer).
+//! routed ids (counts, offsets, permutation; no torch peer). First the
+//! routing of one EP-64 rank (its 6 local experts, top-6) at decode sizes.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -19,15 +20,19 @@ mod gpu {
     const TOP_K: usize = 6;
     const ROUTE_SCALE: f32 = 1.5;
 
+    /// An EP-64 rank's local experts (`ModelConfig::ep_rank`: 384 / 64),
+    /// all of them taken: the routing of `benches/model_gpu.rs`'s rank.
+    const RANK_EXPERTS: usize = 6;
+
     /// Rotating copies of the logits over [−8, 24).
-    fn inputs(dev: &Device, tokens: usize) -> Vec<Tensor> {
-        let copies = Harness::copies(4 * tokens * EXPERTS);
+    fn inputs(dev: &Device, tokens: usize, experts: usize) -> Vec<Tensor> {
+        let copies = Harness::copies(4 * tokens * experts);
         (0..copies)
             .map(|c| {
-                let v: Vec<f32> = (0..tokens * EXPERTS)
+                let v: Vec<f32> = (0..tokens * experts)
                     .map(|i| ((i * 7919 + c * 104729) % 4099) as f32 / 128.0 - 8.0)
                     .collect();
-                Tensor::from_vec(v, &[tokens, EXPERTS])
+                Tensor::from_vec(v, &[tokens, experts])
                     .unwrap()
                     .to_device(dev)
                     .unwrap()
@@ -47,8 +52,28 @@ mod gpu {
             .unwrap()
             .to_device(&dev)
             .unwrap();
+        let rank_bias = Tensor::full_f32(&dev, &[RANK_EXPERTS], 0.25).unwrap();
+        for tokens in [1usize, 8, 64] {
+            let xs = inputs(&dev, tokens, RANK_EXPERTS);
+            let mut ids = Tensor::empty(&dev, DType::I32, &[tokens, TOP_K]).unwrap();
+            let mut w = Tensor::empty(&dev, DType::F32, &[tokens, TOP_K]).unwrap();
+            let us = h.time_us(|i| {
+                let x = &xs[i % xs.len()];
+                ops::moe_route_into(x, &rank_bias, TOP_K, ROUTE_SCALE, &mut ids, &mut w).unwrap()
+            });
+            let bytes = 4 * tokens * RANK_EXPERTS + 4 * RANK_EXPERTS + 8 * tokens * TOP_K;
+            h.record(
+                "moe_route_tilelang_rank",
+                "moe_route",
+                tokens,
+                RANK_EXPERTS,
+                us,
+                bytes,
+                "4*rows*dim (logits) + 4*dim (bias) + 8*rows*top_k (ids, weights); an EP-64 rank: dim = top_k = 6",
+            );
+        }
         for tokens in [1usize, 64, 256, 4096, 16384] {
-            let xs = inputs(&dev, tokens);
+            let xs = inputs(&dev, tokens, EXPERTS);
             let mut ids = Tensor::empty(&dev, DType::I32, &[tokens, TOP_K]).unwrap();
             let mut w = Tensor::empty(&dev, DType::F32, &[tokens, TOP_K]).unwrap();
             let us = h.time_us(|i| {

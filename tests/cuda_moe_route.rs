@@ -1,7 +1,8 @@
 //! The TileLang MoE routing kernel on the GPU against the CPU reference,
 //! bitwise: ids and weights of every token for fresh random logits over
 //! −8…24 with exact ties (copied logits, logits of exactly 20, biases on a
-//! 1/64 grid), at V4.1's 384 experts top-6, DSpark's 128 top-3 and 8 top-2,
+//! 1/64 grid), at V4.1's 384 experts top-6, DSpark's 128 top-3 and 8 top-2, an
+//! EP-64 rank's 6 top-6, partial slots (257, 513 experts),
 //! the limits (1024 experts, top-16) and degenerate rows; then the
 //! grouped-GEMM layout (counts, offsets, permutation) of the routed ids. Outputs are NaN-poisoned before the
 //! kernel runs, so every element must be written. Built only for
@@ -84,7 +85,16 @@ fn check(dev: &Device, z: &[f32], b: &[f32], tokens: usize, experts: usize, k: u
 fn routing_is_bitwise_equal_to_the_cpu_reference() {
     let dev = gpu();
     let mut rng = common::rng("moe_route_cuda");
-    for &(experts, k) in &[(384usize, 6usize), (128, 3), (8, 2)] {
+    // 6 top-6 is an EP-64 rank routing over its local experts; 257 and 513
+    // end in a partial slot of the 256-thread CTA.
+    for &(experts, k) in &[
+        (384usize, 6usize),
+        (128, 3),
+        (8, 2),
+        (6, 6),
+        (257, 8),
+        (513, 6),
+    ] {
         for &tokens in &[1usize, 3, 64, 257, 4096] {
             let z = logits(&mut rng, tokens, experts);
             let b = bias(&mut rng, experts);

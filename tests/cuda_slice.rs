@@ -466,7 +466,14 @@ fn mxfp8_dequantize_is_bitwise_equal_to_the_cpu_reference() {
     use rand::Rng;
     let dev = gpu();
     let mut rng = common::rng("mxfp8_dequantize_cuda");
-    for &(n, k) in &[(64, 64), (33, 70), (1, 1), (1024, 4096), (31, 513), (0, 32)] {
+    for &(n, k) in &[
+        (64usize, 64usize),
+        (33, 70),
+        (1, 1),
+        (1024, 4096),
+        (31, 513),
+        (0, 32),
+    ] {
         let w: Vec<E4M3> = (0..n * k).map(|_| E4M3(rng.random())).collect();
         let s: Vec<E8M0> = (0..n.div_ceil(32) * k.div_ceil(32))
             .map(|_| E8M0(rng.random()))

@@ -13,21 +13,18 @@ use crate::kernels;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
-/// Tokens per CTA (`WARPS` in `tilelang/moe_route.py`): one warp each.
-const TOKENS_PER_CTA: usize = 4;
-/// Threads per CTA (`THREADS`).
-const THREADS: u32 = 128;
+/// Threads per CTA (`THREADS` in `tilelang/moe_route.py`): one token a CTA.
+const THREADS: u32 = 256;
 /// `MAX_EXPERTS` and `MAX_TOP_K` of the program.
 const MAX_EXPERTS: usize = 1024;
 const MAX_TOP_K: usize = 16;
 
 /// `deepinfer_moe_route_kernel(const float* bias, int* ids, const float*
 /// logits, float* weights, int n_experts, int n_tokens, float route_scale,
-/// int top_k)`: one warp per token, 4 tokens per CTA of 128 threads,
-/// `ceil(tokens / 4)` CTAs, no dynamic shared memory, launch bounds (128, 1).
-/// Needs experts ≤ 1024, 1 ≤ top_k ≤ min(experts, 16) (checked by the caller
-/// and again here: the kernel's register arrays are sized for them) and
-/// `tokens + 4 < 2^31`.
+/// int top_k)`: one CTA of 256 threads per token, `tokens` CTAs, 12.4 KB of
+/// static shared memory, launch bounds (256, 1). Needs experts ≤ 1024,
+/// 1 ≤ top_k ≤ min(experts, 16) (checked by the caller and again here: the
+/// kernel's shared arrays are sized for them) and `tokens < 2^31`.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_route(
     dev: &CudaDevice,
@@ -50,13 +47,12 @@ pub fn moe_route(
             why: "the kernel handles 1 <= top_k <= min(experts, 16) and experts <= 1024",
         });
     }
-    let Ok(n_tokens) = i32::try_from(tokens + TOKENS_PER_CTA).and_then(|_| i32::try_from(tokens))
-    else {
+    let Ok(n_tokens) = i32::try_from(tokens) else {
         return Err(Error::Argument {
             op: OP,
             arg: "tokens",
             value: tokens.to_string(),
-            why: "the generated kernel indexes tokens (plus one CTA's worth) with a 32-bit int",
+            why: "the generated kernel indexes tokens (one CTA each) with a 32-bit int",
         });
     };
     if tokens == 0 {
@@ -69,7 +65,7 @@ pub fn moe_route(
     let (wp, _gw) = write_ptr(weights.cuda_mut()?, dev);
     let (bias, ids, logits, weights) = (bp as u64, ip as u64, lp as u64, wp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (u32_param("grid", tokens.div_ceil(TOKENS_PER_CTA))?, 1, 1),
+        grid_dim: (u32_param("grid", tokens)?, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -79,10 +75,11 @@ pub fn moe_route(
     // (logits), experts*4 (bias) and tokens*top_k*4 (ids, weights) bytes, as
     // the caller validated; their guards live until after the launch, logits
     // and bias are only read and ids, weights are distinct buffers (&mut).
-    // Warps of tokens at or past n_tokens do nothing; a token's warp reads
-    // experts < n_experts only and lane r < top_k writes position p < top_k
-    // of its token's row (p counts the other selected ids below its own).
-    // experts <= 1024 and top_k <= 16 fit the kernel's register arrays.
+    // CTA t (< n_tokens) reads experts < n_experts of row t only, and thread
+    // r < top_k writes position p < top_k of row t (p counts the other
+    // selected ids below its own). experts <= 1024 and top_k <= 16 fit the
+    // kernel's shared arrays, and top_k <= experts leaves a live expert for
+    // every round (a winner id in range).
     unsafe {
         launch_raw(
             dev,

@@ -6,11 +6,11 @@
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k)
-//   __launch_bounds__(128, 1)
-// grid: (ceil(n_tokens / 4), 1, 1): one warp per token
-// block: (128, 1, 1)
+//   __launch_bounds__(256, 1)
+// grid: (n_tokens, 1, 1): one CTA per token
+// block: (256, 1, 1)
 // dynamic_smem: 0
-// alignment: all buffers 4 B; n_experts <= 1024, 1 <= top_k <= min(n_experts, 16), n_tokens + 4 < 2^31
+// alignment: all buffers 4 B; n_experts <= 1024, 1 <= top_k <= min(n_experts, 16), n_tokens < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
 #define _tl_orig_alignas alignas
@@ -22,102 +22,97 @@
 #include "deepinfer_tl/compat.cuh"
 
 extern "C" __global__ void deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k);
-extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k) {
-  uint64_t comp[32];
-  float score[32];
+extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k) {
+  __shared__ __align__(16) float score_s[1024];
+  __shared__ __align__(16) uint64_t comp_s[1024];
   float zv = 0x0p+0f/*0.000000e+00*/;
   float spv = 0x0p+0f/*0.000000e+00*/;
   float sv = 0x0p+0f/*0.000000e+00*/;
   uint bv = (uint)0;
   uint kv = (uint)0;
-  int sel_id[16];
-  float sel_s[16];
+  __shared__ __align__(16) int sel_id[16];
+  __shared__ __align__(16) float sel_s[16];
   uint64_t best = (uint64_t)0;
-  float best_s = 0x0p+0f/*0.000000e+00*/;
-  int best_j = 0;
   uint64_t other = (uint64_t)0;
+  __shared__ __align__(16) uint64_t red[8];
+  int win = 0;
   float den = 0x0p+0f/*0.000000e+00*/;
   int pos = 0;
-  if (((((int)blockIdx.x) * 4) + (((int)threadIdx.x) >> 5)) < n_tokens) {
+  for (int j = 0; j < 4; ++j) {
+    if (((j * 256) + ((int)threadIdx.x)) < n_experts) {
+      zv = logits[(((((int64_t)j) * (int64_t)256) + (((int64_t)((int)blockIdx.x)) * ((int64_t)n_experts))) + ((int64_t)((int)threadIdx.x)))];
+      float condval;
+      if ((0x1.4p+4f/*2.000000e+01*/ < zv)) {
+        condval = zv;
+      } else {
+        condval = ((float)log1p(exp(((double)zv))));
+      }
+      spv = condval;
+      sv = sqrtf(spv);
+      float v_ = __fadd_rn(sv, bias[((j * 256) + ((int)threadIdx.x))]);
+      bv = (*(uint *)(&(v_)));
+      uint condval_1;
+      if (((bv >> (uint)31) != (uint)0)) {
+        condval_1 = (bv ^ (uint)4294967295);
+      } else {
+        condval_1 = (bv | (uint)2147483648);
+      }
+      kv = condval_1;
+      score_s[((j * 256) + ((int)threadIdx.x))] = sv;
+      comp_s[((j * 256) + ((int)threadIdx.x))] = ((((uint64_t)kv) << (uint64_t)32) | ((uint64_t)((uint)4294967295 - ((uint)((j * 256) + ((int)threadIdx.x))))));
+    }
+  }
+  __syncthreads();
+  for (int r = 0; r < top_k; ++r) {
+    best = (uint64_t)0;
     #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      comp[j] = (uint64_t)0;
-      score[j] = 0x0p+0f/*0.000000e+00*/;
-      if (((j * 32) + (((int)threadIdx.x) & 31)) < n_experts) {
-        zv = logits[(((((int64_t)j) * (int64_t)32) + (((((int64_t)((int)blockIdx.x)) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_experts))) + (((int64_t)((int)threadIdx.x)) & (int64_t)31))];
-        float condval;
-        if ((0x1.4p+4f/*2.000000e+01*/ < zv)) {
-          condval = zv;
-        } else {
-          condval = ((float)log1p(exp(((double)zv))));
-        }
-        spv = condval;
-        sv = sqrtf(spv);
-        float v_ = __fadd_rn(sv, bias[((j * 32) + (((int)threadIdx.x) & 31))]);
-        bv = (*(uint *)(&(v_)));
-        uint condval_1;
-        if (((bv >> (uint)31) != (uint)0)) {
-          condval_1 = (bv ^ (uint)4294967295);
-        } else {
-          condval_1 = (bv | (uint)2147483648);
-        }
-        kv = condval_1;
-        score[j] = sv;
-        comp[j] = ((((uint64_t)kv) << (uint64_t)32) | ((uint64_t)((uint)4294967295 - ((uint)((j * 32) + (((int)threadIdx.x) & 31))))));
+    for (int j_1 = 0; j_1 < 4; ++j_1) {
+      if (((j_1 * 256) + ((int)threadIdx.x)) < n_experts) {
+        best = max(best, comp_s[((j_1 * 256) + ((int)threadIdx.x))]);
       }
     }
-    for (int r = 0; r < top_k; ++r) {
-      best = (uint64_t)0;
-      best_s = 0x0p+0f/*0.000000e+00*/;
-      best_j = -1;
-      #pragma unroll
-      for (int j_1 = 0; j_1 < 32; ++j_1) {
-        bool if_condition = (best < comp[j_1]);
-        if (if_condition) {
-          best = comp[j_1];
-          best_s = score[j_1];
-          best_j = j_1;
-        }
-      }
-      uint64_t mine = best;
-      #pragma unroll
-      for (int m = 0; m < 5; ++m) {
-        other = __shfl_xor_sync((uint)4294967295, best, (1 << m), 32);
-        best = max(best, other);
-      }
-      int win = ((int)((uint)4294967295 - ((uint)(best & (uint64_t)4294967295))));
+    #pragma unroll
+    for (int m = 0; m < 5; ++m) {
+      other = __shfl_xor_sync((uint)4294967295, best, (1 << m), 32);
+      best = max(best, other);
+    }
+    if ((((int)threadIdx.x) % 32) == 0) {
+      red[(((int)threadIdx.x) >> 5)] = best;
+    }
+    __syncthreads();
+    best = red[0];
+    #pragma unroll
+    for (int w = 0; w < 7; ++w) {
+      best = max(best, red[(w + 1)]);
+    }
+    if (((int)threadIdx.x) == 0) {
+      win = ((int)((uint)4294967295 - ((uint)(best & (uint64_t)4294967295))));
       sel_id[((int64_t)r)] = win;
-      sel_s[((int64_t)r)] = __shfl_sync((uint)4294967295, best_s, (win & 31), 32);
-      if (mine == best) {
-        #pragma unroll
-        for (int j_2 = 0; j_2 < 32; ++j_2) {
-          if (j_2 == best_j) {
-            comp[j_2] = (uint64_t)0;
-          }
-        }
+      sel_s[((int64_t)r)] = score_s[win];
+      comp_s[win] = (uint64_t)0;
+    }
+    __syncthreads();
+  }
+  if (((int)threadIdx.x) < top_k) {
+    den = sel_s[0];
+    for (int r_1 = 0; r_1 < (top_k - 1); ++r_1) {
+      den = __fadd_rn(den, sel_s[(((int64_t)r_1) + (int64_t)1)]);
+    }
+    den = __fadd_rn(den, 0x1.79ca1p-67f/*1.000000e-20*/);
+    pos = 0;
+    for (int r_2 = 0; r_2 < top_k; ++r_2) {
+      if (sel_id[((int64_t)r_2)] < sel_id[((int)threadIdx.x)]) {
+        pos = (pos + 1);
       }
     }
-    if ((((int)threadIdx.x) & 31) < top_k) {
-      den = sel_s[0];
-      for (int r_1 = 0; r_1 < (top_k - 1); ++r_1) {
-        den = __fadd_rn(den, sel_s[(((int64_t)r_1) + (int64_t)1)]);
+    if (0 <= pos) {
+      if (pos < top_k) {
+        ids[((((int64_t)((int)blockIdx.x)) * ((int64_t)top_k)) + ((int64_t)pos))] = sel_id[((int)threadIdx.x)];
       }
-      den = __fadd_rn(den, 0x1.79ca1p-67f/*1.000000e-20*/);
-      pos = 0;
-      for (int r_2 = 0; r_2 < top_k; ++r_2) {
-        if (sel_id[((int64_t)r_2)] < sel_id[(((int)threadIdx.x) & 31)]) {
-          pos = (pos + 1);
-        }
-      }
-      if (0 <= pos) {
-        if (pos < top_k) {
-          ids[((((((int64_t)((int)blockIdx.x)) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)top_k)) + ((int64_t)pos))] = sel_id[(((int)threadIdx.x) & 31)];
-        }
-      }
-      if (0 <= pos) {
-        if (pos < top_k) {
-          weights[((((((int64_t)((int)blockIdx.x)) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)top_k)) + ((int64_t)pos))] = __fmul_rn(__fdiv_rn(sel_s[(((int)threadIdx.x) & 31)], den), route_scale);
-        }
+    }
+    if (0 <= pos) {
+      if (pos < top_k) {
+        weights[((((int64_t)((int)blockIdx.x)) * ((int64_t)top_k)) + ((int64_t)pos))] = __fmul_rn(__fdiv_rn(sel_s[((int)threadIdx.x)], den), route_scale);
       }
     }
   }
