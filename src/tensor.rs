@@ -401,7 +401,9 @@ impl Tensor {
         const OP: &str = "Tensor::copy_elems_from";
         src.expect_dtype(OP, "src", self.dtype)?;
         let fits = |at: usize, numel: usize| at.checked_add(n).is_some_and(|end| end <= numel);
-        if self.dtype == DType::F4E2M1x2
+        // Packed FP4 copies whole bytes: even offsets and counts only.
+        let packed = self.dtype == DType::F4E2M1x2;
+        if (packed && [dst_at, src_at, n].iter().any(|v| !v.is_multiple_of(2)))
             || !fits(dst_at, self.numel())
             || !fits(src_at, src.numel())
         {
@@ -409,11 +411,11 @@ impl Tensor {
                 op: OP,
                 tensor: "src",
                 got: src.shape.clone(),
-                expected: format!("elements {src_at} + {n} of a byte-addressable dtype"),
+                expected: format!("elements {src_at} + {n} on whole bytes"),
             });
         }
-        let w = self.dtype.storage_bytes(1);
-        self.copy_bytes(OP, dst_at * w, src, src_at * w, n * w)
+        let bytes = |elems: usize| self.dtype.storage_bytes(elems);
+        self.copy_bytes(OP, bytes(dst_at), src, bytes(src_at), bytes(n))
     }
 
     fn copy_bytes(

@@ -1050,7 +1050,7 @@ fn loading_weights_releases_the_page_cache() {
     );
     let bytes = |t: &deepinfer::Tensor| t.to_le_bytes().unwrap();
     assert_eq!(bytes(&kept.embed), bytes(&w.embed));
-    let (a, b) = (&kept.blocks[0].ffn.w1.weight, &w.blocks[0].ffn.w1.weight);
+    let (a, b) = (&kept.blocks[0].ffn.w13.weight, &w.blocks[0].ffn.w13.weight);
     assert_eq!(bytes(a), bytes(b));
     // Released, then read again: the same bytes, from the file.
     assert_eq!(ck.get("embed.weight").unwrap().bytes(), &embed[..]);

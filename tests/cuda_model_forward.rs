@@ -402,9 +402,8 @@ fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
                 ("wq_b", &ca.wq_b, &ga.wq_b),
                 ("wkv", &ca.wkv, &ga.wkv),
                 ("wo_b", &ca.wo_b, &ga.wo_b),
-                ("shared.w1", &cs.w1, &gs.w1),
+                ("shared.w13", &cs.w13, &gs.w13),
                 ("shared.w2", &cs.w2, &gs.w2),
-                ("shared.w3", &cs.w3, &gs.w3),
             ] {
                 cases.push(fp8(format!("layer {l} {name}"), c, g, &mut rng));
             }
@@ -438,7 +437,7 @@ fn every_projection_of_the_tiny_model_matches_the_cpu_at_its_shapes() {
         // FP4 experts: the rows split over the experts in order (some empty).
         let (cb, gb) = (&cpu_model.weights.blocks[0], &gpu_model.weights.blocks[0]);
         let experts: [(&str, &Fp4Experts, &Fp4Experts); 2] = [
-            ("layer 0 w1", &cb.ffn.w1, &gb.ffn.w1),
+            ("layer 0 w13", &cb.ffn.w13, &gb.ffn.w13),
             ("layer 0 w2", &cb.ffn.w2, &gb.ffn.w2),
         ];
         for (name, c, g) in experts {

@@ -1,6 +1,7 @@
 //! The fused TileLang SwiGLU + FP8 1×32 quantiser on the GPU against the CPU
 //! reference, bitwise: q and scale of BF16(SiLU(min(g, L)) · clamp(u, −L, L)
-//! · weight) for fresh random inputs (values beyond ±L, far-negative g whose
+//! · weight), g and u read from the interleaved gate-up tensor, for fresh
+//! random inputs (values beyond ±L, far-negative g whose
 //! e^−g overflows fp32, many binades), random and unit routing weights, at
 //! V4.1's intermediate width and others. Outputs are NaN-poisoned before the
 //! kernel runs, so every element must be written. Built only for
@@ -55,8 +56,7 @@ fn swiglu_act_quant_is_bitwise_equal_to_the_cpu_reference() {
     for &rows in ROWS {
         for &inter in INTERS {
             for ones in [false, true] {
-                let g = swiglu_input(&mut rng, rows * inter);
-                let u = swiglu_input(&mut rng, rows * inter);
+                let gu = swiglu_input(&mut rng, rows * 2 * inter);
                 let w: Vec<f32> = (0..rows)
                     .map(|_| {
                         if ones {
@@ -66,13 +66,11 @@ fn swiglu_act_quant_is_bitwise_equal_to_the_cpu_reference() {
                         }
                     })
                     .collect();
-                let g = Tensor::from_vec(g, &[rows, inter]).unwrap();
-                let u = Tensor::from_vec(u, &[rows, inter]).unwrap();
+                let gu = Tensor::from_vec(gu, &[rows, 2 * inter]).unwrap();
                 let w = Tensor::from_vec(w, &[rows]).unwrap();
-                let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(&g, &u, &w, LIMIT).unwrap();
+                let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(&gu, &w, LIMIT).unwrap();
                 let (q, s) = ops::swiglu_act_quant_fp8(
-                    &g.to_device(&dev).unwrap(),
-                    &u.to_device(&dev).unwrap(),
+                    &gu.to_device(&dev).unwrap(),
                     &w.to_device(&dev).unwrap(),
                     LIMIT,
                 )
@@ -94,15 +92,16 @@ fn swiglu_act_quant_is_bitwise_equal_to_the_cpu_reference() {
                     s_ref.to_vec::<E8M0>().unwrap(),
                 );
                 if let Some(i) = (0..qv.len()).find(|&i| qv[i] != qr[i]) {
+                    let (r, c) = (i / inter, i % inter);
+                    let at = r * 2 * inter + (c / 32) * 64 + c % 32;
+                    let v = gu.as_slice::<bf16>().unwrap();
                     panic!(
-                        "{case}: q element {i} (row {}, col {}): gpu {:#04x}, cpu {:#04x}; \
+                        "{case}: q element {i} (row {r}, col {c}): gpu {:#04x}, cpu {:#04x}; \
                          g {}, u {}",
-                        i / inter,
-                        i % inter,
                         qv[i].0,
                         qr[i].0,
-                        g.as_slice::<bf16>().unwrap()[i],
-                        u.as_slice::<bf16>().unwrap()[i],
+                        v[at],
+                        v[at + 32],
                     );
                 }
                 assert_eq!(sv, sr, "{case}: scale");
@@ -116,21 +115,19 @@ fn rows_do_not_depend_on_the_batch() {
     let dev = gpu();
     let mut rng = common::rng("swiglu_act_quant_batch_invariance");
     let (rows, inter) = (64, 2304);
-    let g = swiglu_input(&mut rng, rows * inter);
-    let u = swiglu_input(&mut rng, rows * inter);
+    let gu = swiglu_input(&mut rng, rows * 2 * inter);
     let w: Vec<f32> = (0..rows).map(|_| rng.random_range(0.0..2.5)).collect();
     let run = |r0: usize, n: usize| {
-        let to_dev = |v: &[bf16]| {
-            Tensor::from_vec(v[r0 * inter..(r0 + n) * inter].to_vec(), &[n, inter])
-                .unwrap()
-                .to_device(&dev)
-                .unwrap()
-        };
+        let width = 2 * inter;
+        let gut = Tensor::from_vec(gu[r0 * width..(r0 + n) * width].to_vec(), &[n, width])
+            .unwrap()
+            .to_device(&dev)
+            .unwrap();
         let wt = Tensor::from_vec(w[r0..r0 + n].to_vec(), &[n])
             .unwrap()
             .to_device(&dev)
             .unwrap();
-        let (q, s) = ops::swiglu_act_quant_fp8(&to_dev(&g), &to_dev(&u), &wt, LIMIT).unwrap();
+        let (q, s) = ops::swiglu_act_quant_fp8(&gut, &wt, LIMIT).unwrap();
         (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap())
     };
     let (q, s) = run(0, rows);
@@ -146,19 +143,18 @@ fn rows_do_not_depend_on_the_batch() {
 fn into_checks_its_outputs_and_inputs() {
     let dev = gpu();
     let on = |t: Tensor| t.to_device(&dev).unwrap();
-    let g = on(Tensor::from_vec(vec![bf16::ONE; 128], &[2, 64]).unwrap());
-    let u = on(Tensor::from_vec(vec![bf16::ONE; 128], &[2, 64]).unwrap());
+    let g = on(Tensor::from_vec(vec![bf16::ONE; 256], &[2, 128]).unwrap());
     let w = on(Tensor::from_vec(vec![1.0f32; 2], &[2]).unwrap());
     let mut q = Tensor::empty(&dev, DType::F8E4M3, &[2, 64]).unwrap();
     let mut s = Tensor::empty(&dev, DType::E8M0, &[2, 2]).unwrap();
     let mut host_q = Tensor::empty(&Device::Cpu, DType::F8E4M3, &[2, 64]).unwrap();
-    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut host_q, &mut s).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut host_q, &mut s).unwrap_err();
     assert!(
         matches!(e, Error::DeviceMismatch { tensor: "q", .. }),
         "{e}"
     );
     let host_w = Tensor::from_vec(vec![1.0f32; 2], &[2]).unwrap();
-    let e = ops::swiglu_act_quant_fp8(&g, &u, &host_w, LIMIT).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8(&g, &host_w, LIMIT).unwrap_err();
     assert!(
         matches!(
             e,
@@ -170,7 +166,7 @@ fn into_checks_its_outputs_and_inputs() {
         "{e}"
     );
     let mut bad_s = Tensor::empty(&dev, DType::E8M0, &[2, 64]).unwrap();
-    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
     assert!(
         matches!(
             e,
@@ -181,10 +177,9 @@ fn into_checks_its_outputs_and_inputs() {
         ),
         "{e}"
     );
-    ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut s).unwrap();
+    ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut q, &mut s).unwrap();
     let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(
         &g.to_device(&Device::Cpu).unwrap(),
-        &u.to_device(&Device::Cpu).unwrap(),
         &w.to_device(&Device::Cpu).unwrap(),
         LIMIT,
     )
@@ -194,8 +189,7 @@ fn into_checks_its_outputs_and_inputs() {
     // No rows: nothing to launch, empty outputs.
     let empty = |dt, shape: &[usize]| Tensor::empty(&dev, dt, shape).unwrap();
     let (q0, s0) = ops::swiglu_act_quant_fp8(
-        &empty(DType::BF16, &[0, 2304]),
-        &empty(DType::BF16, &[0, 2304]),
+        &empty(DType::BF16, &[0, 2 * 2304]),
         &empty(DType::F32, &[0]),
         LIMIT,
     )

@@ -37,6 +37,17 @@ fn swiglu_input(rng: &mut StdRng, n: usize) -> Vec<bf16> {
         .collect()
 }
 
+/// g and u (`[rows, inter]` row-major) as the op's gate-up input of
+/// `shape` (last dimension 2·inter): g's 32-column block b, then u's.
+fn gate_up(g: &[bf16], u: &[bf16], shape: &[usize]) -> Tensor {
+    let v: Vec<bf16> = g
+        .chunks(32)
+        .zip(u.chunks(32))
+        .flat_map(|(a, b)| a.iter().chain(b).copied())
+        .collect();
+    Tensor::from_vec(v, shape).unwrap()
+}
+
 fn weights(rng: &mut StdRng, rows: usize, ones: bool) -> Vec<f32> {
     (0..rows)
         .map(|_| {
@@ -65,8 +76,7 @@ fn fused_op_is_swiglu_per_row_then_act_quant() {
             let u = swiglu_input(&mut rng, rows * inter);
             let w = weights(&mut rng, rows, ones);
             let (q, s) = ops::swiglu_act_quant_fp8(
-                &Tensor::from_vec(g.clone(), &[rows, inter]).unwrap(),
-                &Tensor::from_vec(u.clone(), &[rows, inter]).unwrap(),
+                &gate_up(&g, &u, &[rows, 2 * inter]),
                 &Tensor::from_vec(w.clone(), &[rows]).unwrap(),
                 LIMIT,
             )
@@ -138,8 +148,7 @@ fn hand_computed_rows() {
         .collect();
     u.extend(vec![bf16::from_f32(3.0); inter]);
     let (q, s) = ops::swiglu_act_quant_fp8(
-        &Tensor::from_vec(g, &[2, inter]).unwrap(),
-        &Tensor::from_vec(u, &[2, inter]).unwrap(),
+        &gate_up(&g, &u, &[2, 2 * inter]),
         &Tensor::from_vec(vec![1.0f32, 0.5], &[2]).unwrap(),
         LIMIT,
     )
@@ -165,23 +174,16 @@ fn leading_dimensions_are_rows() {
     let w = weights(&mut rng, rows, false);
     let wt = Tensor::from_vec(w, &[rows]).unwrap();
     let run = |shape: &[usize]| {
-        let (q, s) = ops::swiglu_act_quant_fp8(
-            &Tensor::from_vec(g.clone(), shape).unwrap(),
-            &Tensor::from_vec(u.clone(), shape).unwrap(),
-            &wt,
-            LIMIT,
-        )
-        .unwrap();
+        let (q, s) = ops::swiglu_act_quant_fp8(&gate_up(&g, &u, shape), &wt, LIMIT).unwrap();
         (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap(), s)
     };
-    let (q2, s2, _) = run(&[rows, inter]);
-    let (q3, s3, st) = run(&[2, 3, inter]);
+    let (q2, s2, _) = run(&[rows, 2 * inter]);
+    let (q3, s3, st) = run(&[2, 3, 2 * inter]);
     assert_eq!((q2, s2), (q3, s3));
     assert_eq!(st.shape(), &[2, 3, 2]);
     // No rows: empty outputs, nothing to compute.
     let (q, s) = ops::swiglu_act_quant_fp8(
-        &Tensor::from_vec(Vec::<bf16>::new(), &[0, inter]).unwrap(),
-        &Tensor::from_vec(Vec::<bf16>::new(), &[0, inter]).unwrap(),
+        &Tensor::from_vec(Vec::<bf16>::new(), &[0, 2 * inter]).unwrap(),
         &Tensor::from_vec(Vec::<f32>::new(), &[0]).unwrap(),
         LIMIT,
     )
@@ -200,13 +202,11 @@ fn f32s(shape: &[usize]) -> Tensor {
 #[test]
 fn validation_errors_name_the_tensor_or_argument() {
     let op = ops::swiglu_act_quant_fp8;
-    let (g, u, w) = (bf(&[2, 64]), bf(&[2, 64]), f32s(&[2]));
+    let (g, w) = (bf(&[2, 128]), f32s(&[2]));
 
-    let e = op(&f32s(&[2, 64]), &u, &w, LIMIT).unwrap_err();
-    assert!(matches!(e, Error::DType { tensor: "g", .. }), "{e}");
-    let e = op(&g, &f32s(&[2, 64]), &w, LIMIT).unwrap_err();
-    assert!(matches!(e, Error::DType { tensor: "u", .. }), "{e}");
-    let e = op(&g, &u, &bf(&[2]), LIMIT).unwrap_err();
+    let e = op(&f32s(&[2, 128]), &w, LIMIT).unwrap_err();
+    assert!(matches!(e, Error::DType { tensor: "gu", .. }), "{e}");
+    let e = op(&g, &bf(&[2]), LIMIT).unwrap_err();
     assert!(
         matches!(
             e,
@@ -218,18 +218,20 @@ fn validation_errors_name_the_tensor_or_argument() {
         "{e}"
     );
 
-    // The intermediate width must be a multiple of 32; g needs rank >= 1.
-    let e = op(&bf(&[2, 48]), &bf(&[2, 48]), &w, LIMIT).unwrap_err();
-    assert!(matches!(e, Error::Shape { tensor: "g", .. }), "{e}");
-    let e = op(&bf(&[]), &bf(&[]), &f32s(&[1]), LIMIT).unwrap_err();
-    assert!(matches!(e, Error::Shape { tensor: "g", .. }), "{e}");
-    let e = op(&g, &bf(&[2, 96]), &w, LIMIT).unwrap_err();
-    assert!(matches!(e, Error::Shape { tensor: "u", .. }), "{e}");
-    let e = op(&g, &bf(&[1, 128]), &w, LIMIT).unwrap_err();
-    assert!(matches!(e, Error::Shape { tensor: "u", .. }), "{e}");
+    // The width must be 2 x inter with inter a multiple of 32 (whole pairs
+    // of 32-blocks); gu needs rank >= 1.
+    for width in [48, 64 + 32, 32] {
+        let e = op(&bf(&[2, width]), &w, LIMIT).unwrap_err();
+        assert!(
+            matches!(e, Error::Shape { tensor: "gu", .. }),
+            "width {width}: {e}"
+        );
+    }
+    let e = op(&bf(&[]), &f32s(&[1]), LIMIT).unwrap_err();
+    assert!(matches!(e, Error::Shape { tensor: "gu", .. }), "{e}");
     // One weight per row: length M, rank 1.
     for bad in [f32s(&[3]), f32s(&[1]), f32s(&[2, 1]), f32s(&[])] {
-        let e = op(&g, &u, &bad, LIMIT).unwrap_err();
+        let e = op(&g, &bad, LIMIT).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -242,7 +244,7 @@ fn validation_errors_name_the_tensor_or_argument() {
         );
     }
     for limit in [0.0, -10.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
-        let e = op(&g, &u, &w, limit).unwrap_err();
+        let e = op(&g, &w, limit).unwrap_err();
         assert!(matches!(e, Error::Argument { arg: "limit", .. }), "{e}");
     }
 
@@ -251,13 +253,13 @@ fn validation_errors_name_the_tensor_or_argument() {
     let mut q = Tensor::empty(&cpu, DType::F8E4M3, &[2, 64]).unwrap();
     let mut s = Tensor::empty(&cpu, DType::E8M0, &[2, 2]).unwrap();
     let mut bad_q = Tensor::empty(&cpu, DType::F8E4M3, &[2, 32]).unwrap();
-    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut bad_q, &mut s).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut bad_q, &mut s).unwrap_err();
     assert!(matches!(e, Error::Shape { tensor: "q", .. }), "{e}");
     let mut bad_q = Tensor::empty(&cpu, DType::BF16, &[2, 64]).unwrap();
-    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut bad_q, &mut s).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut bad_q, &mut s).unwrap_err();
     assert!(matches!(e, Error::DType { tensor: "q", .. }), "{e}");
     let mut bad_s = Tensor::empty(&cpu, DType::E8M0, &[2, 64]).unwrap();
-    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
     assert!(
         matches!(
             e,
@@ -269,7 +271,7 @@ fn validation_errors_name_the_tensor_or_argument() {
         "{e}"
     );
     let mut bad_s = Tensor::empty(&cpu, DType::F8E4M3, &[2, 2]).unwrap();
-    let e = ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
+    let e = ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut q, &mut bad_s).unwrap_err();
     assert!(
         matches!(
             e,
@@ -280,7 +282,7 @@ fn validation_errors_name_the_tensor_or_argument() {
         ),
         "{e}"
     );
-    ops::swiglu_act_quant_fp8_into(&g, &u, &w, LIMIT, &mut q, &mut s).unwrap();
+    ops::swiglu_act_quant_fp8_into(&g, &w, LIMIT, &mut q, &mut s).unwrap();
     // g = u = w = 1 in every row: h = bf16(SiLU(1)), the quantiser of that.
     let (q_ref, s_ref) = ops::act_quant_fp8(
         &Tensor::from_vec(

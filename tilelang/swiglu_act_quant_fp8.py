@@ -4,8 +4,9 @@
 Semantics (bit-exact twin of `cpu_backend::swiglu_act_quant_fp8`, i.e. `moe::swiglu`
 per row followed by `cpu_backend::act_quant_fp8`)
 ----------------------------------------------------------------------------------
-Inputs g and u are BF16 [M, I] row-major (the W1 and W3 GEMM outputs), I % 32 == 0,
-weight is fp32 [M] (the token's routing weight; 1.0 for the shared expert), limit
+Input gu is BF16 [M, 2I] row-major, the output of the gate-up projection whose W1 and
+W3 rows are interleaved in blocks of 32: columns 64b .. 64b+31 are g's block b (W1),
+columns 64b+32 .. 64b+63 are u's block b (W3); I % 32 == 0. weight is fp32 [M] (the token's routing weight; 1.0 for the shared expert), limit
 L fp32 (10.0 in V4.1). Per element, in fp32 with IEEE rounding (no fast-math):
 
     g'  = min(fp32(g), L)                        (no lower clamp; NaN g -> L, like f32::min)
@@ -29,13 +30,13 @@ cvt.rn.f32.f64.
 
 Layout
 ------
-Because I % 32 == 0 the [M, I] inputs are viewed as G = M*I/32 independent groups
-of 32 (as in act_quant_fp8.py), so one dynamic size covers every (M, I) and no lane
-idles at the end of a row; n_blocks = I/32 only locates a group's routing weight:
+Because I % 32 == 0 the [M, 2I] input is viewed as G = M*I/32 independent groups,
+each a 32-block of g followed by the 32-block of u it pairs with (as in
+act_quant_fp8.py), so one dynamic size covers every (M, I) and no lane idles at the
+end of a row; n_blocks = I/32 only locates a group's routing weight:
 row = group / n_blocks (an unsigned 32-bit division per group).
 
-    g      : bf16  [G, 32]  (== [M, I] row-major)     16-byte aligned
-    u      : bf16  [G, 32]  (== [M, I] row-major)     16-byte aligned
+    gu     : bf16  [G, 2, 32]  (== [M, 2I] row-major)  16-byte aligned
     weight : fp32  [M]                                 4-byte aligned
     q      : e4m3  [G, 32]  (== [M, I] row-major)      8-byte aligned
     scale  : u8    [G]      (== [M, I/32] row-major)   any alignment
@@ -45,8 +46,8 @@ Work mapping
 ------------
 THREADS = 128 threads per CTA; each 32-group is owned by 4 consecutive lanes holding
 8 consecutive elements each (one 16-byte load of g and of u, one 8-byte store of q).
-One pass of the CTA covers 32 groups, i.e. a contiguous 2 KiB of g and of u, so
-every warp load is a fully coalesced 512 B span; GROUP_PASSES = 2 passes (every
+One pass of the CTA covers 32 groups, i.e. a contiguous 4 KiB of gu, so the warp's
+g load and u load each take every other 64 B of the same 1 KiB span; GROUP_PASSES = 2 passes (every
 load issued before any use) give GROUPS_PER_CTA = 64 groups per CTA. The 4 lanes of
 a group each load the group's weight (the same address; one transaction), combine
 the amax with two xor-shuffles, and the first lane writes the scale byte. Two passes
@@ -84,8 +85,7 @@ def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
 
     @T.prim_func
     def deepinfer_swiglu_act_quant_fp8(
-        g: T.Tensor((n_groups, GROUP), T.bfloat16),
-        u: T.Tensor((n_groups, GROUP), T.bfloat16),
+        gu: T.Tensor((n_groups, 2, GROUP), T.bfloat16),
         weight: T.Tensor((n_rows,), T.float32),
         q: T.Tensor((n_groups, GROUP), T.float8_e4m3fn),
         scale: T.Tensor((n_groups,), T.uint8),
@@ -113,8 +113,8 @@ def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
             )
             T.annotate_layout({gb: lane_layout, ub: lane_layout, hb: lane_layout, hf: lane_layout, qf: lane_layout})
 
-            T.copy(g[bx * block_g, 0], gb)  # the one read of g
-            T.copy(u[bx * block_g, 0], ub)  # the one read of u
+            T.copy(gu[bx * block_g : (bx + 1) * block_g, 0, 0:GROUP], gb)  # the one read of g
+            T.copy(gu[bx * block_g : (bx + 1) * block_g, 1, 0:GROUP], ub)  # the one read of u
             for i in T.Parallel(block_g):
                 # The group's row; unsigned so the division needs no sign fix-ups.
                 row = T.cast(
@@ -165,6 +165,6 @@ def launch_info() -> dict:
         "grid": "(ceil(n_groups / %d), 1, 1) with n_groups = M*I/32" % GROUPS_PER_CTA,
         "block": "(%d, 1, 1)" % THREADS,
         "dynamic_smem": "0",
-        "alignment": "g, u 16 B, q 8 B, weight 4 B, scale 1 B; I %% 32 == 0, n_blocks = I/32, "
+        "alignment": "gu 16 B, q 8 B, weight 4 B, scale 1 B; I %% 32 == 0, n_blocks = I/32, "
         "n_groups + %d < 2^31" % GROUPS_PER_CTA,
     }

@@ -18,9 +18,10 @@ const THREADS: u32 = 128;
 /// 32-groups per CTA (`GROUPS_PER_CTA`: 4 lanes per group, 2 passes).
 const GROUPS_PER_CTA: usize = 64;
 
-/// `deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* g, fp8_e4_t* q,
-/// uchar* scale, const bfloat16_t* u, const float* weight, float limit,
-/// int n_blocks, int n_groups, int n_rows)` with `n_blocks = inter / 32` and
+/// `deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* gu, fp8_e4_t* q,
+/// uchar* scale, const float* weight, float limit, int n_blocks,
+/// int n_groups, int n_rows)` with `gu` `[rows, 2 · inter]` (g's and u's
+/// 32-blocks alternating), `n_blocks = inter / 32` and
 /// `n_groups = rows * inter / 32`: 64 groups of 32 per CTA of 128 threads,
 /// `ceil(n_groups / 64)` CTAs, no dynamic shared memory, launch bounds
 /// (128, 1). Needs `inter % 32 == 0` (checked by the caller, and again here
@@ -29,8 +30,7 @@ const GROUPS_PER_CTA: usize = 64;
 #[allow(clippy::too_many_arguments)]
 pub fn swiglu_act_quant_fp8(
     dev: &CudaDevice,
-    g: &Tensor,
-    u: &Tensor,
+    gu: &Tensor,
     weight: &Tensor,
     limit: f32,
     q: &mut Tensor,
@@ -43,8 +43,8 @@ pub fn swiglu_act_quant_fp8(
     if inter == 0 || !inter.is_multiple_of(32) {
         return Err(Error::Shape {
             op: OP,
-            tensor: "g",
-            got: g.shape().to_vec(),
+            tensor: "gu",
+            got: gu.shape().to_vec(),
             expected: "a last dimension that is a multiple of 32".into(),
         });
     }
@@ -66,25 +66,24 @@ pub fn swiglu_act_quant_fp8(
         return Ok(());
     }
     let n_groups = i32_param("groups", groups)?;
-    let (gp, _gg) = read_ptr(g.cuda()?, dev);
-    let (up, _gu) = read_ptr(u.cuda()?, dev);
+    let (gp, _gg) = read_ptr(gu.cuda()?, dev);
     let (wp, _gw) = read_ptr(weight.cuda()?, dev);
     let (qp, _gq) = write_ptr(q.cuda_mut()?, dev);
     let (sp, _gs) = write_ptr(scale.cuda_mut()?, dev);
-    let (g, q, scale, u, weight) = (gp as u64, qp as u64, sp as u64, up as u64, wp as u64);
+    let (gu, q, scale, weight) = (gp as u64, qp as u64, sp as u64, wp as u64);
     let cfg = LaunchConfig {
         grid_dim: (u32_param("grid", groups.div_ceil(GROUPS_PER_CTA))?, 1, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the argument list matches the generated signature above in
-    // order and size (five 8-byte device addresses, one float, three ints).
+    // order and size (four 8-byte device addresses, one float, three ints).
     // The addresses come from whole allocations (256-byte aligned, so the
-    // kernel's 16-byte loads of g and u and 8-byte stores of q are aligned:
-    // a group is 64 and 32 bytes) of rows*inter*2 (g, u), rows*4 (weight),
+    // kernel's 16-byte loads of gu and 8-byte stores of q are aligned: a
+    // group is 128 and 32 bytes) of rows*inter*4 (gu), rows*4 (weight),
     // rows*inter (q) and rows*inter/32 (scale) bytes, as the caller validated
-    // (u has g's shape, weight is [rows]); their guards live until after the
-    // launch, g, u and weight are only read and q, scale are distinct
+    // (gu is [rows, 2 inter], weight is [rows]); their guards live until after the
+    // launch, gu and weight are only read and q, scale are distinct
     // buffers (&mut). The grid is ceil(n_groups / 64) CTAs: every group below
     // n_groups is written exactly once, the ones past it are masked, and the
     // weight index group / n_blocks stays below n_rows (the kernel checks it
@@ -95,10 +94,9 @@ pub fn swiglu_act_quant_fp8(
             kernel,
             cfg,
             &[
-                g.into(),
+                gu.into(),
                 q.into(),
                 scale.into(),
-                u.into(),
                 weight.into(),
                 limit.into(),
                 n_blocks.into(),

@@ -303,15 +303,52 @@ fn moe<S: TensorSource>(ck: Src<S>, cfg: &ModelConfig, p: &str, n_experts: usize
     Ok(Moe {
         gate: bf16_linear(ck, &format!("{p}.ffn.gate"), n_experts, d)?,
         bias: ck.vector(&format!("{p}.ffn.gate.bias"))?,
-        w1: fp4_experts(ck, p, "w1", n_experts, i, d)?,
+        w13: {
+            let (w1, w3) = (
+                fp4_experts(ck, p, "w1", n_experts, i, d)?,
+                fp4_experts(ck, p, "w3", n_experts, i, d)?,
+            );
+            Fp4Experts {
+                weight: gate_up(w1.weight, w3.weight, MX_BLOCK, &[n_experts, 2 * i, d])?,
+                scale: gate_up(
+                    w1.scale,
+                    w3.scale,
+                    MX_BLOCK,
+                    &[n_experts, 2 * i, d.div_ceil(MX_BLOCK)],
+                )?,
+            }
+        },
         w2: fp4_experts(ck, p, "w2", n_experts, d, i)?,
-        w3: fp4_experts(ck, p, "w3", n_experts, i, d)?,
         shared: SharedExpert {
-            w1: fp8(ck, &format!("{s}.w1"), si, d)?,
+            w13: {
+                let (w1, w3) = (
+                    fp8(ck, &format!("{s}.w1"), si, d)?,
+                    fp8(ck, &format!("{s}.w3"), si, d)?,
+                );
+                let kb = d.div_ceil(MX_BLOCK);
+                Fp8Linear {
+                    weight: gate_up(w1.weight, w3.weight, MX_BLOCK, &[2 * si, d])?,
+                    scale: gate_up(w1.scale, w3.scale, 1, &[2 * si / MX_BLOCK, kb])?,
+                }
+            },
             w2: fp8(ck, &format!("{s}.w2"), d, si)?,
-            w3: fp8(ck, &format!("{s}.w3"), si, d)?,
         },
     })
+}
+
+/// The gate (`w1`) and up (`w3`) projections as one, their rows
+/// interleaved in units of `unit` rows (32 weight rows, or one row of a
+/// 32 × 32 block-scale grid): unit j of `g`, then unit j of `u`, over the
+/// experts' rows too, reshaped to `shape`. The layout the SwiGLU reads
+/// (`ops::swiglu_act_quant_fp8`); built on the weights' device by
+/// `ops::cat_cols` (the config keeps inter a multiple of 32, so units are
+/// whole).
+fn gate_up(g: Tensor, u: Tensor, unit: usize, shape: &[usize]) -> Result<Tensor> {
+    let cols = g.shape().last().copied().unwrap_or(0);
+    let width = unit * cols;
+    let units = g.numel() / width.max(1);
+    let (g, u) = (g.reshape(&[units, width])?, u.reshape(&[units, width])?);
+    Ok(ops::cat_cols(&[&g, &u])?.reshape(shape)?)
 }
 
 fn engram<S: TensorSource>(

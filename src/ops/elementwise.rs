@@ -90,7 +90,7 @@ pub fn div_scalar(x: &Tensor, s: f32) -> Result<Tensor> {
 }
 
 /// The `[T, D_i]` parts (same dtype, same T, one device) side by side:
-/// `[T, Σ D_i]`.
+/// `[T, Σ D_i]`. Packed FP4 parts need even widths (whole bytes).
 pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     const OP: &str = "cat_cols";
     let Some(first) = parts.first() else {
@@ -103,11 +103,20 @@ pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
     };
     let t = first.rows();
     let mut widths = Vec::with_capacity(parts.len());
+    // Packed FP4 parts join on whole bytes: even widths.
+    let packed = first.dtype() == DType::F4E2M1x2;
     for p in parts {
         p.expect_dtype(OP, "parts", first.dtype())?;
         match *p.shape() {
-            [pt, w] if pt == t => widths.push(w),
-            _ => return Err(shape_error(OP, "parts", p, format!("[{t}, D]"))),
+            [pt, w] if pt == t && (!packed || w.is_multiple_of(2)) => widths.push(w),
+            _ => {
+                return Err(shape_error(
+                    OP,
+                    "parts",
+                    p,
+                    format!("[{t}, D], D even for fp4"),
+                ));
+            }
         }
     }
     let named: Vec<(&'static str, &Tensor)> = parts.iter().map(|p| ("parts", *p)).collect();
@@ -130,13 +139,6 @@ pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
             #[cfg(deepinfer_cuda)]
             Device::Cuda(dev) => {
                 let bytes = |n: usize| first.dtype().storage_bytes(n);
-                if first.dtype() == DType::F4E2M1x2 {
-                    return Err(Error::Unsupported {
-                        op: OP,
-                        device: device.to_string(),
-                        why: "a sub-byte dtype (packed FP4) has no CUDA column copy",
-                    });
-                }
                 let (width, pitch, at) = (bytes(w), bytes(total), bytes(col));
                 crate::cuda_backend::copy_cols(dev, p, &mut out, t, width, pitch, at)?;
             }

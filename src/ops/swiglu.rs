@@ -1,10 +1,13 @@
 //! The clamped SwiGLU times the routing weight, fused with the FP8 1×32
 //! activation quantiser (`v41-flash.md` §7.2 then §10.1): the W2 input of a
-//! routed or shared expert. From the BF16 W1 and W3 outputs `g`, `u`
-//! `[.., inter]`, the fp32 routing weight of each row and the limit L it
-//! produces the e4m3 values `q` `[.., inter]` and E8M0 scales
+//! routed or shared expert. Its input is the output of the gate-up
+//! projection, whose W1 and W3 rows are interleaved in blocks of 32
+//! (`model::load` builds it so, one GEMM for both): `gu` `[.., 2·inter]`
+//! holds g's 32-column block b at columns 64b .. 64b + 31 and u's at
+//! 64b + 32 .. 64b + 63. With the fp32 routing weight of each row and the
+//! limit L it produces the e4m3 values `q` `[.., inter]` and E8M0 scales
 //! `[.., inter/32]` of `h = BF16(SiLU(min(g, L)) · clamp(u, −L, L) · weight)`,
-//! reading `g` and `u` once on the GPU; `h` itself is never stored.
+//! reading `gu` once on the GPU; `h` itself is never stored.
 //!
 //! Numerics: bit-exact on every backend: [`moe::swiglu`] per row (e^x is
 //! the correctly rounded fp32 value, evaluated in f64), then
@@ -23,55 +26,47 @@ use half::bf16;
 
 const OP: &str = "swiglu_act_quant_fp8";
 
-/// SwiGLU of `g` and `u` (BF16, same shape, any leading shape, last
-/// dimension `inter` a multiple of 32) clamped at `limit` (finite, > 0; 10 in
-/// V4.1), times `weight` (F32 `[rows]`, rows = the product of the leading
-/// dimensions; 1.0 for the shared expert), rounded to BF16 and FP8 1×32
-/// quantised. Returns new tensors on g's device: `q` e4m3 of g's shape and
-/// `scale` E8M0 of g's shape with the last dimension inter/32.
-pub fn swiglu_act_quant_fp8(
-    g: &Tensor,
-    u: &Tensor,
-    weight: &Tensor,
-    limit: f32,
-) -> Result<(Tensor, Tensor)> {
-    let (device, scale_shape) = validate(g, u, weight, limit)?;
-    let mut q = Tensor::empty(&device, DType::F8E4M3, g.shape())?;
+/// SwiGLU of the interleaved gate-up output `gu` (BF16, any leading shape,
+/// last dimension 2·inter with inter a multiple of 32) clamped at `limit`
+/// (finite, > 0; 10 in V4.1), times `weight` (F32 `[rows]`, rows = the
+/// product of the leading dimensions; 1.0 for the shared expert), rounded to
+/// BF16 and FP8 1×32 quantised. Returns new tensors on gu's device: `q`
+/// e4m3 of gu's shape with the last dimension inter, and `scale` E8M0 with
+/// the last dimension inter/32.
+pub fn swiglu_act_quant_fp8(gu: &Tensor, weight: &Tensor, limit: f32) -> Result<(Tensor, Tensor)> {
+    let (device, inter) = validate(gu, weight, limit)?;
+    let mut q = Tensor::empty(&device, DType::F8E4M3, &super::with_last(gu.shape(), inter))?;
+    let scale_shape = super::with_last(gu.shape(), inter / MX_BLOCK);
     let mut s = Tensor::empty(&device, DType::E8M0, &scale_shape)?;
-    swiglu_act_quant_fp8_into(g, u, weight, limit, &mut q, &mut s)?;
+    swiglu_act_quant_fp8_into(gu, weight, limit, &mut q, &mut s)?;
     Ok((q, s))
 }
 
-/// [`swiglu_act_quant_fp8`] into preallocated outputs on g's device: `q`
-/// e4m3 of g's shape and `scale` E8M0 of g's shape with the last dimension
-/// inter/32.
+/// [`swiglu_act_quant_fp8`] into preallocated outputs on gu's device: `q`
+/// e4m3 of gu's shape with the last dimension inter, `scale` E8M0 with the
+/// last dimension inter/32.
 pub fn swiglu_act_quant_fp8_into(
-    g: &Tensor,
-    u: &Tensor,
+    gu: &Tensor,
     weight: &Tensor,
     limit: f32,
     q: &mut Tensor,
     scale: &mut Tensor,
 ) -> Result<()> {
-    let (_, scale_shape) = validate(g, u, weight, limit)?;
-    q.expect_output(OP, "q", DType::F8E4M3, g.shape())?;
+    let (_, inter) = validate(gu, weight, limit)?;
+    q.expect_output(OP, "q", DType::F8E4M3, &super::with_last(gu.shape(), inter))?;
+    let scale_shape = super::with_last(gu.shape(), inter / MX_BLOCK);
     scale.expect_output(OP, "scale", DType::E8M0, &scale_shape)?;
-    let (rows, inter) = rows_and_last(OP, "g", g)?;
+    let rows = weight.numel();
     let device = common_device(
         OP,
-        &[
-            ("g", g),
-            ("u", u),
-            ("weight", weight),
-            ("q", q),
-            ("scale", scale),
-        ],
+        &[("gu", gu), ("weight", weight), ("q", q), ("scale", scale)],
     )?;
     match device {
         Device::Cpu => {
+            let (g, u) = split_gate_up(gu.as_slice::<bf16>()?);
             let (qv, sv) = cpu_backend::swiglu_act_quant_fp8(
-                g.as_slice::<bf16>()?,
-                u.as_slice::<bf16>()?,
+                &g,
+                &u,
                 weight.as_slice::<f32>()?,
                 rows,
                 inter,
@@ -83,34 +78,40 @@ pub fn swiglu_act_quant_fp8_into(
         }
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => crate::cuda_backend::swiglu_act_quant_fp8(
-            &dev, g, u, weight, limit, q, scale, rows, inter,
+            &dev, gu, weight, limit, q, scale, rows, inter,
         ),
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => Err(super::kernels_not_built(OP, &d)),
     }
 }
 
-/// Checks dtypes, shapes and the limit; returns g's device and the scale shape.
-fn validate(g: &Tensor, u: &Tensor, weight: &Tensor, limit: f32) -> Result<(Device, Vec<usize>)> {
-    g.expect_dtype(OP, "g", DType::BF16)?;
-    u.expect_dtype(OP, "u", DType::BF16)?;
-    weight.expect_dtype(OP, "weight", DType::F32)?;
-    let (rows, inter) = rows_and_last(OP, "g", g)?;
-    check_i32(OP, "g", g, inter)?;
-    if !inter.is_multiple_of(MX_BLOCK) {
-        return Err(Error::Shape {
-            op: OP,
-            tensor: "g",
-            got: g.shape().to_vec(),
-            expected: format!("a last dimension that is a multiple of {MX_BLOCK}"),
-        });
+/// The interleaved `[rows, 2·inter]` values (validated: whole 64-column
+/// pairs of blocks) as separate g and u `[rows, inter]`.
+fn split_gate_up(gu: &[bf16]) -> (Vec<bf16>, Vec<bf16>) {
+    let mut g = Vec::with_capacity(gu.len() / 2);
+    let mut u = Vec::with_capacity(gu.len() / 2);
+    for pair in gu.chunks(2 * MX_BLOCK) {
+        let (a, b) = pair.split_at(MX_BLOCK.min(pair.len()));
+        g.extend_from_slice(a);
+        u.extend_from_slice(b);
     }
-    if u.shape() != g.shape() {
+    (g, u)
+}
+
+/// Checks dtypes, shapes and the limit; returns gu's device and inter.
+fn validate(gu: &Tensor, weight: &Tensor, limit: f32) -> Result<(Device, usize)> {
+    gu.expect_dtype(OP, "gu", DType::BF16)?;
+    weight.expect_dtype(OP, "weight", DType::F32)?;
+    let (rows, width) = rows_and_last(OP, "gu", gu)?;
+    check_i32(OP, "gu", gu, width)?;
+    if !width.is_multiple_of(2 * MX_BLOCK) {
         return Err(Error::Shape {
             op: OP,
-            tensor: "u",
-            got: u.shape().to_vec(),
-            expected: format!("{:?} (the shape of g)", g.shape()),
+            tensor: "gu",
+            got: gu.shape().to_vec(),
+            expected: format!(
+                "a last dimension 2 x inter with inter a multiple of {MX_BLOCK} (g and u blocks alternating)"
+            ),
         });
     }
     if weight.shape() != [rows] {
@@ -118,7 +119,7 @@ fn validate(g: &Tensor, u: &Tensor, weight: &Tensor, limit: f32) -> Result<(Devi
             op: OP,
             tensor: "weight",
             got: weight.shape().to_vec(),
-            expected: format!("[{rows}] (one routing weight per row of g)"),
+            expected: format!("[{rows}] (one routing weight per row of gu)"),
         });
     }
     if !(limit.is_finite() && limit > 0.0) {
@@ -129,9 +130,8 @@ fn validate(g: &Tensor, u: &Tensor, weight: &Tensor, limit: f32) -> Result<(Devi
             why: "must be finite and positive",
         });
     }
-    let scale_shape = super::with_last(g.shape(), inter / MX_BLOCK);
     Ok((
-        common_device(OP, &[("g", g), ("u", u), ("weight", weight)])?,
-        scale_shape,
+        common_device(OP, &[("gu", gu), ("weight", weight)])?,
+        width / 2,
     ))
 }

@@ -3,7 +3,7 @@
 //! `model::layers::moe` as the reference, and one rank's MoE through
 //! `ep::dispatch` → grouped FP4 GEMMs → `ep::combine`, on any device.
 
-use super::{GEMM_SCALES, random_activations, random_e8m0, random_fp4};
+use super::{GEMM_SCALES, gate_up, random_activations, random_e8m0, random_fp4};
 use deepinfer::ep::{self, EpConfig, Mode, Transport};
 use deepinfer::{DType, Device, Tensor, ops};
 use half::bf16;
@@ -61,7 +61,7 @@ impl Experts {
             ops::mxfp4_grouped_contiguous(q, s, w, ws, offsets, DType::BF16).unwrap()
         };
         let (g, u) = (gemm(&self.w[0], q, s), gemm(&self.w[1], q, s));
-        let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, weights, LIMIT).unwrap();
+        let (hq, hs) = ops::swiglu_act_quant_fp8(&gate_up(&g, &u), weights, LIMIT).unwrap();
         gemm(&self.w[2], &hq, &hs)
     }
 
@@ -73,7 +73,7 @@ impl Experts {
         let (g, u) = (gemm(&self.w[0], q, s), gemm(&self.w[1], q, s));
         let rows = weights.numel();
         let w = weights.clone().reshape(&[rows]).unwrap();
-        let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &w, LIMIT).unwrap();
+        let (hq, hs) = ops::swiglu_act_quant_fp8(&gate_up(&g, &u), &w, LIMIT).unwrap();
         gemm(&self.w[2], &hq, &hs)
     }
 }

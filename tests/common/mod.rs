@@ -283,3 +283,23 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// W1 and W3 outputs `g`, `u` (`[.., I]`, I a multiple of 32, one device)
+/// as the gate-up tensor `[.., 2I]` that `ops::swiglu_act_quant_fp8` reads:
+/// g's 32-column block b, then u's, for every b.
+pub fn gate_up(g: &deepinfer::Tensor, u: &deepinfer::Tensor) -> deepinfer::Tensor {
+    let i = *g.shape().last().expect("g has a last dimension");
+    assert_eq!(
+        (g.shape(), i % 32),
+        (u.shape(), 0),
+        "g and u: one shape, I % 32 == 0"
+    );
+    let blocks = g.numel() / 32;
+    let view = |t: &deepinfer::Tensor| t.clone().reshape(&[blocks, 32]).unwrap();
+    let mut shape = g.shape().to_vec();
+    *shape.last_mut().unwrap() = 2 * i;
+    deepinfer::ops::cat_cols(&[&view(g), &view(u)])
+        .unwrap()
+        .reshape(&shape)
+        .unwrap()
+}

@@ -70,13 +70,12 @@ fn block<'a>(all: &mut Vec<(String, &'a Tensor)>, p: &str, b: &'a Block) {
     let f = &b.ffn;
     all.push((format!("{p}.gate"), &f.gate.weight));
     all.push((format!("{p}.bias"), &f.bias));
-    for (which, e) in [("w1", &f.w1), ("w2", &f.w2), ("w3", &f.w3)] {
+    for (which, e) in [("w13", &f.w13), ("w2", &f.w2)] {
         all.push((format!("{p}.experts.{which}.weight"), &e.weight));
         all.push((format!("{p}.experts.{which}.scale"), &e.scale));
     }
-    fp8(all, format!("{p}.shared.w1"), &f.shared.w1);
+    fp8(all, format!("{p}.shared.w13"), &f.shared.w13);
     fp8(all, format!("{p}.shared.w2"), &f.shared.w2);
-    fp8(all, format!("{p}.shared.w3"), &f.shared.w3);
     if let Some(e) = &b.engram {
         all.push((format!("{p}.engram.table"), &e.table));
         fp8(all, format!("{p}.engram.wkv"), &e.wkv);

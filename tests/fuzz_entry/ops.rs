@@ -121,8 +121,8 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             let _ = ops::rms_norm_act_quant_fp8(&x, &w, b.float());
         }
         4 => {
-            let (g, u, w) = (t!(b, BF16, 2), t!(b, BF16, 2), t!(b, F32, 1));
-            let _ = ops::swiglu_act_quant_fp8(&g, &u, &w, b.float());
+            let (gu, w) = (t!(b, BF16, 2), t!(b, F32, 1));
+            let _ = ops::swiglu_act_quant_fp8(&gu, &w, b.float());
         }
         5 => {
             let (x, pos) = (t!(b, BF16, 2), t!(b, I64, 1));
@@ -399,15 +399,15 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             };
             let (mut y, mut q, mut sc) = (out_like(b, ly)?, out_like(b, lq)?, out_like(b, ls)?);
             let _ = ops::rms_norm_act_quant_fp8_into(&x, &w, eps, &mut y, &mut q, &mut sc);
-            let (g, u, rw) = (s!(b, BF16, [t, d]), s!(b, BF16, [t, d]), s!(b, F32, [t]));
+            let (gu, rw) = (s!(b, BF16, [t, 2 * d]), s!(b, F32, [t]));
             let limit = b.float();
-            let like = ops::swiglu_act_quant_fp8(&g, &u, &rw, limit);
+            let like = ops::swiglu_act_quant_fp8(&gu, &rw, limit);
             let (lq, ls) = match &like {
                 Ok((q, s)) => (q, s),
-                Err(_) => (&g, &g),
+                Err(_) => (&gu, &gu),
             };
             let (mut q, mut sc) = (out_like(b, lq)?, out_like(b, ls)?);
-            let _ = ops::swiglu_act_quant_fp8_into(&g, &u, &rw, limit, &mut q, &mut sc);
+            let _ = ops::swiglu_act_quant_fp8_into(&gu, &rw, limit, &mut q, &mut sc);
         }
         32 => {
             let (t, d) = (b.pick(&[0, 1, 2, 5]), b.pick(&[8, 32, 4]));

@@ -5,12 +5,12 @@
 // TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
 // Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include <this file>
 //        (no --use_fast_math / -ftz=true)
-// Entry point: extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ g, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ u, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows)
+// Entry point: extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows)
 //   __launch_bounds__(128, 1)
 // grid: (ceil(n_groups / 64), 1, 1) with n_groups = M*I/32
 // block: (128, 1, 1)
 // dynamic_smem: 0
-// alignment: g, u 16 B, q 8 B, weight 4 B, scale 1 B; I % 32 == 0, n_blocks = I/32, n_groups + 64 < 2^31
+// alignment: gu 16 B, q 8 B, weight 4 B, scale 1 B; I % 32 == 0, n_blocks = I/32, n_groups + 64 < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
 #define _tl_orig_alignas alignas
@@ -21,8 +21,8 @@
 #endif
 #include "deepinfer_tl/compat.cuh"
 
-extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ g, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ u, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows);
-extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ g, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ u, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows) {
+extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows);
+extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows) {
   bfloat16_t gb[16];
   bfloat16_t ub[16];
   float wf[2];
@@ -38,7 +38,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_swiglu_act_quant_
     bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
     uint4 condval;
     if (((((((int)blockIdx.x) * 64) + (i * 32)) + (((int)threadIdx.x) >> 2)) < n_groups)) {
-      condval = *(uint4*)(g + (((((int64_t)((int)blockIdx.x)) * (int64_t)2048) + (((int64_t)i) * (int64_t)1024)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8)));
+      condval = *(uint4*)(gu + ((((((int64_t)((int)blockIdx.x)) * (int64_t)4096) + (((int64_t)i) * (int64_t)2048)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
     } else {
       condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
     }
@@ -49,7 +49,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_swiglu_act_quant_
     bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
     uint4 condval_1;
     if (((((((int)blockIdx.x) * 64) + (i_1 * 32)) + (((int)threadIdx.x) >> 2)) < n_groups)) {
-      condval_1 = *(uint4*)(u + (((((int64_t)((int)blockIdx.x)) * (int64_t)2048) + (((int64_t)i_1) * (int64_t)1024)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8)));
+      condval_1 = *(uint4*)(gu + (((((((int64_t)((int)blockIdx.x)) * (int64_t)4096) + (((int64_t)i_1) * (int64_t)2048)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
     } else {
       condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
     }

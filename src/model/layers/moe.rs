@@ -18,9 +18,10 @@ use crate::tensor::Tensor;
 /// The shared expert.
 #[derive(Clone, Debug)]
 pub struct SharedExpert {
-    pub w1: Fp8Linear,
+    /// `w1` and `w3` as one `[2 · inter, D]` linear, their rows interleaved
+    /// in blocks of 32 (the layout `ops::swiglu_act_quant_fp8` reads).
+    pub w13: Fp8Linear,
     pub w2: Fp8Linear,
-    pub w3: Fp8Linear,
 }
 
 /// A MoE FFN: router, FP4 routed experts, FP8 shared expert.
@@ -30,9 +31,10 @@ pub struct Moe {
     pub gate: Bf16Linear,
     /// `[experts]` F32 selection bias.
     pub bias: Tensor,
-    pub w1: Fp4Experts,
+    /// Each expert's `w1` and `w3` as one `[2 · inter, D]` projection, rows
+    /// interleaved in blocks of 32 like [`SharedExpert::w13`].
+    pub w13: Fp4Experts,
     pub w2: Fp4Experts,
-    pub w3: Fp4Experts,
     pub shared: SharedExpert,
 }
 
@@ -116,9 +118,8 @@ impl Moe {
         let (xg, wg) = ops::moe_permute_deferred(x, &weights, &perm, checks)?;
         marks.mark("moe.route")?;
         let (xq, xs) = ops::act_quant_fp8(&xg)?;
-        let g = self.w1.forward(&xq, &xs, &offsets)?;
-        let u = self.w3.forward(&xq, &xs, &offsets)?;
-        let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &wg, p.swiglu_limit)?;
+        let gu = self.w13.forward(&xq, &xs, &offsets)?;
+        let (hq, hs) = ops::swiglu_act_quant_fp8(&gu, &wg, p.swiglu_limit)?;
         let routed = self.w2.forward(&hq, &hs, &offsets)?;
         marks.mark("moe.experts")?;
         let shared = self.shared_expert(x, p)?;
@@ -161,12 +162,10 @@ impl Moe {
         let mut xs = Tensor::zeros(&device, DType::E8M0, &[e, t, d / MX_BLOCK])?;
         ops::moe_masked_scatter_into(x, &pos, &mut xq, Some(&mut xs))?;
         marks.mark("moe.route")?;
-        let g = self.w1.forward_masked(&xq, &xs, &counts)?;
-        let u = self.w3.forward_masked(&xq, &xs, &counts)?;
-        let inter = g.shape().get(2).copied().unwrap_or(0);
+        let gu = self.w13.forward_masked(&xq, &xs, &counts)?;
+        let inter = gu.shape().get(2).copied().unwrap_or(0) / 2;
         let (hq, hs) = ops::swiglu_act_quant_fp8(
-            &g.reshape(&[e * t, inter])?,
-            &u.reshape(&[e * t, inter])?,
+            &gu.reshape(&[e * t, 2 * inter])?,
             &w_rows.reshape(&[e * t])?,
             p.swiglu_limit,
         )?;
@@ -183,14 +182,13 @@ impl Moe {
     }
 
     /// The shared expert of `x`: the clamped SwiGLU of the FP8 `w1`, `w3`
-    /// with weight 1, then `w2`.
+    /// (one GEMM, `w13`) with weight 1, then `w2`.
     fn shared_expert(&self, x: &Tensor, p: MoeParams) -> Result<Tensor> {
         let s = &self.shared;
         let (xq, xs) = ops::act_quant_fp8(x)?;
-        let g = s.w1.forward_quantized(&xq, &xs)?;
-        let u = s.w3.forward_quantized(&xq, &xs)?;
+        let gu = s.w13.forward_quantized(&xq, &xs)?;
         let ones = Tensor::full_f32(&x.device(), &[x.rows()], 1.0)?;
-        let (hq, hs) = ops::swiglu_act_quant_fp8(&g, &u, &ones, p.swiglu_limit)?;
+        let (hq, hs) = ops::swiglu_act_quant_fp8(&gu, &ones, p.swiglu_limit)?;
         Ok(ops::mxfp8_linear(
             &hq,
             &hs,
