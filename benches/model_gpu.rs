@@ -80,7 +80,7 @@ mod gpu {
     use deepinfer::model::forward::{Capture, Model, MoeLayout, SeqInput, StepOutput};
     use deepinfer::model::load::random_weights_on;
     use deepinfer::model::pool::{PoolConfig, PoolMemory, StatePool, step_headroom};
-    use deepinfer::{DType, Tensor};
+    use deepinfer::{DType, Device, Tensor};
     use half::bf16;
     use serde_json::{Value, json};
     use std::time::{Duration, Instant};
@@ -681,9 +681,17 @@ mod gpu {
             } else {
                 h.dev.clone()
             };
-            let model = match random_weights_on(&cfg, SEED, &dev, false)
+            // The generation kernels run asynchronously: the build ends when
+            // the device has finished them, not when the host has issued them.
+            let built = random_weights_on(&cfg, SEED, &dev, false)
                 .and_then(|(w, _)| Model::new(cfg.clone(), w))
-            {
+                .and_then(|m| {
+                    if let Device::Cuda(d) = &dev {
+                        d.synchronize()?;
+                    }
+                    Ok(m)
+                });
+            let model = match built {
                 Ok(mut m) => {
                     m.moe_layout = moe_layout();
                     m
