@@ -15,7 +15,7 @@
 use super::forward::Model;
 use super::layers::Block;
 use super::layers::attention::stage_list;
-use super::layers::linear::{Bf16Linear, Fp8Linear};
+use super::layers::linear::{Bf16Linear, Fp8Linear, Normed};
 use super::pool::{SeqId, StatePool};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, RopeParams};
 use crate::model::error::Result;
@@ -152,7 +152,7 @@ impl Model {
             [one] => (*one).clone(),
             many => Tensor::cat_rows(many)?,
         };
-        let main_x = ops::rms_norm(
+        let main_x = Normed::new(
             &dw.main_proj.forward(&stacked)?,
             &dw.main_norm,
             crate::numerics::round_f32(self.cfg.norm_eps),

@@ -28,7 +28,7 @@
 //! it: the two orders differ in the last bits, as any two fp32 summation
 //! orders do (the spec matches the reference "up to summation order").
 
-use super::linear::{Bf16Linear, Fp8Linear};
+use super::linear::{Bf16Linear, Fp8Linear, Normed};
 use crate::contract::{KvRowFormat, RopeParams, Yarn};
 use crate::dtype::DType;
 use crate::model::batch::Batch;
@@ -179,19 +179,20 @@ fn host_i32(v: Vec<i32>, shape: &[usize], device: &crate::device::Device) -> Res
 }
 
 impl Attention {
-    /// The query `[T, H, hd]` (after RoPE) and `qr` (the `q_norm` output).
+    /// The query `[T, H, hd]` (after RoPE) and `qr` (the `q_norm` output,
+    /// quantised once for `wq_b` and the indexer's `wq_b`).
     pub fn query(
         &self,
         cfg: &ModelConfig,
-        x: &Tensor,
+        x: &Normed,
         positions: &Tensor,
         rope: &RopeParams,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<(Tensor, Normed)> {
         let a = cfg.attention;
         let eps = crate::numerics::round_f32(cfg.norm_eps);
-        let qr = ops::rms_norm(&self.wq_a.forward(x)?, &self.q_norm, eps)?;
+        let qr = Normed::new(&self.wq_a.forward_normed(x)?, &self.q_norm, eps)?;
         let q = ops::rope(
-            &self.wq_b.forward(&qr)?,
+            &self.wq_b.forward_normed(&qr)?,
             positions,
             a.n_heads,
             a.rope_head_dim,
@@ -205,13 +206,13 @@ impl Attention {
     pub fn window_kv(
         &self,
         cfg: &ModelConfig,
-        x: &Tensor,
+        x: &Normed,
         positions: &Tensor,
         rope: &RopeParams,
     ) -> Result<Tensor> {
         let (norm, rope) = self.window_prologue(cfg, positions, rope);
         Ok(ops::kv_rows(
-            &self.wkv.forward(x)?,
+            &self.wkv.forward_normed(x)?,
             KvRowFormat::Window,
             Some(norm),
             Some(rope),
@@ -223,7 +224,7 @@ impl Attention {
     fn write_window_kv(
         &self,
         cfg: &ModelConfig,
-        x: &Tensor,
+        x: &Normed,
         positions: &Tensor,
         rope: &RopeParams,
         pool: &mut Tensor,
@@ -231,7 +232,7 @@ impl Attention {
     ) -> Result<()> {
         let (norm, rope) = self.window_prologue(cfg, positions, rope);
         Ok(ops::kv_rows_into(
-            &self.wkv.forward(x)?,
+            &self.wkv.forward_normed(x)?,
             KvRowFormat::Window,
             Some(norm),
             Some(rope),
@@ -320,7 +321,7 @@ impl Attention {
         &self,
         cfg: &ModelConfig,
         plan: &LayerPlan,
-        x: &Tensor,
+        x: &Normed,
         b: &Batch,
         pool: &mut StatePool,
         published: &mut Published,
@@ -530,7 +531,7 @@ impl Attention {
         plan: &LayerPlan,
         iw: &Indexer,
         x: &Tensor,
-        qr: &Tensor,
+        qr: &Normed,
         b: &Batch,
         pool: &StatePool,
         published: &mut Published,
@@ -575,7 +576,7 @@ impl Attention {
             return Ok(());
         }
         let q = ops::rope(
-            &iw.wq_b.forward(qr)?,
+            &iw.wq_b.forward_normed(qr)?,
             &b.positions,
             ic.n_heads,
             cfg.attention.rope_head_dim,

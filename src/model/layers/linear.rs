@@ -3,6 +3,10 @@
 //! and return BF16; BF16 linears take their input unquantised and return
 //! BF16 or (promoted) fp32.
 //!
+//! A norm's output that feeds FP8 linears is a [`Normed`]: the BF16 rows
+//! with their FP8 quantisation made in the same pass, so the linears that
+//! read it share one quantisation.
+//!
 //! Invariant: every weight is row-major `[out, in]` (FP4 experts stacked
 //! `[E, out, in]`); FP8 scales sit on a 32 × 32 grid, FP4 scales one per
 //! (row, 32 along in). All tensors of a layer live on one device.
@@ -11,6 +15,43 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::ops;
 use crate::tensor::Tensor;
+use std::ops::Deref;
+
+/// The RMSNorm of a sublayer's input (BF16 `y` `[T, D]`) with its FP8 1×32
+/// quantisation (`q` e4m3, `s` E8M0 `[T, D/32]`), made in one pass by
+/// `ops::rms_norm_act_quant_fp8` (`q`, `s` are bitwise `act_quant_fp8(y)`
+/// on every device). Dereferences to `y` for the readers that take BF16.
+#[derive(Clone, Debug)]
+pub struct Normed {
+    pub y: Tensor,
+    pub q: Tensor,
+    pub s: Tensor,
+}
+
+impl Normed {
+    /// RMSNorm of `x` with `weight` and `eps`, and its quantisation (two
+    /// ops where D passes the fused kernel's [`ops::RMS_NORM_ACT_QUANT_MAX_DIM`]).
+    pub fn new(x: &Tensor, weight: &Tensor, eps: f32) -> Result<Normed> {
+        if x.shape()
+            .last()
+            .is_some_and(|&d| d > ops::RMS_NORM_ACT_QUANT_MAX_DIM)
+        {
+            let y = ops::rms_norm(x, weight, eps)?;
+            let (q, s) = ops::act_quant_fp8(&y)?;
+            return Ok(Normed { y, q, s });
+        }
+        let (y, q, s) = ops::rms_norm_act_quant_fp8(x, weight, eps)?;
+        Ok(Normed { y, q, s })
+    }
+}
+
+impl Deref for Normed {
+    type Target = Tensor;
+
+    fn deref(&self) -> &Tensor {
+        &self.y
+    }
+}
 
 /// An FP8 e4m3 linear with E8M0 scales per 32 × 32 block.
 #[derive(Clone, Debug)]
@@ -31,6 +72,11 @@ impl Fp8Linear {
     /// The linear of an already quantised input (e4m3 `q`, E8M0 `s`).
     pub fn forward_quantized(&self, q: &Tensor, s: &Tensor) -> Result<Tensor> {
         ops::mxfp8_linear(q, s, &self.weight, &self.scale, DType::BF16)
+    }
+
+    /// The linear of a norm output, through its quantisation.
+    pub fn forward_normed(&self, x: &Normed) -> Result<Tensor> {
+        self.forward_quantized(&x.q, &x.s)
     }
 }
 

@@ -5,6 +5,7 @@
 //! Invariant: `pre` carries the lagged pre from sublayer to sublayer (one
 //! row per token, one-hot before the first sublayer).
 
+use super::linear::Normed;
 use crate::error::Result;
 use crate::ops::{self, MhcParams};
 use crate::tensor::Tensor;
@@ -27,18 +28,18 @@ pub struct HcMix {
 }
 
 impl Hc {
-    /// The sublayer input `norm(collapse(streams, pre))` (BF16 `[T, D]`);
-    /// `pre` becomes this sublayer's pre.
+    /// The sublayer input `norm(collapse(streams, pre))` (BF16 `[T, D]`,
+    /// with its FP8 quantisation); `pre` becomes this sublayer's pre.
     pub fn input(
         &self,
         streams: &Tensor,
         pre: &mut Tensor,
         norm: &Tensor,
         params: MhcParams,
-    ) -> Result<(Tensor, HcMix)> {
+    ) -> Result<(Normed, HcMix)> {
         let m = ops::mhc_pre(streams, &self.func, &self.base, &self.scale, pre, params)?;
         *pre = m.pre;
-        let x = ops::rms_norm(&m.u, norm, params.eps)?;
+        let x = Normed::new(&m.u, norm, params.eps)?;
         Ok((
             x,
             HcMix {

@@ -7,7 +7,7 @@
 //! grouped GEMMs compute each row alone), so a token's output does not
 //! depend on the batch.
 
-use super::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
+use super::linear::{Bf16Linear, Fp4Experts, Fp8Linear, Normed};
 use crate::contract::MX_BLOCK;
 use crate::dtype::DType;
 use crate::model::error::Result;
@@ -85,9 +85,10 @@ impl MoeLayout {
 }
 
 impl Moe {
-    /// `x` BF16 `[T, D]` (the `ffn_norm` output) → BF16 `[T, D]` and the
-    /// selected expert ids I32 `[T, top_k]` (ascending per token).
-    pub fn forward(&self, x: &Tensor, p: MoeParams) -> Result<(Tensor, Tensor)> {
+    /// `x` BF16 `[T, D]` (the `ffn_norm` output, with its quantisation) →
+    /// BF16 `[T, D]` and the selected expert ids I32 `[T, top_k]`
+    /// (ascending per token).
+    pub fn forward(&self, x: &Normed, p: MoeParams) -> Result<(Tensor, Tensor)> {
         let mut checks = ops::DeviceChecks::new();
         let out = self.forward_marked(x, p, &mut Marks::off(), &mut checks)?;
         checks.verdict()?;
@@ -101,7 +102,7 @@ impl Moe {
     /// step instead of two syncs a layer).
     pub(crate) fn forward_marked(
         &self,
-        x: &Tensor,
+        x: &Normed,
         p: MoeParams,
         marks: &mut Marks,
         checks: &mut ops::DeviceChecks,
@@ -137,7 +138,7 @@ impl Moe {
     /// reads memory nothing wrote.
     fn masked(
         &self,
-        x: &Tensor,
+        x: &Normed,
         ids: Tensor,
         weights: &Tensor,
         p: MoeParams,
@@ -182,11 +183,10 @@ impl Moe {
     }
 
     /// The shared expert of `x`: the clamped SwiGLU of the FP8 `w1`, `w3`
-    /// (one GEMM, `w13`) with weight 1, then `w2`.
-    fn shared_expert(&self, x: &Tensor, p: MoeParams) -> Result<Tensor> {
+    /// (one GEMM, `w13`, on x's quantisation) with weight 1, then `w2`.
+    fn shared_expert(&self, x: &Normed, p: MoeParams) -> Result<Tensor> {
         let s = &self.shared;
-        let (xq, xs) = ops::act_quant_fp8(x)?;
-        let gu = s.w13.forward_quantized(&xq, &xs)?;
+        let gu = s.w13.forward_normed(x)?;
         let ones = Tensor::full_f32(&x.device(), &[x.rows()], 1.0)?;
         let (hq, hs) = ops::swiglu_act_quant_fp8(&gu, &ones, p.swiglu_limit)?;
         Ok(ops::mxfp8_linear(
