@@ -13,7 +13,8 @@
 //!   iteration. Peers measured here on the same (M, N, K), through cudarc:
 //!   cuBLASLt FP8 e4m3 with per-tensor scales (`cublaslt_fp8_tensorwise`)
 //!   and cuBLAS BF16 (`cublas_bf16`), both with BF16 output.
-//! - MoE: 384 experts, FP4 weights of w1 (2304 × 5120) and w2 (5120 × 2304):
+//! - MoE: 384 experts, FP4 weights of the gate-up w13 (w1 and w3 as one
+//!   4608 × 5120 GEMM, as the model runs them) and w2 (5120 × 2304):
 //!   masked decode (`cuda_backend::gemm_skinny::mxfp4_grouped_masked_with`,
 //!   V1, V2 and V3 as rows `skinny_v1` / `_v2` / `_v3`, every expert holding 1, 4,
 //!   16 or 64 tokens) and contiguous prefill
@@ -93,8 +94,8 @@ mod gpu {
             groups: 1,
         },
         Proj {
-            name: "shared_w1_w3",
-            n: 2304,
+            name: "shared_w13",
+            n: 4608,
             k: 5120,
             groups: 1,
         },
@@ -117,7 +118,8 @@ mod gpu {
 
     /// Routed experts and the two expert shapes (name, N, K).
     const EXPERTS: usize = 384;
-    const MOE_SHAPES: &[(&str, usize, usize)] = &[("w1", 2304, 5120), ("w2", 5120, 2304)];
+    /// `w13` is w1 and w3 as the model runs them: one gate-up GEMM.
+    const MOE_SHAPES: &[(&str, usize, usize)] = &[("w13", 4608, 5120), ("w2", 5120, 2304)];
     const MASKED_COUNTS: &[usize] = &[1, 4, 16, 64];
     /// Contiguous prefill: (experts with tokens, tokens per expert).
     const CONTIGUOUS: &[(usize, usize)] = &[(32, 128), (32, 512), (16, 2048), (8, 4096), (8, 8192)];

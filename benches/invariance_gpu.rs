@@ -44,7 +44,7 @@ mod gpu {
     const FP8_LINEARS: &[(&str, usize, usize)] = &[
         ("wq_a", 1280, 5120),
         ("wo_b", 5120, 8192),
-        ("shared_w1_w3", 2304, 5120),
+        ("shared_w13", 4608, 5120),
     ];
     const FP8_MS: &[usize] = &[1, 8, 64];
 
