@@ -309,13 +309,8 @@ fn moe<S: TensorSource>(ck: Src<S>, cfg: &ModelConfig, p: &str, n_experts: usize
                 fp4_experts(ck, p, "w3", n_experts, i, d)?,
             );
             Fp4Experts {
-                weight: gate_up(w1.weight, w3.weight, MX_BLOCK, &[n_experts, 2 * i, d])?,
-                scale: gate_up(
-                    w1.scale,
-                    w3.scale,
-                    MX_BLOCK,
-                    &[n_experts, 2 * i, d.div_ceil(MX_BLOCK)],
-                )?,
+                weight: gate_up(w1.weight, w3.weight, MX_BLOCK)?,
+                scale: gate_up(w1.scale, w3.scale, MX_BLOCK)?,
             }
         },
         w2: fp4_experts(ck, p, "w2", n_experts, d, i)?,
@@ -325,10 +320,9 @@ fn moe<S: TensorSource>(ck: Src<S>, cfg: &ModelConfig, p: &str, n_experts: usize
                     fp8(ck, &format!("{s}.w1"), si, d)?,
                     fp8(ck, &format!("{s}.w3"), si, d)?,
                 );
-                let kb = d.div_ceil(MX_BLOCK);
                 Fp8Linear {
-                    weight: gate_up(w1.weight, w3.weight, MX_BLOCK, &[2 * si, d])?,
-                    scale: gate_up(w1.scale, w3.scale, 1, &[2 * si / MX_BLOCK, kb])?,
+                    weight: gate_up(w1.weight, w3.weight, MX_BLOCK)?,
+                    scale: gate_up(w1.scale, w3.scale, 1)?,
                 }
             },
             w2: fp8(ck, &format!("{s}.w2"), d, si)?,
@@ -336,19 +330,23 @@ fn moe<S: TensorSource>(ck: Src<S>, cfg: &ModelConfig, p: &str, n_experts: usize
     })
 }
 
-/// The gate (`w1`) and up (`w3`) projections as one, their rows
-/// interleaved in units of `unit` rows (32 weight rows, or one row of a
-/// 32 × 32 block-scale grid): unit j of `g`, then unit j of `u`, over the
-/// experts' rows too, reshaped to `shape`. The layout the SwiGLU reads
-/// (`ops::swiglu_act_quant_fp8`); built on the weights' device by
-/// `ops::cat_cols` (the config keeps inter a multiple of 32, so units are
-/// whole).
-fn gate_up(g: Tensor, u: Tensor, unit: usize, shape: &[usize]) -> Result<Tensor> {
-    let cols = g.shape().last().copied().unwrap_or(0);
+/// The gate (`w1`) and up (`w3`) projections (`[.., rows, cols]`, one
+/// shape) as one `[.., 2 · rows, cols]`, their rows interleaved in units of
+/// `unit` rows (32 weight rows, or one row of a 32 × 32 block-scale grid):
+/// unit j of `g`, then unit j of `u`, over the experts' rows too. The layout
+/// the SwiGLU reads (`ops::swiglu_act_quant_fp8`); built on the weights'
+/// device by `ops::cat_cols` (the config keeps inter a multiple of 32, so
+/// units are whole).
+fn gate_up(g: Tensor, u: Tensor, unit: usize) -> Result<Tensor> {
+    let mut shape = g.shape().to_vec();
+    let cols = shape.last().copied().unwrap_or(0);
+    if let Some(rows) = shape.iter_mut().rev().nth(1) {
+        *rows *= 2;
+    }
     let width = unit * cols;
     let units = g.numel() / width.max(1);
     let (g, u) = (g.reshape(&[units, width])?, u.reshape(&[units, width])?);
-    Ok(ops::cat_cols(&[&g, &u])?.reshape(shape)?)
+    Ok(ops::cat_cols(&[&g, &u])?.reshape(&shape)?)
 }
 
 fn engram<S: TensorSource>(
