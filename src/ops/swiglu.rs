@@ -34,9 +34,8 @@ const OP: &str = "swiglu_act_quant_fp8";
 /// e4m3 of gu's shape with the last dimension inter, and `scale` E8M0 with
 /// the last dimension inter/32.
 pub fn swiglu_act_quant_fp8(gu: &Tensor, weight: &Tensor, limit: f32) -> Result<(Tensor, Tensor)> {
-    let (device, inter) = validate(gu, weight, limit)?;
-    let mut q = Tensor::empty(&device, DType::F8E4M3, &super::with_last(gu.shape(), inter))?;
-    let scale_shape = super::with_last(gu.shape(), inter / MX_BLOCK);
+    let (device, q_shape, scale_shape) = validate(gu, weight, limit)?;
+    let mut q = Tensor::empty(&device, DType::F8E4M3, &q_shape)?;
     let mut s = Tensor::empty(&device, DType::E8M0, &scale_shape)?;
     swiglu_act_quant_fp8_into(gu, weight, limit, &mut q, &mut s)?;
     Ok((q, s))
@@ -52,11 +51,10 @@ pub fn swiglu_act_quant_fp8_into(
     q: &mut Tensor,
     scale: &mut Tensor,
 ) -> Result<()> {
-    let (_, inter) = validate(gu, weight, limit)?;
-    q.expect_output(OP, "q", DType::F8E4M3, &super::with_last(gu.shape(), inter))?;
-    let scale_shape = super::with_last(gu.shape(), inter / MX_BLOCK);
+    let (_, q_shape, scale_shape) = validate(gu, weight, limit)?;
+    q.expect_output(OP, "q", DType::F8E4M3, &q_shape)?;
     scale.expect_output(OP, "scale", DType::E8M0, &scale_shape)?;
-    let rows = weight.numel();
+    let (rows, inter) = (weight.numel(), q_shape.last().copied().unwrap_or(0));
     let device = common_device(
         OP,
         &[("gu", gu), ("weight", weight), ("q", q), ("scale", scale)],
@@ -98,8 +96,9 @@ fn split_gate_up(gu: &[bf16]) -> (Vec<bf16>, Vec<bf16>) {
     (g, u)
 }
 
-/// Checks dtypes, shapes and the limit; returns gu's device and inter.
-fn validate(gu: &Tensor, weight: &Tensor, limit: f32) -> Result<(Device, usize)> {
+/// Checks dtypes, shapes and the limit; returns gu's device and the shapes
+/// of `q` (gu's with the last dimension inter) and `scale` (inter/32).
+fn validate(gu: &Tensor, weight: &Tensor, limit: f32) -> Result<(Device, Vec<usize>, Vec<usize>)> {
     gu.expect_dtype(OP, "gu", DType::BF16)?;
     weight.expect_dtype(OP, "weight", DType::F32)?;
     let (rows, width) = rows_and_last(OP, "gu", gu)?;
@@ -132,6 +131,7 @@ fn validate(gu: &Tensor, weight: &Tensor, limit: f32) -> Result<(Device, usize)>
     }
     Ok((
         common_device(OP, &[("gu", gu), ("weight", weight)])?,
-        width / 2,
+        super::with_last(gu.shape(), width / 2),
+        super::with_last(gu.shape(), width / 2 / MX_BLOCK),
     ))
 }
