@@ -33,8 +33,9 @@
 //! 64, 4096}, one MoE shape per layout); DEEPINFER_BENCH_MOE=1 the MoE rows
 //! (masked at 1, 4, 16 tokens; contiguous 16 × 2048 and 8 × 4096) and wq_a,
 //! wo_b at M = 4096; DEEPINFER_BENCH_MOE=rank one EP-64 rank's decode layer
-//! (6 experts of 1 or 8 tokens) in both layouts, the weights rotated
-//! through copies so they are not L2-hot.
+//! (6 experts of 1 or 8 tokens) in both layouts, then the masked rows at 1,
+//! 2 and 3 experts of 1 token (the fixed cost per launch), the weights
+//! rotated through copies so they are not L2-hot.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -358,6 +359,7 @@ mod gpu {
                     ("skinny_v1", SkinnyVersion::V1),
                     ("skinny_v2", SkinnyVersion::V2),
                     ("skinny_v3", SkinnyVersion::V3),
+                    ("skinny_v5", SkinnyVersion::V5),
                 ] {
                     let us = measure(h, |i| {
                         mxfp4_grouped_masked_with(
@@ -479,6 +481,11 @@ mod gpu {
             let e = EXPERTS / 64;
             moe_masked(&mut h, e, &[1, 8], MOE_SHAPES);
             moe_contiguous(&mut h, &[(e, 1), (e, 8)], MOE_SHAPES);
+            // Fewer experts at 1 token: time against units per CTA gives
+            // the masked kernels' fixed cost (intercept) and per-unit rate.
+            for fewer in [1, 2, 3] {
+                moe_masked(&mut h, fewer, &[1], MOE_SHAPES);
+            }
         } else if quick() {
             for p in PROJECTIONS
                 .iter()

@@ -261,6 +261,12 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         case(5, 8, 32, 1312),
         case(6, 3, 16, 32),
         case(4, 16, 48, 5120),
+        // Several units per CTA crossing experts (V3's barrier-free twin,
+        // V5, keeps up to two units of partials in flight): 4 K-block pairs
+        // (fewer than the 16 warps: some warps have none), and 32-row units
+        // with 2 pairs of an odd K/32.
+        case(6, 8, 2304, 256),
+        case(6, 8, 4096, 96),
     ];
     // More than 128 experts (the kernel ranks them 128 at a time), mostly
     // empty as in decode.
@@ -325,7 +331,8 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
             .collect();
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
-        let takes = [(SkinnyVersion::V3, v3_layout(e, max_m, n, k).is_some())];
+        let v3 = v3_layout(e, max_m, n, k).is_some();
+        let takes = [(SkinnyVersion::V3, v3), (SkinnyVersion::V5, v3)];
         let mut versions = VERSIONS.to_vec();
         versions.extend(takes.iter().filter(|t| t.1).map(|t| t.0));
         for dtype in [DType::BF16, DType::F32] {
@@ -345,7 +352,7 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
                     .unwrap();
-                if version == SkinnyVersion::V3 {
+                if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V5) {
                     let mut again = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                     mxfp4_grouped_masked_with(
                         &dev, &a, &a_s, &b, &b_s, &counts, &mut again, version,
@@ -353,6 +360,25 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                     .unwrap();
                     let rep = format!("{version:?} e={e} max_m={max_m} n={n} k={k} {dtype}");
                     assert!(bits(&out) == bits(&again), "{rep}: repeat differs");
+                    // Batch invariance: without expert 1's tokens every unit
+                    // after it moves to another CTA (and warp deal); the
+                    // other experts' rows keep their bits.
+                    let mut fewer = case.counts.clone();
+                    fewer[1] = 0;
+                    let fewer = host(fewer, &[e]).to_device(&device).unwrap();
+                    let mut other = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                    mxfp4_grouped_masked_with(
+                        &dev, &a, &a_s, &b, &b_s, &fewer, &mut other, version,
+                    )
+                    .unwrap();
+                    let (all, without) = (bits(&out), bits(&other));
+                    for (x, &r) in rows.iter().enumerate().skip(2) {
+                        let valid = x * max_m * n..(x * max_m + r) * n;
+                        assert!(
+                            all[valid.clone()] == without[valid],
+                            "{rep}: expert {x} changes with expert 1's count"
+                        );
+                    }
                 }
                 let (got, poison) = download(&out);
                 let all_bits = bits(&out);
@@ -430,20 +456,22 @@ fn skinny_kernel_limits_are_typed_errors() {
     // M > 64.
     let err = dense_err(65, 64, DType::F32);
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
-    // V3 is masked-only.
-    let mut out = Tensor::empty(&device, DType::F32, &[4, n]).unwrap();
-    let err = mxfp8_gemm_skinny_with(
-        &dev,
-        &zeros(DType::F8E4M3, &[4, 64]),
-        &zeros(DType::E8M0, &[4, 2]),
-        &zeros(DType::F8E4M3, &[n, 64]),
-        &zeros(DType::E8M0, &[2, 2]),
-        &mut out,
-        SkinnyVersion::V3,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(err, Error::Argument { arg: "version", .. }),
-        "{err}"
-    );
+    // V3 and V5 are masked-only.
+    for version in [SkinnyVersion::V3, SkinnyVersion::V5] {
+        let mut out = Tensor::empty(&device, DType::F32, &[4, n]).unwrap();
+        let err = mxfp8_gemm_skinny_with(
+            &dev,
+            &zeros(DType::F8E4M3, &[4, 64]),
+            &zeros(DType::E8M0, &[4, 2]),
+            &zeros(DType::F8E4M3, &[n, 64]),
+            &zeros(DType::E8M0, &[2, 2]),
+            &mut out,
+            version,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(err, Error::Argument { arg: "version", .. }),
+            "{version:?}: {err}"
+        );
+    }
 }

@@ -95,12 +95,14 @@ def dense(recs, name, n, k, g, ms):
     del w8, w16
 
 
-def moe_masked(recs, counts, shapes):
+def moe_masked(recs, counts, shapes, e=EXPERTS):
     dev = "cuda"
-    e = EXPERTS
     for name, n, k in shapes:
-        w16 = torch.randn(e, n, k, device=dev, dtype=BF16) * 0.05
-        w8 = torch.randn(e, n, k, device=dev, dtype=BF16).to(FP8)
+        # A whole layer's experts take one copy; an EP rank's few rotate
+        # through copies so they are not L2-hot (as the bench's rows).
+        wc = 1 if e >= EXPERTS else copies(2 * e * n * k)
+        w16 = [torch.randn(e, n, k, device=dev, dtype=BF16) * 0.05 for _ in range(wc)]
+        w8 = [x.to(FP8) for x in w16]
         sb = torch.ones(e, n, device=dev)
         for c in counts:
             shape = {"experts": e, "tokens_per_expert": c, "n": n, "k": k}
@@ -109,9 +111,9 @@ def moe_masked(recs, counts, shapes):
             a8 = [x.to(FP8) for x in a16]
             sa = torch.ones(e, c, device=dev)
             measure(recs, f"moe_masked/{name}", shape, "torch_grouped_mm_bf16",
-                    lambda i: torch._grouped_mm(a16[i % ac], w16.transpose(-2, -1)))
+                    lambda i: torch._grouped_mm(a16[i % ac], w16[i % wc].transpose(-2, -1)))
             measure(recs, f"moe_masked/{name}", shape, "torch_scaled_grouped_mm_fp8_rowwise",
-                    lambda i: torch._scaled_grouped_mm(a8[i % ac], w8.transpose(-2, -1), sa, sb,
+                    lambda i: torch._scaled_grouped_mm(a8[i % ac], w8[i % wc].transpose(-2, -1), sa, sb,
                                                        out_dtype=BF16))
             del a16, a8
         del w16, w8
@@ -152,6 +154,14 @@ def main():
                 dense(recs, name, n, k, g, [4096])
         moe_masked(recs, MASKED_COUNTS[:3], MOE_SHAPES)
         moe_contiguous(recs, [(16, 2048), (8, 4096)], MOE_SHAPES)
+    elif os.environ.get("DEEPINFER_BENCH_MOE") == "rank":
+        # One EP-64 rank's decode layer: 6 experts of 1 or 8 tokens, both
+        # layouts, then 1-3 experts of 1 token (the bench's rank rows).
+        e = EXPERTS // 64
+        moe_masked(recs, [1, 8], MOE_SHAPES, e)
+        moe_contiguous(recs, [(e, 1), (e, 8)], MOE_SHAPES)
+        for fewer in (1, 2, 3):
+            moe_masked(recs, [1], MOE_SHAPES, fewer)
     elif os.environ.get("DEEPINFER_BENCH_QUICK") == "1":
         for name, n, k, g in PROJECTIONS:
             if name in ("wq_a", "wo_b"):

@@ -156,31 +156,10 @@ __device__ __forceinline__ void block_mma(float (&d)[4], uint32_t wg, uint32_t w
     }
 }
 
-template <int NT, int G, bool kF16>
-__device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
-    static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
-    static_assert(G == 1 || G == 2, "one or two 16-row groups per unit");
-    constexpr int kUnitRows = kRows * G;
-    extern __shared__ __align__(16) uint8_t smem[];
-    const Layout L(NT, G, p.k, p.experts, kF16);
-    const int S = min(kMaxStages, int((dynamic_smem_bytes() - uint32_t(L.stages)) / uint32_t(L.stage_bytes)));
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem);
-    float *lut = reinterpret_cast<float *>(smem + L.lut);
-    int *list = reinterpret_cast<int *>(smem + L.list);
-    uint8_t *act = smem + L.act;
-    float *act_s = reinterpret_cast<float *>(smem + L.act_s);
-    float *part = reinterpret_cast<float *>(smem + L.part);
-    uint8_t *stage0 = smem + L.stages;
-    __shared__ int warp_active[kWarps];
-
+// The active experts (count > 0) in expert order into `list` (ballot +
+// prefix, kThreads at a time); returns how many. Every thread calls it.
+__device__ __forceinline__ int rank_active(const di_gemm_skinny_params &p, int *list, int *warp_active) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, tg = lane & 3;
-    const int k = p.k, kb_n = k / 32, ak = kF16 ? 2 * k + 64 : k + 32;  // token row bytes
-    constexpr int kTokBlock = kF16 ? 64 : 32;  // bytes of one token's 32-deep block
-    constexpr int kTokThread = kF16 ? 16 : 8;  // bytes of it per thread
-    const int groups = p.n / kUnitRows;  // units per expert
-
-    // Active experts in expert order (ballot + prefix, kThreads at a time).
     int n_active = 0;
     for (int e0 = 0; e0 < p.experts; e0 += kThreads) {
         const int e = e0 + tid;
@@ -198,9 +177,205 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
         n_active += total;
         __syncthreads();
     }
-    if (tid < 256) lut[tid] = deepinfer::e8m0_to_f32(uint32_t(tid));
+    return n_active;
+}
+
+// Stages expert e's first `cnt` tokens (rows cnt..NT-1 as zeros) and their
+// fp32 scales: all threads, no barrier (the caller fences around it).
+template <int NT, bool kF16>
+__device__ __forceinline__ void stage_tokens(const di_gemm_skinny_params &p, int e, int cnt, uint8_t *act,
+                                             float *act_s) {
+    const int tid = threadIdx.x, k = p.k, kb_n = k / 32, ak = kF16 ? 2 * k + 64 : k + 32;
+    const uint8_t *a = static_cast<const uint8_t *>(p.a) + int64_t(e) * p.m * k;
+    const uint8_t *as = static_cast<const uint8_t *>(p.a_scale) + int64_t(e) * p.m * kb_n;
+    if constexpr (kF16) {
+        // 8 e4m3 values -> 8 f16 in phys order 0 2 4 6 1 3 5 7.
+        const int q_row = k / 8;
+        for (int q = tid; q < NT * q_row; q += kThreads) {
+            const int t = q / q_row, c = q % q_row;
+            uint2 v = make_uint2(0, 0);
+            if (t < cnt) v = *reinterpret_cast<const uint2 *>(a + int64_t(t) * k + c * 8);
+            uint4 o;
+            o.x = e4m3x2_to_f16x2(__byte_perm(v.x, 0, 0x20));
+            o.y = e4m3x2_to_f16x2(__byte_perm(v.y, 0, 0x20));
+            o.z = e4m3x2_to_f16x2(__byte_perm(v.x, 0, 0x31));
+            o.w = e4m3x2_to_f16x2(__byte_perm(v.y, 0, 0x31));
+            *reinterpret_cast<uint4 *>(act + t * ak + c * 16) = o;
+        }
+    } else {
+        const int q_row = k / 16;  // 16-byte pieces per token row
+        for (int q = tid; q < NT * q_row; q += kThreads) {
+            const int t = q / q_row, c = q % q_row;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (t < cnt) v = *reinterpret_cast<const uint4 *>(a + int64_t(t) * k + c * 16);
+            uint4 o;
+            o.x = __byte_perm(v.x, v.y, 0x6420);
+            o.y = __byte_perm(v.x, v.y, 0x7531);
+            o.z = __byte_perm(v.z, v.w, 0x6420);
+            o.w = __byte_perm(v.z, v.w, 0x7531);
+            *reinterpret_cast<uint4 *>(act + t * ak + c * 16) = o;
+        }
+    }
+    for (int q = tid; q < NT * kb_n; q += kThreads) {
+        const int t = q % NT, kb = q / NT;
+        act_s[q] = t < cnt ? deepinfer::e8m0_to_f32(as[int64_t(t) * kb_n + kb]) : 0.0f;
+    }
+}
+
+// One warp's share of a unit: K-block pairs first, first + 16, ... of the
+// stage `st`, into acc0 (tokens 0-7) and acc1 (8-15, when `two`), then the
+// partials [unit row][token] into `pw`.
+template <int NT, int G, bool kF16>
+__device__ __forceinline__ void unit_partials(const Layout &L, const uint8_t *st, const float *lut,
+                                              const uint8_t *act, const float *act_s, int kb_n, int first,
+                                              bool two, float *pw) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int ak = kF16 ? 2 * kb_n * 32 + 64 : kb_n * 32 + 32;  // token row bytes
+    constexpr int kTokBlock = kF16 ? 64 : 32;  // bytes of one token's 32-deep block
+    constexpr int kTokThread = kF16 ? 16 : 8;  // bytes of it per thread
+    const int pairs = (kb_n + 1) / 2;
+    // ldmatrix.x4 row addresses: matrix lane / 8 is rows 0-7 or 8-15 of block
+    // kb0 (matrices 0, 1) or kb0 + 1 (2, 3).
+    const int lm_row = (lane & 7) + ((lane >> 3) & 1) * 8, lm_blk = lane >> 4;
+    const uint8_t *ws = st + L.ws_off;
+    float acc0[G][4], acc1[G][4];
+#pragma unroll
+    for (int rg = 0; rg < G; ++rg) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc0[rg][q] = acc1[rg][q] = 0.0f;
+    }
+#pragma unroll 2
+    for (int pp = first; pp < pairs; pp += kWarps) {
+        const int kb0 = 2 * pp;
+#pragma unroll
+        for (int rg = 0; rg < G; ++rg) {
+            uint32_t w[4];
+            // Block kb0 + 1 == kb_n (odd K/32) reads the row padding; it
+            // is never used.
+            ldmatrix_x4(w, st + (rg * kRows + lm_row) * L.w_stride + (kb0 + lm_blk) * 16);
+            const uint8_t *wsr = ws + rg * kRows * kb_n;
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int kb = kb0 + j;
+                if (kb >= kb_n) break;
+                float d[4];
+                block_mma<kF16>(d, w[2 * j], w[2 * j + 1], act + g * ak + kb * kTokBlock + tg * kTokThread);
+                const float sg = lut[wsr[g * kb_n + kb]], sg8 = lut[wsr[(g + 8) * kb_n + kb]];
+                const float2 at = *reinterpret_cast<const float2 *>(act_s + kb * NT + 2 * tg);
+                acc0[rg][0] = fmaf(d[0], sg * at.x, acc0[rg][0]);
+                acc0[rg][1] = fmaf(d[1], sg * at.y, acc0[rg][1]);
+                acc0[rg][2] = fmaf(d[2], sg8 * at.x, acc0[rg][2]);
+                acc0[rg][3] = fmaf(d[3], sg8 * at.y, acc0[rg][3]);
+                if (two) {
+                    float d1[4];
+                    block_mma<kF16>(d1, w[2 * j], w[2 * j + 1],
+                                    act + (g + 8) * ak + kb * kTokBlock + tg * kTokThread);
+                    const float2 at1 = *reinterpret_cast<const float2 *>(act_s + kb * NT + 8 + 2 * tg);
+                    acc1[rg][0] = fmaf(d1[0], sg * at1.x, acc1[rg][0]);
+                    acc1[rg][1] = fmaf(d1[1], sg * at1.y, acc1[rg][1]);
+                    acc1[rg][2] = fmaf(d1[2], sg8 * at1.x, acc1[rg][2]);
+                    acc1[rg][3] = fmaf(d1[3], sg8 * at1.y, acc1[rg][3]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rg = 0; rg < G; ++rg) {
+        float *pr = pw + rg * kRows * NT;
+        pr[g * NT + 2 * tg] = acc0[rg][0];
+        pr[g * NT + 2 * tg + 1] = acc0[rg][1];
+        pr[(g + 8) * NT + 2 * tg] = acc0[rg][2];
+        pr[(g + 8) * NT + 2 * tg + 1] = acc0[rg][3];
+        if (NT == 16) {
+            pr[g * NT + 8 + 2 * tg] = acc1[rg][0];
+            pr[g * NT + 8 + 2 * tg + 1] = acc1[rg][1];
+            pr[(g + 8) * NT + 8 + 2 * tg] = acc1[rg][2];
+            pr[(g + 8) * NT + 8 + 2 * tg + 1] = acc1[rg][3];
+        }
+    }
+}
+
+// out[e, t, r0 + row] = the 16 warp partials of (row, t) in `pb` (buffer of
+// one unit, [warp][unit row][token]) added in warp order, times 2^6.
+template <int NT, int G>
+__device__ __forceinline__ void store_output(const di_gemm_skinny_params &p, const float *pb, int e, int r0,
+                                             int row, int t) {
+    constexpr int kUnitRows = kRows * G;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += pb[w * kUnitRows * NT + row * NT + t];
+    sum *= 64.0f;  // the decode's 2^-6, exactly
+    const int64_t at = (int64_t(e) * p.m + t) * p.n + r0 + row;
+    if (p.out_f32) {
+        static_cast<float *>(p.out)[at] = sum;
+    } else {
+        static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
+    }
+}
+
+// The shared-memory pointers of a V3/V5 CTA and its stage count.
+struct Smem {
+    uint64_t *full;
+    float *lut;
+    int *list;
+    uint8_t *act;
+    float *act_s;
+    float *part;
+    uint8_t *stage0;
+    int stages;
+    __device__ Smem(uint8_t *smem, const Layout &L) {
+        full = reinterpret_cast<uint64_t *>(smem);
+        lut = reinterpret_cast<float *>(smem + L.lut);
+        list = reinterpret_cast<int *>(smem + L.list);
+        act = smem + L.act;
+        act_s = reinterpret_cast<float *>(smem + L.act_s);
+        part = reinterpret_cast<float *>(smem + L.part);
+        stage0 = smem + L.stages;
+        stages = min(kMaxStages, int((dynamic_smem_bytes() - uint32_t(L.stages)) / uint32_t(L.stage_bytes)));
+    }
+};
+
+// Warp-wide: bulk-copies unit (rank, group) into stage i % S and announces
+// its bytes on full[i % S] (lanes 0..rows-1 copy one row each, lane 0 the
+// scales).
+template <int G>
+__device__ __forceinline__ void issue_unit(const di_gemm_skinny_params &p, const Layout &L, const Smem &sm,
+                                           int i, int rank, int group) {
+    constexpr int kUnitRows = kRows * G;
+    const int lane = threadIdx.x & 31, kb_n = p.k / 32;
+    const uint32_t row_bytes = uint32_t(p.k / 2), ws_bytes = uint32_t(kUnitRows * kb_n);
+    const int64_t row0 = int64_t(sm.list[rank]) * p.n + group * kUnitRows;
+    uint8_t *st = sm.stage0 + (i % sm.stages) * L.stage_bytes;
+    uint64_t *bar = &sm.full[i % sm.stages];
+    if (lane == 0) mbar_arrive_expect_tx(bar, kUnitRows * row_bytes + ws_bytes);
+    __syncwarp();
+    const uint8_t *bw = static_cast<const uint8_t *>(p.b);
+    const uint8_t *bs = static_cast<const uint8_t *>(p.b_scale);
+    if (lane < kUnitRows) bulk_copy(st + lane * L.w_stride, bw + (row0 + lane) * row_bytes, row_bytes, bar);
+    if (lane == 0) bulk_copy(st + L.ws_off, bs + row0 * kb_n, ws_bytes, bar);
+}
+
+// V3: every unit ends with a CTA barrier, after which thread t < rows x NT
+// writes one output and warp 0 issues the unit S ahead.
+template <int NT, int G, bool kF16>
+__device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
+    static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
+    static_assert(G == 1 || G == 2, "one or two 16-row groups per unit");
+    constexpr int kUnitRows = kRows * G;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const Layout L(NT, G, p.k, p.experts, kF16);
+    const Smem sm(smem, L);
+    const int S = sm.stages;
+    __shared__ int warp_active[kWarps];
+
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int kb_n = p.k / 32;
+    const int groups = p.n / kUnitRows;  // units per expert
+
+    const int n_active = rank_active(p, sm.list, warp_active);
+    if (tid < 256) sm.lut[tid] = deepinfer::e8m0_to_f32(uint32_t(tid));
     if (tid == 0) {
-        for (int s = 0; s < S; ++s) mbar_init(&full[s], 1);
+        for (int s = 0; s < S; ++s) mbar_init(&sm.full[s], 1);
         fence_barrier_init();
     }
     __syncthreads();
@@ -211,9 +386,6 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     const int n_units = int(u_end - u_begin);
     if (n_units <= 0) return;
 
-    const uint8_t *bw = static_cast<const uint8_t *>(p.b);
-    const uint8_t *bs = static_cast<const uint8_t *>(p.b_scale);
-    const uint32_t row_bytes = uint32_t(k / 2), ws_bytes = uint32_t(kUnitRows * kb_n);
     // Units are walked as (rank, group) cursors, advanced one unit at a time
     // (no 64-bit division per unit): `next` moves one forward.
     const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
@@ -224,156 +396,135 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
         }
     };
     int is_rank = rank0, is_group = group0;  // warp 0: the next unit to issue
-    // Warp 0 issues unit i (the issue cursor's) into stage i % S: lane 0
-    // announces the bytes, lanes 0..15 copy one row each, lane 16 the scales.
-    auto issue = [&](int i) {
-        const int e = list[is_rank];
-        const int64_t row0 = int64_t(e) * p.n + is_group * kUnitRows;
-        next(is_rank, is_group);
-        uint8_t *st = stage0 + (i % S) * L.stage_bytes;
-        uint64_t *bar = &full[i % S];
-        if (lane == 0) mbar_arrive_expect_tx(bar, kUnitRows * row_bytes + ws_bytes);
-        __syncwarp();
-        if (lane < kUnitRows) {
-            bulk_copy(st + lane * L.w_stride, bw + (row0 + lane) * row_bytes, row_bytes, bar);
-        }
-        if (lane == 0) bulk_copy(st + L.ws_off, bs + row0 * kb_n, ws_bytes, bar);
-    };
     if (warp == 0) {
-        for (int i = 0; i < min(S, n_units); ++i) issue(i);
+        for (int i = 0; i < min(S, n_units); ++i, next(is_rank, is_group)) issue_unit<G>(p, L, sm, i, is_rank, is_group);
     }
 
-    const int pairs = (kb_n + 1) / 2;
-    // ldmatrix.x4 row addresses: matrix lane / 8 is rows 0-7 or 8-15 of block
-    // kb0 (matrices 0, 1) or kb0 + 1 (2, 3).
-    const int lm_row = (lane & 7) + ((lane >> 3) & 1) * 8, lm_blk = lane >> 4;
     int cur_e = -1, cnt = 0;
     int rank = rank0, group = group0;
     for (int i = 0; i < n_units; ++i, next(rank, group)) {
-        const int e = list[rank];
-        const int r0 = group * kUnitRows;
+        const int e = sm.list[rank];
         if (e != cur_e) {
-            // Stage the expert's tokens (all threads; the previous unit's
-            // readers are past the barrier that ended it).
+            // The previous unit's readers are past the barrier that ended it.
             cur_e = e;
             cnt = max(0, min(p.m, p.counts[e]));
-            const uint8_t *a = static_cast<const uint8_t *>(p.a) + int64_t(e) * p.m * k;
-            const uint8_t *as = static_cast<const uint8_t *>(p.a_scale) + int64_t(e) * p.m * kb_n;
-            if constexpr (kF16) {
-                // 8 e4m3 values -> 8 f16 in phys order 0 2 4 6 1 3 5 7.
-                const int q_row = k / 8;
-                for (int q = tid; q < NT * q_row; q += kThreads) {
-                    const int t = q / q_row, c = q % q_row;
-                    uint2 v = make_uint2(0, 0);
-                    if (t < cnt) v = *reinterpret_cast<const uint2 *>(a + int64_t(t) * k + c * 8);
-                    uint4 o;
-                    o.x = e4m3x2_to_f16x2(__byte_perm(v.x, 0, 0x20));
-                    o.y = e4m3x2_to_f16x2(__byte_perm(v.y, 0, 0x20));
-                    o.z = e4m3x2_to_f16x2(__byte_perm(v.x, 0, 0x31));
-                    o.w = e4m3x2_to_f16x2(__byte_perm(v.y, 0, 0x31));
-                    *reinterpret_cast<uint4 *>(act + t * ak + c * 16) = o;
-                }
-            } else {
-            const int q_row = k / 16;  // 16-byte pieces per token row
-            for (int q = tid; q < NT * q_row; q += kThreads) {
-                const int t = q / q_row, c = q % q_row;
-                uint4 v = make_uint4(0, 0, 0, 0);
-                if (t < cnt) v = *reinterpret_cast<const uint4 *>(a + int64_t(t) * k + c * 16);
-                uint4 o;
-                o.x = __byte_perm(v.x, v.y, 0x6420);
-                o.y = __byte_perm(v.x, v.y, 0x7531);
-                o.z = __byte_perm(v.z, v.w, 0x6420);
-                o.w = __byte_perm(v.z, v.w, 0x7531);
-                *reinterpret_cast<uint4 *>(act + t * ak + c * 16) = o;
-            }
-            }
-            for (int q = tid; q < NT * kb_n; q += kThreads) {
-                const int t = q % NT, kb = q / NT;
-                act_s[q] = t < cnt ? deepinfer::e8m0_to_f32(as[int64_t(t) * kb_n + kb]) : 0.0f;
-            }
+            stage_tokens<NT, kF16>(p, e, cnt, sm.act, sm.act_s);
             __syncthreads();
         }
         const int s = i % S;
-        mbar_wait(&full[s], uint32_t(i / S) & 1u);
-        const uint8_t *st = stage0 + s * L.stage_bytes;
-        const uint8_t *ws = st + L.ws_off;
-        const bool two = NT == 16 && cnt > 8;
-
-        float acc0[G][4], acc1[G][4];
-#pragma unroll
-        for (int rg = 0; rg < G; ++rg) {
-#pragma unroll
-            for (int q = 0; q < 4; ++q) acc0[rg][q] = acc1[rg][q] = 0.0f;
-        }
-#pragma unroll 2
-        for (int pp = warp; pp < pairs; pp += kWarps) {
-            const int kb0 = 2 * pp;
-#pragma unroll
-            for (int rg = 0; rg < G; ++rg) {
-                uint32_t w[4];
-                // Block kb0 + 1 == kb_n (odd K/32) reads the row padding; it
-                // is never used.
-                ldmatrix_x4(w, st + (rg * kRows + lm_row) * L.w_stride + (kb0 + lm_blk) * 16);
-                const uint8_t *wsr = ws + rg * kRows * kb_n;
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int kb = kb0 + j;
-                    if (kb >= kb_n) break;
-                    float d[4];
-                    block_mma<kF16>(d, w[2 * j], w[2 * j + 1], act + g * ak + kb * kTokBlock + tg * kTokThread);
-                    const float sg = lut[wsr[g * kb_n + kb]], sg8 = lut[wsr[(g + 8) * kb_n + kb]];
-                    const float2 at = *reinterpret_cast<const float2 *>(act_s + kb * NT + 2 * tg);
-                    acc0[rg][0] = fmaf(d[0], sg * at.x, acc0[rg][0]);
-                    acc0[rg][1] = fmaf(d[1], sg * at.y, acc0[rg][1]);
-                    acc0[rg][2] = fmaf(d[2], sg8 * at.x, acc0[rg][2]);
-                    acc0[rg][3] = fmaf(d[3], sg8 * at.y, acc0[rg][3]);
-                    if (two) {
-                        float d1[4];
-                        block_mma<kF16>(d1, w[2 * j], w[2 * j + 1],
-                                        act + (g + 8) * ak + kb * kTokBlock + tg * kTokThread);
-                        const float2 at1 = *reinterpret_cast<const float2 *>(act_s + kb * NT + 8 + 2 * tg);
-                        acc1[rg][0] = fmaf(d1[0], sg * at1.x, acc1[rg][0]);
-                        acc1[rg][1] = fmaf(d1[1], sg * at1.y, acc1[rg][1]);
-                        acc1[rg][2] = fmaf(d1[2], sg8 * at1.x, acc1[rg][2]);
-                        acc1[rg][3] = fmaf(d1[3], sg8 * at1.y, acc1[rg][3]);
-                    }
-                }
-            }
-        }
-        // Partials [warp][unit row][token] of buffer i % 2.
-        float *pw = part + ((i & 1) * kWarps + warp) * kUnitRows * NT;
-#pragma unroll
-        for (int rg = 0; rg < G; ++rg) {
-            float *pr = pw + rg * kRows * NT;
-            pr[g * NT + 2 * tg] = acc0[rg][0];
-            pr[g * NT + 2 * tg + 1] = acc0[rg][1];
-            pr[(g + 8) * NT + 2 * tg] = acc0[rg][2];
-            pr[(g + 8) * NT + 2 * tg + 1] = acc0[rg][3];
-            if (NT == 16) {
-                pr[g * NT + 8 + 2 * tg] = acc1[rg][0];
-                pr[g * NT + 8 + 2 * tg + 1] = acc1[rg][1];
-                pr[(g + 8) * NT + 8 + 2 * tg] = acc1[rg][2];
-                pr[(g + 8) * NT + 8 + 2 * tg + 1] = acc1[rg][3];
-            }
-        }
+        mbar_wait(&sm.full[s], uint32_t(i / S) & 1u);
+        float *pbuf = sm.part + (i & 1) * kWarps * kUnitRows * NT;
+        unit_partials<NT, G, kF16>(L, sm.stage0 + s * L.stage_bytes, sm.lut, sm.act, sm.act_s, kb_n, warp,
+                                   NT == 16 && cnt > 8, pbuf + warp * kUnitRows * NT);
         // Every warp is done with stage s, the tokens and its partials.
         __syncthreads();
-        if (warp == 0 && i + S < n_units) issue(i + S);
+        if (warp == 0 && i + S < n_units) {
+            issue_unit<G>(p, L, sm, i + S, is_rank, is_group);
+            next(is_rank, is_group);
+        }
         if (tid < kUnitRows * NT) {
             const int row = tid % kUnitRows, t = tid / kUnitRows;
-            if (t < cnt) {
-                const float *pb = part + (i & 1) * kWarps * kUnitRows * NT + row * NT + t;
-                float sum = 0.0f;
-#pragma unroll
-                for (int w2 = 0; w2 < kWarps; ++w2) sum += pb[w2 * kUnitRows * NT];
-                sum *= 64.0f;  // the decode's 2^-6, exactly
-                const int64_t at = (int64_t(e) * p.m + t) * p.n + r0 + row;
-                if (p.out_f32) {
-                    static_cast<float *>(p.out)[at] = sum;
-                } else {
-                    static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
-                }
+            if (t < cnt) store_output<NT, G>(p, pbuf, e, group * kUnitRows, row, t);
+        }
+    }
+}
+
+// V5: V3's units, stages and sums without the per-unit CTA barrier. Each
+// warp runs ahead on its own: unit i's pairs are dealt round robin from warp
+// (group x pairs) mod 16 (so consecutive units load the warps evenly when
+// the pairs are not a multiple of 16; the deal depends on the group and K
+// only), a warp stores its partials and counts itself in done[i % 2]; the
+// last of the 16 issues unit i + S into the stage all of them have left,
+// adds the partials in warp order, and frees the partial buffer on
+// pfree[i % 2], which unit i + 2's writers wait for. A CTA barrier remains
+// only where the expert changes (the tokens are restaged).
+template <int NT, int G, bool kF16>
+__device__ __forceinline__ void masked_v5_sm90(const di_gemm_skinny_params &p) {
+    static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
+    static_assert(G == 1 || G == 2, "one or two 16-row groups per unit");
+    constexpr int kUnitRows = kRows * G;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const Layout L(NT, G, p.k, p.experts, kF16);
+    const Smem sm(smem, L);
+    const int S = sm.stages;
+    __shared__ int warp_active[kWarps];
+    __shared__ uint64_t pfree[2];
+    __shared__ int done[2];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int kb_n = p.k / 32, pairs = (kb_n + 1) / 2;
+    const int groups = p.n / kUnitRows;  // units per expert
+
+    const int n_active = rank_active(p, sm.list, warp_active);
+    if (tid < 256) sm.lut[tid] = deepinfer::e8m0_to_f32(uint32_t(tid));
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) mbar_init(&sm.full[s], 1);
+        mbar_init(&pfree[0], 1);
+        mbar_init(&pfree[1], 1);
+        done[0] = done[1] = 0;
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int64_t units = int64_t(n_active) * groups;
+    const int64_t u_begin = units * blockIdx.x / gridDim.x;
+    const int64_t u_end = units * (blockIdx.x + 1) / gridDim.x;
+    const int n_units = int(u_end - u_begin);
+    if (n_units <= 0) return;
+
+    const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
+    auto next = [&](int &rank, int &group) {
+        if (++group == groups) {
+            group = 0;
+            ++rank;
+        }
+    };
+    if (warp == 0) {
+        int r = rank0, gr = group0;
+        for (int i = 0; i < min(S, n_units); ++i, next(r, gr)) issue_unit<G>(p, L, sm, i, r, gr);
+    }
+
+    int cur_e = -1, cnt = 0;
+    int rank = rank0, group = group0;
+    for (int i = 0; i < n_units; ++i, next(rank, group)) {
+        const int e = sm.list[rank];
+        if (e != cur_e) {
+            __syncthreads();  // every warp has left the previous expert's units
+            cur_e = e;
+            cnt = max(0, min(p.m, p.counts[e]));
+            stage_tokens<NT, kF16>(p, e, cnt, sm.act, sm.act_s);
+            __syncthreads();
+        }
+        const int s = i % S;
+        mbar_wait(&sm.full[s], uint32_t(i / S) & 1u);
+        const int b = i & 1;
+        float *pbuf = sm.part + b * kWarps * kUnitRows * NT;
+        const int first = (warp - (group % kWarps) * (pairs % kWarps) % kWarps + kWarps) % kWarps;
+        // Unit i - 2's partials (same buffer) must have been summed.
+        if (i >= 2) mbar_wait(&pfree[b], uint32_t((i >> 1) + 1) & 1u);
+        unit_partials<NT, G, kF16>(L, sm.stage0 + s * L.stage_bytes, sm.lut, sm.act, sm.act_s, kb_n, first,
+                                   NT == 16 && cnt > 8, pbuf + warp * kUnitRows * NT);
+        __syncwarp();
+        int last = 0;
+        if (lane == 0) {
+            __threadfence_block();
+            last = atomicAdd(&done[b], 1) == kWarps - 1;
+            __threadfence_block();
+        }
+        if (__shfl_sync(0xFFFFFFFFu, last, 0)) {
+            // Every warp has left stage s and stored its partials of unit i.
+            if (lane == 0) done[b] = 0;
+            if (i + S < n_units) {
+                int r = rank, gr = group;
+                for (int q = 0; q < S; ++q) next(r, gr);
+                issue_unit<G>(p, L, sm, i + S, r, gr);
             }
+            for (int o = lane; o < kUnitRows * NT; o += 32) {
+                const int row = o % kUnitRows, t = o / kUnitRows;
+                if (t < cnt) store_output<NT, G>(p, pbuf, e, group * kUnitRows, row, t);
+            }
+            __syncwarp();
+            if (lane == 0) mbar_arrive(&pfree[b]);
         }
     }
 }
@@ -430,6 +581,15 @@ __device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
 #endif
 }
 
+template <int NT, int G, bool kF16 = false>
+__device__ __forceinline__ void masked_v5(const di_gemm_skinny_params &p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    skinny_v3::masked_v5_sm90<NT, G, kF16>(p);
+#else
+    skinny_v3::masked_v3_simt<NT>(p);
+#endif
+}
+
 // max_m <= 8 and <= 16, units of 16 (_n8, _n16) or 32 weight rows (_g2, for
 // short K); one CTA per SM (the host sizes the stages to the shared memory).
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
@@ -467,4 +627,37 @@ extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v3<16, 2, true>(p);
+}
+// V5: the V3 kernels above without the per-unit CTA barrier (masked_v5_sm90).
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<8, 1>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<16, 1>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n8_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<8, 2>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n16_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<16, 2>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n8_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<8, 1, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n16_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<16, 1, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n8_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<8, 2, true>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
+    mxfp4_grouped_masked_v5_n16_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v5<16, 2, true>(p);
 }

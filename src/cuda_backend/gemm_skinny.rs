@@ -82,6 +82,12 @@ pub enum SkinnyVersion {
     /// warps and summed in warp order. The dense GEMM has no V3 (typed
     /// error).
     V3,
+    /// V3 without the per-unit CTA barrier: each warp runs ahead, the last
+    /// warp to store its partials of a unit sums them (warp order, as V3),
+    /// issues the unit S ahead and frees the partial buffer; K-block pairs
+    /// are dealt from a warp that rotates with the unit's row group. Same
+    /// shapes and shared memory as V3 ([`v3_layout`]); masked MoE only.
+    V5,
 }
 
 /// A V3 masked launch ([`v3_layout`]).
@@ -317,12 +323,12 @@ pub fn mxfp8_gemm_skinny_with(
         (SkinnyVersion::V2, 8) => ks::MXFP8_GEMM_SKINNY_V2_N8,
         (SkinnyVersion::V2, 16) => ks::MXFP8_GEMM_SKINNY_V2_N16,
         (SkinnyVersion::V2, _) => ks::MXFP8_GEMM_SKINNY_V2_N32,
-        (SkinnyVersion::V3, _) => {
+        (SkinnyVersion::V3 | SkinnyVersion::V5, _) => {
             return Err(Error::Argument {
                 op: OP,
                 arg: "version",
-                value: "V3".into(),
-                why: "V3 is a masked-MoE kernel only; the dense GEMM runs V1 or V2",
+                value: format!("{version:?}"),
+                why: "V3 and V5 are masked-MoE kernels only; the dense GEMM runs V1 or V2",
             });
         }
     };
@@ -494,7 +500,7 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
-    if version == SkinnyVersion::V3 {
+    if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V5) {
         let Some(V3Launch {
             nt,
             groups: g,
@@ -507,20 +513,29 @@ pub fn mxfp4_grouped_masked_with(
                 op: OP,
                 tensor: "b",
                 got: b.shape().to_vec(),
-                expected: "for V3: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
+                expected: "for V3/V5: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
                            the tokens plus two 16-row stages within shared memory"
                     .into(),
             });
         };
-        let kernel = match (f16_tokens, nt, g) {
-            (false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
-            (false, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
-            (false, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
-            (false, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
-            (true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8_F16,
-            (true, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16_F16,
-            (true, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2_F16,
-            (true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
+        let v5 = version == SkinnyVersion::V5;
+        let kernel = match (v5, f16_tokens, nt, g) {
+            (false, false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
+            (false, false, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
+            (false, false, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
+            (false, false, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
+            (false, true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8_F16,
+            (false, true, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16_F16,
+            (false, true, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2_F16,
+            (false, true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
+            (true, false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V5_N8,
+            (true, false, _, 1) => ks::MXFP4_GROUPED_MASKED_V5_N16,
+            (true, false, 8, _) => ks::MXFP4_GROUPED_MASKED_V5_N8_G2,
+            (true, false, _, _) => ks::MXFP4_GROUPED_MASKED_V5_N16_G2,
+            (true, true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V5_N8_F16,
+            (true, true, _, 1) => ks::MXFP4_GROUPED_MASKED_V5_N16_F16,
+            (true, true, 8, _) => ks::MXFP4_GROUPED_MASKED_V5_N8_G2_F16,
+            (true, true, _, _) => ks::MXFP4_GROUPED_MASKED_V5_N16_G2_F16,
         };
         allow_smem(dev, kernel, smem)?;
         let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
@@ -535,7 +550,7 @@ pub fn mxfp4_grouped_masked_with(
                     op: OP,
                     arg: name,
                     value: format!("{ptr:p}"),
-                    why: "V3 needs 16-byte aligned device buffers",
+                    why: "V3/V5 need 16-byte aligned device buffers",
                 });
             }
         }
@@ -576,7 +591,7 @@ pub fn mxfp4_grouped_masked_with(
                 ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 | SkinnyVersion::V3 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V5 => (
             32,
             [
                 ks::MXFP4_GROUPED_MASKED_V2_N8,
@@ -608,7 +623,7 @@ pub fn mxfp4_grouped_masked_with(
             1,
         ),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 | SkinnyVersion::V3 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V5 => (
             u32_param("grid", slots.min(tiles * e * max_m.div_ceil(nt as usize)))?,
             1,
             1,
@@ -693,7 +708,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 | SkinnyVersion::V3 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V5 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
