@@ -359,7 +359,7 @@ mod gpu {
                     ("skinny_v1", SkinnyVersion::V1),
                     ("skinny_v2", SkinnyVersion::V2),
                     ("skinny_v3", SkinnyVersion::V3),
-                    ("skinny_v5", SkinnyVersion::V5),
+                    ("skinny_v6", SkinnyVersion::V6),
                 ] {
                     let us = measure(h, |i| {
                         mxfp4_grouped_masked_with(

@@ -27,7 +27,10 @@
 //! (calc_diff < 1e-3: its K split over warps orders the block sums
 //! differently), with odd K/32 (a half-used last block pair), 9..16 tokens
 //! (the second token mma) and repeat runs bitwise equal; the other cases
-//! must return its typed error.
+//! must return its typed error. Masked V6 (max_m ≤ 16, N % 64 == 0, K % 256
+//! == 0: `v6_layout`) is held to the same checks. For both, an expert's
+//! rows keep their bits when another expert's count changes (batch
+//! invariance).
 #![cfg(deepinfer_cuda)]
 
 mod common;
@@ -36,7 +39,7 @@ use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k, v3_layout,
+    mxfp8_gemm_skinny_with, split_k, v3_layout, v6_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -261,12 +264,16 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         case(5, 8, 32, 1312),
         case(6, 3, 16, 32),
         case(4, 16, 48, 5120),
-        // Several units per CTA crossing experts (V3's barrier-free twin,
-        // V5, keeps up to two units of partials in flight): 4 K-block pairs
-        // (fewer than the 16 warps: some warps have none), and 32-row units
-        // with 2 pairs of an odd K/32.
+        // Several units per CTA crossing experts: V3 with 4 K-block pairs
+        // (fewer than its 16 warps: some warps have none) and 32-row units
+        // of an odd K/32; V6 (N % 64 == 0, K % 256 == 0) with one 8-block
+        // chunk, 16 tokens over a 16-block chunk and an 8-block tail, two
+        // full chunks, and about 4 units per CTA.
         case(6, 8, 2304, 256),
         case(6, 8, 4096, 96),
+        case(5, 16, 128, 768),
+        case(7, 8, 192, 512),
+        case(6, 4, 8192, 256),
     ];
     // More than 128 experts (the kernel ranks them 128 at a time), mostly
     // empty as in decode.
@@ -331,8 +338,10 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
             .collect();
         let [a, a_s, b, b_s, counts] =
             [&a, &a_s, &b, &b_s, &counts].map(|t| t.to_device(&device).unwrap());
-        let v3 = v3_layout(e, max_m, n, k).is_some();
-        let takes = [(SkinnyVersion::V3, v3), (SkinnyVersion::V5, v3)];
+        let takes = [
+            (SkinnyVersion::V3, v3_layout(e, max_m, n, k).is_some()),
+            (SkinnyVersion::V6, v6_layout(e, max_m, n, k).is_some()),
+        ];
         let mut versions = VERSIONS.to_vec();
         versions.extend(takes.iter().filter(|t| t.1).map(|t| t.0));
         for dtype in [DType::BF16, DType::F32] {
@@ -352,7 +361,7 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                 let mut out = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                 mxfp4_grouped_masked_with(&dev, &a, &a_s, &b, &b_s, &counts, &mut out, version)
                     .unwrap();
-                if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V5) {
+                if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V6) {
                     let mut again = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
                     mxfp4_grouped_masked_with(
                         &dev, &a, &a_s, &b, &b_s, &counts, &mut again, version,
@@ -456,8 +465,8 @@ fn skinny_kernel_limits_are_typed_errors() {
     // M > 64.
     let err = dense_err(65, 64, DType::F32);
     assert!(matches!(err, Error::Shape { tensor: "a", .. }), "{err}");
-    // V3 and V5 are masked-only.
-    for version in [SkinnyVersion::V3, SkinnyVersion::V5] {
+    // V3 and V6 are masked-only.
+    for version in [SkinnyVersion::V3, SkinnyVersion::V6] {
         let mut out = Tensor::empty(&device, DType::F32, &[4, n]).unwrap();
         let err = mxfp8_gemm_skinny_with(
             &dev,

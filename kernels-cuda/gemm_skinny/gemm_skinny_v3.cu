@@ -157,11 +157,14 @@ __device__ __forceinline__ void block_mma(float (&d)[4], uint32_t wg, uint32_t w
 }
 
 // The active experts (count > 0) in expert order into `list` (ballot +
-// prefix, kThreads at a time); returns how many. Every thread calls it.
+// prefix, kT threads at a time; warp_active holds kT / 32); returns how
+// many. Every thread of the CTA (kT of them) calls it.
+template <int kT = kThreads>
 __device__ __forceinline__ int rank_active(const di_gemm_skinny_params &p, int *list, int *warp_active) {
+    constexpr int kW = kT / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int n_active = 0;
-    for (int e0 = 0; e0 < p.experts; e0 += kThreads) {
+    for (int e0 = 0; e0 < p.experts; e0 += kT) {
         const int e = e0 + tid;
         const int c = e < p.experts ? max(0, min(p.m, p.counts[e])) : 0;
         const unsigned act_mask = __ballot_sync(0xFFFFFFFFu, c > 0);
@@ -169,7 +172,7 @@ __device__ __forceinline__ int rank_active(const di_gemm_skinny_params &p, int *
         __syncthreads();
         int before = 0, total = 0;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) {
+        for (int w = 0; w < kW; ++w) {
             before += w < warp ? warp_active[w] : 0;
             total += warp_active[w];
         }
@@ -429,106 +432,6 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     }
 }
 
-// V5: V3's units, stages and sums without the per-unit CTA barrier. Each
-// warp runs ahead on its own: unit i's pairs are dealt round robin from warp
-// (group x pairs) mod 16 (so consecutive units load the warps evenly when
-// the pairs are not a multiple of 16; the deal depends on the group and K
-// only), a warp stores its partials and counts itself in done[i % 2]; the
-// last of the 16 issues unit i + S into the stage all of them have left,
-// adds the partials in warp order, and frees the partial buffer on
-// pfree[i % 2], which unit i + 2's writers wait for. A CTA barrier remains
-// only where the expert changes (the tokens are restaged).
-template <int NT, int G, bool kF16>
-__device__ __forceinline__ void masked_v5_sm90(const di_gemm_skinny_params &p) {
-    static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
-    static_assert(G == 1 || G == 2, "one or two 16-row groups per unit");
-    constexpr int kUnitRows = kRows * G;
-    extern __shared__ __align__(16) uint8_t smem[];
-    const Layout L(NT, G, p.k, p.experts, kF16);
-    const Smem sm(smem, L);
-    const int S = sm.stages;
-    __shared__ int warp_active[kWarps];
-    __shared__ uint64_t pfree[2];
-    __shared__ int done[2];
-
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int kb_n = p.k / 32, pairs = (kb_n + 1) / 2;
-    const int groups = p.n / kUnitRows;  // units per expert
-
-    const int n_active = rank_active(p, sm.list, warp_active);
-    if (tid < 256) sm.lut[tid] = deepinfer::e8m0_to_f32(uint32_t(tid));
-    if (tid == 0) {
-        for (int s = 0; s < S; ++s) mbar_init(&sm.full[s], 1);
-        mbar_init(&pfree[0], 1);
-        mbar_init(&pfree[1], 1);
-        done[0] = done[1] = 0;
-        fence_barrier_init();
-    }
-    __syncthreads();
-
-    const int64_t units = int64_t(n_active) * groups;
-    const int64_t u_begin = units * blockIdx.x / gridDim.x;
-    const int64_t u_end = units * (blockIdx.x + 1) / gridDim.x;
-    const int n_units = int(u_end - u_begin);
-    if (n_units <= 0) return;
-
-    const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
-    auto next = [&](int &rank, int &group) {
-        if (++group == groups) {
-            group = 0;
-            ++rank;
-        }
-    };
-    if (warp == 0) {
-        int r = rank0, gr = group0;
-        for (int i = 0; i < min(S, n_units); ++i, next(r, gr)) issue_unit<G>(p, L, sm, i, r, gr);
-    }
-
-    int cur_e = -1, cnt = 0;
-    int rank = rank0, group = group0;
-    for (int i = 0; i < n_units; ++i, next(rank, group)) {
-        const int e = sm.list[rank];
-        if (e != cur_e) {
-            __syncthreads();  // every warp has left the previous expert's units
-            cur_e = e;
-            cnt = max(0, min(p.m, p.counts[e]));
-            stage_tokens<NT, kF16>(p, e, cnt, sm.act, sm.act_s);
-            __syncthreads();
-        }
-        const int s = i % S;
-        mbar_wait(&sm.full[s], uint32_t(i / S) & 1u);
-        const int b = i & 1;
-        float *pbuf = sm.part + b * kWarps * kUnitRows * NT;
-        const int first = (warp - (group % kWarps) * (pairs % kWarps) % kWarps + kWarps) % kWarps;
-        // Unit i - 2's partials (same buffer) must have been summed.
-        if (i >= 2) mbar_wait(&pfree[b], uint32_t((i >> 1) + 1) & 1u);
-        unit_partials<NT, G, kF16>(L, sm.stage0 + s * L.stage_bytes, sm.lut, sm.act, sm.act_s, kb_n, first,
-                                   NT == 16 && cnt > 8, pbuf + warp * kUnitRows * NT);
-        __syncwarp();
-        int last = 0;
-        if (lane == 0) {
-            __threadfence_block();
-            last = atomicAdd(&done[b], 1) == kWarps - 1;
-            __threadfence_block();
-        }
-        if (__shfl_sync(0xFFFFFFFFu, last, 0)) {
-            // Every warp has left stage s and stored its partials of unit i.
-            if (lane == 0) done[b] = 0;
-            if (i + S < n_units) {
-                int r = rank, gr = group;
-                for (int q = 0; q < S; ++q) next(r, gr);
-                issue_unit<G>(p, L, sm, i + S, r, gr);
-            }
-            for (int o = lane; o < kUnitRows * NT; o += 32) {
-                const int row = o % kUnitRows, t = o / kUnitRows;
-                if (t < cnt) store_output<NT, G>(p, pbuf, e, group * kUnitRows, row, t);
-            }
-            __syncwarp();
-            if (lane == 0) mbar_arrive(&pfree[b]);
-        }
-    }
-}
-
 }  // namespace skinny_v3
 #else
 namespace skinny_v3 {
@@ -581,15 +484,6 @@ __device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
 #endif
 }
 
-template <int NT, int G, bool kF16 = false>
-__device__ __forceinline__ void masked_v5(const di_gemm_skinny_params &p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    skinny_v3::masked_v5_sm90<NT, G, kF16>(p);
-#else
-    skinny_v3::masked_v3_simt<NT>(p);
-#endif
-}
-
 // max_m <= 8 and <= 16, units of 16 (_n8, _n16) or 32 weight rows (_g2, for
 // short K); one CTA per SM (the host sizes the stages to the shared memory).
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
@@ -627,37 +521,4 @@ extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
     masked_v3<16, 2, true>(p);
-}
-// V5: the V3 kernels above without the per-unit CTA barrier (masked_v5_sm90).
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n8(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<8, 1>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n16(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<16, 1>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n8_g2(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<8, 2>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n16_g2(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<16, 2>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n8_f16(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<8, 1, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n16_f16(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<16, 1, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n8_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<8, 2, true>(p);
-}
-extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
-    mxfp4_grouped_masked_v5_n16_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
-    masked_v5<16, 2, true>(p);
 }

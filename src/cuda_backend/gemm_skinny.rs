@@ -82,12 +82,13 @@ pub enum SkinnyVersion {
     /// warps and summed in warp order. The dense GEMM has no V3 (typed
     /// error).
     V3,
-    /// V3 without the per-unit CTA barrier: each warp runs ahead, the last
-    /// warp to store its partials of a unit sums them (warp order, as V3),
-    /// issues the unit S ahead and frees the partial buffer; K-block pairs
-    /// are dealt from a warp that rotates with the unit's row group. Same
-    /// shapes and shared memory as V3 ([`v3_layout`]); masked MoE only.
-    V5,
+    /// Masked MoE only, max_m ≤ 16, N % 64 == 0, K % 256 == 0
+    /// ([`v6_layout`]): units of 64 weight rows × all of K streamed in
+    /// 16-block chunks by a producer warp, the e2m1 weights decoded to e4m3
+    /// in registers as the A operand of one `wgmma` per 32-deep block (no
+    /// e4m3 → f16 conversions), K split over 4 warpgroups and summed in
+    /// warpgroup order.
+    V6,
 }
 
 /// A V3 masked launch ([`v3_layout`]).
@@ -183,6 +184,53 @@ fn v3_layout_for(experts: usize, max_m: usize, n: usize, k: usize, f16: bool) ->
         stages,
         smem: u32::try_from(fixed + stages * stage).ok()?,
         f16_tokens: f16,
+    })
+}
+
+/// Threads of a V6 masked CTA (16 consumer warps and a producer warp) and
+/// its stage bound (`skinny_v6::kThreads`, `kMaxStages` in
+/// gemm_skinny_v6.cu).
+const V6_THREADS: u32 = 544;
+const V6_MAX_STAGES: usize = 8;
+
+/// A V6 masked launch ([`v6_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct V6Launch {
+    /// Token tile: 8 or 16.
+    pub nt: u32,
+    /// Pipeline stages (16-block chunks of a 64-row unit).
+    pub stages: usize,
+    /// Dynamic shared memory bytes.
+    pub smem: u32,
+}
+
+/// The V6 masked launch for `experts` × `max_m` tokens, N, K, or `None`
+/// where V6 does not apply (max_m > 16, N % 64 != 0, K % 256 != 0, or fewer
+/// than 2 stages fit). The host twin of `skinny_v6::Layout`, plus 1024
+/// bytes of slack for the kernel's 1024-byte alignment of its base: barriers
+/// (2 × 8 × 8 B), the E8M0 table (1 KiB), the expert list (4 B each, rounded
+/// to 16), the tokens (nt × K e4m3, 1024-aligned), their fp32 scales (K/32 ×
+/// nt × 4, rounded to 16), two partial buffers (2 × 4 × 64 × nt × 4), then
+/// the stages of 64 × 272 + 64 × 16 bytes.
+pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6Launch> {
+    if max_m == 0 || max_m > 16 || !n.is_multiple_of(64) || !k.is_multiple_of(256) {
+        return None;
+    }
+    let nt = if max_m <= 8 { 8 } else { 16 };
+    let a16 = |v: usize| v.next_multiple_of(16);
+    let list = 16 * V6_MAX_STAGES + 1024;
+    let act = (list + a16(experts.checked_mul(4)?)).next_multiple_of(1024);
+    let fixed = act + nt * k + a16(k / 32 * nt * 4) + 2 * 4 * 64 * nt * 4;
+    let stage = 64 * 272 + 64 * 16;
+    let stages = SMEM_LIMIT.checked_sub(fixed + 1024)? / stage;
+    if stages < 2 {
+        return None;
+    }
+    let stages = stages.min(V6_MAX_STAGES);
+    Some(V6Launch {
+        nt: u32::try_from(nt).ok()?,
+        stages,
+        smem: u32::try_from(fixed + stages * stage + 1024).ok()?,
     })
 }
 
@@ -323,12 +371,12 @@ pub fn mxfp8_gemm_skinny_with(
         (SkinnyVersion::V2, 8) => ks::MXFP8_GEMM_SKINNY_V2_N8,
         (SkinnyVersion::V2, 16) => ks::MXFP8_GEMM_SKINNY_V2_N16,
         (SkinnyVersion::V2, _) => ks::MXFP8_GEMM_SKINNY_V2_N32,
-        (SkinnyVersion::V3 | SkinnyVersion::V5, _) => {
+        (SkinnyVersion::V3 | SkinnyVersion::V6, _) => {
             return Err(Error::Argument {
                 op: OP,
                 arg: "version",
                 value: format!("{version:?}"),
-                why: "V3 and V5 are masked-MoE kernels only; the dense GEMM runs V1 or V2",
+                why: "V3 and V6 are masked-MoE kernels only; the dense GEMM runs V1 or V2",
             });
         }
     };
@@ -500,7 +548,16 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
-    if matches!(version, SkinnyVersion::V3 | SkinnyVersion::V5) {
+    if version == SkinnyVersion::V6 {
+        return masked_v6(
+            dev,
+            [a, a_s, b, b_s, counts],
+            out,
+            [e, max_m, n, k],
+            out_f32,
+        );
+    }
+    if version == SkinnyVersion::V3 {
         let Some(V3Launch {
             nt,
             groups: g,
@@ -513,29 +570,20 @@ pub fn mxfp4_grouped_masked_with(
                 op: OP,
                 tensor: "b",
                 got: b.shape().to_vec(),
-                expected: "for V3/V5: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
+                expected: "for V3: max_m <= 16, N a multiple of 16, K a multiple of 32 and \
                            the tokens plus two 16-row stages within shared memory"
                     .into(),
             });
         };
-        let v5 = version == SkinnyVersion::V5;
-        let kernel = match (v5, f16_tokens, nt, g) {
-            (false, false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
-            (false, false, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
-            (false, false, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
-            (false, false, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
-            (false, true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8_F16,
-            (false, true, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16_F16,
-            (false, true, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2_F16,
-            (false, true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
-            (true, false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V5_N8,
-            (true, false, _, 1) => ks::MXFP4_GROUPED_MASKED_V5_N16,
-            (true, false, 8, _) => ks::MXFP4_GROUPED_MASKED_V5_N8_G2,
-            (true, false, _, _) => ks::MXFP4_GROUPED_MASKED_V5_N16_G2,
-            (true, true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V5_N8_F16,
-            (true, true, _, 1) => ks::MXFP4_GROUPED_MASKED_V5_N16_F16,
-            (true, true, 8, _) => ks::MXFP4_GROUPED_MASKED_V5_N8_G2_F16,
-            (true, true, _, _) => ks::MXFP4_GROUPED_MASKED_V5_N16_G2_F16,
+        let kernel = match (f16_tokens, nt, g) {
+            (false, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8,
+            (false, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16,
+            (false, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2,
+            (false, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2,
+            (true, 8, 1) => ks::MXFP4_GROUPED_MASKED_V3_N8_F16,
+            (true, _, 1) => ks::MXFP4_GROUPED_MASKED_V3_N16_F16,
+            (true, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2_F16,
+            (true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
         };
         allow_smem(dev, kernel, smem)?;
         let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
@@ -550,7 +598,7 @@ pub fn mxfp4_grouped_masked_with(
                     op: OP,
                     arg: name,
                     value: format!("{ptr:p}"),
-                    why: "V3/V5 need 16-byte aligned device buffers",
+                    why: "V3 needs 16-byte aligned device buffers",
                 });
             }
         }
@@ -591,7 +639,7 @@ pub fn mxfp4_grouped_masked_with(
                 ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V5 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => (
             32,
             [
                 ks::MXFP4_GROUPED_MASKED_V2_N8,
@@ -623,7 +671,7 @@ pub fn mxfp4_grouped_masked_with(
             1,
         ),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V5 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => (
             u32_param("grid", slots.min(tiles * e * max_m.div_ceil(nt as usize)))?,
             1,
             1,
@@ -656,6 +704,78 @@ pub fn mxfp4_grouped_masked_with(
     let cfg = LaunchConfig {
         grid_dim,
         block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    launch(dev, kernel, cfg, &params)
+}
+
+/// The V6 launch of [`mxfp4_grouped_masked_with`] (shapes already checked
+/// against each other): `[a, a_s, b, b_s, counts]`, `[E, max_m, N, K]`.
+fn masked_v6(
+    dev: &CudaDevice,
+    [a, a_s, b, b_s, counts]: [&Tensor; 5],
+    out: &mut Tensor,
+    [e, max_m, n, k]: [usize; 4],
+    out_f32: bool,
+) -> Result<()> {
+    const OP: &str = "mxfp4_grouped_masked";
+    use kernels::gemm_skinny as ks;
+    let Some(V6Launch { nt, smem, .. }) = v6_layout(e, max_m, n, k) else {
+        return Err(Error::Shape {
+            op: OP,
+            tensor: "b",
+            got: b.shape().to_vec(),
+            expected: "for V6: max_m <= 16, N a multiple of 64, K a multiple of 256 and the \
+                       tokens plus two stages within shared memory"
+                .into(),
+        });
+    };
+    let kernel = if nt == 8 {
+        ks::MXFP4_GROUPED_MASKED_V6_N8
+    } else {
+        ks::MXFP4_GROUPED_MASKED_V6_N16
+    };
+    allow_smem(dev, kernel, smem)?;
+    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+    let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
+    // Bulk copies and 16-byte token loads need 16-byte aligned bases, the
+    // 8-byte scale copies 8-byte aligned ones.
+    for (name, ptr) in [("a", ap), ("b", bp), ("b_s", bsp)] {
+        if !(ptr as usize).is_multiple_of(16) {
+            return Err(Error::Argument {
+                op: OP,
+                arg: name,
+                value: format!("{ptr:p}"),
+                why: "V6 needs 16-byte aligned device buffers",
+            });
+        }
+    }
+    let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
+    let params = di_gemm_skinny_params {
+        a: ap,
+        a_scale: asp,
+        b: bp,
+        b_scale: bsp,
+        counts: cp as *const i32,
+        out: op,
+        m: i32_param("max_m", max_m)?,
+        n: i32_param("n", n)?,
+        k: i32_param("k", k)?,
+        experts: i32_param("experts", e)?,
+        chunks_per_split: 0,
+        out_f32: out_f32 as i32,
+        workspace: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
+        token_halves: 1,
+    };
+    // One CTA per SM; units (64 rows of an active expert) split evenly.
+    let units = e * (n / 64);
+    let cfg = LaunchConfig {
+        grid_dim: (u32_param("grid", dev.sm_count().min(units).max(1))?, 1, 1),
+        block_dim: (V6_THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
     launch(dev, kernel, cfg, &params)
@@ -708,7 +828,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V5 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }

@@ -1,0 +1,379 @@
+// Masked FP4 MoE GEMM for decode, version 6: wgmma with the decoded weights
+// as the A operand from registers (mxfp4_grouped_masked_v6_n{8,16}).
+//
+//   per expert e with c = clamp(counts[e], 0, max_m) > 0:
+//   out[e, :c, N] = A[e, :c, K] (e4m3, 1x32 E8M0) x B[e, N, K]^T (packed e2m1,
+//   one E8M0 per output row per 32 of K); rows >= c untouched.
+//
+// Why (README, "Version 6"): V3 spends ~56 warp instructions per 16 x 32
+// block, a third of them converting e4m3 to f16 for the two HMMA.16816 that
+// ptxas makes of an e4m3 mma.sync (sm_90 has no FP8 mma.sync). wgmma does
+// take e4m3 A from registers: the 7-instruction e2m1 -> e4m3 decode feeds it
+// directly, one wgmma m64nNk32 per 32-deep block for the whole warpgroup.
+//
+// Shapes: max_m <= 16, N % 64 == 0, K % 256 == 0 (the host's `v6_layout`).
+// Uses V3's helpers (same translation unit: the family compiles as one).
+//
+// sm_90a, one CTA of 17 warps per SM, persistent:
+// - Unit = 64 weight rows of one active expert x all of K; a CTA takes a
+//   contiguous range of units (experts in order), one unit at a time.
+// - Warp 16 is the producer: chunk c of a unit (16 K blocks = 256 bytes of
+//   e2m1 per row, 8 at the tail) goes into stage q % S by one bulk copy per
+//   row (rows padded to 272 bytes: ldmatrix without bank conflicts) and the
+//   rows' 16 scale bytes by 8-byte cp.async, all completing on full[s]
+//   (1 expect_tx arrival + 32 cp.async arrivals). It waits on empty[s] (one
+//   arrival per consumer warp) before reusing a stage.
+// - Warps 0-15 are 4 warpgroups. Every warpgroup covers the unit's 64 rows
+//   (warp w % 4: rows 16 (w % 4) ..), warpgroup j on K blocks [4j, 4j + 4)
+//   of each 16-block chunk ([2j, 2j + 2) of an 8-block one). A warp reads its
+//   weights (ldmatrix) and scales into registers, releases the stage,
+//   decodes, and the warpgroup issues one fresh wgmma per block, tokens as B
+//   from shared memory (staged once per expert, 128-byte swizzled K-major
+//   tiles, each 32-deep block as its 16 even then 16 odd bytes to match the
+//   decode's k order). Each fresh block result is folded as
+//   acc = fma(fresh, w_s * a_s, acc) (per-32 promotion, as V1-V3).
+// - At the end of a unit the 4 warpgroups' partials [64 rows][tokens] meet
+//   in shared memory (double-buffered); after a barrier of the 512 consumer
+//   threads each thread adds one output's 4 partials in warpgroup order.
+//   The K split depends on K only: results do not depend on the batch.
+//
+// Other architectures (compile-only here): V3's SIMT path.
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+#include "deepinfer/numerics.cuh"
+#include "deepinfer/params.h"
+#include "deepinfer/sm90.cuh"
+
+namespace skinny_v6 {
+
+constexpr int kRows = 64;                   // weight rows per unit (wgmma M)
+constexpr int kConsumers = 16;              // consumer warps: 4 warpgroups
+constexpr int kThreads = (kConsumers + 1) * 32;  // + the producer warp
+constexpr int kChunk = 16;                  // K blocks per stage
+constexpr int kRowStride = kChunk * 16 + 16;     // 272 bytes: e2m1 + pad
+constexpr int kMaxStages = 8;
+
+__host__ __device__ constexpr int align16(int v) { return (v + 15) & ~15; }
+__host__ __device__ constexpr int align1024(int v) { return (v + 1023) & ~1023; }
+
+// Shared-memory carve-up from a 1024-byte aligned base (the host twin is
+// `v6_layout` in src/cuda_backend/gemm_skinny.rs, which adds 1024 bytes of
+// slack for the alignment): full [8] and empty [8] barriers, the E8M0 table
+// [256] f32, the active-expert list [experts] i32, the tokens (1024-aligned:
+// K/128 tiles of NT rows x 128 bytes), their fp32 scales [K/32][NT], two
+// partial buffers [4 warpgroups][64 rows][NT] f32, then S stages of 64 x 272
+// e2m1 bytes plus 64 x 16 scale bytes.
+struct Layout {
+    int lut, list, act, act_s, part, stages, stage_bytes, ws_off;
+    __host__ __device__ Layout(int nt, int k, int experts) {
+        lut = 16 * kMaxStages;
+        list = lut + 256 * 4;
+        act = align1024(list + align16(experts * 4));
+        act_s = act + nt * k;
+        part = act_s + align16(k / 32 * nt * 4);
+        stages = part + 2 * 4 * kRows * nt * 4;
+        ws_off = kRows * kRowStride;
+        stage_bytes = ws_off + kRows * kChunk;
+    }
+};
+
+}  // namespace skinny_v6
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+namespace skinny_v6 {
+
+using namespace deepinfer::sm90;
+
+// d = A (64 x 32 e4m3, this warp's 16 rows in a0..a3 as mma.m16n8k32's A
+// fragment) . B (NT x 32 e4m3 K-major in shared memory, `desc_b`), fresh.
+template <int NT> __device__ __forceinline__ void wgmma_rs_fresh(float (&d)[NT / 2], const uint32_t (&a)[4],
+                                                                 uint64_t desc_b);
+template <> __device__ __forceinline__ void wgmma_rs_fresh<8>(float (&d)[4], const uint32_t (&a)[4],
+                                                              uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n"
+        "}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+}
+template <> __device__ __forceinline__ void wgmma_rs_fresh<16>(float (&d)[8], const uint32_t (&a)[4],
+                                                               uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, "
+        "{%8, %9, %10, %11}, %12, p, 1, 1;\n"
+        "}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0));
+}
+
+__device__ __forceinline__ void named_sync_consumers() {
+    asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory");
+}
+
+// Arrives on `bar` once this thread's earlier cp.async copies have landed
+// (the arrival was counted in the barrier's initial count).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// Stages expert e's first `cnt` tokens (rows cnt..NT-1 as zeros) as wgmma B
+// tiles: tile c (K 128c..128c+127) holds NT rows of 128 bytes, rows 8..15
+// 1024 bytes after rows 0..7, 16-byte piece j of row t at piece j ^ (t % 8);
+// block b of the tile is pieces 2b (its even bytes) and 2b + 1 (odd bytes).
+// Then the tokens' fp32 scales [K/32][NT]. The 512 consumer threads, no
+// barrier.
+template <int NT>
+__device__ __forceinline__ void stage_tokens(const di_gemm_skinny_params &p, int e, int cnt, uint8_t *act,
+                                             float *act_s) {
+    const int tid = threadIdx.x, k = p.k, kb_n = k / 32;
+    const uint8_t *a = static_cast<const uint8_t *>(p.a) + int64_t(e) * p.m * k;
+    const uint8_t *as = static_cast<const uint8_t *>(p.a_scale) + int64_t(e) * p.m * kb_n;
+    for (int q = tid; q < NT * kb_n; q += kConsumers * 32) {
+        const int t = q / kb_n, kb = q % kb_n;
+        uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+        if (t < cnt) {
+            const uint4 *src = reinterpret_cast<const uint4 *>(a + int64_t(t) * k + kb * 32);
+            v0 = src[0];
+            v1 = src[1];
+        }
+        uint4 ev, od;
+        ev.x = __byte_perm(v0.x, v0.y, 0x6420);
+        ev.y = __byte_perm(v0.z, v0.w, 0x6420);
+        ev.z = __byte_perm(v1.x, v1.y, 0x6420);
+        ev.w = __byte_perm(v1.z, v1.w, 0x6420);
+        od.x = __byte_perm(v0.x, v0.y, 0x7531);
+        od.y = __byte_perm(v0.z, v0.w, 0x7531);
+        od.z = __byte_perm(v1.x, v1.y, 0x7531);
+        od.w = __byte_perm(v1.z, v1.w, 0x7531);
+        uint8_t *row = act + (kb / 4) * NT * 128 + (t / 8) * 1024 + (t % 8) * 128;
+        const int j = 2 * (kb % 4);
+        *reinterpret_cast<uint4 *>(row + ((j ^ (t % 8)) * 16)) = ev;
+        *reinterpret_cast<uint4 *>(row + (((j + 1) ^ (t % 8)) * 16)) = od;
+    }
+    for (int q = tid; q < NT * kb_n; q += kConsumers * 32) {
+        const int t = q % NT, kb = q / NT;
+        act_s[q] = t < cnt ? deepinfer::e8m0_to_f32(as[int64_t(t) * kb_n + kb]) : 0.0f;
+    }
+}
+
+// One warp's share of a chunk in stage `st`: PER blocks starting at block
+// b0 of the chunk (K block kb0 of the row): weights (ldmatrix) and scales
+// into registers, the stage released on `empty`, decoded, PER fresh wgmmas
+// (the warpgroup's 64 rows against the staged tokens), then folded into acc
+// with the weight and token scales.
+template <int NT, int PER>
+__device__ __forceinline__ void chunk(const uint8_t *st, int ws_off, const uint8_t *act, const float *act_s,
+                                      int kb0, int b0, int lm_row, int lm_blk, const float *lut, uint64_t *empty,
+                                      float (&acc)[NT / 2]) {
+    const int lane = threadIdx.x & 31, wq = (threadIdx.x >> 5) % 4, g = lane >> 2, tg = lane & 3;
+    uint32_t w[PER / 2][4];
+    uint32_t sc[PER][2];
+#pragma unroll
+    for (int h = 0; h < PER / 2; ++h) {
+        skinny_v3::ldmatrix_x4(w[h], st + lm_row * kRowStride + (b0 + 2 * h + lm_blk) * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const uint8_t *ws = st + ws_off + (wq * 16 + g) * kChunk + b0 + j;
+        sc[j][0] = ws[0];
+        sc[j][1] = ws[8 * kChunk];
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty);  // this warp is done with the stage
+    uint32_t af[PER][4];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        const uint32_t r0 = w[j / 2][2 * (j % 2)], r8 = w[j / 2][2 * (j % 2) + 1];
+        af[j][0] = deepinfer::e2m1_even_to_e4m3_x2e6(r0);
+        af[j][1] = deepinfer::e2m1_even_to_e4m3_x2e6(r8);
+        af[j][2] = deepinfer::e2m1_odd_to_e4m3_x2e6(r0);
+        af[j][3] = deepinfer::e2m1_odd_to_e4m3_x2e6(r8);
+    }
+    float d[PER][NT / 2];
+    // kb0 is a multiple of PER (4 or 2), so the PER blocks share one token
+    // tile; block j starts 32 j bytes (2 j in the descriptor's 16-byte
+    // address units) into it.
+    const uint64_t desc0 = smem_desc_k128(act + (kb0 / 4) * NT * 128 + 32 * (kb0 % 4));
+    wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) wgmma_rs_fresh<NT>(d[j], af[j], desc0 + uint64_t(2 * j));
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        fence_operands(d[j]);
+        const int kb = kb0 + j;
+        const float s0 = lut[sc[j][0]], s8 = lut[sc[j][1]];
+#pragma unroll
+        for (int h = 0; h < NT / 8; ++h) {
+            const float2 at = *reinterpret_cast<const float2 *>(act_s + kb * NT + 8 * h + 2 * tg);
+            acc[4 * h + 0] = fmaf(d[j][4 * h + 0], s0 * at.x, acc[4 * h + 0]);
+            acc[4 * h + 1] = fmaf(d[j][4 * h + 1], s0 * at.y, acc[4 * h + 1]);
+            acc[4 * h + 2] = fmaf(d[j][4 * h + 2], s8 * at.x, acc[4 * h + 2]);
+            acc[4 * h + 3] = fmaf(d[j][4 * h + 3], s8 * at.y, acc[4 * h + 3]);
+        }
+    }
+}
+
+template <int NT>
+__device__ __forceinline__ void masked_v6_sm90(const di_gemm_skinny_params &p) {
+    static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
+    extern __shared__ __align__(16) uint8_t smem_raw[];
+    // A 1024-byte aligned base (the swizzled token tiles need it).
+    uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
+    const Layout L(NT, p.k, p.experts);
+    const int S = min(kMaxStages, int((skinny_v3::dynamic_smem_bytes() - 1024 - uint32_t(L.stages)) /
+                                      uint32_t(L.stage_bytes)));
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem);
+    uint64_t *empty = full + kMaxStages;
+    float *lut = reinterpret_cast<float *>(smem + L.lut);
+    int *list = reinterpret_cast<int *>(smem + L.list);
+    uint8_t *act = smem + L.act;
+    float *act_s = reinterpret_cast<float *>(smem + L.act_s);
+    float *part = reinterpret_cast<float *>(smem + L.part);
+    uint8_t *stage0 = smem + L.stages;
+    __shared__ int warp_active[kThreads / 32];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int k = p.k, kb_n = k / 32, n_chunks = (kb_n + kChunk - 1) / kChunk;
+    const int groups = p.n / kRows;  // units per expert
+
+    const int n_active = skinny_v3::rank_active<kThreads>(p, list, warp_active);
+    if (tid < 256) lut[tid] = deepinfer::e8m0_to_f32(uint32_t(tid));
+    if (tid == 0) {
+        for (int s = 0; s < S; ++s) {
+            mbar_init(&full[s], 1 + 32);
+            mbar_init(&empty[s], kConsumers);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int64_t units = int64_t(n_active) * groups;
+    const int64_t u_begin = units * blockIdx.x / gridDim.x;
+    const int64_t u_end = units * (blockIdx.x + 1) / gridDim.x;
+    const int n_units = int(u_end - u_begin);
+    if (n_units <= 0) return;
+    const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
+    auto next = [&](int &rank, int &group) {
+        if (++group == groups) {
+            group = 0;
+            ++rank;
+        }
+    };
+
+    if (warp == kConsumers) {
+        // Producer: every chunk of every unit, in order, into stage q % S.
+        const uint8_t *bw = static_cast<const uint8_t *>(p.b);
+        const uint8_t *bs = static_cast<const uint8_t *>(p.b_scale);
+        int q = 0;
+        int rank = rank0, group = group0;
+        for (int i = 0; i < n_units; ++i, next(rank, group)) {
+            const int64_t row0 = int64_t(list[rank]) * p.n + int64_t(group) * kRows;
+            for (int c = 0; c < n_chunks; ++c, ++q) {
+                const int s = q % S;
+                if (q >= S) mbar_wait(&empty[s], uint32_t(q / S - 1) & 1u);
+                const int nb = min(kChunk, kb_n - c * kChunk);
+                uint8_t *st = stage0 + s * L.stage_bytes;
+                if (lane == 0) mbar_arrive_expect_tx(&full[s], uint32_t(kRows * nb * 16));
+                __syncwarp();
+#pragma unroll
+                for (int r = lane; r < kRows; r += 32) {
+                    const int64_t row = row0 + r;
+                    skinny_v3::bulk_copy(st + r * kRowStride, bw + row * (k / 2) + c * kChunk * 16,
+                                         uint32_t(nb * 16), &full[s]);
+                    const uint8_t *src = bs + row * kb_n + c * kChunk;
+                    for (int j = 0; j < nb; j += 8) cp_async8(smem_u32(st + L.ws_off + r * kChunk + j), src + j, true);
+                }
+                cp_async_arrive_noinc(&full[s]);
+            }
+        }
+        return;
+    }
+
+    // Consumers.
+    const int wg = warp / 4, wq = warp % 4, g = lane >> 2, tg = lane & 3;
+    const int lm_row = wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, lm_blk = lane >> 4;
+    int q = 0, cur_e = -1, cnt = 0;
+    int rank = rank0, group = group0;
+    for (int i = 0; i < n_units; ++i, next(rank, group)) {
+        const int e = list[rank];
+        if (e != cur_e) {
+            // Every consumer is past the previous unit's barrier, so its
+            // wgmmas (the readers of the tokens) have completed.
+            cur_e = e;
+            cnt = max(0, min(p.m, p.counts[e]));
+            stage_tokens<NT>(p, e, cnt, act, act_s);
+            fence_proxy_async_smem();  // the tokens are read by wgmma
+            named_sync_consumers();
+        }
+        float acc[NT / 2];
+#pragma unroll
+        for (int x = 0; x < NT / 2; ++x) acc[x] = 0.0f;
+        for (int c = 0; c < n_chunks; ++c, ++q) {
+            const int s = q % S;
+            mbar_wait(&full[s], uint32_t(q / S) & 1u);
+            const uint8_t *st = stage0 + s * L.stage_bytes;
+            // Branch-free wgmma issue per chunk size (a wgmma under a
+            // condition makes ptxas wait for each one before the next).
+            if (kb_n - c * kChunk >= kChunk) {
+                chunk<NT, 4>(st, L.ws_off, act, act_s, c * kChunk + wg * 4, wg * 4, lm_row, lm_blk, lut, &empty[s],
+                             acc);
+            } else {
+                chunk<NT, 2>(st, L.ws_off, act, act_s, c * kChunk + wg * 2, wg * 2, lm_row, lm_blk, lut, &empty[s],
+                             acc);
+            }
+        }
+        // Partials [warpgroup][row][token] of buffer i % 2.
+        float *pb = part + (i & 1) * 4 * kRows * NT;
+        float *pw = pb + wg * kRows * NT;
+        const int row = wq * 16 + g;
+#pragma unroll
+        for (int h = 0; h < NT / 8; ++h) {
+            pw[row * NT + 8 * h + 2 * tg] = acc[4 * h + 0];
+            pw[row * NT + 8 * h + 2 * tg + 1] = acc[4 * h + 1];
+            pw[(row + 8) * NT + 8 * h + 2 * tg] = acc[4 * h + 2];
+            pw[(row + 8) * NT + 8 * h + 2 * tg + 1] = acc[4 * h + 3];
+        }
+        named_sync_consumers();
+        for (int o = tid; o < kRows * NT; o += kConsumers * 32) {
+            const int r = o % kRows, t = o / kRows;
+            if (t < cnt) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int x = 0; x < 4; ++x) sum += pb[x * kRows * NT + r * NT + t];
+                sum *= 64.0f;  // the decode's 2^-6, exactly
+                const int64_t at = (int64_t(e) * p.m + t) * p.n + int64_t(group) * kRows + r;
+                if (p.out_f32) {
+                    static_cast<float *>(p.out)[at] = sum;
+                } else {
+                    static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace skinny_v6
+#endif
+
+template <int NT> __device__ __forceinline__ void masked_v6(const di_gemm_skinny_params &p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    skinny_v6::masked_v6_sm90<NT>(p);
+#else
+    skinny_v3::masked_v3_simt<NT>(p);
+#endif
+}
+
+// max_m <= 8 and <= 16; one CTA per SM (the host sizes the stages).
+extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
+    mxfp4_grouped_masked_v6_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v6<8>(p);
+}
+extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
+    mxfp4_grouped_masked_v6_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    masked_v6<16>(p);
+}
