@@ -35,7 +35,8 @@
 //! (16-byte row copies; FP4 rows of K / 2 bytes in 8-byte copies), M ≤ 64 for
 //! the dense GEMM, dimensions that fit the kernels' 32-bit indices.
 
-use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params};
+use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params};
+use super::tma::{Swizzle, encode_u8};
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
 use crate::device::{CudaBuffer, CudaDevice};
@@ -211,7 +212,8 @@ pub struct V6Launch {
 /// (2 × 8 × 8 B), the E8M0 table (1 KiB), the expert list (4 B each, rounded
 /// to 16), the tokens (nt × K e4m3, 1024-aligned), their fp32 scales (K/32 ×
 /// nt × 4, rounded to 16), two partial buffers (2 × 4 × 64 × nt × 4), then
-/// the stages of 64 × 272 + 64 × 16 bytes.
+/// (1024-aligned) the stages of two 64 × 128-byte TMA boxes + 64 × 16 scale
+/// bytes.
 pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6Launch> {
     if max_m == 0 || max_m > 16 || !n.is_multiple_of(64) || !k.is_multiple_of(256) {
         return None;
@@ -220,8 +222,8 @@ pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6L
     let a16 = |v: usize| v.next_multiple_of(16);
     let list = 16 * V6_MAX_STAGES + 1024;
     let act = (list + a16(experts.checked_mul(4)?)).next_multiple_of(1024);
-    let fixed = act + nt * k + a16(k / 32 * nt * 4) + 2 * 4 * 64 * nt * 4;
-    let stage = 64 * 272 + 64 * 16;
+    let fixed = (act + nt * k + a16(k / 32 * nt * 4) + 2 * 4 * 64 * nt * 4).next_multiple_of(1024);
+    let stage = 2 * 64 * 128 + 64 * 16;
     let stages = SMEM_LIMIT.checked_sub(fixed + 1024)? / stage;
     if stages < 2 {
         return None;
@@ -753,8 +755,18 @@ fn masked_v6(
             });
         }
     }
+    // b as [E · N rows, K/2 bytes]: one box is a chunk's 64 rows × 128 bytes.
+    let b_map = encode_u8(
+        OP,
+        "b",
+        bp,
+        &[(k / 2) as u64, (e * n) as u64],
+        &[(k / 2) as u64],
+        &[128, 64],
+        Swizzle::B128,
+    )?;
     let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
-    let params = di_gemm_skinny_params {
+    let p = di_gemm_skinny_params {
         a: ap,
         a_scale: asp,
         b: bp,
@@ -771,6 +783,7 @@ fn masked_v6(
         tickets: std::ptr::null_mut(),
         token_halves: 1,
     };
+    let params = di_masked_v6_params { b_map, p };
     // One CTA per SM; units (64 rows of an active expert) split evenly.
     let units = e * (n / 64);
     let cfg = LaunchConfig {

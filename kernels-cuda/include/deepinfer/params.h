@@ -192,6 +192,14 @@ typedef struct di_gemm_skinny_params {
     int32_t token_halves;
 } di_gemm_skinny_params;
 
+/* Masked FP4 MoE version 6 (gemm_skinny/gemm_skinny_v6.cu): the skinny
+ * parameters plus b_map, b as a 2D uint8 map (k / 2, experts * n), box 128
+ * bytes x 64 rows, 128-byte swizzle. */
+typedef struct di_masked_v6_params {
+    di_tensor_map b_map;
+    di_gemm_skinny_params p;
+} di_masked_v6_params;
+
 /* out[i] = sum over s in order of partials[s * count + i], BF16 or F32. */
 typedef struct di_gemm_skinny_reduce_params {
     const float *partials;
