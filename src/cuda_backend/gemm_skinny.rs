@@ -468,12 +468,13 @@ pub fn mxfp8_gemm_skinny_with(
 
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
 /// every expert e and row r < clamp(counts[e], 0, max_m),
-/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`. Runs V3 where [`v3_layout`] takes
-/// the shape and max_m ≤ 8 (or ≤ 16 for K > 2560), else the
-/// [`masked_version`] kernels. V3 sums its K blocks in another order than
-/// V1/V2 (calc_diff-equal, not bitwise), so at the max_m where the choice
-/// changes a token's result may change in its last bits; below and above
-/// that point it does not depend on the batch.
+/// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`. Runs V6 where [`v6_layout`] takes
+/// the shape, else V3 where [`v3_layout`] does and max_m ≤ 8 (or ≤ 16 for
+/// K > 2560), else the [`masked_version`] kernels. V3 and V6 sum their K
+/// blocks in other orders than V1/V2 and each other (calc_diff-equal, not
+/// bitwise), so at the max_m where the choice changes a token's result may
+/// change in its last bits; below and above that point it does not depend
+/// on the batch.
 ///
 /// `a` `[E, max_m, K]` e4m3, `a_s` `[E, max_m, ⌈K/32⌉]` E8M0, `b` `[E, N, K]`
 /// packed e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of
@@ -492,11 +493,16 @@ pub fn mxfp4_grouped_masked(
 ) -> Result<()> {
     let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
     let (e, max_m, k, n) = (dim(a, 0), dim(a, 1), dim(a, 2), dim(b, 1));
-    // V3 where it applies, up to 8 tokens per expert and, for K > 2560 (its
-    // 16-row units), up to 16; else the V1/V2 rule. Bench of 2026-12-01
-    // (d3f26b9): w1 1109 / 1749 µs (V3, 1 / 16 tokens) vs V2 1865 / 1873;
-    // w2 1439 µs (V3, 1 token) vs V2 1721, but 2562 vs 1794 at 16.
-    let version = if v3_layout(e, max_m, n, k).is_some() && (max_m <= 8 || k > 2560) {
+    // V6 where it applies (max_m <= 16, N % 64, K % 256): at one EP-64 rank
+    // (6 experts, bench of 2026-12-03, 5577deb) w13 34.1 / 36.3 µs at 1 / 8
+    // tokens vs V3 44.3 / 46.0, w2 18.5 / 19.9 vs 30.7 / 33.8. Else V3 up
+    // to 8 tokens per expert and, for K > 2560 (its 16-row units), up to
+    // 16; else the V1/V2 rule. Bench of 2026-12-01 (d3f26b9): w1 1109 /
+    // 1749 µs (V3, 1 / 16 tokens) vs V2 1865 / 1873; w2 1439 µs (V3, 1
+    // token) vs V2 1721, but 2562 vs 1794 at 16.
+    let version = if v6_layout(e, max_m, n, k).is_some() {
+        SkinnyVersion::V6
+    } else if v3_layout(e, max_m, n, k).is_some() && (max_m <= 8 || k > 2560) {
         SkinnyVersion::V3
     } else {
         masked_version(max_m)

@@ -67,7 +67,7 @@ pub enum MoeLayout {
 
 /// The most tokens a step runs in the masked layout under
 /// [`MoeLayout::Auto`] (decode batches): the skinny masked FP4 kernels
-/// (V2, V3) take at most 16 rows an expert, and the buffers hold T rows per
+/// (V2, V3, V6) take at most 16 rows an expert, and the buffers hold T rows per
 /// expert, so they grow with T · experts.
 pub const MASKED_MAX_TOKENS: usize = 16;
 
