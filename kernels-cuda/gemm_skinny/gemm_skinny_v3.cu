@@ -183,6 +183,27 @@ __device__ __forceinline__ int rank_active(const di_gemm_skinny_params &p, int *
     return n_active;
 }
 
+// A CTA's contiguous share of the n_active x groups units (experts in rank
+// order, `groups` units each), walked as a (rank, group) cursor advanced one
+// unit at a time (no 64-bit division per unit).
+struct Units {
+    int count, rank0, group0, groups;
+    __device__ Units(int n_active, int groups_) : groups(groups_) {
+        const int64_t units = int64_t(n_active) * groups;
+        const int64_t u_begin = units * blockIdx.x / gridDim.x;
+        const int64_t u_end = units * (blockIdx.x + 1) / gridDim.x;
+        count = int(u_end - u_begin);
+        rank0 = int(u_begin / groups);
+        group0 = int(u_begin % groups);
+    }
+    __device__ void next(int &rank, int &group) const {
+        if (++group == groups) {
+            group = 0;
+            ++rank;
+        }
+    }
+};
+
 // Stages expert e's first `cnt` tokens (rows cnt..NT-1 as zeros) and their
 // fp32 scales: all threads, no barrier (the caller fences around it).
 template <int NT, bool kF16>
@@ -383,21 +404,10 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     }
     __syncthreads();
 
-    const int64_t units = int64_t(n_active) * groups;
-    const int64_t u_begin = units * blockIdx.x / gridDim.x;
-    const int64_t u_end = units * (blockIdx.x + 1) / gridDim.x;
-    const int n_units = int(u_end - u_begin);
+    const Units U(n_active, groups);
+    const int n_units = U.count, rank0 = U.rank0, group0 = U.group0;
     if (n_units <= 0) return;
-
-    // Units are walked as (rank, group) cursors, advanced one unit at a time
-    // (no 64-bit division per unit): `next` moves one forward.
-    const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
-    auto next = [&](int &rank, int &group) {
-        if (++group == groups) {
-            group = 0;
-            ++rank;
-        }
-    };
+    auto next = [&](int &rank, int &group) { U.next(rank, group); };
     int is_rank = rank0, is_group = group0;  // warp 0: the next unit to issue
     if (warp == 0) {
         for (int i = 0; i < min(S, n_units); ++i, next(is_rank, is_group)) issue_unit<G>(p, L, sm, i, is_rank, is_group);

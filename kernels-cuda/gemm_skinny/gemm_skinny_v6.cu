@@ -257,18 +257,10 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
     }
     __syncthreads();
 
-    const int64_t units = int64_t(n_active) * groups;
-    const int64_t u_begin = units * blockIdx.x / gridDim.x;
-    const int64_t u_end = units * (blockIdx.x + 1) / gridDim.x;
-    const int n_units = int(u_end - u_begin);
+    const skinny_v3::Units U(n_active, groups);
+    const int n_units = U.count, rank0 = U.rank0, group0 = U.group0;
     if (n_units <= 0) return;
-    const int rank0 = int(u_begin / groups), group0 = int(u_begin % groups);
-    auto next = [&](int &rank, int &group) {
-        if (++group == groups) {
-            group = 0;
-            ++rank;
-        }
-    };
+    auto next = [&](int &rank, int &group) { U.next(rank, group); };
 
     if (warp == kConsumers) {
         // Producer: every chunk of every unit, in order, into stage q % S.

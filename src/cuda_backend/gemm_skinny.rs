@@ -599,35 +599,15 @@ pub fn mxfp4_grouped_masked_with(
         let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
         let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
         let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
-        // The bulk copies and 16-byte token loads need 16-byte aligned bases.
-        for (name, ptr) in [("a", ap), ("b", bp), ("b_s", bsp)] {
-            if !(ptr as usize).is_multiple_of(16) {
-                return Err(Error::Argument {
-                    op: OP,
-                    arg: name,
-                    value: format!("{ptr:p}"),
-                    why: "V3 needs 16-byte aligned device buffers",
-                });
-            }
-        }
         let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
-        let params = di_gemm_skinny_params {
-            a: ap,
-            a_scale: asp,
-            b: bp,
-            b_scale: bsp,
-            counts: cp as *const i32,
-            out: op,
-            m: i32_param("max_m", max_m)?,
-            n: i32_param("n", n)?,
-            k: i32_param("k", k)?,
-            experts: i32_param("experts", e)?,
-            chunks_per_split: 0,
-            out_f32: out_f32 as i32,
-            workspace: std::ptr::null_mut(),
-            tickets: std::ptr::null_mut(),
-            token_halves: 1,
-        };
+        let params = streaming_params(
+            "V3 needs 16-byte aligned device buffers",
+            [ap, asp, bp, bsp],
+            cp,
+            op,
+            [e, max_m, n, k],
+            out_f32,
+        )?;
         // One CTA per SM; units (16 g rows of an active expert) split evenly.
         let units = e * (n / (16 * g as usize));
         let cfg = LaunchConfig {
@@ -717,6 +697,47 @@ pub fn mxfp4_grouped_masked_with(
     launch(dev, kernel, cfg, &params)
 }
 
+/// The parameters of a V3 or V6 launch from its buffers' device addresses,
+/// after checking the 16-byte alignment that their bulk copies, TMA boxes
+/// and 16-byte token loads need (`why` names the version in the error).
+fn streaming_params(
+    why: &'static str,
+    [a, a_scale, b, b_scale]: [*const std::ffi::c_void; 4],
+    counts: *const std::ffi::c_void,
+    out: *mut std::ffi::c_void,
+    [e, max_m, n, k]: [usize; 4],
+    out_f32: bool,
+) -> Result<di_gemm_skinny_params> {
+    const OP: &str = "mxfp4_grouped_masked";
+    for (name, ptr) in [("a", a), ("b", b), ("b_s", b_scale)] {
+        if !(ptr as usize).is_multiple_of(16) {
+            return Err(Error::Argument {
+                op: OP,
+                arg: name,
+                value: format!("{ptr:p}"),
+                why,
+            });
+        }
+    }
+    Ok(di_gemm_skinny_params {
+        a,
+        a_scale,
+        b,
+        b_scale,
+        counts: counts as *const i32,
+        out,
+        m: i32_param("max_m", max_m)?,
+        n: i32_param("n", n)?,
+        k: i32_param("k", k)?,
+        experts: i32_param("experts", e)?,
+        chunks_per_split: 0,
+        out_f32: out_f32 as i32,
+        workspace: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
+        token_halves: 1,
+    })
+}
+
 /// The V6 launch of [`mxfp4_grouped_masked_with`] (shapes already checked
 /// against each other): `[a, a_s, b, b_s, counts]`, `[E, max_m, N, K]`.
 fn masked_v6(
@@ -749,18 +770,15 @@ fn masked_v6(
     let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
     let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
     let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
-    // Bulk copies and 16-byte token loads need 16-byte aligned bases, the
-    // 8-byte scale copies 8-byte aligned ones.
-    for (name, ptr) in [("a", ap), ("b", bp), ("b_s", bsp)] {
-        if !(ptr as usize).is_multiple_of(16) {
-            return Err(Error::Argument {
-                op: OP,
-                arg: name,
-                value: format!("{ptr:p}"),
-                why: "V6 needs 16-byte aligned device buffers",
-            });
-        }
-    }
+    let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
+    let p = streaming_params(
+        "V6 needs 16-byte aligned device buffers",
+        [ap, asp, bp, bsp],
+        cp,
+        op,
+        [e, max_m, n, k],
+        out_f32,
+    )?;
     // b as [E · N rows, K/2 bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
         OP,
@@ -771,24 +789,6 @@ fn masked_v6(
         &[128, 64],
         Swizzle::B128,
     )?;
-    let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
-    let p = di_gemm_skinny_params {
-        a: ap,
-        a_scale: asp,
-        b: bp,
-        b_scale: bsp,
-        counts: cp as *const i32,
-        out: op,
-        m: i32_param("max_m", max_m)?,
-        n: i32_param("n", n)?,
-        k: i32_param("k", k)?,
-        experts: i32_param("experts", e)?,
-        chunks_per_split: 0,
-        out_f32: out_f32 as i32,
-        workspace: std::ptr::null_mut(),
-        tickets: std::ptr::null_mut(),
-        token_halves: 1,
-    };
     let params = di_masked_v6_params { b_map, p };
     // One CTA per SM; units (64 rows of an active expert) split evenly.
     let units = e * (n / 64);
@@ -954,7 +954,7 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{SkinnyVersion, V3Launch, smem_bytes, v3_layout};
+    use super::{SkinnyVersion, V3Launch, V6Launch, smem_bytes, v3_layout, v6_layout};
 
     /// V3's carve-up at the bench shapes (gemm_skinny_v3.cu's `Layout`), and
     /// the shapes it refuses.
@@ -979,6 +979,30 @@ mod tests {
         assert_eq!(v3_layout(384, 17, 5120, 2304), None);
         assert_eq!(v3_layout(4, 8, 40, 64), None);
         assert_eq!(v3_layout(4, 8, 64, 48), None);
+    }
+
+    /// V6's carve-up at the V4.1 expert shapes (gemm_skinny_v6.cu's
+    /// `Layout`, worked by hand: barriers 128 B + E8M0 table 1 KiB + expert
+    /// list, tokens 1024-aligned, token scales, partials, stages
+    /// 1024-aligned at 17408 B, plus 1 KiB of alignment slack), and the
+    /// shapes it refuses.
+    #[test]
+    fn v6_layout_at_the_moe_shapes() {
+        let l = |nt, stages, smem| Some(V6Launch { nt, stages, smem });
+        // w13 (4608 × 5120), 6 experts, 8 tokens: tokens at 2048, 40960 B
+        // of them, 5120 of scales, 16384 of partials: stages at 64512;
+        // (230400 − 64512 − 1024) / 17408 = 9, capped at 8.
+        assert_eq!(v6_layout(6, 8, 4608, 5120), l(8, 8, 204_800));
+        // 384 experts, 16 tokens: the list takes 1536 B (tokens at 3072),
+        // 81920 B of tokens, 10240 of scales, 32768 of partials: stages at
+        // 128000, 5 of them.
+        assert_eq!(v6_layout(384, 16, 4608, 5120), l(16, 5, 216_064));
+        // w2 (5120 × 2304), 6 experts, 1 token: stages at 39936, 8.
+        assert_eq!(v6_layout(6, 1, 5120, 2304), l(8, 8, 180_224));
+        assert_eq!(v6_layout(6, 17, 5120, 2304), None);
+        assert_eq!(v6_layout(6, 8, 4608 + 32, 5120), None);
+        assert_eq!(v6_layout(6, 8, 4608, 2304 + 128), None);
+        assert_eq!(v6_layout(6, 0, 4608, 5120), None);
     }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
