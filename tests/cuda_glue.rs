@@ -1,7 +1,8 @@
 //! The forward's glue ops on the GPU against the CPU reference, with fresh
 //! random inputs (special values included), tail shapes, and outputs
 //! NaN-poisoned by the device (every element must be written):
-//! - bitwise (NaN matching NaN): `scale`, `div_scalar`, `add`, `cat_cols`,
+//! - bitwise (NaN matching NaN): `scale`, `div_scalar`, `add`, `cat_cols`
+//!   (packed FP4 included, at even widths),
 //!   `embedding`, `argmax` (ties, NaN, ±0, all-NaN rows), `hc_init`,
 //!   `hc_collapse`, `hc_stream_mean`, `engram_rows`, `engram_lookup`,
 //!   `moe_permute`, `moe_combine` (random and repeated permutations),
@@ -177,12 +178,26 @@ fn cat_cols_is_bitwise_the_cpu() {
             );
         }
     }
-    let fp4 = Tensor::from_vec(vec![Fp4x2(0x21); 2], &[1, 4]).unwrap();
-    let g = up(&fp4, &dev);
-    assert!(matches!(
-        ops::cat_cols(&[&g, &g]),
-        Err(Error::Unsupported { .. })
-    ));
+    // Packed FP4 (two values a byte; its widths are even by construction)
+    // joins on whole bytes, bitwise the CPU.
+    for &t in &[1usize, 3, 129] {
+        let widths = [2usize, 0, 64, 6];
+        let parts: Vec<Tensor> = widths
+            .iter()
+            .map(|&w| {
+                let bytes = (0..t * w / 2).map(|_| Fp4x2(rng.random::<u8>())).collect();
+                Tensor::from_vec(bytes, &[t, w]).unwrap()
+            })
+            .collect();
+        let cpu: Vec<&Tensor> = parts.iter().collect();
+        let g: Vec<Tensor> = parts.iter().map(|p| up(p, &dev)).collect();
+        let gr: Vec<&Tensor> = g.iter().collect();
+        assert_same(
+            &format!("T {t} fp4"),
+            &ops::cat_cols(&gr).unwrap(),
+            &ops::cat_cols(&cpu).unwrap(),
+        );
+    }
 }
 
 #[test]

@@ -409,6 +409,29 @@ fn scalar_and_concat_ops_round_once_and_check_shapes() {
     );
     let e = ops::cat_cols(&[&a, &Tensor::from_vec(vec![1.0f32; 3], &[3, 1]).unwrap()]).unwrap_err();
     assert!(matches!(e, Error::Shape { .. }), "{e}");
+    // Packed FP4 (two values a byte, low nibble first) joins whole bytes:
+    // [2, 4] and [2, 2] give each row its 2 + 1 bytes in order.
+    let fa = Tensor::from_vec(
+        [0x10u8, 0x32, 0x54, 0x76]
+            .map(deepinfer::dtype::Fp4x2)
+            .to_vec(),
+        &[2, 4],
+    )
+    .unwrap();
+    let fb = Tensor::from_vec(
+        [0x98u8, 0xBA].map(deepinfer::dtype::Fp4x2).to_vec(),
+        &[2, 2],
+    )
+    .unwrap();
+    let fc = ops::cat_cols(&[&fa, &fb]).unwrap();
+    assert_eq!(fc.shape(), [2, 6]);
+    assert_eq!(
+        fc.to_le_bytes().unwrap(),
+        vec![0x10, 0x32, 0x98, 0x54, 0x76, 0xBA]
+    );
+    // An odd width would split a byte: such a part cannot be built.
+    let e = Tensor::from_vec(vec![deepinfer::dtype::Fp4x2(0x21); 2], &[1, 3]).unwrap_err();
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
 }
 
 #[test]
