@@ -206,8 +206,8 @@ pub struct V6Launch {
 }
 
 /// The V6 masked launch for `experts` × `max_m` tokens, N, K, or `None`
-/// where V6 does not apply (max_m > 16, N % 64 != 0, K % 256 != 0, or fewer
-/// than 2 stages fit). The host twin of `skinny_v6::Layout`, plus 1024
+/// where V6 does not apply (max_m > 16, N % 64 != 0, K % 256 != 0,
+/// experts · N ≥ 2^31 rows, or fewer than 2 stages fit). The host twin of `skinny_v6::Layout`, plus 1024
 /// bytes of slack for the kernel's 1024-byte alignment of its base: barriers
 /// (2 × 8 × 8 B), the E8M0 table (1 KiB), the expert list (4 B each, rounded
 /// to 16), the tokens (nt × K e4m3, 1024-aligned), their fp32 scales (K/32 ×
@@ -216,6 +216,10 @@ pub struct V6Launch {
 /// bytes.
 pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6Launch> {
     if max_m == 0 || max_m > 16 || !n.is_multiple_of(64) || !k.is_multiple_of(256) {
+        return None;
+    }
+    // The TMA box's row coordinate is an i32: every row of b must have one.
+    if i32::try_from(experts.checked_mul(n)?).is_err() {
         return None;
     }
     let nt = if max_m <= 8 { 8 } else { 16 };
@@ -1003,6 +1007,11 @@ mod tests {
         assert_eq!(v6_layout(6, 8, 4608 + 32, 5120), None);
         assert_eq!(v6_layout(6, 8, 4608, 2304 + 128), None);
         assert_eq!(v6_layout(6, 0, 4608, 5120), None);
+        // b's rows (experts · N) must fit the TMA box's i32 row coordinate:
+        // 30000 × 65536 do (the list takes 120000 B: 5 stages fit), 40000
+        // × 65536 do not (2 stages would still fit).
+        assert_eq!(v6_layout(30_000, 8, 65_536, 256), l(8, 5, 229_376));
+        assert_eq!(v6_layout(40_000, 8, 65_536, 256), None);
     }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
