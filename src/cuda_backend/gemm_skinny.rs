@@ -46,6 +46,7 @@ use crate::kernels::{self, KernelRef};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::sync::{Arc, LazyLock, Mutex};
 
 /// Threads per CTA: one warpgroup (the sm_90a kernels issue wgmma on it).
@@ -598,20 +599,11 @@ pub fn mxfp4_grouped_masked_with(
             (true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
         };
         allow_smem(dev, kernel, smem)?;
-        let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
-        let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
-        let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
-        let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
-        let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
-        let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
-        let params = streaming_params(
-            "V3 needs 16-byte aligned device buffers",
-            [ap, asp, bp, bsp],
-            cp,
-            op,
-            [e, max_m, n, k],
-            out_f32,
-        )?;
+        let ([ap, asp, bp, bsp, cp], op, _guards) =
+            masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
+        let why = "V3 needs 16-byte aligned device buffers";
+        check_aligned16(why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
+        let params = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
         // One CTA per SM; units (16 g rows of an active expert) split evenly.
         let units = e * (n / (16 * g as usize));
         let cfg = LaunchConfig {
@@ -670,29 +662,8 @@ pub fn mxfp4_grouped_masked_with(
         ),
     };
 
-    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
-    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
-    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
-    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
-    let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
-    let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
-    let params = di_gemm_skinny_params {
-        a: ap,
-        a_scale: asp,
-        b: bp,
-        b_scale: bsp,
-        counts: cp as *const i32,
-        out: op,
-        m: i32_param("max_m", max_m)?,
-        n: i32_param("n", n)?,
-        k: i32_param("k", k)?,
-        experts: i32_param("e", e)?,
-        chunks_per_split: 0,
-        out_f32: out_f32 as i32,
-        workspace: std::ptr::null_mut(),
-        tickets: std::ptr::null_mut(),
-        token_halves: 1,
-    };
+    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
+    let params = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
     let cfg = LaunchConfig {
         grid_dim,
         block_dim: (THREADS, 1, 1),
@@ -701,28 +672,54 @@ pub fn mxfp4_grouped_masked_with(
     launch(dev, kernel, cfg, &params)
 }
 
-/// The parameters of a V3 or V6 launch from its buffers' device addresses,
-/// after checking the 16-byte alignment that their bulk copies, TMA boxes
-/// and 16-byte token loads need (`why` names the version in the error).
-fn streaming_params(
-    why: &'static str,
-    [a, a_scale, b, b_scale]: [*const std::ffi::c_void; 4],
-    counts: *const std::ffi::c_void,
-    out: *mut std::ffi::c_void,
+/// The device addresses of a masked launch's `[a, a_s, b, b_s, counts]` and
+/// `out`, with the guards that keep them valid: hold the guards across the
+/// launch.
+fn masked_ptrs<'a>(
+    dev: &'a CudaDevice,
+    ins: [&'a Tensor; 5],
+    out: &'a mut Tensor,
+) -> Result<([*const c_void; 5], *mut c_void, impl Sized + 'a)> {
+    const OP: &str = "mxfp4_grouped_masked";
+    let names = ["a", "a_s", "b", "b_s", "counts"];
+    let mut ptrs = [std::ptr::null(); 5];
+    let mut guards = Vec::with_capacity(5);
+    for ((ptr, name), t) in ptrs.iter_mut().zip(names).zip(ins) {
+        let (p, guard) = read_ptr(buf(OP, name, t)?, dev);
+        *ptr = p;
+        guards.push(guard);
+    }
+    let (op, out_guard) = write_ptr(buf_mut(OP, "out", out)?, dev);
+    Ok((ptrs, op, (guards, out_guard)))
+}
+
+/// The 16-byte alignment that the V3 and V6 bulk copies, TMA boxes and
+/// 16-byte token loads need of the named bases (`why` names the version in
+/// the error).
+fn check_aligned16(why: &'static str, bases: [(&'static str, *const c_void); 3]) -> Result<()> {
+    match bases
+        .iter()
+        .find(|(_, p)| !(*p as usize).is_multiple_of(16))
+    {
+        Some(&(arg, p)) => Err(Error::Argument {
+            op: "mxfp4_grouped_masked",
+            arg,
+            value: format!("{p:p}"),
+            why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// The parameters of a masked launch (every version) from its buffers'
+/// device addresses and `[E, max_m, N, K]`.
+fn masked_params(
+    [a, a_scale, b, b_scale]: [*const c_void; 4],
+    counts: *const c_void,
+    out: *mut c_void,
     [e, max_m, n, k]: [usize; 4],
     out_f32: bool,
 ) -> Result<di_gemm_skinny_params> {
-    const OP: &str = "mxfp4_grouped_masked";
-    for (name, ptr) in [("a", a), ("b", b), ("b_s", b_scale)] {
-        if !(ptr as usize).is_multiple_of(16) {
-            return Err(Error::Argument {
-                op: OP,
-                arg: name,
-                value: format!("{ptr:p}"),
-                why,
-            });
-        }
-    }
     Ok(di_gemm_skinny_params {
         a,
         a_scale,
@@ -769,20 +766,10 @@ fn masked_v6(
         ks::MXFP4_GROUPED_MASKED_V6_N16
     };
     allow_smem(dev, kernel, smem)?;
-    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
-    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
-    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
-    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
-    let (cp, _gc) = read_ptr(buf(OP, "counts", counts)?, dev);
-    let (op, _go) = write_ptr(buf_mut(OP, "out", out)?, dev);
-    let p = streaming_params(
-        "V6 needs 16-byte aligned device buffers",
-        [ap, asp, bp, bsp],
-        cp,
-        op,
-        [e, max_m, n, k],
-        out_f32,
-    )?;
+    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
+    let why = "V6 needs 16-byte aligned device buffers";
+    check_aligned16(why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
+    let p = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
     // b as [E · N rows, K/2 bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
         OP,
