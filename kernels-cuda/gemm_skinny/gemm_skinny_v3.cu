@@ -319,6 +319,18 @@ __device__ __forceinline__ void unit_partials(const Layout &L, const uint8_t *st
     }
 }
 
+// out[e, t, col] = sum x 2^6 (the decode's 2^-6, exactly), BF16 or F32.
+__device__ __forceinline__ void write_output(const di_gemm_skinny_params &p, int e, int t, int64_t col,
+                                             float sum) {
+    sum *= 64.0f;
+    const int64_t at = (int64_t(e) * p.m + t) * p.n + col;
+    if (p.out_f32) {
+        static_cast<float *>(p.out)[at] = sum;
+    } else {
+        static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
+    }
+}
+
 // out[e, t, r0 + row] = the 16 warp partials of (row, t) in `pb` (buffer of
 // one unit, [warp][unit row][token]) added in warp order, times 2^6.
 template <int NT, int G>
@@ -328,16 +340,10 @@ __device__ __forceinline__ void store_output(const di_gemm_skinny_params &p, con
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += pb[w * kUnitRows * NT + row * NT + t];
-    sum *= 64.0f;  // the decode's 2^-6, exactly
-    const int64_t at = (int64_t(e) * p.m + t) * p.n + r0 + row;
-    if (p.out_f32) {
-        static_cast<float *>(p.out)[at] = sum;
-    } else {
-        static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
-    }
+    write_output(p, e, t, r0 + row, sum);
 }
 
-// The shared-memory pointers of a V3/V5 CTA and its stage count.
+// The shared-memory pointers of a V3 CTA and its stage count.
 struct Smem {
     uint64_t *full;
     float *lut;
@@ -407,15 +413,14 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
     const Units U(n_active, groups);
     const int n_units = U.count, rank0 = U.rank0, group0 = U.group0;
     if (n_units <= 0) return;
-    auto next = [&](int &rank, int &group) { U.next(rank, group); };
     int is_rank = rank0, is_group = group0;  // warp 0: the next unit to issue
     if (warp == 0) {
-        for (int i = 0; i < min(S, n_units); ++i, next(is_rank, is_group)) issue_unit<G>(p, L, sm, i, is_rank, is_group);
+        for (int i = 0; i < min(S, n_units); ++i, U.next(is_rank, is_group)) issue_unit<G>(p, L, sm, i, is_rank, is_group);
     }
 
     int cur_e = -1, cnt = 0;
     int rank = rank0, group = group0;
-    for (int i = 0; i < n_units; ++i, next(rank, group)) {
+    for (int i = 0; i < n_units; ++i, U.next(rank, group)) {
         const int e = sm.list[rank];
         if (e != cur_e) {
             // The previous unit's readers are past the barrier that ended it.
@@ -433,7 +438,7 @@ __device__ __forceinline__ void masked_v3_sm90(const di_gemm_skinny_params &p) {
         __syncthreads();
         if (warp == 0 && i + S < n_units) {
             issue_unit<G>(p, L, sm, i + S, is_rank, is_group);
-            next(is_rank, is_group);
+            U.next(is_rank, is_group);
         }
         if (tid < kUnitRows * NT) {
             const int row = tid % kUnitRows, t = tid / kUnitRows;

@@ -260,20 +260,20 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
     const skinny_v3::Units U(n_active, groups);
     const int n_units = U.count, rank0 = U.rank0, group0 = U.group0;
     if (n_units <= 0) return;
-    auto next = [&](int &rank, int &group) { U.next(rank, group); };
 
     if (warp == kConsumers) {
-        // Producer: every chunk of every unit, in order, into stage q % S.
+        // Producer: every chunk of every unit, in order, into the stages in
+        // turn; from the second round on, a stage is refilled once the
+        // consumers have left it (round r waits for empty[s]'s phase r - 1).
         const uint8_t *bs = static_cast<const uint8_t *>(p.b_scale);
         if (lane == 0) tma_prefetch_map(&pm.b_map);
         int s = 0;
-        uint32_t phase = 0;  // of empty[s] to wait for once every stage has been filled
-        bool filled = false;
+        uint32_t round = 0;
         int rank = rank0, group = group0;
-        for (int i = 0; i < n_units; ++i, next(rank, group)) {
+        for (int i = 0; i < n_units; ++i, U.next(rank, group)) {
             const int64_t row0 = int64_t(list[rank]) * p.n + int64_t(group) * kRows;
             for (int c = 0; c < n_chunks; ++c) {
-                if (filled) mbar_wait(&empty[s], phase);
+                if (round > 0) mbar_wait(&empty[s], (round - 1) & 1u);
                 const int nb = min(kChunk, kb_n - c * kChunk);
                 uint8_t *st = stage0 + s * L.stage_bytes;
                 if (lane == 0) {
@@ -290,8 +290,7 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
                 cp_async_arrive_noinc(&full[s]);
                 if (++s == S) {
                     s = 0;
-                    phase ^= filled ? 1u : 0u;
-                    filled = true;
+                    ++round;
                 }
             }
         }
@@ -304,7 +303,7 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
     int s = 0, cur_e = -1, cnt = 0;
     uint32_t phase = 0;
     int rank = rank0, group = group0;
-    for (int i = 0; i < n_units; ++i, next(rank, group)) {
+    for (int i = 0; i < n_units; ++i, U.next(rank, group)) {
         const int e = list[rank];
         if (e != cur_e) {
             // Every consumer is past the previous unit's barrier, so its
@@ -353,13 +352,7 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
                 float sum = 0.0f;
 #pragma unroll
                 for (int x = 0; x < 4; ++x) sum += pb[x * kRows * NT + r * NT + t];
-                sum *= 64.0f;  // the decode's 2^-6, exactly
-                const int64_t at = (int64_t(e) * p.m + t) * p.n + int64_t(group) * kRows + r;
-                if (p.out_f32) {
-                    static_cast<float *>(p.out)[at] = sum;
-                } else {
-                    static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
-                }
+                skinny_v3::write_output(p, e, t, int64_t(group) * kRows + r, sum);
             }
         }
     }
