@@ -7,8 +7,10 @@
 //!   128, 512, 4096, 16384} through `ops::mxfp8_linear_into` with
 //!   `GemmImpl::Auto` (row `auto`); at M ≤ `SKINNY_MAX_M` also both skinny versions
 //!   directly (`cuda_backend::gemm_skinny`, rows `skinny_v1` and
-//!   `skinny_v2`), `Large` at M = 64 to show the crossover (above 64 `auto`
-//!   is the large kernel; `skinny` at M = 128 records its typed error). `wo_a` is 8 groups of
+//!   `skinny_v2`), `Large` (whole tiles) at M ≥ 64: at 64 the crossover,
+//!   above it the baseline of `auto`, which is the large kernel with the
+//!   last wave's tiles split over K (`LargeSplit`; `skinny` at M = 128
+//!   records its typed error). `wo_a` is 8 groups of
 //!   1024 × 4096, timed as 8 dense calls (8 inputs, 8 weights) per
 //!   iteration. Peers measured here on the same (M, N, K), through cudarc:
 //!   cuBLASLt FP8 e4m3 with per-tensor scales (`cublaslt_fp8_tensorwise`)
@@ -35,7 +37,8 @@
 //! wo_b at M = 4096; DEEPINFER_BENCH_MOE=rank one EP-64 rank's decode layer
 //! (6 experts of 1 or 8 tokens) in both layouts, then the masked rows at 1,
 //! 2 and 3 experts of 1 token (the fixed cost per launch), the weights
-//! rotated through copies so they are not L2-hot.
+//! rotated through copies so they are not L2-hot; DEEPINFER_BENCH_DENSE=1
+//! every projection at M ∈ {128, 512, 4096, 16384} only.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -259,7 +262,9 @@ mod gpu {
             });
             // The op with a kernel choice, or one skinny version directly.
             let mut imps = vec![("auto", GemmImpl::Auto, None)];
-            if m == ops::SKINNY_MAX_M {
+            if m >= ops::SKINNY_MAX_M {
+                // The large kernel with whole tiles (Auto above SKINNY_MAX_M
+                // runs it with the last wave split).
                 imps.push(("large", GemmImpl::Large, None));
             }
             if m <= ops::SKINNY_MAX_M {
@@ -485,6 +490,12 @@ mod gpu {
             // the masked kernels' fixed cost (intercept) and per-unit rate.
             for fewer in [1, 2, 3] {
                 moe_masked(&mut h, fewer, &[1], MOE_SHAPES);
+            }
+        } else if std::env::var("DEEPINFER_BENCH_DENSE").is_ok_and(|v| v == "1") {
+            // The dense projections at the prefill sizes only (the large
+            // kernel, whole and split tiles, against the peers).
+            for p in PROJECTIONS {
+                dense(&mut h, p, &[128, 512, 4096, 16384]);
             }
         } else if quick() {
             for p in PROJECTIONS

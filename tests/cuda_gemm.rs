@@ -14,8 +14,12 @@
 //! groups that are empty (first, middle, last), single-row, or not a multiple
 //! of the 128-row tile, and M (or an expert's rows) above 16 128-row blocks
 //! (the banded tile order), K of 1 to 64 128-deep stages, odd and even (the
-//! consumers take stages in pairs). DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
-//! small shapes that still cover every tail and the empty groups.
+//! consumers take stages in pairs). The dense GEMM runs with whole tiles and
+//! with the last wave's tiles split over K (`TileSplit::LastWave`, shapes
+//! whose plan splits on 132 SMs: one wave and several, odd stage counts per
+//! piece, M/N/K tails in a split tile; a rerun gives the same bits, whichever
+//! piece finishes last). DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
+//! small shapes that still cover every tail, a split and the empty groups.
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
 #![cfg(deepinfer_cuda)]
 
@@ -23,7 +27,7 @@ mod common;
 
 use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
-use deepinfer::cuda_backend::gemm::{mxfp4_grouped_contiguous, mxfp8_gemm};
+use deepinfer::cuda_backend::gemm::{TileSplit, mxfp4_grouped_contiguous, mxfp8_gemm, split_plan};
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
 use deepinfer::{DType, Device, Error, Tensor};
@@ -119,6 +123,9 @@ const DENSE_SHAPES: &[(usize, usize, usize)] = &[
     // More than 16 m-blocks: version 2's banded tile order with a short last
     // band (M = 2100: 17 m-blocks).
     (2100, 300, 80),
+    // A wave of whole tiles and a split last wave (153 tiles on 132 SMs: 21
+    // tiles in 6 pieces of 3 or 4 stages of 20), M and N tails in the split tiles.
+    (2100, 1100, 2560),
 ];
 
 const DENSE_QUICK: &[(usize, usize, usize)] = &[
@@ -126,8 +133,24 @@ const DENSE_QUICK: &[(usize, usize, usize)] = &[
     (129, 33, 48),
     (200, 136, 272),
     (65, 8, 16),
+    // One wave, 6 tiles in 5 pieces (2 or 3 of 11 stages, the last one 16 deep).
     (130, 257, 1296),
+    // A whole wave, then 8 tiles in 2 pieces (2 and 3 of 5 stages, the last
+    // one 48 deep); the split tiles hold the M and N tails.
+    (1700, 1250, 560),
 ];
+
+/// The shapes above split as their comments say on the H200's 132 SMs.
+#[test]
+fn the_dense_split_shapes_split() {
+    let plan = |m: usize, n: usize, k: usize| {
+        split_plan(m.div_ceil(128) * n.div_ceil(128), k.div_ceil(128), 132)
+    };
+    assert_eq!(plan(130, 257, 1296), (0, 5));
+    assert_eq!(plan(1700, 1250, 560), (132, 2));
+    assert_eq!(plan(2100, 1100, 2560), (132, 6));
+    assert_eq!(plan(128, 1280, 5120), (0, 8));
+}
 
 #[test]
 fn mxfp8_gemm_matches_the_cpu_reference() {
@@ -155,14 +178,22 @@ fn mxfp8_gemm_matches_the_cpu_reference() {
         let asd = upload(&dev, a_s.clone(), &[m, kb]);
         let bd = upload(&dev, b.clone(), &[n, k]);
         let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
-        for dtype in [DType::BF16, DType::F32] {
-            let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out).unwrap();
-            check(
-                &format!("mxfp8_gemm {m}x{n}x{k} {dtype}"),
-                &download(&out),
-                &expected(&reference, dtype),
-            );
+        for split in [TileSplit::Whole, TileSplit::LastWave] {
+            for dtype in [DType::BF16, DType::F32] {
+                let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out, split).unwrap();
+                let got = download(&out);
+                let what = format!("mxfp8_gemm {m}x{n}x{k} {dtype} {split:?}");
+                check(&what, &got, &expected(&reference, dtype));
+                // Into a freshly poisoned output: the same bits.
+                let mut again = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut again, split).unwrap();
+                let same = download(&again)
+                    .iter()
+                    .zip(&got)
+                    .all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{what}: a rerun differs");
+            }
         }
     }
 }
@@ -182,7 +213,7 @@ fn mxfp8_gemm_rejects_k_not_a_multiple_of_16() {
             &[2, kb],
         );
         let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
-        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out).unwrap_err();
+        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out, TileSplit::LastWave).unwrap_err();
         assert!(
             matches!(
                 e,

@@ -151,7 +151,12 @@ fn mxfp8_linear_equals_the_reference_and_an_f64_recomputation() {
             "{m}x{n}x{k}"
         );
         // The CUDA implementation choice does not change the CPU result.
-        for imp in [GemmImpl::Auto, GemmImpl::Large, GemmImpl::Skinny] {
+        for imp in [
+            GemmImpl::Auto,
+            GemmImpl::Large,
+            GemmImpl::LargeSplit,
+            GemmImpl::Skinny,
+        ] {
             if imp == GemmImpl::Skinny && m > SKINNY_MAX_M {
                 continue;
             }

@@ -23,6 +23,12 @@
 // fresh fp32 tile per 32-deep scale block; E8M0 -> fp32 is exact), so the
 // tensor core has this warpgroup's next unit while it promotes.
 //
+// Split tiles (dense, params.h): when the tiles leave the last wave of CTAs
+// part-empty, the host asks for the last tiles in `splits` pieces of their K
+// stages; each piece runs like a tile of fewer stages on its own CTA, writes
+// its fp32 partial to a workspace, and the last piece to finish adds them in
+// piece order (finish_split) and writes the output.
+//
 // Pipeline barriers per stage s: full[s] (TMA bytes landed), ready[s] (the
 // helper warp's 32 lanes wrote the scales / decoded B), empty[s] (every one
 // of the 256 consumer threads finished reading the stage). Every role walks
@@ -58,14 +64,21 @@ constexpr int kBlockN = 128;  // rows of B (output columns) per tile
 constexpr int kBlockK = 128;  // e4m3 values (bytes) of K per stage
 constexpr int kSteps = kBlockK / 32;  // wgmma k32 steps (= scale blocks) per stage
 
-// One output tile: rows [row0, row0 + 128) of which rows < row_end are valid
-// (row_end is the end of the tile's expert, or M), columns [n0, n0 + 128),
-// expert e (0 for the dense GEMM).
+// One work unit: output rows [row0, row0 + 128) of which rows < row_end are
+// valid (row_end is the end of the tile's expert, or M), columns [n0, n0 +
+// 128), expert e (0 for the dense GEMM), K stages [st_begin, st_end). piece
+// is -1 for a whole tile (written to out); otherwise the unit is piece
+// `piece` of split tile `split` (its partial goes to the workspace, see
+// params.h).
 struct Tile {
     int row0;
     int row_end;
     int n0;
     int e;
+    int st_begin;
+    int st_end;
+    int piece;
+    int split;
 };
 
 constexpr int kStagesFp8 = 6;
@@ -218,13 +231,18 @@ __device__ __forceinline__ void band_tile(int local, int mb, int nb, int &m, int
 // Version 1's scheduler with the banded order (same expert cursor, same
 // clamping of the offsets: group e covers [start_e, end_e) with end_{-1} =
 // clamp(offsets[0], 0, T), start_e = end_{e-1}, end_e = clamp(offsets[e+1],
-// start_e, T)).
+// start_e, T)), and for the dense GEMM the split tiles of params.h: work
+// units [0, whole) are tiles [0, whole), unit whole + u is piece u % splits
+// of tile whole + u / splits.
 struct Scheduler {
     const int32_t *offsets;
     int rows;
     int groups;
     int n_blocks;
     int m_blocks;
+    int num_st;
+    int whole;
+    int splits;
     int e;
     int start;
     int end;
@@ -237,6 +255,9 @@ struct Scheduler {
         groups = p.groups;
         n_blocks = (p.n + kBlockN - 1) / kBlockN;
         m_blocks = (p.m + kBlockM - 1) / kBlockM;
+        num_st = (p.k + kBlockK - 1) / kBlockK;
+        splits = grouped ? 1 : max(p.splits, 1);
+        whole = splits == 1 ? m_blocks * n_blocks : clamp_i(p.whole_tiles, 0, m_blocks * n_blocks);
         e = -1;
         start = 0;
         end = grouped ? clamp_i(offsets[0], 0, rows) : 0;
@@ -244,7 +265,13 @@ struct Scheduler {
         count = 0;
     }
 
-    __device__ bool dense(int t, Tile &tile) const {
+    __device__ bool dense(int w, Tile &tile) const {
+        int t = w, piece = -1;
+        if (w >= whole) {
+            const int u = w - whole;
+            t = whole + u / splits;
+            piece = u % splits;
+        }
         if (t >= m_blocks * n_blocks) return false;
         int m, n;
         band_tile(t, m_blocks, n_blocks, m, n);
@@ -252,6 +279,10 @@ struct Scheduler {
         tile.row_end = rows;
         tile.n0 = n * kBlockN;
         tile.e = 0;
+        tile.piece = piece;
+        tile.split = t - whole;
+        tile.st_begin = piece < 0 ? 0 : piece * num_st / splits;
+        tile.st_end = piece < 0 ? num_st : (piece + 1) * num_st / splits;
         return true;
     }
 
@@ -271,6 +302,10 @@ struct Scheduler {
         tile.row_end = end;
         tile.n0 = n * kBlockN;
         tile.e = e;
+        tile.st_begin = 0;
+        tile.st_end = num_st;
+        tile.piece = -1;
+        tile.split = -1;
         return true;
     }
 };
@@ -413,6 +448,45 @@ __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing
     }
 }
 
+// A piece of a split tile (params.h): consumer thread ct (0..255) writes its
+// 64 accumulators to the piece's partial (float4 q of thread ct at q * 256 +
+// ct, coalesced), and the consumers take the tile's ticket. The last piece to
+// finish gets true with acc = the pieces' partials added in piece order from
+// +0.0 (whichever CTA finishes last, the same bits) and resets the ticket;
+// the others get false. Release: each thread's stores are fenced before the
+// ticket is taken; acquire: fence after it, partials read past L1 (__ldcg).
+__device__ __forceinline__ bool finish_split(const di_mx_gemm_params &p, const Tile &tile, float (&acc)[64],
+                                          int ct) {
+    constexpr int kQuads = kBlockM * kBlockN / 4;  // float4s per partial tile
+    float4 *own = reinterpret_cast<float4 *>(p.partials) + (int64_t(tile.split) * p.splits + tile.piece) * kQuads;
+#pragma unroll
+    for (int q = 0; q < 16; ++q) {
+        own[q * kConsumerThreads + ct] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
+    }
+    __threadfence();
+    bar_sync(1, kConsumerThreads);
+    const bool last = ct == 0 && atomicAdd(p.tickets + tile.split, 1u) == uint32_t(p.splits - 1);
+    if (!bar_or(1, kConsumerThreads, last)) return false;
+    __threadfence();
+    const float4 *first = reinterpret_cast<const float4 *>(p.partials) + int64_t(tile.split) * p.splits * kQuads;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+    for (int piece = 0; piece < p.splits; ++piece) {
+        float4 v[16];
+#pragma unroll
+        for (int q = 0; q < 16; ++q) v[q] = __ldcg(first + int64_t(piece) * kQuads + q * kConsumerThreads + ct);
+#pragma unroll
+        for (int q = 0; q < 16; ++q) {
+            acc[4 * q] += v[q].x;
+            acc[4 * q + 1] += v[q].y;
+            acc[4 * q + 2] += v[q].z;
+            acc[4 * q + 3] += v[q].w;
+        }
+    }
+    if (ct == 0) p.tickets[tile.split] = 0u;  // ready for the next launch
+    return true;
+}
+
 template <bool kFp4, bool kF32>
 __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
     using L = Layout<kFp4>;
@@ -447,7 +521,6 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
     constexpr bool grouped = kFp4;
     if (warp < 4) {
         regs_dealloc<Regs<kFp4>::kProducer>();
-        const int num_st = (p.k + kBlockK - 1) / kBlockK;
         Scheduler sched(p, grouped);
         Tile tile;
         if (warp == 0) {
@@ -456,7 +529,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             int it = 0;
             for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
                  t += gridDim.x) {
-                for (int st = 0; st < num_st; ++st, ++it) {
+                for (int st = tile.st_begin; st < tile.st_end; ++st, ++it) {
                     const int s = it % S;
                     const uint32_t ph = (it / S) & 1;
                     mbar_wait(&empty[s], ph ^ 1);
@@ -479,7 +552,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             int it = 0;
             for (int t = blockIdx.x; grouped ? sched.grouped(t, tile) : sched.dense(t, tile);
                  t += gridDim.x) {
-                for (int st = 0; st < num_st; ++st, ++it) {
+                for (int st = tile.st_begin; st < tile.st_end; ++st, ++it) {
                     if (it % kHelperWarps != hw) continue;
                     const int s = it % S;
                     const uint32_t ph = (it / S) & 1;
@@ -501,7 +574,6 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
     }
 
     regs_alloc<Regs<kFp4>::kConsumer>();
-    const int num_st = (p.k + kBlockK - 1) / kBlockK;
     Scheduler sched(p, grouped);
     Tile tile;
     const int wg = warp / 4 - 1;                            // consumer warpgroup: rows 64 * wg
@@ -517,8 +589,8 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
         // Stages in pairs (see stage_body), then an odd last stage alone.
-        int st = 0;
-        for (; st + 2 <= num_st; st += 2, it += 2) {
+        int st = tile.st_begin;
+        for (; st + 2 <= tile.st_end; st += 2, it += 2) {
             const int s0 = it % S, s1 = (it + 1) % S;
             const uint32_t ph0 = (it / S) & 1, ph1 = ((it + 1) / S) & 1;
             mbar_wait(&full[s0], ph0);
@@ -530,7 +602,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
             release(view(s1), lane);
         }
-        if (st < num_st) {
+        if (st < tile.st_end) {
             const int s = it % S;
             const uint32_t ph = (it / S) & 1;
             mbar_wait(&full[s], ph);
@@ -540,6 +612,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             release(view(s), lane);
             ++it;
         }
+        if (tile.piece >= 0 && !finish_split(p, tile, acc, tid - 128)) continue;
         const int r0 = tile.row0 + wrow;
 #pragma unroll
         for (int i = 0; i < 16; ++i) {

@@ -23,6 +23,7 @@
 //! and 16-byte aligned bases (tensors own whole allocations, so this holds).
 
 use super::params::di_mx_gemm_params;
+use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::u32_param;
 use super::{allow_smem, launch, read_ptr, write_ptr};
@@ -43,11 +44,49 @@ const BLOCK_N: usize = 128;
 const SMEM_FP8: u32 = 210_448;
 const SMEM_FP4: u32 = 226_424;
 
+/// Most pieces one split tile is cut into: the last piece to finish reads
+/// all of them (64 KiB of fp32 partials each) before it writes the tile.
+pub const MAX_SPLITS: usize = 8;
+/// Fewest 128-deep K stages in one piece of a split tile.
+const MIN_PIECE_STAGES: usize = 2;
+
+/// How the dense kernel covers its output tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TileSplit {
+    /// Every tile on one CTA over all of K: a row's result does not depend
+    /// on M (batch invariance).
+    Whole,
+    /// The tiles of a part-filled last wave of CTAs split over K
+    /// ([`split_plan`]): pieces on separate CTAs, their fp32 partials added
+    /// in piece order by the last to finish. Deterministic for a given
+    /// shape and SM count, but a row's bits may change with M.
+    LastWave,
+}
+
+/// The dense kernel's split of `tiles` output tiles of `stages` 128-deep K
+/// stages over `ctas` persistent CTAs: `(whole, splits)`, tiles `[0, whole)`
+/// whole and each later tile in `splits` pieces. The tiles of the last wave
+/// are split when it is at most half full, into as many pieces as fill the
+/// CTAs (at most [`MAX_SPLITS`], at least `MIN_PIECE_STAGES` stages each);
+/// otherwise `(tiles, 1)`.
+pub fn split_plan(tiles: usize, stages: usize, ctas: usize) -> (usize, usize) {
+    let rem = tiles % ctas.max(1);
+    if rem == 0 {
+        return (tiles, 1);
+    }
+    let splits = (ctas / rem).min(stages / MIN_PIECE_STAGES).min(MAX_SPLITS);
+    if splits < 2 {
+        return (tiles, 1);
+    }
+    (tiles - rem, splits)
+}
+
 /// Dense `out = A · Bᵀ` with 1×32 activation and 32×32 weight E8M0 scales.
 ///
 /// `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]`, `b` `[N, K]` e4m3, `b_s`
 /// `[⌈N/32⌉, ⌈K/32⌉]`, `out` `[M, N]` BF16 or F32 (rounded once from the
-/// fp32 accumulator). Errors: K == 0 or K % 16 != 0 (tensor `a`).
+/// fp32 accumulator), tiles covered as `split` says. Errors: K == 0 or
+/// K % 16 != 0 (tensor `a`).
 pub fn mxfp8_gemm(
     dev: &CudaDevice,
     a: &Tensor,
@@ -55,6 +94,7 @@ pub fn mxfp8_gemm(
     b: &Tensor,
     b_s: &Tensor,
     out: &mut Tensor,
+    split: TileSplit,
 ) -> Result<()> {
     const OP: &str = "mxfp8_gemm";
     let (&[m, k], Some(&n)) = (a.shape(), b.shape().first()) else {
@@ -98,8 +138,16 @@ pub fn mxfp8_gemm(
         &[128, u32_param("BLOCK_N", BLOCK_N)?],
         Swizzle::B128,
     )?;
+    let (whole, splits) = match split {
+        TileSplit::Whole => (tiles, 1),
+        TileSplit::LastWave => split_plan(tiles, k.div_ceil(128), dev.sm_count()),
+    };
+    let (whole32, splits32) = (
+        fit_i32(OP, "out", out, whole)?,
+        fit_i32(OP, "out", out, splits)?,
+    );
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-    let p = di_mx_gemm_params {
+    let mut p = di_mx_gemm_params {
         a_map,
         b_map,
         a: ap,
@@ -108,12 +156,33 @@ pub fn mxfp8_gemm(
         b_s: bsp,
         offsets: std::ptr::null(),
         out: op,
+        partials: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
         m: m32,
         n: n32,
         k: k32,
         groups: 1,
+        whole_tiles: whole32,
+        splits: splits32,
     };
-    run(dev, kernel, SMEM_FP8, tiles, &p)
+    if splits == 1 {
+        return run(dev, kernel, SMEM_FP8, tiles, &p);
+    }
+    // Split tiles: partials [split tiles, splits, 128 × 128] fp32 and one
+    // ticket per split tile in the stream's scratch, held locked until the
+    // launch is queued.
+    let split_tiles = tiles - whole;
+    let mut table = scratch::lock();
+    let (ws, tickets) = Scratch::of(&mut table, dev).workspace_and_tickets(
+        dev,
+        split_tiles * splits * BLOCK_M * BLOCK_N * 4,
+        split_tiles * 4,
+    )?;
+    let (wp, _gw) = write_ptr(ws, dev);
+    let (tp, _gt) = write_ptr(tickets, dev);
+    p.partials = wp as *mut f32;
+    p.tickets = tp as *mut u32;
+    run(dev, kernel, SMEM_FP8, whole + split_tiles * splits, &p)
 }
 
 /// Contiguous-grouped MoE GEMM with FP4 expert weights: rows `offsets[e]..offsets[e+1]` of `a` are
@@ -191,10 +260,14 @@ pub fn mxfp4_grouped_contiguous(
         b_s: bsp,
         offsets: offp as *const i32,
         out: op,
+        partials: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
         m: t32,
         n: n32,
         k: k32,
         groups: e32,
+        whole_tiles: 0,
+        splits: 1,
     };
     run(dev, kernel, SMEM_FP4, tiles_bound, &p)
 }
@@ -249,8 +322,9 @@ fn out_dtype_error(op: &'static str, got: DType) -> Error {
     }
 }
 
-/// Launches a persistent grid of at most one CTA per SM over `tiles` tiles
-/// (an upper bound for the grouped kernel, whose surplus CTAs exit at once).
+/// Launches a persistent grid of at most one CTA per SM over `tiles` work
+/// units (an upper bound for the grouped kernel, whose surplus CTAs exit at
+/// once).
 fn run(
     dev: &CudaDevice,
     kernel: KernelRef,
@@ -266,4 +340,39 @@ fn run(
         shared_mem_bytes: smem,
     };
     launch(dev, kernel, cfg, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_SPLITS, split_plan};
+
+    #[test]
+    fn split_plan_fills_the_last_wave_without_a_second_round() {
+        // Worked cases on 132 CTAs: wq_a at M = 128 (10 tiles, 40 stages),
+        // wq_a at M = 4096 (320 tiles: 2 waves + 56), wo_b at M = 512 (160:
+        // 1 wave + 28), shared_w1_w3 at M = 512 (72 tiles: more than half a
+        // wave, not split), whole waves, and K too short to split.
+        assert_eq!(split_plan(10, 40, 132), (0, 8));
+        assert_eq!(split_plan(320, 40, 132), (264, 2));
+        assert_eq!(split_plan(160, 64, 132), (132, 4));
+        assert_eq!(split_plan(72, 40, 132), (72, 1));
+        assert_eq!(split_plan(264, 40, 132), (264, 1));
+        assert_eq!(split_plan(6, 3, 132), (6, 1));
+        assert_eq!(split_plan(6, 11, 132), (0, 5));
+        for tiles in 1..600 {
+            for stages in 1..70 {
+                let (whole, splits) = split_plan(tiles, stages, 132);
+                assert!(whole <= tiles && (1..=MAX_SPLITS).contains(&splits));
+                if splits == 1 {
+                    assert_eq!(whole, tiles);
+                    continue;
+                }
+                // Whole waves first, then every piece on its own CTA, each
+                // piece at least 2 stages.
+                assert_eq!(whole % 132, 0, "{tiles} x {stages}");
+                assert!((tiles - whole) * splits <= 132, "{tiles} x {stages}");
+                assert!(stages / splits >= 2, "{tiles} x {stages}");
+            }
+        }
+    }
 }

@@ -19,15 +19,9 @@
 //! [`masked_version`]); the `_with` functions take a version. For M ≤ 32 the
 //! two versions give the same bits, so the switch keeps rows M-independent.
 //!
-//! Scratch: the split-K fp32 workspace and V2's ticket counters are cached
-//! per CUDA stream (grow-only, behind a mutex) instead of allocated per call.
-//! Invariant: a stream runs one skinny launch at a time (stream order), so
-//! one buffer per stream is never used by two launches at once; launches on
-//! different streams use different buffers. The tickets are zeroed when
-//! allocated and every V2 launch leaves them zero. The workspace is fully
-//! written by a launch before it is read, so a poisoned allocation stays
-//! harmless. A cached buffer keeps its stream alive (the key cannot be
-//! reused by another stream) until the process ends.
+//! Scratch: the split-K fp32 workspace and V2's ticket counters are the
+//! per-stream buffers of `cuda_backend::scratch` (shared with the large GEMM's
+//! split tiles), cached instead of allocated per call.
 //!
 //! Callers (the ops layer) have validated dtypes, shapes and devices; the
 //! shapes are checked again here (cheaply) because the launch relies on them.
@@ -36,6 +30,7 @@
 //! the dense GEMM, dimensions that fit the kernels' 32-bit indices.
 
 use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params};
+use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
@@ -47,7 +42,7 @@ use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, LazyLock, Mutex};
+use std::sync::{LazyLock, Mutex};
 
 /// Threads per CTA: one warpgroup (the sm_90a kernels issue wgmma on it).
 const THREADS: u32 = 128;
@@ -241,48 +236,10 @@ pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6L
     })
 }
 
-/// Per-stream scratch of the split-K path (see the module doc).
-#[derive(Default)]
-struct Scratch {
-    workspace: Option<CudaBuffer>,
-    tickets: Option<CudaBuffer>,
-}
-
-/// Scratch by stream (the address of the stream object, kept alive by the
-/// buffers' device handles).
-static SCRATCH: LazyLock<Mutex<HashMap<usize, Scratch>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
 /// Resident CTAs per device (ordinal, kernel): occupancy × SMs, constant per
 /// kernel because each kernel always gets the same dynamic shared memory.
 static SLOTS: LazyLock<Mutex<HashMap<(usize, &'static str), usize>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// A cached buffer of at least `bytes`: reused, or replaced by a larger one
-/// (the old one is freed in stream order, after the launches that use it).
-/// `zeroed`: a new buffer is uploaded as zeros (tickets); otherwise it comes
-/// from `dev.alloc` (the launch overwrites it before reading).
-fn ensure<'s>(
-    slot: &'s mut Option<CudaBuffer>,
-    dev: &CudaDevice,
-    bytes: usize,
-    zeroed: bool,
-) -> Result<&'s mut CudaBuffer> {
-    if slot.as_ref().is_none_or(|b| b.len() < bytes) {
-        *slot = None;
-        *slot = Some(if zeroed {
-            dev.upload(&vec![0u8; bytes])?
-        } else {
-            dev.alloc(bytes)?
-        });
-    }
-    slot.as_mut().ok_or(Error::Argument {
-        op: "gemm_skinny",
-        arg: "workspace",
-        value: bytes.to_string(),
-        why: "the split-K workspace was not allocated",
-    })
-}
 
 /// Resident CTAs of `kernel` with `smem` bytes of dynamic shared memory on
 /// `dev` (at least 1). Call after [`allow_smem`].
@@ -427,15 +384,10 @@ pub fn mxfp8_gemm_skinny_with(
     // Split K: fp32 partials [splits, M, N] in the stream's cached workspace
     // (held locked until the launches are queued), summed in split order.
     let count = m * n;
-    let mut cache = SCRATCH
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let scratch = cache
-        .entry(Arc::as_ptr(dev.raw_stream()) as usize)
-        .or_default();
-    let ws = ensure(&mut scratch.workspace, dev, splits * count * 4, false)?;
+    let mut table = scratch::lock();
+    let scratch = Scratch::of(&mut table, dev);
     if version == SkinnyVersion::V2 {
-        let tickets = ensure(&mut scratch.tickets, dev, tiles * 4, true)?;
+        let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * count * 4, tiles * 4)?;
         let (wp, _gw) = write_ptr(ws, dev);
         let (tp, _gt) = write_ptr(tickets, dev);
         let (op, _go) = write_ptr(out_buf, dev);
@@ -444,6 +396,7 @@ pub fn mxfp8_gemm_skinny_with(
         params.tickets = tp as *mut u32;
         return launch(dev, kernel, cfg, &params);
     }
+    let ws = scratch.workspace(dev, splits * count * 4)?;
     {
         let (wp, _gw) = write_ptr(ws, dev);
         params.out = wp;

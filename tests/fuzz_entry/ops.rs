@@ -313,7 +313,12 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                 let _ = ops::mxfp8_linear(&a, &a_s, &w, &w_s, out_dtype(b));
             } else {
                 let mut out = t!(b, BF16, 2);
-                let imp = b.pick(&[GemmImpl::Auto, GemmImpl::Large, GemmImpl::Skinny]);
+                let imp = b.pick(&[
+                    GemmImpl::Auto,
+                    GemmImpl::Large,
+                    GemmImpl::LargeSplit,
+                    GemmImpl::Skinny,
+                ]);
                 let _ = ops::mxfp8_linear_into(&a, &a_s, &w, &w_s, &mut out, imp);
             }
         }

@@ -56,7 +56,15 @@ typedef struct __attribute__((aligned(64))) di_tensor_map {
  * a_map: a as a 2D uint8 map (k, m), box 128 x 128, 128-byte swizzle.
  * b_map: dense b as a 2D uint8 map (k, n), box 128 x 128, 128-byte swizzle;
  *   FP4 b as a 3D uint8 map (k / 2, n, groups), box 64 x 128 x 1, no swizzle.
- * out [m, n] row-major. */
+ * out [m, n] row-major.
+ * Split tiles (dense only; splits = 1 and whole_tiles unused for FP4): tiles
+ *   [0, whole_tiles) of the tile order run whole; each later tile runs as
+ *   `splits` pieces of its K stages (piece i: stages [i S / splits,
+ *   (i + 1) S / splits)), work unit whole_tiles + (t - whole_tiles) * splits
+ *   + i. A piece writes its fp32 partial tile to partials[(t - whole_tiles)
+ *   * splits + i][128 * 128] (consumer-register layout); the last piece of a
+ *   tile to finish (ticket tickets[t - whole_tiles], zero before and after a
+ *   launch) adds the pieces in order 0, 1, ... from +0.0 and writes out. */
 typedef struct di_mx_gemm_params {
     di_tensor_map a_map;
     di_tensor_map b_map;
@@ -66,10 +74,14 @@ typedef struct di_mx_gemm_params {
     const void *b_s;
     const int32_t *offsets;
     void *out;
+    float *partials;
+    uint32_t *tickets;
     int32_t m;
     int32_t n;
     int32_t k;
     int32_t groups;
+    int32_t whole_tiles;
+    int32_t splits;
 } di_mx_gemm_params;
 
 /* ---- indexer/: index-key rows, index scores, exact top-k (helper "indexer") */

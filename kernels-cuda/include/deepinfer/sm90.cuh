@@ -145,6 +145,30 @@ __device__ __forceinline__ uint64_t smem_desc_k128(const void *p) {
     return desc;
 }
 
+/* ---- named barriers (id 0 is __syncthreads) ------------------------------- */
+
+/* Barrier `id` over `threads` threads (whole warps). */
+__device__ __forceinline__ void bar_sync(uint32_t id, uint32_t threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+/* Barrier `id` over `threads` threads that returns whether any of them passed
+ * pred = true (barrier.red.or). */
+__device__ __forceinline__ bool bar_or(uint32_t id, uint32_t threads, bool pred) {
+    uint32_t any;
+    asm volatile(
+        "{\n"
+        ".reg .pred p, q;\n"
+        "setp.ne.u32 p, %1, 0;\n"
+        "barrier.red.or.pred q, %2, %3, p;\n"
+        "selp.u32 %0, 1, 0, q;\n"
+        "}\n"
+        : "=r"(any)
+        : "r"(uint32_t(pred)), "r"(id), "r"(threads)
+        : "memory");
+    return any != 0;
+}
+
 /* ---- register reallocation between warpgroups ----------------------------- */
 
 template <uint32_t R> __device__ __forceinline__ void regs_dealloc() {

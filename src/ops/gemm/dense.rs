@@ -77,7 +77,24 @@ pub fn mxfp8_linear_into(
             GemmImpl::Skinny => {
                 crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny(&dev, a, a_s, w, w_s, out)
             }
-            _ => crate::cuda_backend::gemm::mxfp8_gemm(&dev, a, a_s, w, w_s, out),
+            GemmImpl::LargeSplit => crate::cuda_backend::gemm::mxfp8_gemm(
+                &dev,
+                a,
+                a_s,
+                w,
+                w_s,
+                out,
+                crate::cuda_backend::gemm::TileSplit::LastWave,
+            ),
+            _ => crate::cuda_backend::gemm::mxfp8_gemm(
+                &dev,
+                a,
+                a_s,
+                w,
+                w_s,
+                out,
+                crate::cuda_backend::gemm::TileSplit::Whole,
+            ),
         },
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => {

@@ -24,22 +24,26 @@
 //!
 //! Which CUDA kernel runs: [`mxfp8_linear`] takes [`GemmImpl::Auto`], which
 //! picks the skinny (memory-bound, M ≤ [`SKINNY_MAX_M`]) kernel for
-//! M ≤ 64 and the large (wgmma, TMA, warp-specialised) kernel above; the
-//! threshold is checked by `benches/gemm_gpu.rs`, which times both kernels
+//! M ≤ 64 and the large (wgmma, TMA, warp-specialised) kernel above, with
+//! the tiles of a part-filled last wave split over K ([`GemmImpl::LargeSplit`]);
+//! the threshold is checked by `benches/gemm_gpu.rs`, which times both kernels
 //! at M = 64 (see [`SKINNY_MAX_M`]). [`mxfp4_grouped_contiguous`]
 //! (prefill) runs the large kernel's grouped form, [`mxfp4_grouped_masked`]
 //! (decode) the skinny kernel's. The BF16 linear calls cuBLAS (FP32 compute);
 //! it is never hand-written.
 //!
-//! Batch invariance: within one kernel, each output element depends only on
-//! its row of A and its row of W: no reduction across rows, and where the
-//! skinny kernel splits K over CTAs the split is a function of N and K only
-//! (partials added in split order). A row's result therefore does not change
-//! with M or with the other rows, and repeated runs are bitwise identical.
-//! The skinny and the large kernels sum in different orders, so results on
-//! either side of the [`SKINNY_MAX_M`] threshold agree to `calc_diff`, not
-//! bitwise; pin [`GemmImpl::Large`] (any M) where bitwise batch invariance
-//! across that threshold matters. cuBLAS gives no such promise for the BF16
+//! Batch invariance: within the skinny kernel and [`GemmImpl::Large`], each
+//! output element depends only on its row of A and its row of W: no
+//! reduction across rows, and where the skinny kernel splits K over CTAs the
+//! split is a function of N and K only (partials added in split order). A
+//! row's result therefore does not change with M or with the other rows, and
+//! repeated runs are bitwise identical. [`GemmImpl::LargeSplit`] chooses its
+//! K split from the tile count, i.e. from M: repeated runs of one shape are
+//! bitwise identical, but a row's last bits may change with M. The kernels
+//! sum in different orders, so results across the [`SKINNY_MAX_M`] threshold
+//! or the split agree to `calc_diff`, not bitwise; a batch-invariant device
+//! ([`crate::Device::batch_invariant`]) therefore resolves `Auto` to
+//! [`GemmImpl::Large`] for every M. cuBLAS gives no such promise for the BF16
 //! linear (its algorithm may change with M).
 //!
 //! The CUDA launchers add their kernels' own limits, returned as typed
@@ -89,12 +93,18 @@ pub const SKINNY_MAX_M: usize = 64;
 /// Which CUDA kernel runs [`mxfp8_linear_into`] (the CPU has one reference).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemmImpl {
-    /// Skinny for M ≤ [`SKINNY_MAX_M`], large above; large for every M on
-    /// a batch-invariant device ([`crate::Device::batch_invariant`]).
+    /// Skinny for M ≤ [`SKINNY_MAX_M`], [`GemmImpl::LargeSplit`] above;
+    /// [`GemmImpl::Large`] for every M on a batch-invariant device
+    /// ([`crate::Device::batch_invariant`]).
     #[default]
     Auto,
-    /// The wgmma kernel for any M (`kernels-cuda/gemm/`).
+    /// The wgmma kernel for any M (`kernels-cuda/gemm/`), every output tile
+    /// on one CTA over all of K.
     Large,
+    /// The wgmma kernel for any M with the tiles of a part-filled last wave
+    /// of CTAs split over K (`cuda_backend::gemm::split_plan`); the CPU runs
+    /// its one reference.
+    LargeSplit,
     /// The skinny kernel; M ≤ [`SKINNY_MAX_M`] only.
     Skinny,
 }
@@ -106,7 +116,7 @@ impl GemmImpl {
     fn resolve(self, op: &'static str, m: usize) -> Result<GemmImpl> {
         match self {
             GemmImpl::Auto if m <= SKINNY_MAX_M => Ok(GemmImpl::Skinny),
-            GemmImpl::Auto => Ok(GemmImpl::Large),
+            GemmImpl::Auto => Ok(GemmImpl::LargeSplit),
             GemmImpl::Skinny if m > SKINNY_MAX_M => Err(Error::Argument {
                 op,
                 arg: "imp",
