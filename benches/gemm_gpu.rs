@@ -38,7 +38,8 @@
 //! (6 experts of 1 or 8 tokens) in both layouts, then the masked rows at 1,
 //! 2 and 3 experts of 1 token (the fixed cost per launch), the weights
 //! rotated through copies so they are not L2-hot; DEEPINFER_BENCH_DENSE=1
-//! every projection at M ∈ {128, 512, 4096, 16384} only.
+//! every projection at M ∈ {128, 512, 4096, 16384} only, and
+//! DEEPINFER_BENCH_DENSE=wo_b:4096 one projection at one M.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -491,11 +492,20 @@ mod gpu {
             for fewer in [1, 2, 3] {
                 moe_masked(&mut h, fewer, &[1], MOE_SHAPES);
             }
-        } else if std::env::var("DEEPINFER_BENCH_DENSE").is_ok_and(|v| v == "1") {
+        } else if let Ok(which) = std::env::var("DEEPINFER_BENCH_DENSE") {
             // The dense projections at the prefill sizes only (the large
-            // kernel, whole and split tiles, against the peers).
+            // kernel, whole and split tiles, against the peers): `1` for
+            // all, or `name:M` for one (a profiler's target).
+            let one = which.split_once(':');
             for p in PROJECTIONS {
-                dense(&mut h, p, &[128, 512, 4096, 16384]);
+                match one {
+                    Some((name, m)) if name == p.name => match m.parse::<usize>() {
+                        Ok(m) => dense(&mut h, p, &[m]),
+                        Err(e) => println!("DEEPINFER_BENCH_DENSE={which}: {e}"),
+                    },
+                    Some(_) => {}
+                    None => dense(&mut h, p, &[128, 512, 4096, 16384]),
+                }
             }
         } else if quick() {
             for p in PROJECTIONS
