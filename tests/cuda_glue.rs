@@ -5,7 +5,8 @@
 //!   (packed FP4 included, at even widths),
 //!   `embedding`, `argmax` (ties, NaN, ±0, all-NaN rows), `hc_init`,
 //!   `hc_collapse`, `hc_stream_mean`, `engram_rows`, `engram_lookup`,
-//!   `moe_permute`, `moe_combine` (random and repeated permutations),
+//!   `moe_permute`, `moe_permute_fp8`, `moe_combine` (random and repeated
+//!   permutations),
 //!   `paged_rows` and `paged_window_rows` (random block tables with missing
 //!   pages and out-of-range owners and rows; also against the independent
 //!   pool model of `common::paged`);
@@ -527,6 +528,16 @@ fn moe_permute_and_combine_are_bitwise_the_cpu() {
                     let (xg, wg) = ops::moe_permute(&up(&x, &dev), &up(&w, &dev), &gp).unwrap();
                     assert_same(&format!("permute rows {which} {case}"), &xg, &xw);
                     assert_same(&format!("permute weights {which} {case}"), &wg, &ww);
+                    // The FP8 form: the quantisation's rows and scale rows
+                    // (D = 7 and 8: byte copies; 4096: 16-byte copies).
+                    let (q, s) = ops::act_quant_fp8(&x).unwrap();
+                    let (qw, sw, ww8) = ops::moe_permute_fp8(&q, &s, &w, &p).unwrap();
+                    let (qg, sg, wg8) =
+                        ops::moe_permute_fp8(&up(&q, &dev), &up(&s, &dev), &up(&w, &dev), &gp)
+                            .unwrap();
+                    assert_same(&format!("permute fp8 rows {which} {case}"), &qg, &qw);
+                    assert_same(&format!("permute fp8 scales {which} {case}"), &sg, &sw);
+                    assert_same(&format!("permute fp8 weights {which} {case}"), &wg8, &ww8);
                     let routed =
                         Tensor::from_vec(common::random_activations(&mut rng, n * d, 1.0), &[n, d])
                             .unwrap();
@@ -545,6 +556,13 @@ fn moe_permute_and_combine_are_bitwise_the_cpu() {
                 assert!(
                     is_arg_error(&e, "permutation", &n.to_string()),
                     "{case}: {e}"
+                );
+                let (q, s) = ops::act_quant_fp8(&x).unwrap();
+                let e = ops::moe_permute_fp8(&up(&q, &dev), &up(&s, &dev), &up(&w, &dev), &gb)
+                    .unwrap_err();
+                assert!(
+                    is_arg_error(&e, "permutation", &n.to_string()),
+                    "{case} fp8: {e}"
                 );
                 let routed = up(
                     &Tensor::zeros(&Device::Cpu, DType::BF16, &[n, d]).unwrap(),

@@ -382,6 +382,67 @@ fn deferred_moe_ops_check_at_once_on_the_cpu() {
 }
 
 #[test]
+fn moe_permute_fp8_is_the_quantisation_of_the_permuted_rows() {
+    let mut rng = common::rng("ops_moe_fp8");
+    // D = 4096 (the model's), 80 (a short last scale block), 16.
+    for &(t, d, k) in &[(5usize, 4096usize, 6usize), (7, 80, 3), (3, 16, 1)] {
+        let x = t_bf16(random_activations(&mut rng, t * d, 1.0), &[t, d]);
+        let w = Tensor::from_vec(
+            (0..t * k).map(|_| rng.random_range(0.0f32..1.0)).collect(),
+            &[t, k],
+        )
+        .unwrap();
+        let mut order: Vec<i32> = (0..(t * k) as i32).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        let perm = Tensor::from_vec(order, &[t * k]).unwrap();
+        let (xg, wg) = ops::moe_permute(&x, &w, &perm).unwrap();
+        let (want_q, want_s) = ops::act_quant_fp8(&xg).unwrap();
+        let (q, s) = ops::act_quant_fp8(&x).unwrap();
+        let (got_q, got_s, got_w) = ops::moe_permute_fp8(&q, &s, &w, &perm).unwrap();
+        let case = format!("T {t} D {d} k {k}");
+        assert_eq!(got_q.shape(), want_q.shape(), "{case}");
+        assert_eq!(got_s.shape(), want_s.shape(), "{case}");
+        assert_eq!(
+            got_q.to_le_bytes().unwrap(),
+            want_q.to_le_bytes().unwrap(),
+            "{case}: rows"
+        );
+        assert_eq!(
+            got_s.to_le_bytes().unwrap(),
+            want_s.to_le_bytes().unwrap(),
+            "{case}: scales"
+        );
+        assert_eq!(
+            got_w.to_vec::<f32>().unwrap(),
+            wg.to_vec::<f32>().unwrap(),
+            "{case}"
+        );
+    }
+    // Typed errors: scales of another width, BF16 rows, an entry out of range.
+    let (t, d, k) = (2usize, 64usize, 2usize);
+    let x = t_bf16(random_activations(&mut rng, t * d, 1.0), &[t, d]);
+    let (q, s) = ops::act_quant_fp8(&x).unwrap();
+    let w = Tensor::from_vec(vec![0.5f32; t * k], &[t, k]).unwrap();
+    let perm = Tensor::from_vec(vec![3i32, 2, 1, 0], &[t * k]).unwrap();
+    let narrow = s.narrow_rows(0, 1).unwrap();
+    let e = ops::moe_permute_fp8(&q, &narrow, &w, &perm).unwrap_err();
+    assert!(
+        e.to_string().contains("moe_permute_fp8") && e.to_string().contains('s'),
+        "{e}"
+    );
+    let e = ops::moe_permute_fp8(&x, &s, &w, &perm).unwrap_err();
+    assert!(e.to_string().contains("q"), "{e}");
+    let bad = Tensor::from_vec(vec![3i32, 2, 9, 0], &[t * k]).unwrap();
+    let e = ops::moe_permute_fp8(&q, &s, &w, &bad).unwrap_err();
+    assert!(
+        e.to_string().contains("permutation") && e.to_string().contains('9'),
+        "{e}"
+    );
+}
+
+#[test]
 fn scalar_and_concat_ops_round_once_and_check_shapes() {
     let x = t_bf16(vec![bf16::from_f32(3.0), bf16::from_f32(-1.5)], &[2]);
     assert_eq!(

@@ -3,6 +3,7 @@
 // (n = tokens * top_k; entry j = token * top_k + slot), routed [n, d] BF16
 // in expert order, shared and out [tokens, d] BF16.
 // moe_permute_bf16: one CTA per output row, threads over d.
+// moe_permute_fp8: the same for e4m3 rows and their E8M0 scale rows.
 // moe_combine_invert: pos[perm[i]] = the largest such i (atomicMax over a
 //   zeroed pos: the CPU's sequential inverse, last writer wins).
 // moe_combine_bf16: one thread per output element: the slots' rows summed
@@ -10,6 +11,7 @@
 //   bitwise the CPU reference.
 // An entry of perm outside [0, n) writes nothing and lowers *bad to i.
 #include <cuda_bf16.h>
+#include <stdint.h>
 #include "deepinfer/params.h"
 
 extern "C" __global__ void moe_permute_bf16(const __grid_constant__ di_moe_params p) {
@@ -23,6 +25,34 @@ extern "C" __global__ void moe_permute_bf16(const __grid_constant__ di_moe_param
         }
         const __nv_bfloat16 *src = x + int64_t(j / p.top_k) * p.d;
         for (int64_t e = threadIdx.x; e < p.d; e += blockDim.x) out[i * p.d + e] = src[e];
+        if (threadIdx.x == 0) p.w_out[i] = p.weights[j];
+    }
+}
+
+// moe_permute_fp8: as moe_permute_bf16 for e4m3 rows and their E8M0 scale
+// rows (the activations' own quantisation, permuted instead of requantised):
+// one CTA per output row, 16 bytes a thread and step when d % 16 == 0.
+extern "C" __global__ void moe_permute_fp8(const __grid_constant__ di_moe_permute_fp8_params p) {
+    const uint8_t *q = static_cast<const uint8_t *>(p.q);
+    const uint8_t *s = static_cast<const uint8_t *>(p.s);
+    uint8_t *q_out = static_cast<uint8_t *>(p.q_out);
+    uint8_t *s_out = static_cast<uint8_t *>(p.s_out);
+    for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
+        const int32_t j = p.perm[i];
+        if (j < 0 || int64_t(j) >= p.n) {
+            if (threadIdx.x == 0) atomicMin(p.bad, (long long)i);
+            continue;
+        }
+        const int64_t t = j / p.top_k;
+        if ((p.d & 15) == 0) {
+            // Rows start 16-byte aligned: allocations are, and d is a multiple of 16.
+            const uint4 *src = reinterpret_cast<const uint4 *>(q + t * p.d);
+            uint4 *dst = reinterpret_cast<uint4 *>(q_out + i * p.d);
+            for (int64_t e = threadIdx.x; e < p.d / 16; e += blockDim.x) dst[e] = src[e];
+        } else {
+            for (int64_t e = threadIdx.x; e < p.d; e += blockDim.x) q_out[i * p.d + e] = q[t * p.d + e];
+        }
+        for (int64_t e = threadIdx.x; e < p.sd; e += blockDim.x) s_out[i * p.sd + e] = s[t * p.sd + e];
         if (threadIdx.x == 0) p.w_out[i] = p.weights[j];
     }
 }

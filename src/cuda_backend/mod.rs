@@ -35,7 +35,7 @@ pub use gather::{copy_rows, paged_rows};
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{
     MaskedDims, check_ids, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter,
-    moe_permute,
+    moe_permute, moe_permute_fp8,
 };
 pub use random::random_param;
 pub use rms_norm::rms_norm;
@@ -118,6 +118,8 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_engram_lookup_params {}
 unsafe impl cudarc::driver::DeviceRepr for params::di_engram_gate_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_moe_params {}
+// SAFETY: as above (addresses and integers).
+unsafe impl cudarc::driver::DeviceRepr for params::di_moe_permute_fp8_params {}
 // SAFETY: as above (addresses and integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_gather_params {}
 // SAFETY: as above (addresses and integers).

@@ -2,7 +2,9 @@
 //! weights into expert order, and the combine (the inverse permutation by
 //! atomicMax over a zeroed scratch, then the slot-ordered sum).
 
-use super::params::{di_check_ids_params, di_moe_masked_params, di_moe_params};
+use super::params::{
+    di_check_ids_params, di_moe_masked_params, di_moe_params, di_moe_permute_fp8_params,
+};
 use super::{BadSlots, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::{CudaDevice, Device};
 use crate::dtype::DType;
@@ -82,6 +84,56 @@ pub fn moe_permute(
         )?;
     }
     Ok(())
+}
+
+/// `q_out[i] = q[perm[i] / top_k]`, `s_out[i] = s[perm[i] / top_k]` (the
+/// e4m3 rows of width `d` and their E8M0 scale rows of width `sd`),
+/// `w_out[i] = weights[perm[i]]` for `n = tokens · top_k` entries; bad
+/// entries as [`moe_permute`] (nothing waits here).
+#[allow(clippy::too_many_arguments)]
+pub fn moe_permute_fp8(
+    dev: &CudaDevice,
+    (q, s): (&Tensor, &Tensor),
+    weights: &Tensor,
+    perm: &Tensor,
+    (q_out, s_out): (&mut Tensor, &mut Tensor),
+    w_out: &mut Tensor,
+    (n, d, sd, top_k): (usize, usize, usize, usize),
+    (bad, slot): (&mut BadSlots, usize),
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    i32_param("T · top_k", n)?;
+    let (qp, _gq) = read_ptr(q.cuda()?, dev);
+    let (sp, _gs) = read_ptr(s.cuda()?, dev);
+    let (wp, _gw) = read_ptr(weights.cuda()?, dev);
+    let (pp, _gp) = read_ptr(perm.cuda()?, dev);
+    let (qo, _gqo) = write_ptr(q_out.cuda_mut()?, dev);
+    let (so, _gso) = write_ptr(s_out.cuda_mut()?, dev);
+    let (wo, _gwo) = write_ptr(w_out.cuda_mut()?, dev);
+    let (bp, _gb) = bad.ptr(dev, slot)?;
+    let p = di_moe_permute_fp8_params {
+        q: qp,
+        s: sp,
+        weights: wp.cast(),
+        perm: pp.cast(),
+        q_out: qo,
+        s_out: so,
+        w_out: wo.cast(),
+        bad: bp,
+        n: n as i64,
+        d: d as i64,
+        sd: sd as i64,
+        top_k: i32_param("top_k", top_k)?,
+    };
+    let units = if d.is_multiple_of(16) { d / 16 } else { d };
+    launch(
+        dev,
+        kernels::moe::MOE_PERMUTE_FP8,
+        row_launch(n, units.max(sd), 256)?,
+        &p,
+    )
 }
 
 /// `out[t] = BF16(Σ_slot routed[pos(t · top_k + slot)] + shared[t])`.

@@ -67,7 +67,7 @@ pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_i
 pub(crate) use moe::bad_expert_id;
 pub use moe::{
     check_ids, check_ids_deferred, moe_combine, moe_combine_deferred, moe_permute,
-    moe_permute_deferred,
+    moe_permute_deferred, moe_permute_fp8, moe_permute_fp8_deferred,
 };
 pub use moe_masked::{moe_masked_combine_into, moe_masked_layout_into, moe_masked_scatter_into};
 pub use moe_route::{

@@ -17,7 +17,7 @@
 
 use super::{DeviceChecks, common_device, shape_error};
 use crate::device::Device;
-use crate::dtype::DType;
+use crate::dtype::{DType, E4M3, E8M0};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use half::bf16;
@@ -88,30 +88,7 @@ pub fn moe_permute_deferred(
 ) -> Result<(Tensor, Tensor)> {
     const OP: &str = "moe_permute";
     x.expect_dtype(OP, "x", DType::BF16)?;
-    weights.expect_dtype(OP, "weights", DType::F32)?;
-    let &[t, d] = x.shape() else {
-        return Err(shape_error(OP, "x", x, "[T, D]".into()));
-    };
-    let &[wt, k] = weights.shape() else {
-        return Err(shape_error(OP, "weights", weights, "[T, top_k]".into()));
-    };
-    if wt != t || k == 0 {
-        return Err(shape_error(
-            OP,
-            "weights",
-            weights,
-            format!("[{t}, top_k >= 1]"),
-        ));
-    }
-    let device = common_device(OP, &[("x", x), ("weights", weights), ("permutation", perm)])?;
-    let n = t.checked_mul(k).ok_or_else(|| {
-        shape_error(
-            OP,
-            "weights",
-            weights,
-            "[T, top_k] with T · top_k in usize".into(),
-        )
-    })?;
+    let (device, t, d, k, n) = permute_dims(OP, ("x", x), weights, perm)?;
     match device {
         Device::Cpu => {}
         #[cfg(deepinfer_cuda)]
@@ -128,16 +105,142 @@ pub fn moe_permute_deferred(
         d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
     }
     let order = entries(OP, perm, n)?;
-    let (xs, ws) = (x.as_slice::<bf16>()?, weights.as_slice::<f32>()?);
-    let rows: Vec<bf16> = order
-        .iter()
-        .flat_map(|&j| xs[j / k * d..(j / k + 1) * d].iter().copied())
-        .collect();
-    let w: Vec<f32> = order.iter().map(|&j| ws[j]).collect();
+    let w = permuted_weights(&order, weights)?;
+    let rows = permuted_rows(&order, k, d, x.as_slice::<bf16>()?);
     Ok((
         Tensor::from_vec(rows, &[t * k, d])?,
         Tensor::from_vec(w, &[t * k])?,
     ))
+}
+
+/// [`moe_permute`] of an FP8 1×32 quantisation: the e4m3 rows of `q`
+/// `[T, D]` and their E8M0 scale rows `s` `[T, ⌈D/32⌉]` in the order of
+/// `perm`, with the routing weights. Returns e4m3 `[N, D]`, E8M0
+/// `[N, ⌈D/32⌉]` and F32 `[N]`: bitwise [`super::act_quant_fp8`] of
+/// [`moe_permute`]'s rows when `(q, s)` is the quantisation of `x` (the
+/// quantiser is per row), with one pass over half the bytes.
+pub fn moe_permute_fp8(
+    q: &Tensor,
+    s: &Tensor,
+    weights: &Tensor,
+    perm: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    DeviceChecks::at_once(
+        |c| moe_permute_fp8_deferred(q, s, weights, perm, c),
+        |f| bad_entry_at(f.op, perm, f.at),
+    )
+}
+
+/// [`moe_permute_fp8`] whose CUDA range check of `perm` is read later, as
+/// [`moe_permute_deferred`]'s.
+#[cfg_attr(not(deepinfer_cuda), allow(unused_variables))]
+pub fn moe_permute_fp8_deferred(
+    q: &Tensor,
+    s: &Tensor,
+    weights: &Tensor,
+    perm: &Tensor,
+    checks: &mut DeviceChecks,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    const OP: &str = "moe_permute_fp8";
+    q.expect_dtype(OP, "q", DType::F8E4M3)?;
+    s.expect_dtype(OP, "s", DType::E8M0)?;
+    let (device, t, d, k, n) = permute_dims(OP, ("q", q), weights, perm)?;
+    let sd = d.div_ceil(crate::contract::MX_BLOCK);
+    if s.shape() != [t, sd] {
+        return Err(shape_error(
+            OP,
+            "s",
+            s,
+            format!("[{t}, {sd}] (one E8M0 scale per 32 of a row of q)"),
+        ));
+    }
+    common_device(OP, &[("q", q), ("s", s)])?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            check_perm(OP, perm, n)?;
+            let mut qo = Tensor::empty(&q.device(), DType::F8E4M3, &[n, d])?;
+            let mut so = Tensor::empty(&q.device(), DType::E8M0, &[n, sd])?;
+            let mut wo = Tensor::empty(&q.device(), DType::F32, &[n])?;
+            let slot = checks.slot(&dev, OP, "permutation")?;
+            crate::cuda_backend::moe_permute_fp8(
+                &dev,
+                (q, s),
+                weights,
+                perm,
+                (&mut qo, &mut so),
+                &mut wo,
+                (n, d, sd, k),
+                slot,
+            )?;
+            return Ok((qo, so, wo));
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, &d)),
+    }
+    let order = entries(OP, perm, n)?;
+    let w = permuted_weights(&order, weights)?;
+    let rows = permuted_rows(&order, k, d, q.as_slice::<E4M3>()?);
+    let scales = permuted_rows(&order, k, sd, s.as_slice::<E8M0>()?);
+    Ok((
+        Tensor::from_vec(rows, &[n, d])?,
+        Tensor::from_vec(scales, &[n, sd])?,
+        Tensor::from_vec(w, &[n])?,
+    ))
+}
+
+/// The checks both permutes share: `rows` (named `name`) `[T, D]`, F32
+/// `weights` `[T, top_k]` with top_k ≥ 1, one device for the three; returns
+/// (device, T, D, top_k, N = T · top_k).
+fn permute_dims(
+    op: &'static str,
+    (name, rows): (&'static str, &Tensor),
+    weights: &Tensor,
+    perm: &Tensor,
+) -> Result<(Device, usize, usize, usize, usize)> {
+    weights.expect_dtype(op, "weights", DType::F32)?;
+    let &[t, d] = rows.shape() else {
+        return Err(shape_error(op, name, rows, "[T, D]".into()));
+    };
+    let &[wt, k] = weights.shape() else {
+        return Err(shape_error(op, "weights", weights, "[T, top_k]".into()));
+    };
+    if wt != t || k == 0 {
+        return Err(shape_error(
+            op,
+            "weights",
+            weights,
+            format!("[{t}, top_k >= 1]"),
+        ));
+    }
+    let device = common_device(
+        op,
+        &[(name, rows), ("weights", weights), ("permutation", perm)],
+    )?;
+    let n = t.checked_mul(k).ok_or_else(|| {
+        shape_error(
+            op,
+            "weights",
+            weights,
+            "[T, top_k] with T · top_k in usize".into(),
+        )
+    })?;
+    Ok((device, t, d, k, n))
+}
+
+/// Row `order[i] / k` of the `[T, width]` rows `xs`, for every i.
+fn permuted_rows<T: Copy>(order: &[usize], k: usize, width: usize, xs: &[T]) -> Vec<T> {
+    order
+        .iter()
+        .flat_map(|&j| xs[j / k * width..(j / k + 1) * width].iter().copied())
+        .collect()
+}
+
+/// `weights[order[i]]` for every i (F32 `weights`).
+fn permuted_weights(order: &[usize], weights: &Tensor) -> Result<Vec<f32>> {
+    let ws = weights.as_slice::<f32>()?;
+    Ok(order.iter().map(|&j| ws[j]).collect())
 }
 
 /// The error of an expert id outside `0..n_experts`, for `op`.

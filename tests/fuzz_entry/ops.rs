@@ -263,6 +263,8 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
         18 => {
             let (x, w, perm) = (t!(b, BF16, 2), t!(b, F32, 2), t!(b, I32, 1));
             let _ = ops::moe_permute(&x, &w, &perm);
+            let (q, s) = (t!(b, FP8, 2), t!(b, E8M0, 2));
+            let _ = ops::moe_permute_fp8(&q, &s, &w, &perm);
             let (routed, shared) = (t!(b, BF16, 2), t!(b, BF16, 2));
             let _ = ops::moe_combine(&routed, &perm, &shared);
         }

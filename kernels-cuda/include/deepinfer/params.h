@@ -468,6 +468,24 @@ typedef struct di_moe_params {
     int32_t top_k;
 } di_moe_params;
 
+/* moe_permute_fp8: the e4m3 rows q [tokens, d] and their E8M0 scale rows s
+ * [tokens, sd] in the order of perm, as moe_permute_bf16 orders BF16 rows
+ * (the same range check of perm), and the routing weights. */
+typedef struct di_moe_permute_fp8_params {
+    const void *q;          /* e4m3 [tokens, d] */
+    const void *s;          /* e8m0 [tokens, sd] */
+    const float *weights;   /* [n] */
+    const int32_t *perm;    /* [n] */
+    void *q_out;            /* e4m3 [n, d] */
+    void *s_out;            /* e8m0 [n, sd] */
+    float *w_out;           /* [n] */
+    long long *bad;
+    int64_t n;              /* tokens * top_k */
+    int64_t d;
+    int64_t sd;
+    int32_t top_k;
+} di_moe_permute_fp8_params;
+
 /* The masked (fixed-capacity) layout of the EP low-latency mode
  * (kernels-cuda/moe/masked.cu, cpu_backend/moe_masked.rs): experts E of
  * capacity C rows, row e * C + c of the [E, C, .] buffers; entry

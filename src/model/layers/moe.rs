@@ -116,9 +116,10 @@ impl Moe {
             return self.masked(x, ids, &weights, p, marks);
         }
         let (_, offsets, perm) = ops::moe_layout(&ids, self.gate.out_dim())?;
-        let (xg, wg) = ops::moe_permute_deferred(x, &weights, &perm, checks)?;
+        // The norm's own quantisation, permuted: the same bits as
+        // quantising the permuted BF16 rows (the quantiser is per row).
+        let (xq, xs, wg) = ops::moe_permute_fp8_deferred(&x.q, &x.s, &weights, &perm, checks)?;
         marks.mark("moe.route")?;
-        let (xq, xs) = ops::act_quant_fp8(&xg)?;
         let gu = self.w13.forward(&xq, &xs, &offsets)?;
         let (hq, hs) = ops::swiglu_act_quant_fp8(&gu, &wg, p.swiglu_limit)?;
         let routed = self.w2.forward(&hq, &hs, &offsets)?;
