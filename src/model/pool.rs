@@ -882,21 +882,30 @@ impl StatePool {
             .transpose()
     }
 
-    /// Stores (or clears, `None`) the partial group: row `row` of `kv` and
-    /// `score`.
+    /// Stores (`Some(r)`: row `r` of `kv` and `score`) or clears (`None`)
+    /// the partial group of `layer`'s ratio-2 source for each sequence of
+    /// `tails`, with one row copy per tensor for all of them (a later tail
+    /// of a sequence named twice wins, as if stored one after the other).
     pub(crate) fn set_pending(
         &mut self,
-        seq: SeqId,
         layer: usize,
-        group: Option<(&Tensor, &Tensor, usize)>,
+        tails: &[(SeqId, Option<usize>)],
+        kv: &Tensor,
+        score: &Tensor,
     ) -> Result<()> {
         let src = self.source(layer)?;
-        let slot = self.get(seq)?.slot;
-        let row = self.pending_row(slot, src)?;
-        if let Some((kv, score, r)) = group {
-            self.put_pending(row, kv, score, r)?;
+        let mut rows: Vec<(usize, usize)> = Vec::with_capacity(tails.len());
+        for &(seq, tail) in tails {
+            let row = self.pending_row(self.get(seq)?.slot, src)?;
+            rows.retain(|&(dst, _)| dst != row);
+            rows.extend(tail.map(|r| (row, r)));
+            self.get_mut(seq)?.pending[src] = tail.is_some();
         }
-        self.get_mut(seq)?.pending[src] = group.is_some();
+        if !rows.is_empty() {
+            let (dst, from): (Vec<usize>, Vec<usize>) = rows.into_iter().unzip();
+            ops::copy_rows_into(&mut self.pending_kv, &dst, kv, &from)?;
+            ops::copy_rows_into(&mut self.pending_score, &dst, score, &from)?;
+        }
         Ok(())
     }
 

@@ -478,9 +478,7 @@ impl Attention {
                         out,
                     )?;
                 }
-                for (seq, tail) in tails {
-                    pool.set_pending(seq, plan.layer, tail.map(|r| (&kv, &score, r)))?;
-                }
+                pool.set_pending(plan.layer, &tails, &kv, &score)?;
                 for e in &b.entries {
                     pool.record_group_rows(e.seq, plan.layer, &kv, &score, e.row, e.len)?;
                 }
