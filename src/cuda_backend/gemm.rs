@@ -26,7 +26,7 @@ use super::params::di_mx_gemm_params;
 use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::u32_param;
-use super::{allow_smem, launch, read_ptr, write_ptr};
+use super::{launch, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -332,7 +332,7 @@ fn run(
     tiles: usize,
     p: &di_mx_gemm_params,
 ) -> Result<()> {
-    allow_smem(dev, kernel, smem)?;
+    dev.allow_dynamic_smem(kernel, smem)?;
     let grid = u32_param("grid", tiles.clamp(1, dev.sm_count()))?;
     let cfg = LaunchConfig {
         grid_dim: (grid, 1, 1),

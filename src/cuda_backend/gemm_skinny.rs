@@ -32,8 +32,8 @@
 use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params};
 use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
-use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
+use super::{launch, read_ptr, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
@@ -242,7 +242,7 @@ static SLOTS: LazyLock<Mutex<HashMap<(usize, &'static str), usize>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Resident CTAs of `kernel` with `smem` bytes of dynamic shared memory on
-/// `dev` (at least 1). Call after [`allow_smem`].
+/// `dev` (at least 1). Call after [`CudaDevice::allow_dynamic_smem`].
 fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize> {
     let key = (dev.ordinal(), kernel.name);
     if let Some(&v) = SLOTS
@@ -374,7 +374,7 @@ pub fn mxfp8_gemm_skinny_with(
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
-    allow_smem(dev, kernel, smem)?;
+    dev.allow_dynamic_smem(kernel, smem)?;
     let out_buf = buf_mut(OP, "out", out)?;
     if splits == 1 {
         let (op, _go) = write_ptr(out_buf, dev);
@@ -551,7 +551,7 @@ pub fn mxfp4_grouped_masked_with(
             (true, 8, _) => ks::MXFP4_GROUPED_MASKED_V3_N8_G2_F16,
             (true, _, _) => ks::MXFP4_GROUPED_MASKED_V3_N16_G2_F16,
         };
-        allow_smem(dev, kernel, smem)?;
+        dev.allow_dynamic_smem(kernel, smem)?;
         let ([ap, asp, bp, bsp, cp], op, _guards) =
             masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
         let why = "V3 needs 16-byte aligned device buffers";
@@ -599,7 +599,7 @@ pub fn mxfp4_grouped_masked_with(
         })?;
     let smem = smem_bytes(true, nt, version);
     let tiles = n.div_ceil(TILE_N);
-    allow_smem(dev, kernel, smem)?;
+    dev.allow_dynamic_smem(kernel, smem)?;
     let slots = resident_ctas(dev, kernel, smem)?;
     let grid_dim = match version {
         SkinnyVersion::V1 => (
@@ -718,7 +718,7 @@ fn masked_v6(
     } else {
         ks::MXFP4_GROUPED_MASKED_V6_N16
     };
-    allow_smem(dev, kernel, smem)?;
+    dev.allow_dynamic_smem(kernel, smem)?;
     let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
     let why = "V6 needs 16-byte aligned device buffers";
     check_aligned16(why, [("a", ap), ("b", bp), ("b_s", bsp)])?;

@@ -12,7 +12,7 @@ use super::params::{
     di_indexer_block_params, di_indexer_quant_params, di_indexer_score_params,
     di_indexer_topk_params,
 };
-use super::{allow_smem, grid_for, launch, read_ptr, write_ptr};
+use super::{grid_for, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
 use crate::Device;
 use crate::contract::{ScoreKernel, ScoreShape};
@@ -161,7 +161,7 @@ pub(crate) fn index_scores(
 /// fills the GPU about once (the score of an entry never depends on it).
 fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShape) -> Result<()> {
     let kernel = kernels::indexer::INDEXER_SCORES_FAST;
-    allow_smem(dev, kernel, FAST_SMEM)?;
+    dev.allow_dynamic_smem(kernel, FAST_SMEM)?;
     let warps = FAST_THREADS / 32;
     let needed = s.n.div_ceil(FAST_TILE).div_ceil(warps).max(1);
     let fill = (FAST_CTAS_PER_SM * dev.sm_count()).div_ceil(s.batch);

@@ -6,8 +6,8 @@
 //! checked there); this checks the kernel's own limits and sizes the grid.
 
 use super::params::di_kv_rows_params;
-use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
+use super::{launch, read_ptr, write_ptr};
 use crate::contract::{KV_ROWS_CUDA_MAX_DIM, KV_ROWS_CUDA_MAX_ROPE_DIM, KvRowFormat};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
@@ -180,7 +180,7 @@ pub(crate) fn kv_rows<'a>(dev: &'a CudaDevice, op: &'static str, c: KvRowsCall<'
         tile * (2 * c.dim + 16 + 4 * rope_dim + 48) + 2 * c.dim,
     )?;
     if smem > 48 << 10 {
-        allow_smem(dev, kernel, smem)?;
+        dev.allow_dynamic_smem(kernel, smem)?;
     }
     let cfg = LaunchConfig {
         grid_dim: (ctas, 1, 1),

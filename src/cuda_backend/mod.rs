@@ -253,23 +253,6 @@ pub(crate) unsafe fn launch_raw(
     Ok(())
 }
 
-/// Lets `kernel` take `smem` bytes of dynamic shared memory (above 48 KiB
-/// the driver needs this opt-in before the launch).
-fn allow_smem(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<()> {
-    dev.function(kernel)?
-        .set_attribute(
-            cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|source| Error::Driver {
-            during: format!(
-                "allowing {smem} bytes of shared memory for {}::{}",
-                kernel.family.name, kernel.name
-            ),
-            source,
-        })
-}
-
 /// The "bad slots" of the checking kernels (`params.h`): `n` int64 on the
 /// device, each set to `i64::MAX`, that a kernel lowers to the first
 /// position whose index input is out of range. One slot per launch; a

@@ -21,8 +21,8 @@ use super::params::{
     DI_SPARSE_MQA_COMBINE_THREADS, DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS,
     DI_SPARSE_MQA_V7_SMEM_BYTES, di_sparse_mqa_combine_params, di_sparse_mqa_params,
 };
-use super::{allow_smem, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
+use super::{launch, read_ptr, write_ptr};
 use crate::contract::{
     SPARSE_MQA_GENERIC_MAX_DIM, SPARSE_MQA_SPLIT_UNIT, SparseMqaKernel, SparseMqaShape,
     SparseMqaSplit,
@@ -146,7 +146,7 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
     };
-    allow_smem(dev, kernel, smem)?;
+    dev.allow_dynamic_smem(kernel, smem)?;
     let (qp, _gq) = read_ptr(q.cuda()?, dev);
     let (wp, _gw) = read_ptr(window.cuda()?, dev);
     let (wip, _gwi) = read_ptr(window_idx.cuda()?, dev);

@@ -52,6 +52,9 @@ pub struct CudaDevice {
     /// Functions looked up once per (family, kernel), so a launch makes no
     /// `cuModuleGetFunction` call.
     functions: Arc<Mutex<HashMap<(&'static str, &'static str), CudaFunction>>>,
+    /// The dynamic shared memory each of those functions is allowed, so the
+    /// attribute is set once per function and size, not before every launch.
+    smem_allowed: Arc<Mutex<HashMap<(&'static str, &'static str), u32>>>,
     sms: usize,
     /// Whether the device allocates from a memory pool (`cuMemAllocAsync`).
     pools: bool,
@@ -105,6 +108,7 @@ impl CudaDevice {
             stream,
             modules: Arc::default(),
             functions: Arc::default(),
+            smem_allowed: Arc::default(),
             sms: sms.max(1) as usize,
             pools,
             poison: false,
@@ -445,6 +449,35 @@ impl CudaDevice {
             })?;
         functions.insert(key, f.clone());
         Ok(f)
+    }
+
+    /// Allows `kernel` `bytes` of dynamic shared memory per CTA
+    /// (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`): one driver call
+    /// the first time a function needs a size above what it was allowed.
+    pub fn allow_dynamic_smem(&self, kernel: KernelRef, bytes: u32) -> Result<()> {
+        let key = (kernel.family.name, kernel.name);
+        let mut allowed = self
+            .smem_allowed
+            .lock()
+            // A poisoned cache still holds only sizes the driver accepted.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if allowed.get(&key).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        self.function(kernel)?
+            .set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                i32::try_from(bytes).unwrap_or(i32::MAX),
+            )
+            .map_err(|source| Error::Driver {
+                during: format!(
+                    "allowing {bytes} bytes of shared memory for {}::{}",
+                    kernel.family.name, kernel.name
+                ),
+                source,
+            })?;
+        allowed.insert(key, bytes);
+        Ok(())
     }
 
     /// Loads (once) the module of `family`, after checking its image.
