@@ -305,6 +305,7 @@ mod gpu {
                 } else {
                     ("", Vec::new())
                 };
+                let ran = us.is_ok();
                 h.record_gemm(
                     &format!("mxfp8_linear/{}/{label}", p.name),
                     peer_op,
@@ -315,6 +316,22 @@ mod gpu {
                     formula,
                     peers,
                 );
+                // The host's issue time of the same calls (the op's checks,
+                // TMA maps and launch): near ours_us, the host set the time.
+                if ran && version.is_none() {
+                    let host = h.host_issue_us(|i| {
+                        let _ = ops::mxfp8_linear_into(
+                            &a[0][i % ac],
+                            &a_s[0][i % ac],
+                            &w[0][i % wc],
+                            &w_s[0][i % wc],
+                            &mut out[0],
+                            imp,
+                        );
+                    });
+                    println!("    host issue {host:.2} us a call (group 0)");
+                    h.annotate_last("host_issue_us_per_call", json!(host));
+                }
             }
         }
     }

@@ -61,6 +61,37 @@ impl Harness {
         Some(h)
     }
 
+    /// Adds `key: value` to the last record (a measurement beside the
+    /// time, e.g. the host's issue time of the same calls).
+    #[allow(dead_code, reason = "only the GEMM bench records its host issue time")]
+    pub fn annotate_last(&mut self, key: &str, value: Value) {
+        if let Some(Value::Object(r)) = self.records.last_mut() {
+            r.insert(key.into(), value);
+        }
+    }
+
+    /// Host µs to issue one call of `f(i)`: the median over batches of the
+    /// host clock around [`BATCH`] calls, with the device synchronised
+    /// before each batch (so the launch queue never fills and blocks). When
+    /// it is near [`Harness::time_us`], the host, not the GPU, set the time.
+    #[allow(dead_code, reason = "only the GEMM bench records its host issue time")]
+    pub fn host_issue_us(&self, mut f: impl FnMut(usize)) -> f64 {
+        let mut samples = Vec::with_capacity(REPEATS);
+        let mut i = 0;
+        for _ in 0..REPEATS {
+            self.cuda.synchronize().unwrap();
+            let t = std::time::Instant::now();
+            for _ in 0..BATCH {
+                f(i);
+                i += 1;
+            }
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        }
+        self.cuda.synchronize().unwrap();
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        samples[samples.len() / 2]
+    }
+
     /// How many rotating copies of an input of `bytes` to keep.
     pub fn copies(bytes: usize) -> usize {
         ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(2, 256)
