@@ -884,8 +884,9 @@ impl StatePool {
 
     /// Stores (`Some(r)`: row `r` of `kv` and `score`) or clears (`None`)
     /// the partial group of `layer`'s ratio-2 source for each sequence of
-    /// `tails`, with one row copy per tensor for all of them (a later tail
-    /// of a sequence named twice wins, as if stored one after the other).
+    /// `tails`, with one row copy per tensor for all of them. A step names
+    /// each sequence once (`Model::step` refuses a repeat); a repeated
+    /// destination row would be `ops::copy_rows_into`'s typed error.
     pub(crate) fn set_pending(
         &mut self,
         layer: usize,
@@ -894,15 +895,15 @@ impl StatePool {
         score: &Tensor,
     ) -> Result<()> {
         let src = self.source(layer)?;
-        let mut rows: Vec<(usize, usize)> = Vec::with_capacity(tails.len());
+        let (mut dst, mut from) = (Vec::new(), Vec::new());
         for &(seq, tail) in tails {
-            let row = self.pending_row(self.get(seq)?.slot, src)?;
-            rows.retain(|&(dst, _)| dst != row);
-            rows.extend(tail.map(|r| (row, r)));
+            if let Some(r) = tail {
+                dst.push(self.pending_row(self.get(seq)?.slot, src)?);
+                from.push(r);
+            }
             self.get_mut(seq)?.pending[src] = tail.is_some();
         }
-        if !rows.is_empty() {
-            let (dst, from): (Vec<usize>, Vec<usize>) = rows.into_iter().unzip();
+        if !dst.is_empty() {
             ops::copy_rows_into(&mut self.pending_kv, &dst, kv, &from)?;
             ops::copy_rows_into(&mut self.pending_score, &dst, score, &from)?;
         }
@@ -910,8 +911,9 @@ impl StatePool {
     }
 
     /// Copies row `r` of `kv` and `score` into pending row `row` (a
-    /// [`StatePool::pending_row`]): the one write of a partial group, shared
-    /// by the compressor's step, a restore and a rollback.
+    /// [`StatePool::pending_row`]): the one-row write of a partial group,
+    /// shared by a restore and a rollback (a step writes its groups at once,
+    /// [`StatePool::set_pending`]).
     fn put_pending(&mut self, row: usize, kv: &Tensor, score: &Tensor, r: usize) -> Result<()> {
         self.pending_kv.copy_rows_from(row, kv, r, 1)?;
         self.pending_score.copy_rows_from(row, score, r, 1)?;
