@@ -19,9 +19,10 @@
 //! its own 584-byte layout, from its bench in the same device run).
 //! The versions in contention are timed: the default (`Auto` kernel and
 //! split: few queries split over the SMs) as the record name, the others as
-//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v8`, `_v9` unsplit and
+//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v8`, `_v9`, `_v10` unsplit and
 //! `_v3_split128` (the fixed span a batch-invariant caller can take)
-//! (prefill: v3, v8, v9 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096.
+//! (prefill: v3, v8, v9, v10 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096;
+//! DEEPINFER_BENCH_ATTN="decode:B:SQ,prefill:T": only those points.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -176,6 +177,7 @@ mod gpu {
             SparseMqaKernel::V5Heads16 => "v5_h16",
             SparseMqaKernel::V8 => "v8",
             SparseMqaKernel::V9 => "v9",
+            SparseMqaKernel::V10 => "v10",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
@@ -187,19 +189,21 @@ mod gpu {
     /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`),
     /// versions 6 and 7 to versions 3 and 8 in the runs of 2026-12-02, and
     /// left the build.
-    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 7] = [
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 8] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
+        (SparseMqaKernel::V10, SparseMqaSplit::None),
         (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 4] = [
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 5] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
+        (SparseMqaKernel::V10, SparseMqaSplit::None),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
 
@@ -219,6 +223,12 @@ mod gpu {
         };
         let dev = h.dev.clone();
         let quick = std::env::var("DEEPINFER_BENCH_QUICK").is_ok_and(|v| v == "1");
+        // DEEPINFER_BENCH_ATTN="decode:B:SQ,prefill:T,...": only those points
+        // (one shape under ncu, say).
+        let only: Option<Vec<String>> = std::env::var("DEEPINFER_BENCH_ATTN")
+            .ok()
+            .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
+        let wanted = |point: String| only.as_ref().is_none_or(|o| o.contains(&point));
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let sink: Vec<f32> = (0..H).map(|i| (i % 7) as f32 * 0.5 - 1.5).collect();
         let sink = Tensor::from_vec(sink, &[H])
@@ -234,14 +244,21 @@ mod gpu {
         let compressed = compressed_rows(&dev, nc, &mut rng);
         let pages = page_permutation(nc / PAGE, &mut rng);
         let mut next_slot = 0usize;
-        let batches: &[usize] = if quick {
+        let batches: &[usize] = if quick && only.is_none() {
             &[1, 64]
         } else {
             &[1, 16, 64, 128, 256]
         };
-        let sqs: &[usize] = if quick { &[1, 2] } else { &[1, 2, 4] };
+        let sqs: &[usize] = if quick && only.is_none() {
+            &[1, 2]
+        } else {
+            &[1, 2, 4]
+        };
         for &b in batches {
             for &sq in sqs {
+                if !wanted(format!("decode:{b}:{sq}")) {
+                    continue;
+                }
                 let t = b * sq;
                 let per_call = t * (KW * WROW + KC * CROW);
                 let copies = Harness::copies(per_call);
@@ -285,8 +302,15 @@ mod gpu {
 
         // Prefill: the prompt's own rows; every list fully valid (as the
         // FlashMLA prefill peer's), 128 window rows ending at the token.
-        let prompts: &[usize] = if quick { &[4096] } else { &[4096, 32768] };
+        let prompts: &[usize] = if quick && only.is_none() {
+            &[4096]
+        } else {
+            &[4096, 32768]
+        };
         for &tokens in prompts {
+            if !wanted(format!("prefill:{tokens}")) {
+                continue;
+            }
             let window = window_rows(&dev, tokens, &mut rng);
             let compressed = compressed_rows(&dev, tokens / 2, &mut rng);
             let wi: Vec<i32> = (0..tokens)

@@ -470,11 +470,13 @@ __device__ __forceinline__ bool finish_split(const di_mx_gemm_params &p, const T
     for (int q = 0; q < 16; ++q) {
         own[q * kConsumerThreads + ct] = make_float4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]);
     }
-    __threadfence();
+    // Every consumer's partial is written before thread 0's release (the
+    // barrier orders them, the release is cumulative); the last piece's
+    // acquire orders the other pieces' partials before its reads (its
+    // threads follow thread 0 through bar_or).
     bar_sync(1, kConsumerThreads);
-    const bool last = ct == 0 && atomicAdd(p.tickets + tile.split, 1u) == uint32_t(p.splits - 1);
+    const bool last = ct == 0 && atom_add_acq_rel_gpu(p.tickets + tile.split, 1u) == uint32_t(p.splits - 1);
     if (!bar_or(1, kConsumerThreads, last)) return false;
-    __threadfence();
     const float4 *first = reinterpret_cast<const float4 *>(p.partials) + int64_t(tile.split) * p.splits * kQuads;
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.0f;

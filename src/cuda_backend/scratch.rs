@@ -70,7 +70,8 @@ impl Scratch {
 
 /// A cached buffer of at least `bytes`: reused, or replaced by a larger one
 /// (the old one is freed in stream order, after the launches that use it).
-/// `zeroed`: a new buffer is uploaded as zeros (tickets); otherwise it comes
+/// `zeroed`: a new buffer is zeroed by a memset on the stream (tickets; no
+/// host buffer, so it may happen inside a graph capture); otherwise it comes
 /// from `dev.alloc` (the launch overwrites it before reading).
 fn ensure<'s>(
     slot: &'s mut Option<CudaBuffer>,
@@ -81,7 +82,7 @@ fn ensure<'s>(
     if slot.as_ref().is_none_or(|b| b.len() < bytes) {
         *slot = None;
         *slot = Some(if zeroed {
-            dev.upload(&vec![0u8; bytes])?
+            dev.zeroed(bytes)?
         } else {
             dev.alloc(bytes)?
         });

@@ -169,6 +169,16 @@ __device__ __forceinline__ bool bar_or(uint32_t id, uint32_t threads, bool pred)
     return any != 0;
 }
 
+/* Atomic add with acquire-release semantics at GPU scope; returns the old
+ * value. One thread of a CTA takes a ticket after a CTA barrier: the release
+ * is cumulative, so it publishes every write the barrier ordered before it
+ * (the CUTLASS semaphore pattern, one fence per CTA instead of one per thread). */
+__device__ __forceinline__ uint32_t atom_add_acq_rel_gpu(uint32_t *addr, uint32_t v) {
+    uint32_t old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(addr), "r"(v) : "memory");
+    return old;
+}
+
 /* ---- register reallocation between warpgroups ----------------------------- */
 
 template <uint32_t R> __device__ __forceinline__ void regs_dealloc() {
