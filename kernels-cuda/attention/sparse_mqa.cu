@@ -1118,16 +1118,19 @@ template <bool kBulk> __device__ __forceinline__ void sparse_mqa_wgmma_body(cons
 //  - the consumers split Q.K^T by dims again (version 6's exchange of the
 //    partial logits: consume_wgmma<true>), P.V as before;
 //  - the producer loads rows straight into registers and decodes 8 rows at
-//    once per warp, four lanes to a row (lane = 4 rp + q, tile row
+//    once per warp, four lanes to a row (lane = rp + 8 q, tile row
 //    16 w + 8 ps + rp in pass ps = 0, 1 of a block). A unit is what one
 //    batch of loads covers:
 //      FP4 (one unit a pass): load i (0..3) = bytes 64 i + 16 q .. + 15 of
 //        the row (values 128 i + 32 q ..), scales bytes 256 + 8 i + 2 q, + 1;
 //      FP8 (two units a pass, h = 0, 1): load i = bytes 256 h + 64 i + 16 q
 //        .. + 15, scales bytes 512 + 8 h .. + 7 (value v's scale is byte v / 32).
-//    Each load instruction reads 64 contiguous bytes of 8 rows, and each
-//    16-byte tile store has one chunk index in every lane over 8 rows of 8
-//    different swizzles: 4 wavefronts, the least 512 bytes take.
+//    Each load instruction reads 64 contiguous bytes of 8 rows. A 16-byte
+//    store is served 8 lanes at a time: lanes 8 q .. 8 q + 7 are the 8 rows
+//    (8 different swizzles) at one chunk index, so each group of 8 covers
+//    the 8 bank groups once: 4 wavefronts, the least 512 bytes take. (The
+//    first build had lane = 4 rp + q: two lanes of a group of 8 hit one
+//    bank group, 8 wavefronts.)
 //  - the next unit's loads are issued before the current unit is decoded
 //    (one unit of look-ahead, across passes and blocks), and rows two
 //    blocks ahead are prefetched into L2 as before.
@@ -1283,7 +1286,7 @@ __device__ __forceinline__ void produce_v10(const di_sparse_mqa_params &p, uint8
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
     float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    const int rp = lane >> 2, q = lane & 3;
+    const int rp = lane & 7, q = lane >> 3;
     const int64_t mine = split_first(p) + 16 * w + rp;
     auto entry = [&](int j, int ps) { return int64_t{j} * kBlock + 8 * ps + mine; };
     // Rows of blocks j (ra), j + 1 (rb), j + 2 (rc) and the list values of
