@@ -1147,32 +1147,37 @@ struct RawV10 {
 };
 
 // Loads that read nothing (zeros) when `pred` is false: the address of a
-// missing row is never formed into a load.
+// missing row is never formed into a load. Volatile, with a memory clobber:
+// the first build let the compiler sink the look-ahead loads below the
+// current unit's decode (its stores), to just before their own use.
 __device__ __forceinline__ uint4 ldg_v4_if(const uint8_t *a, bool pred) {
     uint4 v;
-    asm("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
-        "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
-        "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(a), "r"(static_cast<uint32_t>(pred)));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
+                 "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+                 "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(a), "r"(static_cast<uint32_t>(pred))
+                 : "memory");
     return v;
 }
 
 __device__ __forceinline__ uint2 ldg_v2_if(const uint8_t *a, bool pred) {
     uint2 v;
-    asm("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
-        "@p ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n}\n"
-        : "=r"(v.x), "=r"(v.y)
-        : "l"(a), "r"(static_cast<uint32_t>(pred)));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
+                 "@p ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n}\n"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(a), "r"(static_cast<uint32_t>(pred))
+                 : "memory");
     return v;
 }
 
 __device__ __forceinline__ uint32_t ldg_u16_if(const uint8_t *a, bool pred) {
     uint16_t v;
-    asm("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b16 %0, 0;\n"
-        "@p ld.global.nc.L1::no_allocate.u16 %0, [%1];\n}\n"
-        : "=h"(v)
-        : "l"(a), "r"(static_cast<uint32_t>(pred)));
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b16 %0, 0;\n"
+                 "@p ld.global.nc.L1::no_allocate.u16 %0, [%1];\n}\n"
+                 : "=h"(v)
+                 : "l"(a), "r"(static_cast<uint32_t>(pred))
+                 : "memory");
     return v;
 }
 
@@ -1199,8 +1204,39 @@ __device__ __forceinline__ void load_unit_v10(const di_sparse_mqa_params &p, int
     }
 }
 
+// The BF16 byte tables of the e2m1 magnitudes (e2m1x8_scaled's constants),
+// kept in registers across the producer's loop (opaque_u32) instead of being
+// moved from uniform registers before every prmt.
+struct E2m1Tables {
+    uint32_t hi0, hi1, lo0, lo1;
+    __device__ __forceinline__ static E2m1Tables make() {
+        return {deepinfer::opaque_u32(0x3F3F3F00u), deepinfer::opaque_u32(0x40404040u),
+                deepinfer::opaque_u32(0xC0800000u), deepinfer::opaque_u32(0xC0804000u)};
+    }
+};
+
+// e2m1x8_scaled with the tables in registers.
+__device__ __forceinline__ void e2m1x8_scaled_t(uint32_t w, __nv_bfloat162 s2, const E2m1Tables &t,
+                                                uint32_t (&o)[4]) {
+    const uint32_t mag = w & 0x77777777u, z = w << 4;
+    const uint32_t hi_a = deepinfer::prmt_b32(t.hi0, t.hi1, mag);
+    const uint32_t lo_a = deepinfer::prmt_b32(t.lo0, t.lo1, mag);
+    const uint32_t hi_b = deepinfer::prmt_b32(t.hi0, t.hi1, mag >> 16);
+    const uint32_t lo_b = deepinfer::prmt_b32(t.lo0, t.lo1, mag >> 16);
+    const uint32_t v[4] = {deepinfer::prmt_b32(lo_a, hi_a, 0x5140u), deepinfer::prmt_b32(lo_a, hi_a, 0x7362u),
+                           deepinfer::prmt_b32(lo_b, hi_b, 0x5140u), deepinfer::prmt_b32(lo_b, hi_b, 0x7362u)};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const uint32_t sign = deepinfer::prmt_b32(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
+        uint32_t x = v[k] | sign;
+        __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
+        o[k] = *reinterpret_cast<uint32_t *>(&r);
+    }
+}
+
 // Decodes unit u of tile row r into the tile (stores only when `st`).
-__device__ __forceinline__ void store_unit_v10(uint8_t *tile, int u, int r, int q, const RawV10 &raw, bool st) {
+__device__ __forceinline__ void store_unit_v10(uint8_t *tile, int u, int r, int q, const RawV10 &raw, bool st,
+                                               const E2m1Tables &tab) {
     if (u == 0) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -1212,7 +1248,7 @@ __device__ __forceinline__ void store_unit_v10(uint8_t *tile, int u, int r, int 
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 uint32_t o[4];
-                e2m1x8_scaled(words[k], k < 2 ? lo : hi, o);
+                e2m1x8_scaled_t(words[k], k < 2 ? lo : hi, tab, o);
                 if (st)
                     *reinterpret_cast<uint4 *>(tile + v6_off(r, 16 * i + 4 * q + k)) = make_uint4(o[0], o[1], o[2], o[3]);
             }
@@ -1283,69 +1319,81 @@ __device__ __forceinline__ void prefetch_v10(const di_sparse_mqa_params &p, int6
 
 __device__ __forceinline__ void produce_v10(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
                                             int64_t t, int blocks) {
+    if (blocks <= 0) return;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
     float *bias = reinterpret_cast<float *>(smem + kOffBias);
     const int rp = lane & 7, q = lane >> 3;
     const int64_t mine = split_first(p) + 16 * w + rp;
     auto entry = [&](int j, int ps) { return int64_t{j} * kBlock + 8 * ps + mine; };
+    const E2m1Tables tab = E2m1Tables::make();
     // Rows of blocks j (ra), j + 1 (rb), j + 2 (rc) and the list values of
-    // block j + 3 (vd), one per pass; rotated at each block's start.
+    // block j + 3 (vd), one per pass.
     int ra[2], rb[2], rc[2], vd[2];
 #pragma unroll
     for (int ps = 0; ps < 2; ++ps) {
         const int v0 = load_entry(p, t, entry(0, ps)), v1 = load_entry(p, t, entry(1, ps));
-        vd[ps] = load_entry(p, t, entry(2, ps));
+        const int v2 = load_entry(p, t, entry(2, ps));
+        vd[ps] = load_entry(p, t, entry(3, ps));
         ra[ps] = row_v10(p, entry(0, ps), v0);
         rb[ps] = row_v10(p, entry(1, ps), v1);
+        rc[ps] = row_v10(p, entry(2, ps), v2);
         prefetch_v10(p, entry(1, ps), rb[ps], q);
+        prefetch_v10(p, entry(2, ps), rc[ps], q);
     }
-    RawV10 cur, nxt;
+    // The unit stream: unit u of pass ps of block j; the next unit's loads
+    // go out before the current unit is decoded.
+    int j = 0, ps = 0;
     PassV10 pass = pass_v10(p, entry(0, 0), ra[0]);
     int u = pass.first_unit();
-    if (blocks > 0) load_unit_v10(p, u, pass.row, pass.loads(u), q, cur);
-    for (int j = 0; j < blocks; ++j) {
-        const int b = j & 1;
-        if (j > 0) {
-#pragma unroll
-            for (int ps = 0; ps < 2; ++ps) ra[ps] = rb[ps], rb[ps] = rc[ps];
+    RawV10 a, b;
+    load_unit_v10(p, u, pass.row, pass.loads(u), q, a);
+    auto step = [&](RawV10 &cur, RawV10 &nxt) -> bool {
+        int nj = j, nps = ps, nu = pass.next_unit(u);
+        PassV10 np = pass;
+        if (nu < 0) {
+            if (ps == 0) {
+                nps = 1;
+                np = pass_v10(p, entry(j, 1), ra[1]);
+            } else {
+                nj = j + 1;
+                nps = 0;
+                if (nj < blocks) np = pass_v10(p, entry(nj, 0), rb[0]);
+            }
+            nu = nj < blocks ? np.first_unit() : -1;
         }
-#pragma unroll
-        for (int ps = 0; ps < 2; ++ps) {
-            rc[ps] = row_v10(p, entry(j + 2, ps), vd[ps]);
-            vd[ps] = load_entry(p, t, entry(j + 3, ps));
-            prefetch_v10(p, entry(j + 2, ps), rc[ps], q);
+        if (nu >= 0) load_unit_v10(p, nu, np.row, np.loads(nu), q, nxt);
+        const int slot = j & 1, r = 16 * w + 8 * ps + rp;
+        store_unit_v10(smem + kOffTiles + slot * kTileBytes, u, r, q, cur, pass.stores(u), tab);
+        if (nps != ps || nj != j) {
+            if (q == 0) bias[slot * kBlock + r] = pass.kind != 0 ? 0.0f : -INFINITY;
         }
-        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
-#pragma unroll 1
-        for (int ps = 0; ps < 2; ++ps) {
-            const int r = 16 * w + 8 * ps + rp;
-            for (;;) {
-                // Look ahead: the next unit of this pass, else the first of
-                // the next pass (this block's second, or the next block's first).
-                const int un = pass.next_unit(u);
-                PassV10 np = pass;
-                int nu = un;
-                if (un < 0) {
-                    if (ps == 0) np = pass_v10(p, entry(j, 1), ra[1]);
-                    else if (j + 1 < blocks) np = pass_v10(p, entry(j + 1, 0), rb[0]);
-                    nu = (ps == 0 || j + 1 < blocks) ? np.first_unit() : -1;
+        if (nj != j) {
+            // The tile goes to wgmma through the async proxy.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            bar_arrive(&full[slot]);
+            if (nj < blocks) {
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    ra[k] = rb[k];
+                    rb[k] = rc[k];
+                    rc[k] = row_v10(p, entry(nj + 2, k), vd[k]);
+                    vd[k] = load_entry(p, t, entry(nj + 3, k));
+                    prefetch_v10(p, entry(nj + 2, k), rc[k], q);
                 }
-                if (nu >= 0) load_unit_v10(p, nu, np.row, np.loads(nu), q, nxt);
-                store_unit_v10(tile, u, r, q, cur, pass.stores(u));
-                cur = nxt;
-                u = nu;
-                if (un < 0) {
-                    if (q == 0) bias[b * kBlock + r] = pass.kind != 0 ? 0.0f : -INFINITY;
-                    pass = np;
-                    break;
-                }
+                if (nj >= 2) bar_wait(&empty[nj & 1], ((nj >> 1) - 1) & 1);
             }
         }
-        // The tile goes to wgmma through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        bar_arrive(&full[b]);
+        j = nj;
+        ps = nps;
+        u = nu;
+        pass = np;
+        return nu >= 0;
+    };
+    // Two steps a turn so the two raw buffers swap roles without copies.
+    for (;;) {
+        if (!step(a, b)) break;
+        if (!step(b, a)) break;
     }
 }
 
