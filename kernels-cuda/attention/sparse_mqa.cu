@@ -50,10 +50,6 @@ static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= kRegPool384, "regis
 constexpr int kProducerRegs6 = 88;
 constexpr int kConsumerRegs6 = 208;
 static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= kRegPool384, "register pool (versions 8, 9)");
-// Version 10: two units of raw rows in flight take the producer past 88.
-constexpr int kProducerRegs10 = 104;
-constexpr int kConsumerRegs10 = 200;
-static_assert(kProducerRegs10 * 128 + kConsumerRegs10 * 256 <= kRegPool384, "register pool (version 10)");
 
 // Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
 // per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
@@ -725,7 +721,6 @@ __device__ __forceinline__ uint64_t v6_desc_n_major(const void *p) {
 // through Q, which both read whole), the online softmax as in consume(),
 // then P.V for its dims. The Q.K^T of block j+1 is issued before the
 // warpgroup waits for the P.V of block j.
-template <bool kHalfQk>
 __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
                                               int64_t t, int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
@@ -759,40 +754,18 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     OnlineSoftmax sm;
     const float scale = p.scale;
 
-    // Q.K^T of block j into s: 32 k-steps of 16 over all 512 dims, or with
-    // kHalfQk 16 over this warpgroup's 256 (column blocks 4 wg .. 4 wg + 3).
+    // Q.K^T of block j into s: 32 k-steps of 16 over all 512 dims.
     auto issue_qk = [&](int j) {
         const uint8_t *tile = tiles + (j & 1) * kTileBytes;
-        constexpr int kSteps = kHalfQk ? 16 : 32;
-        const int first = kHalfQk ? 4 * wg : 0;
         s9::fence_operands(s);
         s9::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kSteps; ++ks) {
-            const int off = (first + ks / 4) * 8192 + (ks % 4) * 32;
+        for (int ks = 0; ks < 32; ++ks) {
+            const int off = (ks / 4) * 8192 + (ks % 4) * 32;
             Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
         }
         s9::wgmma_commit();
         s9::fence_operands(s);
-    };
-    // kHalfQk: the partial logits go through the exchange (16 KiB a
-    // warpgroup, thread-major: conflict-free); the partner arrives on
-    // barrier 5 + wg once it has read this warpgroup's slot, so the next
-    // block's write waits only if it has not yet; barrier 4 pairs the
-    // writes with the reads. a + b == b + a: both hold the same logits.
-    float *exch = reinterpret_cast<float *>(smem + Layout<4>::exch);
-    auto exchange = [&](int j) {
-        if constexpr (kHalfQk) {
-            float *mine = exch + wg * 32 * 128;
-            const float *partner = exch + (1 - wg) * 32 * 128;
-            if (j > 0) asm volatile("bar.sync %0, 256;" ::"r"(5 + wg) : "memory");
-#pragma unroll
-            for (int i = 0; i < 32; ++i) mine[i * 128 + tid] = s[i];
-            asm volatile("bar.sync 4, 256;" ::: "memory");
-#pragma unroll
-            for (int i = 0; i < 32; ++i) s[i] += partner[i * 128 + tid];
-            if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
-        }
     };
 
     if (blocks > 0) {
@@ -804,7 +777,6 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     for (int j = 0; j < blocks; ++j) {
         const int b = j & 1;
         uint32_t pa[4][4];
-        exchange(j);
         sm.step(s, bias + b * kBlock, c, scale, pa, acc);
         // P.V: V = the tile's 64 rows (K) x this half's 256 columns (N).
         const uint8_t *tile = tiles + b * kTileBytes;
@@ -1105,321 +1077,7 @@ template <bool kBulk> __device__ __forceinline__ void sparse_mqa_wgmma_body(cons
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         const int wg = (warp - kProducerWarps) / 4;
-        consume_wgmma<false>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
-    }
-}
-
-// ---- version 10: a direct-load producer, Q.K^T split between the consumers --
-// Version 9 left two costs the prediction missed: both consumer warpgroups
-// ran the whole Q.K^T (12.6 MFLOP of tensor work and ~384 KiB of operand
-// reads per block where 8.4 and ~192 suffice) and the producer still
-// decoded one row at a time behind a per-row branch, with the rows staged
-// through shared memory. Here:
-//  - the consumers split Q.K^T by dims again (version 6's exchange of the
-//    partial logits: consume_wgmma<true>), P.V as before;
-//  - the producer loads rows straight into registers and decodes 8 rows at
-//    once per warp, four lanes to a row (lane = rp + 8 q, tile row
-//    16 w + 8 ps + rp in pass ps = 0, 1 of a block). A unit is what one
-//    batch of loads covers:
-//      FP4 (one unit a pass): load i (0..3) = bytes 64 i + 16 q .. + 15 of
-//        the row (values 128 i + 32 q ..), scales bytes 256 + 8 i + 2 q, + 1;
-//      FP8 (two units a pass, h = 0, 1): load i = bytes 256 h + 64 i + 16 q
-//        .. + 15, scales bytes 512 + 8 h .. + 7 (value v's scale is byte v / 32).
-//    Each load instruction reads 64 contiguous bytes of 8 rows. A 16-byte
-//    store is served 8 lanes at a time: lanes 8 q .. 8 q + 7 are the 8 rows
-//    (8 different swizzles) at one chunk index, so each group of 8 covers
-//    the 8 bank groups once: 4 wavefronts, the least 512 bytes take. (The
-//    first build had lane = 4 rp + q: two lanes of a group of 8 hit one
-//    bank group, 8 wavefronts.)
-//  - the next unit's loads are issued before the current unit is decoded
-//    (one unit of look-ahead, across passes and blocks), and rows two
-//    blocks ahead are prefetched into L2 as before.
-// A row of the other format in a pass (a window/compressed seam inside an
-// 8-entry group) is not loaded by a unit and not stored by it; missing rows
-// load nothing (zeros, scale 0) and are stored as zeros by the pass's first
-// unit. The tile layout, barriers and consumers' contract are version 9's.
-
-// Raw registers of one unit: four 16-byte loads and the scale words (FP4:
-// s[i] = the two scale bytes of load i; FP8: s[0..1] = the unit's 8 scales).
-struct RawV10 {
-    uint4 d[4];
-    uint32_t s[4];
-};
-
-// Loads that read nothing (zeros) when `pred` is false: the address of a
-// missing row is never formed into a load. Volatile, with a memory clobber:
-// the first build let the compiler sink the look-ahead loads below the
-// current unit's decode (its stores), to just before their own use.
-__device__ __forceinline__ uint4 ldg_v4_if(const uint8_t *a, bool pred) {
-    uint4 v;
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
-                 "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
-                 "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(a), "r"(static_cast<uint32_t>(pred))
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ uint2 ldg_v2_if(const uint8_t *a, bool pred) {
-    uint2 v;
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
-                 "@p ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n}\n"
-                 : "=r"(v.x), "=r"(v.y)
-                 : "l"(a), "r"(static_cast<uint32_t>(pred))
-                 : "memory");
-    return v;
-}
-
-__device__ __forceinline__ uint32_t ldg_u16_if(const uint8_t *a, bool pred) {
-    uint16_t v;
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b16 %0, 0;\n"
-                 "@p ld.global.nc.L1::no_allocate.u16 %0, [%1];\n}\n"
-                 : "=h"(v)
-                 : "l"(a), "r"(static_cast<uint32_t>(pred))
-                 : "memory");
-    return v;
-}
-
-// Unit u (0: FP4, 1 + h: FP8 half h) of a row, loaded only when `ok`.
-__device__ __forceinline__ void load_unit_v10(const di_sparse_mqa_params &p, int u, int row, bool ok, int q,
-                                              RawV10 &r) {
-    const int64_t at = ok ? row : 0;
-    if (u == 0) {
-        const uint8_t *a = static_cast<const uint8_t *>(p.compressed) + at * kCompressedRow;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            r.d[i] = ldg_v4_if(a + 64 * i + 16 * q, ok);
-            r.s[i] = ldg_u16_if(a + kDim / 2 + 8 * i + 2 * q, ok);
-        }
-    } else {
-        const uint8_t *a = static_cast<const uint8_t *>(p.window) + at * kWindowRow;
-        const int h = u - 1;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.d[i] = ldg_v4_if(a + 256 * h + 64 * i + 16 * q, ok);
-        const uint2 sc = ldg_v2_if(a + kDim + 8 * h, ok);
-        r.s[0] = sc.x;
-        r.s[1] = sc.y;
-        r.s[2] = r.s[3] = 0;
-    }
-}
-
-// The BF16 byte tables of the e2m1 magnitudes (e2m1x8_scaled's constants),
-// kept in registers across the producer's loop (opaque_u32) instead of being
-// moved from uniform registers before every prmt.
-struct E2m1Tables {
-    uint32_t hi0, hi1, lo0, lo1;
-    __device__ __forceinline__ static E2m1Tables make() {
-        return {deepinfer::opaque_u32(0x3F3F3F00u), deepinfer::opaque_u32(0x40404040u),
-                deepinfer::opaque_u32(0xC0800000u), deepinfer::opaque_u32(0xC0804000u)};
-    }
-};
-
-// e2m1x8_scaled with the tables in registers.
-__device__ __forceinline__ void e2m1x8_scaled_t(uint32_t w, __nv_bfloat162 s2, const E2m1Tables &t,
-                                                uint32_t (&o)[4]) {
-    const uint32_t mag = w & 0x77777777u, z = w << 4;
-    const uint32_t hi_a = deepinfer::prmt_b32(t.hi0, t.hi1, mag);
-    const uint32_t lo_a = deepinfer::prmt_b32(t.lo0, t.lo1, mag);
-    const uint32_t hi_b = deepinfer::prmt_b32(t.hi0, t.hi1, mag >> 16);
-    const uint32_t lo_b = deepinfer::prmt_b32(t.lo0, t.lo1, mag >> 16);
-    const uint32_t v[4] = {deepinfer::prmt_b32(lo_a, hi_a, 0x5140u), deepinfer::prmt_b32(lo_a, hi_a, 0x7362u),
-                           deepinfer::prmt_b32(lo_b, hi_b, 0x5140u), deepinfer::prmt_b32(lo_b, hi_b, 0x7362u)};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const uint32_t sign = deepinfer::prmt_b32(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
-        uint32_t x = v[k] | sign;
-        __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
-        o[k] = *reinterpret_cast<uint32_t *>(&r);
-    }
-}
-
-// Decodes unit u of tile row r into the tile (stores only when `st`).
-__device__ __forceinline__ void store_unit_v10(uint8_t *tile, int u, int r, int q, const RawV10 &raw, bool st,
-                                               const E2m1Tables &tab) {
-    if (u == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const __half2_raw hs =
-                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.s[i] & 0xFFFFu), __NV_E4M3);
-            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hs));
-            const __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.x), hi = __floats2bfloat162_rn(f.y, f.y);
-            const uint32_t words[4] = {raw.d[i].x, raw.d[i].y, raw.d[i].z, raw.d[i].w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                uint32_t o[4];
-                e2m1x8_scaled_t(words[k], k < 2 ? lo : hi, tab, o);
-                if (st)
-                    *reinterpret_cast<uint4 *>(tile + v6_off(r, 16 * i + 4 * q + k)) = make_uint4(o[0], o[1], o[2], o[3]);
-            }
-        }
-    } else {
-        const int h = u - 1;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float sc = deepinfer::e8m0_to_f32((raw.s[i >> 1] >> (8 * (2 * (i & 1) + (q >> 1)))) & 0xFFu);
-            const uint4 v = raw.d[i];
-            const int c0 = 32 * h + 8 * i + 2 * q;
-            if (st) {
-                *reinterpret_cast<uint4 *>(tile + v6_off(r, c0)) =
-                    make_uint4(e4m3x2_scaled(v.x & 0xFFFFu, sc), e4m3x2_scaled(v.x >> 16, sc),
-                               e4m3x2_scaled(v.y & 0xFFFFu, sc), e4m3x2_scaled(v.y >> 16, sc));
-                *reinterpret_cast<uint4 *>(tile + v6_off(r, c0 + 1)) =
-                    make_uint4(e4m3x2_scaled(v.z & 0xFFFFu, sc), e4m3x2_scaled(v.z >> 16, sc),
-                               e4m3x2_scaled(v.w & 0xFFFFu, sc), e4m3x2_scaled(v.w >> 16, sc));
-            }
-        }
-    }
-}
-
-// One pass of one lane: its row (or -1), its kind (1 window, 2 compressed,
-// 0 none) and which formats the warp's 8 rows hold.
-struct PassV10 {
-    int row;
-    int kind;
-    bool has4;
-    bool has8;
-    __device__ __forceinline__ int first_unit() const { return has4 || !has8 ? 0 : 1; }
-    // The unit after u in this pass, or -1.
-    __device__ __forceinline__ int next_unit(int u) const { return u == 0 ? (has8 ? 1 : -1) : (u == 1 ? 2 : -1); }
-    __device__ __forceinline__ bool loads(int u) const { return u == 0 ? kind == 2 : kind == 1; }
-    __device__ __forceinline__ bool stores(int u) const { return u == 0 ? kind != 1 : (kind == 1 || (kind == 0 && !has4)); }
-};
-
-__device__ __forceinline__ PassV10 pass_v10(const di_sparse_mqa_params &p, int64_t e, int row) {
-    PassV10 s;
-    s.row = row;
-    s.kind = row < 0 ? 0 : (e < p.kw ? 1 : 2);
-    s.has4 = __any_sync(0xFFFFFFFFu, s.kind == 2);
-    s.has8 = __any_sync(0xFFFFFFFFu, s.kind == 1);
-    return s;
-}
-
-// The pool row of entry e holding list value v, or -1 (no row).
-__device__ __forceinline__ int row_v10(const di_sparse_mqa_params &p, int64_t e, int v) {
-    int kind, row;
-    classify(p, e, v, kind, row);
-    return kind == 0 ? -1 : row;
-}
-
-// L2 prefetch of this lane's part of its row (lines 128 bytes apart from the
-// row's start, and its last byte).
-__device__ __forceinline__ void prefetch_v10(const di_sparse_mqa_params &p, int64_t e, int row, int q) {
-    if (row < 0) return;
-    if (e < p.kw) {
-        const uint8_t *a = static_cast<const uint8_t *>(p.window) + int64_t{row} * kWindowRow;
-        prefetch_l2(a + 128 * q);
-        if (q == 3) prefetch_l2(a + kWindowRow - 1);
-    } else {
-        const uint8_t *a = static_cast<const uint8_t *>(p.compressed) + int64_t{row} * kCompressedRow;
-        prefetch_l2(a + 64 * q);
-        if (q == 3) prefetch_l2(a + kCompressedRow - 1);
-    }
-}
-
-__device__ __forceinline__ void produce_v10(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
-                                            int64_t t, int blocks) {
-    if (blocks <= 0) return;
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
-    uint64_t *empty = full + 2;
-    float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    const int rp = lane & 7, q = lane >> 3;
-    const int64_t mine = split_first(p) + 16 * w + rp;
-    auto entry = [&](int j, int ps) { return int64_t{j} * kBlock + 8 * ps + mine; };
-    const E2m1Tables tab = E2m1Tables::make();
-    // Rows of blocks j (ra), j + 1 (rb), j + 2 (rc) and the list values of
-    // block j + 3 (vd), one per pass.
-    int ra[2], rb[2], rc[2], vd[2];
-#pragma unroll
-    for (int ps = 0; ps < 2; ++ps) {
-        const int v0 = load_entry(p, t, entry(0, ps)), v1 = load_entry(p, t, entry(1, ps));
-        const int v2 = load_entry(p, t, entry(2, ps));
-        vd[ps] = load_entry(p, t, entry(3, ps));
-        ra[ps] = row_v10(p, entry(0, ps), v0);
-        rb[ps] = row_v10(p, entry(1, ps), v1);
-        rc[ps] = row_v10(p, entry(2, ps), v2);
-        prefetch_v10(p, entry(1, ps), rb[ps], q);
-        prefetch_v10(p, entry(2, ps), rc[ps], q);
-    }
-    // The unit stream: unit u of pass ps of block j; the next unit's loads
-    // go out before the current unit is decoded.
-    int j = 0, ps = 0;
-    PassV10 pass = pass_v10(p, entry(0, 0), ra[0]);
-    int u = pass.first_unit();
-    RawV10 a, b;
-    load_unit_v10(p, u, pass.row, pass.loads(u), q, a);
-    auto step = [&](RawV10 &cur, RawV10 &nxt) -> bool {
-        int nj = j, nps = ps, nu = pass.next_unit(u);
-        PassV10 np = pass;
-        if (nu < 0) {
-            if (ps == 0) {
-                nps = 1;
-                np = pass_v10(p, entry(j, 1), ra[1]);
-            } else {
-                nj = j + 1;
-                nps = 0;
-                if (nj < blocks) np = pass_v10(p, entry(nj, 0), rb[0]);
-            }
-            nu = nj < blocks ? np.first_unit() : -1;
-        }
-        if (nu >= 0) load_unit_v10(p, nu, np.row, np.loads(nu), q, nxt);
-        const int slot = j & 1, r = 16 * w + 8 * ps + rp;
-        store_unit_v10(smem + kOffTiles + slot * kTileBytes, u, r, q, cur, pass.stores(u), tab);
-        if (nps != ps || nj != j) {
-            if (q == 0) bias[slot * kBlock + r] = pass.kind != 0 ? 0.0f : -INFINITY;
-        }
-        if (nj != j) {
-            // The tile goes to wgmma through the async proxy.
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            bar_arrive(&full[slot]);
-            if (nj < blocks) {
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    ra[k] = rb[k];
-                    rb[k] = rc[k];
-                    rc[k] = row_v10(p, entry(nj + 2, k), vd[k]);
-                    vd[k] = load_entry(p, t, entry(nj + 3, k));
-                    prefetch_v10(p, entry(nj + 2, k), rc[k], q);
-                }
-                if (nj >= 2) bar_wait(&empty[nj & 1], ((nj >> 1) - 1) & 1);
-            }
-        }
-        j = nj;
-        ps = nps;
-        u = nu;
-        pass = np;
-        return nu >= 0;
-    };
-    // Two steps a turn so the two raw buffers swap roles without copies.
-    for (;;) {
-        if (!step(a, b)) break;
-        if (!step(b, a)) break;
-    }
-}
-
-// Version 10: grid (T, H / 64), 384 threads, DI_SPARSE_MQA_SMEM_BYTES (the
-// layout of version 3: tiles, Q, the partial-logit exchange).
-__device__ __forceinline__ void sparse_mqa_v10_body(const di_sparse_mqa_params &p) {
-    extern __shared__ __align__(1024) uint8_t smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * 64;
-    const int blocks = split_blocks(p);
-    if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
-        bar_init(&bars[2], 256);
-        bar_init(&bars[3], 256);
-    }
-    __syncthreads();
-    if (warp < kProducerWarps) {
-        deepinfer::sm90::regs_dealloc<kProducerRegs10>();
-        produce_v10(p, smem, warp, lane, t, blocks);
-    } else {
-        deepinfer::sm90::regs_alloc<kConsumerRegs10>();
-        const int wg = (warp - kProducerWarps) / 4;
-        consume_wgmma<true>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+        consume_wgmma(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
     }
 }
 #endif
@@ -1503,19 +1161,6 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v9(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_wgmma_body<true>(p);
-#else
-    sparse_mqa_body<4>(p);
-#endif
-}
-
-// Version 10: a producer that loads 8 rows a warp straight into registers
-// (one unit of look-ahead) and the consumers' Q.K^T split by dims (grid
-// (T, H / 64), DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES).
-// Outside sm_90a (no wgmma) it runs version 3.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v10(const __grid_constant__ di_sparse_mqa_params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v10_body(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

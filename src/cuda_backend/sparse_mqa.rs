@@ -38,7 +38,7 @@ use cudarc::driver::LaunchConfig;
 const _: () = assert!(DI_SPARSE_MQA_GENERIC_MAX_DIM as usize == SPARSE_MQA_GENERIC_MAX_DIM);
 
 /// (heads, threads, dynamic shared memory) of a CTA: 64 heads (versions 3
-/// and 10: `DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer
+/// and 6: `DI_SPARSE_MQA_THREADS`, `DI_SPARSE_MQA_SMEM_BYTES`: a producer
 /// warpgroup and two tensor-core warpgroups) and version 5's 32 and 16 heads
 /// (two producer warpgroups and one consumer warpgroup:
 /// `DI_SPARSE_MQA_THREADS` threads, the `_H32` / `_H16` shared memory); the
@@ -142,7 +142,6 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         SparseMqaKernel::V8 => (k::SPARSE_MQA_V8, CTA_64_V7),
         SparseMqaKernel::V9 => (k::SPARSE_MQA_V9, CTA_64_V7),
-        SparseMqaKernel::V10 => (k::SPARSE_MQA_V10, CTA_64),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),

@@ -291,7 +291,6 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V5Heads16,
                     SparseMqaKernel::V8,
                     SparseMqaKernel::V9,
-                    SparseMqaKernel::V10,
                     SparseMqaKernel::Generic,
                 ]);
                 let split = b.pick(&[
