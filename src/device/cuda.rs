@@ -604,11 +604,6 @@ impl CudaDevice {
 /// and an allocation that finds the device full trims the pool and tries
 /// again. A device without memory pools (cudarc then allocates
 /// synchronously) is left as it is. Returns whether the device has pools.
-///
-/// `DEEPINFER_CUDA_POOL_RETAIN=0` keeps the driver's threshold of 0 (freed
-/// memory goes back to the driver at every synchronisation): for
-/// compute-sanitizer, whose synccheck ran out of memory tracking launches
-/// while the pool held a test binary's freed buffers.
 fn retain_freed_memory(ctx: &CudaContext) -> Result<bool> {
     use cudarc::driver::result::{device, mem_pool};
     // SAFETY: the device comes from a live context; the attribute reads a
@@ -621,9 +616,6 @@ fn retain_freed_memory(ctx: &CudaContext) -> Result<bool> {
         .map_err(driver("reading the memory-pool support"))?;
         if pools == 0 {
             return Ok(false);
-        }
-        if std::env::var("DEEPINFER_CUDA_POOL_RETAIN").is_ok_and(|v| v == "0") {
-            return Ok(true);
         }
         let pool = device::get_mem_pool(ctx.cu_device()).map_err(driver("cuDeviceGetMemPool"))?;
         let mut keep: u64 = u64::MAX;
