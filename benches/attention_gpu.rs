@@ -19,9 +19,9 @@
 //! its own 584-byte layout, from its bench in the same device run).
 //! The versions in contention are timed: the default (`Auto` kernel and
 //! split: few queries split over the SMs) as the record name, the others as
-//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v8`, `_v9` unsplit and
+//! `<name>_v3`, `_v5_h32`, `_v5_h16`, `_v8`, `_v9`, `_v11` unsplit and
 //! `_v3_split128` (the fixed span a batch-invariant caller can take)
-//! (prefill: v3, v8, v9 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096;
+//! (prefill: v3, v8, v9, v11 and the default). DEEPINFER_BENCH_QUICK=1: B ∈ {1, 64}, s_q ∈ {1, 2}, prefill 4096;
 //! DEEPINFER_BENCH_ATTN="decode:B:SQ,prefill:T": only those points.
 
 #[cfg(deepinfer_cuda)]
@@ -177,6 +177,7 @@ mod gpu {
             SparseMqaKernel::V5Heads16 => "v5_h16",
             SparseMqaKernel::V8 => "v8",
             SparseMqaKernel::V9 => "v9",
+            SparseMqaKernel::V11 => "v11",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
@@ -188,19 +189,21 @@ mod gpu {
     /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`),
     /// versions 6 and 7 to versions 3 and 8 in the runs of 2026-12-02,
     /// version 10 to version 9 in the runs of 2026-12-03, and left the build.
-    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 7] = [
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 8] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
+        (SparseMqaKernel::V11, SparseMqaSplit::None),
         (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 4] = [
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 5] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
+        (SparseMqaKernel::V11, SparseMqaSplit::None),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
 

@@ -132,8 +132,8 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements; versions 1, 2 and 4 lost to these
-/// and left the build, as did V6 and V7). V3 and V5 give bitwise the same
-/// result; V8 and V9 (wgmma) sum their dot products in other orders and
+/// and left the build, as did V6, V7 and V10). V3 and V5 give bitwise the same
+/// result; V8, V9 and V11 (wgmma) sum their dot products in other orders and
 /// agree with them within the op's stated bound, not bitwise. The
 /// CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -156,6 +156,12 @@ pub enum SparseMqaKernel {
     /// `sparse_mqa_v9`: V8 with one bulk copy (`cp.async.bulk`) per row
     /// (64 heads per CTA; version 3 where the device has no wgmma).
     V9,
+    /// `sparse_mqa_v11`: eight producer warps (512 threads) that load 8 rows
+    /// a warp straight into registers (four lanes a row) and decode them
+    /// into the tile; the two wgmma consumer warpgroups split Q·Kᵀ by dims
+    /// (exchanging the partial logits) and issue P·V as two `m64n128`
+    /// halves (64 heads per CTA; version 3 where the device has no wgmma).
+    V11,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

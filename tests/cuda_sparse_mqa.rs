@@ -6,9 +6,9 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance, V8, V9 and the default on a batch-invariant handle);
+//! invariance, V8, V9, V11 and the default on a batch-invariant handle);
 //! versions 3 and 5 bitwise equal
-//! to each other and versions 8 and 9 within the bound below; the
+//! to each other and versions 8, 9 and 11 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096);
 //! split-KV (spans of 64-256 entries, every tensor-core version, `Auto`)
 //! within the same bounds and a fixed span batch-invariant; CUDA
@@ -231,9 +231,13 @@ fn sparse_mqa_matches_the_cpu_op() {
         let gpu_inputs = host.to(&dev);
         let v3 = gpu_inputs.run_with(&dev, SparseMqaKernel::V3);
         compare(&format!("{label} V3"), &v3, &want);
-        // Versions 8 and 9 (wgmma) sum the dot products in other orders:
+        // Versions 8, 9 and 11 (wgmma) sum the dot products in other orders:
         // within the bound against the CPU, not bitwise V3.
-        for kernel in [SparseMqaKernel::V8, SparseMqaKernel::V9] {
+        for kernel in [
+            SparseMqaKernel::V8,
+            SparseMqaKernel::V9,
+            SparseMqaKernel::V11,
+        ] {
             let got = gpu_inputs.run_with(&dev, kernel);
             compare(&format!("{label} {kernel:?}"), &got, &want);
         }
@@ -352,6 +356,7 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         SparseMqaKernel::Auto,
         SparseMqaKernel::V8,
         SparseMqaKernel::V9,
+        SparseMqaKernel::V11,
     ] {
         for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
             let got = g.run_split(&dev, kernel, split);
@@ -406,6 +411,7 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
                 SparseMqaKernel::V5Heads16,
                 SparseMqaKernel::V8,
                 SparseMqaKernel::V9,
+                SparseMqaKernel::V11,
             ] {
                 let got = g.run_split(&dev, kernel, split);
                 compare_within(
@@ -438,6 +444,7 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
         SparseMqaKernel::V3,
         SparseMqaKernel::V8,
         SparseMqaKernel::V9,
+        SparseMqaKernel::V11,
     ] {
         let split = SparseMqaSplit::Entries(128);
         let batch = g.run_split(&dev, kernel, split);
@@ -473,7 +480,11 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
     let t = if quick() { 5 } else { 70 };
     let host = Inputs::random(&mut rng, t, 64, (500, 128), Some((3000, 512)), 0.1);
     let g = host.to(&dev);
-    for kernel in [SparseMqaKernel::V8, SparseMqaKernel::V9] {
+    for kernel in [
+        SparseMqaKernel::V8,
+        SparseMqaKernel::V9,
+        SparseMqaKernel::V11,
+    ] {
         alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
     }
     // Auto picks its version from the query count, so only a

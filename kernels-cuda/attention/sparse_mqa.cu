@@ -50,6 +50,15 @@ static_assert(kProducerRegs8 * 256 + kConsumerRegs8 * 128 <= kRegPool384, "regis
 constexpr int kProducerRegs6 = 88;
 constexpr int kConsumerRegs6 = 208;
 static_assert(kProducerRegs6 * 128 + kConsumerRegs6 * 256 <= kRegPool384, "register pool (versions 8, 9)");
+// Version 11: 512 threads (a launch pool of 128 registers a thread), 8
+// producer warps and two consumer warpgroups whose P.V is two m64n128
+// halves (one m64n256 instruction needs 158 registers, past the launch
+// bound ptxas compiles each instruction against).
+constexpr int kProducerWarps11 = 8;
+constexpr int kProducerRegs11 = 56;
+constexpr int kConsumerRegs11 = 200;
+static_assert(kProducerRegs11 * 256 + kConsumerRegs11 * 256 <= 128 * DI_SPARSE_MQA_V11_THREADS,
+              "register pool (version 11)");
 
 // Shared memory carve-up (bytes): 4 mbarriers (full[2], empty[2]), the
 // per-entry logit bias (0 or -inf) of each tile, the two BF16 row tiles
@@ -721,6 +730,7 @@ __device__ __forceinline__ uint64_t v6_desc_n_major(const void *p) {
 // through Q, which both read whole), the online softmax as in consume(),
 // then P.V for its dims. The Q.K^T of block j+1 is issued before the
 // warpgroup waits for the P.V of block j.
+template <bool kHalfQk, bool kPvHalves>
 __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
                                               int64_t t, int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
@@ -754,18 +764,40 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     OnlineSoftmax sm;
     const float scale = p.scale;
 
-    // Q.K^T of block j into s: 32 k-steps of 16 over all 512 dims.
+    // Q.K^T of block j into s: 32 k-steps of 16 over all 512 dims, or with
+    // kHalfQk 16 over this warpgroup's 256 (column blocks 4 wg .. 4 wg + 3).
     auto issue_qk = [&](int j) {
         const uint8_t *tile = tiles + (j & 1) * kTileBytes;
+        constexpr int kSteps = kHalfQk ? 16 : 32;
+        const int first = kHalfQk ? 4 * wg : 0;
         s9::fence_operands(s);
         s9::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 32; ++ks) {
-            const int off = (ks / 4) * 8192 + (ks % 4) * 32;
+        for (int ks = 0; ks < kSteps; ++ks) {
+            const int off = (first + ks / 4) * 8192 + (ks % 4) * 32;
             Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
         }
         s9::wgmma_commit();
         s9::fence_operands(s);
+    };
+    // kHalfQk: the partial logits go through the exchange (16 KiB a
+    // warpgroup, thread-major: conflict-free); the partner arrives on
+    // barrier 5 + wg once it has read this warpgroup's slot, so the next
+    // block's write waits only if it has not yet; barrier 4 pairs the
+    // writes with the reads. a + b == b + a: both hold the same logits.
+    float *exch = reinterpret_cast<float *>(smem + Layout<4>::exch);
+    auto exchange = [&](int j) {
+        if constexpr (kHalfQk) {
+            float *mine = exch + wg * 32 * 128;
+            const float *partner = exch + (1 - wg) * 32 * 128;
+            if (j > 0) asm volatile("bar.sync %0, 256;" ::"r"(5 + wg) : "memory");
+#pragma unroll
+            for (int i = 0; i < 32; ++i) mine[i * 128 + tid] = s[i];
+            asm volatile("bar.sync 4, 256;" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < 32; ++i) s[i] += partner[i * 128 + tid];
+            if (j + 1 < blocks) asm volatile("bar.arrive %0, 256;" ::"r"(5 + (1 - wg)) : "memory");
+        }
     };
 
     if (blocks > 0) {
@@ -777,13 +809,27 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     for (int j = 0; j < blocks; ++j) {
         const int b = j & 1;
         uint32_t pa[4][4];
+        exchange(j);
         sm.step(s, bias + b * kBlock, c, scale, pa, acc);
         // P.V: V = the tile's 64 rows (K) x this half's 256 columns (N).
         const uint8_t *tile = tiles + b * kTileBytes;
         s9::fence_operands(acc);
         s9::wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) Pv::mma(acc, pa[ks], v6_desc_n_major(tile + 4 * wg * 8192 + ks * 2048), 1);
+        for (int ks = 0; ks < 4; ++ks) {
+            if constexpr (kPvHalves) {
+                // acc[0..63] and acc[64..127] are the m64n128 accumulators of
+                // this warpgroup's columns 0..127 and 128..255 (the same
+                // register layout as the m64n256 one).
+                using Pv128 = s9::WgmmaBf16RS<128>;
+                Pv128::mma(*reinterpret_cast<float(*)[64]>(&acc[0]), pa[ks],
+                           v6_desc_n_major(tile + 4 * wg * 8192 + ks * 2048), 1);
+                Pv128::mma(*reinterpret_cast<float(*)[64]>(&acc[64]), pa[ks],
+                           v6_desc_n_major(tile + (4 * wg + 2) * 8192 + ks * 2048), 1);
+            } else {
+                Pv::mma(acc, pa[ks], v6_desc_n_major(tile + 4 * wg * 8192 + ks * 2048), 1);
+            }
+        }
         s9::wgmma_commit();
         s9::fence_operands(acc);
         // P.V reads pa and writes acc asynchronously: both stay in their
@@ -1077,7 +1123,279 @@ template <bool kBulk> __device__ __forceinline__ void sparse_mqa_wgmma_body(cons
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         const int wg = (warp - kProducerWarps) / 4;
-        consume_wgmma(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+        consume_wgmma<false, false>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+    }
+}
+
+// ---- version 11: 8 producer warps loading rows into registers ------------
+// Version 10 (commit bab9501; README) loaded rows straight into registers,
+// four lanes a row, and split Q.K^T between the consumers again; it lost to
+// version 9, and its labs showed why: the consumers alone take ~3.4 us a
+// 64-entry block, the producer alone ~5.3 us, one producer warp per SM
+// sub-partition at ~5 cycles an instruction. Version 11 keeps its units and
+// consumers and doubles the producer warps (512 threads), which the m64n256
+// P.V accumulator forbade (one instruction needs 158 registers, past the
+// 128 a thread of a 512-thread launch) and two m64n128 halves allow.
+//  - Producer warp w (0..7) decodes tile rows 8 w + rp of every block, lane
+//    = rp + 8 q, four lanes a row. A unit is what one batch of loads covers:
+//      FP4 (one unit): load i (0..3) = bytes 64 i + 16 q .. + 15 of the row
+//        (values 128 i + 32 q ..), scales bytes 256 + 8 i + 2 q, + 1;
+//      FP8 (two units, h = 0, 1): load i = bytes 256 h + 64 i + 16 q .. + 15,
+//        scales bytes 512 + 8 h .. + 7 (value v's scale is byte v / 32).
+//    Each load instruction reads 64 contiguous bytes of 8 rows; a 16-byte
+//    store is served 8 lanes at a time, and lanes 8 q .. 8 q + 7 are the 8
+//    rows (8 swizzles) at one chunk index: 4 wavefronts, the least.
+//  - A row of the other format among a warp's 8 (a window/compressed seam
+//    inside an 8-entry group) is not loaded by a unit and not stored by it;
+//    missing rows load nothing (zeros, scale 0) and the first unit stores
+//    them as zeros. Rows two blocks ahead are prefetched into L2.
+//  - Consumers: consume_wgmma<true, true>, Q.K^T over each warpgroup's 256
+//    dims with the partial logits exchanged (version 6's), P.V as two
+//    m64n128 halves. The tile layout and barriers are version 9's.
+
+// Raw registers of one unit: four 16-byte loads and the scale words (FP4:
+// s[i] = the two scale bytes of load i; FP8: s[0..1] = the unit's 8 scales).
+struct RawUnit {
+    uint4 d[4];
+    uint32_t s[4];
+};
+
+// Loads that read nothing (zeros) when `pred` is false: the address of a
+// missing row is never formed into a load. Volatile, with a memory clobber:
+// version 10's first build let the compiler sink its look-ahead loads below
+// the current unit's decode, to just before their own use.
+__device__ __forceinline__ uint4 ldg_v4_if(const uint8_t *a, bool pred) {
+    uint4 v;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
+                 "mov.b32 %0, 0;\nmov.b32 %1, 0;\nmov.b32 %2, 0;\nmov.b32 %3, 0;\n"
+                 "@p ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(a), "r"(static_cast<uint32_t>(pred))
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint2 ldg_v2_if(const uint8_t *a, bool pred) {
+    uint2 v;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %3, 0;\nmov.b32 %0, 0;\nmov.b32 %1, 0;\n"
+                 "@p ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n}\n"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(a), "r"(static_cast<uint32_t>(pred))
+                 : "memory");
+    return v;
+}
+
+__device__ __forceinline__ uint32_t ldg_u16_if(const uint8_t *a, bool pred) {
+    uint16_t v;
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\nmov.b16 %0, 0;\n"
+                 "@p ld.global.nc.L1::no_allocate.u16 %0, [%1];\n}\n"
+                 : "=h"(v)
+                 : "l"(a), "r"(static_cast<uint32_t>(pred))
+                 : "memory");
+    return v;
+}
+
+// Unit u (0: FP4, 1 + h: FP8 half h) of a row, loaded only when `ok`.
+__device__ __forceinline__ void load_unit(const di_sparse_mqa_params &p, int u, int row, bool ok, int q,
+                                              RawUnit &r) {
+    const int64_t at = ok ? row : 0;
+    if (u == 0) {
+        const uint8_t *a = static_cast<const uint8_t *>(p.compressed) + at * kCompressedRow;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            r.d[i] = ldg_v4_if(a + 64 * i + 16 * q, ok);
+            r.s[i] = ldg_u16_if(a + kDim / 2 + 8 * i + 2 * q, ok);
+        }
+    } else {
+        const uint8_t *a = static_cast<const uint8_t *>(p.window) + at * kWindowRow;
+        const int h = u - 1;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.d[i] = ldg_v4_if(a + 256 * h + 64 * i + 16 * q, ok);
+        const uint2 sc = ldg_v2_if(a + kDim + 8 * h, ok);
+        r.s[0] = sc.x;
+        r.s[1] = sc.y;
+        r.s[2] = r.s[3] = 0;
+    }
+}
+
+// The BF16 byte tables of the e2m1 magnitudes (e2m1x8_scaled's constants),
+// kept in registers across the producer's loop (opaque_u32) instead of being
+// moved from uniform registers before every prmt.
+struct E2m1Tables {
+    uint32_t hi0, hi1, lo0, lo1;
+    __device__ __forceinline__ static E2m1Tables make() {
+        return {deepinfer::opaque_u32(0x3F3F3F00u), deepinfer::opaque_u32(0x40404040u),
+                deepinfer::opaque_u32(0xC0800000u), deepinfer::opaque_u32(0xC0804000u)};
+    }
+};
+
+// e2m1x8_scaled with the tables in registers.
+__device__ __forceinline__ void e2m1x8_scaled_t(uint32_t w, __nv_bfloat162 s2, const E2m1Tables &t,
+                                                uint32_t (&o)[4]) {
+    const uint32_t mag = w & 0x77777777u, z = w << 4;
+    const uint32_t hi_a = deepinfer::prmt_b32(t.hi0, t.hi1, mag);
+    const uint32_t lo_a = deepinfer::prmt_b32(t.lo0, t.lo1, mag);
+    const uint32_t hi_b = deepinfer::prmt_b32(t.hi0, t.hi1, mag >> 16);
+    const uint32_t lo_b = deepinfer::prmt_b32(t.lo0, t.lo1, mag >> 16);
+    const uint32_t v[4] = {deepinfer::prmt_b32(lo_a, hi_a, 0x5140u), deepinfer::prmt_b32(lo_a, hi_a, 0x7362u),
+                           deepinfer::prmt_b32(lo_b, hi_b, 0x5140u), deepinfer::prmt_b32(lo_b, hi_b, 0x7362u)};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const uint32_t sign = deepinfer::prmt_b32(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
+        uint32_t x = v[k] | sign;
+        __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
+        o[k] = *reinterpret_cast<uint32_t *>(&r);
+    }
+}
+
+// Decodes unit u of tile row r into the tile (stores only when `st`).
+__device__ __forceinline__ void store_unit(uint8_t *tile, int u, int r, int q, const RawUnit &raw, bool st,
+                                               const E2m1Tables &tab) {
+    if (u == 0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const __half2_raw hs =
+                __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(raw.s[i] & 0xFFFFu), __NV_E4M3);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&hs));
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.x), hi = __floats2bfloat162_rn(f.y, f.y);
+            const uint32_t words[4] = {raw.d[i].x, raw.d[i].y, raw.d[i].z, raw.d[i].w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                uint32_t o[4];
+                e2m1x8_scaled_t(words[k], k < 2 ? lo : hi, tab, o);
+                if (st)
+                    *reinterpret_cast<uint4 *>(tile + v6_off(r, 16 * i + 4 * q + k)) = make_uint4(o[0], o[1], o[2], o[3]);
+            }
+        }
+    } else {
+        const int h = u - 1;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float sc = deepinfer::e8m0_to_f32((raw.s[i >> 1] >> (8 * (2 * (i & 1) + (q >> 1)))) & 0xFFu);
+            const uint4 v = raw.d[i];
+            const int c0 = 32 * h + 8 * i + 2 * q;
+            if (st) {
+                *reinterpret_cast<uint4 *>(tile + v6_off(r, c0)) =
+                    make_uint4(e4m3x2_scaled(v.x & 0xFFFFu, sc), e4m3x2_scaled(v.x >> 16, sc),
+                               e4m3x2_scaled(v.y & 0xFFFFu, sc), e4m3x2_scaled(v.y >> 16, sc));
+                *reinterpret_cast<uint4 *>(tile + v6_off(r, c0 + 1)) =
+                    make_uint4(e4m3x2_scaled(v.z & 0xFFFFu, sc), e4m3x2_scaled(v.z >> 16, sc),
+                               e4m3x2_scaled(v.w & 0xFFFFu, sc), e4m3x2_scaled(v.w >> 16, sc));
+            }
+        }
+    }
+}
+
+// One pass of one lane: its row (or -1), its kind (1 window, 2 compressed,
+// 0 none) and which formats the warp's 8 rows hold.
+struct PassRows {
+    int row;
+    int kind;
+    bool has4;
+    bool has8;
+    __device__ __forceinline__ int first_unit() const { return has4 || !has8 ? 0 : 1; }
+    // The unit after u in this pass, or -1.
+    __device__ __forceinline__ int next_unit(int u) const { return u == 0 ? (has8 ? 1 : -1) : (u == 1 ? 2 : -1); }
+    __device__ __forceinline__ bool loads(int u) const { return u == 0 ? kind == 2 : kind == 1; }
+    __device__ __forceinline__ bool stores(int u) const { return u == 0 ? kind != 1 : (kind == 1 || (kind == 0 && !has4)); }
+};
+
+__device__ __forceinline__ PassRows pass_rows(const di_sparse_mqa_params &p, int64_t e, int row) {
+    PassRows s;
+    s.row = row;
+    s.kind = row < 0 ? 0 : (e < p.kw ? 1 : 2);
+    s.has4 = __any_sync(0xFFFFFFFFu, s.kind == 2);
+    s.has8 = __any_sync(0xFFFFFFFFu, s.kind == 1);
+    return s;
+}
+
+// The pool row of entry e holding list value v, or -1 (no row).
+__device__ __forceinline__ int pool_row(const di_sparse_mqa_params &p, int64_t e, int v) {
+    int kind, row;
+    classify(p, e, v, kind, row);
+    return kind == 0 ? -1 : row;
+}
+
+// L2 prefetch of this lane's part of its row (lines 128 bytes apart from the
+// row's start, and its last byte).
+__device__ __forceinline__ void prefetch_part(const di_sparse_mqa_params &p, int64_t e, int row, int q) {
+    if (row < 0) return;
+    if (e < p.kw) {
+        const uint8_t *a = static_cast<const uint8_t *>(p.window) + int64_t{row} * kWindowRow;
+        prefetch_l2(a + 128 * q);
+        if (q == 3) prefetch_l2(a + kWindowRow - 1);
+    } else {
+        const uint8_t *a = static_cast<const uint8_t *>(p.compressed) + int64_t{row} * kCompressedRow;
+        prefetch_l2(a + 64 * q);
+        if (q == 3) prefetch_l2(a + kCompressedRow - 1);
+    }
+}
+
+__device__ __forceinline__ void produce_v11(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane,
+                                            int64_t t, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    const int rp = lane & 7, q = lane >> 3;
+    const int r = 8 * w + rp;
+    const int64_t mine = split_first(p) + r;
+    const E2m1Tables tab = E2m1Tables::make();
+    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
+    // Rows of blocks j (ra) and j + 1 (rb), the list value of block j + 2 (vd).
+    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
+    int vd = load_entry(p, t, entry(2));
+    int ra = pool_row(p, entry(0), v0);
+    int rb = pool_row(p, entry(1), v1);
+    prefetch_part(p, entry(1), rb, q);
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        const int rc = pool_row(p, entry(j + 2), vd);
+        vd = load_entry(p, t, entry(j + 3));
+        prefetch_part(p, entry(j + 2), rc, q);
+        const PassRows pass = pass_rows(p, entry(j), ra);
+        RawUnit raw;
+        int u = pass.first_unit();
+        load_unit(p, u, pass.row, pass.loads(u), q, raw);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+        for (;;) {
+            store_unit(tile, u, r, q, raw, pass.stores(u), tab);
+            u = pass.next_unit(u);
+            if (u < 0) break;
+            load_unit(p, u, pass.row, pass.loads(u), q, raw);
+        }
+        if (q == 0) bias[b * kBlock + r] = pass.kind != 0 ? 0.0f : -INFINITY;
+        // The tile goes to wgmma through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bar_arrive(&full[b]);
+        ra = rb;
+        rb = rc;
+    }
+}
+
+// Version 11: grid (T, H / 64), DI_SPARSE_MQA_V11_THREADS threads,
+// DI_SPARSE_MQA_SMEM_BYTES (version 3's layout: tiles, Q, the exchange).
+__device__ __forceinline__ void sparse_mqa_v11_body(const di_sparse_mqa_params &p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * 64;
+    const int blocks = split_blocks(p);
+    if (threadIdx.x == 0) {
+        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+        bar_init(&bars[0], kProducerWarps11 * 32);
+        bar_init(&bars[1], kProducerWarps11 * 32);
+        bar_init(&bars[2], 256);
+        bar_init(&bars[3], 256);
+    }
+    __syncthreads();
+    if (warp < kProducerWarps11) {
+        deepinfer::sm90::regs_dealloc<kProducerRegs11>();
+        produce_v11(p, smem, warp, lane, t, blocks);
+    } else {
+        deepinfer::sm90::regs_alloc<kConsumerRegs11>();
+        const int wg = (warp - kProducerWarps11) / 4;
+        consume_wgmma<true, true>(p, smem, wg, threadIdx.x - 128 * (2 + wg), t, h0, blocks);
     }
 }
 #endif
@@ -1163,5 +1481,19 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_wgmma_body<true>(p);
 #else
     sparse_mqa_body<4>(p);
+#endif
+}
+
+// Version 11: 8 producer warps (two per SM sub-partition) decoding version
+// 10's units, one pass of 8 rows a warp per block, and the consumers' Q.K^T
+// split by dims with P.V as two m64n128 halves (grid (T, H / 64),
+// DI_SPARSE_MQA_V11_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES). Outside
+// sm_90a (no wgmma) its first 384 threads run version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_V11_THREADS, 1)
+    sparse_mqa_v11(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v11_body(p);
+#else
+    if (threadIdx.x < DI_SPARSE_MQA_THREADS) sparse_mqa_body<4>(p);
 #endif
 }

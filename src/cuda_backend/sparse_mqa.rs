@@ -19,7 +19,8 @@
 
 use super::params::{
     DI_SPARSE_MQA_COMBINE_THREADS, DI_SPARSE_MQA_GENERIC_MAX_DIM, DI_SPARSE_MQA_GENERIC_THREADS,
-    DI_SPARSE_MQA_V7_SMEM_BYTES, di_sparse_mqa_combine_params, di_sparse_mqa_params,
+    DI_SPARSE_MQA_V7_SMEM_BYTES, DI_SPARSE_MQA_V11_THREADS, di_sparse_mqa_combine_params,
+    di_sparse_mqa_params,
 };
 use super::{i32_param, u32_param};
 use super::{launch, read_ptr, write_ptr};
@@ -49,6 +50,9 @@ const CTA_16_V5: (usize, u32, u32) = (16, 384, 156_672);
 /// Versions 8 and 9: 64 heads, the raw-row stage in place of the logit
 /// exchange.
 const CTA_64_V7: (usize, u32, u32) = (64, 384, DI_SPARSE_MQA_V7_SMEM_BYTES);
+/// Version 11: 64 heads, 8 producer warps and two consumer warpgroups,
+/// version 3's shared memory.
+const CTA_64_V11: (usize, u32, u32) = (64, DI_SPARSE_MQA_V11_THREADS, 230_400);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
 /// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
@@ -142,6 +146,7 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V5Heads16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         SparseMqaKernel::V8 => (k::SPARSE_MQA_V8, CTA_64_V7),
         SparseMqaKernel::V9 => (k::SPARSE_MQA_V9, CTA_64_V7),
+        SparseMqaKernel::V11 => (k::SPARSE_MQA_V11, CTA_64_V11),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),

@@ -291,6 +291,7 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V5Heads16,
                     SparseMqaKernel::V8,
                     SparseMqaKernel::V9,
+                    SparseMqaKernel::V11,
                     SparseMqaKernel::Generic,
                 ]);
                 let split = b.pick(&[
