@@ -229,6 +229,8 @@ mod gpu {
             .ok()
             .map(|v| v.split(',').map(|p| p.trim().to_string()).collect());
         let wanted = |point: String| only.as_ref().is_none_or(|o| o.contains(&point));
+        // QUICK's short lists, unless points are named.
+        let short = quick && only.is_none();
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
         let sink: Vec<f32> = (0..H).map(|i| (i % 7) as f32 * 0.5 - 1.5).collect();
         let sink = Tensor::from_vec(sink, &[H])
@@ -244,16 +246,12 @@ mod gpu {
         let compressed = compressed_rows(&dev, nc, &mut rng);
         let pages = page_permutation(nc / PAGE, &mut rng);
         let mut next_slot = 0usize;
-        let batches: &[usize] = if quick && only.is_none() {
+        let batches: &[usize] = if short {
             &[1, 64]
         } else {
             &[1, 16, 64, 128, 256]
         };
-        let sqs: &[usize] = if quick && only.is_none() {
-            &[1, 2]
-        } else {
-            &[1, 2, 4]
-        };
+        let sqs: &[usize] = if short { &[1, 2] } else { &[1, 2, 4] };
         for &b in batches {
             for &sq in sqs {
                 if !wanted(format!("decode:{b}:{sq}")) {
@@ -302,11 +300,7 @@ mod gpu {
 
         // Prefill: the prompt's own rows; every list fully valid (as the
         // FlashMLA prefill peer's), 128 window rows ending at the token.
-        let prompts: &[usize] = if quick && only.is_none() {
-            &[4096]
-        } else {
-            &[4096, 32768]
-        };
+        let prompts: &[usize] = if short { &[4096] } else { &[4096, 32768] };
         for &tokens in prompts {
             if !wanted(format!("prefill:{tokens}")) {
                 continue;

@@ -100,6 +100,17 @@ __device__ __forceinline__ void bar_init(uint64_t *bar, uint32_t arrivals) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(arrivals));
 }
 
+// The tile pipeline's barriers (thread 0, before the CTA barrier): full[2]
+// complete when the `producers` threads have stored a tile, empty[2] when
+// the `consumers` threads have read it.
+__device__ __forceinline__ void init_tile_bars(uint8_t *smem, uint32_t producers, uint32_t consumers) {
+    uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    bar_init(&bars[0], producers);
+    bar_init(&bars[1], producers);
+    bar_init(&bars[2], consumers);
+    bar_init(&bars[3], consumers);
+}
+
 __device__ __forceinline__ void bar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -419,16 +430,34 @@ __device__ __forceinline__ void consume(const di_sparse_mqa_params &p, uint8_t *
 // has at most 6 significant bits and lies in [2^-10, 2688], so the BF16
 // product is exact and equals kv_format's f32 decode rounded to BF16.
 
+// The BF16 bytes of the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as prmt
+// tables (high: 00 3F 3F 3F 40 40 40 40, low: 00 00 80 C0 00 40 80 C0):
+// constants() lets the compiler fold them into the prmts; in_registers()
+// keeps them in registers across a loop (opaque_u32) instead of moving them
+// from uniform registers before every prmt (version 11's producer).
+struct E2m1Tables {
+    uint32_t hi0, hi1, lo0, lo1;
+    __device__ __forceinline__ static E2m1Tables constants() {
+        return {0x3F3F3F00u, 0x40404040u, 0xC0800000u, 0xC0804000u};
+    }
+    __device__ __forceinline__ static E2m1Tables in_registers() {
+        const E2m1Tables c = constants();
+        return {deepinfer::opaque_u32(c.hi0), deepinfer::opaque_u32(c.hi1), deepinfer::opaque_u32(c.lo0),
+                deepinfer::opaque_u32(c.lo1)};
+    }
+};
+
 // Eight e2m1 codes (w, even element in the low nibble) times the BF16 scale
-// pair `s2` -> four packed BF16 pairs in element order.
-__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, __nv_bfloat162 s2, uint32_t (&o)[4]) {
-    // BF16 bytes of 0, 0.5, 1, 1.5, 2, 3, 4, 6 (high: 00 3F 3F 3F 40 40 40 40,
-    // low: 00 00 80 C0 00 40 80 C0).
+// pair `s2` -> four packed BF16 pairs in element order. (The tables travel
+// by value: passed by reference, the constants() callers of versions 3 and 5
+// compiled to a different register allocation.)
+__device__ __forceinline__ void e2m1x8_scaled(uint32_t w, __nv_bfloat162 s2, E2m1Tables t,
+                                              uint32_t (&o)[4]) {
     const uint32_t mag = w & 0x77777777u, z = w << 4;
-    const uint32_t hi_a = deepinfer::prmt_b32(0x3F3F3F00u, 0x40404040u, mag);
-    const uint32_t lo_a = deepinfer::prmt_b32(0xC0800000u, 0xC0804000u, mag);
-    const uint32_t hi_b = deepinfer::prmt_b32(0x3F3F3F00u, 0x40404040u, mag >> 16);
-    const uint32_t lo_b = deepinfer::prmt_b32(0xC0800000u, 0xC0804000u, mag >> 16);
+    const uint32_t hi_a = deepinfer::prmt_b32(t.hi0, t.hi1, mag);
+    const uint32_t lo_a = deepinfer::prmt_b32(t.lo0, t.lo1, mag);
+    const uint32_t hi_b = deepinfer::prmt_b32(t.hi0, t.hi1, mag >> 16);
+    const uint32_t lo_b = deepinfer::prmt_b32(t.lo0, t.lo1, mag >> 16);
     const uint32_t v[4] = {deepinfer::prmt_b32(lo_a, hi_a, 0x5140u), deepinfer::prmt_b32(lo_a, hi_a, 0x7362u),
                            deepinfer::prmt_b32(lo_b, hi_b, 0x5140u), deepinfer::prmt_b32(lo_b, hi_b, 0x7362u)};
 #pragma unroll
@@ -622,7 +651,7 @@ __device__ __forceinline__ void produce_v2(const di_sparse_mqa_params &p, uint8_
 #pragma unroll
                     for (int k = 0; k < 4; ++k) {
                         uint32_t q4[4];
-                        e2m1x8_scaled(w[k], k < 2 ? s_lo : s_hi, q4);
+                        e2m1x8_scaled(w[k], k < 2 ? s_lo : s_hi, E2m1Tables::constants(), q4);
 #pragma unroll
                         for (int m = 0; m < 4; ++m) o[4 * k + m] = q4[m];
                     }
@@ -662,11 +691,7 @@ __device__ __forceinline__ void sparse_mqa_body(const di_sparse_mqa_params &p) {
     const int h0 = blockIdx.y * Layout<HG>::heads;
     const int blocks = split_blocks(p);
     if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], NP * 32);
-        bar_init(&bars[1], NP * 32);
-        bar_init(&bars[2], Layout<HG>::consumer_warps * 32);
-        bar_init(&bars[3], Layout<HG>::consumer_warps * 32);
+        init_tile_bars(smem, NP * 32, Layout<HG>::consumer_warps * 32);
     }
     __syncthreads();
     if (warp < NP) {
@@ -942,8 +967,8 @@ __device__ __forceinline__ void decode_row8(const uint8_t *raw, uint8_t *tile, i
         const uint32_t w0 = *reinterpret_cast<const uint32_t *>(src + 8 * lane + 4 * odd);
         const uint32_t w1 = *reinterpret_cast<const uint32_t *>(src + 8 * lane + 4 * (1 - odd));
         const __nv_bfloat162 s2 = e4m3_bf16x2(src[kDim / 2 + lane]);
-        e2m1x8_scaled(w0, s2, a);
-        e2m1x8_scaled(w1, s2, b);
+        e2m1x8_scaled(w0, s2, E2m1Tables::constants(), a);
+        e2m1x8_scaled(w1, s2, E2m1Tables::constants(), b);
     } else {
         const uint2 v0 = *reinterpret_cast<const uint2 *>(src + 16 * lane + 8 * odd);
         const uint2 v1 = *reinterpret_cast<const uint2 *>(src + 16 * lane + 8 * (1 - odd));
@@ -1104,11 +1129,7 @@ template <bool kBulk> __device__ __forceinline__ void sparse_mqa_wgmma_body(cons
     const int h0 = blockIdx.y * 64;
     const int blocks = split_blocks(p);
     if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps * 32);
-        bar_init(&bars[1], kProducerWarps * 32);
-        bar_init(&bars[2], 256);
-        bar_init(&bars[3], 256);
+        init_tile_bars(smem, kProducerWarps * 32, 256);
         if constexpr (kBulk) {
             for (int w = 0; w < kProducerWarps; ++w)
                 bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, 16);
@@ -1161,9 +1182,10 @@ struct RawUnit {
 };
 
 // Loads that read nothing (zeros) when `pred` is false: the address of a
-// missing row is never formed into a load. Volatile, with a memory clobber:
-// version 10's first build let the compiler sink its look-ahead loads below
-// the current unit's decode, to just before their own use.
+// missing row is never formed into a load. Volatile, with a memory clobber,
+// as version 11 was measured (version 10 needed that to keep its look-ahead
+// loads ahead of the decode; version 11 issues a unit's loads right before
+// decoding it, so it would need it less).
 __device__ __forceinline__ uint4 ldg_v4_if(const uint8_t *a, bool pred) {
     uint4 v;
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n"
@@ -1218,36 +1240,6 @@ __device__ __forceinline__ void load_unit(const di_sparse_mqa_params &p, int u, 
     }
 }
 
-// The BF16 byte tables of the e2m1 magnitudes (e2m1x8_scaled's constants),
-// kept in registers across the producer's loop (opaque_u32) instead of being
-// moved from uniform registers before every prmt.
-struct E2m1Tables {
-    uint32_t hi0, hi1, lo0, lo1;
-    __device__ __forceinline__ static E2m1Tables make() {
-        return {deepinfer::opaque_u32(0x3F3F3F00u), deepinfer::opaque_u32(0x40404040u),
-                deepinfer::opaque_u32(0xC0800000u), deepinfer::opaque_u32(0xC0804000u)};
-    }
-};
-
-// e2m1x8_scaled with the tables in registers.
-__device__ __forceinline__ void e2m1x8_scaled_t(uint32_t w, __nv_bfloat162 s2, const E2m1Tables &t,
-                                                uint32_t (&o)[4]) {
-    const uint32_t mag = w & 0x77777777u, z = w << 4;
-    const uint32_t hi_a = deepinfer::prmt_b32(t.hi0, t.hi1, mag);
-    const uint32_t lo_a = deepinfer::prmt_b32(t.lo0, t.lo1, mag);
-    const uint32_t hi_b = deepinfer::prmt_b32(t.hi0, t.hi1, mag >> 16);
-    const uint32_t lo_b = deepinfer::prmt_b32(t.lo0, t.lo1, mag >> 16);
-    const uint32_t v[4] = {deepinfer::prmt_b32(lo_a, hi_a, 0x5140u), deepinfer::prmt_b32(lo_a, hi_a, 0x7362u),
-                           deepinfer::prmt_b32(lo_b, hi_b, 0x5140u), deepinfer::prmt_b32(lo_b, hi_b, 0x7362u)};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        const uint32_t sign = deepinfer::prmt_b32(z, w, ((12u + k) << 12) | ((8u + k) << 4)) & 0x80008000u;
-        uint32_t x = v[k] | sign;
-        __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&x), s2);
-        o[k] = *reinterpret_cast<uint32_t *>(&r);
-    }
-}
-
 // Decodes unit u of tile row r into the tile (stores only when `st`).
 __device__ __forceinline__ void store_unit(uint8_t *tile, int u, int r, int q, const RawUnit &raw, bool st,
                                                const E2m1Tables &tab) {
@@ -1262,7 +1254,7 @@ __device__ __forceinline__ void store_unit(uint8_t *tile, int u, int r, int q, c
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 uint32_t o[4];
-                e2m1x8_scaled_t(words[k], k < 2 ? lo : hi, tab, o);
+                e2m1x8_scaled(words[k], k < 2 ? lo : hi, tab, o);
                 if (st)
                     *reinterpret_cast<uint4 *>(tile + v6_off(r, 16 * i + 4 * q + k)) = make_uint4(o[0], o[1], o[2], o[3]);
             }
@@ -1339,7 +1331,7 @@ __device__ __forceinline__ void produce_v11(const di_sparse_mqa_params &p, uint8
     const int rp = lane & 7, q = lane >> 3;
     const int r = 8 * w + rp;
     const int64_t mine = split_first(p) + r;
-    const E2m1Tables tab = E2m1Tables::make();
+    const E2m1Tables tab = E2m1Tables::in_registers();
     auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
     // Rows of blocks j (ra) and j + 1 (rb), the list value of block j + 2 (vd).
     const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
@@ -1382,11 +1374,7 @@ __device__ __forceinline__ void sparse_mqa_v11_body(const di_sparse_mqa_params &
     const int h0 = blockIdx.y * 64;
     const int blocks = split_blocks(p);
     if (threadIdx.x == 0) {
-        uint64_t *bars = reinterpret_cast<uint64_t *>(smem + kOffBars);
-        bar_init(&bars[0], kProducerWarps11 * 32);
-        bar_init(&bars[1], kProducerWarps11 * 32);
-        bar_init(&bars[2], 256);
-        bar_init(&bars[3], 256);
+        init_tile_bars(smem, kProducerWarps11 * 32, 256);
     }
     __syncthreads();
     if (warp < kProducerWarps11) {
