@@ -199,6 +199,7 @@ __device__ __forceinline__ uint32_t e2m1x2_scaled(uint32_t byte, float s2) {
 // accumulator (its fragments in the same row order, 4 floats per n).
 struct OnlineSoftmax {
     float m0 = -1e30f, m1 = -1e30f, l0 = 0.0f, l1 = 0.0f;
+    float a0 = 1.0f, a1 = 1.0f;  // the last step's rescale factors
 
     __device__ __forceinline__ void step(float (&s)[32], const float *bias, int c, float scale,
                                          uint32_t (&pa)[4][4], float (&acc)[128]) {
@@ -231,6 +232,8 @@ struct OnlineSoftmax {
         }
         l0 = l0 * al0 + ps0;
         l1 = l1 * al1 + ps1;
+        a0 = al0;
+        a1 = al1;
         m0 = mx0;
         m1 = mx1;
 #pragma unroll
@@ -1386,6 +1389,368 @@ __device__ __forceinline__ void sparse_mqa_v11_body(const di_sparse_mqa_params &
         consume_wgmma<true, true>(p, smem, wg, threadIdx.x - 128 * (2 + wg), t, h0, blocks);
     }
 }
+
+// ---- version 12: one Q.K^T per block, an unrolled decode -------------------
+// The clock64 timeline of version 9 (benches/results/2026-12-04-h200-attention-
+// timeline.txt; lab build) per 64-entry block, in SM cycles: the producer warp
+// waits ~340 for the empty tile, finds its raw rows landed, decodes its 16
+// rows in ~5,200 (one row after another: unroll 1, a three-way branch per
+// row) and spends ~1,700 issuing the next block's copies and prefetches:
+// ~7,350 a block. The consumers: Q.K^T ~2,200 (both warpgroups compute the
+// same 64 x 64 logits over all 512 dims: 256 KiB of operand reads, the
+// shared-memory bandwidth of ~2,048 cycles), the softmax ~1,300, P.V
+// overlapped with the next Q.K^T. Version 11's producer (8 warps, direct
+// loads) spends ~3,750 in its first unit and ~1,150 waiting for the tile.
+// Version 12 changes both sides of version 9:
+//  - Consumers (FlashMLA SM90's split): warpgroup 0 alone computes Q.K^T
+//    (half the operand reads), the softmax and P.V for dims 0..255, and
+//    hands P (BF16, 8 KiB, the K-major operand layout) and the rescale
+//    factors to warpgroup 1 through shared memory; warpgroup 1 rescales its
+//    accumulator and runs P.V for dims 256..511 with both operands in
+//    shared memory. Named barrier 2: P ready; 3: P's slot free again.
+//    Same logits, same P, same rescale, same P.V shapes as version 9.
+//  - Producer: the raw stage shrinks to 16 rows x 288 bytes a warp, which
+//    holds a warp's 16 FP4 rows or 8 FP8 rows: a block with window rows is
+//    copied and decoded in two rounds of 8. Rows of a round of one format
+//    (and missing rows, decoded from zero words and a unit scale) are
+//    decoded unrolled, without a branch per row.
+// Shared memory: version 9's up to Q, then the raw stage (18 KiB), P (8 KiB)
+// and the statistics (rescale factors, the final sums and maxima: 768 B).
+constexpr int kRawWarp12 = 16 * kCompressedRow;
+constexpr int kOffRaw12 = Layout<4>::exch;
+constexpr int kOffP12 = kOffRaw12 + 4 * kRawWarp12;
+constexpr int kOffStats12 = kOffP12 + kBlock * kBlock * 2;
+constexpr int kSmem12 = kOffStats12 + 3 * 64 * 4;
+static_assert(8 * kWindowRow <= kRawWarp12, "a round of 8 window rows fits a warp's raw stage");
+static_assert(kOffP12 % 1024 == 0, "P is a 128-byte-swizzled wgmma operand");
+static_assert(kSmem12 <= DI_SPARSE_MQA_SMEM_BYTES, "version 12 launches with version 3's shared memory");
+
+// Lane i < 16: when `mine`, its row into `dst` (no copy for no row), arriving
+// on the warp's raw barrier with the row's bytes expected; otherwise a plain
+// arrival (16 a phase).
+__device__ __forceinline__ void issue_raw12(const di_sparse_mqa_params &p, uint8_t *dst, uint64_t *bar, int lane,
+                                            bool mine, int kind, int row) {
+    if (lane >= 16) return;
+    if (mine && kind == 1) {
+        deepinfer::sm90::mbar_arrive_expect_tx(bar, kWindowRow);
+        deepinfer::sm90::bulk_load(dst, static_cast<const uint8_t *>(p.window) + int64_t{row} * kWindowRow,
+                                   kWindowRow, bar);
+    } else if (mine && kind == 2) {
+        deepinfer::sm90::mbar_arrive_expect_tx(bar, kCompressedRow);
+        deepinfer::sm90::bulk_load(dst, static_cast<const uint8_t *>(p.compressed) + int64_t{row} * kCompressedRow,
+                                   kCompressedRow, bar);
+    } else {
+        deepinfer::sm90::mbar_arrive(bar);
+    }
+}
+
+// decode_row8 from the raw row at `src`, as zeros when `none` (its raw bytes
+// are stale: zero codes and a unit scale decode to +0 in both formats).
+template <bool kFp4>
+__device__ __forceinline__ void decode_row12(const uint8_t *src, uint8_t *tile, int r, int lane, int odd, bool none) {
+    uint32_t a[4], b[4];
+    if constexpr (kFp4) {
+        uint32_t w0 = *reinterpret_cast<const uint32_t *>(src + 8 * lane + 4 * odd);
+        uint32_t w1 = *reinterpret_cast<const uint32_t *>(src + 8 * lane + 4 * (1 - odd));
+        uint32_t sb = src[kDim / 2 + lane];
+        if (none) w0 = 0, w1 = 0, sb = 0x38;  // e4m3 1.0
+        const __nv_bfloat162 s2 = e4m3_bf16x2(sb);
+        e2m1x8_scaled(w0, s2, E2m1Tables::constants(), a);
+        e2m1x8_scaled(w1, s2, E2m1Tables::constants(), b);
+    } else {
+        uint2 v0 = *reinterpret_cast<const uint2 *>(src + 16 * lane + 8 * odd);
+        uint2 v1 = *reinterpret_cast<const uint2 *>(src + 16 * lane + 8 * (1 - odd));
+        uint32_t sb = src[kDim + lane / 2];
+        if (none) v0 = make_uint2(0, 0), v1 = make_uint2(0, 0), sb = 127;  // E8M0 2^0
+        const float sc = deepinfer::e8m0_to_f32(sb);
+        a[0] = e4m3x2_scaled(v0.x & 0xFFFFu, sc);
+        a[1] = e4m3x2_scaled(v0.x >> 16, sc);
+        a[2] = e4m3x2_scaled(v0.y & 0xFFFFu, sc);
+        a[3] = e4m3x2_scaled(v0.y >> 16, sc);
+        b[0] = e4m3x2_scaled(v1.x & 0xFFFFu, sc);
+        b[1] = e4m3x2_scaled(v1.x >> 16, sc);
+        b[2] = e4m3x2_scaled(v1.y & 0xFFFFu, sc);
+        b[3] = e4m3x2_scaled(v1.y >> 16, sc);
+    }
+    *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + odd)) = make_uint4(a[0], a[1], a[2], a[3]);
+    *reinterpret_cast<uint4 *>(tile + v6_off(r, 2 * lane + 1 - odd)) = make_uint4(b[0], b[1], b[2], b[3]);
+}
+
+// Warp w's rows i0 .. i0 + N - 1 (tile rows 16 w + i) from raw slots
+// (i - i0) * stride; fp8 / fp4 / none: the warp's 16-bit row masks.
+template <int N>
+__device__ __forceinline__ void decode_rows12(const uint8_t *raw, int stride, uint8_t *tile, int w, int lane, int i0,
+                                              uint32_t fp8, uint32_t fp4, uint32_t none) {
+    const int odd = (lane >> 2) & 1;
+    const uint32_t span = ((1u << N) - 1) << i0;
+    if ((fp8 & span) == 0) {
+#pragma unroll 4
+        for (int i = 0; i < N; ++i)
+            decode_row12<true>(raw + i * stride, tile, 16 * w + i0 + i, lane, odd, (none >> (i0 + i)) & 1);
+    } else if ((fp4 & span) == 0) {
+#pragma unroll 4
+        for (int i = 0; i < N; ++i)
+            decode_row12<false>(raw + i * stride, tile, 16 * w + i0 + i, lane, odd, (none >> (i0 + i)) & 1);
+    } else {
+#pragma unroll 1
+        for (int i = 0; i < N; ++i) {
+            if ((fp4 >> (i0 + i)) & 1) decode_row12<true>(raw + i * stride, tile, 16 * w + i0 + i, lane, odd, false);
+            else decode_row12<false>(raw + i * stride, tile, 16 * w + i0 + i, lane, odd, ((none >> (i0 + i)) & 1) != 0);
+        }
+    }
+}
+
+// Producer warp w of version 12: produce_staged<true>'s schedule (entries
+// three blocks ahead, L2 prefetch two ahead, block j+1's first copies issued
+// once block j is decoded) with version 12's raw stage: a block whose 16
+// rows (of this warp) hold no window row is one round of 16 slots of 288
+// bytes; any other block two rounds of 8 slots of 528 bytes, the second
+// copied once the first is decoded. Each round is one phase of the warp's
+// raw barrier.
+__device__ __forceinline__ void produce_v12(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane, int64_t t,
+                                            int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    uint64_t *rawbar = reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w;
+    float *bias = reinterpret_cast<float *>(smem + kOffBias);
+    uint8_t *raw = smem + kOffRaw12 + w * kRawWarp12;
+    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
+    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
+    // Round `round` of a block (two: 8-row rounds) from this lane's row.
+    auto issue = [&](int kind, int row, bool two, int round) {
+        const bool in_round = !two || (lane >> 3) == round;
+        uint8_t *dst = raw + (two ? (lane & 7) * kWindowRow : lane * kCompressedRow);
+        issue_raw12(p, dst, rawbar, lane, in_round, kind, row);
+    };
+    auto two_rounds = [&](int kind) { return (__ballot_sync(0xFFFFFFFFu, kind == 1) & 0xFFFFu) != 0; };
+    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
+    int v2 = load_entry(p, t, entry(2));
+    int k0, r0, k1, r1;
+    classify(p, entry(0), v0, k0, r0);
+    issue(k0, r0, two_rounds(k0), 0);
+    classify(p, entry(1), v1, k1, r1);
+    prefetch_row(p, k1, r1, lane);
+    uint32_t phase = 0;
+    for (int j = 0; j < blocks; ++j) {
+        const int b = j & 1;
+        const int v3 = load_entry(p, t, entry(j + 3));
+        int k2, r2;
+        classify(p, entry(j + 2), v2, k2, r2);
+        prefetch_row(p, k2, r2, lane);
+        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
+        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
+        const uint32_t fp8 = __ballot_sync(0xFFFFFFFFu, k0 == 1) & 0xFFFFu;
+        const uint32_t fp4 = __ballot_sync(0xFFFFFFFFu, k0 == 2) & 0xFFFFu;
+        const uint32_t none = ~(fp8 | fp4) & 0xFFFFu;
+        bar_wait(rawbar, phase++ & 1);
+        if (fp8 == 0) {
+            decode_rows12<16>(raw, kCompressedRow, tile, w, lane, 0, fp8, fp4, none);
+        } else {
+            decode_rows12<8>(raw, kWindowRow, tile, w, lane, 0, fp8, fp4, none);
+            // The second round overwrites the slots just read (generic
+            // reads, then async-proxy writes).
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            __syncwarp();
+            issue(k0, r0, true, 1);
+            bar_wait(rawbar, phase++ & 1);
+            decode_rows12<8>(raw, kWindowRow, tile, w, lane, 8, fp8, fp4, none);
+        }
+        if (lane < 16) bias[b * kBlock + 16 * w + lane] = k0 != 0 ? 0.0f : -INFINITY;
+        // The tile goes to wgmma and the raw slots to the next copies, both
+        // through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        bar_arrive(&full[b]);
+        __syncwarp();
+        if (j + 1 < blocks) issue(k1, r1, two_rounds(k1), 0);
+        k0 = k1, r0 = r1;
+        k1 = k2, r1 = r2;
+        v2 = v3;
+    }
+}
+
+// Version 12's consumers (see above). Thread (warp w, lane g*4+c) of either
+// warpgroup holds heads 16w+g and 16w+g+8 (the wgmma accumulator layout) and
+// 128 accumulators of its warpgroup's 256 dims.
+__device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid, int64_t t,
+                                            int h0, int blocks) {
+    namespace s9 = deepinfer::sm90;
+    using Qk = s9::WgmmaBf16SS<64>;
+    using Pv = s9::WgmmaBf16RS<256>;
+    using PvS = s9::WgmmaBf16SSNb<256>;
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    uint64_t *empty = full + 2;
+    const float *bias = reinterpret_cast<const float *>(smem + kOffBias);
+    const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int row = w * 16 + g;
+    uint8_t *sq = smem + Layout<4>::q;
+    uint8_t *sp = smem + kOffP12;
+    float *alpha = reinterpret_cast<float *>(smem + kOffStats12);
+    float *lfin = alpha + 64, *mfin = alpha + 128;
+    const uint8_t *tiles = smem + kOffTiles;
+
+    // Q: each warpgroup copies its 256 dims (column blocks 4 wg .. 4 wg + 3).
+    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int idx = i * 128 + tid, r = idx >> 5, chunk = wg * 32 + (idx & 31);
+        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(sq + v6_off(r, chunk))), "l"(src)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    s9::fence_proxy_async_smem();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+
+    float acc[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) acc[i] = 0.0f;
+    OnlineSoftmax sm;
+    if (wg == 0) {
+        float s[32];
+        const float scale = p.scale;
+        auto issue_qk = [&](int j) {
+            const uint8_t *tile = tiles + (j & 1) * kTileBytes;
+            s9::fence_operands(s);
+            s9::wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 32; ++ks) {
+                const int off = (ks / 4) * 8192 + (ks % 4) * 32;
+                Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
+            }
+            s9::wgmma_commit();
+            s9::fence_operands(s);
+        };
+        if (blocks > 0) {
+            bar_wait(&full[0], 0);
+            issue_qk(0);
+            s9::wgmma_wait<0>();
+            s9::fence_operands(s);
+        }
+        for (int j = 0; j < blocks; ++j) {
+            const int b = j & 1;
+            uint32_t pa[4][4];
+            sm.step(s, bias + b * kBlock, c, scale, pa, acc);
+            // P's slot is free once warpgroup 1's P.V of block j-1 is done.
+            if (j > 0) asm volatile("bar.sync 3, 256;" ::: "memory");
+#pragma unroll
+            for (int n = 0; n < 8; ++n) {
+                *reinterpret_cast<uint32_t *>(sp + v6_off(row, n) + 4 * c) = pa[n / 2][(n & 1) * 2];
+                *reinterpret_cast<uint32_t *>(sp + v6_off(row + 8, n) + 4 * c) = pa[n / 2][(n & 1) * 2 + 1];
+            }
+            if (c == 0) alpha[row] = sm.a0, alpha[row + 8] = sm.a1;
+            s9::fence_proxy_async_smem();
+            asm volatile("bar.arrive 2, 256;" ::: "memory");
+            const uint8_t *tile = tiles + b * kTileBytes;
+            s9::fence_operands(acc);
+            s9::wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks) Pv::mma(acc, pa[ks], v6_desc_n_major(tile + ks * 2048), 1);
+            s9::wgmma_commit();
+            s9::fence_operands(acc);
+            if (j + 1 < blocks) {
+                bar_wait(&full[b ^ 1], ((j + 1) >> 1) & 1);
+                issue_qk(j + 1);
+                s9::wgmma_wait<1>();
+                keep_alive(pa);
+                s9::fence_operands(acc);
+                bar_arrive(&empty[b]);
+                s9::wgmma_wait<0>();
+                s9::fence_operands(s);
+            } else {
+                s9::wgmma_wait<0>();
+                keep_alive(pa);
+                s9::fence_operands(acc);
+                bar_arrive(&empty[b]);
+            }
+        }
+        if (p.split > 0) sm.finish_split();
+        else sm.finish(p.sink, h0 + row);
+        if (c == 0) {
+            lfin[row] = sm.l0, lfin[row + 8] = sm.l1;
+            mfin[row] = sm.m0, mfin[row + 8] = sm.m1;
+        }
+    } else {
+        for (int j = 0; j < blocks; ++j) {
+            const int b = j & 1;
+            asm volatile("bar.sync 2, 256;" ::: "memory");
+            const float al0 = alpha[row], al1 = alpha[row + 8];
+#pragma unroll
+            for (int n = 0; n < 32; ++n) {
+                acc[4 * n] *= al0;
+                acc[4 * n + 1] *= al0;
+                acc[4 * n + 2] *= al1;
+                acc[4 * n + 3] *= al1;
+            }
+            const uint8_t *tile = tiles + b * kTileBytes;
+            s9::fence_operands(acc);
+            s9::wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < 4; ++ks)
+                PvS::mma(acc, s9::smem_desc_k128(sp + ks * 32), v6_desc_n_major(tile + 4 * 8192 + ks * 2048), 1);
+            s9::wgmma_commit();
+            s9::wgmma_wait<0>();
+            s9::fence_operands(acc);
+            bar_arrive(&empty[b]);
+            if (j + 1 < blocks) asm volatile("bar.arrive 3, 256;" ::: "memory");
+        }
+    }
+    // Warpgroup 0's sums and maxima to warpgroup 1; every wgmma of both
+    // warpgroups (and warpgroup 0's reads of all of Q) is complete.
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+    if (wg == 1) {
+        sm.l0 = lfin[row], sm.l1 = lfin[row + 8];
+        sm.m0 = mfin[row], sm.m1 = mfin[row + 8];
+    }
+    const int h_lo = h0 + row;
+    if (p.split > 0) {
+        store_split(p, acc, sm, t, h_lo, wg * 256, c, wg == 0 && c == 0);
+        return;
+    }
+    const float l0 = sm.l0, l1 = sm.l1;
+    // Each warpgroup's half of Q becomes its output staging, warp w writing
+    // and then storing its own 16 heads.
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        const int chunk = wg * 32 + n;
+        *reinterpret_cast<uint32_t *>(sq + v6_off(row, chunk) + 4 * c) = pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
+        *reinterpret_cast<uint32_t *>(sq + v6_off(row + 8, chunk) + 4 * c) =
+            pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
+    }
+    __syncwarp();
+    uint8_t *out = static_cast<uint8_t *>(p.out);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = w * 16 + i, chunk = wg * 32 + lane;
+        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
+            *reinterpret_cast<const uint4 *>(sq + v6_off(r, chunk));
+    }
+    if (wg == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
+}
+
+// Version 12: grid (T, H / 64), DI_SPARSE_MQA_THREADS threads,
+// DI_SPARSE_MQA_SMEM_BYTES (version 3's, so that the fallback off sm_90a
+// runs in it).
+__device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &p) {
+    extern __shared__ __align__(1024) uint8_t smem[];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t t = blockIdx.x;
+    const int h0 = blockIdx.y * 64;
+    const int blocks = split_blocks(p);
+    if (threadIdx.x == 0) {
+        init_tile_bars(smem, kProducerWarps * 32, 256);
+        for (int w = 0; w < kProducerWarps; ++w) bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, 16);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp < kProducerWarps) {
+        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
+        produce_v12(p, smem, warp, lane, t, blocks);
+    } else {
+        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
+        const int wg = (warp - kProducerWarps) / 4;
+        consume_v12(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+    }
+}
 #endif
 
 }  // namespace
@@ -1483,5 +1848,19 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_V11_THREADS, 1)
     sparse_mqa_v11_body(p);
 #else
     if (threadIdx.x < DI_SPARSE_MQA_THREADS) sparse_mqa_body<4>(p);
+#endif
+}
+
+// Version 12: version 9's producer with a raw stage of 18 KiB (window rows
+// in two rounds) and an unrolled decode; Q.K^T once per block (warpgroup 0)
+// with P handed to warpgroup 1 through shared memory (grid (T, H / 64),
+// DI_SPARSE_MQA_THREADS threads, DI_SPARSE_MQA_SMEM_BYTES). Outside sm_90a
+// (no wgmma) it runs version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v12(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v12_body(p);
+#else
+    sparse_mqa_body<4>(p);
 #endif
 }

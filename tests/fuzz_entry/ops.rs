@@ -292,6 +292,7 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V8,
                     SparseMqaKernel::V9,
                     SparseMqaKernel::V11,
+                    SparseMqaKernel::V12,
                     SparseMqaKernel::Generic,
                 ]);
                 let split = b.pick(&[
