@@ -391,6 +391,12 @@ impl Attention {
     /// tokens: stores the entries (and index keys) of each group completed
     /// in this step straight into the pools; a ratio-2 source keeps an odd
     /// trailing token as the partial group.
+    ///
+    /// A step in which every entry brings one new token (a decode step)
+    /// gives a ratio-2 source a fixed `[B, 2]` of groups, one row per entry:
+    /// an entry whose group does not complete has its new row twice as
+    /// members and slot −1, which the row writers skip, so the step's
+    /// launches and shapes depend on B alone (`docs/graph-decode.md`).
     fn compress(
         &self,
         cfg: &ModelConfig,
@@ -408,33 +414,53 @@ impl Attention {
         // Per entry, the members of its new groups in token order: its
         // partial group's pending token (r < 0: pending row −1 − r) first,
         // then its new rows; and the row left pending afterwards.
+        let decode = b.entries.iter().all(|e| e.len - e.replay == 1);
         let mut members = Vec::new();
         let mut tails = Vec::new();
+        // Per entry: its completed groups, and whether it takes a skipped
+        // row (a decode step's entry without a completed group).
         let mut counts = Vec::with_capacity(b.entries.len());
+        let mut skipped = Vec::with_capacity(b.entries.len());
         for e in &b.entries {
             let mut m = Vec::with_capacity(e.len + 1);
+            let new = i32_range("batch row", e.row + e.replay, e.len - e.replay)?;
             if c.wgate.is_some() {
                 if let Some(r) = pool.pending_row_of(e.seq, plan.layer)? {
                     m.push(-1 - r);
                 }
-                m.extend(i32_range("batch row", e.row + e.replay, e.len - e.replay)?);
+                m.extend(new.clone());
                 tails.push((e.seq, (m.len() % 2 == 1).then(|| e.row + e.len - 1)));
                 m.truncate(m.len() / 2 * 2);
                 counts.push(m.len() / 2);
+                let skip = decode && m.is_empty();
+                if skip {
+                    m.extend([new.start, new.start]);
+                }
+                skipped.push(skip);
             } else {
-                m.extend(i32_range("batch row", e.row + e.replay, e.len - e.replay)?);
+                m.extend(new);
                 counts.push(e.len - e.replay);
+                skipped.push(false);
             }
             members.extend(m);
         }
         // Their entry positions and pool rows (claimed now, stored below).
         let mut positions = Vec::new();
         let (mut slots, mut key_slots) = (Vec::new(), Vec::new());
-        for (e, &n) in b.entries.iter().zip(&counts) {
+        for ((e, &n), &skip) in b.entries.iter().zip(&counts).zip(&skipped) {
             let (j0, rows, key_rows) = pool.claim_entries(e.seq, plan.layer, n)?;
             positions.extend((j0..j0 + n).map(|j| (j * plan.ratio) as i64));
             slots.extend(rows);
-            key_slots.extend(key_rows.unwrap_or_default());
+            if skip {
+                positions.push(0);
+                slots.push(-1);
+            }
+            if let Some(k) = key_rows {
+                key_slots.extend(k);
+                if skip {
+                    key_slots.push(-1);
+                }
+            }
         }
         let n = positions.len();
         let pos = host_i64(positions, &device)?;
