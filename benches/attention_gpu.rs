@@ -179,7 +179,6 @@ mod gpu {
             SparseMqaKernel::V9 => "v9",
             SparseMqaKernel::V11 => "v11",
             SparseMqaKernel::V12 => "v12",
-            SparseMqaKernel::V13 => "v13",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
@@ -191,7 +190,7 @@ mod gpu {
     /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`),
     /// versions 6 and 7 to versions 3 and 8 in the runs of 2026-12-02,
     /// version 10 to version 9 in the runs of 2026-12-03, and left the build.
-    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 10] = [
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 9] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
@@ -199,17 +198,15 @@ mod gpu {
         (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::V11, SparseMqaSplit::None),
         (SparseMqaKernel::V12, SparseMqaSplit::None),
-        (SparseMqaKernel::V13, SparseMqaSplit::None),
         (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 7] = [
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 6] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::V11, SparseMqaSplit::None),
         (SparseMqaKernel::V12, SparseMqaSplit::None),
-        (SparseMqaKernel::V13, SparseMqaSplit::None),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
 

@@ -133,7 +133,7 @@ pub const SPARSE_MQA_GENERIC_MAX_DIM: usize = 4096;
 /// Which CUDA kernel version runs `ops::sparse_mqa` (`kernels-cuda/attention/README.md`
 /// gives their designs and measurements; versions 1, 2 and 4 lost to these
 /// and left the build, as did V6, V7 and V10). V3 and V5 give bitwise the same
-/// result; V8, V9, V11, V12 and V13 (wgmma) sum their dot products in other orders and
+/// result; V8, V9, V11 and V12 (wgmma) sum their dot products in other orders and
 /// agree with them within the op's stated bound, not bitwise. The
 /// CPU has one reference and ignores this.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -166,22 +166,19 @@ pub enum SparseMqaKernel {
     /// rows copied and decoded in two rounds of 8 a warp) and an unrolled
     /// decode; one consumer warpgroup computes Q·Kᵀ, the softmax and P·V for
     /// half the dims and hands P to the other through shared memory
-    /// (64 heads per CTA; version 3 where the device has no wgmma).
+    /// (64 heads per CTA; version 3 where the device has no wgmma). Bitwise
+    /// V9.
     V12,
-    /// `sparse_mqa_v13`: V12 with `cp.async` raw copies from every lane at
-    /// once, the next block's rows copied into the slots of the rows just
-    /// decoded (64 heads per CTA; version 3 where the device has no wgmma).
-    V13,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU
     /// reference but for lse's last ulp. A correctness path, not a fast one.
     Generic,
-    /// At D 512 and H a multiple of 64: V9 with 64 heads per CTA or V5 with
+    /// At D 512 and H a multiple of 64: V12 with 64 heads per CTA or V5 with
     /// 32 or 16, the CTA size chosen from the number of CTAs each gives (more,
-    /// smaller CTAs for few queries); V9 when [`SparseMqaSplit::Auto`] splits
-    /// the lists and always on a batch-invariant handle (V5 and V9 round
-    /// differently). At every other shape: `Generic`.
+    /// smaller CTAs for few queries); V12 when [`SparseMqaSplit::Auto`] splits
+    /// the lists and always on a batch-invariant handle (V5 and V12 round
+    /// differently; V12 is bitwise V9). At every other shape: `Generic`.
     #[default]
     Auto,
 }

@@ -6,9 +6,9 @@
 //! all-empty query (zeros, lse +∞), T ∈ {1, 2, 6, 64, 257}, H 64 and 128,
 //! the V4.1 shape (Kw 128, Kc 512) with rows scattered over large pools; a
 //! query's result bitwise equal alone and inside batches (batch
-//! invariance, V8, V9, V11-V13 and the default on a batch-invariant
-//! handle); versions 3 and 5 bitwise equal to each other, versions 12 and
-//! 13 bitwise version 9, and versions 8, 9 and 11-13 within the bound below; the
+//! invariance, V8, V9, V11, V12 and the default on a batch-invariant
+//! handle); versions 3 and 5 bitwise equal to each other, version 12
+//! bitwise version 9, and versions 8, 9, 11 and 12 within the bound below; the
 //! generic kernel bitwise the CPU at other shapes (H 1-64, D 64-4096);
 //! split-KV (spans of 64-256 entries, every tensor-core version, `Auto`)
 //! within the same bounds and a fixed span batch-invariant; CUDA
@@ -231,14 +231,13 @@ fn sparse_mqa_matches_the_cpu_op() {
         let gpu_inputs = host.to(&dev);
         let v3 = gpu_inputs.run_with(&dev, SparseMqaKernel::V3);
         compare(&format!("{label} V3"), &v3, &want);
-        // Versions 8, 9 and 11-13 (wgmma) sum the dot products in other orders:
+        // Versions 8, 9, 11 and 12 (wgmma) sum the dot products in other orders:
         // within the bound against the CPU, not bitwise V3.
         for kernel in [
             SparseMqaKernel::V8,
             SparseMqaKernel::V9,
             SparseMqaKernel::V11,
             SparseMqaKernel::V12,
-            SparseMqaKernel::V13,
         ] {
             let got = gpu_inputs.run_with(&dev, kernel);
             compare(&format!("{label} {kernel:?}"), &got, &want);
@@ -258,7 +257,7 @@ fn sparse_mqa_matches_the_cpu_op() {
                 "{label}: {kernel:?} differs from V3"
             );
         }
-        // Auto runs version 9 or version 5 (bitwise V3), whichever the
+        // Auto runs version 12 (bitwise V9) or version 5 (bitwise V3), whichever the
         // query count favours at 64-head shapes, else the generic kernel.
         let auto = bits(&gpu_inputs.run_with(&dev, SparseMqaKernel::Auto));
         let v9 = bits(&gpu_inputs.run_with(&dev, SparseMqaKernel::V9));
@@ -267,14 +266,11 @@ fn sparse_mqa_matches_the_cpu_op() {
             auto == v9 || auto == bits(&v3) || auto == generic,
             "{label}: Auto is none of the versions it picks from"
         );
-        // Versions 12 and 13 compute version 9's logits, P, rescale factors
-        // and P·V shapes (one warpgroup's P·V takes P from shared memory
-        // instead of registers), and zeros for missing rows: bit for bit
-        // version 9.
-        for kernel in [SparseMqaKernel::V12, SparseMqaKernel::V13] {
-            let got = bits(&gpu_inputs.run_with(&dev, kernel));
-            assert!(got == v9, "{label}: {kernel:?} differs from V9");
-        }
+        // Version 12 computes version 9's logits, P, rescale factors and P·V
+        // shapes (one warpgroup's P·V takes P from shared memory instead of
+        // registers), and zeros for missing rows: bit for bit version 9.
+        let v12 = bits(&gpu_inputs.run_with(&dev, SparseMqaKernel::V12));
+        assert!(v12 == v9, "{label}: V12 differs from V9");
     }
 }
 
@@ -368,7 +364,6 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         SparseMqaKernel::V9,
         SparseMqaKernel::V11,
         SparseMqaKernel::V12,
-        SparseMqaKernel::V13,
     ] {
         for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
             let got = g.run_split(&dev, kernel, split);
@@ -425,7 +420,6 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
                 SparseMqaKernel::V9,
                 SparseMqaKernel::V11,
                 SparseMqaKernel::V12,
-                SparseMqaKernel::V13,
             ] {
                 let got = g.run_split(&dev, kernel, split);
                 compare_within(
@@ -460,7 +454,6 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
         SparseMqaKernel::V9,
         SparseMqaKernel::V11,
         SparseMqaKernel::V12,
-        SparseMqaKernel::V13,
     ] {
         let split = SparseMqaSplit::Entries(128);
         let batch = g.run_split(&dev, kernel, split);
@@ -501,12 +494,11 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
         SparseMqaKernel::V9,
         SparseMqaKernel::V11,
         SparseMqaKernel::V12,
-        SparseMqaKernel::V13,
     ] {
         alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
     }
     // Auto picks its version from the query count, so only a
-    // batch-invariant handle (always version 9) promises this.
+    // batch-invariant handle (always version 12) promises this.
     let inv = dev.with_batch_invariant_kernels();
     let batch = host.to(&inv).run_with(&inv, SparseMqaKernel::Auto);
     alone_equals_batch(&inv, &host, &batch, t, SparseMqaKernel::Auto);

@@ -1407,24 +1407,26 @@ __device__ __forceinline__ void sparse_mqa_v11_body(const di_sparse_mqa_params &
 //    hands P (BF16, 8 KiB, the K-major operand layout) and the rescale
 //    factors to warpgroup 1 through shared memory; warpgroup 1 rescales its
 //    accumulator and runs P.V for dims 256..511 with both operands in
-//    shared memory. Named barrier 2 (both warpgroups wait): P and the
-//    factors ready; 3 (warpgroup 1 arrives, 0 waits): P's slot free again
-//    (the factors alternate between two slots, so barrier 2 alone orders
-//    their reuse).
+//    shared memory. Three mbarriers of 128 arrivals hand them over: P and
+//    the factors ready (warpgroup 0 arrives), their slots free again
+//    (warpgroup 1 arrives once its P.V is complete), the final sums ready.
+//    (With named barriers, bar.arrive on one side, racecheck reported the
+//    factors and sums as races: 2938ee5 and 59fa241.)
 //    Same logits, same P, same rescale, same P.V shapes as version 9.
 //  - Producer: the raw stage shrinks to 16 rows x 288 bytes a warp, which
 //    holds a warp's 16 FP4 rows or 8 FP8 rows: a block with window rows is
 //    copied and decoded in two rounds of 8. Rows of a round of one format
 //    (and missing rows, decoded from zero words and a unit scale) are
 //    decoded unrolled, without a branch per row.
-// Shared memory: version 9's up to Q, then the raw stage (18 KiB), P (8 KiB)
-// and the statistics (two slots of rescale factors, the final sums and
-// maxima: 1 KiB).
+// Shared memory: version 9's up to Q, then the raw stage (18 KiB), P (8 KiB),
+// the statistics (rescale factors, the final sums and maxima: 768 B) and
+// three mbarriers.
 constexpr int kRawWarp12 = 16 * kCompressedRow;
 constexpr int kOffRaw12 = Layout<4>::exch;
 constexpr int kOffP12 = kOffRaw12 + 4 * kRawWarp12;
 constexpr int kOffStats12 = kOffP12 + kBlock * kBlock * 2;
-constexpr int kSmem12 = kOffStats12 + 4 * 64 * 4;
+constexpr int kOffHand12 = kOffStats12 + 3 * 64 * 4;
+constexpr int kSmem12 = kOffHand12 + 3 * 8;
 static_assert(8 * kWindowRow <= kRawWarp12, "a round of 8 window rows fits a warp's raw stage");
 static_assert(kOffP12 % 1024 == 0, "P is a 128-byte-swizzled wgmma operand");
 static_assert(kSmem12 <= DI_SPARSE_MQA_SMEM_BYTES, "version 12 launches with version 3's shared memory");
@@ -1589,7 +1591,8 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
     uint8_t *sq = smem + Layout<4>::q;
     uint8_t *sp = smem + kOffP12;
     float *alpha = reinterpret_cast<float *>(smem + kOffStats12);
-    float *lfin = alpha + 128, *mfin = alpha + 192;
+    float *lfin = alpha + 64, *mfin = alpha + 128;
+    uint64_t *pready = reinterpret_cast<uint64_t *>(smem + kOffHand12), *pfree = pready + 1, *stats = pready + 2;
     const uint8_t *tiles = smem + kOffTiles;
 
     // Q: each warpgroup copies its 256 dims (column blocks 4 wg .. 4 wg + 3).
@@ -1635,15 +1638,15 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             uint32_t pa[4][4];
             sm.step(s, bias + b * kBlock, c, scale, pa, acc);
             // P's slot is free once warpgroup 1's P.V of block j-1 is done.
-            if (j > 0) asm volatile("bar.sync 3, 256;" ::: "memory");
+            if (j > 0) bar_wait(pfree, (j - 1) & 1);
 #pragma unroll
             for (int n = 0; n < 8; ++n) {
                 *reinterpret_cast<uint32_t *>(sp + v6_off(row, n) + 4 * c) = pa[n / 2][(n & 1) * 2];
                 *reinterpret_cast<uint32_t *>(sp + v6_off(row + 8, n) + 4 * c) = pa[n / 2][(n & 1) * 2 + 1];
             }
-            if (c == 0) alpha[(j & 1) * 64 + row] = sm.a0, alpha[(j & 1) * 64 + row + 8] = sm.a1;
+            if (c == 0) alpha[row] = sm.a0, alpha[row + 8] = sm.a1;
             s9::fence_proxy_async_smem();
-            asm volatile("bar.sync 2, 256;" ::: "memory");
+            bar_arrive(pready);
             const uint8_t *tile = tiles + b * kTileBytes;
             s9::fence_operands(acc);
             s9::wgmma_fence();
@@ -1673,11 +1676,12 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             lfin[row] = sm.l0, lfin[row + 8] = sm.l1;
             mfin[row] = sm.m0, mfin[row + 8] = sm.m1;
         }
+        bar_arrive(stats);
     } else {
         for (int j = 0; j < blocks; ++j) {
             const int b = j & 1;
-            asm volatile("bar.sync 2, 256;" ::: "memory");
-            const float al0 = alpha[(j & 1) * 64 + row], al1 = alpha[(j & 1) * 64 + row + 8];
+            bar_wait(pready, j & 1);
+            const float al0 = alpha[row], al1 = alpha[row + 8];
 #pragma unroll
             for (int n = 0; n < 32; ++n) {
                 acc[4 * n] *= al0;
@@ -1695,13 +1699,14 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             s9::wgmma_wait<0>();
             s9::fence_operands(acc);
             bar_arrive(&empty[b]);
-            if (j + 1 < blocks) asm volatile("bar.arrive 3, 256;" ::: "memory");
+            if (j + 1 < blocks) bar_arrive(pfree);
         }
     }
-    // Warpgroup 0's sums and maxima to warpgroup 1; every wgmma of both
-    // warpgroups (and warpgroup 0's reads of all of Q) is complete.
+    // Every wgmma of both warpgroups (and warpgroup 0's reads of all of Q)
+    // is complete; warpgroup 0's sums and maxima go to warpgroup 1.
     asm volatile("bar.sync 1, 256;" ::: "memory");
     if (wg == 1) {
+        bar_wait(stats, 0);
         sm.l0 = lfin[row], sm.l1 = lfin[row + 8];
         sm.m0 = mfin[row], sm.m1 = mfin[row + 8];
     }
@@ -1743,6 +1748,7 @@ __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &
     if (threadIdx.x == 0) {
         init_tile_bars(smem, kProducerWarps * 32, 256);
         for (int w = 0; w < kProducerWarps; ++w) bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, 16);
+        for (int i = 0; i < 3; ++i) bar_init(reinterpret_cast<uint64_t *>(smem + kOffHand12) + i, 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -1756,164 +1762,6 @@ __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &
     }
 }
 
-// ---- version 13: version 12 with lane-parallel raw copies ------------------
-// Version 12's timeline (benches/results/2026-12-03-h200-attention-
-// timeline.txt): Q.K^T ~1,130 cycles, the softmax ~810, but the producer's
-// period ~5,750 a block: the decode ~3,500 and ~1,880 issuing the next
-// block's copies. cp.async.bulk takes its addresses in uniform registers, so
-// sixteen lanes with sixteen rows are sixteen passes of an ELECT loop (SASS).
-// Version 13 copies with cp.async (16 bytes a lane, every lane at once) and,
-// between two one-round blocks, copies block j+1's rows into the slots of
-// block j's rows as soon as they are decoded (four groups of four rows), so
-// the copies land during the rest of the decode instead of after it.
-// Missing rows are not copied (the decode masks them); a round is one
-// cp.async group, waited for with cp.async.wait_group and __syncwarp.
-
-// `n` FP4 rows (16 / 32 / n lanes a row) of the warp's 16 from row g0,
-// into slots g0 .. g0 + n - 1 of 288 bytes; kind and row: this lane's
-// entry (lanes l and l + 16 hold entry l).
-template <int N>
-__device__ __forceinline__ void copy_fp4_rows13(const di_sparse_mqa_params &p, uint8_t *raw, int lane, int kind,
-                                                int row, int g0) {
-    constexpr int kLanes = 32 / N;
-    constexpr int kChunks = kCompressedRow / 16;
-    const int r = g0 + lane / kLanes, part = lane % kLanes;
-    const int k = __shfl_sync(0xFFFFFFFFu, kind, r);
-    const int at = __shfl_sync(0xFFFFFFFFu, row, r);
-    if (k != 2) return;
-    const uint8_t *src = static_cast<const uint8_t *>(p.compressed) + int64_t{at} * kCompressedRow;
-    const uint32_t dst = smem_addr(raw + r * kCompressedRow);
-#pragma unroll
-    for (int i = 0; i < (kChunks + kLanes - 1) / kLanes; ++i) {
-        const int c = part + kLanes * i;
-        if (c < kChunks)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * c), "l"(src + 16 * c)
-                         : "memory");
-    }
-}
-
-// Round `round` of a two-round block: entries 8 round .. + 7 into slots
-// 0 .. 7 of 528 bytes, four lanes a row.
-__device__ __forceinline__ void copy_round13(const di_sparse_mqa_params &p, uint8_t *raw, int lane, int kind, int row,
-                                             int round) {
-    const int r = lane >> 2, part = lane & 3;
-    const int k = __shfl_sync(0xFFFFFFFFu, kind, 8 * round + r);
-    const int at = __shfl_sync(0xFFFFFFFFu, row, 8 * round + r);
-    if (k == 0) return;
-    const uint8_t *src = k == 1 ? static_cast<const uint8_t *>(p.window) + int64_t{at} * kWindowRow
-                                : static_cast<const uint8_t *>(p.compressed) + int64_t{at} * kCompressedRow;
-    const int chunks = k == 1 ? kWindowRow / 16 : kCompressedRow / 16;
-    const uint32_t dst = smem_addr(raw + r * kWindowRow);
-#pragma unroll
-    for (int i = 0; i < (kWindowRow / 16 + 3) / 4; ++i) {
-        const int c = part + 4 * i;
-        if (c < chunks)
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * c), "l"(src + 16 * c)
-                         : "memory");
-    }
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// This lane's copies landed, then the warp's.
-__device__ __forceinline__ void cp_async_wait_warp() {
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncwarp();
-}
-
-// Producer warp w of version 13: version 12's schedule and raw stage with
-// cp.async copies; block j+1's first round is copied during block j's
-// decode when both are one-round blocks, after it otherwise.
-__device__ __forceinline__ void produce_v13(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane, int64_t t,
-                                            int blocks) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
-    uint64_t *empty = full + 2;
-    float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    uint8_t *raw = smem + kOffRaw12 + w * kRawWarp12;
-    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
-    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
-    auto two_rounds = [&](int kind) { return (__ballot_sync(0xFFFFFFFFu, kind == 1) & 0xFFFFu) != 0; };
-    // A block's first round: all 16 rows, or the first 8 of two rounds.
-    auto copy_first = [&](int kind, int row) {
-        if (two_rounds(kind)) copy_round13(p, raw, lane, kind, row, 0);
-        else copy_fp4_rows13<16>(p, raw, lane, kind, row, 0);
-        cp_async_commit();
-    };
-    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
-    int v2 = load_entry(p, t, entry(2));
-    int k0, r0, k1, r1;
-    classify(p, entry(0), v0, k0, r0);
-    copy_first(k0, r0);
-    classify(p, entry(1), v1, k1, r1);
-    prefetch_row(p, k1, r1, lane);
-    for (int j = 0; j < blocks; ++j) {
-        const int b = j & 1;
-        const int v3 = load_entry(p, t, entry(j + 3));
-        int k2, r2;
-        classify(p, entry(j + 2), v2, k2, r2);
-        prefetch_row(p, k2, r2, lane);
-        if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
-        const uint32_t fp8 = __ballot_sync(0xFFFFFFFFu, k0 == 1) & 0xFFFFu;
-        const uint32_t fp4 = __ballot_sync(0xFFFFFFFFu, k0 == 2) & 0xFFFFu;
-        const uint32_t none = ~(fp8 | fp4) & 0xFFFFu;
-        const bool next = j + 1 < blocks;
-        const bool next_two = two_rounds(k1);
-        bool copied = false;
-        cp_async_wait_warp();
-        if (fp8 == 0 && next && !next_two) {
-            // Rows 4 g .. 4 g + 3 decoded, then block j+1's into their slots.
-#pragma unroll 1
-            for (int g = 0; g < 4; ++g) {
-                decode_rows12<4>(raw + 4 * g * kCompressedRow, kCompressedRow, tile, w, lane, 4 * g, fp8, fp4, none);
-                __syncwarp();
-                copy_fp4_rows13<4>(p, raw, lane, k1, r1, 4 * g);
-                cp_async_commit();
-            }
-            copied = true;
-        } else if (fp8 == 0) {
-            decode_rows12<16>(raw, kCompressedRow, tile, w, lane, 0, fp8, fp4, none);
-        } else {
-            decode_rows12<8>(raw, kWindowRow, tile, w, lane, 0, fp8, fp4, none);
-            __syncwarp();
-            copy_round13(p, raw, lane, k0, r0, 1);
-            cp_async_commit();
-            cp_async_wait_warp();
-            decode_rows12<8>(raw, kWindowRow, tile, w, lane, 8, fp8, fp4, none);
-        }
-        if (lane < 16) bias[b * kBlock + 16 * w + lane] = k0 != 0 ? 0.0f : -INFINITY;
-        // The tile goes to wgmma through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        bar_arrive(&full[b]);
-        if (next && !copied) {
-            __syncwarp();
-            copy_first(k1, r1);
-        }
-        k0 = k1, r0 = r1;
-        k1 = k2, r1 = r2;
-        v2 = v3;
-    }
-}
-
-// Version 13: version 12's CTA (consume_v12) with produce_v13; no raw
-// barriers.
-__device__ __forceinline__ void sparse_mqa_v13_body(const di_sparse_mqa_params &p) {
-    extern __shared__ __align__(1024) uint8_t smem[];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t t = blockIdx.x;
-    const int h0 = blockIdx.y * 64;
-    const int blocks = split_blocks(p);
-    if (threadIdx.x == 0) init_tile_bars(smem, kProducerWarps * 32, 256);
-    __syncthreads();
-    if (warp < kProducerWarps) {
-        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        produce_v13(p, smem, warp, lane, t, blocks);
-    } else {
-        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
-        const int wg = (warp - kProducerWarps) / 4;
-        consume_v12(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
-    }
-}
 #endif
 
 }  // namespace
@@ -2023,18 +1871,6 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v12(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v12_body(p);
-#else
-    sparse_mqa_body<4>(p);
-#endif
-}
-
-// Version 13: version 12 with cp.async raw copies, block j+1's issued during
-// block j's decode (grid, threads and shared memory as version 12). Outside
-// sm_90a (no wgmma) it runs version 3.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v13(const __grid_constant__ di_sparse_mqa_params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v13_body(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

@@ -1,8 +1,8 @@
 //! Sparse MQA launches (`kernels-cuda/attention/`): the tensor-core versions
 //! at D 512 and H a multiple of 64, one CTA per (query, 64, 32 or 16 heads)
-//! by version, and `Auto` (version 9 at 64 heads, version 5 at 32 or 16, the
-//! CTA size chosen from the number of CTAs it gives; always version 9 on a
-//! batch-invariant handle, since versions 5 and 9 round differently); at
+//! by version, and `Auto` (version 12 at 64 heads, version 5 at 32 or 16, the
+//! CTA size chosen from the number of CTAs it gives; always version 12 on a
+//! batch-invariant handle, since versions 5 and 12 round differently); at
 //! every other shape `Auto` runs `sparse_mqa_generic`, one CTA per (query,
 //! head). The caller is [`crate::ops::sparse_mqa_into`],
 //! which has checked dtypes, shapes (against the chosen version), devices and
@@ -10,8 +10,8 @@
 //! every entry outside its pool as no row and never read it. No CTA's work
 //! depends on another's and a head's arithmetic is the same in every CTA
 //! of one version, so with a fixed version a query's result does not depend
-//! on the batch; `Auto`'s choice between versions 9 and 5 does, which is why
-//! a batch-invariant handle always takes version 9. Split-KV (`SparseMqaSplit`) cuts each list
+//! on the batch; `Auto`'s choice between versions 12 and 5 does, which is why
+//! a batch-invariant handle always takes version 12. Split-KV (`SparseMqaSplit`) cuts each list
 //! into spans of a fixed size, one CTA each writing an fp32 partial output
 //! and lse, then `sparse_mqa_combine` merges a query's spans in order: the
 //! result depends on the span size, which `Auto` picks from the number of
@@ -56,10 +56,9 @@ const CTA_64_V11: (usize, u32, u32) = (64, DI_SPARSE_MQA_V11_THREADS, 230_400);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
 /// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
-/// the H200 (640 rows, one wave): 52.6 µs per 64-head CTA (version 9,
-/// bench of c919196+paged), 43.3 and 40.2 µs per 32- and 16-head CTA
-/// (version 5, bench of 6530954).
-const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.82), (16, 0.76)];
+/// the H200 (640 rows, one wave, bench of 59fa241): 44.7 µs per 64-head CTA
+/// (version 12), 41.8 and 39.1 µs per 32- and 16-head CTA (version 5).
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.93), (16, 0.87)];
 
 /// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
 /// CTA per SM) times its relative cost is least, ties to the larger CTA.
@@ -119,12 +118,12 @@ pub(crate) fn sparse_mqa(
     };
     // A split runs 64-head CTAs (version 5's smaller CTAs duplicate the
     // decode, which the split divides instead); so does a batch-invariant
-    // handle (version 5 is not bitwise version 9, so the CTA size must not
+    // handle (version 5 is not bitwise version 12, so the CTA size must not
     // follow the batch).
     let version = match (version, span) {
-        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V9,
+        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V12,
         (SparseMqaKernel::Auto, None) if dev.batch_invariant() && s.fits_tensor_cores() => {
-            SparseMqaKernel::V9
+            SparseMqaKernel::V12
         }
         (v, _) => v,
     };
@@ -132,7 +131,7 @@ pub(crate) fn sparse_mqa(
     let auto = |heads| match heads {
         16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
-        _ => (k::SPARSE_MQA_V9, CTA_64_V7),
+        _ => (k::SPARSE_MQA_V12, CTA_64),
     };
     // One head per CTA, the query and accumulator in shared memory.
     let generic = (
@@ -148,7 +147,6 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V9 => (k::SPARSE_MQA_V9, CTA_64_V7),
         SparseMqaKernel::V11 => (k::SPARSE_MQA_V11, CTA_64_V11),
         SparseMqaKernel::V12 => (k::SPARSE_MQA_V12, CTA_64),
-        SparseMqaKernel::V13 => (k::SPARSE_MQA_V13, CTA_64),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),

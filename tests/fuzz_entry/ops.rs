@@ -293,7 +293,6 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     SparseMqaKernel::V9,
                     SparseMqaKernel::V11,
                     SparseMqaKernel::V12,
-                    SparseMqaKernel::V13,
                     SparseMqaKernel::Generic,
                 ]);
                 let split = b.pick(&[
