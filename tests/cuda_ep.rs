@@ -349,6 +349,68 @@ fn copy_rows_into_is_bitwise_the_cpu_and_leaves_other_rows() {
     }
 }
 
+/// `copy_rows_where` on the device (lists uploaded as I32 tensors, −1 and
+/// rows past either tensor skipped) is bitwise the CPU op; under
+/// compute-sanitizer memcheck the void pairs show that nothing outside
+/// either tensor is read or written.
+#[test]
+fn copy_rows_where_is_bitwise_the_cpu() {
+    let mut rng = common::rng("cuda_copy_rows_where");
+    let dev = gpu();
+    for (dtype, width) in [
+        (DType::BF16, 5120usize),
+        (DType::F32, 3),
+        (DType::F8E4M3, 160),
+    ] {
+        let n_src = rng.random_range(1..300usize);
+        let n_dst = rng.random_range(1..200usize);
+        let bytes = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<u8> {
+            (0..dtype.storage_bytes(n)).map(|_| rng.random()).collect()
+        };
+        let (sb, db) = (
+            bytes(&mut rng, n_src * width),
+            bytes(&mut rng, n_dst * width),
+        );
+        let mut dst: Vec<i32> = (0..n_dst as i32).collect();
+        for i in (1..dst.len()).rev() {
+            dst.swap(i, rng.random_range(0..=i));
+        }
+        dst.truncate(rng.random_range(1..=n_dst));
+        let void = [-1, i32::MIN, n_dst as i32, i32::MAX];
+        let mut from: Vec<i32> = dst
+            .iter()
+            .map(|_| rng.random_range(0..n_src as i32))
+            .collect();
+        for i in 0..dst.len() {
+            match rng.random_range(0..4) {
+                0 => dst[i] = void[rng.random_range(0..4)],
+                1 => from[i] = [-1, n_src as i32, i32::MAX][rng.random_range(0..3)],
+                _ => {}
+            }
+        }
+        let n = dst.len();
+        let run = |d: &Device| {
+            let src = Tensor::from_le_bytes(d, dtype, &[n_src, width], &sb).unwrap();
+            let mut out = Tensor::from_le_bytes(d, dtype, &[n_dst, width], &db).unwrap();
+            let dl = Tensor::from_vec(dst.clone(), &[n])
+                .unwrap()
+                .to_device(d)
+                .unwrap();
+            let fl = Tensor::from_vec(from.clone(), &[n])
+                .unwrap()
+                .to_device(d)
+                .unwrap();
+            ops::copy_rows_where(&mut out, &dl, &src, &fl).unwrap();
+            out.to_le_bytes().unwrap()
+        };
+        assert_eq!(
+            run(&dev),
+            run(&Device::Cpu),
+            "{dtype} [{n_dst}, {width}], {n} pairs"
+        );
+    }
+}
+
 /// Random routing of `tokens` tokens over `experts` with distinct ids per
 /// token, a few of them out of range when `bad`.
 fn random_ids(

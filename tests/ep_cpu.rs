@@ -779,3 +779,78 @@ fn gather_row_blocks_equals_gather_rows_over_the_blocks() {
     assert_eq!(arg(go(0, &[0], 0)), "block_rows");
     assert_eq!(arg(go(block, &[0, 1], 2 * block + 1)), "n");
 }
+
+/// `copy_rows_where` (device lists, −1 for no copy) writes the pairs whose
+/// rows lie inside both tensors and skips the others (−1, i32::MIN, the row
+/// count, i32::MAX on either side), against a byte-level reference written
+/// here; wrong dtypes, ranks and lengths are typed errors.
+#[test]
+fn copy_rows_where_copies_the_pairs_inside_and_skips_the_rest() {
+    use deepinfer::{DType, Device, ops};
+    let named = |e: Error, what: &str| assert!(e.to_string().contains(what), "{e} lacks {what}");
+    let mut rng = common::rng("copy_rows_where");
+    for (dtype, width) in [(DType::BF16, 64usize), (DType::F8E4M3, 33), (DType::F32, 3)] {
+        let bytes = |rng: &mut rand::rngs::StdRng, n: usize| -> Vec<u8> {
+            (0..dtype.storage_bytes(n)).map(|_| rng.random()).collect()
+        };
+        let n_src = rng.random_range(1..40usize);
+        let src_bytes = bytes(&mut rng, n_src * width);
+        let src = Tensor::from_le_bytes(&Device::Cpu, dtype, &[n_src, width], &src_bytes).unwrap();
+        let dst_bytes = bytes(&mut rng, 24 * width);
+        let mut dst =
+            Tensor::from_le_bytes(&Device::Cpu, dtype, &[4, 6, width], &dst_bytes).unwrap();
+        // Distinct destinations, some pairs made void on either side.
+        let mut order: Vec<i32> = (0..24).collect();
+        for i in (1..order.len()).rev() {
+            order.swap(i, rng.random_range(0..=i));
+        }
+        let void = [-1, i32::MIN, 24, i32::MAX];
+        let n = rng.random_range(1..24usize);
+        let mut d_rows = Vec::new();
+        let mut s_rows = Vec::new();
+        for &d in &order[..n] {
+            let s = rng.random_range(0..n_src as i32);
+            match rng.random_range(0..4) {
+                0 => (d_rows.push(void[rng.random_range(0..4)]), s_rows.push(s)),
+                1 => (d_rows.push(d), s_rows.push(void[rng.random_range(0..4)])),
+                _ => (d_rows.push(d), s_rows.push(s)),
+            };
+        }
+        let list = |v: &[i32]| Tensor::from_vec(v.to_vec(), &[v.len()]).unwrap();
+        ops::copy_rows_where(&mut dst, &list(&d_rows), &src, &list(&s_rows)).unwrap();
+        let rb = dtype.storage_bytes(width);
+        let mut want = dst_bytes.clone();
+        for (&d, &s) in d_rows.iter().zip(&s_rows) {
+            if (0..24).contains(&d) && (0..n_src as i32).contains(&s) {
+                let (d, s) = (d as usize, s as usize);
+                want[d * rb..(d + 1) * rb].copy_from_slice(&src_bytes[s * rb..(s + 1) * rb]);
+            }
+        }
+        assert_eq!(dst.to_le_bytes().unwrap(), want, "{dtype}");
+        let before = dst.to_le_bytes().unwrap();
+        let wide = Tensor::from_vec(vec![0i32, 1], &[1, 2]).unwrap();
+        let f32s = Tensor::from_vec(vec![0.0f32], &[1]).unwrap();
+        for (d, s, what) in [
+            (list(&[0, 1]), list(&[0]), "src_rows"),
+            (wide.clone(), list(&[0, 1]), "dst_rows"),
+            (f32s.clone(), list(&[0]), "dst_rows"),
+            (list(&[0]), f32s, "src_rows"),
+        ] {
+            named(
+                ops::copy_rows_where(&mut dst, &d, &src, &s).unwrap_err(),
+                what,
+            );
+        }
+        let narrow =
+            Tensor::from_le_bytes(&Device::Cpu, dtype, &[1, 1], &bytes(&mut rng, 1)).unwrap();
+        named(
+            ops::copy_rows_where(&mut dst, &list(&[0]), &narrow, &list(&[0])).unwrap_err(),
+            "src",
+        );
+        assert_eq!(
+            dst.to_le_bytes().unwrap(),
+            before,
+            "{dtype}: an error wrote"
+        );
+    }
+}

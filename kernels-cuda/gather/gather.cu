@@ -1,9 +1,12 @@
-// Row copies (ops::gather_rows and ops::copy_rows_into: the expert-parallel
-// dispatch and combine). Layout: src [*, row_bytes] and out [*, row_bytes]
-// bytes of any dtype; src_idx and dst_idx [n] int32 or null (null: the
-// identity, row i). out[dst_idx[i]] = src[src_idx[i]] for i in [0, n); the
-// host checked every index against its tensor's rows and that the dst_idx
-// rows are distinct, so no two CTAs write one row. One CTA per copied row
+// Row copies (ops::gather_rows, ops::copy_rows_into: the expert-parallel
+// dispatch and combine; ops::copy_rows_where: device lists). Layout: src
+// [src_rows, row_bytes] and out [dst_rows, row_bytes] bytes of any dtype;
+// src_idx and dst_idx [n] int32 or null (null: the identity, row i).
+// out[dst_idx[i]] = src[src_idx[i]] for i in [0, n), skipping a pair with
+// either row outside its tensor (host lists are checked before, device lists
+// use -1 for "no copy"); the dst_idx rows of the pairs copied are distinct
+// (the host checks its lists; the device lists' callers promise it), so no
+// two CTAs write one row. One CTA per copied row
 // (grid-stride over rows), threads over the row in 16-byte words when
 // row_bytes is a multiple of 16 (allocations are 256-byte aligned and
 // tensors have no offsets), else in bytes. Also paged_rows (ops::paged_rows),
@@ -16,6 +19,7 @@ extern "C" __global__ void copy_rows(const __grid_constant__ di_gather_params p)
     for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
         const int64_t s = p.src_idx ? int64_t(p.src_idx[i]) : i;
         const int64_t d = p.dst_idx ? int64_t(p.dst_idx[i]) : i;
+        if (s < 0 || s >= p.src_rows || d < 0 || d >= p.dst_rows) continue;
         const char *src = static_cast<const char *>(p.src) + s * p.row_bytes;
         char *out = static_cast<char *>(p.out) + d * p.row_bytes;
         if (words) {

@@ -38,6 +38,7 @@ pub fn copy_rows(
     let (sp, _gs) = read_ptr(src.cuda()?, dev);
     let src_ptr = src_idx.as_ref().map(|b| read_ptr(b, dev));
     let dst_ptr = dst_idx.as_ref().map(|b| read_ptr(b, dev));
+    let (src_rows, dst_rows) = (rows_of(src, row_bytes)?, rows_of(out, row_bytes)?);
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let null = || std::ptr::null::<i32>();
     let p = di_gather_params {
@@ -46,9 +47,53 @@ pub fn copy_rows(
         out: op,
         dst_idx: dst_ptr.as_ref().map_or_else(null, |(p, _)| p.cast()),
         n: i64::from(i32_param("rows", n)?),
-        row_bytes: i64::try_from(row_bytes).map_err(|_| {
-            super::param_error("row bytes", row_bytes, "a kernel's int64 parameter")
-        })?,
+        row_bytes: int64_param("row bytes", row_bytes)?,
+        src_rows,
+        dst_rows,
+    };
+    let per_thread = if row_bytes.is_multiple_of(16) { 16 } else { 1 };
+    let cfg = row_launch(n, row_bytes / per_thread, 256)?;
+    launch(dev, kernels::gather::COPY_ROWS, cfg, &p)
+}
+
+fn int64_param(what: &'static str, v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| super::param_error(what, v, "a kernel's int64 parameter"))
+}
+
+/// Rows of `row_bytes` bytes in `t`'s storage.
+fn rows_of(t: &Tensor, row_bytes: usize) -> Result<i64> {
+    int64_param("rows", t.storage_bytes() / row_bytes.max(1))
+}
+
+/// `ops::copy_rows_where`: `out[dst_rows[i]] = src[src_rows[i]]` for the
+/// `n` pairs of the I32 device lists, rows of `row_bytes` bytes, a pair with
+/// a row outside its tensor skipped. The caller checked the dtypes, the
+/// lists' lengths and devices, and the row width.
+pub fn copy_rows_where(
+    dev: &CudaDevice,
+    src: &Tensor,
+    src_rows: &Tensor,
+    out: &mut Tensor,
+    dst_rows: &Tensor,
+    (n, row_bytes): (usize, usize),
+) -> Result<()> {
+    if n == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    let (sp, _gs) = read_ptr(src.cuda()?, dev);
+    let (si, _gsi) = read_ptr(src_rows.cuda()?, dev);
+    let (di, _gdi) = read_ptr(dst_rows.cuda()?, dev);
+    let (src_n, dst_n) = (rows_of(src, row_bytes)?, rows_of(out, row_bytes)?);
+    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
+    let p = di_gather_params {
+        src: sp,
+        src_idx: si.cast(),
+        out: op,
+        dst_idx: di.cast(),
+        n: i64::from(i32_param("rows", n)?),
+        row_bytes: int64_param("row bytes", row_bytes)?,
+        src_rows: src_n,
+        dst_rows: dst_n,
     };
     let per_thread = if row_bytes.is_multiple_of(16) { 16 } else { 1 };
     let cfg = row_launch(n, row_bytes / per_thread, 256)?;

@@ -31,7 +31,7 @@ pub use act_quant::{act_quant_fp8, mxfp8_dequantize};
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
 pub use embedding::{argmax, embedding, first_non_finite};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
-pub use gather::{copy_rows, paged_rows};
+pub use gather::{copy_rows, copy_rows_where, paged_rows};
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{
     MaskedDims, check_ids, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter,

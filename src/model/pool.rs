@@ -884,9 +884,12 @@ impl StatePool {
 
     /// Stores (`Some(r)`: row `r` of `kv` and `score`) or clears (`None`)
     /// the partial group of `layer`'s ratio-2 source for each sequence of
-    /// `tails`, with one row copy per tensor for all of them. A step names
-    /// each sequence once (`Model::step` refuses a repeat); a repeated
-    /// destination row would be `ops::copy_rows_into`'s typed error.
+    /// `tails`, with one row copy per tensor for all of them: lists of one
+    /// pair per sequence, −1 for a sequence without a tail
+    /// (`ops::copy_rows_where`), so the copies' shapes depend on the number
+    /// of sequences alone (`docs/graph-decode.md`). A step names each
+    /// sequence once (`Model::step` refuses a repeat), so the destinations
+    /// are distinct.
     pub(crate) fn set_pending(
         &mut self,
         layer: usize,
@@ -896,16 +899,34 @@ impl StatePool {
     ) -> Result<()> {
         let src = self.source(layer)?;
         let (mut dst, mut from) = (Vec::new(), Vec::new());
+        let index = |r: usize| {
+            i32::try_from(r).map_err(|_| OpError::Argument {
+                op: "StatePool::set_pending",
+                arg: "row",
+                value: r.to_string(),
+                why: "a row past int32",
+            })
+        };
         for &(seq, tail) in tails {
-            if let Some(r) = tail {
-                dst.push(self.pending_row(self.get(seq)?.slot, src)?);
-                from.push(r);
+            match tail {
+                Some(r) => {
+                    dst.push(index(self.pending_row(self.get(seq)?.slot, src)?)?);
+                    from.push(index(r)?);
+                }
+                None => {
+                    dst.push(-1);
+                    from.push(-1);
+                }
             }
             self.get_mut(seq)?.pending[src] = tail.is_some();
         }
         if !dst.is_empty() {
-            ops::copy_rows_into(&mut self.pending_kv, &dst, kv, &from)?;
-            ops::copy_rows_into(&mut self.pending_score, &dst, score, &from)?;
+            let device = self.pending_kv.device();
+            let n = dst.len();
+            let dst = Tensor::from_vec(dst, &[n])?.to_device(&device)?;
+            let from = Tensor::from_vec(from, &[n])?.to_device(&device)?;
+            ops::copy_rows_where(&mut self.pending_kv, &dst, kv, &from)?;
+            ops::copy_rows_where(&mut self.pending_score, &dst, score, &from)?;
         }
         Ok(())
     }

@@ -238,3 +238,90 @@ pub fn copy_rows_into(
     }
     Ok(())
 }
+
+const WHERE_OP: &str = "copy_rows_where";
+
+/// [`copy_rows_into`] with the lists on the device: I32 `dst_rows` and
+/// `src_rows` `[n]` on dst's device, and a pair whose destination lies
+/// outside `[0, dst rows)` or whose source lies outside `[0, src rows)` is
+/// skipped (−1 names "no copy"), so the values need no host check and the
+/// launch is the same whatever they hold (a CUDA-graph step refills the
+/// lists, not the launch). The destination rows of the pairs copied must be
+/// distinct: the CPU applies a repeat in order, on CUDA two writers of one
+/// row race.
+pub fn copy_rows_where(
+    dst: &mut Tensor,
+    dst_rows: &Tensor,
+    src: &Tensor,
+    src_rows: &Tensor,
+) -> Result<()> {
+    src.expect_dtype(WHERE_OP, "src", dst.dtype())?;
+    let (n_dst, width) = matrix_rows(dst, "dst")?;
+    let (n_src, src_width) = matrix_rows(src, "src")?;
+    if src_width != width {
+        return Err(super::shape_error(
+            WHERE_OP,
+            "src",
+            src,
+            format!("[…, {width}] (dst's last dimension)"),
+        ));
+    }
+    dst_rows.expect_dtype(WHERE_OP, "dst_rows", DType::I32)?;
+    src_rows.expect_dtype(WHERE_OP, "src_rows", DType::I32)?;
+    let n = match dst_rows.shape() {
+        &[n] => n,
+        _ => {
+            return Err(super::shape_error(
+                WHERE_OP,
+                "dst_rows",
+                dst_rows,
+                "[n]".into(),
+            ));
+        }
+    };
+    if src_rows.shape() != [n] {
+        return Err(super::shape_error(
+            WHERE_OP,
+            "src_rows",
+            src_rows,
+            format!("[{n}] (dst_rows' length)"),
+        ));
+    }
+    let device = super::common_device(
+        WHERE_OP,
+        &[
+            ("dst", dst),
+            ("src", src),
+            ("dst_rows", dst_rows),
+            ("src_rows", src_rows),
+        ],
+    )?;
+    match device {
+        Device::Cpu => {}
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            let row_bytes = dst.dtype().storage_bytes(width);
+            return crate::cuda_backend::copy_rows_where(
+                &dev,
+                src,
+                src_rows,
+                dst,
+                dst_rows,
+                (n, row_bytes),
+            );
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(WHERE_OP, &d)),
+    }
+    let inside = |r: i32, rows: usize| usize::try_from(r).ok().filter(|&r| r < rows);
+    for (&d, &s) in dst_rows
+        .to_vec::<i32>()?
+        .iter()
+        .zip(&src_rows.to_vec::<i32>()?)
+    {
+        if let (Some(d), Some(s)) = (inside(d, n_dst), inside(s, n_src)) {
+            dst.copy_elems_from(d * width, src, s * width, width)?;
+        }
+    }
+    Ok(())
+}

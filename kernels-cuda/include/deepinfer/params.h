@@ -516,8 +516,11 @@ typedef struct di_moe_masked_params {
     int32_t capacity;
 } di_moe_masked_params;
 
-/* Row gather (kernels-cuda/gather/): out[i] = src[idx[i]], rows of
-   row_bytes bytes; every idx below src's row count (checked by the host). */
+/* Row copies (kernels-cuda/gather/): out[dst_idx[i]] = src[src_idx[i]],
+   rows of row_bytes bytes; a pair whose source row lies outside
+   [0, src_rows) or whose destination row lies outside [0, dst_rows) is
+   skipped (host lists are checked before the launch; device lists may hold
+   -1 for "no copy"). */
 typedef struct di_gather_params {
     const void *src;
     const int32_t *src_idx; /* [n] source rows, or null: row i */
@@ -525,6 +528,8 @@ typedef struct di_gather_params {
     const int32_t *dst_idx; /* [n] distinct destination rows, or null: row i */
     int64_t n;
     int64_t row_bytes;
+    int64_t src_rows; /* rows of src */
+    int64_t dst_rows; /* rows of out */
 } di_gather_params;
 
 /* Logical rows -> physical rows of a paged row pool (kernels-cuda/gather/,
