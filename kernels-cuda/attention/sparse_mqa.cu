@@ -751,6 +751,49 @@ __device__ __forceinline__ uint64_t v6_desc_n_major(const void *p) {
     return desc;
 }
 
+// Q of the CTA's 64 heads, this warpgroup's 256 dims (column blocks 4 wg ..
+// 4 wg + 3), copied by its 128 threads into `sq` (v6_off layout); then both
+// consumer warpgroups wait for each other (named barrier 1), since each
+// reads all of Q.
+__device__ __forceinline__ void load_q_half(const di_sparse_mqa_params &p, uint8_t *sq, int wg, int tid, int64_t t,
+                                            int h0) {
+    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int idx = i * 128 + tid, r = idx >> 5, chunk = wg * 32 + (idx & 31);
+        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(sq + v6_off(r, chunk))), "l"(src)
+                     : "memory");
+    }
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+    deepinfer::sm90::fence_proxy_async_smem();
+    asm volatile("bar.sync 1, 256;" ::: "memory");
+}
+
+// The epilogue of a wgmma consumer warpgroup once no wgmma reads Q any more:
+// its accumulator (heads 16 w + g and + 8, dims 256 wg + 8 n + 2 c, + 1)
+// divided by the sums l0, l1, as BF16 through its half of Q (warp w writes
+// and then stores its own 16 heads, 16-byte global stores).
+__device__ __forceinline__ void store_out_half(const di_sparse_mqa_params &p, uint8_t *sq, const float (&acc)[128],
+                                               float l0, float l1, int wg, int tid, int64_t t, int h0) {
+    const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int n = 0; n < 32; ++n) {
+        const int chunk = wg * 32 + n, r = w * 16 + g;
+        *reinterpret_cast<uint32_t *>(sq + v6_off(r, chunk) + 4 * c) = pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
+        *reinterpret_cast<uint32_t *>(sq + v6_off(r + 8, chunk) + 4 * c) =
+            pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
+    }
+    __syncwarp();
+    uint8_t *out = static_cast<uint8_t *>(p.out);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+        const int r = w * 16 + i, chunk = wg * 32 + lane;
+        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
+            *reinterpret_cast<const uint4 *>(sq + v6_off(r, chunk));
+    }
+}
+
 // Consumer warpgroup wg (0, 1): heads 0..63 of the CTA, output dims
 // 256 wg .. 256 wg + 255. Thread (warp w, lane g*4+c) holds heads 16w+g and
 // 16w+g+8 (the wgmma accumulator layout). Per block: the logits over all
@@ -771,19 +814,7 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     uint8_t *sq = smem + Layout<4>::q;
     const uint8_t *tiles = smem + kOffTiles;
 
-    // Q: 64 heads x this warpgroup's 256 dims (column blocks 4 wg .. 4 wg + 3).
-    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int idx = i * 128 + tid, r = idx >> 5, chunk = wg * 32 + (idx & 31);
-        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(sq + v6_off(r, chunk))), "l"(src)
-                     : "memory");
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-    s9::fence_proxy_async_smem();
-    // Each warpgroup loaded its half of Q; both read all of it.
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    load_q_half(p, sq, wg, tid, t, h0);
 
     float acc[128];
 #pragma unroll
@@ -889,25 +920,9 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
     }
     sm.finish(p.sink, h_lo);
     const float l0 = sm.l0, l1 = sm.l1;
-    // Every wgmma of both warpgroups has completed (their reads of Q too):
-    // the warpgroup's half of Q becomes its output staging, warp w writing
-    // and then storing its own 16 heads.
+    // Every wgmma of both warpgroups has completed (their reads of Q too).
     asm volatile("bar.sync 1, 256;" ::: "memory");
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-        const int chunk = wg * 32 + n, r = w * 16 + g;
-        *reinterpret_cast<uint32_t *>(sq + v6_off(r, chunk) + 4 * c) = pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
-        *reinterpret_cast<uint32_t *>(sq + v6_off(r + 8, chunk) + 4 * c) =
-            pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
-    }
-    __syncwarp();
-    uint8_t *out = static_cast<uint8_t *>(p.out);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int r = w * 16 + i, chunk = wg * 32 + lane;
-        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
-            *reinterpret_cast<const uint4 *>(sq + v6_off(r, chunk));
-    }
+    store_out_half(p, sq, acc, l0, l1, wg, tid, t, h0);
     if (wg == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
 }
 
@@ -1595,18 +1610,7 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
     uint64_t *pready = reinterpret_cast<uint64_t *>(smem + kOffHand12), *pfree = pready + 1, *stats = pready + 2;
     const uint8_t *tiles = smem + kOffTiles;
 
-    // Q: each warpgroup copies its 256 dims (column blocks 4 wg .. 4 wg + 3).
-    const uint8_t *qsrc = static_cast<const uint8_t *>(p.q);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int idx = i * 128 + tid, r = idx >> 5, chunk = wg * 32 + (idx & 31);
-        const uint8_t *src = qsrc + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(sq + v6_off(r, chunk))), "l"(src)
-                     : "memory");
-    }
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-    s9::fence_proxy_async_smem();
-    asm volatile("bar.sync 1, 256;" ::: "memory");
+    load_q_half(p, sq, wg, tid, t, h0);
 
     float acc[128];
 #pragma unroll
@@ -1715,24 +1719,7 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
         store_split(p, acc, sm, t, h_lo, wg * 256, c, wg == 0 && c == 0);
         return;
     }
-    const float l0 = sm.l0, l1 = sm.l1;
-    // Each warpgroup's half of Q becomes its output staging, warp w writing
-    // and then storing its own 16 heads.
-#pragma unroll
-    for (int n = 0; n < 32; ++n) {
-        const int chunk = wg * 32 + n;
-        *reinterpret_cast<uint32_t *>(sq + v6_off(row, chunk) + 4 * c) = pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
-        *reinterpret_cast<uint32_t *>(sq + v6_off(row + 8, chunk) + 4 * c) =
-            pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
-    }
-    __syncwarp();
-    uint8_t *out = static_cast<uint8_t *>(p.out);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-        const int r = w * 16 + i, chunk = wg * 32 + lane;
-        *reinterpret_cast<uint4 *>(out + ((t * p.h + h0 + r) * kDim + chunk * 8) * 2) =
-            *reinterpret_cast<const uint4 *>(sq + v6_off(r, chunk));
-    }
+    store_out_half(p, sq, acc, sm.l0, sm.l1, wg, tid, t, h0);
     if (wg == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
 }
 

@@ -154,16 +154,33 @@ pub fn gather_row_blocks(
 /// The rows of `t`'s matrix view: (rows, row length), every dimension but
 /// the last flattened; packed FP4 is refused (a row must be whole bytes of a
 /// byte-addressable dtype for the element copies below).
-fn matrix_rows(t: &Tensor, name: &'static str) -> Result<(usize, usize)> {
+fn matrix_rows(op: &'static str, t: &Tensor, name: &'static str) -> Result<(usize, usize)> {
     match t.shape().split_last() {
         Some((&width, lead)) if t.dtype() != DType::F4E2M1x2 => Ok((lead.iter().product(), width)),
         _ => Err(super::shape_error(
-            COPY_OP,
+            op,
             name,
             t,
             "rank >= 1, not packed FP4".into(),
         )),
     }
+}
+
+/// (dst rows, src rows, row width) of a row copy between the matrix views
+/// of `dst` and `src`: one dtype, one last dimension.
+fn copy_shapes(op: &'static str, dst: &Tensor, src: &Tensor) -> Result<(usize, usize, usize)> {
+    src.expect_dtype(op, "src", dst.dtype())?;
+    let (n_dst, width) = matrix_rows(op, dst, "dst")?;
+    let (n_src, src_width) = matrix_rows(op, src, "src")?;
+    if src_width != width {
+        return Err(super::shape_error(
+            op,
+            "src",
+            src,
+            format!("[…, {width}] (dst's last dimension)"),
+        ));
+    }
+    Ok((n_dst, n_src, width))
 }
 
 /// `dst[dst_rows[i]] = src[src_rows[i]]` for every i, over the rows of the
@@ -179,17 +196,7 @@ pub fn copy_rows_into(
     src: &Tensor,
     src_rows: &[usize],
 ) -> Result<()> {
-    src.expect_dtype(COPY_OP, "src", dst.dtype())?;
-    let (n_dst, width) = matrix_rows(dst, "dst")?;
-    let (n_src, src_width) = matrix_rows(src, "src")?;
-    if src_width != width {
-        return Err(super::shape_error(
-            COPY_OP,
-            "src",
-            src,
-            format!("[…, {width}] (dst's last dimension)"),
-        ));
-    }
+    let (n_dst, n_src, width) = copy_shapes(COPY_OP, dst, src)?;
     if dst_rows.len() != src_rows.len() {
         return Err(Error::Argument {
             op: COPY_OP,
@@ -255,17 +262,7 @@ pub fn copy_rows_where(
     src: &Tensor,
     src_rows: &Tensor,
 ) -> Result<()> {
-    src.expect_dtype(WHERE_OP, "src", dst.dtype())?;
-    let (n_dst, width) = matrix_rows(dst, "dst")?;
-    let (n_src, src_width) = matrix_rows(src, "src")?;
-    if src_width != width {
-        return Err(super::shape_error(
-            WHERE_OP,
-            "src",
-            src,
-            format!("[…, {width}] (dst's last dimension)"),
-        ));
-    }
+    let (n_dst, n_src, width) = copy_shapes(WHERE_OP, dst, src)?;
     dst_rows.expect_dtype(WHERE_OP, "dst_rows", DType::I32)?;
     src_rows.expect_dtype(WHERE_OP, "src_rows", DType::I32)?;
     let n = match dst_rows.shape() {
