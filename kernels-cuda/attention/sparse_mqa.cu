@@ -794,6 +794,52 @@ __device__ __forceinline__ void store_out_half(const di_sparse_mqa_params &p, ui
     }
 }
 
+// Q.K^T of `tile` into s: kSteps k-steps of 16 over column blocks
+// first .. first + kSteps / 4 - 1 of Q and the tile (all 512 dims: 32 from
+// block 0), one commit group.
+template <int kSteps>
+__device__ __forceinline__ void issue_qk(float (&s)[32], const uint8_t *sq, const uint8_t *tile, int first) {
+    namespace s9 = deepinfer::sm90;
+    s9::fence_operands(s);
+    s9::wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kSteps; ++ks) {
+        const int off = (first + ks / 4) * 8192 + (ks % 4) * 32;
+        s9::WgmmaBf16SS<64>::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
+    }
+    s9::wgmma_commit();
+    s9::fence_operands(s);
+}
+
+// After block j's P.V is issued: with a block j + 1, wait for its tile and
+// issue its Q.K^T, retire block j's P.V (tile j & 1 released) and then the
+// Q.K^T; else retire the P.V. P.V reads pa and writes acc asynchronously:
+// both stay in their registers until the wait that retires it (pa is dead to
+// the compiler after the issue). Each branch ends with nothing in flight, so
+// ptxas sees every later read of s and acc after a full wait.
+template <int kQkSteps>
+__device__ __forceinline__ void retire_pv(int j, int blocks, uint64_t *full, uint64_t *empty, float (&s)[32],
+                                          uint32_t (&pa)[4][4], float (&acc)[128], const uint8_t *sq,
+                                          const uint8_t *tiles, int qk_first) {
+    namespace s9 = deepinfer::sm90;
+    const int b = j & 1;
+    if (j + 1 < blocks) {
+        bar_wait(&full[b ^ 1], ((j + 1) >> 1) & 1);
+        issue_qk<kQkSteps>(s, sq, tiles + (b ^ 1) * kTileBytes, qk_first);
+        s9::wgmma_wait<1>();
+        keep_alive(pa);
+        s9::fence_operands(acc);
+        bar_arrive(&empty[b]);
+        s9::wgmma_wait<0>();
+        s9::fence_operands(s);
+    } else {
+        s9::wgmma_wait<0>();
+        keep_alive(pa);
+        s9::fence_operands(acc);
+        bar_arrive(&empty[b]);
+    }
+}
+
 // Consumer warpgroup wg (0, 1): heads 0..63 of the CTA, output dims
 // 256 wg .. 256 wg + 255. Thread (warp w, lane g*4+c) holds heads 16w+g and
 // 16w+g+8 (the wgmma accumulator layout). Per block: the logits over all
@@ -805,7 +851,6 @@ template <bool kHalfQk, bool kPvHalves>
 __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid,
                                               int64_t t, int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
-    using Qk = s9::WgmmaBf16SS<64>;
     using Pv = s9::WgmmaBf16RS<256>;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
     uint64_t *empty = full + 2;
@@ -825,20 +870,8 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
 
     // Q.K^T of block j into s: 32 k-steps of 16 over all 512 dims, or with
     // kHalfQk 16 over this warpgroup's 256 (column blocks 4 wg .. 4 wg + 3).
-    auto issue_qk = [&](int j) {
-        const uint8_t *tile = tiles + (j & 1) * kTileBytes;
-        constexpr int kSteps = kHalfQk ? 16 : 32;
-        const int first = kHalfQk ? 4 * wg : 0;
-        s9::fence_operands(s);
-        s9::wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kSteps; ++ks) {
-            const int off = (first + ks / 4) * 8192 + (ks % 4) * 32;
-            Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
-        }
-        s9::wgmma_commit();
-        s9::fence_operands(s);
-    };
+    constexpr int kQkSteps = kHalfQk ? 16 : 32;
+    const int qk_first = kHalfQk ? 4 * wg : 0;
     // kHalfQk: the partial logits go through the exchange (16 KiB a
     // warpgroup, thread-major: conflict-free); the partner arrives on
     // barrier 5 + wg once it has read this warpgroup's slot, so the next
@@ -861,7 +894,7 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
 
     if (blocks > 0) {
         bar_wait(&full[0], 0);
-        issue_qk(0);
+        issue_qk<kQkSteps>(s, sq, tiles, qk_first);
         s9::wgmma_wait<0>();
         s9::fence_operands(s);
     }
@@ -891,25 +924,7 @@ __device__ __forceinline__ void consume_wgmma(const di_sparse_mqa_params &p, uin
         }
         s9::wgmma_commit();
         s9::fence_operands(acc);
-        // P.V reads pa and writes acc asynchronously: both stay in their
-        // registers until the wait that retires it (pa is dead to the
-        // compiler after the issue). Each branch ends with nothing in flight,
-        // so ptxas sees every later read of s and acc after a full wait.
-        if (j + 1 < blocks) {
-            bar_wait(&full[b ^ 1], ((j + 1) >> 1) & 1);
-            issue_qk(j + 1);
-            s9::wgmma_wait<1>();
-            keep_alive(pa);
-            s9::fence_operands(acc);
-            bar_arrive(&empty[b]);
-            s9::wgmma_wait<0>();
-            s9::fence_operands(s);
-        } else {
-            s9::wgmma_wait<0>();
-            keep_alive(pa);
-            s9::fence_operands(acc);
-            bar_arrive(&empty[b]);
-        }
+        retire_pv<kQkSteps>(j, blocks, full, empty, s, pa, acc, sq, tiles, qk_first);
     }
 
     const int h_lo = h0 + w * 16 + g;
@@ -1595,7 +1610,6 @@ __device__ __forceinline__ void produce_v12(const di_sparse_mqa_params &p, uint8
 __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid, int64_t t,
                                             int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
-    using Qk = s9::WgmmaBf16SS<64>;
     using Pv = s9::WgmmaBf16RS<256>;
     using PvS = s9::WgmmaBf16SSNb<256>;
     uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
@@ -1619,21 +1633,9 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
     if (wg == 0) {
         float s[32];
         const float scale = p.scale;
-        auto issue_qk = [&](int j) {
-            const uint8_t *tile = tiles + (j & 1) * kTileBytes;
-            s9::fence_operands(s);
-            s9::wgmma_fence();
-#pragma unroll
-            for (int ks = 0; ks < 32; ++ks) {
-                const int off = (ks / 4) * 8192 + (ks % 4) * 32;
-                Qk::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
-            }
-            s9::wgmma_commit();
-            s9::fence_operands(s);
-        };
         if (blocks > 0) {
             bar_wait(&full[0], 0);
-            issue_qk(0);
+            issue_qk<32>(s, sq, tiles, 0);
             s9::wgmma_wait<0>();
             s9::fence_operands(s);
         }
@@ -1658,21 +1660,7 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             for (int ks = 0; ks < 4; ++ks) Pv::mma(acc, pa[ks], v6_desc_n_major(tile + ks * 2048), 1);
             s9::wgmma_commit();
             s9::fence_operands(acc);
-            if (j + 1 < blocks) {
-                bar_wait(&full[b ^ 1], ((j + 1) >> 1) & 1);
-                issue_qk(j + 1);
-                s9::wgmma_wait<1>();
-                keep_alive(pa);
-                s9::fence_operands(acc);
-                bar_arrive(&empty[b]);
-                s9::wgmma_wait<0>();
-                s9::fence_operands(s);
-            } else {
-                s9::wgmma_wait<0>();
-                keep_alive(pa);
-                s9::fence_operands(acc);
-                bar_arrive(&empty[b]);
-            }
+            retire_pv<32>(j, blocks, full, empty, s, pa, acc, sq, tiles, 0);
         }
         if (p.split > 0) sm.finish_split();
         else sm.finish(p.sink, h0 + row);

@@ -1,5 +1,6 @@
 //! Launch of `kernels-cuda/gather/`: whole rows of any dtype copied by host
-//! index lists (uploaded as int32), one launch for the whole list.
+//! index lists (uploaded as int32) or by int32 lists already on the device,
+//! one launch for the whole list.
 
 use super::params::{di_gather_params, di_paged_rows_params};
 use super::{i32_param, launch, read_ptr, row_launch, write_ptr};
@@ -35,9 +36,48 @@ pub fn copy_rows(
     }
     let src_idx = src_rows.map(|r| upload_rows(dev, r)).transpose()?;
     let dst_idx = dst_rows.map(|r| upload_rows(dev, r)).transpose()?;
+    launch_copy(
+        dev,
+        (src, src_idx.as_ref()),
+        (out, dst_idx.as_ref()),
+        (n, row_bytes),
+    )
+}
+
+/// `ops::copy_rows_where`: `out[dst_rows[i]] = src[src_rows[i]]` for the
+/// `n` pairs of the I32 device lists, rows of `row_bytes` bytes, a pair with
+/// a row outside its tensor skipped. The caller checked the dtypes, the
+/// lists' lengths and devices, and the row width.
+pub fn copy_rows_where(
+    dev: &CudaDevice,
+    src: &Tensor,
+    src_rows: &Tensor,
+    out: &mut Tensor,
+    dst_rows: &Tensor,
+    (n, row_bytes): (usize, usize),
+) -> Result<()> {
+    if n == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    launch_copy(
+        dev,
+        (src, Some(src_rows.cuda()?)),
+        (out, Some(dst_rows.cuda()?)),
+        (n, row_bytes),
+    )
+}
+
+/// The `copy_rows` launch: `n` > 0 rows of `row_bytes` > 0 bytes, each
+/// index list an int32 device buffer of `n` entries or none (the identity).
+fn launch_copy(
+    dev: &CudaDevice,
+    (src, src_idx): (&Tensor, Option<&CudaBuffer>),
+    (out, dst_idx): (&mut Tensor, Option<&CudaBuffer>),
+    (n, row_bytes): (usize, usize),
+) -> Result<()> {
     let (sp, _gs) = read_ptr(src.cuda()?, dev);
-    let src_ptr = src_idx.as_ref().map(|b| read_ptr(b, dev));
-    let dst_ptr = dst_idx.as_ref().map(|b| read_ptr(b, dev));
+    let src_ptr = src_idx.map(|b| read_ptr(b, dev));
+    let dst_ptr = dst_idx.map(|b| read_ptr(b, dev));
     let (src_rows, dst_rows) = (rows_of(src, row_bytes)?, rows_of(out, row_bytes)?);
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let null = || std::ptr::null::<i32>();
@@ -63,41 +103,6 @@ fn int64_param(what: &'static str, v: usize) -> Result<i64> {
 /// Rows of `row_bytes` bytes in `t`'s storage.
 fn rows_of(t: &Tensor, row_bytes: usize) -> Result<i64> {
     int64_param("rows", t.storage_bytes() / row_bytes.max(1))
-}
-
-/// `ops::copy_rows_where`: `out[dst_rows[i]] = src[src_rows[i]]` for the
-/// `n` pairs of the I32 device lists, rows of `row_bytes` bytes, a pair with
-/// a row outside its tensor skipped. The caller checked the dtypes, the
-/// lists' lengths and devices, and the row width.
-pub fn copy_rows_where(
-    dev: &CudaDevice,
-    src: &Tensor,
-    src_rows: &Tensor,
-    out: &mut Tensor,
-    dst_rows: &Tensor,
-    (n, row_bytes): (usize, usize),
-) -> Result<()> {
-    if n == 0 || row_bytes == 0 {
-        return Ok(());
-    }
-    let (sp, _gs) = read_ptr(src.cuda()?, dev);
-    let (si, _gsi) = read_ptr(src_rows.cuda()?, dev);
-    let (di, _gdi) = read_ptr(dst_rows.cuda()?, dev);
-    let (src_n, dst_n) = (rows_of(src, row_bytes)?, rows_of(out, row_bytes)?);
-    let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-    let p = di_gather_params {
-        src: sp,
-        src_idx: si.cast(),
-        out: op,
-        dst_idx: di.cast(),
-        n: i64::from(i32_param("rows", n)?),
-        row_bytes: int64_param("row bytes", row_bytes)?,
-        src_rows: src_n,
-        dst_rows: dst_n,
-    };
-    let per_thread = if row_bytes.is_multiple_of(16) { 16 } else { 1 };
-    let cfg = row_launch(n, row_bytes / per_thread, 256)?;
-    launch(dev, kernels::gather::COPY_ROWS, cfg, &p)
 }
 
 /// `ops::paged_rows` / `ops::paged_window_rows`: `inputs` are (idx or none,
