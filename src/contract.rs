@@ -169,6 +169,12 @@ pub enum SparseMqaKernel {
     /// (64 heads per CTA; version 3 where the device has no wgmma). Bitwise
     /// V9.
     V12,
+    /// `sparse_mqa_v14`: V12 with consumer warpgroup 1 also feeding 6 of
+    /// every 16 rows of a producer warp into the tile (its own raw slots,
+    /// copies and barrier), between its P·V steps. Bitwise V12.
+    V14,
+    /// `sparse_mqa_v14_r8`: V14 with warpgroup 1 feeding 8 rows of 16.
+    V14Rows8,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

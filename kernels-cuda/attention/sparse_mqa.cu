@@ -1457,9 +1457,11 @@ constexpr int kOffP12 = kOffRaw12 + 4 * kRawWarp12;
 constexpr int kOffStats12 = kOffP12 + kBlock * kBlock * 2;
 constexpr int kOffHand12 = kOffStats12 + 3 * 64 * 4;
 constexpr int kSmem12 = kOffHand12 + 3 * 8;
+// Version 14: four more raw barriers (warpgroup 1's warps) after the three.
+constexpr int kSmem14 = kSmem12 + 4 * 8;
 static_assert(8 * kWindowRow <= kRawWarp12, "a round of 8 window rows fits a warp's raw stage");
 static_assert(kOffP12 % 1024 == 0, "P is a 128-byte-swizzled wgmma operand");
-static_assert(kSmem12 <= DI_SPARSE_MQA_SMEM_BYTES, "version 12 launches with version 3's shared memory");
+static_assert(kSmem14 <= DI_SPARSE_MQA_SMEM_BYTES, "versions 12 and 14 launch with version 3's shared memory");
 
 // Lane i < 16: when `mine`, its row into `dst` (no copy for no row), arriving
 // on the warp's raw barrier with the row's bytes expected; otherwise a plain
@@ -1536,77 +1538,130 @@ __device__ __forceinline__ void decode_rows12(const uint8_t *raw, int stride, ui
     }
 }
 
-// Producer warp w of version 12: produce_staged<true>'s schedule (entries
-// three blocks ahead, L2 prefetch two ahead, block j+1's first copies issued
-// once block j is decoded) with version 12's raw stage: a block whose 16
-// rows (of this warp) hold no window row is one round of 16 slots of 288
-// bytes; any other block two rounds of 8 slots of 528 bytes, the second
-// copied once the first is decoded. Each round is one phase of the warp's
-// raw barrier.
-__device__ __forceinline__ void produce_v12(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane, int64_t t,
-                                            int blocks) {
-    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
-    uint64_t *empty = full + 2;
-    uint64_t *rawbar = reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w;
-    float *bias = reinterpret_cast<float *>(smem + kOffBias);
-    uint8_t *raw = smem + kOffRaw12 + w * kRawWarp12;
-    const int64_t mine = split_first(p) + 16 * w + (lane & 15);
-    auto entry = [&](int j) { return int64_t{j} * kBlock + mine; };
-    // Round `round` of a block (two: 8-row rounds) from this lane's row.
-    auto issue = [&](int kind, int row, bool two, int round) {
-        const bool in_round = !two || (lane >> 3) == round;
-        uint8_t *dst = raw + (two ? (lane & 7) * kWindowRow : lane * kCompressedRow);
-        issue_raw12(p, dst, rawbar, lane, in_round, kind, row);
-    };
-    auto two_rounds = [&](int kind) { return (__ballot_sync(0xFFFFFFFFu, kind == 1) & 0xFFFFu) != 0; };
-    const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
-    int v2 = load_entry(p, t, entry(2));
-    int k0, r0, k1, r1;
-    classify(p, entry(0), v0, k0, r0);
-    issue(k0, r0, two_rounds(k0), 0);
-    classify(p, entry(1), v1, k1, r1);
-    prefetch_row(p, k1, r1, lane);
+// The rows kF .. kF + kN - 1 of warp w's 16 rows of every block, fed into
+// the tile on produce_staged<true>'s schedule (entries three blocks ahead,
+// L2 prefetch two ahead, block j+1's first copies issued once block j is
+// decoded) through version 12's raw stage: `raw` holds kN slots of 288
+// bytes; a block whose rows kF.. hold no window row is one round of kN
+// slots, any other block two rounds of kN / 2 slots of 528 bytes, the second
+// copied once the first is decoded. Each round is one phase of `rawbar`
+// (kN arrivals). Version 12's producer warp w feeds all 16 rows (kF 0);
+// version 14 splits them between the producer warp (rows 0 .. kF - 1) and
+// warp w of consumer warpgroup 1 (rows kF .. 15), each with its own slots
+// and barrier. Lanes l and l + 16 hold row l & 15.
+template <int kF, int kN>
+struct RowFeed {
+    static_assert(kF >= 0 && kN >= 2 && kN % 2 == 0 && kF + kN <= 16, "a warp's 16 rows");
+    static_assert((kN / 2) * kWindowRow <= kN * kCompressedRow, "a round of window rows fits the slots");
+    static constexpr uint32_t kSpan = ((1u << kN) - 1) << kF;
+    const di_sparse_mqa_params &p;
+    uint8_t *raw;
+    uint64_t *rawbar;
+    int w, lane;
+    int64_t t, mine;
+    int k0, r0, k1, r1, v2;
     uint32_t phase = 0;
-    for (int j = 0; j < blocks; ++j) {
+
+    __device__ __forceinline__ RowFeed(const di_sparse_mqa_params &p_, uint8_t *raw_, uint64_t *rawbar_, int w_,
+                                       int lane_, int64_t t_)
+        : p(p_), raw(raw_), rawbar(rawbar_), w(w_), lane(lane_), t(t_),
+          mine(split_first(p_) + 16 * w_ + (lane_ & 15)) {}
+
+    __device__ __forceinline__ int64_t entry(int j) const { return int64_t{j} * kBlock + mine; }
+    __device__ __forceinline__ bool owned() const { return (lane & 15) >= kF && (lane & 15) < kF + kN; }
+    // Round `round` of a block (two: kN / 2-row rounds) from this lane's row.
+    __device__ __forceinline__ void issue(int kind, int row, bool two, int round) {
+        if (lane >= 16 || !owned()) return;
+        const int i = lane - kF;
+        const bool in_round = !two || i / (kN / 2) == round;
+        uint8_t *dst = raw + (two ? (i % (kN / 2)) * kWindowRow : i * kCompressedRow);
+        issue_raw12(p, dst, rawbar, lane, in_round, kind, row);
+    }
+    __device__ __forceinline__ bool two_rounds(int kind) const {
+        return (__ballot_sync(0xFFFFFFFFu, kind == 1) & kSpan) != 0;
+    }
+    __device__ __forceinline__ void prefetch(int kind, int row) const {
+        if (owned()) prefetch_row(p, kind, row, lane);
+    }
+    // Entries of blocks 0..2 resolved, block 0 copied, block 1 prefetched.
+    __device__ __forceinline__ void start() {
+        const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
+        v2 = load_entry(p, t, entry(2));
+        classify(p, entry(0), v0, k0, r0);
+        issue(k0, r0, two_rounds(k0), 0);
+        classify(p, entry(1), v1, k1, r1);
+        prefetch(k1, r1);
+    }
+    // Block j's rows into `tile` (slot b, empty), its bias entries written.
+    // Block j+2 is resolved and prefetched first.
+    __device__ __forceinline__ void fill(int j, uint8_t *tile, float *bias, uint64_t *empty) {
         const int b = j & 1;
         const int v3 = load_entry(p, t, entry(j + 3));
         int k2, r2;
         classify(p, entry(j + 2), v2, k2, r2);
-        prefetch_row(p, k2, r2, lane);
+        prefetch(k2, r2);
         if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
-        uint8_t *tile = smem + kOffTiles + b * kTileBytes;
         const uint32_t fp8 = __ballot_sync(0xFFFFFFFFu, k0 == 1) & 0xFFFFu;
         const uint32_t fp4 = __ballot_sync(0xFFFFFFFFu, k0 == 2) & 0xFFFFu;
         const uint32_t none = ~(fp8 | fp4) & 0xFFFFu;
         bar_wait(rawbar, phase++ & 1);
-        if (fp8 == 0) {
-            decode_rows12<16>(raw, kCompressedRow, tile, w, lane, 0, fp8, fp4, none);
+        if ((fp8 & kSpan) == 0) {
+            decode_rows12<kN>(raw, kCompressedRow, tile, w, lane, kF, fp8, fp4, none);
         } else {
-            decode_rows12<8>(raw, kWindowRow, tile, w, lane, 0, fp8, fp4, none);
+            decode_rows12<kN / 2>(raw, kWindowRow, tile, w, lane, kF, fp8, fp4, none);
             // The second round overwrites the slots just read (generic
             // reads, then async-proxy writes).
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             __syncwarp();
             issue(k0, r0, true, 1);
             bar_wait(rawbar, phase++ & 1);
-            decode_rows12<8>(raw, kWindowRow, tile, w, lane, 8, fp8, fp4, none);
+            decode_rows12<kN / 2>(raw, kWindowRow, tile, w, lane, kF + kN / 2, fp8, fp4, none);
         }
-        if (lane < 16) bias[b * kBlock + 16 * w + lane] = k0 != 0 ? 0.0f : -INFINITY;
-        // The tile goes to wgmma and the raw slots to the next copies, both
-        // through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        bar_arrive(&full[b]);
+        if (lane < 16 && owned()) bias[b * kBlock + 16 * w + lane] = k0 != 0 ? 0.0f : -INFINITY;
+        k2_ = k2, r2_ = r2, v3_ = v3;
+    }
+    // After the tile's full arrival: block j+1's first copies, the entries
+    // moved on.
+    __device__ __forceinline__ void advance(int j, int blocks) {
         __syncwarp();
         if (j + 1 < blocks) issue(k1, r1, two_rounds(k1), 0);
         k0 = k1, r0 = r1;
-        k1 = k2, r1 = r2;
-        v2 = v3;
+        k1 = k2_, r1 = r2_;
+        v2 = v3_;
     }
+    int k2_, r2_, v3_;
+};
+
+// Feeds one block of `feed` into tile slot j & 1 and arrives on its full
+// barrier: the tile goes to wgmma and the raw slots to the next copies,
+// both through the async proxy.
+template <class Feed>
+__device__ __forceinline__ void feed_block(Feed &feed, uint8_t *smem, int j, int blocks) {
+    uint64_t *full = reinterpret_cast<uint64_t *>(smem + kOffBars);
+    const int b = j & 1;
+    feed.fill(j, smem + kOffTiles + b * kTileBytes, reinterpret_cast<float *>(smem + kOffBias), full + 2);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    bar_arrive(&full[b]);
+    feed.advance(j, blocks);
+}
+
+// Producer warp w of versions 12 and 14: rows 0 .. kRows - 1 of its 16.
+template <int kRows>
+__device__ __forceinline__ void produce_v12(const di_sparse_mqa_params &p, uint8_t *smem, int w, int lane, int64_t t,
+                                            int blocks) {
+    RowFeed<0, kRows> feed(p, smem + kOffRaw12 + w * kRawWarp12,
+                           reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, w, lane, t);
+    feed.start();
+    for (int j = 0; j < blocks; ++j) feed_block(feed, smem, j, blocks);
 }
 
 // Version 12's consumers (see above). Thread (warp w, lane g*4+c) of either
 // warpgroup holds heads 16w+g and 16w+g+8 (the wgmma accumulator layout) and
 // 128 accumulators of its warpgroup's 256 dims.
+// kWg1Rows > 0 (version 14): warp w of warpgroup 1 also feeds rows
+// 16 - kWg1Rows .. 15 of its producer partner's 16 into every tile, block j
+// before the P.V of block j - 1.
+template <int kWg1Rows>
 __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8_t *smem, int wg, int tid, int64_t t,
                                             int h0, int blocks) {
     namespace s9 = deepinfer::sm90;
@@ -1670,7 +1725,9 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
         }
         bar_arrive(stats);
     } else {
-        for (int j = 0; j < blocks; ++j) {
+        // Warpgroup 1's P.V of block j: its accumulator rescaled by
+        // warpgroup 0's factors, P from shared memory.
+        auto pv = [&](int j) {
             const int b = j & 1;
             bar_wait(pready, j & 1);
             const float al0 = alpha[row], al1 = alpha[row + 8];
@@ -1692,6 +1749,19 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             s9::fence_operands(acc);
             bar_arrive(&empty[b]);
             if (j + 1 < blocks) bar_arrive(pfree);
+        };
+        if constexpr (kWg1Rows == 0) {
+            for (int j = 0; j < blocks; ++j) pv(j);
+        } else {
+            constexpr int kF = 16 - kWg1Rows;
+            RowFeed<kF, kWg1Rows> feed(p, smem + kOffRaw12 + w * kRawWarp12 + kF * kCompressedRow,
+                                       reinterpret_cast<uint64_t *>(smem + kOffHand12) + 3 + w, w, lane, t);
+            feed.start();
+            for (int j = 0; j < blocks; ++j) {
+                feed_block(feed, smem, j, blocks);
+                if (j > 0) pv(j - 1);
+            }
+            if (blocks > 0) pv(blocks - 1);
         }
     }
     // Every wgmma of both warpgroups (and warpgroup 0's reads of all of Q)
@@ -1711,29 +1781,36 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
     if (wg == 0 && c == 0) sm.store_lse(p.lse, t * p.h + h_lo);
 }
 
-// Version 12: grid (T, H / 64), DI_SPARSE_MQA_THREADS threads,
-// DI_SPARSE_MQA_SMEM_BYTES (version 3's, so that the fallback off sm_90a
-// runs in it).
+// Versions 12 (kWg1Rows 0) and 14: grid (T, H / 64), DI_SPARSE_MQA_THREADS
+// threads, DI_SPARSE_MQA_SMEM_BYTES (version 3's, so that the fallback off
+// sm_90a runs in it).
+template <int kWg1Rows>
 __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &p) {
     extern __shared__ __align__(1024) uint8_t smem[];
+    constexpr int kProducerRows = 16 - kWg1Rows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t t = blockIdx.x;
     const int h0 = blockIdx.y * 64;
     const int blocks = split_blocks(p);
     if (threadIdx.x == 0) {
-        init_tile_bars(smem, kProducerWarps * 32, 256);
-        for (int w = 0; w < kProducerWarps; ++w) bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, 16);
-        for (int i = 0; i < 3; ++i) bar_init(reinterpret_cast<uint64_t *>(smem + kOffHand12) + i, 128);
+        uint64_t *hand = reinterpret_cast<uint64_t *>(smem + kOffHand12);
+        init_tile_bars(smem, (kWg1Rows > 0 ? 2 : 1) * kProducerWarps * 32, 256);
+        for (int w = 0; w < kProducerWarps; ++w)
+            bar_init(reinterpret_cast<uint64_t *>(smem + kOffRawBars9) + w, kProducerRows);
+        for (int i = 0; i < 3; ++i) bar_init(hand + i, 128);
+        if constexpr (kWg1Rows > 0) {
+            for (int w = 0; w < kProducerWarps; ++w) bar_init(hand + 3 + w, kWg1Rows);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
     if (warp < kProducerWarps) {
         deepinfer::sm90::regs_dealloc<kProducerRegs6>();
-        produce_v12(p, smem, warp, lane, t, blocks);
+        produce_v12<kProducerRows>(p, smem, warp, lane, t, blocks);
     } else {
         deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         const int wg = (warp - kProducerWarps) / 4;
-        consume_v12(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+        consume_v12<kWg1Rows>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
     }
 }
 
@@ -1845,7 +1922,30 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_V11_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v12(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v12_body(p);
+    sparse_mqa_v12_body<0>(p);
+#else
+    sparse_mqa_body<4>(p);
+#endif
+}
+
+// Version 14: version 12 with warpgroup 1 feeding 6 of every 16 rows of a
+// producer warp (its own raw slots, copies and barrier), block j before the
+// P.V of block j - 1 (grid, threads and shared memory as version 12).
+// Outside sm_90a (no wgmma) it runs version 3.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v14(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v12_body<6>(p);
+#else
+    sparse_mqa_body<4>(p);
+#endif
+}
+
+// Version 14 with an even split: warpgroup 1 feeds 8 of every 16 rows.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v14_r8(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v12_body<8>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

@@ -147,6 +147,8 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V9 => (k::SPARSE_MQA_V9, CTA_64_V7),
         SparseMqaKernel::V11 => (k::SPARSE_MQA_V11, CTA_64_V11),
         SparseMqaKernel::V12 => (k::SPARSE_MQA_V12, CTA_64),
+        SparseMqaKernel::V14 => (k::SPARSE_MQA_V14, CTA_64),
+        SparseMqaKernel::V14Rows8 => (k::SPARSE_MQA_V14_R8, CTA_64),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
