@@ -802,10 +802,14 @@ __device__ __forceinline__ void issue_qk(float (&s)[32], const uint8_t *sq, cons
     namespace s9 = deepinfer::sm90;
     s9::fence_operands(s);
     s9::wgmma_fence();
+    // Shared addresses stay below 2^18, so a descriptor's start-address
+    // field (address >> 4) takes the step's offset without a carry: two
+    // base descriptors and an add a step (not a descriptor built per step).
+    const uint64_t dq = s9::smem_desc_k128(sq), dt = s9::smem_desc_k128(tile);
 #pragma unroll
     for (int ks = 0; ks < kSteps; ++ks) {
         const int off = (first + ks / 4) * 8192 + (ks % 4) * 32;
-        s9::WgmmaBf16SS<64>::mma(s, s9::smem_desc_k128(sq + off), s9::smem_desc_k128(tile + off), ks > 0);
+        s9::WgmmaBf16SS<64>::mma(s, dq + (off >> 4), dt + (off >> 4), ks > 0);
     }
     s9::wgmma_commit();
     s9::fence_operands(s);
@@ -1515,18 +1519,19 @@ __device__ __forceinline__ void decode_row12(const uint8_t *src, uint8_t *tile, 
 }
 
 // Warp w's rows i0 .. i0 + N - 1 (tile rows 16 w + i) from raw slots
-// (i - i0) * stride; fp8 / fp4 / none: the warp's 16-bit row masks.
-template <int N>
+// (i - i0) * stride, kUnroll rows at a time; fp8 / fp4 / none: the warp's
+// 16-bit row masks.
+template <int N, int kUnroll>
 __device__ __forceinline__ void decode_rows12(const uint8_t *raw, int stride, uint8_t *tile, int w, int lane, int i0,
                                               uint32_t fp8, uint32_t fp4, uint32_t none) {
     const int odd = (lane >> 2) & 1;
     const uint32_t span = ((1u << N) - 1) << i0;
     if ((fp8 & span) == 0) {
-#pragma unroll 4
+#pragma unroll kUnroll
         for (int i = 0; i < N; ++i)
             decode_row12<true>(raw + i * stride, tile, 16 * w + i0 + i, lane, odd, (none >> (i0 + i)) & 1);
     } else if ((fp4 & span) == 0) {
-#pragma unroll 4
+#pragma unroll kUnroll
         for (int i = 0; i < N; ++i)
             decode_row12<false>(raw + i * stride, tile, 16 * w + i0 + i, lane, odd, (none >> (i0 + i)) & 1);
     } else {
@@ -1588,7 +1593,11 @@ struct RowFeed {
         const int v0 = load_entry(p, t, entry(0)), v1 = load_entry(p, t, entry(1));
         v2 = load_entry(p, t, entry(2));
         classify(p, entry(0), v0, k0, r0);
-        issue(k0, r0, two_rounds(k0), 0);
+        const bool two = two_rounds(k0);
+        issue(k0, r0, two, 0);
+        // Block 0's second round is copied once its first is decoded: from
+        // L2, not DRAM.
+        if (two) prefetch(k0, r0);
         classify(p, entry(1), v1, k1, r1);
         prefetch(k1, r1);
     }
@@ -1606,16 +1615,21 @@ struct RowFeed {
         const uint32_t none = ~(fp8 | fp4) & 0xFFFFu;
         bar_wait(rawbar, phase++ & 1);
         if ((fp8 & kSpan) == 0) {
-            decode_rows12<kN>(raw, kCompressedRow, tile, w, lane, kF, fp8, fp4, none);
+            decode_rows12<kN, 4>(raw, kCompressedRow, tile, w, lane, kF, fp8, fp4, none);
         } else {
-            decode_rows12<kN / 2>(raw, kWindowRow, tile, w, lane, kF, fp8, fp4, none);
-            // The second round overwrites the slots just read (generic
-            // reads, then async-proxy writes).
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            __syncwarp();
-            issue(k0, r0, true, 1);
-            bar_wait(rawbar, phase++ & 1);
-            decode_rows12<kN / 2>(raw, kWindowRow, tile, w, lane, kF + kN / 2, fp8, fp4, none);
+            // Two rounds through one copy of the (cold: two blocks of ten at
+            // V4.1's lists) window code.
+#pragma unroll 1
+            for (int round = 0;; ++round) {
+                decode_rows12<kN / 2, 2>(raw, kWindowRow, tile, w, lane, kF + round * (kN / 2), fp8, fp4, none);
+                if (round == 1) break;
+                // The second round overwrites the slots just read (generic
+                // reads, then async-proxy writes).
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+                __syncwarp();
+                issue(k0, r0, true, 1);
+                bar_wait(rawbar, phase++ & 1);
+            }
         }
         if (lane < 16 && owned()) bias[b * kBlock + 16 * w + lane] = k0 != 0 ? 0.0f : -INFINITY;
         k2_ = k2, r2_ = r2, v3_ = v3;
@@ -1712,7 +1726,7 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             s9::fence_operands(acc);
             s9::wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < 4; ++ks) Pv::mma(acc, pa[ks], v6_desc_n_major(tile + ks * 2048), 1);
+            for (int ks = 0; ks < 4; ++ks) Pv::mma(acc, pa[ks], v6_desc_n_major(tile) + ks * (2048 >> 4), 1);
             s9::wgmma_commit();
             s9::fence_operands(acc);
             retire_pv<32>(j, blocks, full, empty, s, pa, acc, sq, tiles, 0);
@@ -1743,7 +1757,8 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
             s9::wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < 4; ++ks)
-                PvS::mma(acc, s9::smem_desc_k128(sp + ks * 32), v6_desc_n_major(tile + 4 * 8192 + ks * 2048), 1);
+                PvS::mma(acc, s9::smem_desc_k128(sp) + ks * (32 >> 4),
+                         v6_desc_n_major(tile + 4 * 8192) + ks * (2048 >> 4), 1);
             s9::wgmma_commit();
             s9::wgmma_wait<0>();
             s9::fence_operands(acc);
