@@ -173,8 +173,14 @@ pub enum SparseMqaKernel {
     /// every 16 rows of a producer warp into the tile (its own raw slots,
     /// copies and barrier), between its P·V steps. Bitwise V12.
     V14,
-    /// `sparse_mqa_v14_r8`: V14 with warpgroup 1 feeding 8 rows of 16.
-    V14Rows8,
+    /// `sparse_mqa_v15`: V12 with the register file split by the work
+    /// (producer 120 a thread, warpgroup 0 216, warpgroup 1 168; V12 gives
+    /// 88 / 208 / 208). Bitwise V12.
+    V15,
+    /// `sparse_mqa_v16`: V14 with the split producer 112, warpgroup 0 208,
+    /// warpgroup 1 184 (each consumer warpgroup's code compiled for its
+    /// own budget). Bitwise V12.
+    V16,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU

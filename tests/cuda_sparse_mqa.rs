@@ -271,9 +271,13 @@ fn sparse_mqa_matches_the_cpu_op() {
         // registers), and zeros for missing rows: bit for bit version 9.
         let v12 = bits(&gpu_inputs.run_with(&dev, SparseMqaKernel::V12));
         assert!(v12 == v9, "{label}: V12 differs from V9");
-        // Version 14 fills the same tiles (warpgroup 1 decodes some rows
-        // the producer decoded) for version 12's consumers: bit for bit.
-        for kernel in [SparseMqaKernel::V14, SparseMqaKernel::V14Rows8] {
+        // Versions 14-16 fill the same tiles (in 14 and 16 warpgroup 1
+        // decodes some of the rows) for version 12's consumers: bit for bit.
+        for kernel in [
+            SparseMqaKernel::V14,
+            SparseMqaKernel::V15,
+            SparseMqaKernel::V16,
+        ] {
             let got = bits(&gpu_inputs.run_with(&dev, kernel));
             assert!(got == v9, "{label}: {kernel:?} differs from V9");
         }
@@ -371,7 +375,8 @@ fn an_empty_list_gives_zeros_and_infinite_lse() {
         SparseMqaKernel::V11,
         SparseMqaKernel::V12,
         SparseMqaKernel::V14,
-        SparseMqaKernel::V14Rows8,
+        SparseMqaKernel::V15,
+        SparseMqaKernel::V16,
     ] {
         for split in [SparseMqaSplit::None, SparseMqaSplit::Entries(64)] {
             let got = g.run_split(&dev, kernel, split);
@@ -429,7 +434,8 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
                 SparseMqaKernel::V11,
                 SparseMqaKernel::V12,
                 SparseMqaKernel::V14,
-                SparseMqaKernel::V14Rows8,
+                SparseMqaKernel::V15,
+                SparseMqaKernel::V16,
             ] {
                 let got = g.run_split(&dev, kernel, split);
                 compare_within(
@@ -465,6 +471,8 @@ fn split_kv_matches_the_cpu_op_and_a_fixed_span_is_batch_invariant() {
         SparseMqaKernel::V11,
         SparseMqaKernel::V12,
         SparseMqaKernel::V14,
+        SparseMqaKernel::V15,
+        SparseMqaKernel::V16,
     ] {
         let split = SparseMqaSplit::Entries(128);
         let batch = g.run_split(&dev, kernel, split);
@@ -506,7 +514,8 @@ fn a_query_alone_equals_the_same_query_in_a_batch() {
         SparseMqaKernel::V11,
         SparseMqaKernel::V12,
         SparseMqaKernel::V14,
-        SparseMqaKernel::V14Rows8,
+        SparseMqaKernel::V15,
+        SparseMqaKernel::V16,
     ] {
         alone_equals_batch(&dev, &host, &g.run_with(&dev, kernel), t, kernel);
     }

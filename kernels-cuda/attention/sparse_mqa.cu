@@ -1799,8 +1799,10 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
 // Versions 12 (kWg1Rows 0) and 14: grid (T, H / 64), DI_SPARSE_MQA_THREADS
 // threads, DI_SPARSE_MQA_SMEM_BYTES (version 3's, so that the fallback off
 // sm_90a runs in it).
-template <int kWg1Rows>
+template <int kWg1Rows, int kProducerRegs = kProducerRegs6, int kWg0Regs = kConsumerRegs6,
+          int kWg1Regs = kConsumerRegs6>
 __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &p) {
+    static_assert((kProducerRegs + kWg0Regs + kWg1Regs) * 128 <= kRegPool384, "register pool (versions 12-16)");
     extern __shared__ __align__(1024) uint8_t smem[];
     constexpr int kProducerRows = 16 - kWg1Rows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1820,12 +1822,22 @@ __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &
     }
     __syncthreads();
     if (warp < kProducerWarps) {
-        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
+        if constexpr (kProducerRegs < 168) deepinfer::sm90::regs_dealloc<kProducerRegs>();
+        else deepinfer::sm90::regs_alloc<kProducerRegs>();
         produce_v12<kProducerRows>(p, smem, warp, lane, t, blocks);
-    } else {
-        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
+    } else if constexpr (kWg0Regs == kWg1Regs) {
+        // One copy of the consumer code (the warpgroup a runtime value).
+        deepinfer::sm90::regs_alloc<kWg0Regs>();
         const int wg = (warp - kProducerWarps) / 4;
         consume_v12<kWg1Rows>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
+    } else if (warp < kProducerWarps + 4) {
+        // Two register budgets: each warpgroup's code compiled for its own.
+        deepinfer::sm90::regs_alloc<kWg0Regs>();
+        consume_v12<kWg1Rows>(p, smem, 0, threadIdx.x - 128, t, h0, blocks);
+    } else {
+        if constexpr (kWg1Regs < 168) deepinfer::sm90::regs_dealloc<kWg1Regs>();
+        else deepinfer::sm90::regs_alloc<kWg1Regs>();
+        consume_v12<kWg1Rows>(p, smem, 1, threadIdx.x - 256, t, h0, blocks);
     }
 }
 
@@ -1956,11 +1968,24 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 #endif
 }
 
-// Version 14 with an even split: warpgroup 1 feeds 8 of every 16 rows.
+// Version 15: version 12 with the register file split by the work: the
+// producer warpgroup 136 a thread (was 88: its decode ran at R85), Q.K^T /
+// softmax warpgroup 0 216, P.V-only warpgroup 1 152.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v14_r8(const __grid_constant__ di_sparse_mqa_params p) {
+    sparse_mqa_v15(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v12_body<8>(p);
+    sparse_mqa_v12_body<0, 120, 216, 168>(p);
+#else
+    sparse_mqa_body<4>(p);
+#endif
+}
+
+// Version 16: version 14 (warpgroup 1 feeds 6 rows of 16) with the split
+// producer 112, warpgroup 0 208, warpgroup 1 184.
+extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
+    sparse_mqa_v16(const __grid_constant__ di_sparse_mqa_params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    sparse_mqa_v12_body<6, 112, 208, 184>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif
