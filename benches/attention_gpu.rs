@@ -180,8 +180,6 @@ mod gpu {
             SparseMqaKernel::V11 => "v11",
             SparseMqaKernel::V12 => "v12",
             SparseMqaKernel::V14 => "v14",
-            SparseMqaKernel::V15 => "v15",
-            SparseMqaKernel::V16 => "v16",
             SparseMqaKernel::Generic => "generic",
             SparseMqaKernel::Auto => "auto",
         }
@@ -193,7 +191,7 @@ mod gpu {
     /// bench of 29ea42a (`benches/results/2026-12-01-h200-attention.json`),
     /// versions 6 and 7 to versions 3 and 8 in the runs of 2026-12-02,
     /// version 10 to version 9 in the runs of 2026-12-03, and left the build.
-    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 12] = [
+    const DECODE_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 10] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads32, SparseMqaSplit::None),
         (SparseMqaKernel::V5Heads16, SparseMqaSplit::None),
@@ -202,20 +200,16 @@ mod gpu {
         (SparseMqaKernel::V11, SparseMqaSplit::None),
         (SparseMqaKernel::V12, SparseMqaSplit::None),
         (SparseMqaKernel::V14, SparseMqaSplit::None),
-        (SparseMqaKernel::V15, SparseMqaSplit::None),
-        (SparseMqaKernel::V16, SparseMqaSplit::None),
         (SparseMqaKernel::V3, SparseMqaSplit::Entries(128)),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
-    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 9] = [
+    const PREFILL_KERNELS: [(SparseMqaKernel, SparseMqaSplit); 7] = [
         (SparseMqaKernel::V3, SparseMqaSplit::None),
         (SparseMqaKernel::V8, SparseMqaSplit::None),
         (SparseMqaKernel::V9, SparseMqaSplit::None),
         (SparseMqaKernel::V11, SparseMqaSplit::None),
         (SparseMqaKernel::V12, SparseMqaSplit::None),
         (SparseMqaKernel::V14, SparseMqaSplit::None),
-        (SparseMqaKernel::V15, SparseMqaSplit::None),
-        (SparseMqaKernel::V16, SparseMqaSplit::None),
         (SparseMqaKernel::Auto, SparseMqaSplit::Auto),
     ];
 

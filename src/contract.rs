@@ -173,24 +173,16 @@ pub enum SparseMqaKernel {
     /// every 16 rows of a producer warp into the tile (its own raw slots,
     /// copies and barrier), between its P·V steps. Bitwise V12.
     V14,
-    /// `sparse_mqa_v15`: V12 with the register file split by the work
-    /// (producer 120 a thread, warpgroup 0 216, warpgroup 1 168; V12 gives
-    /// 88 / 208 / 208). Bitwise V12.
-    V15,
-    /// `sparse_mqa_v16`: V14 with the split producer 112, warpgroup 0 208,
-    /// warpgroup 1 184 (each consumer warpgroup's code compiled for its
-    /// own budget). Bitwise V12.
-    V16,
     /// `sparse_mqa_generic`: the portable kernel for every shape the op takes
     /// (D a multiple of 64 up to [`SPARSE_MQA_GENERIC_MAX_DIM`], any H), one
     /// CTA per (query, head) with the CPU's sequential sums: bitwise the CPU
     /// reference but for lse's last ulp. A correctness path, not a fast one.
     Generic,
-    /// At D 512 and H a multiple of 64: V12 with 64 heads per CTA or V5 with
+    /// At D 512 and H a multiple of 64: V14 with 64 heads per CTA or V5 with
     /// 32 or 16, the CTA size chosen from the number of CTAs each gives (more,
-    /// smaller CTAs for few queries); V12 when [`SparseMqaSplit::Auto`] splits
-    /// the lists and always on a batch-invariant handle (V5 and V12 round
-    /// differently; V12 is bitwise V9). At every other shape: `Generic`.
+    /// smaller CTAs for few queries); V14 when [`SparseMqaSplit::Auto`] splits
+    /// the lists and always on a batch-invariant handle (V5 and V14 round
+    /// differently; V14 is bitwise V12 and V9). At every other shape: `Generic`.
     #[default]
     Auto,
 }

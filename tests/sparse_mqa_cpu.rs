@@ -274,3 +274,79 @@ fn bad_inputs_are_typed_errors_naming_the_tensor() {
     let e = ops::sparse_mqa_into(&q, &w, &wi, None, &s, &mut out, &mut bad_lse).unwrap_err();
     assert!(matches!(e, Error::DType { tensor: "lse", .. }), "{e}");
 }
+
+/// The CUDA tensor-core kernels' epilogue (`store_out_half`,
+/// `kernels-cuda/attention/sparse_mqa.cu`) forms acc / l as y = RN(1/l),
+/// q = RN(a·y), e = fma(l, q, −a), RN(q − e·y) = fma(−e, y, q) when
+/// 1 ≤ l < 2^64 and every |a| is 0 or in [2^−100, 2^64] (else it divides).
+/// In that range this is the IEEE quotient the CPU reference computes, zeros
+/// keeping their sign: random pairs log-uniform over the range and over
+/// the denominators a softmax gives (1 ≤ l ≤ 700), significands of all ones,
+/// powers of two and the range ends.
+#[test]
+fn the_cuda_epilogue_quotient_is_the_ieee_quotient() {
+    let mut rng = common::rng("sparse_mqa_epilogue_quotient");
+    let quotient = |a: f32, l: f32| {
+        let y = 1.0 / l;
+        let q = a * y;
+        (-l.mul_add(q, -a)).mul_add(y, q)
+    };
+    let check = |a: f32, l: f32| {
+        assert_eq!(
+            quotient(a, l).to_bits(),
+            (a / l).to_bits(),
+            "a {a:e} ({:#x}) l {l:e} ({:#x})",
+            a.to_bits(),
+            l.to_bits()
+        );
+    };
+    let log_uniform = |rng: &mut rand::rngs::StdRng, lo: f32, hi: f32| {
+        let (lo, hi) = (lo.log2(), hi.log2());
+        let v = 2f32.powf(rng.random_range(lo..hi));
+        // A random significand too (powf rounds to few patterns at the ends).
+        f32::from_bits((v.to_bits() & !0x7F_FFFF) | rng.random_range(0..0x80_0000))
+    };
+    let mut n = 0u64;
+    for i in 0..3_000_000 {
+        let l = if i % 2 == 0 {
+            log_uniform(&mut rng, 1.0, 700.0)
+        } else {
+            log_uniform(&mut rng, 1.0, 2f32.powi(64))
+        };
+        let a = log_uniform(&mut rng, 2f32.powi(-100), 2f32.powi(64));
+        let a = if rng.random_bool(0.5) { -a } else { a };
+        if l < 2f32.powi(64) && a.abs() <= 2f32.powi(64) && a.abs() >= 2f32.powi(-100) {
+            check(a, l);
+            n += 1;
+        }
+    }
+    assert!(n > 2_900_000);
+    let ones = f32::from_bits(0x3FFF_FFFF); // 1.99999988
+    let specials = [
+        1.0,
+        ones,
+        2.0,
+        3.0,
+        640.0,
+        f32::from_bits(0x3F80_0001),
+        2f32.powi(63),
+        f32::from_bits(0x5F7F_FFFF),
+    ];
+    let numerators = [
+        0.0,
+        -0.0,
+        2f32.powi(-100),
+        2f32.powi(64),
+        1.0,
+        ones,
+        f32::from_bits(0x1A7F_FFFF),
+        448.0,
+        -3.5,
+    ];
+    for &l in &specials {
+        for &a in &numerators {
+            check(a, l);
+            check(-a, l);
+        }
+    }
+}

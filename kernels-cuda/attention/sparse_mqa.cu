@@ -777,12 +777,54 @@ __device__ __forceinline__ void load_q_half(const di_sparse_mqa_params &p, uint8
 __device__ __forceinline__ void store_out_half(const di_sparse_mqa_params &p, uint8_t *sq, const float (&acc)[128],
                                                float l0, float l1, int wg, int tid, int64_t t, int h0) {
     const int w = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    // The quotients acc / l, rounded as IEEE division rounds them. A
+    // division is ~10 instructions behind a range check and a call to its
+    // slow path, 128 of them a thread in the cold epilogue (ncu of
+    // 40add28: over a quarter of version 14's stall samples, mostly
+    // instruction fetch). Here: y = RN(1/l) once a row, q = RN(a y), the
+    // remainder e = l q - a (exact by FMA) and RN(q - e y), which is
+    // RN(a / l) by Markstein's theorem (y correctly rounded, q within an ulp
+    // of a / l) unless a step underflows or overflows; for a = +-0 it is
+    // the zero of a's sign (e = +0). No step leaves the normal range for
+    // 1 <= l < 2^64 and |a| zero or in [2^-100, 2^64]; outside those ranges
+    // (an empty list's l is +inf) the thread divides.
+    const float y0 = __frcp_rn(l0), y1 = __frcp_rn(l1);
+    // max |a| and min (2 |a|bits - 2) (zeros wrap to the top), 8 chains.
+    float big[8];
+    uint32_t small[8];
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
-        const int chunk = wg * 32 + n, r = w * 16 + g;
-        *reinterpret_cast<uint32_t *>(sq + v6_off(r, chunk) + 4 * c) = pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
-        *reinterpret_cast<uint32_t *>(sq + v6_off(r + 8, chunk) + 4 * c) =
-            pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
+    for (int k = 0; k < 8; ++k) big[k] = 0.0f, small[k] = 0xFFFFFFFFu;
+#pragma unroll
+    for (int i = 0; i < 128; ++i) {
+        big[i % 8] = fmaxf(big[i % 8], fabsf(acc[i]));
+        small[i % 8] = min(small[i % 8], __float_as_uint(acc[i]) * 2u - 2u);
+    }
+#pragma unroll
+    for (int k = 1; k < 8; ++k) big[0] = fmaxf(big[0], big[k]), small[0] = min(small[0], small[k]);
+    const bool fast = l0 >= 1.0f && l0 < 0x1p64f && l1 >= 1.0f && l1 < 0x1p64f && big[0] <= 0x1p64f &&
+                      small[0] >= __float_as_uint(0x1p-100f) * 2u - 2u;
+    auto quotient = [](float a, float l, float y) {
+        const float q = __fmul_rn(a, y);
+        return __fmaf_rn(-__fmaf_rn(l, q, -a), y, q);
+    };
+    if (__builtin_expect(fast, 1)) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            const int chunk = wg * 32 + n, r = w * 16 + g;
+            *reinterpret_cast<uint32_t *>(sq + v6_off(r, chunk) + 4 * c) =
+                pack_bf16(quotient(acc[4 * n], l0, y0), quotient(acc[4 * n + 1], l0, y0));
+            *reinterpret_cast<uint32_t *>(sq + v6_off(r + 8, chunk) + 4 * c) =
+                pack_bf16(quotient(acc[4 * n + 2], l1, y1), quotient(acc[4 * n + 3], l1, y1));
+        }
+    } else {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            const int chunk = wg * 32 + n, r = w * 16 + g;
+            *reinterpret_cast<uint32_t *>(sq + v6_off(r, chunk) + 4 * c) =
+                pack_bf16(acc[4 * n] / l0, acc[4 * n + 1] / l0);
+            *reinterpret_cast<uint32_t *>(sq + v6_off(r + 8, chunk) + 4 * c) =
+                pack_bf16(acc[4 * n + 2] / l1, acc[4 * n + 3] / l1);
+        }
     }
     __syncwarp();
     uint8_t *out = static_cast<uint8_t *>(p.out);
@@ -1799,10 +1841,8 @@ __device__ __forceinline__ void consume_v12(const di_sparse_mqa_params &p, uint8
 // Versions 12 (kWg1Rows 0) and 14: grid (T, H / 64), DI_SPARSE_MQA_THREADS
 // threads, DI_SPARSE_MQA_SMEM_BYTES (version 3's, so that the fallback off
 // sm_90a runs in it).
-template <int kWg1Rows, int kProducerRegs = kProducerRegs6, int kWg0Regs = kConsumerRegs6,
-          int kWg1Regs = kConsumerRegs6>
+template <int kWg1Rows>
 __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &p) {
-    static_assert((kProducerRegs + kWg0Regs + kWg1Regs) * 128 <= kRegPool384, "register pool (versions 12-16)");
     extern __shared__ __align__(1024) uint8_t smem[];
     constexpr int kProducerRows = 16 - kWg1Rows;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1822,22 +1862,12 @@ __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &
     }
     __syncthreads();
     if (warp < kProducerWarps) {
-        if constexpr (kProducerRegs < 168) deepinfer::sm90::regs_dealloc<kProducerRegs>();
-        else deepinfer::sm90::regs_alloc<kProducerRegs>();
+        deepinfer::sm90::regs_dealloc<kProducerRegs6>();
         produce_v12<kProducerRows>(p, smem, warp, lane, t, blocks);
-    } else if constexpr (kWg0Regs == kWg1Regs) {
-        // One copy of the consumer code (the warpgroup a runtime value).
-        deepinfer::sm90::regs_alloc<kWg0Regs>();
+    } else {
+        deepinfer::sm90::regs_alloc<kConsumerRegs6>();
         const int wg = (warp - kProducerWarps) / 4;
         consume_v12<kWg1Rows>(p, smem, wg, threadIdx.x - 128 * (1 + wg), t, h0, blocks);
-    } else if (warp < kProducerWarps + 4) {
-        // Two register budgets: each warpgroup's code compiled for its own.
-        deepinfer::sm90::regs_alloc<kWg0Regs>();
-        consume_v12<kWg1Rows>(p, smem, 0, threadIdx.x - 128, t, h0, blocks);
-    } else {
-        if constexpr (kWg1Regs < 168) deepinfer::sm90::regs_dealloc<kWg1Regs>();
-        else deepinfer::sm90::regs_alloc<kWg1Regs>();
-        consume_v12<kWg1Rows>(p, smem, 1, threadIdx.x - 256, t, h0, blocks);
     }
 }
 
@@ -1963,29 +1993,6 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v14(const __grid_constant__ di_sparse_mqa_params p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v12_body<6>(p);
-#else
-    sparse_mqa_body<4>(p);
-#endif
-}
-
-// Version 15: version 12 with the register file split by the work: the
-// producer warpgroup 136 a thread (was 88: its decode ran at R85), Q.K^T /
-// softmax warpgroup 0 216, P.V-only warpgroup 1 152.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v15(const __grid_constant__ di_sparse_mqa_params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v12_body<0, 120, 216, 168>(p);
-#else
-    sparse_mqa_body<4>(p);
-#endif
-}
-
-// Version 16: version 14 (warpgroup 1 feeds 6 rows of 16) with the split
-// producer 112, warpgroup 0 208, warpgroup 1 184.
-extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
-    sparse_mqa_v16(const __grid_constant__ di_sparse_mqa_params p) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    sparse_mqa_v12_body<6, 112, 208, 184>(p);
 #else
     sparse_mqa_body<4>(p);
 #endif

@@ -56,9 +56,10 @@ const CTA_64_V11: (usize, u32, u32) = (64, DI_SPARSE_MQA_V11_THREADS, 230_400);
 
 /// Time of one CTA relative to a 64-head CTA (the same list), by heads per
 /// CTA: `Auto` takes the CTA size with the fewest waves × this. Measured on
-/// the H200 (640 rows, one wave, bench of 59fa241): 44.7 µs per 64-head CTA
-/// (version 12), 41.8 and 39.1 µs per 32- and 16-head CTA (version 5).
-const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 0.93), (16, 0.87)];
+/// the H200 (640 rows, one wave, bench of 06945ec): 41.4–42.5 µs per 64-head
+/// CTA (version 14), 1.01× and 0.95× that per 32- and 16-head CTA
+/// (version 5).
+const CTA_COST: [(usize, f64); 3] = [(64, 1.0), (32, 1.01), (16, 0.95)];
 
 /// Heads per CTA for `Auto`: the size whose waves (CTAs over the SMs, one
 /// CTA per SM) times its relative cost is least, ties to the larger CTA.
@@ -118,12 +119,12 @@ pub(crate) fn sparse_mqa(
     };
     // A split runs 64-head CTAs (version 5's smaller CTAs duplicate the
     // decode, which the split divides instead); so does a batch-invariant
-    // handle (version 5 is not bitwise version 12, so the CTA size must not
+    // handle (version 5 is not bitwise version 14, so the CTA size must not
     // follow the batch).
     let version = match (version, span) {
-        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V12,
+        (SparseMqaKernel::Auto, Some(_)) => SparseMqaKernel::V14,
         (SparseMqaKernel::Auto, None) if dev.batch_invariant() && s.fits_tensor_cores() => {
-            SparseMqaKernel::V12
+            SparseMqaKernel::V14
         }
         (v, _) => v,
     };
@@ -131,7 +132,7 @@ pub(crate) fn sparse_mqa(
     let auto = |heads| match heads {
         16 => (k::SPARSE_MQA_V5_H16, CTA_16_V5),
         32 => (k::SPARSE_MQA_V5_H32, CTA_32_V5),
-        _ => (k::SPARSE_MQA_V12, CTA_64),
+        _ => (k::SPARSE_MQA_V14, CTA_64),
     };
     // One head per CTA, the query and accumulator in shared memory.
     let generic = (
@@ -148,8 +149,6 @@ pub(crate) fn sparse_mqa(
         SparseMqaKernel::V11 => (k::SPARSE_MQA_V11, CTA_64_V11),
         SparseMqaKernel::V12 => (k::SPARSE_MQA_V12, CTA_64),
         SparseMqaKernel::V14 => (k::SPARSE_MQA_V14, CTA_64),
-        SparseMqaKernel::V15 => (k::SPARSE_MQA_V15, CTA_64),
-        SparseMqaKernel::V16 => (k::SPARSE_MQA_V16, CTA_64),
         SparseMqaKernel::Generic => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto if !s.fits_tensor_cores() => (k::SPARSE_MQA_GENERIC, generic),
         SparseMqaKernel::Auto => auto(auto_heads(s.t, s.h, dev.sm_count())),
