@@ -286,8 +286,9 @@ typedef struct di_sparse_mqa_combine_params {
 /* sparse_mqa_v11: grid (t, h / 64), DI_SPARSE_MQA_V11_THREADS threads (8
  * producer warps, two consumer warpgroups), DI_SPARSE_MQA_SMEM_BYTES. */
 #define DI_SPARSE_MQA_V11_THREADS 512
-/* sparse_mqa_v12: grid (t, h / 64), DI_SPARSE_MQA_THREADS threads (a
- * producer warpgroup, two consumer warpgroups), DI_SPARSE_MQA_SMEM_BYTES. */
+/* sparse_mqa_v12 and sparse_mqa_v14: grid (t, h / 64),
+ * DI_SPARSE_MQA_THREADS threads (a producer warpgroup, two consumer
+ * warpgroups), DI_SPARSE_MQA_SMEM_BYTES. */
 /* sparse_mqa_generic: grid (t, h), DI_SPARSE_MQA_GENERIC_THREADS threads and
  * (2 d + 192) * 4 bytes of dynamic shared memory (under 48 KiB up to the
  * largest d). */
