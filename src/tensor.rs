@@ -586,6 +586,33 @@ impl Tensor {
         }
     }
 
+    /// Overwrites every element with `data` (row-major, `numel` values of
+    /// the tensor's dtype) where the tensor lives, keeping its storage: on a
+    /// GPU the same device address, so a captured CUDA graph that reads the
+    /// tensor sees the new values at its next replay (the static inputs of
+    /// a decode step). Not inside a capture.
+    pub fn write_from<T: Element>(&mut self, data: &[T]) -> Result<()> {
+        self.expect_dtype("Tensor::write_from", "self", T::DTYPE)?;
+        if data.len() != self.numel() {
+            return Err(Error::Shape {
+                op: "Tensor::write_from",
+                tensor: "data",
+                got: vec![data.len()],
+                expected: format!("{} values (shape {:?})", self.numel(), self.shape),
+            });
+        }
+        match &mut self.storage {
+            Storage::Host(_) => {
+                self.as_mut_slice::<T>()?.copy_from_slice(data);
+                Ok(())
+            }
+            Storage::Cuda(b) => {
+                let host = Tensor::from_vec(data.to_vec(), &[data.len()])?;
+                b.write_all(&host.to_le_bytes()?)
+            }
+        }
+    }
+
     /// Copies the tensor to `device` (a clone when it is already there).
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         let storage = match (&self.storage, device) {

@@ -20,7 +20,9 @@
 //!   within 1 % of the row's largest magnitude plus one BF16 ulp: fp32
 //!   accumulation in another order, one BF16 rounding each;
 //! - out-of-range ids, rows and permutation entries are typed errors naming
-//!   the value, on the GPU as on the CPU.
+//!   the value, on the GPU as on the CPU;
+//! - `Tensor::write_from` and `Batch::refill` overwrite device tensors in
+//!   place (the bodies of `common::static_inputs`, also run on the CPU).
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
 //! the GPU bundle).
@@ -893,4 +895,14 @@ fn paged_rows_are_bitwise_the_cpu_and_the_pool_model() {
         assert_eq!(rows, p.expect_rows, "{what}: paged_rows");
         assert_eq!(window, p.expect_window, "{what}: paged_window_rows");
     }
+}
+
+/// A decode step's static inputs refilled in place on the GPU (the CPU
+/// runs the same bodies in `paged_rows_cpu.rs`).
+#[test]
+fn static_inputs_are_refilled_in_place() {
+    let dev = gpu();
+    let mut rng = common::rng("static_inputs_cuda");
+    common::static_inputs::write_from_overwrites_in_place(&dev, &mut rng);
+    common::static_inputs::batch_refill_matches_a_new_batch(&dev, &mut rng);
 }

@@ -3,7 +3,8 @@
 //! logical page) to physical page), over random tables with missing
 //! pages, out-of-range owners, negative and far rows, page sizes 1–256,
 //! extreme positions, rows past i32, width 0 and empty batches; wrong shapes and dtypes are typed errors naming the
-//! tensor.
+//! tensor. Also the in-place refill of a step's inputs (`Tensor::write_from`,
+//! `Batch::refill`: the positions and owners these ops read).
 
 mod common;
 
@@ -70,4 +71,13 @@ fn bad_shapes_and_dtypes_are_typed_errors() {
     named(ops::paged_rows(&f32_idx, &owner, ok), "idx");
     let i32_pos = i32t(vec![0; 4], &[4]);
     named(ops::paged_window_rows(&i32_pos, &owner, ok, 3), "positions");
+}
+
+/// A decode step's static inputs refilled in place on the CPU (the same
+/// bodies run on the GPU in `cuda_glue.rs`).
+#[test]
+fn static_inputs_are_refilled_in_place() {
+    let mut rng = common::rng("static_inputs_cpu");
+    common::static_inputs::write_from_overwrites_in_place(&Device::Cpu, &mut rng);
+    common::static_inputs::batch_refill_matches_a_new_batch(&Device::Cpu, &mut rng);
 }

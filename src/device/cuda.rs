@@ -766,6 +766,29 @@ impl CudaBuffer {
             .map_err(driver("cuMemcpyDtoDAsync"))
     }
 
+    /// Overwrites the whole buffer with host bytes, in stream order, keeping
+    /// its device address (what a captured CUDA graph reads at replay; not
+    /// inside a capture).
+    pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
+        self.device
+            .refuse_in_capture("copying host bytes to the device")?;
+        if bytes.len() != self.len() {
+            return Err(Error::Argument {
+                op: "CudaBuffer::write_all",
+                arg: "bytes",
+                value: bytes.len().to_string(),
+                why: "not the buffer's length",
+            });
+        }
+        let stream = self.device.stream.clone();
+        stream
+            .memcpy_htod(bytes, &mut self.slice)
+            .map_err(driver(format!(
+                "copying {} bytes to the device",
+                bytes.len()
+            )))
+    }
+
     /// Copies the whole buffer back to the host (synchronises the stream;
     /// not inside a capture).
     pub fn download(&self) -> Result<Vec<u8>> {

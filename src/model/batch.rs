@@ -39,23 +39,51 @@ impl Batch {
     /// `entries` laid out as their rows say, with every row's position.
     pub fn new(entries: Vec<Entry>, positions: Vec<i64>, device: &Device) -> Result<Batch> {
         let n = positions.len();
-        // A row outside every entry (none, by the layout) owns no table.
-        let mut owners = vec![-1i32; n];
-        for (i, e) in entries.iter().enumerate() {
-            let i = i32::try_from(i).map_err(|_| crate::Error::Argument {
-                op: "Batch::new",
-                arg: "entries",
-                value: entries.len().to_string(),
-                why: "more than 2^31 entries",
-            })?;
-            if let Some(rows) = owners.get_mut(e.row..e.row + e.len) {
-                rows.fill(i);
-            }
-        }
+        let owners = owners(&entries, n)?;
         Ok(Batch {
             entries,
             positions: Tensor::from_vec(positions, &[n])?.to_device(device)?,
             owners: Tensor::from_vec(owners, &[n])?.to_device(device)?,
         })
     }
+
+    /// Another step of the same row count in this batch's tensors: the
+    /// positions and owners are written into the storage they already have
+    /// (on a GPU the same addresses, which a captured decode step reads at
+    /// its replay). A step of another row count is an argument error: it
+    /// needs another batch (another bucket).
+    pub fn refill(&mut self, entries: Vec<Entry>, positions: &[i64]) -> Result<()> {
+        let n = self.positions.numel();
+        if positions.len() != n {
+            return Err(crate::Error::Argument {
+                op: "Batch::refill",
+                arg: "positions",
+                value: positions.len().to_string(),
+                why: "a refill keeps the batch's row count",
+            });
+        }
+        let owners = owners(&entries, n)?;
+        self.positions.write_from(positions)?;
+        self.owners.write_from(&owners)?;
+        self.entries = entries;
+        Ok(())
+    }
+}
+
+/// The entry of each of the `n` rows (−1 for a row outside every entry:
+/// none, by the layout; such a row owns no table).
+fn owners(entries: &[Entry], n: usize) -> Result<Vec<i32>> {
+    let mut owners = vec![-1i32; n];
+    for (i, e) in entries.iter().enumerate() {
+        let i = i32::try_from(i).map_err(|_| crate::Error::Argument {
+            op: "Batch::new",
+            arg: "entries",
+            value: entries.len().to_string(),
+            why: "more than 2^31 entries",
+        })?;
+        if let Some(rows) = owners.get_mut(e.row..e.row + e.len) {
+            rows.fill(i);
+        }
+    }
+    Ok(owners)
 }
