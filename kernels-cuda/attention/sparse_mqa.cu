@@ -807,6 +807,9 @@ __device__ __forceinline__ void store_out_half(const di_sparse_mqa_params &p, ui
         const float q = __fmul_rn(a, y);
         return __fmaf_rn(-__fmaf_rn(l, q, -a), y, q);
     };
+    // Two loops, not a choice per quotient: a per-element select compiled
+    // both paths into the one that runs (the division's check and call
+    // beside every quotient).
     if (__builtin_expect(fast, 1)) {
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
@@ -1606,7 +1609,9 @@ struct RowFeed {
     uint64_t *rawbar;
     int w, lane;
     int64_t t, mine;
-    int k0, r0, k1, r1, v2;
+    // Kinds and rows of blocks j (k0, r0), j+1, j+2 (resolved during block
+    // j's fill); list values of blocks j+2 and j+3 (loaded, not yet resolved).
+    int k0, r0, k1, r1, k2, r2, v2, v3;
     uint32_t phase = 0;
 
     __device__ __forceinline__ RowFeed(const di_sparse_mqa_params &p_, uint8_t *raw_, uint64_t *rawbar_, int w_,
@@ -1647,8 +1652,7 @@ struct RowFeed {
     // Block j+2 is resolved and prefetched first.
     __device__ __forceinline__ void fill(int j, uint8_t *tile, float *bias, uint64_t *empty) {
         const int b = j & 1;
-        const int v3 = load_entry(p, t, entry(j + 3));
-        int k2, r2;
+        v3 = load_entry(p, t, entry(j + 3));
         classify(p, entry(j + 2), v2, k2, r2);
         prefetch(k2, r2);
         if (j >= 2) bar_wait(&empty[b], ((j >> 1) - 1) & 1);
@@ -1674,7 +1678,6 @@ struct RowFeed {
             }
         }
         if (lane < 16 && owned()) bias[b * kBlock + 16 * w + lane] = k0 != 0 ? 0.0f : -INFINITY;
-        k2_ = k2, r2_ = r2, v3_ = v3;
     }
     // After the tile's full arrival: block j+1's first copies, the entries
     // moved on.
@@ -1682,10 +1685,9 @@ struct RowFeed {
         __syncwarp();
         if (j + 1 < blocks) issue(k1, r1, two_rounds(k1), 0);
         k0 = k1, r0 = r1;
-        k1 = k2_, r1 = r2_;
-        v2 = v3_;
+        k1 = k2, r1 = r2;
+        v2 = v3;
     }
-    int k2_, r2_, v3_;
 };
 
 // Feeds one block of `feed` into tile slot j & 1 and arrives on its full

@@ -62,35 +62,24 @@ pub fn write_from_overwrites_in_place(dev: &Device, rng: &mut StdRng) {
         m.write_from(&v).unwrap();
         assert_eq!(m.to_vec::<i32>().unwrap(), v, "I32 [{rows}, 3]");
 
+        // Floats compared bit for bit: as bytes, against the same values
+        // as a host tensor.
+        let same_bytes = |t: &Tensor, want: Tensor, what: &str| {
+            assert_eq!(
+                t.to_le_bytes().unwrap(),
+                want.to_le_bytes().unwrap(),
+                "{what} [{n}]"
+            );
+        };
         let mut f = Tensor::full_f32(dev, &[n], f32::NAN).unwrap();
         let v: Vec<f32> = (0..n).map(|_| rng.random_range(-1e30f32..1e30)).collect();
         f.write_from(&v).unwrap();
-        let got: Vec<u32> = f
-            .to_vec::<f32>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        assert_eq!(
-            got,
-            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "F32 [{n}]"
-        );
+        same_bytes(&f, Tensor::from_vec(v, &[n]).unwrap(), "F32");
 
         let mut b = Tensor::empty(dev, DType::BF16, &[n]).unwrap();
         let v: Vec<bf16> = (0..n).map(|_| bf16::from_bits(rng.random())).collect();
         b.write_from(&v).unwrap();
-        let got: Vec<u16> = b
-            .to_vec::<bf16>()
-            .unwrap()
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        assert_eq!(
-            got,
-            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-            "BF16 [{n}]"
-        );
+        same_bytes(&b, Tensor::from_vec(v, &[n]).unwrap(), "BF16");
     }
 }
 
