@@ -356,51 +356,74 @@ __device__ __forceinline__ void issue_unit(float (&f)[kFreshRegs], const StageVi
     wgmma_commit();
 }
 
+// This thread's scale factors for unit u of stage v: the A scales of rows
+// r0 = wrow and r0 + 8 and, dense, their products with the B scales of the
+// unit's two 32-column blocks (E8M0 -> fp32 is exact, so a product is the
+// reference's a_s * b_s).
+struct UnitScale {
+    float a0, a1;
+    float p0[2], p1[2];
+};
+
+// Read before the unit's wgmma is waited for: the wait's memory clobber keeps
+// later shared-memory loads behind it, so reading the scales after the wait
+// put a load's latency and the products on the path of every promotion.
+template <bool kFp4> __device__ __forceinline__ UnitScale unit_scale(const StageView &v, int u, int wrow) {
+    const int j = u / kHalves, h = u % kHalves;
+    UnitScale sc;
+    sc.a0 = v.sa[j * kBlockM + wrow];
+    sc.a1 = v.sa[j * kBlockM + wrow + 8];
+    if (!kFp4) {
+        const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * (kBlockN / 32) + h * 2);
+        sc.p0[0] = sc.a0 * b.x;
+        sc.p0[1] = sc.a0 * b.y;
+        sc.p1[0] = sc.a1 * b.x;
+        sc.p1[1] = sc.a1 * b.y;
+    }
+    return sc;
+}
+
 // acc += f * (a_s[row] * b_s[col]) for unit u of stage v. This thread holds
 // rows r0 = wrow and r0 + 8 of the warpgroup's 64 and, inside the unit's 64
 // columns, 8 i + 2 (lane % 4) + {0, 1} for i < 8 (fresh register 4i + {0, 1}
 // for r0, 4i + {2, 3} for r0 + 8; the master holds half h at 32 h + ...).
-// Dense: one product per row and 32-column block (4 FMUL, then 1 FFMA per
+// Dense: one product per row and 32-column block (sc's, then 1 FFMA per
 // element); FP4: the B scale is per column (1 FMUL + 1 FFMA per element).
 template <bool kFp4>
-__device__ __forceinline__ void promote_unit(float (&acc)[64], const float (&f)[kFreshRegs],
-                                             const StageView &v, int u, int wrow, int lane) {
+__device__ __forceinline__ void promote_unit(float (&acc)[64], const float (&f)[kFreshRegs], const UnitScale &sc,
+                                             const StageView &v, int u, int lane) {
     const int j = u / kHalves, h = u % kHalves;
-    const float a0 = v.sa[j * kBlockM + wrow];
-    const float a1 = v.sa[j * kBlockM + wrow + 8];
     float *d = acc + h * kFreshRegs;
     if (kFp4) {
 #pragma unroll
         for (int i = 0; i < kUnitN / 8; ++i) {
             const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * kBlockN + h * kUnitN + 8 * i +
                                                                2 * (lane & 3));
-            d[4 * i + 0] = fmaf(f[4 * i + 0], a0 * b.x, d[4 * i + 0]);
-            d[4 * i + 1] = fmaf(f[4 * i + 1], a0 * b.y, d[4 * i + 1]);
-            d[4 * i + 2] = fmaf(f[4 * i + 2], a1 * b.x, d[4 * i + 2]);
-            d[4 * i + 3] = fmaf(f[4 * i + 3], a1 * b.y, d[4 * i + 3]);
+            d[4 * i + 0] = fmaf(f[4 * i + 0], sc.a0 * b.x, d[4 * i + 0]);
+            d[4 * i + 1] = fmaf(f[4 * i + 1], sc.a0 * b.y, d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(f[4 * i + 2], sc.a1 * b.x, d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(f[4 * i + 3], sc.a1 * b.y, d[4 * i + 3]);
         }
     } else {
-        const float2 b = *reinterpret_cast<const float2 *>(v.sb + j * (kBlockN / 32) + h * 2);
-        const float p0[2] = {a0 * b.x, a0 * b.y};
-        const float p1[2] = {a1 * b.x, a1 * b.y};
 #pragma unroll
         for (int i = 0; i < kUnitN / 8; ++i) {
-            d[4 * i + 0] = fmaf(f[4 * i + 0], p0[i / 4], d[4 * i + 0]);
-            d[4 * i + 1] = fmaf(f[4 * i + 1], p0[i / 4], d[4 * i + 1]);
-            d[4 * i + 2] = fmaf(f[4 * i + 2], p1[i / 4], d[4 * i + 2]);
-            d[4 * i + 3] = fmaf(f[4 * i + 3], p1[i / 4], d[4 * i + 3]);
+            d[4 * i + 0] = fmaf(f[4 * i + 0], sc.p0[i / 4], d[4 * i + 0]);
+            d[4 * i + 1] = fmaf(f[4 * i + 1], sc.p0[i / 4], d[4 * i + 1]);
+            d[4 * i + 2] = fmaf(f[4 * i + 2], sc.p1[i / 4], d[4 * i + 2]);
+            d[4 * i + 3] = fmaf(f[4 * i + 3], sc.p1[i / 4], d[4 * i + 3]);
         }
     }
 }
 
 // Waits for the oldest in-flight unit (kLook newer ones may stay in flight)
-// and promotes it from ring slot `slot`.
+// and promotes it from ring slot `slot`; its scales are read before the wait.
 template <bool kFp4, int kPending>
 __device__ __forceinline__ void retire(float (&acc)[64], float (&ring)[kRing][kFreshRegs], int slot,
                                        const StageView &v, int u, int wrow, int lane) {
+    const UnitScale sc = unit_scale<kFp4>(v, u, wrow);
     wgmma_wait<kPending>();
     fence_operands(ring[slot]);
-    promote_unit<kFp4>(acc, ring[slot], v, u, wrow, lane);
+    promote_unit<kFp4>(acc, ring[slot], sc, v, u, lane);
 }
 
 // Every consumer thread arrives on the stage's empty barrier after its last
