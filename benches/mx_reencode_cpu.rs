@@ -16,6 +16,12 @@
 //! needs both operands' blocks to qualify: the joint share over every
 //! (activation row, weight row) pair of a 256 × 256 tile and every K block.
 //!
+//! A chained wgmma covers 64 rows of A (a consumer warpgroup) and the tile's
+//! 128 rows of B at once, so a kernel can skip promotions for a K block only
+//! when every one of those rows qualifies: the per-group shares (64
+//! activation rows, 128 weight rows) are printed for blocks of 128 (one
+//! promotion per 128) and of 64 (a pair of 32-blocks, one per 64).
+//!
 //! Writes `DEEPINFER_BENCH_OUT` (the CPU bench JSON) when set; prints a
 //! table either way.
 
@@ -99,10 +105,10 @@ fn weights(x: &[f32]) -> Operand {
     Operand { codes, exps }
 }
 
-/// Whether every code of row `r`'s 128-block `wb` survives the shift to the
-/// block's largest exponent.
-fn qualifies(op: &Operand, r: usize, wb: usize) -> bool {
-    let per = WIDE / BLOCK;
+/// Whether every code of row `r`'s `wide`-deep block `wb` survives the shift
+/// to the block's largest exponent.
+fn qualifies(op: &Operand, r: usize, wb: usize, wide: usize) -> bool {
+    let per = wide / BLOCK;
     let e = &op.exps[r][wb * per..(wb + 1) * per];
     let top = e.iter().copied().max().unwrap_or(0);
     (0..per).all(|g| {
@@ -131,7 +137,7 @@ fn survey(op: &Operand) -> (f64, f64, [f64; 4], Vec<Vec<bool>>) {
             );
             equal += usize::from(lo == hi);
             spread[((hi - lo) as usize).min(3)] += 1;
-            *cell = qualifies(op, r, wb);
+            *cell = qualifies(op, r, wb, WIDE);
             ok += usize::from(*cell);
         }
     }
@@ -210,6 +216,33 @@ fn main() {
             json!({"activations": name, "weights": "weights_gaussian_32x32", "qualifies": share}),
         );
     }
+    // Per group of rows (a warpgroup's 64 activation rows, a tile's 128
+    // weight rows): the share of (group, K block) where every row qualifies.
+    let mut groups = Vec::new();
+    println!("every row of a group qualifies   rows   per 64-deep   per 128-deep");
+    for (name, op) in &operands {
+        let rows = if name.starts_with("weights") { 128 } else { 64 };
+        let mut shares = Vec::new();
+        for wide in [64, 128] {
+            let blocks = K / wide;
+            let mut pass = 0usize;
+            for g in 0..ROWS / rows {
+                for wb in 0..blocks {
+                    pass +=
+                        usize::from((g * rows..(g + 1) * rows).all(|r| qualifies(op, r, wb, wide)));
+                }
+            }
+            shares.push(pass as f64 / ((ROWS / rows) * blocks) as f64);
+        }
+        println!(
+            "{name:32} {rows:>5} {:>12.1}% {:>13.1}%",
+            100.0 * shares[0],
+            100.0 * shares[1]
+        );
+        groups.push(
+            json!({"operand": name, "rows": rows, "per_64": shares[0], "per_128": shares[1]}),
+        );
+    }
     if let Some(out) = std::env::var_os("DEEPINFER_BENCH_OUT") {
         cpu_doc::write(
             &out,
@@ -219,6 +252,7 @@ fn main() {
                 "shape": {"rows": ROWS, "k": K, "block": BLOCK, "wide_block": WIDE},
                 "operands": records,
                 "gemm_joint": joint,
+                "group_qualifies": groups,
             }),
         );
     }
