@@ -5,6 +5,8 @@
 //! the block's largest exponent E, is still an e4m3 value: v · 2^(e_g − E)
 //! exact. Shifting down only (up could pass 448); a shift is exact while the
 //! value stays normal or its low mantissa bits are zero.
+//! The library's `numerics::share_mx_scales` makes the rewrite; this bench
+//! counts where it applies.
 //!
 //! Operands, quantised by the library's own quantiser
 //! ([`numerics::act_quant_block`]): activations 1 × 32 per row (Gaussian,
@@ -28,7 +30,7 @@
 #[path = "common/cpu_doc.rs"]
 mod cpu_doc;
 
-use deepinfer::numerics::{act_quant_block, e4m3_to_f32, e8m0_to_f32, f32_to_e4m3};
+use deepinfer::numerics::{act_quant_block, e8m0_to_f32, share_mx_scales};
 use deepinfer::{E4M3, E8M0};
 use half::bf16;
 use rand::rngs::StdRng;
@@ -47,10 +49,13 @@ fn normal(rng: &mut StdRng) -> f64 {
     (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
 }
 
-/// Quantised operand: e4m3 codes `[rows, K]` and the E8M0 exponent of each
-/// code's 32-deep block (`exps[row][kb]`).
+/// Quantised operand: e4m3 codes `[rows, K]`, its E8M0 scales (one per
+/// `rps` rows and 32 of K, the layout `share_mx_scales` takes) and the
+/// exponent of each code's 32-deep block (`exps[row][kb]`).
 struct Operand {
     codes: Vec<E4M3>,
+    scales: Vec<E8M0>,
+    rps: usize,
     exps: Vec<Vec<i32>>,
 }
 
@@ -62,6 +67,7 @@ fn exponent(scale: E8M0) -> i32 {
 /// 1 × 32 blocks per row.
 fn activations(x: &[f32]) -> Operand {
     let mut codes = vec![E4M3(0); ROWS * K];
+    let mut scales = vec![E8M0(0); ROWS * (K / BLOCK)];
     let mut exps = vec![vec![0; K / BLOCK]; ROWS];
     for (r, row_exps) in exps.iter_mut().enumerate() {
         for (kb, e) in row_exps.iter_mut().enumerate() {
@@ -70,15 +76,23 @@ fn activations(x: &[f32]) -> Operand {
                 .iter()
                 .map(|&v| bf16::from_f32(v))
                 .collect();
-            *e = exponent(act_quant_block(&block, &mut codes[at..at + BLOCK]));
+            let s = act_quant_block(&block, &mut codes[at..at + BLOCK]);
+            scales[r * (K / BLOCK) + kb] = s;
+            *e = exponent(s);
         }
     }
-    Operand { codes, exps }
+    Operand {
+        codes,
+        scales,
+        rps: 1,
+        exps,
+    }
 }
 
 /// One scale per 32 × 32 block (rows × K).
 fn weights(x: &[f32]) -> Operand {
     let mut codes = vec![E4M3(0); ROWS * K];
+    let mut scales = vec![E8M0(0); (ROWS / BLOCK) * (K / BLOCK)];
     let mut exps = vec![vec![0; K / BLOCK]; ROWS];
     let mut block = vec![bf16::ZERO; BLOCK * BLOCK];
     let mut q = vec![E4M3(0); BLOCK * BLOCK];
@@ -93,7 +107,9 @@ fn weights(x: &[f32]) -> Operand {
                     *o = bf16::from_f32(v);
                 }
             }
-            let e = exponent(act_quant_block(&block, &mut q));
+            let s = act_quant_block(&block, &mut q);
+            scales[rb * (K / BLOCK) + kb] = s;
+            let e = exponent(s);
             for i in 0..BLOCK {
                 let r = rb * BLOCK + i;
                 codes[r * K + kb * BLOCK..r * K + (kb + 1) * BLOCK]
@@ -102,23 +118,32 @@ fn weights(x: &[f32]) -> Operand {
             }
         }
     }
-    Operand { codes, exps }
+    Operand {
+        codes,
+        scales,
+        rps: BLOCK,
+        exps,
+    }
 }
 
-/// Whether every code of row `r`'s `wide`-deep block `wb` survives the shift
-/// to the block's largest exponent.
-fn qualifies(op: &Operand, r: usize, wb: usize, wide: usize) -> bool {
+/// Which `wide`-deep blocks of each row share one scale once
+/// `numerics::share_mx_scales` has rewritten a copy of the operand (the
+/// blocks whose codes all survive the shift to the block's largest
+/// exponent): `[ROWS][K / wide]`.
+fn shared(op: &Operand, wide: usize) -> Vec<Vec<bool>> {
+    let (mut codes, mut scales) = (op.codes.clone(), op.scales.clone());
+    share_mx_scales(&mut codes, &mut scales, ROWS, K, op.rps, wide)
+        .expect("the bench's shapes are valid");
+    let kb = K / BLOCK;
     let per = wide / BLOCK;
-    let e = &op.exps[r][wb * per..(wb + 1) * per];
-    let top = e.iter().copied().max().unwrap_or(0);
-    (0..per).all(|g| {
-        let shift = (-(top - e[g])) as f32;
-        let at = r * K + (wb * per + g) * BLOCK;
-        op.codes[at..at + BLOCK].iter().all(|&c| {
-            let x = e4m3_to_f32(c) * shift.exp2();
-            e4m3_to_f32(f32_to_e4m3(x)) == x
+    (0..ROWS)
+        .map(|r| {
+            let row = &scales[(r / op.rps) * kb..(r / op.rps + 1) * kb];
+            row.chunks(per)
+                .map(|run| run.iter().all(|s| *s == run[0]))
+                .collect()
         })
-    })
+        .collect()
 }
 
 /// Per-operand figures: (share with four equal scales, share qualifying,
@@ -127,9 +152,9 @@ fn survey(op: &Operand) -> (f64, f64, [f64; 4], Vec<Vec<bool>>) {
     let per = WIDE / BLOCK;
     let blocks = K / WIDE;
     let (mut equal, mut ok, mut spread) = (0usize, 0usize, [0usize; 4]);
-    let mut table = vec![vec![false; blocks]; ROWS];
-    for (r, row) in table.iter_mut().enumerate() {
-        for (wb, cell) in row.iter_mut().enumerate() {
+    let table = shared(op, WIDE);
+    for (r, row) in table.iter().enumerate() {
+        for (wb, &cell) in row.iter().enumerate() {
             let e = &op.exps[r][wb * per..(wb + 1) * per];
             let (lo, hi) = (
                 e.iter().copied().min().unwrap_or(0),
@@ -137,8 +162,7 @@ fn survey(op: &Operand) -> (f64, f64, [f64; 4], Vec<Vec<bool>>) {
             );
             equal += usize::from(lo == hi);
             spread[((hi - lo) as usize).min(3)] += 1;
-            *cell = qualifies(op, r, wb, WIDE);
-            ok += usize::from(*cell);
+            ok += usize::from(cell);
         }
     }
     let n = (ROWS * blocks) as f64;
@@ -225,12 +249,12 @@ fn main() {
         let mut shares = Vec::new();
         for wide in [64, 128] {
             let blocks = K / wide;
+            let table = shared(op, wide);
             let mut pass = 0usize;
-            for g in 0..ROWS / rows {
-                for wb in 0..blocks {
-                    pass +=
-                        usize::from((g * rows..(g + 1) * rows).all(|r| qualifies(op, r, wb, wide)));
-                }
+            for group in table.chunks(rows) {
+                pass += (0..blocks)
+                    .filter(|&wb| group.iter().all(|row| row[wb]))
+                    .count();
             }
             shares.push(pass as f64 / ((ROWS / rows) * blocks) as f64);
         }

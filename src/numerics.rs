@@ -1,4 +1,5 @@
-//! Bit-exact scalar conversions and block quantisers, following
+//! Bit-exact scalar conversions and block quantisers (and, in
+//! `share_scales`, the exact scale sharing of MXFP8 operands), following
 //! `shared/spec/v41-flash.md` §10. These are the CPU reference numerics that
 //! every GPU kernel is compared with bit for bit; they never approximate.
 //!
@@ -17,6 +18,9 @@
 
 use crate::dtype::{E4M3, E8M0, Fp4x2};
 use half::bf16;
+
+mod share_scales;
+pub use share_scales::share_mx_scales;
 
 /// Largest finite e4m3 magnitude.
 pub const E4M3_MAX: f32 = 448.0;
