@@ -22,7 +22,8 @@
 //! - out-of-range ids, rows and permutation entries are typed errors naming
 //!   the value, on the GPU as on the CPU;
 //! - `Tensor::write_from` and `Batch::refill` overwrite device tensors in
-//!   place (the bodies of `common::static_inputs`, also run on the CPU).
+//!   place (the bodies of `common::static_inputs`, also run on the CPU);
+//! - `ops::mx_share_scales` gives the CPU's bytes (`common::share_scales`).
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
 //! the GPU bundle).
@@ -905,4 +906,13 @@ fn static_inputs_are_refilled_in_place() {
     let mut rng = common::rng("static_inputs_cuda");
     common::static_inputs::write_from_overwrites_in_place(&dev, &mut rng);
     common::static_inputs::batch_refill_matches_a_new_batch(&dev, &mut rng);
+}
+
+/// Exact scale sharing on the GPU gives the bytes of the CPU reference (the
+/// CPU runs the same body in `mx_share_scales.rs`).
+#[test]
+fn mx_share_scales_is_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("mx_share_scales_cuda");
+    common::share_scales::op_matches_numerics(&dev, &mut rng);
 }

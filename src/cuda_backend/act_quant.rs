@@ -1,7 +1,9 @@
 //! FP8 1×32 activation quantiser launch: the 8-wide vector kernel when
-//! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel.
+//! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel;
+//! and the quant family's other launches (weight dequantisation, exact scale
+//! sharing).
 
-use super::params::{di_act_quant_params, di_dequant_params};
+use super::params::{di_act_quant_params, di_dequant_params, di_share_scales_params};
 use super::{flat_launch, grid_for, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
 use crate::contract::ActQuantImpl;
@@ -90,4 +92,37 @@ pub fn mxfp8_dequantize(
         flat_launch(n * k),
         &p,
     )
+}
+
+/// `codes` and `scales` rewritten in place so that every run of `per`
+/// blocks shares its largest scale where exact (`ops::mx_share_scales`,
+/// which validated the dtypes, the shapes `[rows, k]` and
+/// `[⌈rows / rows_per_scale⌉, ⌈k / 32⌉]`, `per` in 1..=8 and rows · k > 0).
+pub fn mx_share_scales(
+    dev: &CudaDevice,
+    codes: &mut Tensor,
+    scales: &mut Tensor,
+    rows: usize,
+    k: usize,
+    rows_per_scale: usize,
+    per: usize,
+) -> Result<()> {
+    let units = rows.div_ceil(rows_per_scale) * k.div_ceil(32).div_ceil(per);
+    let (cp, _gc) = write_ptr(codes.cuda_mut()?, dev);
+    let (sp, _gs) = write_ptr(scales.cuda_mut()?, dev);
+    let p = di_share_scales_params {
+        codes: cp,
+        scales: sp,
+        rows: rows as i64,
+        k: k as i64,
+        rows_per_scale: i32_param("rows_per_scale", rows_per_scale)?,
+        per: i32_param("per", per)?,
+    };
+    // One warp per unit, 8 warps per CTA.
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(units, THREADS / 32), 1, 1),
+        block_dim: (u32_param("THREADS", THREADS)?, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::quant::MX_SHARE_SCALES, cfg, &p)
 }

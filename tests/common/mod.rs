@@ -10,6 +10,7 @@ pub mod fullwidth;
 pub mod invariance;
 pub mod limits;
 pub mod paged;
+pub mod share_scales;
 pub mod static_inputs;
 pub mod tiny;
 #[cfg(feature = "torch-ref")]

@@ -37,6 +37,18 @@ typedef struct di_dequant_params {
     int64_t k;
 } di_dequant_params;
 
+/* mx_share_scales: in place, every run of `per` 32-deep blocks of each scale
+ * row shares its largest E8M0 scale where every shifted e4m3 code is exact
+ * (numerics::share_mx_scales, bitwise). */
+typedef struct di_share_scales_params {
+    void *codes;         /* e4m3 [rows, k] */
+    void *scales;        /* e8m0 [ceil(rows / rows_per_scale), ceil(k / 32)] */
+    int64_t rows;
+    int64_t k;
+    int32_t rows_per_scale;
+    int32_t per;         /* blocks per run, 1..8 */
+} di_share_scales_params;
+
 /* A CUDA tensor map (CUtensorMap) encoded on the host by cuTensorMapEncodeTiled
  * (src/cuda_backend/tma.rs): opaque, 128 bytes, 64-byte aligned. Kernels pass
  * its address in parameter space to the TMA instructions. */

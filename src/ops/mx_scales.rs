@@ -1,0 +1,86 @@
+//! Exact scale sharing of an MXFP8 operand in place (issue 13): inside every
+//! run of `group / 32` blocks of K, each 32-block moves to the run's largest
+//! E8M0 scale where every one of its e4m3 codes stays exact, so a GEMM can
+//! promote once per run wherever the scales it sees are equal. Bit-exact on
+//! every backend: the contract is [`crate::numerics::share_mx_scales`]
+//! (every element's value code · scale unchanged, a run that cannot be
+//! shared left as it is).
+
+use super::{common_device, shape_error};
+use crate::contract::MX_BLOCK;
+use crate::device::Device;
+use crate::dtype::{DType, E4M3, E8M0};
+use crate::error::{Error, Result};
+use crate::numerics;
+use crate::tensor::Tensor;
+
+const OP: &str = "mx_share_scales";
+
+/// The longest run a kernel chains: 8 blocks (256 of K).
+pub const MX_SHARE_MAX_GROUP: usize = 8 * MX_BLOCK;
+
+/// Rewrites `codes` (e4m3 `[R, K]`) and `scales` (E8M0 `[⌈R /
+/// rows_per_scale⌉, ⌈K / 32⌉]`: `rows_per_scale` 1 for 1 × 32 activation
+/// scales, 32 for 32 × 32 weight scales) in place, runs of `group` (a
+/// multiple of 32 up to [`MX_SHARE_MAX_GROUP`]) of K.
+pub fn mx_share_scales(
+    codes: &mut Tensor,
+    scales: &mut Tensor,
+    rows_per_scale: usize,
+    group: usize,
+) -> Result<()> {
+    codes.expect_dtype(OP, "codes", DType::F8E4M3)?;
+    scales.expect_dtype(OP, "scales", DType::E8M0)?;
+    if group == 0 || !group.is_multiple_of(MX_BLOCK) || group > MX_SHARE_MAX_GROUP {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "group",
+            value: group.to_string(),
+            why: "a multiple of 32 from 32 to 256",
+        });
+    }
+    if rows_per_scale == 0 {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "rows_per_scale",
+            value: "0".into(),
+            why: "at least one row per scale",
+        });
+    }
+    let &[rows, k] = codes.shape() else {
+        return Err(shape_error(OP, "codes", codes, "[R, K]".into()));
+    };
+    let want = [rows.div_ceil(rows_per_scale), k.div_ceil(MX_BLOCK)];
+    if scales.shape() != want {
+        return Err(shape_error(OP, "scales", scales, format!("{want:?}")));
+    }
+    let device = common_device(OP, &[("codes", codes), ("scales", scales)])?;
+    if rows * k == 0 {
+        return Ok(());
+    }
+    match &device {
+        Device::Cpu => {
+            numerics::share_mx_scales(
+                codes.as_mut_slice::<E4M3>()?,
+                scales.as_mut_slice::<E8M0>()?,
+                rows,
+                k,
+                rows_per_scale,
+                group,
+            )?;
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::mx_share_scales(
+            dev,
+            codes,
+            scales,
+            rows,
+            k,
+            rows_per_scale,
+            group / MX_BLOCK,
+        )?,
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, d)),
+    }
+    Ok(())
+}

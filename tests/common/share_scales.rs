@@ -1,0 +1,243 @@
+//! One test body for every device: `ops::mx_share_scales` gives the bytes
+//! of `numerics::share_mx_scales` (run on the host copy), bitwise, on
+//! activations (1 × 32 scales) and weights (32 × 32) with odd row counts, K
+//! tails, NaN codes and NaN scales, at runs of 64, 128 and 256; bad
+//! arguments are typed errors that leave the tensors as they were. Also the
+//! operand generator and the field-level e4m3 decoder that
+//! `mx_share_scales.rs` uses.
+
+use deepinfer::numerics::{act_quant_block, share_mx_scales};
+use deepinfer::{DType, Device, E4M3, E8M0, Error, Tensor, ops};
+use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
+
+/// e4m3 ("fn") from its fields: bias 7, subnormals, 0x7F / 0xFF NaN.
+pub fn e4m3_spec(code: u8) -> f64 {
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = ((code >> 3) & 0xF) as i32;
+    let man = (code & 7) as f64;
+    if code & 0x7F == 0x7F {
+        return f64::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f64.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f64.powi(exp - 7)
+    }
+}
+
+/// An operand: codes `[rows, k]` and one scale per `rps` rows and 32 of K.
+#[derive(Clone)]
+pub struct Op {
+    pub codes: Vec<E4M3>,
+    pub scales: Vec<E8M0>,
+    pub rows: usize,
+    pub k: usize,
+    pub rps: usize,
+}
+
+impl Op {
+    /// Element values code · 2^(scale − 127) in f64 (exact), as bit patterns.
+    pub fn values(&self) -> Vec<u64> {
+        let kb = self.k.div_ceil(32);
+        (0..self.rows * self.k)
+            .map(|i| {
+                let (r, c) = (i / self.k, i % self.k);
+                let s = self.scales[(r / self.rps) * kb + c / 32].0;
+                let v = if s == 0xFF {
+                    f64::NAN
+                } else {
+                    e4m3_spec(self.codes[i].0) * 2f64.powi(i32::from(s) - 127)
+                };
+                if v.is_nan() { u64::MAX } else { v.to_bits() }
+            })
+            .collect()
+    }
+
+    /// Runs of `group / 32` blocks whose scales are all equal and not NaN.
+    pub fn uniform_runs(&self, group: usize) -> usize {
+        let kb = self.k.div_ceil(32);
+        let per = group / 32;
+        self.scales
+            .chunks(kb)
+            .map(|row| {
+                row.chunks(per)
+                    .filter(|run| run[0].0 != 0xFF && run.iter().all(|s| s.0 == run[0].0))
+                    .count()
+            })
+            .sum()
+    }
+}
+
+/// A value drawn from one of three shapes: Gaussian, Student-t (3), or
+/// Gaussian times a per-channel scale with rare outlier channels.
+fn draw(rng: &mut StdRng, shape: usize, channel: f32) -> f32 {
+    let g = |rng: &mut StdRng| {
+        let u: f64 = rng.random_range(f64::EPSILON..1.0);
+        let v: f64 = rng.random();
+        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
+    };
+    match shape {
+        0 => g(rng),
+        1 => {
+            let chi2: f32 = (0..3).map(|_| g(rng).powi(2)).sum();
+            g(rng) / (chi2 / 3.0).sqrt()
+        }
+        _ => g(rng) * channel,
+    }
+}
+
+/// Activations (1 × 32 blocks, `rps` = 1) or weights (32 × 32, `rps` = 32),
+/// quantised by the library's quantiser; a few NaN codes and NaN scales.
+pub fn operand(rng: &mut StdRng, rows: usize, k: usize, rps: usize, shape: usize) -> Op {
+    let channels: Vec<f32> = (0..k)
+        .map(|_| {
+            let s = draw(rng, 0, 1.0).exp();
+            if rng.random_range(0.0..1.0) < 0.01 {
+                20.0 * s
+            } else {
+                s
+            }
+        })
+        .collect();
+    let x: Vec<f32> = (0..rows * k)
+        .map(|i| draw(rng, shape, channels[i % k]))
+        .collect();
+    let kb = k.div_ceil(32);
+    let mut codes = vec![E4M3(0); rows * k];
+    let mut scales = vec![E8M0(0); rows.div_ceil(rps) * kb];
+    for sr in 0..rows.div_ceil(rps) {
+        for b in 0..kb {
+            let (r0, r1) = (sr * rps, ((sr + 1) * rps).min(rows));
+            let (c0, c1) = (b * 32, ((b + 1) * 32).min(k));
+            let block: Vec<bf16> = (r0..r1)
+                .flat_map(|r| x[r * k + c0..r * k + c1].iter().map(|&v| bf16::from_f32(v)))
+                .collect();
+            let mut q = vec![E4M3(0); block.len()];
+            scales[sr * kb + b] = act_quant_block(&block, &mut q);
+            for (i, r) in (r0..r1).enumerate() {
+                codes[r * k + c0..r * k + c1]
+                    .copy_from_slice(&q[i * (c1 - c0)..(i + 1) * (c1 - c0)]);
+            }
+        }
+    }
+    for _ in 0..3 {
+        let i = rng.random_range(0..codes.len());
+        codes[i] = E4M3(if rng.random() { 0x7F } else { 0xFF });
+    }
+    let i = rng.random_range(0..scales.len());
+    scales[i] = E8M0(0xFF);
+    Op {
+        codes,
+        scales,
+        rows,
+        k,
+        rps,
+    }
+}
+
+/// `ops::mx_share_scales` on `dev` against `numerics::share_mx_scales` on
+/// the host, bitwise, and its typed errors.
+pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
+    for (rows, k, rps) in [
+        (1, 32, 1),
+        (37, 1000, 1),
+        (64, 4096, 1),
+        (70, 1312, 32),
+        (256, 2080, 32),
+    ] {
+        for shape in 0..3 {
+            for group in [64, 128, 256] {
+                let want = {
+                    let mut op = operand(rng, rows, k, rps, shape);
+                    let before = (op.codes.clone(), op.scales.clone());
+                    share_mx_scales(&mut op.codes, &mut op.scales, rows, k, rps, group).unwrap();
+                    (before, op)
+                };
+                let ((codes, scales), want) = want;
+                let sr = rows.div_ceil(rps);
+                let mut c = Tensor::from_vec(codes, &[rows, k])
+                    .unwrap()
+                    .to_device(dev)
+                    .unwrap();
+                let mut s = Tensor::from_vec(scales, &[sr, k.div_ceil(32)])
+                    .unwrap()
+                    .to_device(dev)
+                    .unwrap();
+                ops::mx_share_scales(&mut c, &mut s, rps, group).unwrap();
+                let what = format!("{dev} rows {rows} k {k} rps {rps} shape {shape} group {group}");
+                assert_eq!(c.to_vec::<E4M3>().unwrap(), want.codes, "codes: {what}");
+                assert_eq!(s.to_vec::<E8M0>().unwrap(), want.scales, "scales: {what}");
+            }
+        }
+    }
+    // Typed errors, nothing written.
+    let op = operand(rng, 40, 96, 1, 0);
+    let mut c = Tensor::from_vec(op.codes.clone(), &[40, 96])
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    let mut s = Tensor::from_vec(op.scales.clone(), &[40, 3])
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    for group in [0, 48, 288] {
+        let e = ops::mx_share_scales(&mut c, &mut s, 1, group).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Argument {
+                    op: "mx_share_scales",
+                    arg: "group",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    let e = ops::mx_share_scales(&mut c, &mut s, 0, 64).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Argument {
+                arg: "rows_per_scale",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = ops::mx_share_scales(&mut c, &mut s, 32, 64).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                tensor: "scales",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut wrong = Tensor::zeros(dev, DType::F32, &[40, 3]).unwrap();
+    let e = ops::mx_share_scales(&mut c, &mut wrong, 1, 64).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::DType {
+                tensor: "scales",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        c.to_vec::<E4M3>().unwrap(),
+        op.codes,
+        "refused calls wrote codes"
+    );
+    assert_eq!(
+        s.to_vec::<E8M0>().unwrap(),
+        op.scales,
+        "refused calls wrote scales"
+    );
+}
