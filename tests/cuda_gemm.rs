@@ -18,7 +18,11 @@
 //! with the last wave's tiles split over K (`TileSplit::LastWave`, shapes
 //! whose plan splits on 132 SMs: one wave and several, odd stage counts per
 //! piece, M/N/K tails in a split tile; a rerun gives the same bits, whichever
-//! piece finishes last). DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
+//! piece finishes last). With `DensePlan::chain` (GemmImpl::LargeShared) it
+//! runs again on scales made equal across a stage for a random half of the
+//! (64-row group, stage) pairs and most (32-row weight block, stage) pairs,
+//! so chained and per-32 stages mix inside a tile, against the same
+//! reference and threshold. DEEPINFER_QUICK=1 (the sanitizer passes) keeps only
 //! small shapes that still cover every tail, a split and the empty groups.
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU.
 #![cfg(deepinfer_cuda)]
@@ -27,11 +31,15 @@ mod common;
 
 use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
-use deepinfer::cuda_backend::gemm::{TileSplit, mxfp4_grouped_contiguous, mxfp8_gemm, split_plan};
+use deepinfer::cuda_backend::gemm::{
+    DensePlan, TileSplit, mxfp4_grouped_contiguous, mxfp8_gemm, split_plan,
+};
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
-use deepinfer::{DType, Device, Error, Tensor};
+use deepinfer::{DType, Device, E8M0, Error, Tensor};
 use half::bf16;
+use rand::Rng;
+use rand::rngs::StdRng;
 
 /// calc_diff bound for every comparison here.
 const MAX_DIFF: f64 = 1e-3;
@@ -179,21 +187,101 @@ fn mxfp8_gemm_matches_the_cpu_reference() {
         let bd = upload(&dev, b.clone(), &[n, k]);
         let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
         for split in [TileSplit::Whole, TileSplit::LastWave] {
+            let plan = DensePlan {
+                split,
+                chain: false,
+            };
             for dtype in [DType::BF16, DType::F32] {
                 let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out, split).unwrap();
+                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out, plan).unwrap();
                 let got = download(&out);
                 let what = format!("mxfp8_gemm {m}x{n}x{k} {dtype} {split:?}");
                 check(&what, &got, &expected(&reference, dtype));
                 // Into a freshly poisoned output: the same bits.
                 let mut again = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut again, split).unwrap();
+                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut again, plan).unwrap();
                 let same = download(&again)
                     .iter()
                     .zip(&got)
                     .all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{what}: a rerun differs");
             }
+        }
+    }
+}
+
+/// `scales` (`[rows / per_scale, kb]` bytes) with the four blocks of a
+/// 128-deep stage set to the stage's first byte, for each (group of `group`
+/// rows, stage) with probability `p`: the stages a chained warpgroup (64
+/// rows of A) or a tile's weight block (32 rows of B) may chain.
+fn stage_uniform(
+    rng: &mut StdRng,
+    scales: &mut [E8M0],
+    rows: usize,
+    kb: usize,
+    group: usize,
+    p: f64,
+) {
+    for g in 0..rows.div_ceil(group) {
+        for st in 0..kb.div_ceil(4) {
+            if !rng.random_bool(p) {
+                continue;
+            }
+            for r in g * group..((g + 1) * group).min(rows) {
+                let first = scales[r * kb + 4 * st];
+                for b in 4 * st..(4 * st + 4).min(kb) {
+                    scales[r * kb + b] = first;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp8_gemm_chained_stages_match_the_cpu_reference() {
+    let (cdev, dev) = gpu();
+    let mut rng = common::rng("mxfp8_gemm_chain_cuda");
+    let shapes = if quick() { DENSE_QUICK } else { DENSE_SHAPES };
+    for &(m, n, k) in shapes {
+        let kb = k.div_ceil(32);
+        let a = random_e4m3(&mut rng, m * k);
+        let mut a_s = random_e8m0(&mut rng, m * kb, GEMM_SCALES);
+        stage_uniform(&mut rng, &mut a_s, m, kb, 64, 0.5);
+        let b = random_e4m3(&mut rng, n * k);
+        let mut b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES);
+        stage_uniform(&mut rng, &mut b_s, n.div_ceil(32), kb, 1, 0.8);
+        let reference = by_rows(m, n, |r0, r1| {
+            fp8_gemm_f32(
+                &a[r0 * k..r1 * k],
+                &a_s[r0 * kb..r1 * kb],
+                &b,
+                &b_s,
+                r1 - r0,
+                n,
+                k,
+            )
+        });
+        let ad = upload(&dev, a.clone(), &[m, k]);
+        let asd = upload(&dev, a_s.clone(), &[m, kb]);
+        let bd = upload(&dev, b.clone(), &[n, k]);
+        let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
+        let plan = DensePlan {
+            split: TileSplit::LastWave,
+            chain: true,
+        };
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out, plan).unwrap();
+            let got = download(&out);
+            let what = format!("mxfp8_gemm chained {m}x{n}x{k} {dtype}");
+            check(&what, &got, &expected(&reference, dtype));
+            let mut again = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
+            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut again, plan).unwrap();
+            let same = download(&again)
+                .iter()
+                .zip(&got)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{what}: a rerun differs");
         }
     }
 }
@@ -213,7 +301,11 @@ fn mxfp8_gemm_rejects_k_not_a_multiple_of_16() {
             &[2, kb],
         );
         let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
-        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out, TileSplit::LastWave).unwrap_err();
+        let plan = DensePlan {
+            split: TileSplit::LastWave,
+            chain: true,
+        };
+        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out, plan).unwrap_err();
         assert!(
             matches!(
                 e,

@@ -201,7 +201,7 @@ impl Harness {
     #[allow(
         dead_code,
         clippy::too_many_arguments,
-        reason = "only the cache-writer bench compares with a same-bytes copy"
+        reason = "only the cache-writer and GEMM benches compare with a same-bytes copy"
     )]
     pub fn record_vs_copy(
         &mut self,
@@ -238,7 +238,7 @@ impl Harness {
     /// written = 2 · `bytes`), rotating over buffers so L2 holds none.
     #[allow(
         dead_code,
-        reason = "only the cache-writer bench measures same-bytes copies"
+        reason = "only the cache-writer and GEMM benches measure same-bytes copies"
     )]
     pub fn copy_us(&self, bytes: usize) -> f64 {
         let n = Self::copies(2 * bytes);

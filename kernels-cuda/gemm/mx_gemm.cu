@@ -108,12 +108,15 @@ template <bool kFp4> struct Layout {
     static constexpr int kSa = kPacked + (kFp4 ? kStages * kPackedTileBytes : 0);
     static constexpr int kSb = kSa + kStages * kSaFloats * 4;
     static constexpr int kBars = kSb + kStages * kSbFloats * 4;
-    static constexpr int kEnd = kBars + 3 * kStages * 8;
+    // One word per stage: which warpgroups may chain the stage (see
+    // chain_flags), written by the helper warp with the scales.
+    static constexpr int kFlags = kBars + 3 * kStages * 8;
+    static constexpr int kEnd = kFlags + kStages * 4;
     static constexpr int kSmemBytes = kEnd + 1024;  // slack for aligning the base
 };
 // src/cuda_backend/gemm.rs requests these dynamic shared-memory sizes.
-static_assert(Layout<false>::kSmemBytes == 210448, "update SMEM_FP8 in src/cuda_backend/gemm.rs");
-static_assert(Layout<true>::kSmemBytes == 226424, "update SMEM_FP4 in src/cuda_backend/gemm.rs");
+static_assert(Layout<false>::kSmemBytes == 210472, "update SMEM_FP8 in src/cuda_backend/gemm.rs");
+static_assert(Layout<true>::kSmemBytes == 226444, "update SMEM_FP4 in src/cuda_backend/gemm.rs");
 static_assert(Layout<true>::kSmemBytes <= 232448, "over the sm_90 227 KiB opt-in limit");
 
 // The 4 E8M0 scale bytes (K blocks 4 st .. 4 st + 3, byte j = block j) of row
@@ -146,13 +149,20 @@ __device__ __forceinline__ void store_quad(float *dst, int stride, uint32_t w) {
 // One helper warp converts the E8M0 scales of stage `st` of `tile` to fp32 in
 // shared memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128
 // output rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
+//
+// Returns the stage's chain flags (dense, p.chain set; 0 otherwise): bit w
+// (w = 0, 1) when all four K blocks of the stage carry one scale byte in
+// each of consumer warpgroup w's 64 rows of A, bit 2 when the same holds
+// for each of the tile's four 32-row blocks of B. Rows and blocks out of
+// range read byte 0 (load_scale_quad), so a stage past the end of K is
+// never uniform and a row past M always is (its operands are zero).
 template <bool kFp4>
-__device__ __forceinline__ void load_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
-                                            float *sa, float *sb, int lane) {
+__device__ __forceinline__ uint32_t load_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
+                                                float *sa, float *sb, int lane) {
     const int kbt = (p.k + 31) / 32;
     const uint8_t *as = static_cast<const uint8_t *>(p.a_s);
     const uint8_t *bs = static_cast<const uint8_t *>(p.b_s);
-    uint32_t va[4], vb[4];
+    uint32_t va[4], vb[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int r = lane + 32 * i;
@@ -171,6 +181,12 @@ __device__ __forceinline__ void load_scales(const di_mx_gemm_params &p, const Ti
         if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, vb[i]);
     }
     if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, vb[0]);
+    if (kFp4 || p.chain == 0) return 0u;
+    const auto same = [](uint32_t w) { return w == (w & 0xFFu) * 0x01010101u; };
+    const uint32_t a0 = __all_sync(0xFFFFFFFFu, same(va[0]) && same(va[1]));
+    const uint32_t a1 = __all_sync(0xFFFFFFFFu, same(va[2]) && same(va[3]));
+    const uint32_t b = __all_sync(0xFFFFFFFFu, lane >= kBlockN / 32 || same(vb[0]));
+    return a0 | (a1 << 1) | (b << 2);
 }
 
 template <bool kF32>
@@ -478,6 +494,38 @@ __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing
     }
 }
 
+// A stage whose four K blocks carry one scale in each of this warpgroup's
+// rows and in each 32-row block of B (chain_flags): each n64 half chains its
+// four k32 steps in the tensor core (scale_d = 1 after the first) and is
+// promoted once with the step-0 scales, the same products as four
+// promotions by equal factors but summed in the tensor core's order. Self-
+// contained: both halves are waited for before it returns, so no wgmma is
+// in flight across the caller's runtime branches.
+template <bool kFp4>
+__device__ __forceinline__ void chained_stage(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
+                                              const StageView &v, int wrow, int lane) {
+    static_assert(kRing == 2 && kHalves == 2, "one ring slot per half");
+#pragma unroll
+    for (int h = 0; h < kHalves; ++h) {
+        const uint64_t db = v.db + uint64_t((h * kUnitN * kBlockK) >> 4);
+        wgmma_fence();
+        WgmmaE4M3<kUnitN>::mma_fresh(ring[h], v.da, db);
+#pragma unroll
+        for (int j = 1; j < kSteps; ++j) {
+            WgmmaE4M3<kUnitN>::mma(ring[h], v.da + uint64_t((j * 32) >> 4), db + uint64_t((j * 32) >> 4), 1);
+        }
+        wgmma_commit();
+    }
+    const UnitScale sc0 = unit_scale<kFp4>(v, 0, wrow);
+    const UnitScale sc1 = unit_scale<kFp4>(v, 1, wrow);
+    wgmma_wait<1>();
+    fence_operands(ring[0]);
+    promote_unit<kFp4>(acc, ring[0], sc0, v, 0, lane);
+    wgmma_wait<0>();
+    fence_operands(ring[1]);
+    promote_unit<kFp4>(acc, ring[1], sc1, v, 1, lane);
+}
+
 // A piece of a split tile (params.h): consumer thread ct (0..255) writes its
 // 64 accumulators to the piece's partial (float4 q of thread ct at q * 256 +
 // ct, coalesced), and the consumers take the tile's ticket. The last piece to
@@ -533,6 +581,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
     uint64_t *full = reinterpret_cast<uint64_t *>(base + L::kBars);
     uint64_t *ready = full + S;
     uint64_t *empty = ready + S;
+    uint32_t *flags = reinterpret_cast<uint32_t *>(base + L::kFlags);
 
     const int tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
@@ -589,8 +638,9 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                     const int s = it % S;
                     const uint32_t ph = (it / S) & 1;
                     mbar_wait(&empty[s], ph ^ 1);
-                    load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats, sb_all + s * L::kSbFloats,
-                                      lane);
+                    const uint32_t f = load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats,
+                                                         sb_all + s * L::kSbFloats, lane);
+                    if (lane == 0) flags[s] = f;
                     if (kFp4) {
                         mbar_wait(&full[s], ph);
                         decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane,
@@ -624,16 +674,42 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
         // Stages in pairs (see stage_body), then an odd last stage alone.
         int st = tile.st_begin;
+        // Whether this warpgroup chains stage s (dense with p.chain: its
+        // rows' and B's scales are equal across the stage, chain_flags).
+        const auto chains = [&](int s) {
+            const uint32_t f = flags[s];
+            return !kFp4 && ((f >> wg) & (f >> 2) & 1u) != 0;
+        };
         for (; st + 2 <= tile.st_end; st += 2, it += 2) {
             const int s0 = it % S, s1 = (it + 1) % S;
             const uint32_t ph0 = (it / S) & 1, ph1 = ((it + 1) / S) & 1;
             mbar_wait(&full[s0], ph0);
             mbar_wait(&ready[s0], ph0);
-            stage_body<kFp4, false>(acc, ring, view(s0), view(s0), wrow, lane);
+            const bool c0 = chains(s0);
+            if (c0) {
+                chained_stage<kFp4>(acc, ring, view(s0), wrow, lane);
+                release(view(s0), lane);
+            } else {
+                stage_body<kFp4, false>(acc, ring, view(s0), view(s0), wrow, lane);
+            }
             mbar_wait(&full[s1], ph1);
             mbar_wait(&ready[s1], ph1);
-            stage_body<kFp4, true>(acc, ring, view(s0), view(s1), wrow, lane);
-            drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+            const bool c1 = chains(s1);
+            if (!c0 && !c1) {
+                stage_body<kFp4, true>(acc, ring, view(s0), view(s1), wrow, lane);
+                drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+            } else {
+                if (!c0) {
+                    drain<kFp4, 0>(acc, ring, view(s0), wrow, lane);
+                    release(view(s0), lane);
+                }
+                if (c1) {
+                    chained_stage<kFp4>(acc, ring, view(s1), wrow, lane);
+                } else {
+                    stage_body<kFp4, false>(acc, ring, view(s1), view(s1), wrow, lane);
+                    drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+                }
+            }
             release(view(s1), lane);
         }
         if (st < tile.st_end) {
@@ -641,8 +717,12 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             const uint32_t ph = (it / S) & 1;
             mbar_wait(&full[s], ph);
             mbar_wait(&ready[s], ph);
-            stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
-            drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
+            if (chains(s)) {
+                chained_stage<kFp4>(acc, ring, view(s), wrow, lane);
+            } else {
+                stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
+                drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
+            }
             release(view(s), lane);
             ++it;
         }

@@ -41,8 +41,8 @@ const THREADS: u32 = 384;
 const BLOCK_M: usize = 128;
 const BLOCK_N: usize = 128;
 /// Dynamic shared memory of each kernel (static_asserted in mx_gemm.cu).
-const SMEM_FP8: u32 = 210_448;
-const SMEM_FP4: u32 = 226_424;
+const SMEM_FP8: u32 = 210_472;
+const SMEM_FP4: u32 = 226_444;
 
 /// Most pieces one split tile is cut into: the last piece to finish reads
 /// all of them (64 KiB of fp32 partials each) before it writes the tile.
@@ -61,6 +61,17 @@ pub enum TileSplit {
     /// in piece order by the last to finish. Deterministic for a given
     /// shape and SM count, but a row's bits may change with M.
     LastWave,
+}
+
+/// How the dense kernel runs: its tile split, and whether a consumer
+/// warpgroup chains the four k32 steps of a stage whose scales are equal
+/// over its rows and the tile's weight blocks (one promotion per 128 of K
+/// there; `GemmImpl::LargeShared`). `chain` makes a row's bits depend on
+/// the 63 rows sharing its warpgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DensePlan {
+    pub split: TileSplit,
+    pub chain: bool,
 }
 
 /// The dense kernel's split of `tiles` output tiles of `stages` 128-deep K
@@ -85,8 +96,8 @@ pub fn split_plan(tiles: usize, stages: usize, ctas: usize) -> (usize, usize) {
 ///
 /// `a` `[M, K]` e4m3, `a_s` `[M, ⌈K/32⌉]`, `b` `[N, K]` e4m3, `b_s`
 /// `[⌈N/32⌉, ⌈K/32⌉]`, `out` `[M, N]` BF16 or F32 (rounded once from the
-/// fp32 accumulator), tiles covered as `split` says. Errors: K == 0 or
-/// K % 16 != 0 (tensor `a`).
+/// fp32 accumulator), run as `plan` says. Errors: K == 0 or K % 16 != 0
+/// (tensor `a`).
 pub fn mxfp8_gemm(
     dev: &CudaDevice,
     a: &Tensor,
@@ -94,7 +105,7 @@ pub fn mxfp8_gemm(
     b: &Tensor,
     b_s: &Tensor,
     out: &mut Tensor,
-    split: TileSplit,
+    plan: DensePlan,
 ) -> Result<()> {
     const OP: &str = "mxfp8_gemm";
     let (&[m, k], Some(&n)) = (a.shape(), b.shape().first()) else {
@@ -138,7 +149,7 @@ pub fn mxfp8_gemm(
         &[128, u32_param("BLOCK_N", BLOCK_N)?],
         Swizzle::B128,
     )?;
-    let (whole, splits) = match split {
+    let (whole, splits) = match plan.split {
         TileSplit::Whole => (tiles, 1),
         TileSplit::LastWave => split_plan(tiles, k.div_ceil(128), dev.sm_count()),
     };
@@ -164,6 +175,7 @@ pub fn mxfp8_gemm(
         groups: 1,
         whole_tiles: whole32,
         splits: splits32,
+        chain: i32::from(plan.chain),
     };
     if splits == 1 {
         return run(dev, kernel, SMEM_FP8, tiles, &p);
@@ -268,6 +280,7 @@ pub fn mxfp4_grouped_contiguous(
         groups: e32,
         whole_tiles: 0,
         splits: 1,
+        chain: 0,
     };
     run(dev, kernel, SMEM_FP4, tiles_bound, &p)
 }

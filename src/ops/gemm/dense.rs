@@ -77,14 +77,17 @@ pub fn mxfp8_linear_into(
             GemmImpl::Skinny => {
                 crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny(&dev, a, a_s, w, w_s, out)
             }
-            GemmImpl::LargeSplit => crate::cuda_backend::gemm::mxfp8_gemm(
+            GemmImpl::LargeSplit | GemmImpl::LargeShared => crate::cuda_backend::gemm::mxfp8_gemm(
                 &dev,
                 a,
                 a_s,
                 w,
                 w_s,
                 out,
-                crate::cuda_backend::gemm::TileSplit::LastWave,
+                crate::cuda_backend::gemm::DensePlan {
+                    split: crate::cuda_backend::gemm::TileSplit::LastWave,
+                    chain: imp == GemmImpl::LargeShared,
+                },
             ),
             _ => crate::cuda_backend::gemm::mxfp8_gemm(
                 &dev,
@@ -93,7 +96,10 @@ pub fn mxfp8_linear_into(
                 w,
                 w_s,
                 out,
-                crate::cuda_backend::gemm::TileSplit::Whole,
+                crate::cuda_backend::gemm::DensePlan {
+                    split: crate::cuda_backend::gemm::TileSplit::Whole,
+                    chain: false,
+                },
             ),
         },
         #[cfg(not(deepinfer_cuda))]

@@ -105,6 +105,17 @@ pub enum GemmImpl {
     /// of CTAs split over K (`cuda_backend::gemm::split_plan`); the CPU runs
     /// its one reference.
     LargeSplit,
+    /// [`GemmImpl::LargeSplit`] that sums the four k32 steps of a 128-deep
+    /// stage in the tensor core and promotes once wherever a consumer
+    /// warpgroup's 64 rows and the tile's 32-row weight blocks carry one
+    /// scale across the stage, which [`crate::ops::mx_share_scales`] makes
+    /// common without changing a value (issue 13). The products are the
+    /// same; their sum is the tensor core's over 128 of K instead of 32, so
+    /// results agree with the other kernels to `calc_diff`, and a row's bits
+    /// depend on the scales of the 63 rows that share its warpgroup: neither
+    /// batch-invariant nor independent of the other rows. Not `Auto`'s
+    /// choice until measured; the CPU runs its one reference.
+    LargeShared,
     /// The skinny kernel; M ≤ [`SKINNY_MAX_M`] only.
     Skinny,
 }
