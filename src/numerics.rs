@@ -20,6 +20,7 @@ use crate::dtype::{E4M3, E8M0, Fp4x2};
 use half::bf16;
 
 mod share_scales;
+pub(crate) use share_scales::check_share_args;
 pub use share_scales::share_mx_scales;
 
 /// Largest finite e4m3 magnitude.

@@ -36,7 +36,7 @@ use deepinfer::cuda_backend::gemm::{
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
-use deepinfer::{DType, Device, E8M0, Error, Tensor};
+use deepinfer::{DType, Device, E4M3, E8M0, Error, Tensor};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -160,60 +160,82 @@ fn the_dense_split_shapes_split() {
     assert_eq!(plan(128, 1280, 5120), (0, 8));
 }
 
+/// One dense shape through every plan of `plans`, BF16 and F32 out, against
+/// the CPU reference on the same operands (`a` `[m, k]` with `a_s`, `b`
+/// `[n, k]` with `b_s`); each run is repeated into a freshly poisoned output
+/// and must give the same bits.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one shape's operands and its plans"
+)]
+fn dense_case(
+    cdev: &CudaDevice,
+    dev: &Device,
+    (m, n, k): (usize, usize, usize),
+    a: &[E4M3],
+    a_s: &[E8M0],
+    b: &[E4M3],
+    b_s: &[E8M0],
+    plans: &[DensePlan],
+) {
+    let kb = k.div_ceil(32);
+    let reference = by_rows(m, n, |r0, r1| {
+        fp8_gemm_f32(
+            &a[r0 * k..r1 * k],
+            &a_s[r0 * kb..r1 * kb],
+            b,
+            b_s,
+            r1 - r0,
+            n,
+            k,
+        )
+    });
+    let ad = upload(dev, a.to_vec(), &[m, k]);
+    let asd = upload(dev, a_s.to_vec(), &[m, kb]);
+    let bd = upload(dev, b.to_vec(), &[n, k]);
+    let bsd = upload(dev, b_s.to_vec(), &[n.div_ceil(32), kb]);
+    for &plan in plans {
+        for dtype in [DType::BF16, DType::F32] {
+            let mut out = Tensor::empty(dev, dtype, &[m, n]).unwrap();
+            mxfp8_gemm(cdev, &ad, &asd, &bd, &bsd, &mut out, plan).unwrap();
+            let got = download(&out);
+            let what = format!("mxfp8_gemm {m}x{n}x{k} {dtype} {plan:?}");
+            check(&what, &got, &expected(&reference, dtype));
+            // Into a freshly poisoned output: the same bits.
+            let mut again = Tensor::empty(dev, dtype, &[m, n]).unwrap();
+            mxfp8_gemm(cdev, &ad, &asd, &bd, &bsd, &mut again, plan).unwrap();
+            let same = download(&again)
+                .iter()
+                .zip(&got)
+                .all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{what}: a rerun differs");
+        }
+    }
+}
+
 #[test]
 fn mxfp8_gemm_matches_the_cpu_reference() {
     let (cdev, dev) = gpu();
     let mut rng = common::rng("mxfp8_gemm_cuda");
     let shapes = if quick() { DENSE_QUICK } else { DENSE_SHAPES };
+    let plans = [TileSplit::Whole, TileSplit::LastWave].map(|split| DensePlan {
+        split,
+        chain: false,
+    });
     for &(m, n, k) in shapes {
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
         let a_s = random_e8m0(&mut rng, m * kb, GEMM_SCALES);
         let b = random_e4m3(&mut rng, n * k);
         let b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES);
-        let reference = by_rows(m, n, |r0, r1| {
-            fp8_gemm_f32(
-                &a[r0 * k..r1 * k],
-                &a_s[r0 * kb..r1 * kb],
-                &b,
-                &b_s,
-                r1 - r0,
-                n,
-                k,
-            )
-        });
-        let ad = upload(&dev, a.clone(), &[m, k]);
-        let asd = upload(&dev, a_s.clone(), &[m, kb]);
-        let bd = upload(&dev, b.clone(), &[n, k]);
-        let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
-        for split in [TileSplit::Whole, TileSplit::LastWave] {
-            let plan = DensePlan {
-                split,
-                chain: false,
-            };
-            for dtype in [DType::BF16, DType::F32] {
-                let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out, plan).unwrap();
-                let got = download(&out);
-                let what = format!("mxfp8_gemm {m}x{n}x{k} {dtype} {split:?}");
-                check(&what, &got, &expected(&reference, dtype));
-                // Into a freshly poisoned output: the same bits.
-                let mut again = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-                mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut again, plan).unwrap();
-                let same = download(&again)
-                    .iter()
-                    .zip(&got)
-                    .all(|(x, y)| x.to_bits() == y.to_bits());
-                assert!(same, "{what}: a rerun differs");
-            }
-        }
+        dense_case(&cdev, &dev, (m, n, k), &a, &a_s, &b, &b_s, &plans);
     }
 }
 
-/// `scales` (`[rows / per_scale, kb]` bytes) with the four blocks of a
-/// 128-deep stage set to the stage's first byte, for each (group of `group`
-/// rows, stage) with probability `p`: the stages a chained warpgroup (64
-/// rows of A) or a tile's weight block (32 rows of B) may chain.
+/// `scales` (`[rows, kb]` bytes) with the four blocks of a 128-deep stage
+/// set to the stage's first byte, for each (group of `group` rows, stage)
+/// with probability `p`: the stages a chained warpgroup (64 rows of A) or a
+/// weight block (one row of 32 × 32 scales) may chain.
 fn stage_uniform(
     rng: &mut StdRng,
     scales: &mut [E8M0],
@@ -242,6 +264,10 @@ fn mxfp8_gemm_chained_stages_match_the_cpu_reference() {
     let (cdev, dev) = gpu();
     let mut rng = common::rng("mxfp8_gemm_chain_cuda");
     let shapes = if quick() { DENSE_QUICK } else { DENSE_SHAPES };
+    let plans = [DensePlan {
+        split: TileSplit::LastWave,
+        chain: true,
+    }];
     for &(m, n, k) in shapes {
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
@@ -250,39 +276,7 @@ fn mxfp8_gemm_chained_stages_match_the_cpu_reference() {
         let b = random_e4m3(&mut rng, n * k);
         let mut b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES);
         stage_uniform(&mut rng, &mut b_s, n.div_ceil(32), kb, 1, 0.8);
-        let reference = by_rows(m, n, |r0, r1| {
-            fp8_gemm_f32(
-                &a[r0 * k..r1 * k],
-                &a_s[r0 * kb..r1 * kb],
-                &b,
-                &b_s,
-                r1 - r0,
-                n,
-                k,
-            )
-        });
-        let ad = upload(&dev, a.clone(), &[m, k]);
-        let asd = upload(&dev, a_s.clone(), &[m, kb]);
-        let bd = upload(&dev, b.clone(), &[n, k]);
-        let bsd = upload(&dev, b_s.clone(), &[n.div_ceil(32), kb]);
-        let plan = DensePlan {
-            split: TileSplit::LastWave,
-            chain: true,
-        };
-        for dtype in [DType::BF16, DType::F32] {
-            let mut out = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut out, plan).unwrap();
-            let got = download(&out);
-            let what = format!("mxfp8_gemm chained {m}x{n}x{k} {dtype}");
-            check(&what, &got, &expected(&reference, dtype));
-            let mut again = Tensor::empty(&dev, dtype, &[m, n]).unwrap();
-            mxfp8_gemm(&cdev, &ad, &asd, &bd, &bsd, &mut again, plan).unwrap();
-            let same = download(&again)
-                .iter()
-                .zip(&got)
-                .all(|(x, y)| x.to_bits() == y.to_bits());
-            assert!(same, "{what}: a rerun differs");
-        }
+        dense_case(&cdev, &dev, (m, n, k), &a, &a_s, &b, &b_s, &plans);
     }
 }
 

@@ -4,25 +4,12 @@
 
 mod common;
 
+use common::e4m3_spec;
+
 use deepinfer::numerics::*;
 use deepinfer::{E4M3, E8M0};
 use half::bf16;
 use rand::Rng;
-
-/// e4m3 ("fn") decoded from its fields: bias 7, subnormals, 0x7F/0xFF NaN.
-fn e4m3_spec(code: u8) -> f64 {
-    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = ((code >> 3) & 0xF) as i32;
-    let man = (code & 7) as f64;
-    if code & 0x7F == 0x7F {
-        return f64::NAN;
-    }
-    if exp == 0 {
-        sign * man / 8.0 * 2f64.powi(-6)
-    } else {
-        sign * (1.0 + man / 8.0) * 2f64.powi(exp - 7)
-    }
-}
 
 /// Nearest finite e4m3 by exhaustive search, ties to the even code,
 /// saturating at ±448.

@@ -41,22 +41,7 @@ pub fn share_mx_scales(
     group: usize,
 ) -> Result<usize> {
     const OP: &str = "share_mx_scales";
-    if group == 0 || !group.is_multiple_of(BLOCK) {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "group",
-            value: group.to_string(),
-            why: "a positive multiple of 32",
-        });
-    }
-    if rows_per_scale == 0 {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "rows_per_scale",
-            value: "0".into(),
-            why: "at least one row per scale",
-        });
-    }
+    check_share_args(OP, group, rows_per_scale)?;
     let want_codes = rows.checked_mul(k);
     if want_codes != Some(codes.len()) {
         return Err(Error::Shape {
@@ -135,6 +120,33 @@ pub fn share_mx_scales(
         }
     }
     Ok(shared)
+}
+
+/// The argument checks of [`share_mx_scales`] and `ops::mx_share_scales`,
+/// on behalf of `op`: `group` a positive multiple of 32, at least one row
+/// per scale.
+pub(crate) fn check_share_args(
+    op: &'static str,
+    group: usize,
+    rows_per_scale: usize,
+) -> Result<()> {
+    if group == 0 || !group.is_multiple_of(BLOCK) {
+        return Err(Error::Argument {
+            op,
+            arg: "group",
+            value: group.to_string(),
+            why: "a positive multiple of 32",
+        });
+    }
+    if rows_per_scale == 0 {
+        return Err(Error::Argument {
+            op,
+            arg: "rows_per_scale",
+            value: "0".into(),
+            why: "at least one row per scale",
+        });
+    }
+    Ok(())
 }
 
 /// The e4m3 code of `v` · 2^−d (d ≥ 1) when that value is exactly an e4m3

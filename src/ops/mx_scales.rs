@@ -31,20 +31,13 @@ pub fn mx_share_scales(
 ) -> Result<()> {
     codes.expect_dtype(OP, "codes", DType::F8E4M3)?;
     scales.expect_dtype(OP, "scales", DType::E8M0)?;
-    if group == 0 || !group.is_multiple_of(MX_BLOCK) || group > MX_SHARE_MAX_GROUP {
+    numerics::check_share_args(OP, group, rows_per_scale)?;
+    if group > MX_SHARE_MAX_GROUP {
         return Err(Error::Argument {
             op: OP,
             arg: "group",
             value: group.to_string(),
-            why: "a multiple of 32 from 32 to 256",
-        });
-    }
-    if rows_per_scale == 0 {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "rows_per_scale",
-            value: "0".into(),
-            why: "at least one row per scale",
+            why: "at most 256 (8 blocks: the kernel's longest run)",
         });
     }
     let &[rows, k] = codes.shape() else {

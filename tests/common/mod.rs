@@ -23,6 +23,22 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::ops::RangeInclusive;
 
+/// e4m3 ("fn") decoded from its fields: bias 7, subnormals, 0x7F/0xFF NaN
+/// (the tests' own definition, never the library's decoder).
+pub fn e4m3_spec(code: u8) -> f64 {
+    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = ((code >> 3) & 0xF) as i32;
+    let man = (code & 7) as f64;
+    if code & 0x7F == 0x7F {
+        return f64::NAN;
+    }
+    if exp == 0 {
+        sign * man / 8.0 * 2f64.powi(-6)
+    } else {
+        sign * (1.0 + man / 8.0) * 2f64.powi(exp - 7)
+    }
+}
+
 /// The set-up virtualenv's Python (`$DEEPINFER_VENV`, default
 /// `~/.cache/deepinfer/venv`), which runs the Python references.
 pub fn python() -> std::path::PathBuf {

@@ -3,29 +3,14 @@
 //! activations (1 × 32 scales) and weights (32 × 32) with odd row counts, K
 //! tails, NaN codes and NaN scales, at runs of 64, 128 and 256; bad
 //! arguments are typed errors that leave the tensors as they were. Also the
-//! operand generator and the field-level e4m3 decoder that
-//! `mx_share_scales.rs` uses.
+//! operand generator that `mx_share_scales.rs` uses.
 
+use super::e4m3_spec;
 use deepinfer::numerics::{act_quant_block, share_mx_scales};
 use deepinfer::{DType, Device, E4M3, E8M0, Error, Tensor, ops};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
-
-/// e4m3 ("fn") from its fields: bias 7, subnormals, 0x7F / 0xFF NaN.
-pub fn e4m3_spec(code: u8) -> f64 {
-    let sign = if code & 0x80 != 0 { -1.0 } else { 1.0 };
-    let exp = ((code >> 3) & 0xF) as i32;
-    let man = (code & 7) as f64;
-    if code & 0x7F == 0x7F {
-        return f64::NAN;
-    }
-    if exp == 0 {
-        sign * man / 8.0 * 2f64.powi(-6)
-    } else {
-        sign * (1.0 + man / 8.0) * 2f64.powi(exp - 7)
-    }
-}
 
 /// An operand: codes `[rows, k]` and one scale per `rps` rows and 32 of K.
 #[derive(Clone)]
