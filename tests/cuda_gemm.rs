@@ -163,7 +163,7 @@ fn the_dense_split_shapes_split() {
 /// One dense shape through every plan of `plans`, BF16 and F32 out, against
 /// the CPU reference on the same operands (`a` `[m, k]` with `a_s`, `b`
 /// `[n, k]` with `b_s`); each run is repeated into a freshly poisoned output
-/// and must give the same bits.
+/// and must give the same bits. Returns each plan's F32 output.
 #[allow(
     clippy::too_many_arguments,
     reason = "one shape's operands and its plans"
@@ -177,7 +177,7 @@ fn dense_case(
     b: &[E4M3],
     b_s: &[E8M0],
     plans: &[DensePlan],
-) {
+) -> Vec<Vec<f64>> {
     let kb = k.div_ceil(32);
     let reference = by_rows(m, n, |r0, r1| {
         fp8_gemm_f32(
@@ -194,6 +194,7 @@ fn dense_case(
     let asd = upload(dev, a_s.to_vec(), &[m, kb]);
     let bd = upload(dev, b.to_vec(), &[n, k]);
     let bsd = upload(dev, b_s.to_vec(), &[n.div_ceil(32), kb]);
+    let mut f32_out = Vec::new();
     for &plan in plans {
         for dtype in [DType::BF16, DType::F32] {
             let mut out = Tensor::empty(dev, dtype, &[m, n]).unwrap();
@@ -209,8 +210,12 @@ fn dense_case(
                 .zip(&got)
                 .all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{what}: a rerun differs");
+            if dtype == DType::F32 {
+                f32_out.push(got);
+            }
         }
     }
+    f32_out
 }
 
 #[test]
@@ -264,10 +269,13 @@ fn mxfp8_gemm_chained_stages_match_the_cpu_reference() {
     let (cdev, dev) = gpu();
     let mut rng = common::rng("mxfp8_gemm_chain_cuda");
     let shapes = if quick() { DENSE_QUICK } else { DENSE_SHAPES };
-    let plans = [DensePlan {
+    let plans = [false, true].map(|chain| DensePlan {
         split: TileSplit::LastWave,
-        chain: true,
-    }];
+        chain,
+    });
+    // Shapes where the chained kernel's bits differ from the per-32 one's:
+    // proof that stages chained (a chained sum rounds differently).
+    let mut differ = 0;
     for &(m, n, k) in shapes {
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
@@ -276,8 +284,14 @@ fn mxfp8_gemm_chained_stages_match_the_cpu_reference() {
         let b = random_e4m3(&mut rng, n * k);
         let mut b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES);
         stage_uniform(&mut rng, &mut b_s, n.div_ceil(32), kb, 1, 0.8);
-        dense_case(&cdev, &dev, (m, n, k), &a, &a_s, &b, &b_s, &plans);
+        let out = dense_case(&cdev, &dev, (m, n, k), &a, &a_s, &b, &b_s, &plans);
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        differ += usize::from(bits(&out[0]) != bits(&out[1]));
     }
+    assert!(
+        differ > 0,
+        "no shape chained a stage: the chained kernel ran the per-32 path"
+    );
 }
 
 #[test]

@@ -137,6 +137,52 @@ fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
                 );
             }
         }
+        // LargeShared on scales made uniform across every 128-deep stage:
+        // within the bound of the reference, and not the per-32 kernel's
+        // bits, so the op reached the chained kernel and it chained.
+        let m = m_max;
+        let uniform = |v: Vec<E8M0>| -> Vec<E8M0> {
+            let mut v = v;
+            for row in v.chunks_mut(kb) {
+                for st in row.chunks_mut(4) {
+                    let first = st[0];
+                    st.fill(first);
+                }
+            }
+            v
+        };
+        let ah = t(a[..m * k].to_vec(), &[m, k]);
+        let ash = t(uniform(a_s[..m * kb].to_vec()), &[m, kb]);
+        let wsh = t(
+            uniform(w_s.to_vec::<E8M0>().unwrap()),
+            &[n.div_ceil(32), kb],
+        );
+        let want = f32s(&ops::mxfp8_linear(&ah, &ash, &w, &wsh, DType::F32).unwrap());
+        let (ad, asd, wsd) = (
+            ah.to_device(&dev).unwrap(),
+            ash.to_device(&dev).unwrap(),
+            wsh.to_device(&dev).unwrap(),
+        );
+        let run = |imp| {
+            let mut out = Tensor::empty(&dev, DType::F32, &[m, n]).unwrap();
+            ops::mxfp8_linear_into(&ad, &asd, &wd, &wsd, &mut out, imp).unwrap();
+            f32s(&out)
+        };
+        let (shared, split) = (run(GemmImpl::LargeShared), run(GemmImpl::LargeSplit));
+        let d = diff(&shared, &want);
+        assert!(d < BOUND, "{m}x{n}x{k} LargeShared: calc_diff {d:e}");
+        assert_eq!(
+            bits(&run(GemmImpl::LargeShared)),
+            bits(&shared),
+            "{m}x{n}x{k} LargeShared: rerun differs"
+        );
+        if k >= 128 {
+            assert_ne!(
+                bits(&shared),
+                bits(&split),
+                "{m}x{n}x{k}: LargeShared gave the per-32 kernel's bits"
+            );
+        }
     }
 }
 

@@ -155,6 +155,7 @@ fn mxfp8_linear_equals_the_reference_and_an_f64_recomputation() {
             GemmImpl::Auto,
             GemmImpl::Large,
             GemmImpl::LargeSplit,
+            GemmImpl::LargeShared,
             GemmImpl::Skinny,
         ] {
             if imp == GemmImpl::Skinny && m > SKINNY_MAX_M {

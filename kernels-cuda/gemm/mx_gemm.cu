@@ -150,13 +150,14 @@ __device__ __forceinline__ void store_quad(float *dst, int stride, uint32_t w) {
 // shared memory: sa[j][r] for the 128 rows of A, and sb[j][r] for the 128
 // output rows of FP4 B, or sb[j][nb] for the 4 32-row blocks of dense B.
 //
-// Returns the stage's chain flags (dense, p.chain set; 0 otherwise): bit w
-// (w = 0, 1) when all four K blocks of the stage carry one scale byte in
-// each of consumer warpgroup w's 64 rows of A, bit 2 when the same holds
-// for each of the tile's four 32-row blocks of B. Rows and blocks out of
-// range read byte 0 (load_scale_quad), so a stage past the end of K is
-// never uniform and a row past M always is (its operands are zero).
-template <bool kFp4>
+// Returns the stage's chain flags (the chained dense kernels; 0 otherwise):
+// bit w (w = 0, 1) when all four K blocks of the stage carry one scale byte
+// in each of consumer warpgroup w's 64 rows of A, bit 2 when the same holds
+// for each of the tile's four 32-row blocks of B. Rows and K blocks out of
+// range read byte 0 (load_scale_quad): a row past M is uniform (its
+// operands are zero-filled, so chaining it changes nothing), and a stage
+// that ends past K chains only when its in-range bytes are 0 as well.
+template <bool kFp4, bool kChain>
 __device__ __forceinline__ uint32_t load_scales(const di_mx_gemm_params &p, const Tile &tile, int st,
                                                 float *sa, float *sb, int lane) {
     const int kbt = (p.k + 31) / 32;
@@ -181,11 +182,11 @@ __device__ __forceinline__ uint32_t load_scales(const di_mx_gemm_params &p, cons
         if (kFp4) store_quad(sb + lane + 32 * i, kBlockN, vb[i]);
     }
     if (!kFp4 && lane < kBlockN / 32) store_quad(sb + lane, kBlockN / 32, vb[0]);
-    if (kFp4 || p.chain == 0) return 0u;
+    if (kFp4 || !kChain) return 0u;
     const auto same = [](uint32_t w) { return w == (w & 0xFFu) * 0x01010101u; };
-    const uint32_t a0 = __all_sync(0xFFFFFFFFu, same(va[0]) && same(va[1]));
-    const uint32_t a1 = __all_sync(0xFFFFFFFFu, same(va[2]) && same(va[3]));
-    const uint32_t b = __all_sync(0xFFFFFFFFu, lane >= kBlockN / 32 || same(vb[0]));
+    const uint32_t a0 = __all_sync(0xFFFFFFFFu, same(va[0]) && same(va[1])) ? 1u : 0u;
+    const uint32_t a1 = __all_sync(0xFFFFFFFFu, same(va[2]) && same(va[3])) ? 1u : 0u;
+    const uint32_t b = __all_sync(0xFFFFFFFFu, lane >= kBlockN / 32 || same(vb[0])) ? 1u : 0u;
     return a0 | (a1 << 1) | (b << 2);
 }
 
@@ -495,7 +496,7 @@ __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing
 }
 
 // A stage whose four K blocks carry one scale in each of this warpgroup's
-// rows and in each 32-row block of B (chain_flags): each n64 half chains its
+// rows and in each 32-row block of B (load_scales' flags): each n64 half chains its
 // four k32 steps in the tensor core (scale_d = 1 after the first) and is
 // promoted once with the step-0 scales, the same products as four
 // promotions by equal factors but summed in the tensor core's order. Self-
@@ -567,7 +568,7 @@ __device__ __forceinline__ bool finish_split(const di_mx_gemm_params &p, const T
     return true;
 }
 
-template <bool kFp4, bool kF32>
+template <bool kFp4, bool kF32, bool kChain>
 __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
     using L = Layout<kFp4>;
     constexpr int S = L::kStages;
@@ -638,9 +639,9 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
                     const int s = it % S;
                     const uint32_t ph = (it / S) & 1;
                     mbar_wait(&empty[s], ph ^ 1);
-                    const uint32_t f = load_scales<kFp4>(p, tile, st, sa_all + s * L::kSaFloats,
-                                                         sb_all + s * L::kSbFloats, lane);
-                    if (lane == 0) flags[s] = f;
+                    const uint32_t f = load_scales<kFp4, kChain>(p, tile, st, sa_all + s * L::kSaFloats,
+                                                                 sb_all + s * L::kSbFloats, lane);
+                    if (kChain && lane == 0) flags[s] = f;
                     if (kFp4) {
                         mbar_wait(&full[s], ph);
                         decode_fp4_tile(packed_tiles + s * kPackedTileBytes, b_tiles + s * kBTileBytes, lane,
@@ -674,11 +675,13 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
         for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
         // Stages in pairs (see stage_body), then an odd last stage alone.
         int st = tile.st_begin;
-        // Whether this warpgroup chains stage s (dense with p.chain: its
+        // Whether this warpgroup chains stage s (the chained dense kernels:
+        // load_scales' flags; a compile-time false elsewhere, so the other
+        // kernels compile to the per-32 loop alone). Its
         // rows' and B's scales are equal across the stage, chain_flags).
         const auto chains = [&](int s) {
             const uint32_t f = flags[s];
-            return !kFp4 && ((f >> wg) & (f >> 2) & 1u) != 0;
+            return kChain && !kFp4 && ((f >> wg) & (f >> 2) & 1u) != 0;
         };
         for (; st + 2 <= tile.st_end; st += 2, it += 2) {
             const int s0 = it % S, s1 = (it + 1) % S;
@@ -804,9 +807,12 @@ template <bool kFp4, bool kF32> __device__ void mx_gemm_simt(const di_mx_gemm_pa
 }  // namespace
 #endif
 
-template <bool kFp4, bool kF32> __device__ __forceinline__ void mx_gemm(const di_mx_gemm_params &p) {
+// kChain: the dense kernel that chains uniform stages (GemmImpl::LargeShared,
+// README.md "Chained stages"); the SIMT path keeps the reference's order.
+template <bool kFp4, bool kF32, bool kChain = false>
+__device__ __forceinline__ void mx_gemm(const di_mx_gemm_params &p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    mx_gemm_sm90<kFp4, kF32>(p);
+    mx_gemm_sm90<kFp4, kF32, kChain>(p);
 #else
     mx_gemm_simt<kFp4, kF32>(p);
 #endif
@@ -820,6 +826,16 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp8_gemm_f32(const __grid_constant__ di_mx_gemm_params p) {
     mx_gemm<false, true>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp8_gemm_chained_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm<false, false, true>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+    mxfp8_gemm_chained_f32(const __grid_constant__ di_mx_gemm_params p) {
+    mx_gemm<false, true, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)

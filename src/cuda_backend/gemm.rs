@@ -112,10 +112,12 @@ pub fn mxfp8_gemm(
         return Err(rank_error(OP, a, "A [M, K] and B [N, K]"));
     };
     check_k(OP, "a", a, k, 16)?;
-    let kernel = match out.dtype() {
-        DType::BF16 => kernels::gemm::MXFP8_GEMM_BF16,
-        DType::F32 => kernels::gemm::MXFP8_GEMM_F32,
-        got => return Err(out_dtype_error(OP, got)),
+    let kernel = match (out.dtype(), plan.chain) {
+        (DType::BF16, false) => kernels::gemm::MXFP8_GEMM_BF16,
+        (DType::F32, false) => kernels::gemm::MXFP8_GEMM_F32,
+        (DType::BF16, true) => kernels::gemm::MXFP8_GEMM_CHAINED_BF16,
+        (DType::F32, true) => kernels::gemm::MXFP8_GEMM_CHAINED_F32,
+        (got, _) => return Err(out_dtype_error(OP, got)),
     };
     let (m32, n32, k32) = (
         fit_i32(OP, "a", a, m)?,
@@ -175,7 +177,6 @@ pub fn mxfp8_gemm(
         groups: 1,
         whole_tiles: whole32,
         splits: splits32,
-        chain: i32::from(plan.chain),
     };
     if splits == 1 {
         return run(dev, kernel, SMEM_FP8, tiles, &p);
@@ -280,7 +281,6 @@ pub fn mxfp4_grouped_contiguous(
         groups: e32,
         whole_tiles: 0,
         splits: 1,
-        chain: 0,
     };
     run(dev, kernel, SMEM_FP4, tiles_bound, &p)
 }

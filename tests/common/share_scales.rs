@@ -125,6 +125,39 @@ pub fn operand(rng: &mut StdRng, rows: usize, k: usize, rps: usize, shape: usize
 /// `ops::mx_share_scales` on `dev` against `numerics::share_mx_scales` on
 /// the host, bitwise, and its typed errors.
 pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
+    // Hand-made runs first: two blocks of one row at scales 2^0 and 2^1
+    // (then 2^0 and 2^12: a shift past 9), with one code in the lower block
+    // that is exact when halved (0.5), inexact (2^-9, the smallest step),
+    // a negative zero, or (all codes zero) a block that any shift keeps.
+    for (low, top, zero_block) in [
+        (0x30u8, 128u8, false),
+        (0x01, 128, false),
+        (0x80, 128, false),
+        (0x30, 139, false),
+        (0x00, 139, true),
+    ] {
+        let mut codes = vec![E4M3(0x38); 64];
+        codes[5] = E4M3(low);
+        if zero_block {
+            codes[..32].fill(E4M3(0x80));
+        }
+        let scales = vec![E8M0(127), E8M0(top)];
+        let (mut want_c, mut want_s) = (codes.clone(), scales.clone());
+        share_mx_scales(&mut want_c, &mut want_s, 1, 64, 1, 64).unwrap();
+        let mut c = Tensor::from_vec(codes, &[1, 64])
+            .unwrap()
+            .to_device(dev)
+            .unwrap();
+        let mut s = Tensor::from_vec(scales, &[1, 2])
+            .unwrap()
+            .to_device(dev)
+            .unwrap();
+        ops::mx_share_scales(&mut c, &mut s, 1, 64).unwrap();
+        let what = format!("{dev} low {low:#x} top {top} zero block {zero_block}");
+        assert_eq!(c.to_vec::<E4M3>().unwrap(), want_c, "codes: {what}");
+        assert_eq!(s.to_vec::<E8M0>().unwrap(), want_s, "scales: {what}");
+    }
+    let mut rewritten = 0usize;
     for (rows, k, rps) in [
         (1, 32, 1),
         (37, 1000, 1),
@@ -141,6 +174,11 @@ pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
                     (before, op)
                 };
                 let ((codes, scales), want) = want;
+                rewritten += scales
+                    .iter()
+                    .zip(&want.scales)
+                    .filter(|(a, b)| a != b)
+                    .count();
                 let sr = rows.div_ceil(rps);
                 let mut c = Tensor::from_vec(codes, &[rows, k])
                     .unwrap()
@@ -157,6 +195,10 @@ pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
             }
         }
     }
+    assert!(
+        rewritten > 1000,
+        "only {rewritten} scales rewritten: a no-op would pass"
+    );
     // Typed errors, nothing written.
     let op = operand(rng, 40, 96, 1, 0);
     let mut c = Tensor::from_vec(op.codes.clone(), &[40, 96])

@@ -94,7 +94,6 @@ typedef struct di_mx_gemm_params {
     int32_t groups;
     int32_t whole_tiles;
     int32_t splits;
-    int32_t chain; /* dense: chain a stage's k32 steps where its scales are equal (GemmImpl::LargeShared) */
 } di_mx_gemm_params;
 
 /* ---- indexer/: index-key rows, index scores, exact top-k (helper "indexer") */
