@@ -19,7 +19,7 @@ use deepinfer::{DType, Device, Tensor};
 use DType::{BF16, E8M0, F4E2M1x2 as FP4, F8E4M3 as FP8, F32, I32, I64, U8};
 
 /// Number of op families [`ops`] dispatches over.
-pub const OPS: u8 = 39;
+pub const OPS: u8 = 40;
 
 /// One op call: the first byte picks the op, the rest its arguments.
 pub fn ops(data: &[u8]) {
@@ -645,6 +645,19 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                 };
                 let _ = ep::combine(&Local, &d.handle, &expert_out, &shared);
             }
+        }
+        38 => {
+            // Exact scale sharing in place: fuzzed codes and scales (shapes
+            // that mostly agree), rows per scale and run length.
+            let mut codes = t!(b, FP8, 2);
+            let (r, k) = match *codes.shape() {
+                [r, k] => (r, k),
+                _ => (b.count(), b.count()),
+            };
+            let mut scales = s!(b, E8M0, [r, k.div_ceil(32)]);
+            let rps = arg(b, &[1, 32]);
+            let group = arg(b, &[64, 128, 256]);
+            let _ = ops::mx_share_scales(&mut codes, &mut scales, rps, group);
         }
         _ => {
             // Tensor constructors and row copies.
