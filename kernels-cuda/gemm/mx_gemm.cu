@@ -364,12 +364,17 @@ struct StageView {
 // start-address field is (address mod 2^18) / 16 in 14 bits, and every
 // operand address stays below the 227 KiB of shared memory, so the sum never
 // carries out of the field (one 64-bit add a unit instead of rebuilding the
-// descriptor: about 10 fewer instructions a unit in the SASS).
+// descriptor: about 10 fewer instructions a unit in the SASS). The add is on
+// the low word alone (desc_advance), so the high word stays one register.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units16) {
+    return (desc & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(desc) + units16);
+}
+
 __device__ __forceinline__ void issue_unit(float (&f)[kFreshRegs], const StageView &v, int u) {
     const int j = u / kHalves, h = u % kHalves;
     wgmma_fence();
-    WgmmaE4M3<kUnitN>::mma_fresh(f, v.da + uint64_t((j * 32) >> 4),
-                                 v.db + uint64_t((h * kUnitN * kBlockK + j * 32) >> 4));
+    WgmmaE4M3<kUnitN>::mma_fresh(f, desc_advance(v.da, (j * 32) >> 4),
+                                 desc_advance(v.db, (h * kUnitN * kBlockK + j * 32) >> 4));
     wgmma_commit();
 }
 
@@ -496,35 +501,38 @@ __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing
 }
 
 // A stage whose four K blocks carry one scale in each of this warpgroup's
-// rows and in each 32-row block of B (load_scales' flags): each n64 half chains its
-// four k32 steps in the tensor core (scale_d = 1 after the first) and is
-// promoted once with the step-0 scales, the same products as four
-// promotions by equal factors but summed in the tensor core's order. Self-
-// contained: both halves are waited for before it returns, so no wgmma is
-// in flight across the caller's runtime branches.
+// rows and in each 32-row block of B (load_scales' flags): the four k32
+// steps chain in the tensor core as one m64n128 wgmma group (scale_d = 1
+// after the first) into the whole ring, and each n64 half is promoted once
+// with the step-0 scales: the same products as four promotions by equal
+// factors, summed in the tensor core's order. The n128 fragment's registers
+// 32 h .. 32 h + 31 are ring[h] in the n64 layout (column 64 h + 8 i + ...),
+// so promote_unit is the per-32 path's. One n128 unit instead of two n64
+// halves halves the QGMMA and descriptor instructions (ncu, 2026-12-05:
+// the n64 version spent ~80 of its ~170 instructions a stage on
+// descriptors); the scales are read first so their latency hides under the
+// issue (the n64 version stalled ~10 % of its samples on them). Self-
+// contained: the group is waited for before it returns, so no wgmma is in
+// flight across the caller's runtime branches.
 template <bool kFp4>
 __device__ __forceinline__ void chained_stage(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
                                               const StageView &v, int wrow, int lane) {
-    static_assert(kRing == 2 && kHalves == 2, "one ring slot per half");
-#pragma unroll
-    for (int h = 0; h < kHalves; ++h) {
-        const uint64_t db = v.db + uint64_t((h * kUnitN * kBlockK) >> 4);
-        wgmma_fence();
-        WgmmaE4M3<kUnitN>::mma_fresh(ring[h], v.da, db);
-#pragma unroll
-        for (int j = 1; j < kSteps; ++j) {
-            WgmmaE4M3<kUnitN>::mma(ring[h], v.da + uint64_t((j * 32) >> 4), db + uint64_t((j * 32) >> 4), 1);
-        }
-        wgmma_commit();
-    }
+    static_assert(kRing == 2 && kHalves == 2 && kRing * kFreshRegs == WgmmaE4M3<kBlockN>::kRegs,
+                  "the ring holds one n128 fragment");
     const UnitScale sc0 = unit_scale<kFp4>(v, 0, wrow);
     const UnitScale sc1 = unit_scale<kFp4>(v, 1, wrow);
-    wgmma_wait<1>();
-    fence_operands(ring[0]);
-    promote_unit<kFp4>(acc, ring[0], sc0, v, 0, lane);
+    float f[kRing * kFreshRegs];
+    wgmma_fence();
+    WgmmaE4M3<kBlockN>::mma_fresh(f, v.da, v.db);
+#pragma unroll
+    for (int j = 1; j < kSteps; ++j) {
+        WgmmaE4M3<kBlockN>::mma(f, desc_advance(v.da, (j * 32) >> 4), desc_advance(v.db, (j * 32) >> 4), 1);
+    }
+    wgmma_commit();
     wgmma_wait<0>();
-    fence_operands(ring[1]);
-    promote_unit<kFp4>(acc, ring[1], sc1, v, 1, lane);
+    fence_operands(f);
+    promote_unit<kFp4>(acc, *reinterpret_cast<const float(*)[kFreshRegs]>(f), sc0, v, 0, lane);
+    promote_unit<kFp4>(acc, *reinterpret_cast<const float(*)[kFreshRegs]>(f + kFreshRegs), sc1, v, 1, lane);
 }
 
 // A piece of a split tile (params.h): consumer thread ct (0..255) writes its
