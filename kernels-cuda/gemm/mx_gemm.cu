@@ -508,7 +508,7 @@ __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing
 // factors, summed in the tensor core's order. The n128 fragment's registers
 // 32 h .. 32 h + 31 are ring[h] in the n64 layout (column 64 h + 8 i + ...),
 // so promote_unit is the per-32 path's. One n128 unit instead of two n64
-// halves halves the QGMMA and descriptor instructions (ncu, 2026-12-05:
+// halves halves the QGMMA and descriptor instructions (ncu, 2026-12-04:
 // the n64 version spent ~80 of its ~170 instructions a stage on
 // descriptors); the scales are read first so their latency hides under the
 // issue (the n64 version stalled ~10 % of its samples on them). Self-
