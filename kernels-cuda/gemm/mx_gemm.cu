@@ -501,27 +501,26 @@ __device__ __forceinline__ void stage_body(float (&acc)[64], float (&ring)[kRing
 }
 
 // A stage whose four K blocks carry one scale in each of this warpgroup's
-// rows and in each 32-row block of B (load_scales' flags): the four k32
-// steps chain in the tensor core as one m64n128 wgmma group (scale_d = 1
-// after the first) into the whole ring, and each n64 half is promoted once
-// with the step-0 scales: the same products as four promotions by equal
-// factors, summed in the tensor core's order. The n128 fragment's registers
-// 32 h .. 32 h + 31 are ring[h] in the n64 layout (column 64 h + 8 i + ...),
-// so promote_unit is the per-32 path's. One n128 unit instead of two n64
-// halves halves the QGMMA and descriptor instructions (ncu, 2026-12-04:
-// the n64 version spent ~80 of its ~170 instructions a stage on
-// descriptors); the scales are read first so their latency hides under the
-// issue (the n64 version stalled ~10 % of its samples on them). Self-
-// contained: the group is waited for before it returns, so no wgmma is in
-// flight across the caller's runtime branches.
-template <bool kFp4>
-__device__ __forceinline__ void chained_stage(float (&acc)[64], float (&ring)[kRing][kFreshRegs],
-                                              const StageView &v, int wrow, int lane) {
-    static_assert(kRing == 2 && kHalves == 2 && kRing * kFreshRegs == WgmmaE4M3<kBlockN>::kRegs,
-                  "the ring holds one n128 fragment");
-    const UnitScale sc0 = unit_scale<kFp4>(v, 0, wrow);
-    const UnitScale sc1 = unit_scale<kFp4>(v, 1, wrow);
-    float f[kRing * kFreshRegs];
+// rows and in each 32-row block of B (load_scales' flags) is chained: its
+// four k32 steps run in the tensor core as one m64n128 wgmma group
+// (scale_d = 1 after the first) into a fresh fragment, and each n64 half is
+// promoted once with the step-0 scales: the same products as four
+// promotions by equal factors, summed in the tensor core's order. The n128
+// fragment's registers 32 h .. 32 h + 31 are an n64 unit of half h (column
+// 64 h + 8 i + ...), so promote_unit is the per-32 path's. One n128 group
+// instead of two n64 halves halves the QGMMA and descriptor instructions
+// (ncu, 2026-12-04: the n64 version spent ~80 of its ~170 instructions a
+// stage on descriptors).
+struct ChainScale {
+    UnitScale h0, h1;
+};
+
+// Read before the group is issued, so the loads' latency hides under it.
+template <bool kFp4> __device__ __forceinline__ ChainScale chain_scale(const StageView &v, int wrow) {
+    return ChainScale{unit_scale<kFp4>(v, 0, wrow), unit_scale<kFp4>(v, 1, wrow)};
+}
+
+__device__ __forceinline__ void issue_chain(float (&f)[kBlockN / 2], const StageView &v) {
     wgmma_fence();
     WgmmaE4M3<kBlockN>::mma_fresh(f, v.da, v.db);
 #pragma unroll
@@ -529,10 +528,26 @@ __device__ __forceinline__ void chained_stage(float (&acc)[64], float (&ring)[kR
         WgmmaE4M3<kBlockN>::mma(f, desc_advance(v.da, (j * 32) >> 4), desc_advance(v.db, (j * 32) >> 4), 1);
     }
     wgmma_commit();
-    wgmma_wait<0>();
+}
+
+// After the group's wait.
+template <bool kFp4>
+__device__ __forceinline__ void promote_chain(float (&acc)[64], float (&f)[kBlockN / 2], const ChainScale &sc,
+                                              const StageView &v, int lane) {
+    static_assert(kHalves == 2 && 2 * kFreshRegs == kBlockN / 2, "an n128 fragment is two n64 units");
     fence_operands(f);
-    promote_unit<kFp4>(acc, *reinterpret_cast<const float(*)[kFreshRegs]>(f), sc0, v, 0, lane);
-    promote_unit<kFp4>(acc, *reinterpret_cast<const float(*)[kFreshRegs]>(f + kFreshRegs), sc1, v, 1, lane);
+    promote_unit<kFp4>(acc, *reinterpret_cast<const float(*)[kFreshRegs]>(f), sc.h0, v, 0, lane);
+    promote_unit<kFp4>(acc, *reinterpret_cast<const float(*)[kFreshRegs]>(f + kFreshRegs), sc.h1, v, 1, lane);
+}
+
+// One chained stage alone: the group is waited for before it returns.
+template <bool kFp4>
+__device__ __forceinline__ void chained_stage(float (&acc)[64], const StageView &v, int wrow, int lane) {
+    const ChainScale sc = chain_scale<kFp4>(v, wrow);
+    float f[kBlockN / 2];
+    issue_chain(f, v);
+    wgmma_wait<0>();
+    promote_chain<kFp4>(acc, f, sc, v, lane);
 }
 
 // A piece of a split tile (params.h): consumer thread ct (0..255) writes its
@@ -698,27 +713,46 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             mbar_wait(&ready[s0], ph0);
             const bool c0 = chains(s0);
             if (c0) {
-                chained_stage<kFp4>(acc, ring, view(s0), wrow, lane);
-                release(view(s0), lane);
-            } else {
-                stage_body<kFp4, false>(acc, ring, view(s0), view(s0), wrow, lane);
-            }
-            mbar_wait(&full[s1], ph1);
-            mbar_wait(&ready[s1], ph1);
-            const bool c1 = chains(s1);
-            if (!c0 && !c1) {
-                stage_body<kFp4, true>(acc, ring, view(s0), view(s1), wrow, lane);
-                drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
-            } else {
-                if (!c0) {
-                    drain<kFp4, 0>(acc, ring, view(s0), wrow, lane);
-                    release(view(s0), lane);
-                }
-                if (c1) {
-                    chained_stage<kFp4>(acc, ring, view(s1), wrow, lane);
+                // Stage s0's group runs while s1's barriers and flag are
+                // read and, when s1 chains too, while s0 is promoted (s1's
+                // group queued behind it): the warpgroup keeps the tensor
+                // core fed across its own promotion. ncu of the one-stage
+                // form (2026-12-04): both consumer warpgroups waited on
+                // their group in step, 19 % of their samples.
+                const StageView v0 = view(s0);
+                const ChainScale sc0 = chain_scale<kFp4>(v0, wrow);
+                float f0[kBlockN / 2];
+                issue_chain(f0, v0);
+                mbar_wait(&full[s1], ph1);
+                mbar_wait(&ready[s1], ph1);
+                if (chains(s1)) {
+                    const StageView v1 = view(s1);
+                    const ChainScale sc1 = chain_scale<kFp4>(v1, wrow);
+                    float f1[kBlockN / 2];
+                    issue_chain(f1, v1);
+                    wgmma_wait<1>();
+                    promote_chain<kFp4>(acc, f0, sc0, v0, lane);
+                    release(v0, lane);
+                    wgmma_wait<0>();
+                    promote_chain<kFp4>(acc, f1, sc1, v1, lane);
                 } else {
+                    wgmma_wait<0>();
+                    promote_chain<kFp4>(acc, f0, sc0, v0, lane);
+                    release(v0, lane);
                     stage_body<kFp4, false>(acc, ring, view(s1), view(s1), wrow, lane);
                     drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+                }
+            } else {
+                stage_body<kFp4, false>(acc, ring, view(s0), view(s0), wrow, lane);
+                mbar_wait(&full[s1], ph1);
+                mbar_wait(&ready[s1], ph1);
+                if (!chains(s1)) {
+                    stage_body<kFp4, true>(acc, ring, view(s0), view(s1), wrow, lane);
+                    drain<kFp4, 0>(acc, ring, view(s1), wrow, lane);
+                } else {
+                    drain<kFp4, 0>(acc, ring, view(s0), wrow, lane);
+                    release(view(s0), lane);
+                    chained_stage<kFp4>(acc, view(s1), wrow, lane);
                 }
             }
             release(view(s1), lane);
@@ -729,7 +763,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             mbar_wait(&full[s], ph);
             mbar_wait(&ready[s], ph);
             if (chains(s)) {
-                chained_stage<kFp4>(acc, ring, view(s), wrow, lane);
+                chained_stage<kFp4>(acc, view(s), wrow, lane);
             } else {
                 stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
                 drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
