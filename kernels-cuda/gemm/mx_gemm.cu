@@ -706,8 +706,7 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             const uint32_t f = flags[s];
             return kChain && !kFp4 && ((f >> wg) & (f >> 2) & 1u) != 0;
         };
-        // One stage alone (the odd last one; and, in the chained kernels,
-        // warpgroup 1's first): waited for before the next.
+        // One stage alone (the odd last one), waited for before it returns.
         const auto lone_stage = [&]() {
             const int s = it % S;
             const uint32_t ph = (it / S) & 1;
@@ -723,13 +722,6 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             ++st;
             ++it;
         };
-        // The chained pairs leave the tensor core idle while their second
-        // stage is promoted and the next pair's barriers are read; both
-        // warpgroups wait on the same stages, so they would idle in step.
-        // Warpgroup 1 runs its first stage alone, so its pairs straddle
-        // warpgroup 0's and each one's gap falls inside the other's queued
-        // group.
-        if (kChain && wg == 1 && st + 2 < tile.st_end) lone_stage();
         for (; st + 2 <= tile.st_end; st += 2, it += 2) {
             const int s0 = it % S, s1 = (it + 1) % S;
             const uint32_t ph0 = (it / S) & 1, ph1 = ((it + 1) / S) & 1;
