@@ -158,10 +158,16 @@ pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
         assert_eq!(s.to_vec::<E8M0>().unwrap(), want_s, "scales: {what}");
     }
     let mut rewritten = 0usize;
+    // Activations (rps 1) with K a multiple of 16 take the CUDA kernel's
+    // stripes of 512 codes: whole stripes (4096), a last partial stripe and
+    // run (1312: 41 blocks), a stripe shorter than one run (48); the others
+    // its unit layout.
     for (rows, k, rps) in [
         (1, 32, 1),
         (37, 1000, 1),
         (64, 4096, 1),
+        (29, 1312, 1),
+        (3, 48, 1),
         (70, 1312, 32),
         (256, 2080, 32),
     ] {
