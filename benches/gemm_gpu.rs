@@ -431,6 +431,7 @@ mod gpu {
             Err(e) => println!("mx_share_scales/{} m={m}: {e}", p.name),
         }
         drop(ca);
+        quant_shared(h, p, m);
         let wc = Harness::copies(n * k);
         let ws: Vec<(Tensor, Tensor)> = (0..wc).map(|_| (w.clone(), w_s.clone())).collect();
         let xs: Vec<(Tensor, Tensor)> = (0..ac).map(|_| (a.clone(), a_s.clone())).collect();
@@ -463,6 +464,55 @@ mod gpu {
                 Vec::new(),
             );
             h.annotate_last("uniform_stages", cells.clone());
+        }
+    }
+
+    /// The activation quantiser with sharing fused (`ops::act_quant_fp8_shared`,
+    /// runs of 128) against the plain one (`ops::act_quant_fp8`) on the same
+    /// BF16 `[m, k]` (`ops::random_param`, std 1), both against the copy of
+    /// their bytes: what the share costs when the quantiser does it.
+    fn quant_shared(h: &mut Harness, p: &Proj, m: usize) {
+        use deepinfer::weight_rng::{Format, RandomParam};
+        let k = p.k;
+        let param = RandomParam {
+            key: 93,
+            mean: 0.0,
+            std: 1.0,
+            rows: m,
+            cols: k,
+            format: Format::Bf16,
+        };
+        let x = match ops::random_param(&h.dev, &param) {
+            Ok(x) => x[0].clone(),
+            Err(e) => {
+                println!("act_quant_fp8_shared/{} m={m}: {e}", p.name);
+                return;
+            }
+        };
+        let c = Harness::copies(m * k * 2);
+        let xs: Vec<Tensor> = (0..c).map(|_| x.clone()).collect();
+        let bytes = 2 * m * k + m * k + m * k.div_ceil(32);
+        let copy_us = h.copy_us(bytes);
+        let formula = "2*m*k (bf16 x) + m*k (e4m3 q) + m*ceil(k/32) (scales)";
+        for (label, shared) in [("act_quant_fp8", false), ("act_quant_fp8_shared", true)] {
+            let us = measure(h, |i| {
+                if shared {
+                    ops::act_quant_fp8_shared(&xs[i % c], 128).map(drop)
+                } else {
+                    ops::act_quant_fp8(&xs[i % c]).map(drop)
+                }
+            });
+            match us {
+                Ok(us) => h.record_vs_copy(
+                    &format!("{label}/{}", p.name),
+                    json!({ "m": m, "k": k }),
+                    us,
+                    bytes,
+                    formula,
+                    copy_us,
+                ),
+                Err(e) => println!("{label}/{} m={m}: {e}", p.name),
+            }
         }
     }
 

@@ -23,7 +23,8 @@
 //!   the value, on the GPU as on the CPU;
 //! - `Tensor::write_from` and `Batch::refill` overwrite device tensors in
 //!   place (the bodies of `common::static_inputs`, also run on the CPU);
-//! - `ops::mx_share_scales` gives the CPU's bytes (`common::share_scales`).
+//! - `ops::mx_share_scales` and `ops::act_quant_fp8_shared` give the CPU's
+//!   bytes (`common::share_scales`).
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
 //! the GPU bundle).
@@ -915,4 +916,15 @@ fn mx_share_scales_is_bitwise_the_cpu() {
     let dev = gpu();
     let mut rng = common::rng("mx_share_scales_cuda");
     common::share_scales::op_matches_numerics(&dev, &mut rng);
+}
+
+/// The quantiser with sharing fused (`act_quant_fp8_vec8_shared`) and its
+/// two-launch fallback give the bytes of the CPU's quantiser then
+/// `numerics::share_mx_scales` (the CPU runs the same body in
+/// `mx_share_scales.rs`).
+#[test]
+fn mx_share_scales_fused_quantiser_is_bitwise_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("act_quant_fp8_shared_cuda");
+    common::share_scales::quant_shared_matches_the_composition(&dev, &mut rng);
 }

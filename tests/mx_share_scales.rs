@@ -187,3 +187,9 @@ fn the_op_gives_the_bytes_of_numerics_on_the_cpu() {
     let mut rng = common::rng("mx_share_scales_op_cpu");
     common::share_scales::op_matches_numerics(&Device::Cpu, &mut rng);
 }
+
+#[test]
+fn the_fused_quantiser_gives_the_bytes_of_the_composition_on_the_cpu() {
+    let mut rng = common::rng("act_quant_fp8_shared_cpu");
+    common::share_scales::quant_shared_matches_the_composition(&Device::Cpu, &mut rng);
+}

@@ -27,22 +27,8 @@
 
 namespace {
 
-// The e4m3 code of v * 2^-d (d >= 1) in *out when that value is exactly an
-// e4m3 value (zero keeps its code, so its sign); false otherwise, NaN
-// included. Past d = 9 no nonzero e4m3 value survives (its smallest step is
-// 2^-9), and 2^-d stays exact in fp32 below that.
 __device__ __forceinline__ bool shifted(uint8_t v, int d, uint8_t *out) {
-    const float x = deepinfer::e4m3_to_f32(v);
-    if (x != x) return false;
-    if (x == 0.0f) {
-        *out = v;
-        return true;
-    }
-    if (d > 9) return false;
-    const float y = __fmul_rn(x, deepinfer::exp2_neg(d));
-    const uint8_t c = deepinfer::f32_to_e4m3(y);
-    *out = c;
-    return __float_as_uint(deepinfer::e4m3_to_f32(c)) == __float_as_uint(y);
+    return deepinfer::e4m3_shift_exact(v, d, out);
 }
 
 }  // namespace

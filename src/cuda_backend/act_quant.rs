@@ -1,9 +1,11 @@
 //! FP8 1×32 activation quantiser launch: the 8-wide vector kernel when
 //! k % 32 == 0, the one-warp-per-block kernel otherwise, or the TileLang kernel;
 //! and the quant family's other launches (weight dequantisation, exact scale
-//! sharing).
+//! sharing, and the quantiser with sharing fused).
 
-use super::params::{di_act_quant_params, di_dequant_params, di_share_scales_params};
+use super::params::{
+    di_act_quant_params, di_act_quant_shared_params, di_dequant_params, di_share_scales_params,
+};
 use super::{flat_launch, grid_for, launch, read_ptr, write_ptr};
 use super::{i32_param, u32_param};
 use crate::contract::ActQuantImpl;
@@ -125,4 +127,43 @@ pub fn mx_share_scales(
         shared_mem_bytes: 0,
     };
     launch(dev, kernels::quant::MX_SHARE_SCALES, cfg, &p)
+}
+
+/// Whether `act_quant_fp8_vec8_shared` serves runs of `per` blocks over a
+/// last dimension `k`: whole runs in every row, a run 8, 16 or 32 lanes.
+pub fn act_quant_shared_fuses(k: usize, per: usize) -> bool {
+    matches!(per, 2 | 4 | 8) && k.is_multiple_of(32 * per)
+}
+
+/// `x` quantised into `q`, `scale` with every run of `per` blocks sharing
+/// its largest scale where exact, in one pass (`ops::act_quant_fp8_shared`,
+/// which validated the dtypes and shapes, rows · k > 0, and
+/// [`act_quant_shared_fuses`]`(k, per)`).
+pub fn act_quant_fp8_shared(
+    dev: &CudaDevice,
+    x: &Tensor,
+    q: &mut Tensor,
+    scale: &mut Tensor,
+    rows: usize,
+    k: usize,
+    per: usize,
+) -> Result<()> {
+    let (xp, _gx) = read_ptr(x.cuda()?, dev);
+    let (qp, _gq) = write_ptr(q.cuda_mut()?, dev);
+    let (sp, _gs) = write_ptr(scale.cuda_mut()?, dev);
+    let p = di_act_quant_shared_params {
+        x: xp,
+        q: qp,
+        scale: sp,
+        rows: rows as i64,
+        k: i32_param("k", k)?,
+        per: i32_param("per", per)?,
+    };
+    // One thread per 8 values, like act_quant_fp8_vec8.
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(rows * k / 8, THREADS), 1, 1),
+        block_dim: (u32_param("THREADS", THREADS)?, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernels::quant::ACT_QUANT_FP8_VEC8_SHARED, cfg, &p)
 }

@@ -27,7 +27,9 @@ mod tilelang_rope;
 mod tilelang_swiglu;
 mod tma;
 
-pub use act_quant::{act_quant_fp8, mx_share_scales, mxfp8_dequantize};
+pub use act_quant::{
+    act_quant_fp8, act_quant_fp8_shared, act_quant_shared_fuses, mx_share_scales, mxfp8_dequantize,
+};
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
 pub use embedding::{argmax, embedding, first_non_finite};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
@@ -68,6 +70,8 @@ pub mod params {
 unsafe impl cudarc::driver::DeviceRepr for params::di_rms_norm_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_params {}
+// SAFETY: as above.
+unsafe impl cudarc::driver::DeviceRepr for params::di_act_quant_shared_params {}
 // SAFETY: as above.
 unsafe impl cudarc::driver::DeviceRepr for params::di_dequant_params {}
 // SAFETY: as above.

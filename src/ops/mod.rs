@@ -75,7 +75,7 @@ pub use moe_route::{
     MOE_ROUTE_MAX_EXPERTS, MOE_ROUTE_MAX_TOP_K, moe_layout, moe_layout_into, moe_route,
     moe_route_into,
 };
-pub use mx_scales::{MX_SHARE_MAX_GROUP, mx_share_scales};
+pub use mx_scales::{MX_SHARE_MAX_GROUP, act_quant_fp8_shared, mx_share_scales};
 pub use paged::{BlockTables, paged_rows, paged_window_rows};
 pub use random::random_param;
 pub use rms_norm::{rms_norm, rms_norm_into};

@@ -6,7 +6,7 @@
 //! (every element's value code · scale unchanged, a run that cannot be
 //! shared left as it is).
 
-use super::{common_device, shape_error};
+use super::{act_quant_fp8, common_device, shape_error};
 use crate::contract::MX_BLOCK;
 use crate::device::Device;
 use crate::dtype::{DType, E4M3, E8M0};
@@ -76,4 +76,49 @@ pub fn mx_share_scales(
         d @ Device::Cuda(_) => return Err(super::kernels_not_built(OP, d)),
     }
     Ok(())
+}
+
+const OP_QUANT: &str = "act_quant_fp8_shared";
+
+/// [`act_quant_fp8`] of `x` (BF16 `[.., K]`) followed by
+/// [`mx_share_scales`] with one row per scale and runs of `group` of K,
+/// bitwise: the activation quantisation a chained GEMM
+/// (`GemmImpl::LargeShared`) wants. On CUDA one fused pass
+/// (`act_quant_fp8_vec8_shared`) where K is a multiple of `group` and a run
+/// is 2, 4 or 8 blocks; the two launches otherwise.
+pub fn act_quant_fp8_shared(x: &Tensor, group: usize) -> Result<(Tensor, Tensor)> {
+    numerics::check_share_args(OP_QUANT, group, 1)?;
+    if group > MX_SHARE_MAX_GROUP {
+        return Err(Error::Argument {
+            op: OP_QUANT,
+            arg: "group",
+            value: group.to_string(),
+            why: "at most 256 (8 blocks: the kernel's longest run)",
+        });
+    }
+    x.expect_dtype(OP_QUANT, "x", DType::BF16)?;
+    let shape = x.shape().to_vec();
+    let k = shape.last().copied().unwrap_or(0);
+    let rows = x.numel().checked_div(k).unwrap_or(0);
+    #[cfg(deepinfer_cuda)]
+    if let Device::Cuda(dev) = &x.device() {
+        let per = group / MX_BLOCK;
+        if rows > 0 && crate::cuda_backend::act_quant_shared_fuses(k, per) {
+            super::check_i32(OP_QUANT, "x", x, k)?;
+            let mut q = Tensor::empty(&x.device(), DType::F8E4M3, &shape)?;
+            let mut s = Tensor::empty(
+                &x.device(),
+                DType::E8M0,
+                &super::with_last(&shape, k / MX_BLOCK),
+            )?;
+            crate::cuda_backend::act_quant_fp8_shared(dev, x, &mut q, &mut s, rows, k, per)?;
+            return Ok((q, s));
+        }
+    }
+    let (q, s) = act_quant_fp8(x)?;
+    let scale_shape = s.shape().to_vec();
+    let mut q = q.reshape(&[rows, k])?;
+    let mut s = s.reshape(&[rows, k.div_ceil(MX_BLOCK)])?;
+    mx_share_scales(&mut q, &mut s, 1, group)?;
+    Ok((q.reshape(&shape)?, s.reshape(&scale_shape)?))
 }

@@ -274,3 +274,113 @@ pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
         "refused calls wrote scales"
     );
 }
+
+/// BF16 activations `[rows, k]` of one of `draw`'s shapes, with a NaN and
+/// (when `inf`) an Inf at random places.
+fn activations(rng: &mut StdRng, rows: usize, k: usize, shape: usize, inf: bool) -> Vec<bf16> {
+    let channels: Vec<f32> = (0..k)
+        .map(|_| {
+            let s = draw(rng, 0, 1.0).exp();
+            if rng.random_range(0.0..1.0) < 0.01 {
+                20.0 * s
+            } else {
+                s
+            }
+        })
+        .collect();
+    let mut x: Vec<bf16> = (0..rows * k)
+        .map(|i| bf16::from_f32(draw(rng, shape, channels[i % k])))
+        .collect();
+    let i = rng.random_range(0..x.len());
+    x[i] = bf16::NAN;
+    if inf {
+        let i = rng.random_range(0..x.len());
+        x[i] = bf16::INFINITY;
+    }
+    x
+}
+
+/// code · 2^(scale − 127), NaN for a NaN code or scale.
+fn value(code: E4M3, scale: E8M0) -> f64 {
+    if scale.0 == 0xFF {
+        return f64::NAN;
+    }
+    e4m3_spec(code.0) * 2f64.powi(i32::from(scale.0) - 127)
+}
+
+/// `ops::act_quant_fp8_shared` on `dev` against the CPU's `act_quant_fp8`
+/// then `numerics::share_mx_scales` (one row per scale), bitwise, over
+/// shapes the CUDA kernel fuses (K a multiple of the run) and ones it does
+/// not (K 96 at runs of 128 and 256, K 100, a 3-D input); every value
+/// code · scale equals the plain quantiser's; some runs are rewritten and
+/// some are left (so neither a no-op nor a blind rewrite passes).
+pub fn quant_shared_matches_the_composition(dev: &Device, rng: &mut StdRng) {
+    let (mut rewritten, mut kept) = (0usize, 0usize);
+    for (shape_of, k) in [
+        (vec![1], 128),
+        (vec![37], 1280),
+        (vec![64], 4096),
+        (vec![5], 96),
+        (vec![3], 100),
+        (vec![2, 3], 256),
+    ] {
+        let rows: usize = shape_of.iter().product();
+        let mut full = shape_of.clone();
+        full.push(k);
+        for dist in 0..3 {
+            let x = activations(rng, rows, k, dist, dist == 1);
+            let (plain_q, plain_s) = deepinfer::cpu_backend::act_quant_fp8(&x, rows, k);
+            let xd = Tensor::from_vec(x, &full).unwrap().to_device(dev).unwrap();
+            for group in [64, 128, 256] {
+                let (mut want_q, mut want_s) = (plain_q.clone(), plain_s.clone());
+                share_mx_scales(&mut want_q, &mut want_s, rows, k, 1, group).unwrap();
+                let (q, s) = ops::act_quant_fp8_shared(&xd, group).unwrap();
+                let what = format!("{dev} {full:?} dist {dist} group {group}");
+                assert_eq!(q.shape(), &full[..], "q shape: {what}");
+                let mut s_shape = shape_of.clone();
+                s_shape.push(k.div_ceil(32));
+                assert_eq!(s.shape(), &s_shape[..], "scale shape: {what}");
+                let (q, s) = (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
+                assert_eq!(q, want_q, "codes: {what}");
+                assert_eq!(s, want_s, "scales: {what}");
+                let kb = k.div_ceil(32);
+                for (i, (&c, &p)) in q.iter().zip(&plain_q).enumerate() {
+                    let (r, b) = (i / k, (i % k) / 32);
+                    let (got, old) = (value(c, s[r * kb + b]), value(p, plain_s[r * kb + b]));
+                    assert!(
+                        got.to_bits() == old.to_bits() || (got.is_nan() && old.is_nan()),
+                        "value {i} changed ({old} -> {got}): {what}"
+                    );
+                }
+                let changed = s.iter().zip(&plain_s).filter(|(a, b)| a != b).count();
+                rewritten += changed;
+                // Runs that differ in their scales after the rewrite.
+                kept += s
+                    .chunks(kb)
+                    .flat_map(|row| row.chunks(group / 32))
+                    .filter(|run| run.iter().any(|v| v != &run[0]))
+                    .count();
+            }
+        }
+    }
+    assert!(rewritten > 1000, "only {rewritten} scales rewritten");
+    assert!(kept > 10, "only {kept} runs left unshared");
+    let x = Tensor::zeros(dev, DType::BF16, &[4, 128]).unwrap();
+    for group in [0, 48, 288] {
+        let e = ops::act_quant_fp8_shared(&x, group).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Argument {
+                    op: "act_quant_fp8_shared",
+                    arg: "group",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
+    let f = Tensor::zeros(dev, DType::F32, &[4, 128]).unwrap();
+    let e = ops::act_quant_fp8_shared(&f, 128).unwrap_err();
+    assert!(matches!(e, Error::DType { tensor: "x", .. }), "{e}");
+}

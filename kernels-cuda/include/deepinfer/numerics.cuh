@@ -88,6 +88,25 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
     return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
 }
 
+// The e4m3 code of e4m3_to_f32(v) * 2^-d (d >= 1) in *out when that value
+// is exactly an e4m3 value (zero keeps its code, so its sign); false
+// otherwise, NaN included (numerics::share_mx_scales' exactness). Past
+// d = 9 no nonzero e4m3 value survives (its smallest step is 2^-9), and
+// 2^-d stays exact in fp32 below that.
+__device__ __forceinline__ bool e4m3_shift_exact(uint8_t v, int d, uint8_t *out) {
+    const float x = e4m3_to_f32(v);
+    if (x != x) return false;
+    if (x == 0.0f) {
+        *out = v;
+        return true;
+    }
+    if (d > 9) return false;
+    const float y = __fmul_rn(x, exp2_neg(d));
+    const uint8_t c = f32_to_e4m3(y);
+    *out = c;
+    return __float_as_uint(e4m3_to_f32(c)) == __float_as_uint(y);
+}
+
 // e2m1 nibble -> f32 (exact).
 __device__ __forceinline__ float e2m1_to_f32(uint32_t n) {
     const uint32_t code = n & 7u;

@@ -27,6 +27,18 @@ typedef struct di_act_quant_params {
     int32_t k;
 } di_act_quant_params;
 
+/* act_quant_fp8_vec8_shared: the 1x32 quantisation, then exact scale sharing
+ * inside every run of `per` blocks (numerics::share_mx_scales with one row
+ * per scale), fused; k % (32 * per) == 0, per in {2, 4, 8}. */
+typedef struct di_act_quant_shared_params {
+    const void *x;  /* bf16 [rows, k] */
+    void *q;        /* e4m3 [rows, k] */
+    void *scale;    /* e8m0 [rows, k / 32] */
+    int64_t rows;
+    int32_t k;
+    int32_t per;
+} di_act_quant_shared_params;
+
 /* mxfp8_dequant_bf16: out[r, c] = bf16_rn(e4m3(w[r, c]) * 2^(s[r / 32, c / 32]
  * - 127)), a NaN as 0x7FC0 (cpu_backend::mxfp8_dequantize). */
 typedef struct di_dequant_params {
