@@ -19,7 +19,7 @@ use deepinfer::{DType, Device, Tensor};
 use DType::{BF16, E8M0, F4E2M1x2 as FP4, F8E4M3 as FP8, F32, I32, I64, U8};
 
 /// Number of op families [`ops`] dispatches over.
-pub const OPS: u8 = 40;
+pub const OPS: u8 = 41;
 
 /// One op call: the first byte picks the op, the rest its arguments.
 pub fn ops(data: &[u8]) {
@@ -658,6 +658,19 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             let rps = arg(b, &[1, 32]);
             let group = arg(b, &[64, 128, 256]);
             let _ = ops::mx_share_scales(&mut codes, &mut scales, rps, group);
+        }
+        39 => {
+            // The quantiser with sharing fused: fuzzed activations of any
+            // rank and dtype, and run lengths legal or not.
+            let x = if b.u8() < 192 {
+                let ndim = 1 + usize::from(b.u8() % 3);
+                t!(b, BF16, ndim)
+            } else {
+                let dtype = b.dtype(BF16);
+                t!(b, dtype, 2)
+            };
+            let group = arg(b, &[0, 32, 48, 64, 128, 256, 288]);
+            let _ = ops::act_quant_fp8_shared(&x, group);
         }
         _ => {
             // Tensor constructors and row copies.
