@@ -34,9 +34,12 @@ constexpr uint32_t kE8M0Nan = 0xFFu;
 constexpr uint8_t kE4M3Nan = 0x7Fu;
 constexpr uint32_t kFp4NanBlockCode = 7u;
 
-// 2^-e as an fp32 (normal for every exponent the quantisers produce).
+// 2^-e as an fp32 for e <= 127: normal below 127; e = 127 (a block whose
+// amax is +Inf, clamped there) is the subnormal 2^-127, as the CPU's
+// 1 / 2^127, so an Inf value saturates like the reference's instead of
+// becoming Inf * 0 = NaN (found by act_quant_fp8_shared's GPU test).
 __device__ __forceinline__ float exp2_neg(int e) {
-    return __uint_as_float(uint32_t(127 - e) << 23);
+    return __uint_as_float(e < 127 ? uint32_t(127 - e) << 23 : 0x00400000u);
 }
 
 // The FP8 quantisers' 1 / 448 (the e4m3 maximum) and amax floor (§10.1).
