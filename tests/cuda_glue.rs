@@ -916,6 +916,7 @@ fn mx_share_scales_is_bitwise_the_cpu() {
     let dev = gpu();
     let mut rng = common::rng("mx_share_scales_cuda");
     common::share_scales::op_matches_numerics(&dev, &mut rng);
+    common::share_scales::every_code_and_shift(&dev);
 }
 
 /// The quantiser with sharing fused (`act_quant_fp8_vec8_shared`) and its

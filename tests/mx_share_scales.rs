@@ -193,3 +193,8 @@ fn the_fused_quantiser_gives_the_bytes_of_the_composition_on_the_cpu() {
     let mut rng = common::rng("act_quant_fp8_shared_cpu");
     common::share_scales::quant_shared_matches_the_composition(&Device::Cpu, &mut rng);
 }
+
+#[test]
+fn every_code_and_shift_agrees_with_a_search_of_all_codes() {
+    common::share_scales::every_code_and_shift(&Device::Cpu);
+}

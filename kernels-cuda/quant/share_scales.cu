@@ -75,21 +75,28 @@ __device__ void share_stripes(const di_share_scales_params &p) {
         const int64_t c = c0 + 16 * lane;
         const bool in = c < p.k;
         const int d = int(t_b) - int(s_b);
-        uint4 v = make_uint4(0, 0, 0, 0), out = v;
+        uint32_t out[4] = {0u, 0u, 0u, 0u};
         bool ok = true;
         if (in && w_b && d > 0) {
-            v = *reinterpret_cast<const uint4 *>(codes + r * p.k + c);
-            const uint8_t *vb = reinterpret_cast<const uint8_t *>(&v);
-            uint8_t *ob = reinterpret_cast<uint8_t *>(&out);
+            const uint4 v = *reinterpret_cast<const uint4 *>(codes + r * p.k + c);
+            const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-            for (int i = 0; i < 16; ++i) ok &= shifted(vb[i], d, &ob[i]);
+            for (int w = 0; w < 4; ++w) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    uint8_t o = 0;
+                    ok &= shifted(uint8_t(words[w] >> (8 * i)), d, &o);
+                    out[w] |= uint32_t(o) << (8 * i);
+                }
+            }
         }
         // Run q of the stripe is lanes 2 per q .. 2 per (q + 1) - 1.
         const uint32_t bad = __ballot_sync(0xFFFFFFFFu, !ok);
         const int span = 2 * per;
         const uint32_t group = (span == 32 ? 0xFFFFFFFFu : ((1u << span) - 1u)) << (lane / span * span);
         const bool exact = (bad & group) == 0;
-        if (in && w_b && d > 0 && exact) *reinterpret_cast<uint4 *>(codes + r * p.k + c) = out;
+        if (in && w_b && d > 0 && exact)
+            *reinterpret_cast<uint4 *>(codes + r * p.k + c) = make_uint4(out[0], out[1], out[2], out[3]);
         // The scale lane of block `lane` follows its run's verdict (the run
         // of scale lane l holds code lanes 2 l / span * span ..).
         if (present && rewrite_run && sc < top) {
@@ -100,7 +107,9 @@ __device__ void share_stripes(const di_share_scales_params &p) {
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) mx_share_scales(const __grid_constant__ di_share_scales_params p) {
+// (256, 2): without a second bound ptxas capped the kernel at 64 registers
+// and spilled the stripe layout's shifted words.
+extern "C" __global__ void __launch_bounds__(256, 2) mx_share_scales(const __grid_constant__ di_share_scales_params p) {
     if (striped(p)) {
         share_stripes(p);
         return;

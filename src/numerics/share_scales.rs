@@ -159,12 +159,12 @@ fn shifted(v: E4M3, d: i32) -> Option<E4M3> {
     if x == 0.0 {
         return Some(v);
     }
-    // A nonzero e4m3 value is at least 2^−9, and e4m3's smallest step is
-    // 2^−9: past d = 9 no nonzero value survives (and 2^−d stays exact).
-    if d > 9 {
+    // A nonzero e4m3 value is below 2^9 (448) and at least 2^−9 apart from
+    // zero: past d = 17 none survives (448 · 2^−18 < 2^−9).
+    if d > 17 {
         return None;
     }
-    // 2^-d from its bits (d <= 9): exact by construction, as the kernel's.
+    // 2^-d from its bits (d <= 17): exact by construction.
     let y = x * f32::from_bits(((127 - d) as u32) << 23);
     let c = f32_to_e4m3(y);
     (e4m3_to_f32(c).to_bits() == y.to_bits()).then_some(c)

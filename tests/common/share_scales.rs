@@ -384,3 +384,80 @@ pub fn quant_shared_matches_the_composition(dev: &Device, rng: &mut StdRng) {
     let e = ops::act_quant_fp8_shared(&f, 128).unwrap_err();
     assert!(matches!(e, Error::DType { tensor: "x", .. }), "{e}");
 }
+
+/// Every e4m3 code shifted by every d in 1..=40 through `ops::mx_share_scales`
+/// on `dev`: one row per (code, d), a run of two blocks (the code alone in a
+/// block at 2^(100 − 127), a zero block at 2^(100 + d − 127)), against a
+/// brute-force search of all 256 codes for the same value in f64: the run
+/// is rewritten exactly when some code holds v · 2^−d, and then with that
+/// code (a zero keeps its sign). This pins the exactness rule the CUDA
+/// kernels implement in integer arithmetic (`e4m3_shift_exact`).
+pub fn every_code_and_shift(dev: &Device) {
+    // K 64: the CUDA kernel's stripes; K 66 (a third, 2-wide block in a run
+    // of its own): its unit layout.
+    for k in [64, 66] {
+        every_code_and_shift_at(dev, k);
+    }
+}
+
+fn every_code_and_shift_at(dev: &Device, k: usize) {
+    const D: usize = 40;
+    let kb = k.div_ceil(32);
+    let rows = 256 * D;
+    let mut codes = vec![E4M3(0); rows * k];
+    let mut scales: Vec<E8M0> = Vec::with_capacity(rows * kb);
+    for v in 0..=255u8 {
+        for d in 1..=D {
+            codes[(usize::from(v) * D + d - 1) * k] = E4M3(v);
+            scales.extend([E8M0(100), E8M0(100 + d as u8), E8M0(127)].iter().take(kb));
+        }
+    }
+    let mut c = Tensor::from_vec(codes, &[rows, k])
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    let mut s = Tensor::from_vec(scales, &[rows, kb])
+        .unwrap()
+        .to_device(dev)
+        .unwrap();
+    ops::mx_share_scales(&mut c, &mut s, 1, 64).unwrap();
+    let (codes, scales) = (c.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
+    let mut rewritten = 0;
+    for v in 0..=255u8 {
+        let x = e4m3_spec(v);
+        for d in 1..=D {
+            let r = usize::from(v) * D + d - 1;
+            let (row, sc) = (&codes[r * k..(r + 1) * k], &scales[r * kb..r * kb + 2]);
+            let want = if x.is_nan() {
+                None
+            } else if x == 0.0 {
+                Some(v)
+            } else {
+                let y = x * 2f64.powi(-(d as i32));
+                (0..=255u8).find(|&c| e4m3_spec(c) == y)
+            };
+            let what = format!("{dev} k {k} code {v:#04x} d {d}");
+            let top = E8M0(100 + d as u8);
+            match want {
+                Some(c) => {
+                    rewritten += 1;
+                    assert_eq!(sc, [top, top], "{what}");
+                    assert_eq!(row[0], E4M3(c), "{what}");
+                }
+                None => {
+                    assert_eq!(sc, [E8M0(100), top], "{what}");
+                    assert_eq!(row[0], E4M3(v), "{what}");
+                }
+            }
+            assert!(row[1..].iter().all(|c| c.0 == 0), "{what}");
+            assert!(
+                scales[r * kb + 2..(r + 1) * kb].iter().all(|s| s.0 == 127),
+                "{what}: {:?}",
+                &scales[r * kb..(r + 1) * kb]
+            );
+        }
+    }
+    // Neither a rule that never shifts nor one that always does (10,240
+    // cases; 1,950 exact).
+    assert!((1500..3000).contains(&rewritten), "{rewritten} rewritten");
+}

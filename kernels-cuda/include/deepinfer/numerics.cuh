@@ -93,21 +93,29 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t b) {
 
 // The e4m3 code of e4m3_to_f32(v) * 2^-d (d >= 1) in *out when that value
 // is exactly an e4m3 value (zero keeps its code, so its sign); false
-// otherwise, NaN included (numerics::share_mx_scales' exactness). Past
-// d = 9 no nonzero e4m3 value survives (its smallest step is 2^-9), and
-// 2^-d stays exact in fp32 below that.
+// otherwise, NaN included (numerics::share_mx_scales' exactness), in
+// integer arithmetic: the value is S * 2^(x - 10) with significand S (8 + m
+// for exponent field E >= 1, m for E = 0) and x = max(E, 1). If x - d >= 1
+// the code keeps m with exponent field x - d; otherwise the result is
+// subnormal, S >> (1 - x + d), exact when those low bits of S are zero (a
+// shift past 3 loses S's leading bit, so never).
 __device__ __forceinline__ bool e4m3_shift_exact(uint8_t v, int d, uint8_t *out) {
-    const float x = e4m3_to_f32(v);
-    if (x != x) return false;
-    if (x == 0.0f) {
+    const uint32_t sign = v & 0x80u, e = (v >> 3) & 15u, m = v & 7u;
+    if (e == 15u && m == 7u) return false;  // NaN
+    if (e == 0u && m == 0u) {
         *out = v;
         return true;
     }
-    if (d > 9) return false;
-    const float y = __fmul_rn(x, exp2_neg(d));
-    const uint8_t c = f32_to_e4m3(y);
-    *out = c;
-    return __float_as_uint(e4m3_to_f32(c)) == __float_as_uint(y);
+    const int x = e ? int(e) : 1;
+    const uint32_t s = e ? 8u + m : m;
+    if (x - d >= 1) {
+        *out = uint8_t(sign | (uint32_t(x - d) << 3) | m);
+        return true;
+    }
+    const int sh = 1 - x + d;
+    if (sh > 3 || (s & ((1u << sh) - 1u)) != 0u) return false;
+    *out = uint8_t(sign | (s >> sh));
+    return true;
 }
 
 // e2m1 nibble -> f32 (exact).
