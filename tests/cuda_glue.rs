@@ -21,8 +21,8 @@
 //!   accumulation in another order, one BF16 rounding each;
 //! - out-of-range ids, rows and permutation entries are typed errors naming
 //!   the value, on the GPU as on the CPU;
-//! - `Tensor::write_from` and `Batch::refill` overwrite device tensors in
-//!   place (the bodies of `common::static_inputs`, also run on the CPU);
+//! - `Tensor::write_from` overwrites device tensors in place and the step
+//!   arena reuses them (the bodies of `common::static_inputs`, also run on the CPU);
 //! - `ops::mx_share_scales` and `ops::act_quant_fp8_shared` give the CPU's
 //!   bytes (`common::share_scales`).
 //!
@@ -906,7 +906,7 @@ fn static_inputs_are_refilled_in_place() {
     let dev = gpu();
     let mut rng = common::rng("static_inputs_cuda");
     common::static_inputs::write_from_overwrites_in_place(&dev, &mut rng);
-    common::static_inputs::batch_refill_matches_a_new_batch(&dev, &mut rng);
+    common::static_inputs::step_inputs_reuse_their_slots(&dev, &mut rng);
 }
 
 /// Exact scale sharing on the GPU gives the bytes of the CPU reference (the

@@ -3,8 +3,9 @@
 //! logical page) to physical page), over random tables with missing
 //! pages, out-of-range owners, negative and far rows, page sizes 1–256,
 //! extreme positions, rows past i32, width 0 and empty batches; wrong shapes and dtypes are typed errors naming the
-//! tensor. Also the in-place refill of a step's inputs (`Tensor::write_from`,
-//! `Batch::refill`: the positions and owners these ops read).
+//! tensor. Also the in-place refill of a step's inputs (`Tensor::write_from`
+//! and the step arena, `model::inputs`, which makes the positions and
+//! owners these ops read).
 
 mod common;
 
@@ -79,5 +80,5 @@ fn bad_shapes_and_dtypes_are_typed_errors() {
 fn static_inputs_are_refilled_in_place() {
     let mut rng = common::rng("static_inputs_cpu");
     common::static_inputs::write_from_overwrites_in_place(&Device::Cpu, &mut rng);
-    common::static_inputs::batch_refill_matches_a_new_batch(&Device::Cpu, &mut rng);
+    common::static_inputs::step_inputs_reuse_their_slots(&Device::Cpu, &mut rng);
 }

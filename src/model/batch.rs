@@ -8,10 +8,10 @@
 //! first `replay` are replayed (already in the sequence's global state:
 //! they rebuild window rows only, `v41-flash.md` §5) and the rest are new.
 
+use super::inputs::{Input, StepInputs};
 use super::pool::SeqId;
 use crate::device::Device;
 use crate::error::Result;
-use crate::tensor::Tensor;
 
 /// One sequence's part of a step.
 #[derive(Clone, Copy, Debug)]
@@ -28,45 +28,30 @@ pub struct Entry {
 
 /// A step's entries, the positions of all its rows (I64 `[T]`) and the
 /// entry of each row (I32 `[T]`, the `owner` of `ops::paged_rows`), both on
-/// the model's device.
+/// the model's device, uploaded through the step's arena
+/// (`model::inputs`: a step of the same row count reuses their storage).
 pub struct Batch {
     pub entries: Vec<Entry>,
-    pub positions: Tensor,
-    pub owners: Tensor,
+    pub positions: Input,
+    pub owners: Input,
 }
 
 impl Batch {
-    /// `entries` laid out as their rows say, with every row's position.
-    pub fn new(entries: Vec<Entry>, positions: Vec<i64>, device: &Device) -> Result<Batch> {
+    /// `entries` laid out as their rows say, with every row's position,
+    /// uploaded through `inputs`.
+    pub fn new(
+        entries: Vec<Entry>,
+        positions: Vec<i64>,
+        inputs: &StepInputs,
+        device: &Device,
+    ) -> Result<Batch> {
         let n = positions.len();
         let owners = owners(&entries, n)?;
         Ok(Batch {
             entries,
-            positions: Tensor::from_vec(positions, &[n])?.to_device(device)?,
-            owners: Tensor::from_vec(owners, &[n])?.to_device(device)?,
+            positions: inputs.upload(positions, &[n], device)?,
+            owners: inputs.upload(owners, &[n], device)?,
         })
-    }
-
-    /// Another step of the same row count in this batch's tensors: the
-    /// positions and owners are written into the storage they already have
-    /// (on a GPU the same addresses, which a captured decode step reads at
-    /// its replay). A step of another row count is an argument error: it
-    /// needs another batch (another bucket).
-    pub fn refill(&mut self, entries: Vec<Entry>, positions: &[i64]) -> Result<()> {
-        let n = self.positions.numel();
-        if positions.len() != n {
-            return Err(crate::Error::Argument {
-                op: "Batch::refill",
-                arg: "positions",
-                value: positions.len().to_string(),
-                why: "a refill keeps the batch's row count",
-            });
-        }
-        let owners = owners(&entries, n)?;
-        self.positions.write_from(positions)?;
-        self.owners.write_from(&owners)?;
-        self.entries = entries;
-        Ok(())
     }
 }
 

@@ -16,6 +16,7 @@
 
 use super::batch::{Batch, Entry};
 use super::config::{LayerPlan, ModelConfig, ScoreFunc};
+use super::inputs::Input;
 use super::layers::Block;
 use super::layers::linear::Bf16Linear;
 pub use super::layers::moe::MoeLayout;
@@ -361,7 +362,12 @@ impl Model {
         let reserve: Vec<(SeqId, usize)> =
             entries.iter().map(|e| (e.seq, e.len - e.replay)).collect();
         pool.reserve_step(&reserve)?;
-        Ok(Batch::new(entries, positions, &self.device())?)
+        Ok(Batch::new(
+            entries,
+            positions,
+            pool.inputs(),
+            &self.device(),
+        )?)
     }
 
     /// Runs one batched step: every entry's tokens at its sequence's next
@@ -406,6 +412,9 @@ impl Model {
         } else {
             shapes.to_vec()
         };
+        // Every upload of the step goes through the pool's arena, numbered
+        // from here (`model::inputs`).
+        pool.inputs().begin();
         let b = self.layout(pool, inputs, &shapes)?;
         let truncated = inputs
             .iter()
@@ -424,7 +433,7 @@ impl Model {
             .flat_map(|i| i.tokens.iter().map(|&t| t as i32))
             .collect();
         let t = ids.len();
-        let ids = Tensor::from_vec(ids, &[t])?.to_device(&device)?;
+        let ids = pool.inputs().upload(ids, &[t], &device)?;
         let mut marks = Marks::new(&device, capture.timing)?;
         let map = &self.weights.engram_token_map;
         let compressed: Vec<Vec<Option<i64>>> = inputs
@@ -461,7 +470,7 @@ impl Model {
         for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
             let mut trace = LayerTrace::default();
             if truncated && plan.layer == late_start {
-                let t = Tails::of(&b, &shapes)?;
+                let t = Tails::of(&b, &shapes, pool.inputs())?;
                 streams = t.rows(&streams)?;
                 pre = t.rows(&pre)?;
                 t.narrow_published(&mut published)?;
@@ -565,7 +574,7 @@ impl Model {
         pool: &StatePool,
         b: &Batch,
         compressed: &[Vec<Option<i64>>],
-    ) -> Result<Tensor> {
+    ) -> Result<Input> {
         let pad_id = self.cfg.engram.pad_id;
         let pad = usize::try_from(pad_id)
             .ok()
@@ -586,7 +595,7 @@ impl Model {
             }
         }
         let t = out.len() / 4;
-        Ok(Tensor::from_vec(out, &[t, 4])?.to_device(&self.device())?)
+        Ok(pool.inputs().upload(out, &[t, 4], &self.device())?)
     }
 
     /// Final collapse with the last pre, `norm`, and the fp32 head.

@@ -31,6 +31,7 @@
 #![allow(clippy::indexing_slicing)]
 
 use super::config::{LayerPlan, ModelConfig};
+use super::inputs::{Input, StepInputs};
 use crate::device::Device;
 use crate::dtype::DType;
 use crate::error::Error as OpError;
@@ -345,6 +346,8 @@ pub struct StatePool {
     next_id: SeqId,
     /// Rings per sequence: backbone layers then DSpark stages.
     rings: usize,
+    /// The steps' uploads (`model::inputs`): reused storage across steps.
+    inputs: StepInputs,
 }
 
 /// How many entries the Engram history keeps (the n-gram look-back).
@@ -384,6 +387,7 @@ impl StatePool {
         let pr = pool.page_rows;
         let pending_rows = (pool.max_seqs * gated).max(1);
         Ok(StatePool {
+            inputs: StepInputs::new(),
             cfg: pool,
             window: cfg.attention.window,
             n_layers: cfg.n_layers,
@@ -573,6 +577,11 @@ impl StatePool {
                 )))
             })
             .collect()
+    }
+
+    /// The arena every upload of a step on this pool goes through.
+    pub fn inputs(&self) -> &StepInputs {
+        &self.inputs
     }
 
     /// The device the pool's pages (and its snapshots' copies) live on.
@@ -923,8 +932,8 @@ impl StatePool {
         if !dst.is_empty() {
             let device = self.pending_kv.device();
             let n = dst.len();
-            let dst = Tensor::from_vec(dst, &[n])?.to_device(&device)?;
-            let from = Tensor::from_vec(from, &[n])?.to_device(&device)?;
+            let dst = self.inputs.upload(dst, &[n], &device)?;
+            let from = self.inputs.upload(from, &[n], &device)?;
             ops::copy_rows_where(&mut self.pending_kv, &dst, kv, &from)?;
             ops::copy_rows_where(&mut self.pending_score, &dst, score, &from)?;
         }
@@ -1076,8 +1085,8 @@ impl StatePool {
         }
         let device = self.device();
         Ok(StepTables {
-            pages: Tensor::from_vec(pages, &[rows.len(), width])?.to_device(&device)?,
-            bounds: Tensor::from_vec(bounds, &[rows.len(), 3])?.to_device(&device)?,
+            pages: self.inputs.upload(pages, &[rows.len(), width], &device)?,
+            bounds: self.inputs.upload(bounds, &[rows.len(), 3], &device)?,
             page_rows: self.cfg.page_rows,
         })
     }
@@ -1085,8 +1094,8 @@ impl StatePool {
 
 /// One cache's block tables for a step's entries, on the pool's device.
 pub(crate) struct StepTables {
-    pages: Tensor,
-    bounds: Tensor,
+    pages: Input,
+    bounds: Input,
     page_rows: usize,
 }
 

@@ -14,6 +14,7 @@
 
 use super::batch::{Batch, Entry};
 use super::config::LayerPlan;
+use super::inputs::StepInputs;
 use super::layers::attention::Published;
 use crate::model::error::Result;
 use crate::tensor::Tensor;
@@ -67,7 +68,7 @@ pub(crate) struct Tails {
 }
 
 impl Tails {
-    pub fn of(b: &Batch, shapes: &[EntryShape]) -> Result<Tails> {
+    pub fn of(b: &Batch, shapes: &[EntryShape], inputs: &StepInputs) -> Result<Tails> {
         let mut entries = Vec::new();
         let (mut kept, mut ranges, mut positions) = (Vec::new(), Vec::new(), Vec::new());
         let mut row = 0;
@@ -90,7 +91,7 @@ impl Tails {
             row += n;
         }
         Ok(Tails {
-            batch: Batch::new(entries, positions, &b.positions.device())?,
+            batch: Batch::new(entries, positions, inputs, &b.positions.device())?,
             kept,
             ranges,
         })

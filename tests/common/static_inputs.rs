@@ -1,10 +1,12 @@
 //! One test body for every device: the in-place writes that refill a
-//! decode step's static inputs (`Tensor::write_from`, `Batch::refill`).
+//! decode step's static inputs (`Tensor::write_from`) and the step arena
+//! that makes them (`model::inputs::StepInputs`, `Batch::new`).
 //! Values are fresh random; each check reads the tensor back and compares
 //! it with the data written, and a failed write must leave the tensor as it
 //! was.
 
 use deepinfer::model::batch::{Batch, Entry};
+use deepinfer::model::inputs::StepInputs;
 use deepinfer::{DType, Device, Error, Tensor};
 use half::bf16;
 use rand::Rng;
@@ -83,10 +85,13 @@ pub fn write_from_overwrites_in_place(dev: &Device, rng: &mut StdRng) {
     }
 }
 
-/// `Batch::refill` writes a step of the same row count into the batch's
-/// tensors (positions and owners as `Batch::new` would make them for that
-/// step), and refuses another row count without touching them.
-pub fn batch_refill_matches_a_new_batch(dev: &Device, rng: &mut StdRng) {
+/// The step arena (`model::inputs`): a second step of the same shapes
+/// reuses every slot's storage (same tensors, new values; `Batch::new`'s
+/// positions and owners included), a slot whose shape or dtype changes gets
+/// a new tensor, a slot still lent is not shared, and the values are always
+/// the uploaded ones.
+pub fn step_inputs_reuse_their_slots(dev: &Device, rng: &mut StdRng) {
+    let inputs = StepInputs::new();
     let step = |rng: &mut StdRng, b: usize| {
         let entries: Vec<Entry> = (0..b)
             .map(|i| Entry {
@@ -98,43 +103,64 @@ pub fn batch_refill_matches_a_new_batch(dev: &Device, rng: &mut StdRng) {
             })
             .collect();
         let positions: Vec<i64> = entries.iter().map(|e| e.start as i64).collect();
-        (entries, positions)
+        let tables: Vec<i32> = (0..b * 3).map(|_| rng.random_range(-1..1 << 20)).collect();
+        (entries, positions, tables)
     };
     for b in [1usize, 5, 64] {
-        let (e0, p0) = step(rng, b);
-        let mut batch = Batch::new(e0, p0, dev).unwrap();
-        let (e1, p1) = step(rng, b);
-        let want = Batch::new(e1.clone(), p1.clone(), dev).unwrap();
-        batch.refill(e1, &p1).unwrap();
-        assert_eq!(
-            batch.positions.to_vec::<i64>().unwrap(),
-            p1,
-            "B {b} positions"
-        );
-        assert_eq!(
-            batch.owners.to_vec::<i32>().unwrap(),
-            want.owners.to_vec::<i32>().unwrap(),
-            "B {b} owners"
-        );
-        assert_eq!(batch.entries.len(), b);
-
-        let (e2, p2) = step(rng, b + 1);
-        let e = batch.refill(e2, &p2).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                Error::Argument {
-                    op: "Batch::refill",
-                    arg: "positions",
-                    ..
-                }
-            ),
-            "{e}"
-        );
-        assert_eq!(
-            batch.positions.to_vec::<i64>().unwrap(),
-            p1,
-            "B {b} after a refused refill"
-        );
+        let mut owners_seen = Vec::new();
+        for round in 0..3 {
+            let (entries, positions, tables) = step(rng, b);
+            inputs.begin();
+            let batch = Batch::new(entries, positions.clone(), &inputs, dev).unwrap();
+            let t = inputs.upload(tables.clone(), &[b, 3], dev).unwrap();
+            assert_eq!(batch.positions.to_vec::<i64>().unwrap(), positions, "B {b}");
+            assert_eq!(
+                batch.owners.to_vec::<i32>().unwrap(),
+                (0..b as i32).collect::<Vec<_>>(),
+                "B {b}"
+            );
+            assert_eq!(t.to_vec::<i32>().unwrap(), tables, "B {b}");
+            // From the second round on, all three reuse their slot.
+            let stats = inputs.stats();
+            assert_eq!(stats.uploads, 3, "B {b} round {round}");
+            if round > 0 {
+                assert_eq!(stats.reused, 3, "B {b} round {round}");
+            }
+            owners_seen.push(batch.owners.to_vec::<i32>().unwrap());
+        }
+        assert!(owners_seen.windows(2).all(|w| w[0] == w[1]));
+        // Another row count: the slots are replaced, not reused.
+        inputs.begin();
+        let (entries, positions, _) = step(rng, b + 1);
+        let batch = Batch::new(entries, positions.clone(), &inputs, dev).unwrap();
+        assert_eq!(inputs.stats().reused, 0, "B {b} + 1");
+        assert_eq!(batch.positions.to_vec::<i64>().unwrap(), positions);
     }
+    // A slot still lent when its upload comes again gets a fresh tensor,
+    // and both keep their own values.
+    inputs.begin();
+    let a = inputs.upload(vec![1i32, 2, 3], &[3], dev).unwrap();
+    drop(a);
+    inputs.begin();
+    let kept = inputs.upload(vec![4i32, 5, 6], &[3], dev).unwrap();
+    inputs.begin();
+    let fresh = inputs.upload(vec![7i32, 8, 9], &[3], dev).unwrap();
+    assert_eq!(inputs.stats().reused, 0, "a lent slot is not shared");
+    assert_eq!(kept.to_vec::<i32>().unwrap(), [4, 5, 6]);
+    assert_eq!(fresh.to_vec::<i32>().unwrap(), [7, 8, 9]);
+    // A wrong element count is a typed shape error.
+    let before = inputs.stats();
+    let e = inputs.upload(vec![1i32, 2], &[3], dev).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                op: "StepInputs::upload",
+                tensor: "values",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(inputs.stats(), before, "a refused upload takes no slot");
 }

@@ -153,11 +153,6 @@ pub fn rope_params(plan: &LayerPlan) -> RopeParams {
     }
 }
 
-fn host_i64(v: Vec<i64>, device: &crate::device::Device) -> Result<Tensor> {
-    let n = v.len();
-    Ok(Tensor::from_vec(v, &[n])?.to_device(device)?)
-}
-
 /// `v` as the kernels' int32 index (rows and positions; the engine's
 /// MAX_CONTEXT keeps them far below 2^31).
 fn i32_of(what: &'static str, v: usize) -> Result<i32> {
@@ -338,7 +333,7 @@ impl Attention {
                 .ok_or_else(|| missing(plan, "a batch entry past the step's rows"))?
                 .copy_from_slice(&rows);
         }
-        let slots = host_i32(slots, &[x.rows()], &x.device())?;
+        let slots = pool.inputs().upload(slots, &[x.rows()], &x.device())?;
         self.write_window_kv(cfg, x, &b.positions, &rope, pool.window_rows_mut(), &slots)?;
         if let Some(c) = &self.compressor {
             self.compress(cfg, plan, c, x, b, pool)?;
@@ -411,6 +406,9 @@ impl Attention {
         let device = x.device();
         let rope = rope_params(plan);
         let keys = self.indexer.as_ref().and_then(|i| i.keys.as_ref());
+        // A handle on the pool's upload arena, usable while the pool's
+        // compressor buffers are borrowed.
+        let inputs = pool.inputs().clone();
         // Per entry, the members of its new groups in token order: its
         // partial group's pending token (r < 0: pending row −1 − r) first,
         // then its new rows; and the row left pending afterwards.
@@ -463,8 +461,8 @@ impl Attention {
             }
         }
         let n = positions.len();
-        let pos = host_i64(positions, &device)?;
-        let slots = host_i32(slots, &[n], &device)?;
+        let pos = inputs.upload(positions, &[n], &device)?;
+        let slots = inputs.upload(slots, &[n], &device)?;
         let norm = RowNorm {
             weight: &c.norm,
             eps,
@@ -493,7 +491,7 @@ impl Attention {
                 let kv = c.wkv.forward_f32(x)?;
                 let score = wgate.forward_f32(x)?;
                 if n > 0 {
-                    let groups = host_i32(members, &[n, 2], &device)?;
+                    let groups = inputs.upload(members, &[n, 2], &device)?;
                     ops::compressor_rows_into(
                         &kv,
                         &score,
@@ -518,7 +516,7 @@ impl Attention {
             )?,
         }
         if let (Some(kw), Some(latent)) = (keys, latent) {
-            let key_slots = host_i32(key_slots, &[n], &device)?;
+            let key_slots = inputs.upload(key_slots, &[n], &device)?;
             ops::kv_rows_into(
                 &kw.wk.forward(&latent)?,
                 KvRowFormat::IndexKey,
@@ -659,7 +657,7 @@ impl Attention {
             let pick = |t| pick_rows(t, all, &rows);
             let keys = pool.gather_keys_rows(src, &key_rows)?;
             let tb = rows.len();
-            let visible = host_i32(visible, &[tb], &device)?;
+            let visible = pool.inputs().upload(visible, &[tb], &device)?;
             let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &visible)?;
             let mask = mask_all
                 .map(|m| match m {
@@ -693,7 +691,7 @@ impl Attention {
                 cands.push(Piece::Empty(e.len));
                 continue;
             }
-            let visible = host_i32(visible_of(e)?, &[e.len], &device)?;
+            let visible = pool.inputs().upload(visible_of(e)?, &[e.len], &device)?;
             let keys = pool.gather_keys(e.seq, src, n)?;
             let scores = ops::index_scores(
                 &q.narrow_rows(e.row, e.len)?,

@@ -1,0 +1,163 @@
+//! Static per-step inputs (issue 11, `docs/graph-decode.md`): every host
+//! vector a step uploads (token ids, positions and owners, ring slots,
+//! block tables and bounds, compressor members, visible counts, Engram
+//! n-gram ids) goes through one arena, in the order the step makes them.
+//! Upload i of a step reuses slot i's tensor when its dtype, shape and
+//! device match: the values are written into the storage it already has
+//! (`Tensor::write_from`; on a GPU the same device address, which a decode
+//! step captured as a graph reads at its replay). Otherwise the slot gets a
+//! new tensor.
+//!
+//! Invariant: a slot's tensor is either in the arena or lent to exactly one
+//! [`Input`], which gives it back when dropped; a step holds its inputs only
+//! while it runs, so the next step finds them all back. A write is stream
+//! ordered after the previous step's launches on the same stream (one
+//! stream a device handle), so it never races the kernels still reading the
+//! old values. A slot still lent when its upload comes again (an input kept
+//! past its step) is not shared: that upload gets a fresh tensor.
+
+use crate::device::Device;
+use crate::dtype::Element;
+use crate::error::{Error, Result};
+use crate::tensor::Tensor;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// The uploads of the current step and how many reused their slot's
+/// storage.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InputStats {
+    pub uploads: usize,
+    pub reused: usize,
+}
+
+#[derive(Default)]
+struct Arena {
+    slots: Vec<Option<Tensor>>,
+    next: usize,
+    stats: InputStats,
+}
+
+/// The arena of one state pool (one sequence of steps). A clone is another
+/// handle on the same arena (so a layer can upload while it holds the pool
+/// mutably).
+#[derive(Clone, Default)]
+pub struct StepInputs {
+    arena: Arc<Mutex<Arena>>,
+}
+
+impl std::fmt::Debug for StepInputs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let a = self.lock();
+        f.debug_struct("StepInputs")
+            .field("slots", &a.slots.len())
+            .field("stats", &a.stats)
+            .finish()
+    }
+}
+
+impl StepInputs {
+    pub fn new() -> StepInputs {
+        StepInputs::default()
+    }
+
+    /// A poisoned lock only means another thread panicked mid-upload; the
+    /// slots are still whole tensors, so the arena goes on.
+    fn lock(&self) -> MutexGuard<'_, Arena> {
+        self.arena.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a step: uploads are numbered from slot 0 again and the
+    /// statistics restart.
+    pub fn begin(&self) {
+        let mut a = self.lock();
+        a.next = 0;
+        a.stats = InputStats::default();
+    }
+
+    /// The current step's uploads so far.
+    pub fn stats(&self) -> InputStats {
+        self.lock().stats
+    }
+
+    /// `values` as a tensor of `shape` on `device`, in the step's next slot.
+    /// A wrong element count is a shape error naming `values` (and takes
+    /// no slot).
+    pub fn upload<T: Element>(
+        &self,
+        values: Vec<T>,
+        shape: &[usize],
+        device: &Device,
+    ) -> Result<Input> {
+        let want = shape
+            .iter()
+            .try_fold(T::PER_UNIT.max(1), |n, &d| n.checked_mul(d));
+        if want.map(|n| n / T::PER_UNIT.max(1)) != Some(values.len()) {
+            return Err(Error::Shape {
+                op: "StepInputs::upload",
+                tensor: "values",
+                got: vec![values.len()],
+                expected: format!("the element count of shape {shape:?}"),
+            });
+        }
+        let mut a = self.lock();
+        let slot = a.next;
+        a.next += 1;
+        a.stats.uploads += 1;
+        if a.slots.len() <= slot {
+            a.slots.resize_with(slot + 1, || None);
+        }
+        let kept =
+            a.slots.get_mut(slot).and_then(Option::take).filter(|t| {
+                t.dtype() == T::DTYPE && t.shape() == shape && t.device().same_as(device)
+            });
+        let tensor = match kept {
+            Some(mut t) => {
+                t.write_from(&values)?;
+                a.stats.reused += 1;
+                t
+            }
+            None => Tensor::from_vec(values, shape)?.to_device(device)?,
+        };
+        Ok(Input {
+            tensor,
+            arena: Arc::clone(&self.arena),
+            slot,
+        })
+    }
+}
+
+/// A step input: derefs to its tensor, which goes back to its slot when the
+/// input is dropped.
+pub struct Input {
+    tensor: Tensor,
+    arena: Arc<Mutex<Arena>>,
+    slot: usize,
+}
+
+impl std::fmt::Debug for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Input")
+            .field("slot", &self.slot)
+            .field("tensor", &self.tensor)
+            .finish()
+    }
+}
+
+impl Deref for Input {
+    type Target = Tensor;
+
+    fn deref(&self) -> &Tensor {
+        &self.tensor
+    }
+}
+
+impl Drop for Input {
+    fn drop(&mut self) {
+        let t = std::mem::replace(&mut self.tensor, Tensor::placeholder());
+        let mut a = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = a.slots.get_mut(self.slot) {
+            *s = Some(t);
+        }
+    }
+}
