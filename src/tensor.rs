@@ -221,7 +221,6 @@ impl Tensor {
         })
     }
 
-    /// The same data under another shape of the same element count.
     /// An empty host tensor (`U8 [0]`), made without allocating or failing:
     /// what a holder leaves behind when it moves its tensor out in `drop`.
     pub(crate) fn placeholder() -> Tensor {
@@ -232,6 +231,7 @@ impl Tensor {
         }
     }
 
+    /// The same data under another shape of the same element count.
     pub fn reshape(mut self, shape: &[usize]) -> Result<Tensor> {
         if check_shape(self.dtype, shape)? != self.numel() {
             return Err(Error::Shape {
