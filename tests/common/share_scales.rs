@@ -73,9 +73,9 @@ fn draw(rng: &mut StdRng, shape: usize, channel: f32) -> f32 {
     }
 }
 
-/// Activations (1 × 32 blocks, `rps` = 1) or weights (32 × 32, `rps` = 32),
-/// quantised by the library's quantiser; a few NaN codes and NaN scales.
-pub fn operand(rng: &mut StdRng, rows: usize, k: usize, rps: usize, shape: usize) -> Op {
+/// `[rows, k]` values of `draw`'s `shape`, with per-channel scales
+/// (log-normal, 1 % of the channels 20× larger) for the outlier shape.
+fn values(rng: &mut StdRng, rows: usize, k: usize, shape: usize) -> Vec<f32> {
     let channels: Vec<f32> = (0..k)
         .map(|_| {
             let s = draw(rng, 0, 1.0).exp();
@@ -86,9 +86,15 @@ pub fn operand(rng: &mut StdRng, rows: usize, k: usize, rps: usize, shape: usize
             }
         })
         .collect();
-    let x: Vec<f32> = (0..rows * k)
+    (0..rows * k)
         .map(|i| draw(rng, shape, channels[i % k]))
-        .collect();
+        .collect()
+}
+
+/// Activations (1 × 32 blocks, `rps` = 1) or weights (32 × 32, `rps` = 32),
+/// quantised by the library's quantiser; a few NaN codes and NaN scales.
+pub fn operand(rng: &mut StdRng, rows: usize, k: usize, rps: usize, shape: usize) -> Op {
+    let x = values(rng, rows, k, shape);
     let kb = k.div_ceil(32);
     let mut codes = vec![E4M3(0); rows * k];
     let mut scales = vec![E8M0(0); rows.div_ceil(rps) * kb];
@@ -278,18 +284,9 @@ pub fn op_matches_numerics(dev: &Device, rng: &mut StdRng) {
 /// BF16 activations `[rows, k]` of one of `draw`'s shapes, with a NaN and
 /// (when `inf`) an Inf at random places.
 fn activations(rng: &mut StdRng, rows: usize, k: usize, shape: usize, inf: bool) -> Vec<bf16> {
-    let channels: Vec<f32> = (0..k)
-        .map(|_| {
-            let s = draw(rng, 0, 1.0).exp();
-            if rng.random_range(0.0..1.0) < 0.01 {
-                20.0 * s
-            } else {
-                s
-            }
-        })
-        .collect();
-    let mut x: Vec<bf16> = (0..rows * k)
-        .map(|i| bf16::from_f32(draw(rng, shape, channels[i % k])))
+    let mut x: Vec<bf16> = values(rng, rows, k, shape)
+        .into_iter()
+        .map(bf16::from_f32)
         .collect();
     let i = rng.random_range(0..x.len());
     x[i] = bf16::NAN;
