@@ -706,22 +706,6 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             const uint32_t f = flags[s];
             return kChain && !kFp4 && ((f >> wg) & (f >> 2) & 1u) != 0;
         };
-        // One stage alone (the odd last one), waited for before it returns.
-        const auto lone_stage = [&]() {
-            const int s = it % S;
-            const uint32_t ph = (it / S) & 1;
-            mbar_wait(&full[s], ph);
-            mbar_wait(&ready[s], ph);
-            if (chains(s)) {
-                chained_stage<kFp4>(acc, view(s), wrow, lane);
-            } else {
-                stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
-                drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
-            }
-            release(view(s), lane);
-            ++st;
-            ++it;
-        };
         for (; st + 2 <= tile.st_end; st += 2, it += 2) {
             const int s0 = it % S, s1 = (it + 1) % S;
             const uint32_t ph0 = (it / S) & 1, ph1 = ((it + 1) / S) & 1;
@@ -773,7 +757,21 @@ __device__ __forceinline__ void mx_gemm_sm90(const di_mx_gemm_params &p) {
             }
             release(view(s1), lane);
         }
-        if (st < tile.st_end) lone_stage();
+        if (st < tile.st_end) {
+            // The odd last stage alone, waited for before the epilogue.
+            const int s = it % S;
+            const uint32_t ph = (it / S) & 1;
+            mbar_wait(&full[s], ph);
+            mbar_wait(&ready[s], ph);
+            if (chains(s)) {
+                chained_stage<kFp4>(acc, view(s), wrow, lane);
+            } else {
+                stage_body<kFp4, false>(acc, ring, view(s), view(s), wrow, lane);
+                drain<kFp4, 0>(acc, ring, view(s), wrow, lane);
+            }
+            release(view(s), lane);
+            ++it;
+        }
         if (tile.piece >= 0 && !finish_split(p, tile, acc, tid - 128)) continue;
         const int r0 = tile.row0 + wrow;
 #pragma unroll

@@ -64,7 +64,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const int64_t groups = p.rows * int64_t(p.k / 8);
     const int lane = threadIdx.x & 31;
     const int span = 4 * p.per;  // lanes a run: 8, 16 or 32
-    const uint32_t run_mask = (span == 32 ? 0xFFFFFFFFu : ((1u << span) - 1u)) << (lane / span * span);
+    const uint32_t run_mask = lane_group_mask(span, lane);
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t base = int64_t(blockIdx.x) * blockDim.x; base < groups; base += stride) {
         const int64_t g = base + threadIdx.x;

@@ -25,13 +25,8 @@
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
-namespace {
-
-__device__ __forceinline__ bool shifted(uint8_t v, int d, uint8_t *out) {
-    return deepinfer::e4m3_shift_exact(v, d, out);
-}
-
-}  // namespace
+using deepinfer::e4m3_shift_exact;
+using deepinfer::lane_group_mask;
 
 // Whether the stripe layout serves these parameters (uint4 code loads need
 // 16-byte rows and base). The launcher's grid, sized for the unit layout,
@@ -85,7 +80,7 @@ __device__ void share_stripes(const di_share_scales_params &p) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     uint8_t o = 0;
-                    ok &= shifted(uint8_t(words[w] >> (8 * i)), d, &o);
+                    ok &= e4m3_shift_exact(uint8_t(words[w] >> (8 * i)), d, &o);
                     out[w] |= uint32_t(o) << (8 * i);
                 }
             }
@@ -93,17 +88,13 @@ __device__ void share_stripes(const di_share_scales_params &p) {
         // Run q of the stripe is lanes 2 per q .. 2 per (q + 1) - 1.
         const uint32_t bad = __ballot_sync(0xFFFFFFFFu, !ok);
         const int span = 2 * per;
-        const uint32_t group = (span == 32 ? 0xFFFFFFFFu : ((1u << span) - 1u)) << (lane / span * span);
-        const bool exact = (bad & group) == 0;
+        const bool exact = (bad & lane_group_mask(span, lane)) == 0;
         if (in && w_b && d > 0 && exact)
             *reinterpret_cast<uint4 *>(codes + r * p.k + c) = make_uint4(out[0], out[1], out[2], out[3]);
         // The scale lane of block `lane` follows its run's verdict (the run
         // of scale lane l holds code lanes 2 l / span * span ..).
-        if (present && rewrite_run && sc < top) {
-            const int g = (2 * lane) / span * span;
-            const uint32_t gm = (span == 32 ? 0xFFFFFFFFu : ((1u << span) - 1u)) << g;
-            if ((bad & gm) == 0) scales[r * kb + b0 + lane] = uint8_t(top);
-        }
+        if (present && rewrite_run && sc < top && (bad & lane_group_mask(span, 2 * lane)) == 0)
+            scales[r * kb + b0 + lane] = uint8_t(top);
     }
 }
 
@@ -142,7 +133,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mx_share_scales(const __gri
             for (int64_t c = c0 + lane; c < c1; c += 32) {
                 const int d = int(top) - int(s[(c - c0) / 32]);
                 uint8_t out;
-                if (d > 0 && !shifted(codes[r * p.k + c], d, &out)) exact = false;
+                if (d > 0 && !e4m3_shift_exact(codes[r * p.k + c], d, &out)) exact = false;
             }
         }
         if (!__all_sync(0xFFFFFFFFu, exact)) continue;
@@ -150,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mx_share_scales(const __gri
             for (int64_t c = c0 + lane; c < c1; c += 32) {
                 const int d = int(top) - int(s[(c - c0) / 32]);
                 uint8_t out;
-                if (d > 0 && shifted(codes[r * p.k + c], d, &out)) codes[r * p.k + c] = out;
+                if (d > 0 && e4m3_shift_exact(codes[r * p.k + c], d, &out)) codes[r * p.k + c] = out;
             }
         }
         __syncwarp();

@@ -118,6 +118,13 @@ __device__ __forceinline__ bool e4m3_shift_exact(uint8_t v, int d, uint8_t *out)
     return true;
 }
 
+// The warp lanes of the aligned group of `span` lanes (a power of two up to
+// 32) that holds lane `lane`: the ballot mask of one run in the share
+// kernels (act_quant_fp8_vec8_shared, mx_share_scales' stripes).
+__device__ __forceinline__ uint32_t lane_group_mask(int span, int lane) {
+    return (span == 32 ? 0xFFFFFFFFu : ((1u << span) - 1u)) << (lane / span * span);
+}
+
 // e2m1 nibble -> f32 (exact).
 __device__ __forceinline__ float e2m1_to_f32(uint32_t n) {
     const uint32_t code = n & 7u;
