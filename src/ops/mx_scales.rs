@@ -19,6 +19,20 @@ const OP: &str = "mx_share_scales";
 /// The longest run a kernel chains: 8 blocks (256 of K).
 pub const MX_SHARE_MAX_GROUP: usize = 8 * MX_BLOCK;
 
+/// `numerics::check_share_args` and the kernels' longest run.
+fn check_args(op: &'static str, group: usize, rows_per_scale: usize) -> Result<()> {
+    numerics::check_share_args(op, group, rows_per_scale)?;
+    if group > MX_SHARE_MAX_GROUP {
+        return Err(Error::Argument {
+            op,
+            arg: "group",
+            value: group.to_string(),
+            why: "at most 256 (8 blocks: the kernel's longest run)",
+        });
+    }
+    Ok(())
+}
+
 /// Rewrites `codes` (e4m3 `[R, K]`) and `scales` (E8M0 `[⌈R /
 /// rows_per_scale⌉, ⌈K / 32⌉]`: `rows_per_scale` 1 for 1 × 32 activation
 /// scales, 32 for 32 × 32 weight scales) in place, runs of `group` (a
@@ -31,15 +45,7 @@ pub fn mx_share_scales(
 ) -> Result<()> {
     codes.expect_dtype(OP, "codes", DType::F8E4M3)?;
     scales.expect_dtype(OP, "scales", DType::E8M0)?;
-    numerics::check_share_args(OP, group, rows_per_scale)?;
-    if group > MX_SHARE_MAX_GROUP {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "group",
-            value: group.to_string(),
-            why: "at most 256 (8 blocks: the kernel's longest run)",
-        });
-    }
+    check_args(OP, group, rows_per_scale)?;
     let &[rows, k] = codes.shape() else {
         return Err(shape_error(OP, "codes", codes, "[R, K]".into()));
     };
@@ -87,15 +93,7 @@ const OP_QUANT: &str = "act_quant_fp8_shared";
 /// (`act_quant_fp8_vec8_shared`) where K is a multiple of `group` and a run
 /// is 2, 4 or 8 blocks; the two launches otherwise.
 pub fn act_quant_fp8_shared(x: &Tensor, group: usize) -> Result<(Tensor, Tensor)> {
-    numerics::check_share_args(OP_QUANT, group, 1)?;
-    if group > MX_SHARE_MAX_GROUP {
-        return Err(Error::Argument {
-            op: OP_QUANT,
-            arg: "group",
-            value: group.to_string(),
-            why: "at most 256 (8 blocks: the kernel's longest run)",
-        });
-    }
+    check_args(OP_QUANT, group, 1)?;
     x.expect_dtype(OP_QUANT, "x", DType::BF16)?;
     let shape = x.shape().to_vec();
     let k = shape.last().copied().unwrap_or(0);
