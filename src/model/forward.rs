@@ -18,6 +18,7 @@ use super::batch::{Batch, Entry};
 use super::config::{LayerPlan, ModelConfig, ScoreFunc};
 use super::inputs::Input;
 use super::layers::Block;
+use super::layers::attention::AttentionStep;
 use super::layers::linear::Bf16Linear;
 pub use super::layers::moe::MoeLayout;
 use super::layers::moe::MoeParams;
@@ -32,6 +33,7 @@ use crate::model::error::{Error, Result};
 use crate::ops::{self, MhcParams};
 use crate::tensor::Tensor;
 use half::bf16;
+use std::collections::HashSet;
 use std::ops::Range;
 
 /// The whole text model's weights (the DSpark stages come with the drafter).
@@ -420,8 +422,6 @@ impl Model {
             .iter()
             .zip(&shapes)
             .any(|(i, s)| s.late_rows < i.tokens.len());
-        let late_start = self.late_layer_start();
-        let mut tails: Option<Tails> = None;
         tracing::debug!(
             entries = b.entries.len(),
             tokens = b.positions.rows(),
@@ -450,6 +450,12 @@ impl Model {
         } else {
             Some(self.ngram_ids(pool, &b, &compressed)?)
         };
+        let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
+        let first_pre = pool.inputs().upload(one_hot, &[t, HC_STREAMS], &device)?;
+        // The host half of every layer, before any launch of the layers:
+        // their device half below reads only what it uploaded.
+        let (steps, tails) = self.prepare_layers(pool, &b, &shapes, truncated)?;
+        let late_start = self.late_layer_start();
 
         // Device range checks of the step (ids, Engram rows, MoE
         // permutations), read once at its end.
@@ -460,30 +466,30 @@ impl Model {
             &mut checks,
         )?)?;
         marks.mark("embed")?;
-        let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
-        let mut pre = Tensor::from_vec(one_hot, &[t, HC_STREAMS])?.to_device(&device)?;
+        let mut pre: Tensor = first_pre.clone();
         let mut published = Default::default();
         let mut targets = vec![None; cfg.dspark.target_layers.len()];
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let hp = self.mhc_params();
         let moe_p = self.moe_params(cfg.moe.n_activated_experts);
-        for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
+        for ((plan, block), step) in self.plans.iter().zip(&self.weights.blocks).zip(&steps) {
             let mut trace = LayerTrace::default();
-            if truncated && plan.layer == late_start {
-                let t = Tails::of(&b, &shapes, pool.inputs())?;
+            if let Some(t) = tails.as_ref().filter(|_| plan.layer == late_start) {
                 streams = t.rows(&streams)?;
                 pre = t.rows(&pre)?;
                 t.narrow_published(&mut published)?;
                 for f in targets.iter_mut().flatten() {
                     *f = t.rows(f)?;
                 }
-                tails = Some(t);
             }
-            let b = tails.as_ref().map_or(&b, |t| &t.batch);
-            if b.entries.is_empty() {
+            let b = tails
+                .as_ref()
+                .filter(|_| plan.layer >= late_start)
+                .map_or(&b, |t| &t.batch);
+            let Some(step) = step else {
                 layers.push(trace);
                 continue;
-            }
+            };
             if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
                 streams = e.forward(
                     &streams,
@@ -511,7 +517,7 @@ impl Model {
             marks.mark("mhc")?;
             let f = block
                 .attn
-                .forward(cfg, plan, &x, b, pool, &mut published, &mut marks)?;
+                .run(cfg, plan, &x, b, step, pool, &mut published, &mut marks)?;
             streams = mix.expand(&streams, &f)?;
             if capture.attention {
                 trace.attention = Some(f);
@@ -565,6 +571,41 @@ impl Model {
             families: Marks::totals(&parts),
             parts,
         })
+    }
+
+    /// The host half of every layer of a step, in layer order: each
+    /// layer's claims, plans and uploads ([`Attention::prepare`]; `None` for
+    /// a layer with no entry left), and the entries' tails when the step is
+    /// `truncated` (made for the late layers, which prepare over them).
+    /// The device half of the step then launches without host work.
+    ///
+    /// [`Attention::prepare`]: super::layers::attention::Attention::prepare
+    fn prepare_layers(
+        &self,
+        pool: &mut StatePool,
+        b: &Batch,
+        shapes: &[EntryShape],
+        truncated: bool,
+    ) -> Result<(Vec<Option<AttentionStep>>, Option<Tails>)> {
+        let late_start = self.late_layer_start();
+        let mut tails: Option<Tails> = None;
+        // The (lists layer, KV source) pairs whose block tables a layer
+        // already made, for the rows the step has now.
+        let mut tables = HashSet::new();
+        let mut steps = Vec::with_capacity(self.plans.len());
+        for (plan, block) in self.plans.iter().zip(&self.weights.blocks) {
+            if truncated && plan.layer == late_start {
+                tails = Some(Tails::of(b, shapes, pool.inputs())?);
+                tables.clear();
+            }
+            let b = tails.as_ref().map_or(b, |t| &t.batch);
+            steps.push(if b.entries.is_empty() {
+                None
+            } else {
+                Some(block.attn.prepare(&self.cfg, plan, b, pool, &mut tables)?)
+            });
+        }
+        Ok((steps, tails))
     }
 
     /// Each token's four n-gram ids (newest first) from its sequence's

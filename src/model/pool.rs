@@ -825,7 +825,7 @@ impl StatePool {
 
     /// The pages holding the first `n` index keys of `layer`'s source for
     /// `seq`, in logical order.
-    fn key_pages_of(&self, seq: SeqId, layer: usize, n: usize) -> Result<Vec<usize>> {
+    pub(crate) fn key_pages_of(&self, seq: SeqId, layer: usize, n: usize) -> Result<Vec<usize>> {
         let src = self.source(layer)?;
         let s = self.get(seq)?;
         let pr = self.cfg.page_rows;
@@ -833,7 +833,7 @@ impl StatePool {
             .step_by(pr.max(1))
             .map(|j| {
                 let phys = s.keys[src].row(j, pr).ok_or(OpError::Argument {
-                    op: "StatePool::gather_keys",
+                    op: "StatePool::key_pages_of",
                     arg: "n",
                     value: n.to_string(),
                     why: "more keys asked for than the source holds",
@@ -843,28 +843,17 @@ impl StatePool {
             .collect()
     }
 
-    /// The first `n` index keys of `layer`'s source for `seq`, contiguous:
-    /// `[n, 136]` on the pool's device.
-    pub(crate) fn gather_keys(&self, seq: SeqId, layer: usize, n: usize) -> Result<Tensor> {
-        let pages = self.key_pages_of(seq, layer, n)?;
-        // One gather of whole pages (and one copy of the partial last page),
-        // not one copy per page.
-        Ok(ops::gather_row_blocks(
-            &self.key_pages.rows,
-            self.cfg.page_rows,
-            &pages,
-            n,
-        )?)
-    }
-
-    /// The index keys of `layer`'s source for many score rows at once: row
-    /// i holds the first `n_i` keys of `rows[i] = (seq, n_i)` followed by
-    /// rows of no meaning up to the widest: `[rows, width, 136]` with
-    /// `width` the most pages any row needs × `page_rows`, in one gather of
-    /// whole pages. A score row reads only its first `n_i` keys (its
-    /// visible count never exceeds them), so the padding is never scored.
-    pub(crate) fn gather_keys_rows(&self, layer: usize, rows: &[(SeqId, usize)]) -> Result<Tensor> {
-        let pr = self.cfg.page_rows;
+    /// The page lists of [`StatePool::gather_key_blocks`] for many score
+    /// rows at once: row i gets the pages of the first `n_i` keys of
+    /// `rows[i] = (seq, n_i)`, padded (with its first page) to the widest
+    /// row's pages. Returns the lists, row after row, and that width in
+    /// pages. A score row reads only its first `n_i` keys (its visible count
+    /// never exceeds them), so the padding is never scored.
+    pub(crate) fn key_blocks_rows(
+        &self,
+        layer: usize,
+        rows: &[(SeqId, usize)],
+    ) -> Result<(Vec<usize>, usize)> {
         let mut lists = Vec::with_capacity(rows.len());
         for &(seq, n) in rows {
             lists.push(self.key_pages_of(seq, layer, n)?);
@@ -875,9 +864,20 @@ impl StatePool {
             let pad = l.first().copied().unwrap_or(0);
             blocks.extend(l.iter().copied().chain(std::iter::repeat(pad)).take(width));
         }
-        let keys = ops::gather_row_blocks(&self.key_pages.rows, pr, &blocks, blocks.len() * pr)?;
-        let row = keys.shape().get(1).copied().unwrap_or(0);
-        Ok(keys.reshape(&[rows.len(), width * pr, row])?)
+        Ok((blocks, width))
+    }
+
+    /// The first `n` index-key rows of the key pages `blocks` (a list of
+    /// [`StatePool::key_pages_of`] or [`StatePool::key_blocks_rows`]),
+    /// contiguous: `[n, 136]` on the pool's device, in one gather of whole
+    /// pages (and one copy of a partial last page).
+    pub(crate) fn gather_key_blocks(&self, blocks: &[usize], n: usize) -> Result<Tensor> {
+        Ok(ops::gather_row_blocks(
+            &self.key_pages.rows,
+            self.cfg.page_rows,
+            blocks,
+            n,
+        )?)
     }
 
     /// The row of the partial group of `layer`'s ratio-2 source for `seq`
@@ -891,26 +891,26 @@ impl StatePool {
             .transpose()
     }
 
-    /// Stores (`Some(r)`: row `r` of `kv` and `score`) or clears (`None`)
-    /// the partial group of `layer`'s ratio-2 source for each sequence of
-    /// `tails`, with one row copy per tensor for all of them: lists of one
-    /// pair per sequence, −1 for a sequence without a tail
-    /// (`ops::copy_rows_where`), so the copies' shapes depend on the number
-    /// of sequences alone (`docs/graph-decode.md`). A step names each
+    /// Plans the partial groups of `layer`'s ratio-2 source after a step:
+    /// each sequence of `tails` keeps (`Some(r)`: row `r` of the step's kv
+    /// and score) or clears (`None`) its partial group. Records that on the
+    /// host now and returns the row copy [`StatePool::copy_pending`] makes
+    /// once the step has computed kv and score: lists of one pair per
+    /// sequence, −1 for a sequence without a tail (`ops::copy_rows_where`),
+    /// so the copies' shapes depend on the number of sequences alone
+    /// (`docs/graph-decode.md`); `None` for no sequence. A step names each
     /// sequence once (`Model::step` refuses a repeat), so the destinations
     /// are distinct.
-    pub(crate) fn set_pending(
+    pub(crate) fn plan_pending(
         &mut self,
         layer: usize,
         tails: &[(SeqId, Option<usize>)],
-        kv: &Tensor,
-        score: &Tensor,
-    ) -> Result<()> {
+    ) -> Result<Option<PendingCopy>> {
         let src = self.source(layer)?;
         let (mut dst, mut from) = (Vec::new(), Vec::new());
         let index = |r: usize| {
             i32::try_from(r).map_err(|_| OpError::Argument {
-                op: "StatePool::set_pending",
+                op: "StatePool::plan_pending",
                 arg: "row",
                 value: r.to_string(),
                 why: "a row past int32",
@@ -929,21 +929,34 @@ impl StatePool {
             }
             self.get_mut(seq)?.pending[src] = tail.is_some();
         }
-        if !dst.is_empty() {
-            let device = self.pending_kv.device();
-            let n = dst.len();
-            let dst = self.inputs.upload(dst, &[n], &device)?;
-            let from = self.inputs.upload(from, &[n], &device)?;
-            ops::copy_rows_where(&mut self.pending_kv, &dst, kv, &from)?;
-            ops::copy_rows_where(&mut self.pending_score, &dst, score, &from)?;
+        if dst.is_empty() {
+            return Ok(None);
         }
+        let device = self.pending_kv.device();
+        let n = dst.len();
+        Ok(Some(PendingCopy {
+            dst: self.inputs.upload(dst, &[n], &device)?,
+            from: self.inputs.upload(from, &[n], &device)?,
+        }))
+    }
+
+    /// The row copy of a [`StatePool::plan_pending`] from the step's `kv`
+    /// and `score` into the pending tensors.
+    pub(crate) fn copy_pending(
+        &mut self,
+        copy: &PendingCopy,
+        kv: &Tensor,
+        score: &Tensor,
+    ) -> Result<()> {
+        ops::copy_rows_where(&mut self.pending_kv, &copy.dst, kv, &copy.from)?;
+        ops::copy_rows_where(&mut self.pending_score, &copy.dst, score, &copy.from)?;
         Ok(())
     }
 
     /// Copies row `r` of `kv` and `score` into pending row `row` (a
     /// [`StatePool::pending_row`]): the one-row write of a partial group,
     /// shared by a restore and a rollback (a step writes its groups at once,
-    /// [`StatePool::set_pending`]).
+    /// [`StatePool::copy_pending`]).
     fn put_pending(&mut self, row: usize, kv: &Tensor, score: &Tensor, r: usize) -> Result<()> {
         self.pending_kv.copy_rows_from(row, kv, r, 1)?;
         self.pending_score.copy_rows_from(row, score, r, 1)?;
@@ -1107,6 +1120,14 @@ impl StepTables {
             page_rows: self.page_rows,
         }
     }
+}
+
+/// The partial-group row copy of one ratio-2 layer in a step
+/// ([`StatePool::plan_pending`]): destination pending rows and source step
+/// rows, −1 pairs skipped.
+pub(crate) struct PendingCopy {
+    dst: Input,
+    from: Input,
 }
 
 /// The tensors of [`StatePool::compressor_io`].

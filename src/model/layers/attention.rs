@@ -34,12 +34,13 @@ use crate::dtype::DType;
 use crate::model::batch::Batch;
 use crate::model::config::{AttentionPlan, CandidateConfig, LayerPlan, ModelConfig, Selection};
 use crate::model::error::Result;
+use crate::model::inputs::Input;
 use crate::model::marks::Marks;
-use crate::model::pool::{SeqId, StatePool};
+use crate::model::pool::{PendingCopy, SeqId, StatePool, StepTables};
 use crate::ops::{self, RowNorm, RowRope, RowsOut};
 use crate::tensor::Tensor;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// A KV source's compressor.
 #[derive(Clone, Debug)]
@@ -305,27 +306,24 @@ impl Attention {
         Ok(self.wo_b.forward(&y)?)
     }
 
-    /// Attention of layer `plan.layer` over the batch `b` (inputs `x`
-    /// `[T, D]`, the `attn_norm` output). Writes the layer's window rows,
-    /// runs the compressor of a KV source, publishes the selection of an
-    /// index source ([`Published::lists_of`] gives the lists it attended
-    /// with), and returns `[T, D]`. Marks its parts (`attention.query`,
-    /// `.kv`, `.index`, `.lists`, `.mqa`, `.out`).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn forward(
+    /// The host half of layer `plan.layer`'s attention over the batch `b`:
+    /// claims the step's window rows and compressor entries in the pool,
+    /// plans its partial groups, and uploads everything the device half
+    /// ([`Attention::run`]) reads: ring slots, compressor positions, slots
+    /// and members, the indexer's visible counts, the block tables.
+    /// `tables` holds the (lists layer, KV source) pairs whose compressed
+    /// block tables an earlier layer of the step already made (the first
+    /// layer attending with a pair makes them); the caller clears it when
+    /// the step narrows its rows.
+    pub(crate) fn prepare(
         &self,
         cfg: &ModelConfig,
         plan: &LayerPlan,
-        x: &Normed,
         b: &Batch,
         pool: &mut StatePool,
-        published: &mut Published,
-        marks: &mut Marks,
-    ) -> Result<Tensor> {
-        let rope = rope_params(plan);
-        let (q, qr) = self.query(cfg, x, &b.positions, &rope)?;
-        marks.mark("attention.query")?;
-        let mut slots = vec![-1i32; x.rows()];
+        tables: &mut HashSet<(usize, usize)>,
+    ) -> Result<AttentionStep> {
+        let mut slots = vec![-1i32; b.positions.rows()];
         for e in &b.entries {
             let rows = pool.claim_ring_rows(e.seq, plan.layer, e.start, e.len)?;
             slots
@@ -333,22 +331,95 @@ impl Attention {
                 .ok_or_else(|| missing(plan, "a batch entry past the step's rows"))?
                 .copy_from_slice(&rows);
         }
-        let slots = pool.inputs().upload(slots, &[x.rows()], &x.device())?;
-        self.write_window_kv(cfg, x, &b.positions, &rope, pool.window_rows_mut(), &slots)?;
-        if let Some(c) = &self.compressor {
-            self.compress(cfg, plan, c, x, b, pool)?;
+        let rows = b.positions.rows();
+        let ring_slots = pool
+            .inputs()
+            .upload(slots, &[rows], &b.positions.device())?;
+        let compress = match &self.compressor {
+            Some(c) => Some(self.prepare_compress(plan, c, b, pool)?),
+            None => None,
+        };
+        let index = match plan.attention {
+            AttentionPlan::Sparse {
+                selection: Selection::Indexer { .. },
+                ..
+            } => Some(prepare_index(cfg, plan, b, pool)?),
+            _ => None,
+        };
+        let window_tables = pool.ring_tables(&seqs_of(b), plan.layer)?;
+        let source_tables = match plan.kv_source().zip(lists_layer(plan)) {
+            Some((src, ll)) if tables.insert((ll, src)) => {
+                Some(pool.source_tables(&seqs_of(b), src)?)
+            }
+            _ => None,
+        };
+        Ok(AttentionStep {
+            ring_slots,
+            compress,
+            index,
+            window_tables,
+            source_tables,
+        })
+    }
+
+    /// The device half of layer `plan.layer`'s attention over the batch `b`
+    /// (inputs `x` `[T, D]`, the `attn_norm` output), from its host half
+    /// `step`: writes the layer's window rows, runs the compressor of a KV
+    /// source, publishes the selection of an index source
+    /// ([`Published::lists_of`] gives the lists it attended with), and
+    /// returns `[T, D]`. Touches the pool's device tensors only. Marks its
+    /// parts (`attention.query`, `.kv`, `.index`, `.lists`, `.mqa`, `.out`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        x: &Normed,
+        b: &Batch,
+        step: &AttentionStep,
+        pool: &mut StatePool,
+        published: &mut Published,
+        marks: &mut Marks,
+    ) -> Result<Tensor> {
+        let rope = rope_params(plan);
+        let (q, qr) = self.query(cfg, x, &b.positions, &rope)?;
+        marks.mark("attention.query")?;
+        self.write_window_kv(
+            cfg,
+            x,
+            &b.positions,
+            &rope,
+            pool.window_rows_mut(),
+            &step.ring_slots,
+        )?;
+        if let (Some(c), Some(s)) = (&self.compressor, &step.compress) {
+            self.compress(cfg, plan, c, s, x, b, pool)?;
         }
         marks.mark("attention.kv")?;
-        if let AttentionPlan::Sparse {
-            selection: Selection::Indexer { candidates_from },
-            ..
-        } = plan.attention
+        if let (
+            AttentionPlan::Sparse {
+                selection: Selection::Indexer { candidates_from },
+                ..
+            },
+            Some(s),
+        ) = (plan.attention, &step.index)
         {
             let iw = self
                 .indexer
                 .as_ref()
                 .ok_or_else(|| missing(plan, "an index source without indexer weights"))?;
-            self.index(cfg, plan, iw, x, &qr, b, pool, published, candidates_from)?;
+            self.index(
+                cfg,
+                plan,
+                iw,
+                s,
+                x,
+                &qr,
+                b,
+                pool,
+                published,
+                candidates_from,
+            )?;
             marks.mark("attention.index")?;
         }
         if let AttentionPlan::Sparse {
@@ -363,17 +434,23 @@ impl Attention {
             )
             .into());
         }
-        let window_idx = window_lists(pool, b, plan.layer, cfg.attention.window)?;
+        let window_idx = ops::paged_window_rows(
+            &b.positions,
+            &b.owners,
+            step.window_tables.view(),
+            cfg.attention.window,
+        )?;
         let key = plan.kv_source().zip(lists_layer(plan));
-        if let Some((src, ll)) = key
-            && !published.rows.contains_key(&(ll, src))
+        if let (Some((src, ll)), Some(tables)) = (key, &step.source_tables)
             && let Some(lists) = published.lists_of(plan)
         {
-            let tables = pool.source_tables(&seqs_of(b), src)?;
             let rows = ops::paged_rows(lists, &b.owners, tables.view())?;
             published.rows.insert((ll, src), rows);
         }
         let comp_idx = key.and_then(|(src, ll)| published.rows.get(&(ll, src)));
+        if comp_idx.is_none() && published.lists_of(plan).is_some() {
+            return Err(missing(plan, "index lists without their compressed rows").into());
+        }
         marks.mark("attention.lists")?;
         let o = self.mqa(cfg, pool, &q, &window_idx, comp_idx)?;
         marks.mark("attention.mqa")?;
@@ -382,33 +459,26 @@ impl Attention {
         Ok(f)
     }
 
-    /// A KV source's compressor over every entry's new (not replayed)
-    /// tokens: stores the entries (and index keys) of each group completed
-    /// in this step straight into the pools; a ratio-2 source keeps an odd
-    /// trailing token as the partial group.
+    /// The host half of a KV source's compressor over every entry's new
+    /// (not replayed) tokens: claims the entries of each group completed in
+    /// this step (and their index keys), plans the partial groups a ratio-2
+    /// source keeps (an odd trailing token), and uploads the members,
+    /// positions and slots.
     ///
     /// A step in which every entry brings one new token (a decode step)
     /// gives a ratio-2 source a fixed `[B, 2]` of groups, one row per entry:
     /// an entry whose group does not complete has its new row twice as
     /// members and slot −1, which the row writers skip, so the step's
     /// launches and shapes depend on B alone (`docs/graph-decode.md`).
-    fn compress(
+    fn prepare_compress(
         &self,
-        cfg: &ModelConfig,
         plan: &LayerPlan,
         c: &Compressor,
-        x: &Tensor,
         b: &Batch,
         pool: &mut StatePool,
-    ) -> Result<()> {
-        let eps = crate::numerics::round_f32(cfg.norm_eps);
-        let rd = cfg.attention.rope_head_dim;
-        let device = x.device();
-        let rope = rope_params(plan);
-        let keys = self.indexer.as_ref().and_then(|i| i.keys.as_ref());
-        // A handle on the pool's upload arena, usable while the pool's
-        // compressor buffers are borrowed.
-        let inputs = pool.inputs().clone();
+    ) -> Result<CompressStep> {
+        let device = b.positions.device();
+        let keys = self.indexer.as_ref().is_some_and(|i| i.keys.is_some());
         // Per entry, the members of its new groups in token order: its
         // partial group's pending token (r < 0: pending row −1 − r) first,
         // then its new rows; and the row left pending afterwards.
@@ -442,7 +512,7 @@ impl Attention {
             }
             members.extend(m);
         }
-        // Their entry positions and pool rows (claimed now, stored below).
+        // Their entry positions and pool rows.
         let mut positions = Vec::new();
         let (mut slots, mut key_slots) = (Vec::new(), Vec::new());
         for ((e, &n), &skip) in b.entries.iter().zip(&counts).zip(&skipped) {
@@ -461,14 +531,57 @@ impl Attention {
             }
         }
         let n = positions.len();
-        let pos = inputs.upload(positions, &[n], &device)?;
+        let inputs = pool.inputs().clone();
+        let positions = inputs.upload(positions, &[n], &device)?;
         let slots = inputs.upload(slots, &[n], &device)?;
+        let gated = c.wgate.is_some();
+        let groups = (gated && n > 0)
+            .then(|| inputs.upload(members, &[n, 2], &device))
+            .transpose()?;
+        let pending = if gated {
+            pool.plan_pending(plan.layer, &tails)?
+        } else {
+            None
+        };
+        let key_slots = (keys && n > 0)
+            .then(|| inputs.upload(key_slots, &[n], &device))
+            .transpose()?;
+        Ok(CompressStep {
+            n,
+            positions,
+            slots,
+            groups,
+            key_slots,
+            pending,
+        })
+    }
+
+    /// The device half of a KV source's compressor ([`Attention::prepare_compress`]):
+    /// stores the entries (and index keys) of each group completed in this
+    /// step straight into the pools and copies the partial groups.
+    #[allow(clippy::too_many_arguments)]
+    fn compress(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        c: &Compressor,
+        s: &CompressStep,
+        x: &Tensor,
+        b: &Batch,
+        pool: &mut StatePool,
+    ) -> Result<()> {
+        let eps = crate::numerics::round_f32(cfg.norm_eps);
+        let rd = cfg.attention.rope_head_dim;
+        let device = x.device();
+        let rope = rope_params(plan);
+        let keys = self.indexer.as_ref().and_then(|i| i.keys.as_ref());
+        let n = s.n;
         let norm = RowNorm {
             weight: &c.norm,
             eps,
         };
         let row_rope = RowRope {
-            positions: &pos,
+            positions: &s.positions,
             rope_dim: rd,
             params: &rope,
         };
@@ -483,26 +596,27 @@ impl Attention {
         let io = pool.compressor_io();
         let out = RowsOut {
             pool: io.entries,
-            slots: &slots,
+            slots: &s.slots,
             latent: latent.as_mut(),
         };
         match &c.wgate {
             Some(wgate) => {
                 let kv = c.wkv.forward_f32(x)?;
                 let score = wgate.forward_f32(x)?;
-                if n > 0 {
-                    let groups = inputs.upload(members, &[n, 2], &device)?;
+                if let Some(groups) = &s.groups {
                     ops::compressor_rows_into(
                         &kv,
                         &score,
                         Some(io.pending),
-                        &groups,
+                        groups,
                         norm,
                         row_rope,
                         out,
                     )?;
                 }
-                pool.set_pending(plan.layer, &tails, &kv, &score)?;
+                if let Some(p) = &s.pending {
+                    pool.copy_pending(p, &kv, &score)?;
+                }
                 for e in &b.entries {
                     pool.record_group_rows(e.seq, plan.layer, &kv, &score, e.row, e.len)?;
                 }
@@ -515,8 +629,7 @@ impl Attention {
                 out,
             )?,
         }
-        if let (Some(kw), Some(latent)) = (keys, latent) {
-            let key_slots = inputs.upload(key_slots, &[n], &device)?;
+        if let (Some(kw), Some(latent), Some(key_slots)) = (keys, latent, &s.key_slots) {
             ops::kv_rows_into(
                 &kw.wk.forward(&latent)?,
                 KvRowFormat::IndexKey,
@@ -527,7 +640,7 @@ impl Attention {
                 Some(row_rope),
                 RowsOut {
                     pool: pool.compressor_io().keys,
-                    slots: &key_slots,
+                    slots: key_slots,
                     latent: None,
                 },
             )?;
@@ -535,23 +648,18 @@ impl Attention {
         Ok(())
     }
 
-    /// The indexer of an index source: publishes I32 `[T, k]` compressed
-    /// entry indices (per row ascending, −1 trailing; an entry's own k is
-    /// min(topk, end / ratio), its list −1 padded to the widest) and, for a
-    /// candidate source, the candidate block lists. Entries of at most
-    /// [`BATCHED_TOKENS`] tokens are scored in one pass (while their padded
-    /// keys fit [`BATCHED_KEY_BYTES`]) (every token a row
-    /// against its entry's keys, padded to the widest entry's pages; a
-    /// row's scores past its visible count are −∞, so the padding never
-    /// changes a pick: with k ≥ an entry's entries every one is picked
-    /// either way, the visible ones ascending, then −1), the others one
-    /// entry at a time.
+    /// The device half of an index source's indexer ([`prepare_index`]):
+    /// publishes I32 `[T, k]` compressed entry indices (per row ascending,
+    /// −1 trailing; an entry's own k is min(topk, end / ratio), its list −1
+    /// padded to the widest) and, for a candidate source, the candidate
+    /// block lists.
     #[allow(clippy::too_many_arguments)]
     fn index(
         &self,
         cfg: &ModelConfig,
         plan: &LayerPlan,
         iw: &Indexer,
+        s: &IndexStep,
         x: &Tensor,
         qr: &Normed,
         b: &Batch,
@@ -561,9 +669,6 @@ impl Attention {
     ) -> Result<()> {
         let ic = cfg.indexer;
         let device = x.device();
-        let src = plan
-            .kv_source()
-            .ok_or_else(|| missing(plan, "a sparse layer without a KV source"))?;
         let cand = match (
             plan.candidate_source || candidates_from.is_some(),
             cfg.candidate,
@@ -581,22 +686,13 @@ impl Attention {
                 })?),
                 None => None,
             };
-        // Per entry: its entries at its end and its k.
-        let ks: Vec<(usize, usize)> = b
-            .entries
-            .iter()
-            .map(|e| {
-                let n = (e.start + e.len) / plan.ratio;
-                (n, ic.topk.min(n))
-            })
-            .collect();
-        if ks.iter().all(|&(_, k)| k == 0) {
+        let IndexStep::Lists { batched, entries } = s else {
             published.topk.insert(plan.layer, None);
             if plan.candidate_source {
                 published.candidates.insert(plan.layer, None);
             }
             return Ok(());
-        }
+        };
         let q = ops::rope(
             &iw.wq_b.forward_normed(qr)?,
             &b.positions,
@@ -607,68 +703,25 @@ impl Attention {
         let q = ops::index_key_quant(&q.reshape(&[x.rows(), ic.n_heads, ic.head_dim])?)?;
         let c = crate::numerics::round_f32(((ic.head_dim * ic.n_heads) as f64).powf(-0.5));
         let w = ops::scale(&iw.weights_proj.forward(x)?, c)?;
-        let visible_of = |e: &crate::model::batch::Entry| -> Result<Vec<i32>> {
-            (e.start..e.start + e.len)
-                .map(|p| i32_of("visible entries", (p + 1) / plan.ratio))
-                .collect()
-        };
-        // Rows of the step's [T, ..] tensors in batch order: the batched
-        // entries' rows come from one pass, each other entry's from its own.
-        let mut in_batch: Vec<bool> = b
-            .entries
-            .iter()
-            .zip(&ks)
-            .map(|(e, &(_, k))| e.len <= BATCHED_TOKENS && k > 0)
-            .collect();
-        let batched = || {
-            b.entries
-                .iter()
-                .zip(&ks)
-                .zip(&in_batch)
-                .filter_map(|(ek, &on)| on.then_some(ek))
-        };
-        let pr = pool.config().page_rows.max(1);
-        let widest = batched()
-            .map(|(_, &(n, _))| n.div_ceil(pr) * pr)
-            .max()
-            .unwrap_or(0);
-        let rows: usize = batched().map(|(e, _)| e.len).sum();
-        let key_bytes = ops::index_key_row_nibbles(ic.head_dim) / 2;
-        if rows.saturating_mul(widest).saturating_mul(key_bytes) > BATCHED_KEY_BYTES {
-            in_batch.fill(false);
-        }
         let mut batch_out: Option<(Tensor, Option<Tensor>)> = None;
-        if in_batch.contains(&true) {
-            let (mut rows, mut key_rows, mut visible) = (Vec::new(), Vec::new(), Vec::new());
-            let mut k = 0;
-            for (e, &(n, ke)) in b
-                .entries
-                .iter()
-                .zip(&ks)
-                .zip(&in_batch)
-                .filter_map(|(ek, &on)| on.then_some(ek))
-            {
-                rows.extend(e.row..e.row + e.len);
-                key_rows.extend(std::iter::repeat_n((e.seq, n), e.len));
-                visible.extend(visible_of(e)?);
-                k = k.max(ke);
-            }
-            let all = rows.len() == x.rows();
-            let pick = |t| pick_rows(t, all, &rows);
-            let keys = pool.gather_keys_rows(src, &key_rows)?;
-            let tb = rows.len();
-            let visible = pool.inputs().upload(visible, &[tb], &device)?;
-            let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &visible)?;
+        if let Some(bt) = batched {
+            let pick = |t| pick_rows(t, bt.all, &bt.rows);
+            let tb = bt.rows.len();
+            let pr = pool.config().page_rows;
+            let keys = pool.gather_key_blocks(&bt.blocks, bt.blocks.len() * pr)?;
+            let row = keys.shape().get(1).copied().unwrap_or(0);
+            let keys = keys.reshape(&[tb, bt.width * pr, row])?;
+            let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &bt.visible)?;
             let mask = mask_all
                 .map(|m| match m {
                     Some(m) => pick(m),
                     None => Ok(Cow::Owned(host_i32(Vec::new(), &[tb, 0], &device)?)),
                 })
                 .transpose()?;
-            let (lb, cb) = select(plan, cand, &scores, &visible, mask.as_deref(), k)?;
+            let (lb, cb) = select(plan, cand, &scores, &bt.visible, mask.as_deref(), bt.k)?;
             // Every entry in the one pass (a decode step): its results are
             // the step's, row for row.
-            if in_batch.iter().all(|&on| on) {
+            if entries.iter().all(|e| matches!(e, EntryIndex::Batched)) {
                 published.topk.insert(plan.layer, Some(lb));
                 if plan.candidate_source {
                     published.candidates.insert(plan.layer, cb);
@@ -679,35 +732,45 @@ impl Attention {
         }
         let (mut lists, mut cands) = (Vec::new(), Vec::new());
         let mut at = 0;
-        for ((e, &(n, k)), &on) in b.entries.iter().zip(&ks).zip(&in_batch) {
-            if let Some((lb, cb)) = batch_out.as_ref().filter(|_| on) {
-                lists.push(Piece::Rows(lb, at, e.len));
-                cands.extend(cb.as_ref().map(|cb| Piece::Rows(cb, at, e.len)));
-                at += e.len;
-                continue;
+        for (e, ei) in b.entries.iter().zip(entries) {
+            match ei {
+                EntryIndex::Batched => {
+                    let (lb, cb) = batch_out
+                        .as_ref()
+                        .ok_or_else(|| missing(plan, "a batched entry without the batched pass"))?;
+                    lists.push(Piece::Rows(lb, at, e.len));
+                    cands.extend(cb.as_ref().map(|cb| Piece::Rows(cb, at, e.len)));
+                    at += e.len;
+                }
+                EntryIndex::Empty => {
+                    lists.push(Piece::Empty(e.len));
+                    cands.push(Piece::Empty(e.len));
+                }
+                EntryIndex::Own(own) => {
+                    let OwnIndex {
+                        visible,
+                        blocks,
+                        n,
+                        k,
+                    } = &**own;
+                    let keys = pool.gather_key_blocks(blocks, *n)?;
+                    let scores = ops::index_scores(
+                        &q.narrow_rows(e.row, e.len)?,
+                        &w.narrow_rows(e.row, e.len)?,
+                        &keys,
+                        visible,
+                    )?;
+                    let mask = mask_all
+                        .map(|m| match m {
+                            Some(m) => Ok(m.narrow_rows(e.row, e.len)?),
+                            None => host_i32(Vec::new(), &[e.len, 0], &device),
+                        })
+                        .transpose()?;
+                    let (l, c) = select(plan, cand, &scores, visible, mask.as_ref(), *k)?;
+                    lists.push(Piece::Own(l));
+                    cands.extend(c.map(Piece::Own));
+                }
             }
-            if k == 0 {
-                lists.push(Piece::Empty(e.len));
-                cands.push(Piece::Empty(e.len));
-                continue;
-            }
-            let visible = pool.inputs().upload(visible_of(e)?, &[e.len], &device)?;
-            let keys = pool.gather_keys(e.seq, src, n)?;
-            let scores = ops::index_scores(
-                &q.narrow_rows(e.row, e.len)?,
-                &w.narrow_rows(e.row, e.len)?,
-                &keys,
-                &visible,
-            )?;
-            let mask = mask_all
-                .map(|m| match m {
-                    Some(m) => Ok(m.narrow_rows(e.row, e.len)?),
-                    None => host_i32(Vec::new(), &[e.len, 0], &device),
-                })
-                .transpose()?;
-            let (l, c) = select(plan, cand, &scores, &visible, mask.as_ref(), k)?;
-            lists.push(Piece::Own(l));
-            cands.extend(c.map(Piece::Own));
         }
         published.topk.insert(plan.layer, assemble(lists, &device)?);
         if plan.candidate_source {
@@ -717,6 +780,198 @@ impl Attention {
         }
         Ok(())
     }
+}
+
+/// The host half of one layer's attention in a step ([`Attention::prepare`]),
+/// everything its device half ([`Attention::run`]) reads from the host:
+/// uploaded through the pool's step arena, so a step of the same shapes
+/// refills the same tensors.
+pub(crate) struct AttentionStep {
+    /// The window-ring rows of the step's tokens, I32 `[T]` (−1: none).
+    ring_slots: Input,
+    /// A KV source's compressor.
+    compress: Option<CompressStep>,
+    /// An index source's indexer.
+    index: Option<IndexStep>,
+    /// The window ring's block tables for the step's entries.
+    window_tables: StepTables,
+    /// The compressed pool's block tables of (lists layer, KV source), for
+    /// the first layer of the step attending with that pair.
+    source_tables: Option<StepTables>,
+}
+
+/// The host half of a compressor's step ([`Attention::prepare_compress`]).
+struct CompressStep {
+    /// The entries completed in the step (with a decode step's skipped
+    /// rows).
+    n: usize,
+    /// I64 `[n]`: each entry's position (its group's first token).
+    positions: Input,
+    /// I32 `[n]`: each entry's row in the compressed pool (−1: skipped).
+    slots: Input,
+    /// I32 `[n, 2]`: a ratio-2 group's two members (step rows, or −1 − r
+    /// for pending row r); `None` at ratio 1 or when no group completes.
+    groups: Option<Input>,
+    /// I32 `[n]`: each entry's row in the key pool, for a source owning
+    /// index keys (when n > 0).
+    key_slots: Option<Input>,
+    /// A ratio-2 source's partial groups.
+    pending: Option<PendingCopy>,
+}
+
+/// The host half of an indexer's step ([`prepare_index`]).
+enum IndexStep {
+    /// No entry has a compressed entry to pick yet: the layer publishes no
+    /// lists.
+    Nothing,
+    /// The score passes: one over the batched entries, one per other entry.
+    Lists {
+        batched: Option<Box<BatchedIndex>>,
+        /// One per batch entry.
+        entries: Vec<EntryIndex>,
+    },
+}
+
+/// The one score pass of the entries of at most [`BATCHED_TOKENS`] tokens:
+/// every token a row against its entry's keys, padded to the widest
+/// entry's pages.
+struct BatchedIndex {
+    /// The step rows it scores, in batch order (`all`: every row).
+    rows: Vec<usize>,
+    all: bool,
+    /// The key pages of every row, `width` pages a row
+    /// ([`StatePool::key_blocks_rows`]).
+    blocks: Vec<usize>,
+    width: usize,
+    /// I32 `[rows]`: each row's visible entries.
+    visible: Input,
+    /// The widest of its entries' k.
+    k: usize,
+}
+
+/// How one entry of an index step is scored.
+enum EntryIndex {
+    /// In the batched pass.
+    Batched,
+    /// Nothing to pick yet (k = 0): its lists are −1.
+    Empty,
+    /// A pass of its own.
+    Own(Box<OwnIndex>),
+}
+
+/// The score pass of one entry of its own: its first `n` keys (pages
+/// `blocks`), its tokens' visible counts `visible`, top-`k`.
+struct OwnIndex {
+    visible: Input,
+    blocks: Vec<usize>,
+    n: usize,
+    k: usize,
+}
+
+/// The host half of an index source's indexer over the batch `b`
+/// ([`IndexStep`]): each entry's k (min(topk, its entries at its end)),
+/// which entries share the batched pass, their key pages and visible
+/// counts. Entries of at most [`BATCHED_TOKENS`] tokens are scored in one
+/// pass (while their padded keys fit [`BATCHED_KEY_BYTES`]; a row's scores
+/// past its visible count are −∞, so the padding never changes a pick:
+/// with k ≥ an entry's entries every one is picked either way, the visible
+/// ones ascending, then −1), the others one entry at a time.
+fn prepare_index(
+    cfg: &ModelConfig,
+    plan: &LayerPlan,
+    b: &Batch,
+    pool: &StatePool,
+) -> Result<IndexStep> {
+    let ic = cfg.indexer;
+    let device = b.positions.device();
+    let src = plan
+        .kv_source()
+        .ok_or_else(|| missing(plan, "a sparse layer without a KV source"))?;
+    // Per entry: its entries at its end and its k.
+    let ks: Vec<(usize, usize)> = b
+        .entries
+        .iter()
+        .map(|e| {
+            let n = (e.start + e.len) / plan.ratio;
+            (n, ic.topk.min(n))
+        })
+        .collect();
+    if ks.iter().all(|&(_, k)| k == 0) {
+        return Ok(IndexStep::Nothing);
+    }
+    let visible_of = |e: &crate::model::batch::Entry| -> Result<Vec<i32>> {
+        (e.start..e.start + e.len)
+            .map(|p| i32_of("visible entries", (p + 1) / plan.ratio))
+            .collect()
+    };
+    let mut in_batch: Vec<bool> = b
+        .entries
+        .iter()
+        .zip(&ks)
+        .map(|(e, &(_, k))| e.len <= BATCHED_TOKENS && k > 0)
+        .collect();
+    let batched = |in_batch: &[bool]| -> Vec<(&crate::model::batch::Entry, (usize, usize))> {
+        b.entries
+            .iter()
+            .zip(&ks)
+            .zip(in_batch)
+            .filter_map(|((e, &nk), &on)| on.then_some((e, nk)))
+            .collect()
+    };
+    let pr = pool.config().page_rows.max(1);
+    let widest = batched(&in_batch)
+        .iter()
+        .map(|&(_, (n, _))| n.div_ceil(pr) * pr)
+        .max()
+        .unwrap_or(0);
+    let rows: usize = batched(&in_batch).iter().map(|&(e, _)| e.len).sum();
+    let key_bytes = ops::index_key_row_nibbles(ic.head_dim) / 2;
+    if rows.saturating_mul(widest).saturating_mul(key_bytes) > BATCHED_KEY_BYTES {
+        in_batch.fill(false);
+    }
+    let mut batched_pass = None;
+    let members = batched(&in_batch);
+    if !members.is_empty() {
+        let (mut rows, mut key_rows, mut visible) = (Vec::new(), Vec::new(), Vec::new());
+        let mut k = 0;
+        for &(e, (n, ke)) in &members {
+            rows.extend(e.row..e.row + e.len);
+            key_rows.extend(std::iter::repeat_n((e.seq, n), e.len));
+            visible.extend(visible_of(e)?);
+            k = k.max(ke);
+        }
+        let all = rows.len() == b.positions.rows();
+        let (blocks, width) = pool.key_blocks_rows(src, &key_rows)?;
+        let tb = rows.len();
+        let visible = pool.inputs().upload(visible, &[tb], &device)?;
+        batched_pass = Some(Box::new(BatchedIndex {
+            rows,
+            all,
+            blocks,
+            width,
+            visible,
+            k,
+        }));
+    }
+    let mut entries = Vec::with_capacity(b.entries.len());
+    for ((e, &(n, k)), &on) in b.entries.iter().zip(&ks).zip(&in_batch) {
+        entries.push(if on {
+            EntryIndex::Batched
+        } else if k == 0 {
+            EntryIndex::Empty
+        } else {
+            EntryIndex::Own(Box::new(OwnIndex {
+                visible: pool.inputs().upload(visible_of(e)?, &[e.len], &device)?,
+                blocks: pool.key_pages_of(e.seq, src, n)?,
+                n,
+                k,
+            }))
+        });
+    }
+    Ok(IndexStep::Lists {
+        batched: batched_pass,
+        entries,
+    })
 }
 
 /// The selection over rows of index scores: the index lists (top-k, or
@@ -831,23 +1086,6 @@ fn missing(plan: &LayerPlan, why: &'static str) -> crate::Error {
         value: plan.layer.to_string(),
         why,
     }
-}
-
-/// The window part of every query's list as physical ring rows:
-/// I32 `[T, window]`, built on the device from the ring's block tables.
-pub(crate) fn window_lists(
-    pool: &StatePool,
-    b: &Batch,
-    ring: usize,
-    window: usize,
-) -> Result<Tensor> {
-    let tables = pool.ring_tables(&seqs_of(b), ring)?;
-    Ok(ops::paged_window_rows(
-        &b.positions,
-        &b.owners,
-        tables.view(),
-        window,
-    )?)
 }
 
 /// The step's sequences in entry order (the rows of its block tables).
