@@ -13,7 +13,8 @@
 //!   claimed as a prefill would leave them (`StatePool::seed_context`) and
 //!   every cache row holds random rows of the right format, encoded by
 //!   `kv_format::encode_row` (`StatePool::fill_rows`). Mode `eager` (every
-//!   op launched from the host; the CUDA-graph path does not exist yet):
+//!   op launched from the host) or `graph` (DEEPINFER_BENCH_GRAPH=1: the
+//!   device half replayed from a CUDA graph, `Model::decode_graphed`):
 //!   `ours_us` is the median wall time of a step including its host work
 //!   (3 untimed steps first, then up to 20 timed; `wall_min_us` and
 //!   `wall_max_us` give the spread), `gpu_us` the CUDA-event time of the
@@ -92,15 +93,23 @@ mod gpu {
     const PREFILL_CHUNK: usize = 8192;
     /// Distinct random rows of each cache format, repeated over the pools.
     const PATTERN_ROWS: usize = 8192;
-    /// `eager`, or `eager-invariant` with DEEPINFER_BATCH_INVARIANT=1: the
+    /// `eager`, `graph`, or `eager-invariant` with DEEPINFER_BATCH_INVARIANT=1: the
     /// weights on a batch-invariant handle, so every op picks only
     /// batch-invariant kernels (the cost of the mode, beside a plain run).
     fn mode() -> &'static str {
-        if invariant() {
-            "eager-invariant"
-        } else {
-            "eager"
+        match (invariant(), graphed()) {
+            (true, _) => "eager-invariant",
+            (false, true) => "graph",
+            (false, false) => "eager",
         }
+    }
+
+    /// DEEPINFER_BENCH_GRAPH=1: the decode steps replay a CUDA graph of the
+    /// device half (`Model::decode_graphed`; mode `graph`), captured again
+    /// whenever the step's upload signature changes. The one timing step
+    /// (op families, routing) stays eager.
+    fn graphed() -> bool {
+        std::env::var("DEEPINFER_BENCH_GRAPH").is_ok_and(|v| v == "1")
     }
 
     /// DEEPINFER_MOE_LAYOUT = `masked` | `contiguous` | `auto` (the
@@ -422,6 +431,7 @@ mod gpu {
         let (w, c, k) = patterns;
         pool.fill_rows(w, c, k).unwrap();
         let mut step_no = 0u32;
+        let mut graph = None;
         let mut step = |pool: &mut StatePool, capture: Capture| {
             step_no += 1;
             let tokens: Vec<[u32; 1]> = (0..batch as u32)
@@ -432,7 +442,11 @@ mod gpu {
                 .zip(&tokens)
                 .map(|(&seq, t)| SeqInput { seq, tokens: t })
                 .collect();
-            let out = model.step(pool, &inputs, capture);
+            let out = if graphed() && !capture.timing {
+                model.decode_graphed(pool, &inputs, &mut graph)
+            } else {
+                model.step(pool, &inputs, capture)
+            };
             h.cuda.synchronize().unwrap();
             out
         };

@@ -559,6 +559,14 @@ impl Tensor {
         }
     }
 
+    /// The device address of a CUDA tensor's storage (`None` on the host).
+    pub fn address(&self) -> Option<u64> {
+        match &self.storage {
+            Storage::Cuda(b) => Some(b.address()),
+            Storage::Host(_) => None,
+        }
+    }
+
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     pub(crate) fn cuda_mut(&mut self) -> Result<&mut CudaBuffer> {
         match &mut self.storage {

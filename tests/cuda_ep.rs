@@ -230,7 +230,8 @@ fn gather_rows_is_bitwise_the_cpu_for_every_dtype_and_width() {
 
 /// `gather_row_blocks` on the GPU (one gather launch of whole blocks, one
 /// copy of the partial last block) is bitwise the CPU's, for 16-byte and odd
-/// rows.
+/// rows; so is `gather_blocks` (its list on the device), with zero rows for
+/// blocks outside x.
 #[test]
 fn gather_row_blocks_is_bitwise_the_cpu() {
     let mut rng = common::rng("cuda_gather_row_blocks");
@@ -253,6 +254,39 @@ fn gather_row_blocks_is_bitwise_the_cpu() {
                 got.to_le_bytes().unwrap(),
                 want.to_le_bytes().unwrap(),
                 "{dtype} block {block} n {n}"
+            );
+        }
+        // The device-list gather (`gather_blocks`): whole blocks, the same
+        // rows as `gather_row_blocks`, and zero rows for a block outside x
+        // (past its whole blocks, or negative), on both devices.
+        let want = ops::gather_row_blocks(&cpu, block, &blocks, blocks.len() * block).unwrap();
+        let mut list: Vec<i32> = blocks.iter().map(|&b| b as i32).collect();
+        let listed = |l: &[i32], d: &Device| {
+            Tensor::from_vec(l.to_vec(), &[l.len()])
+                .unwrap()
+                .to_device(d)
+                .unwrap()
+        };
+        for d in [&Device::Cpu, &dev] {
+            let src = if matches!(d, Device::Cpu) { &cpu } else { &x };
+            let got = ops::gather_blocks(src, block, &listed(&list, d)).unwrap();
+            assert_eq!(
+                got.to_le_bytes().unwrap(),
+                want.to_le_bytes().unwrap(),
+                "gather_blocks {dtype} block {block} on {d}"
+            );
+        }
+        list.extend([whole as i32, -1]);
+        let row_bytes = dtype.storage_bytes(width) * block;
+        let mut padded = want.to_le_bytes().unwrap();
+        padded.extend(std::iter::repeat_n(0u8, 2 * row_bytes));
+        for d in [&Device::Cpu, &dev] {
+            let src = if matches!(d, Device::Cpu) { &cpu } else { &x };
+            let got = ops::gather_blocks(src, block, &listed(&list, d)).unwrap();
+            assert_eq!(
+                got.to_le_bytes().unwrap(),
+                padded,
+                "gather_blocks {dtype} block {block} on {d}, blocks outside x"
             );
         }
     }

@@ -482,3 +482,100 @@ fn host_f64(t: &deepinfer::Tensor) -> Vec<f64> {
             .collect(),
     }
 }
+
+/// A decode step replayed from a CUDA graph (`Model::decode_graphed`) gives
+/// the eager step's logits bit for bit: three sequences of different
+/// prompt lengths decode 40 tokens each, in one pool eagerly and in another
+/// through the graph, and the graph is replayed (not only captured) for
+/// most steps. A prefill or a multi-token step is refused by the graphed
+/// path.
+#[test]
+fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
+    use deepinfer::model::graph::DecodeGraph;
+    use deepinfer::model::pool::{PoolConfig, StatePool};
+    let mut rng = common::rng("cuda_model_forward_graphed");
+    let (model, _) = common::tiny::tiny_model_on(rng.random(), &gpu());
+    let vocab = model.cfg.vocab_size as u32;
+    let steps = if std::env::var_os("DEEPINFER_QUICK").is_some() {
+        6
+    } else {
+        40
+    };
+    let prompts: Vec<Vec<u32>> = [5usize, 9, 14]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let decode: Vec<Vec<u32>> = (0..steps)
+        .map(|_| (0..3).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let pool = || {
+        let pc = PoolConfig::fitting(&model.cfg, 3, 14 + steps + 1, 16, 4).unwrap();
+        StatePool::new(&model.cfg, &model.device(), pc).unwrap()
+    };
+    let (mut eager, mut graphed) = (pool(), pool());
+    let mut seqs = Vec::new();
+    for p in [&mut eager, &mut graphed] {
+        let s: Vec<_> = (0..3).map(|_| p.add_sequence().unwrap()).collect();
+        let inputs: Vec<SeqInput> = s
+            .iter()
+            .zip(&prompts)
+            .map(|(&seq, t)| SeqInput { seq, tokens: t })
+            .collect();
+        model.step(p, &inputs, Capture::default()).unwrap();
+        seqs.push(s);
+    }
+    let mut graph: Option<DecodeGraph> = None;
+    let refused = model.decode_graphed(
+        &mut graphed,
+        &[SeqInput {
+            seq: seqs[1][0],
+            tokens: &prompts[0][..2],
+        }],
+        &mut graph,
+    );
+    assert!(refused.is_err(), "a two-token step must be refused");
+    let (mut replays, mut max_diff) = (0, 0usize);
+    for (t, toks) in decode.iter().enumerate() {
+        let inputs = |s: &[deepinfer::model::pool::SeqId]| -> Vec<SeqInput> {
+            s.iter()
+                .zip(toks)
+                .map(|(&seq, tok)| SeqInput {
+                    seq,
+                    tokens: std::slice::from_ref(tok),
+                })
+                .collect()
+        };
+        let a = model
+            .step(&mut eager, &inputs(&seqs[0]), Capture::default())
+            .unwrap();
+        let b = model
+            .decode_graphed(&mut graphed, &inputs(&seqs[1]), &mut graph)
+            .unwrap();
+        if graph.as_ref().is_some_and(|g| g.launches > 1) {
+            replays += 1;
+        }
+        let (a, b) = (
+            a.logits.to_vec::<f32>().unwrap(),
+            b.logits.to_vec::<f32>().unwrap(),
+        );
+        assert!(
+            b.iter().all(|v| v.is_finite()),
+            "step {t}: non-finite logits"
+        );
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        max_diff = max_diff.max(differ);
+        assert_eq!(
+            differ, 0,
+            "step {t}: {differ} logits differ from the eager step"
+        );
+    }
+    println!("graphed decode: {steps} steps, {replays} replayed, max differing logits {max_diff}");
+    assert!(
+        replays * 2 >= steps,
+        "only {replays} of {steps} steps replayed the graph"
+    );
+}

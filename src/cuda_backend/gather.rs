@@ -67,6 +67,28 @@ pub fn copy_rows_where(
     )
 }
 
+/// `ops::gather_blocks`: `out[i] = src[blocks[i]]` for the `n` entries of
+/// the I32 device list, rows of `row_bytes` bytes (whole blocks), an entry
+/// outside `src` skipped (its row of `out` left as it is). The caller
+/// checked the dtypes and the list.
+pub fn gather_blocks(
+    dev: &CudaDevice,
+    src: &Tensor,
+    blocks: &Tensor,
+    out: &mut Tensor,
+    (n, row_bytes): (usize, usize),
+) -> Result<()> {
+    if n == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    launch_copy(
+        dev,
+        (src, Some(blocks.cuda()?)),
+        (out, None),
+        (n, row_bytes),
+    )
+}
+
 /// The `copy_rows` launch: `n` > 0 rows of `row_bytes` > 0 bytes, each
 /// index list an int32 device buffer of `n` entries or none (the identity).
 fn launch_copy(

@@ -33,7 +33,7 @@ pub use act_quant::{
 pub use elementwise::{ScalarOp, add_f32, copy_cols, scalar};
 pub use embedding::{argmax, embedding, first_non_finite};
 pub use engram::{EngramHash, engram_gate_update, engram_lookup, engram_rows};
-pub use gather::{copy_rows, copy_rows_where, paged_rows};
+pub use gather::{copy_rows, copy_rows_where, gather_blocks, paged_rows};
 pub use hc_streams::{HcOp, hc_streams};
 pub use moe::{
     MaskedDims, check_ids, moe_combine, moe_masked_combine, moe_masked_layout, moe_masked_scatter,
@@ -279,6 +279,11 @@ impl BadSlots {
     /// The number of slots.
     pub fn slots(&self) -> usize {
         self.0.numel()
+    }
+
+    /// Copies `blank`'s slots over these (a device copy, capturable).
+    pub fn copy_from(&mut self, blank: &BadSlots) -> Result<()> {
+        self.0.copy_rows_from(0, &blank.0, 0, self.slots())
     }
 
     /// Slot `i`'s address for a launch (`i` below [`BadSlots::slots`],

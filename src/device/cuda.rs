@@ -811,6 +811,14 @@ impl CudaBuffer {
         Ok(out)
     }
 
+    /// The buffer's device address (what a kernel launch or a captured
+    /// graph reads).
+    pub fn address(&self) -> u64 {
+        use cudarc::driver::DevicePtr;
+        let (p, _guard) = self.slice.device_ptr(&self.device.stream);
+        p
+    }
+
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     pub(crate) fn slice(&self) -> &CudaSlice<u8> {
         &self.slice

@@ -397,7 +397,42 @@ impl Model {
         shapes: &[EntryShape],
         capture: Capture,
     ) -> Result<StepOutput> {
-        let cfg = &self.cfg;
+        let device = self.device();
+        let p = self.prepare_step(pool, inputs, shapes)?;
+        let mut marks = Marks::new(&device, capture.timing)?;
+        // Device range checks of the step (ids, Engram rows, MoE
+        // permutations), read once at its end.
+        let mut checks = ops::DeviceChecks::new();
+        let ran = self.run_step(&p, pool, capture, &mut marks, &mut checks)?;
+        // The step's device range checks, in one sync, before the pool
+        // advances past a step that may be invalid.
+        checks.verdict()?;
+        self.finish_step(pool, &p)?;
+        let targets: Option<Vec<&Tensor>> = ran.targets.iter().map(Option::as_ref).collect();
+        let features = match targets {
+            Some(t) if !t.is_empty() => Some(ops::cat_cols(&t)?),
+            _ => None,
+        };
+        let parts = marks.parts()?;
+        Ok(StepOutput {
+            logits: ran.logits,
+            features,
+            rows: p.rows(),
+            layers: ran.layers,
+            families: Marks::totals(&parts),
+            parts,
+        })
+    }
+
+    /// The host half of a step: checks the inputs, lays out the batch and
+    /// prepares every layer ([`Model::prepare_layers`]); every upload goes
+    /// through the pool's step arena, numbered from here (`model::inputs`).
+    pub(super) fn prepare_step(
+        &self,
+        pool: &mut StatePool,
+        inputs: &[SeqInput],
+        shapes: &[EntryShape],
+    ) -> Result<PreparedStep> {
         let device = self.device();
         if !shapes.is_empty() && shapes.len() != inputs.len() {
             return Err(invalid(
@@ -414,8 +449,6 @@ impl Model {
         } else {
             shapes.to_vec()
         };
-        // Every upload of the step goes through the pool's arena, numbered
-        // from here (`model::inputs`).
         pool.inputs().begin();
         let b = self.layout(pool, inputs, &shapes)?;
         let truncated = inputs
@@ -434,7 +467,6 @@ impl Model {
             .collect();
         let t = ids.len();
         let ids = pool.inputs().upload(ids, &[t], &device)?;
-        let mut marks = Marks::new(&device, capture.timing)?;
         let map = &self.weights.engram_token_map;
         let compressed: Vec<Vec<Option<i64>>> = inputs
             .iter()
@@ -452,29 +484,47 @@ impl Model {
         };
         let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
         let first_pre = pool.inputs().upload(one_hot, &[t, HC_STREAMS], &device)?;
-        // The host half of every layer, before any launch of the layers:
-        // their device half below reads only what it uploaded.
-        let (steps, tails) = self.prepare_layers(pool, &b, &shapes, truncated)?;
-        let late_start = self.late_layer_start();
+        let (layers, tails) = self.prepare_layers(pool, &b, &shapes, truncated)?;
+        Ok(PreparedStep {
+            b,
+            ids,
+            ngrams,
+            first_pre,
+            layers,
+            tails,
+            compressed,
+        })
+    }
 
-        // Device range checks of the step (ids, Engram rows, MoE
-        // permutations), read once at its end.
-        let mut checks = ops::DeviceChecks::new();
+    /// The device half of a step from its host half `p`: launches every
+    /// layer and the head, reading from the host only what `p` uploaded
+    /// (and touching only the pool's device tensors), its range checks in
+    /// `checks`, unread.
+    pub(super) fn run_step(
+        &self,
+        p: &PreparedStep,
+        pool: &mut StatePool,
+        capture: Capture,
+        marks: &mut Marks,
+        checks: &mut ops::DeviceChecks,
+    ) -> Result<RanStep> {
+        let cfg = &self.cfg;
+        let late_start = self.late_layer_start();
         let mut streams = ops::hc_init(&ops::embedding_deferred(
             &self.weights.embed,
-            &ids,
-            &mut checks,
+            &p.ids,
+            checks,
         )?)?;
         marks.mark("embed")?;
-        let mut pre: Tensor = first_pre.clone();
+        let mut pre: Tensor = (*p.first_pre).clone();
         let mut published = Default::default();
         let mut targets = vec![None; cfg.dspark.target_layers.len()];
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let hp = self.mhc_params();
         let moe_p = self.moe_params(cfg.moe.n_activated_experts);
-        for ((plan, block), step) in self.plans.iter().zip(&self.weights.blocks).zip(&steps) {
+        for ((plan, block), step) in self.plans.iter().zip(&self.weights.blocks).zip(&p.layers) {
             let mut trace = LayerTrace::default();
-            if let Some(t) = tails.as_ref().filter(|_| plan.layer == late_start) {
+            if let Some(t) = p.tails.as_ref().filter(|_| plan.layer == late_start) {
                 streams = t.rows(&streams)?;
                 pre = t.rows(&pre)?;
                 t.narrow_published(&mut published)?;
@@ -482,20 +532,21 @@ impl Model {
                     *f = t.rows(f)?;
                 }
             }
-            let b = tails
+            let b = p
+                .tails
                 .as_ref()
                 .filter(|_| plan.layer >= late_start)
-                .map_or(&b, |t| &t.batch);
+                .map_or(&p.b, |t| &t.batch);
             let Some(step) = step else {
                 layers.push(trace);
                 continue;
             };
-            if let (Some(e), Some(ng)) = (&block.engram, &ngrams) {
+            if let (Some(e), Some(ng)) = (&block.engram, &p.ngrams) {
                 streams = e.forward(
                     &streams,
                     ng,
                     crate::numerics::round_f32(cfg.norm_eps),
-                    &mut checks,
+                    checks,
                 )?;
                 marks.mark("engram")?;
             }
@@ -517,7 +568,7 @@ impl Model {
             marks.mark("mhc")?;
             let f = block
                 .attn
-                .run(cfg, plan, &x, b, step, pool, &mut published, &mut marks)?;
+                .run(cfg, plan, &x, b, step, pool, &mut published, marks)?;
             streams = mix.expand(&streams, &f)?;
             if capture.attention {
                 trace.attention = Some(f);
@@ -529,9 +580,7 @@ impl Model {
                 .hc_ffn
                 .input(&streams, &mut pre, &block.ffn_norm, hp)?;
             marks.mark("mhc")?;
-            let (f, selected) = block
-                .ffn
-                .forward_marked(&x, moe_p, &mut marks, &mut checks)?;
+            let (f, selected) = block.ffn.forward_marked(&x, moe_p, marks, checks)?;
             streams = mix.expand(&streams, &f)?;
             marks.mark("mhc")?;
             if capture.moe {
@@ -543,34 +592,25 @@ impl Model {
             layers.push(trace);
         }
         let logits = if streams.rows() == 0 {
-            Tensor::zeros(&device, DType::F32, &[0, cfg.vocab_size])?
+            Tensor::zeros(&self.device(), DType::F32, &[0, cfg.vocab_size])?
         } else {
             self.head(&streams, &pre)?
         };
         marks.mark("head")?;
-        // The step's device range checks, in one sync, before the pool
-        // advances past a step that may be invalid.
-        checks.verdict()?;
-        for (e, c) in b.entries.iter().zip(&compressed) {
+        Ok(RanStep {
+            logits,
+            targets,
+            layers,
+        })
+    }
+
+    /// Ends a step whose device half ran and passed its checks: every
+    /// entry's sequence advances past its new tokens.
+    pub(super) fn finish_step(&self, pool: &mut StatePool, p: &PreparedStep) -> Result<()> {
+        for (e, c) in p.b.entries.iter().zip(&p.compressed) {
             pool.advance(e.seq, e.len - e.replay, c)?;
         }
-        let targets: Option<Vec<&Tensor>> = targets.iter().map(Option::as_ref).collect();
-        let features = match targets {
-            Some(t) if !t.is_empty() => Some(ops::cat_cols(&t)?),
-            _ => None,
-        };
-        let parts = marks.parts()?;
-        Ok(StepOutput {
-            logits,
-            features,
-            rows: match &tails {
-                Some(t) => t.entry_rows(b.entries.len()),
-                None => b.entries.iter().map(|e| e.row..e.row + e.len).collect(),
-            },
-            layers,
-            families: Marks::totals(&parts),
-            parts,
-        })
+        Ok(())
     }
 
     /// The host half of every layer of a step, in layer order: each
@@ -649,6 +689,56 @@ impl Model {
         )?;
         Ok(self.weights.head.forward_f32(&h)?)
     }
+}
+
+/// The host half of a step ([`Model::prepare_step`]): the batch, and
+/// everything the device half reads from the host, uploaded.
+pub(super) struct PreparedStep {
+    b: Batch,
+    /// I32 `[T]` token ids.
+    ids: Input,
+    /// I64 `[T, 4]` Engram n-gram ids (a model with Engram).
+    ngrams: Option<Input>,
+    /// F32 `[T, 4]`: the one-hot first pre.
+    first_pre: Input,
+    /// Per layer, its host half (`None`: no entry left at that layer).
+    layers: Vec<Option<AttentionStep>>,
+    /// The entries' tails of a truncated step.
+    tails: Option<Tails>,
+    /// Per entry, its tokens' Engram compressed ids (for the history).
+    compressed: Vec<Vec<Option<i64>>>,
+}
+
+impl PreparedStep {
+    /// The step's output rows.
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    pub(super) fn rows_total(&self) -> usize {
+        match &self.tails {
+            Some(t) => t.batch.positions.rows(),
+            None => self.b.positions.rows(),
+        }
+    }
+
+    /// Rows of each entry in the step's outputs.
+    pub(super) fn rows(&self) -> Vec<Range<usize>> {
+        match &self.tails {
+            Some(t) => t.entry_rows(self.b.entries.len()),
+            None => self
+                .b
+                .entries
+                .iter()
+                .map(|e| e.row..e.row + e.len)
+                .collect(),
+        }
+    }
+}
+
+/// What the device half of a step made.
+pub(super) struct RanStep {
+    pub(super) logits: Tensor,
+    /// Per DSpark target, the streams' mean entering it.
+    targets: Vec<Option<Tensor>>,
+    layers: Vec<LayerTrace>,
 }
 
 /// Each entry's rows of a layer's compressed index lists (`[len, 0]` when

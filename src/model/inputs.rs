@@ -31,11 +31,22 @@ pub struct InputStats {
     pub reused: usize,
 }
 
+/// One upload of a step as a graph sees it: the tensor's dtype, shape and
+/// device address (`None` on the host).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UploadKey {
+    pub dtype: crate::dtype::DType,
+    pub shape: Vec<usize>,
+    pub address: Option<u64>,
+}
+
 #[derive(Default)]
 struct Arena {
     slots: Vec<Option<Tensor>>,
     next: usize,
     stats: InputStats,
+    /// The current step's uploads so far, in order.
+    keys: Vec<UploadKey>,
 }
 
 /// The arena of one state pool (one sequence of steps). A clone is another
@@ -73,6 +84,20 @@ impl StepInputs {
         let mut a = self.lock();
         a.next = 0;
         a.stats = InputStats::default();
+        a.keys.clear();
+    }
+
+    /// The current step's uploads so far, in order: two steps with equal
+    /// signatures uploaded into the same tensors (the same device
+    /// addresses) of the same shapes, which is what lets a CUDA graph
+    /// captured in one replay in the other.
+    pub fn signature(&self) -> Vec<UploadKey> {
+        self.lock().keys.clone()
+    }
+
+    /// Whether `other` is a handle on this same arena.
+    pub fn same_as(&self, other: &StepInputs) -> bool {
+        Arc::ptr_eq(&self.arena, &other.arena)
     }
 
     /// The current step's uploads so far.
@@ -119,6 +144,11 @@ impl StepInputs {
             }
             None => Tensor::from_vec(values, shape)?.to_device(device)?,
         };
+        a.keys.push(UploadKey {
+            dtype: T::DTYPE,
+            shape: shape.to_vec(),
+            address: tensor.address(),
+        });
         Ok(Input {
             tensor,
             arena: Arc::clone(&self.arena),

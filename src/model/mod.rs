@@ -14,6 +14,7 @@ pub mod dspark;
 pub mod engram_map;
 pub mod error;
 pub mod forward;
+pub mod graph;
 pub mod inputs;
 pub mod layers;
 pub mod load;

@@ -880,6 +880,16 @@ impl StatePool {
         )?)
     }
 
+    /// [`StatePool::gather_key_blocks`] of whole pages from an I32 device
+    /// list (`ops::gather_blocks`): `[pages · page_rows, 136]`.
+    pub(crate) fn gather_key_pages(&self, pages: &Tensor) -> Result<Tensor> {
+        Ok(ops::gather_blocks(
+            &self.key_pages.rows,
+            self.cfg.page_rows,
+            pages,
+        )?)
+    }
+
     /// The row of the partial group of `layer`'s ratio-2 source for `seq`
     /// in the pending tensors ([`StatePool::compressor_io`]), if it holds
     /// one.

@@ -24,6 +24,11 @@ const SLOTS: usize = 256;
 pub struct DeviceChecks {
     #[cfg(deepinfer_cuda)]
     slots: Option<(crate::device::CudaDevice, crate::cuda_backend::BadSlots)>,
+    /// Checks a CUDA graph replays ([`DeviceChecks::held`]): the slots' state
+    /// before any launch wrote them, copied back by [`DeviceChecks::rearm`];
+    /// the slots are then kept when read.
+    #[cfg(deepinfer_cuda)]
+    blank: Option<crate::cuda_backend::BadSlots>,
     /// The op and the input each used slot checks, in slot order.
     pending: Vec<(&'static str, &'static str)>,
 }
@@ -36,6 +41,45 @@ impl DeviceChecks {
     /// Checks recorded and not yet read.
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// Checks for a CUDA graph whose launches record them: the slots are
+    /// allocated now, outside the capture, and stay with the checks. The
+    /// graph's work starts with [`DeviceChecks::rearm`]; after each launch
+    /// [`DeviceChecks::verdict_replayed`] reads the checks the capture
+    /// recorded, keeping the slots for the next launch.
+    #[cfg(deepinfer_cuda)]
+    pub fn held(dev: &crate::device::CudaDevice) -> Result<Self> {
+        Ok(DeviceChecks {
+            slots: Some((dev.clone(), crate::cuda_backend::BadSlots::new(dev, SLOTS)?)),
+            blank: Some(crate::cuda_backend::BadSlots::new(dev, SLOTS)?),
+            pending: Vec::new(),
+        })
+    }
+
+    /// Of [`DeviceChecks::held`] checks: clears every slot on the device (a
+    /// device copy, which a capture records) and forgets the pending checks.
+    /// Other checks are left as they are.
+    pub fn rearm(&mut self) -> Result<()> {
+        #[cfg(deepinfer_cuda)]
+        if let (Some((_, s)), Some(blank)) = (&mut self.slots, &self.blank) {
+            s.copy_from(blank)?;
+            self.pending.clear();
+        }
+        Ok(())
+    }
+
+    /// The checks recorded while capturing a graph (what each replay checks).
+    pub fn recorded(&self) -> Vec<(&'static str, &'static str)> {
+        self.pending.clone()
+    }
+
+    /// Of [`DeviceChecks::held`] checks, after a launch of the graph that
+    /// recorded `recorded`: reads them (one sync) as
+    /// [`DeviceChecks::verdict`] does, keeping the slots.
+    pub fn verdict_replayed(&mut self, recorded: &[(&'static str, &'static str)]) -> Result<()> {
+        self.pending = recorded.to_vec();
+        self.verdict()
     }
 
     /// The next free slot on `dev` for a launch of `op` checking `input`:
@@ -100,13 +144,17 @@ impl DeviceChecks {
     /// [`DeviceChecks::verdict`] as data: the first failed check, if any.
     pub fn failure(&mut self) -> Result<Option<Failure>> {
         #[cfg(deepinfer_cuda)]
-        if let Some((_, s)) = self.slots.take()
-            && !self.pending.is_empty()
+        if !self.pending.is_empty()
+            && let Some(s) = if self.blank.is_some() {
+                self.slots.as_ref().map(|(_, s)| s.read())
+            } else {
+                self.slots.take().map(|(_, s)| s.read())
+            }
         {
             let pending = std::mem::take(&mut self.pending);
             let found = pending
                 .iter()
-                .zip(s.read()?)
+                .zip(s?)
                 .find_map(|(&(op, input), bad)| bad.map(|at| Failure { op, input, at }));
             return Ok(found);
         }

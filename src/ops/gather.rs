@@ -151,6 +151,79 @@ pub fn gather_row_blocks(
     Ok(out)
 }
 
+const DEVICE_BLOCKS_OP: &str = "gather_blocks";
+
+/// The blocks `blocks[0], blocks[1], …` of `x` one after another, as a new
+/// tensor on x's device (`[blocks.len()·block_rows, …]`), from an I32
+/// list `blocks` `[n]` on x's device: block b is rows `b·block_rows ..
+/// (b + 1)·block_rows` of x. A block outside x's whole blocks (or
+/// negative) gives zero rows. [`gather_row_blocks`] with the list on the
+/// device, read by the kernel (no host copy: a CUDA graph can replay it
+/// with new lists); a block may repeat.
+pub fn gather_blocks(x: &Tensor, block_rows: usize, blocks: &Tensor) -> Result<Tensor> {
+    let n_rows = gathered_rows(DEVICE_BLOCKS_OP, x)?;
+    if block_rows == 0 {
+        return Err(Error::Argument {
+            op: DEVICE_BLOCKS_OP,
+            arg: "block_rows",
+            value: "0".into(),
+            why: "must be positive",
+        });
+    }
+    blocks.expect_dtype(DEVICE_BLOCKS_OP, "blocks", DType::I32)?;
+    let n = match blocks.shape() {
+        &[n] => n,
+        _ => {
+            return Err(super::shape_error(
+                DEVICE_BLOCKS_OP,
+                "blocks",
+                blocks,
+                "[n]".into(),
+            ));
+        }
+    };
+    let device = super::common_device(DEVICE_BLOCKS_OP, &[("x", x), ("blocks", blocks)])?;
+    let rows = n.checked_mul(block_rows).ok_or_else(|| Error::Argument {
+        op: DEVICE_BLOCKS_OP,
+        arg: "blocks",
+        value: n.to_string(),
+        why: "more rows than an index can name",
+    })?;
+    let shape: Vec<usize> = std::iter::once(rows)
+        .chain(x.shape().iter().skip(1).copied())
+        .collect();
+    let mut out = Tensor::zeros(&device, x.dtype(), &shape)?;
+    let whole = n_rows / block_rows;
+    match device {
+        Device::Cpu => {
+            for (i, &b) in blocks.as_slice::<i32>()?.iter().enumerate() {
+                if let Ok(b) = usize::try_from(b)
+                    && b < whole
+                {
+                    out.copy_rows_from(i * block_rows, x, b * block_rows, block_rows)?;
+                }
+            }
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            // Whole blocks of x are the kernel's rows (its row count is
+            // x's bytes over a block's, rounded down): a block past them is
+            // a row outside x, which the kernel skips.
+            let row_bytes = x.dtype().storage_bytes(x.shape().iter().skip(1).product());
+            crate::cuda_backend::gather_blocks(
+                &dev,
+                x,
+                blocks,
+                &mut out,
+                (n, row_bytes * block_rows),
+            )?;
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => return Err(super::kernels_not_built(DEVICE_BLOCKS_OP, &d)),
+    }
+    Ok(out)
+}
+
 /// The rows of `t`'s matrix view: (rows, row length), every dimension but
 /// the last flattened; packed FP4 is refused (a row must be whole bytes of a
 /// byte-addressable dtype for the element copies below).

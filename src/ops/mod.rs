@@ -46,7 +46,7 @@ pub use dequant::mxfp8_dequantize;
 pub use elementwise::{add, cat_cols, div_scalar, scale};
 pub use embedding::{argmax, embedding, embedding_deferred, first_non_finite};
 pub use engram::{engram_gate_update, engram_lookup, engram_lookup_deferred, engram_rows};
-pub use gather::{copy_rows_into, copy_rows_where, gather_row_blocks, gather_rows};
+pub use gather::{copy_rows_into, copy_rows_where, gather_blocks, gather_row_blocks, gather_rows};
 pub use gemm::{
     GemmImpl, SKINNY_MAX_M, bf16_linear, bf16_linear_into, mxfp4_grouped_contiguous,
     mxfp4_grouped_contiguous_into, mxfp4_grouped_masked, mxfp4_grouped_masked_into, mxfp8_linear,

@@ -708,7 +708,7 @@ impl Attention {
             let pick = |t| pick_rows(t, bt.all, &bt.rows);
             let tb = bt.rows.len();
             let pr = pool.config().page_rows;
-            let keys = pool.gather_key_blocks(&bt.blocks, bt.blocks.len() * pr)?;
+            let keys = pool.gather_key_pages(&bt.blocks)?;
             let row = keys.shape().get(1).copied().unwrap_or(0);
             let keys = keys.reshape(&[tb, bt.width * pr, row])?;
             let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &bt.visible)?;
@@ -839,9 +839,9 @@ struct BatchedIndex {
     /// The step rows it scores, in batch order (`all`: every row).
     rows: Vec<usize>,
     all: bool,
-    /// The key pages of every row, `width` pages a row
+    /// I32: the key pages of every row, `width` pages a row
     /// ([`StatePool::key_blocks_rows`]).
-    blocks: Vec<usize>,
+    blocks: Input,
     width: usize,
     /// I32 `[rows]`: each row's visible entries.
     visible: Input,
@@ -942,6 +942,12 @@ fn prepare_index(
         }
         let all = rows.len() == b.positions.rows();
         let (blocks, width) = pool.key_blocks_rows(src, &key_rows)?;
+        let blocks = blocks
+            .into_iter()
+            .map(|p| i32_of("key page", p))
+            .collect::<Result<Vec<i32>>>()?;
+        let n_blocks = blocks.len();
+        let blocks = pool.inputs().upload(blocks, &[n_blocks], &device)?;
         let tb = rows.len();
         let visible = pool.inputs().upload(visible, &[tb], &device)?;
         batched_pass = Some(Box::new(BatchedIndex {
