@@ -8,8 +8,9 @@
 //! with and only when the step's uploads have the signature of the capture
 //! ([`StepInputs::signature`](super::inputs::StepInputs::signature): the
 //! same tensors at the same device addresses, of the same shapes, in the
-//! same order). Every host value the device half reads is such an upload
-//! and every launch shape follows from those shapes, so a replay runs the
+//! same order, and the same fixed host values, such as a top-k width).
+//! Every host value the device half reads is such an upload or a fixed
+//! value, and every launch shape follows from them, so a replay runs the
 //! step's own work; any other step is captured anew. The graph's output
 //! and range-check slots are allocated outside the capture and held with
 //! it; everything the device half allocates inside the capture is freed

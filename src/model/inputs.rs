@@ -31,13 +31,18 @@ pub struct InputStats {
     pub reused: usize,
 }
 
-/// One upload of a step as a graph sees it: the tensor's dtype, shape and
-/// device address (`None` on the host).
+/// What a step's device half reads from its host half, as a graph sees it:
+/// an upload (the tensor's dtype, shape and device address, `None` on the
+/// host), or a host value its launches take as a parameter
+/// ([`StepInputs::fix`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UploadKey {
-    pub dtype: crate::dtype::DType,
-    pub shape: Vec<usize>,
-    pub address: Option<u64>,
+pub enum UploadKey {
+    Upload {
+        dtype: crate::dtype::DType,
+        shape: Vec<usize>,
+        address: Option<u64>,
+    },
+    Value(usize),
 }
 
 #[derive(Default)]
@@ -87,12 +92,21 @@ impl StepInputs {
         a.keys.clear();
     }
 
-    /// The current step's uploads so far, in order: two steps with equal
-    /// signatures uploaded into the same tensors (the same device
-    /// addresses) of the same shapes, which is what lets a CUDA graph
-    /// captured in one replay in the other.
+    /// The current step's uploads and fixed values so far, in order: two
+    /// steps with equal signatures uploaded into the same tensors (the same
+    /// device addresses) of the same shapes and launch with the same host
+    /// values, which is what lets a CUDA graph captured in one replay in
+    /// the other.
     pub fn signature(&self) -> Vec<UploadKey> {
         self.lock().keys.clone()
+    }
+
+    /// Records a host value that a launch of the step's device half takes
+    /// as a parameter and no upload's shape implies (a top-k width): part
+    /// of the step's signature, so a graph captured with another value is
+    /// not replayed.
+    pub fn fix(&self, value: usize) {
+        self.lock().keys.push(UploadKey::Value(value));
     }
 
     /// Whether `other` is a handle on this same arena.
@@ -144,7 +158,7 @@ impl StepInputs {
             }
             None => Tensor::from_vec(values, shape)?.to_device(device)?,
         };
-        a.keys.push(UploadKey {
+        a.keys.push(UploadKey::Upload {
             dtype: T::DTYPE,
             shape: shape.to_vec(),
             address: tensor.address(),

@@ -950,6 +950,8 @@ fn prepare_index(
         let blocks = pool.inputs().upload(blocks, &[n_blocks], &device)?;
         let tb = rows.len();
         let visible = pool.inputs().upload(visible, &[tb], &device)?;
+        // The lists' width, a launch parameter no upload's shape gives.
+        pool.inputs().fix(k);
         batched_pass = Some(Box::new(BatchedIndex {
             rows,
             all,
@@ -966,6 +968,7 @@ fn prepare_index(
         } else if k == 0 {
             EntryIndex::Empty
         } else {
+            pool.inputs().fix(k);
             EntryIndex::Own(Box::new(OwnIndex {
                 visible: pool.inputs().upload(visible_of(e)?, &[e.len], &device)?,
                 blocks: pool.key_pages_of(e.seq, src, n)?,
