@@ -431,7 +431,7 @@ mod gpu {
         let (w, c, k) = patterns;
         pool.fill_rows(w, c, k).unwrap();
         let mut step_no = 0u32;
-        let mut graph = None;
+        let mut graph = deepinfer::model::graph::DecodeGraph::new();
         let mut step = |pool: &mut StatePool, capture: Capture| {
             step_no += 1;
             let tokens: Vec<[u32; 1]> = (0..batch as u32)
@@ -510,7 +510,8 @@ mod gpu {
         let (roof_us, detail) = roofline(ceilings, bytes, flops);
         let tps = b / (ours_us * 1e-6);
         println!(
-            "{op:<16} ep={ep:<3} batch={batch:<4} context={context:<7} {ours_us:>11.0} us (gpu {gpu_us:.0}, {n} steps {wall_min:.0}..{wall_max:.0}) roofline {roof_us:>9.0} us ({:>5.1}%) {tps:>9.0} tok/s/GPU  {:?}",
+            "{op:<16} ep={ep:<3} batch={batch:<4} context={context:<7} {ours_us:>11.0} us (gpu {gpu_us:.0}, {n} steps {wall_min:.0}..{wall_max:.0}, {:?}) roofline {roof_us:>9.0} us ({:>5.1}%) {tps:>9.0} tok/s/GPU  {:?}",
+            graph.stats,
             100.0 * roof_us / ours_us,
             timed.families
         );
@@ -519,7 +520,7 @@ mod gpu {
             "op": op, "shape": shape, "mode": mode(), "moe_layout": format!("{:?}", moe_layout().resolve(batch, &model.device())),
             "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
-            "steps_timed": n, "steps_warm": WARM_STEPS, "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
+            "steps_timed": n, "steps_warm": WARM_STEPS, "graph_steps": format!("{:?}", graph.stats), "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
             "roofline": detail, "tokens_per_s_per_gpu": tps, "touched_experts": touched,
             "families_us": families(&timed), "parts_us": parts(&timed), "page_rows": PAGE_ROWS,
             "bytes_formula": "dense weights (wo_a as BF16) + touched experts x expert bytes + batch x (window/compressed/index-key rows read + embedding row + Engram rows)",

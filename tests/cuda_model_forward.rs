@@ -486,9 +486,10 @@ fn host_f64(t: &deepinfer::Tensor) -> Vec<f64> {
 /// A decode step replayed from a CUDA graph (`Model::decode_graphed`) gives
 /// the eager step's logits bit for bit: three sequences of different
 /// prompt lengths decode 40 tokens each, in one pool eagerly and in another
-/// through the graph, and the graph is replayed (not only captured) for
-/// most steps. A prefill or a multi-token step is refused by the graphed
-/// path.
+/// through the graph, and the graph is replayed (not only captured) for at
+/// least a third of the steps (pages of 16 rows: the tables widen about
+/// every 5 steps, each time one eager step and one capture). A multi-token
+/// step is refused by the graphed path.
 #[test]
 fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
     use deepinfer::model::graph::DecodeGraph;
@@ -509,7 +510,7 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
         .map(|_| (0..3).map(|_| rng.random_range(0..vocab)).collect())
         .collect();
     let pool = || {
-        let pc = PoolConfig::fitting(&model.cfg, 3, 14 + steps + 1, 16, 4).unwrap();
+        let pc = PoolConfig::fitting(&model.cfg, 3, 14 + steps + 1, 16, 16).unwrap();
         StatePool::new(&model.cfg, &model.device(), pc).unwrap()
     };
     let (mut eager, mut graphed) = (pool(), pool());
@@ -524,7 +525,7 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
         model.step(p, &inputs, Capture::default()).unwrap();
         seqs.push(s);
     }
-    let mut graph: Option<DecodeGraph> = None;
+    let mut graph = DecodeGraph::new();
     let refused = model.decode_graphed(
         &mut graphed,
         &[SeqInput {
@@ -534,7 +535,7 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
         &mut graph,
     );
     assert!(refused.is_err(), "a two-token step must be refused");
-    let (mut replays, mut max_diff) = (0, 0usize);
+    let mut max_diff = 0usize;
     for (t, toks) in decode.iter().enumerate() {
         let inputs = |s: &[deepinfer::model::pool::SeqId]| -> Vec<SeqInput> {
             s.iter()
@@ -551,9 +552,6 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
         let b = model
             .decode_graphed(&mut graphed, &inputs(&seqs[1]), &mut graph)
             .unwrap();
-        if graph.as_ref().is_some_and(|g| g.launches > 1) {
-            replays += 1;
-        }
         let (a, b) = (
             a.logits.to_vec::<f32>().unwrap(),
             b.logits.to_vec::<f32>().unwrap(),
@@ -573,9 +571,12 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
             "step {t}: {differ} logits differ from the eager step"
         );
     }
-    println!("graphed decode: {steps} steps, {replays} replayed, max differing logits {max_diff}");
+    let st = graph.stats;
+    println!("graphed decode: {steps} steps, {st:?}, max differing logits {max_diff}");
+    assert_eq!(st.eager + st.captured + st.replayed, steps, "{st:?}");
     assert!(
-        replays * 2 >= steps,
-        "only {replays} of {steps} steps replayed the graph"
+        st.replayed * 3 >= steps,
+        "only {} of {steps} steps replayed the graph ({st:?})",
+        st.replayed
     );
 }

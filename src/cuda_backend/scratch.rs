@@ -80,6 +80,10 @@ fn ensure<'s>(
     zeroed: bool,
 ) -> Result<&'s mut CudaBuffer> {
     if slot.as_ref().is_none_or(|b| b.len() < bytes) {
+        // A buffer made inside a capture would be the graph's, and the one
+        // it replaces freed there: a graph is captured after a step of its
+        // shapes ran eagerly (`model::graph`), which grew the scratch.
+        dev.refuse_in_capture("growing the split-K scratch")?;
         *slot = None;
         *slot = Some(if zeroed {
             dev.zeroed(bytes)?

@@ -36,7 +36,8 @@ const GRID_Y_MAX: usize = 65_535;
 /// `x` and `out` are BF16 `[tokens, heads, head_dim]` (any shape of that
 /// size), `positions` I64 `[tokens]`, all on `dev` and validated by the
 /// caller; `freqs` is the layer's table (`cpu_backend::rope_freqs`, length
-/// rope_dim / 2), uploaded here. `inverse` selects the rotation by −angle.
+/// rope_dim / 2), uploaded once per device ([`CudaDevice::constant`]).
+/// `inverse` selects the rotation by −angle.
 /// Returns typed errors for shapes the kernel does not cover: `head_dim`
 /// and `rope_dim` multiples of 8, `rope_dim` ≤ 256, at most
 /// 65,535 × 1024 vectors (536,862,720 elements) per token, `tokens` < 2^31.
@@ -103,7 +104,9 @@ pub fn rope(
         i32_param("rope vectors", rope_dim / VEC)?,
     );
     let inverse = i32::from(inverse);
-    let table = dev.upload(
+    // Uploaded once per table and device (a step captured as a CUDA graph
+    // reads the copy an earlier step made).
+    let table = dev.constant(
         &freqs
             .iter()
             .flat_map(|f| f.to_le_bytes())

@@ -55,6 +55,8 @@ pub struct CudaDevice {
     /// The dynamic shared memory each of those functions is allowed, so the
     /// attribute is set once per function and size, not before every launch.
     smem_allowed: Arc<Mutex<HashMap<(&'static str, &'static str), u32>>>,
+    /// Small read-only tables uploaded once ([`CudaDevice::constant`]).
+    constants: Arc<Mutex<HashMap<Vec<u8>, Arc<CudaBuffer>>>>,
     sms: usize,
     /// Whether the device allocates from a memory pool (`cuMemAllocAsync`).
     pools: bool,
@@ -109,6 +111,7 @@ impl CudaDevice {
             modules: Arc::default(),
             functions: Arc::default(),
             smem_allowed: Arc::default(),
+            constants: Arc::default(),
             sms: sms.max(1) as usize,
             pools,
             poison: false,
@@ -306,7 +309,12 @@ impl CudaDevice {
     /// poisons allocations.
     pub fn alloc(&self, bytes: usize) -> Result<CudaBuffer> {
         if self.poison {
-            return self.upload(&vec![0xFF; bytes]);
+            // SAFETY: `ptr` addresses the `bytes` just allocated, alive
+            // across the call; the memset is ordered on this handle's
+            // stream (no host buffer: capturable).
+            return self.filled("poisoning", bytes, 1, |ptr, stream| unsafe {
+                sys::cuMemsetD8Async(ptr, 0xFF, bytes, stream)
+            });
         }
         // Every op that allocates an output writes all of it before anyone
         // reads it; tests poison outputs to prove it.
@@ -315,6 +323,26 @@ impl CudaDevice {
             device: self.clone(),
             slice,
         })
+    }
+
+    /// A read-only device copy of `bytes` (a small table such as a RoPE
+    /// frequency table), uploaded the first time these bytes are asked for
+    /// and shared by every later request on this device (the handle's
+    /// clones included) until the handle goes: a launch inside a CUDA graph
+    /// capture can read a table an earlier launch uploaded, while an upload
+    /// there is refused.
+    pub fn constant(&self, bytes: &[u8]) -> Result<Arc<CudaBuffer>> {
+        let mut cache = self
+            .constants
+            .lock()
+            // A poisoned cache still holds only whole uploads.
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(b) = cache.get(bytes) {
+            return Ok(b.clone());
+        }
+        let b = Arc::new(self.upload(bytes)?);
+        cache.insert(bytes.to_vec(), b.clone());
+        Ok(b)
     }
 
     /// `bytes` of device memory set to zero by a memset on the stream: no
@@ -393,7 +421,7 @@ impl CudaDevice {
     /// Refuses a host copy while this stream is being captured: a captured
     /// copy would not run now (a read-back would return stale bytes) and its
     /// replay would touch a host buffer long gone.
-    fn refuse_in_capture(&self, what: &'static str) -> Result<()> {
+    pub(crate) fn refuse_in_capture(&self, what: &'static str) -> Result<()> {
         let status = self
             .stream
             .capture_status()

@@ -59,6 +59,9 @@ pub struct Model {
     /// gives the same bits on the CPU; on a GPU the layouts' GEMMs sum in
     /// different orders.
     pub moe_layout: MoeLayout,
+    /// This model among the process's (`model::graph` replays a graph only
+    /// for the model that captured it).
+    pub(super) id: u64,
 }
 
 /// One sequence's new tokens in a step.
@@ -236,11 +239,13 @@ impl Model {
                 ));
             }
         }
+        static MODELS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(Model {
             cfg,
             plans,
             weights,
             moe_layout: MoeLayout::Auto,
+            id: MODELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -397,17 +402,28 @@ impl Model {
         shapes: &[EntryShape],
         capture: Capture,
     ) -> Result<StepOutput> {
-        let device = self.device();
         let p = self.prepare_step(pool, inputs, shapes)?;
+        self.run_prepared(pool, &p, capture)
+    }
+
+    /// The device half of the prepared step `p`, launched eagerly, its
+    /// checks read and the pool advanced.
+    pub(super) fn run_prepared(
+        &self,
+        pool: &mut StatePool,
+        p: &PreparedStep,
+        capture: Capture,
+    ) -> Result<StepOutput> {
+        let device = self.device();
         let mut marks = Marks::new(&device, capture.timing)?;
         // Device range checks of the step (ids, Engram rows, MoE
         // permutations), read once at its end.
         let mut checks = ops::DeviceChecks::new();
-        let ran = self.run_step(&p, pool, capture, &mut marks, &mut checks)?;
+        let ran = self.run_step(p, pool, capture, &mut marks, &mut checks)?;
         // The step's device range checks, in one sync, before the pool
         // advances past a step that may be invalid.
         checks.verdict()?;
-        self.finish_step(pool, &p)?;
+        self.finish_step(pool, p)?;
         let targets: Option<Vec<&Tensor>> = ran.targets.iter().map(Option::as_ref).collect();
         let features = match targets {
             Some(t) if !t.is_empty() => Some(ops::cat_cols(&t)?),

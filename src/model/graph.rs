@@ -4,17 +4,23 @@
 //! arena), then replays a captured graph of the device half instead of
 //! launching its ~1,500 kernels one by one.
 //!
-//! Invariant: a graph is replayed only for the pool's arena it was captured
-//! with and only when the step's uploads have the signature of the capture
-//! ([`StepInputs::signature`](super::inputs::StepInputs::signature): the
-//! same tensors at the same device addresses, of the same shapes, in the
-//! same order, and the same fixed host values, such as a top-k width).
-//! Every host value the device half reads is such an upload or a fixed
-//! value, and every launch shape follows from them, so a replay runs the
-//! step's own work; any other step is captured anew. The graph's output
-//! and range-check slots are allocated outside the capture and held with
-//! it; everything the device half allocates inside the capture is freed
-//! inside it.
+//! A step's signature is the model, the pool's arena, and the step's
+//! uploads and fixed host values in order
+//! ([`StepInputs::signature`](super::inputs::StepInputs::signature): dtype,
+//! shape and device address of each upload, and values such as a top-k
+//! width). A step whose signature is the captured graph's replays it. A
+//! step whose signature is the previous step's (which ran eagerly, so every
+//! cache and scratch buffer its launches need exists: nothing is allocated
+//! outside the graph while capturing) is captured and launched. Any other
+//! step runs eagerly. So a run of decode steps of one shape costs one eager
+//! step and one capture, then replays.
+//!
+//! Invariant: a graph is replayed only for the signature it was captured
+//! with. Every host value the device half reads is an upload or a fixed
+//! value of the signature, and every launch shape follows from them, so a
+//! replay runs the step's own work. The graph's output and range-check
+//! slots are allocated outside the capture and held with it; everything the
+//! device half allocates inside the capture is freed inside it.
 
 #[cfg(deepinfer_cuda)]
 use super::forward::{Capture, LayerTrace};
@@ -23,14 +29,26 @@ use super::inputs::{StepInputs, UploadKey};
 use super::pool::StatePool;
 use crate::model::error::Result;
 
-/// A captured decode step and what it was captured for. Held by the
-/// caller between steps ([`Model::decode_graphed`]).
-pub struct DecodeGraph {
-    #[cfg(deepinfer_cuda)]
-    graph: crate::device::Graph,
-    /// The arena of the pool it was captured with.
+/// What a step's device half depends on beyond its uploads' values.
+#[derive(Clone, Debug, PartialEq)]
+struct Key {
+    /// `Model::id`.
+    model: u64,
     arena: StepInputs,
     signature: Vec<UploadKey>,
+}
+
+impl PartialEq for StepInputs {
+    fn eq(&self, other: &StepInputs) -> bool {
+        self.same_as(other)
+    }
+}
+
+/// A captured decode step and the signature it was captured for.
+struct Captured {
+    key: Key,
+    #[cfg(deepinfer_cuda)]
+    graph: crate::device::Graph,
     /// F32 `[B, vocab]`: the logits each launch writes.
     #[cfg(deepinfer_cuda)]
     logits: crate::tensor::Tensor,
@@ -39,33 +57,60 @@ pub struct DecodeGraph {
     /// The range checks the capture recorded (each launch makes them).
     #[cfg(deepinfer_cuda)]
     recorded: Vec<(&'static str, &'static str)>,
-    /// Steps replayed with this graph (the capture's own first launch
-    /// included).
-    pub launches: usize,
+}
+
+/// How the steps of a [`DecodeGraph`] ran.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Steps launched eagerly (a signature not seen on the step before).
+    pub eager: usize,
+    /// Steps captured, then launched.
+    pub captured: usize,
+    /// Steps replayed from the graph.
+    pub replayed: usize,
+}
+
+/// The graph state of a run of decode steps ([`Model::decode_graphed`]):
+/// the captured graph, if any, and the previous step's signature. One per
+/// state pool.
+#[derive(Default)]
+pub struct DecodeGraph {
+    captured: Option<Captured>,
+    last: Option<Key>,
+    pub stats: GraphStats,
 }
 
 impl std::fmt::Debug for DecodeGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DecodeGraph")
-            .field("uploads", &self.signature.len())
-            .field("launches", &self.launches)
+            .field("captured", &self.captured.is_some())
+            .field("stats", &self.stats)
             .finish()
+    }
+}
+
+impl DecodeGraph {
+    pub fn new() -> DecodeGraph {
+        DecodeGraph::default()
     }
 }
 
 impl Model {
     /// One decode step (one new token for each sequence of `inputs`, none
     /// with an open rollback checkpoint) on a CUDA device, its device half
-    /// replayed from `graph` when `graph` was captured for this pool and
-    /// this step's upload signature, else captured into `graph` first (the
-    /// graph of another signature is dropped). The logits are those
-    /// [`Model::step`] gives for the same step; nothing else is captured
-    /// (`features` is `None`, `layers` empty traces, no timing).
+    /// replayed from `graph`, captured into it, or launched eagerly, as the
+    /// module doc says. The logits are those [`Model::step`] gives for the
+    /// same step; nothing else is captured (`features` is `None`, `layers`
+    /// empty traces, no timing).
+    ///
+    /// A graph replays the weights at the addresses it captured: after
+    /// replacing a weight tensor of the model, start from a new
+    /// [`DecodeGraph`].
     pub fn decode_graphed(
         &self,
         pool: &mut StatePool,
         inputs: &[SeqInput],
-        graph: &mut Option<DecodeGraph>,
+        graph: &mut DecodeGraph,
     ) -> Result<StepOutput> {
         let device = self.device();
         let crate::device::Device::Cuda(cuda) = &device else {
@@ -93,27 +138,37 @@ impl Model {
             }
         }
         let p = self.prepare_step(pool, inputs, &[])?;
-        let signature = pool.inputs().signature();
-        let current = graph
-            .as_ref()
-            .is_some_and(|g| g.arena.same_as(pool.inputs()) && g.signature == signature);
+        let key = Key {
+            model: self.id,
+            arena: pool.inputs().clone(),
+            signature: pool.inputs().signature(),
+        };
+        let seen = graph.last.replace(key.clone()).is_some_and(|k| k == key);
+        let current = graph.captured.as_ref().is_some_and(|c| c.key == key);
+        if !current && !seen {
+            graph.stats.eager += 1;
+            return self.run_prepared(pool, &p, super::forward::Capture::default());
+        }
         #[cfg(deepinfer_cuda)]
         {
-            let g = match graph {
-                Some(g) if current => g,
-                _ => {
+            let c = match &mut graph.captured {
+                Some(c) if current => {
+                    graph.stats.replayed += 1;
+                    c
+                }
+                slot => {
                     // The old graph's memory goes before the new one's.
-                    *graph = None;
-                    graph.insert(self.capture_decode(cuda, &p, pool, signature)?)
+                    *slot = None;
+                    graph.stats.captured += 1;
+                    slot.insert(self.capture_decode(cuda, &p, pool, key)?)
                 }
             };
-            g.graph.launch()?;
-            g.launches += 1;
-            g.checks.verdict_replayed(&g.recorded)?;
+            c.graph.launch()?;
+            c.checks.verdict_replayed(&c.recorded)?;
             self.finish_step(pool, &p)?;
             Ok(StepOutput {
                 // A copy: the next launch overwrites the graph's logits.
-                logits: g.logits.clone(),
+                logits: c.logits.clone(),
                 features: None,
                 rows: p.rows(),
                 layers: vec![LayerTrace::default(); self.plans.len()],
@@ -123,7 +178,7 @@ impl Model {
         }
         #[cfg(not(deepinfer_cuda))]
         {
-            let _ = (cuda, p, signature, current, graph);
+            let _ = cuda;
             Err(crate::ops::kernels_not_built("Model::decode_graphed", &device).into())
         }
     }
@@ -136,24 +191,23 @@ impl Model {
         cuda: &crate::device::CudaDevice,
         p: &super::forward::PreparedStep,
         pool: &mut StatePool,
-        signature: Vec<UploadKey>,
-    ) -> Result<DecodeGraph> {
+        key: Key,
+    ) -> Result<Captured> {
         use crate::dtype::DType;
         use crate::tensor::Tensor;
         let rows = p.rows_total();
         let mut logits = Tensor::empty(&self.device(), DType::F32, &[rows, self.cfg.vocab_size])?;
         let mut checks = crate::ops::DeviceChecks::held(cuda)?;
         let mut failed = None;
-        let arena = pool.inputs().clone();
         // SAFETY: the capture records this thread's work on the device's
         // stream, which only this thread uses while it runs (the model and
         // pool are borrowed here). Everything the graph reads or writes
-        // outlives its launches: the weights (borrowed from `self`, which the
-        // caller keeps with the graph: a replay happens only through
-        // `self.decode_graphed`), the pool's device tensors and the arena's
-        // slots (the graph holds the arena, and a replay needs the same pool
-        // and an unchanged signature), and `logits` and the check slots,
-        // which the graph holds.
+        // outlives its launches: the weights (a replay needs this model's
+        // id, and a model's weights live as long as it), the pool's device
+        // tensors and the arena's slots (the key holds the arena, and a
+        // replay needs the same arena and an unchanged signature: the same
+        // slot tensors), and `logits` and the check slots, which the graph
+        // holds.
         let made = unsafe {
             cuda.capture(|| {
                 checks.rearm()?;
@@ -176,14 +230,12 @@ impl Model {
         }
         let graph = made?;
         let recorded = checks.recorded();
-        Ok(DecodeGraph {
+        Ok(Captured {
+            key,
             graph,
-            arena,
-            signature,
             logits,
             checks,
             recorded,
-            launches: 0,
         })
     }
 }
