@@ -573,7 +573,12 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
     }
     let st = graph.stats;
     println!("graphed decode: {steps} steps, {st:?}, max differing logits {max_diff}");
-    assert_eq!(st.eager + st.captured + st.replayed, steps, "{st:?}");
+    assert_eq!(
+        st.eager + st.refused + st.captured + st.replayed,
+        steps,
+        "{st:?}"
+    );
+    assert_eq!(st.refused, 0, "a capture failed: {st:?}");
     assert!(
         st.replayed * 3 >= steps,
         "only {} of {steps} steps replayed the graph ({st:?})",

@@ -12,8 +12,10 @@
 //! step whose signature is the previous step's (which ran eagerly, so every
 //! cache and scratch buffer its launches need exists: nothing is allocated
 //! outside the graph while capturing) is captured and launched. Any other
-//! step runs eagerly. So a run of decode steps of one shape costs one eager
-//! step and one capture, then replays.
+//! step runs eagerly, as does a step whose capture failed (nothing ran: a
+//! capture only records) and the later steps of that signature. So a run of
+//! decode steps of one shape costs one eager step and one capture, then
+//! replays.
 //!
 //! Invariant: a graph is replayed only for the signature it was captured
 //! with. Every host value the device half reads is an upload or a fixed
@@ -62,8 +64,19 @@ struct Captured {
 /// How the steps of a [`DecodeGraph`] ran.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphStats {
-    /// Steps launched eagerly (a signature not seen on the step before).
+    /// The host halves' time (`Model::prepare_step`: claims, plans,
+    /// uploads), summed over the steps.
+    pub host: std::time::Duration,
+    /// The replayed graphs' device time (CUDA events around each launch),
+    /// summed over the replays.
+    pub replay_device: std::time::Duration,
+    /// Steps launched eagerly (a signature not seen on the step before, or
+    /// one whose capture failed).
     pub eager: usize,
+    /// Captures that failed (the step then ran eagerly, counted here only):
+    /// a device half with a host copy, such as the indexer's per-entry
+    /// passes of a batch whose padded keys pass `BATCHED_KEY_BYTES`.
+    pub refused: usize,
     /// Steps captured, then launched.
     pub captured: usize,
     /// Steps replayed from the graph.
@@ -77,6 +90,8 @@ pub struct GraphStats {
 pub struct DecodeGraph {
     captured: Option<Captured>,
     last: Option<Key>,
+    /// The last signature whose capture failed (it runs eagerly).
+    refused: Option<Key>,
     pub stats: GraphStats,
 }
 
@@ -137,7 +152,9 @@ impl Model {
                 ));
             }
         }
+        let start = std::time::Instant::now();
         let p = self.prepare_step(pool, inputs, &[])?;
+        graph.stats.host += start.elapsed();
         let key = Key {
             model: self.id,
             arena: pool.inputs().clone(),
@@ -145,7 +162,8 @@ impl Model {
         };
         let seen = graph.last.replace(key.clone()).is_some_and(|k| k == key);
         let current = graph.captured.as_ref().is_some_and(|c| c.key == key);
-        if !current && !seen {
+        let refused = graph.refused.as_ref().is_some_and(|k| *k == key);
+        if !current && (!seen || refused) {
             graph.stats.eager += 1;
             return self.run_prepared(pool, &p, super::forward::Capture::default());
         }
@@ -159,12 +177,36 @@ impl Model {
                 slot => {
                     // The old graph's memory goes before the new one's.
                     *slot = None;
-                    graph.stats.captured += 1;
-                    slot.insert(self.capture_decode(cuda, &p, pool, key)?)
+                    match self.capture_decode(cuda, &p, pool, key.clone()) {
+                        Ok(c) => {
+                            graph.stats.captured += 1;
+                            slot.insert(c)
+                        }
+                        Err(e) => {
+                            // Nothing ran: a capture only records. The step
+                            // runs eagerly (an error of the step itself
+                            // comes back from there), and so do the later
+                            // steps of this signature.
+                            tracing::debug!(error = %e, "decode step not capturable; eager");
+                            graph.refused = Some(key);
+                            graph.stats.refused += 1;
+                            return self.run_prepared(pool, &p, super::forward::Capture::default());
+                        }
+                    }
                 }
             };
+            let stream = cuda.stream();
+            let (a, b) = (cuda.event()?, cuda.event()?);
+            a.record(&stream)?;
             c.graph.launch()?;
+            b.record(&stream)?;
             c.checks.verdict_replayed(&c.recorded)?;
+            if current {
+                // The verdict waited for the launch.
+                let ms = a.elapsed_ms(&b)?;
+                graph.stats.replay_device +=
+                    std::time::Duration::from_secs_f64(f64::from(ms) * 1e-3);
+            }
             self.finish_step(pool, &p)?;
             Ok(StepOutput {
                 // A copy: the next launch overwrites the graph's logits.
