@@ -61,10 +61,10 @@
 //! (`benches/tools/kernel_times.py` sums them by kernel: the step's device
 //! busy time, free of host launch gaps).
 //!
-//! Run on the H200 on 2026-12-02 at the QUICK points only
-//! (`benches/results/2026-12-02-h200-model*.json`); the full sweep (EP 16
-//! and 8, batch 64 and 256, contexts 32K and 128K, prefill 32K) has not
-//! run yet.
+//! Run on the H200 at the QUICK points since 2026-12-02
+//! (`benches/results/2026-12-0*-h200-model*.json`), and the full sweep in
+//! mode `graph` on 2026-12-04 (`…-model-sweep-graph.json`, tabled in
+//! `docs/wide-ep.md`).
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
