@@ -256,6 +256,60 @@ fn tensor_core_scores_are_bitwise_equal_to_the_cpu_reference() {
     }
 }
 
+/// `index_scores_paged` on the GPU, bitwise the CPU op, with both kernels:
+/// keys read in place from a pool through random page tables (a page may
+/// repeat; some lie outside the pool: −1, the pool's partial last page, far
+/// past it), pages of 32 and 128 keys (the tensor-core kernel's whole
+/// tiles) and of 16 (the exact kernel only: the tensor-core kernel refuses
+/// them with a typed error), 3 % of keys outside the tensor-core domain,
+/// visible counts cut anywhere, 20 and 32 heads. Outputs are poisoned.
+#[test]
+fn paged_scores_are_bitwise_the_cpu_op() {
+    let dev = gpu();
+    let mut rng = common::rng("index_scores_paged_cuda");
+    let r = ops::index_key_row_nibbles(128);
+    for (heads, page_rows, width, batch) in [(32, 128, 9, 4), (20, 32, 40, 3), (32, 16, 33, 5)] {
+        let pool_pages = 23;
+        let pool = raw_key_rows(&mut rng, pool_pages * page_rows + 7, 0.03);
+        let pool = Tensor::from_vec(pool, &[pool_pages * page_rows + 7, r]).unwrap();
+        let q = Tensor::from_vec(
+            raw_key_rows(&mut rng, batch * heads, 0.0),
+            &[batch, heads, r],
+        )
+        .unwrap();
+        let w = common::random_activations(&mut rng, batch * heads, 0.05);
+        let w = Tensor::from_vec(w, &[batch, heads]).unwrap();
+        let mut pages: Vec<i32> = (0..batch * width)
+            .map(|_| rng.random_range(0..pool_pages as i32))
+            .collect();
+        pages[1] = -1;
+        pages[width + 2] = pool_pages as i32;
+        pages[batch * width - 1] = i32::MAX;
+        let pages = Tensor::from_vec(pages, &[batch, width]).unwrap();
+        let n = width * page_rows;
+        let vis = Tensor::from_vec(score_visibles(&mut rng, batch, n), &[batch]).unwrap();
+        let want = ops::index_scores_paged(&q, &w, &pool, &pages, page_rows, &vis).unwrap();
+        let on = |t: &Tensor| t.to_device(&dev).unwrap();
+        let (qd, wd, pd, gd, vd) = (on(&q), on(&w), on(&pool), on(&pages), on(&vis));
+        for kernel in [ScoreKernel::Auto, ScoreKernel::Tensor, ScoreKernel::Exact] {
+            let got = ops::index_scores_paged_with(&qd, &wd, &pd, &gd, page_rows, &vd, kernel);
+            if kernel == ScoreKernel::Tensor && page_rows % 32 != 0 {
+                assert!(
+                    matches!(got, Err(Error::Argument { arg: "kernel", .. })),
+                    "pages of {page_rows} keys: {got:?}"
+                );
+                continue;
+            }
+            let got = got.unwrap().to_device(&Device::Cpu).unwrap();
+            check_bitwise(
+                &format!("{kernel:?} heads {heads} pages of {page_rows} x {width} batch {batch}"),
+                got.as_slice::<bf16>().unwrap(),
+                want.as_slice::<bf16>().unwrap(),
+            );
+        }
+    }
+}
+
 /// The tensor-core kernel refuses shapes it cannot take with a typed error
 /// (dim 64; 40 heads), before launching anything.
 #[test]

@@ -93,6 +93,78 @@ fn index_scores_match_the_reference() {
     }
 }
 
+/// `index_scores_paged` by its definition: row b's key t is pool row
+/// `pages[b][t / page_rows] · page_rows + t % page_rows`, scored by the
+/// reference against that row's decoded keys; a page outside the pool
+/// (negative, or at or past its whole pages: the pool's partial last page
+/// does not count) and keys at or past `visible` score −∞.
+#[test]
+fn paged_index_scores_follow_the_page_table() {
+    let mut rng = common::rng("index_scores_paged_cpu");
+    let (heads, dim, page_rows, batch, width) = (4, 64, 8, 3, 5);
+    let pool_pages = 6;
+    // A partial seventh page: 3 rows past the whole pages.
+    let pool = key_rows(&mut rng, pool_pages * page_rows + 3, dim, 1.0);
+    let q = key_rows(&mut rng, batch * heads, dim, 1.0);
+    let w: Vec<bf16> = common::random_activations(&mut rng, batch * heads, 0.05);
+    let mut pages: Vec<i32> = (0..batch * width)
+        .map(|_| rng.random_range(0..pool_pages as i32))
+        .collect();
+    pages[3] = -1;
+    pages[width + 1] = pool_pages as i32; // the partial page
+    pages[2 * width + 4] = 1 << 30;
+    let n = width * page_rows;
+    let visible = vec![n as i32, 17, 0];
+    let r = ops::index_key_row_nibbles(dim);
+    let got = ops::index_scores_paged(
+        &rows_tensor(&q, &[batch, heads, r]),
+        &Tensor::from_vec(w.clone(), &[batch, heads]).unwrap(),
+        &rows_tensor(&pool, &[pool.len(), r]),
+        &Tensor::from_vec(pages.clone(), &[batch, width]).unwrap(),
+        page_rows,
+        &Tensor::from_vec(visible.clone(), &[batch]).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(got.shape(), [batch, n]);
+    let got = got.as_slice::<bf16>().unwrap();
+    for b in 0..batch {
+        let qd = decode(&q[b * heads..(b + 1) * heads], dim);
+        let wh = &w[b * heads..(b + 1) * heads];
+        for t in 0..n {
+            let page = pages[b * width + t / page_rows];
+            let want = match usize::try_from(page) {
+                Ok(p) if p < pool_pages && t < visible[b] as usize => {
+                    let key = &pool[p * page_rows + t % page_rows];
+                    indexer::index_scores(&qd, &decode(std::slice::from_ref(key), dim), wh, dim, 1)
+                        [0]
+                }
+                _ => f32::NEG_INFINITY,
+            };
+            assert_eq!(
+                got[b * n + t].to_f32().to_bits(),
+                want.to_bits(),
+                "b {b} t {t} page {page}"
+            );
+        }
+    }
+    // Typed errors: a page list of another batch, page_rows 0, F32 pages.
+    let qt = rows_tensor(&q, &[batch, heads, r]);
+    let wt = Tensor::from_vec(w.clone(), &[batch, heads]).unwrap();
+    let pt = rows_tensor(&pool, &[pool.len(), r]);
+    let vt = Tensor::from_vec(visible.clone(), &[batch]).unwrap();
+    let short = Tensor::from_vec(vec![0i32; 2 * width], &[2, width]).unwrap();
+    let e = ops::index_scores_paged(&qt, &wt, &pt, &short, page_rows, &vt).unwrap_err();
+    assert!(e.to_string().contains("pages"), "{e}");
+    let ok = Tensor::from_vec(pages.clone(), &[batch, width]).unwrap();
+    let e = ops::index_scores_paged(&qt, &wt, &pt, &ok, 0, &vt).unwrap_err();
+    assert!(e.to_string().contains("page_rows"), "{e}");
+    let f = Tensor::from_vec(vec![0f32; batch * width], &[batch, width]).unwrap();
+    assert!(matches!(
+        ops::index_scores_paged(&qt, &wt, &pt, &f, page_rows, &vt),
+        Err(Error::DType { .. })
+    ));
+}
+
 /// A score row with many exact ties, −∞ entries and both signs.
 fn tied_scores(rng: &mut StdRng, n: usize) -> Vec<bf16> {
     let palette = [f32::NEG_INFINITY, -1.0, 0.0, 0.5, 1.0, 2.0, 3.0];

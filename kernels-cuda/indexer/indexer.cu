@@ -147,6 +147,16 @@ __device__ __forceinline__ __nv_bfloat16 exact_key_score(const uint8_t *kr, cons
     return __float2bfloat16_rn(acc);
 }
 
+/* Key t of row b (`row`: row b's contiguous keys when not paged), or NULL for
+ * a key on a page outside the pool (it scores -inf). */
+__device__ __forceinline__ const uint8_t *key_at(const di_indexer_score_params &p, const uint8_t *row, int b,
+                                                 int64_t t, int64_t row_bytes) {
+    if (p.pages == nullptr) return row + t * row_bytes;
+    const int64_t pg = p.pages[int64_t(b) * p.pages_stride + t / p.page_rows];
+    if (pg < 0 || pg >= p.pool_pages) return nullptr;
+    return static_cast<const uint8_t *>(p.keys) + (pg * p.page_rows + t % p.page_rows) * row_bytes;
+}
+
 /* One thread per key over the CTA's stride of row b (both kernels' SIMT path). */
 __device__ void exact_scores_simt(const di_indexer_score_params &p, int b, const float *qs,
                                   const float *ws) {
@@ -155,9 +165,10 @@ __device__ void exact_scores_simt(const di_indexer_score_params &p, int b, const
     const uint8_t *keys = static_cast<const uint8_t *>(p.keys) + int64_t(b) * p.key_batch_stride;
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.scores) + int64_t(b) * p.n;
     for (int64_t t = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < p.n;
-         t += int64_t(gridDim.x) * blockDim.x)
-        out[t] = t >= visible ? __ushort_as_bfloat16(0xFF80u)
-                              : exact_key_score(keys + t * row_bytes, qs, ws, p.heads, p.dim);
+         t += int64_t(gridDim.x) * blockDim.x) {
+        const uint8_t *k = t < visible ? key_at(p, keys, b, t, row_bytes) : nullptr;
+        out[t] = k == nullptr ? __ushort_as_bfloat16(0xFF80u) : exact_key_score(k, qs, ws, p.heads, p.dim);
+    }
 }
 }  // namespace
 
@@ -327,16 +338,24 @@ __device__ __forceinline__ void word_copy_arrive(void *dst, const void *src, uin
 constexpr uint32_t kBarArrivals = 9;
 
 /* Byte offset of tile i's first key inside its stage buffer. */
-__device__ __forceinline__ uint32_t tile_pre(const uint8_t *row, int64_t i) {
-    return uint32_t(reinterpret_cast<uintptr_t>(row + i * kTileBytes) & 15u);
+/* The first key of tile i of row b (its keys follow it contiguously: a page
+ * holds whole tiles), or NULL for a tile on a page outside the pool. */
+__device__ __forceinline__ const uint8_t *tile_at(const di_indexer_score_params &p, const uint8_t *row, int b,
+                                                  int64_t i) {
+    return key_at(p, row, b, i * kTileKeys, kKeyRow);
 }
 
-/* Starts loading keys [32 i, min(32 i + 32, visible)) of `row` into `stage`. */
-__device__ __forceinline__ void issue_tile(const uint8_t *row, int64_t i, int64_t visible,
+__device__ __forceinline__ uint32_t tile_pre(const uint8_t *tile) {
+    return uint32_t(reinterpret_cast<uintptr_t>(tile) & 15u);
+}
+
+/* Starts loading keys [32 i, min(32 i + 32, visible)) of tile i (first key at
+ * `tile`; NULL: none, the barrier still completes) into `stage`. */
+__device__ __forceinline__ void issue_tile(const uint8_t *tile, int64_t i, int64_t visible,
                                            uint8_t *stage, uint64_t *bar, int lane) {
-    const int64_t t0 = i * kTileKeys, t1 = min(t0 + kTileKeys, visible);
-    const uintptr_t s = reinterpret_cast<uintptr_t>(row + t0 * kKeyRow);
-    const uintptr_t e = reinterpret_cast<uintptr_t>(row + t1 * kKeyRow);
+    const int64_t t0 = i * kTileKeys, t1 = tile == nullptr ? t0 : min(t0 + kTileKeys, visible);
+    const uintptr_t s = reinterpret_cast<uintptr_t>(tile);
+    const uintptr_t e = s + uintptr_t((t1 - t0) * kKeyRow);
     const uintptr_t a = (s + 15) & ~uintptr_t(15), z = e & ~uintptr_t(15);
     uint8_t *base = stage + 16 + (s & 15); /* key data; 16-aligned from a */
     const bool bulk = a < z;
@@ -488,14 +507,16 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
     const int64_t first = int64_t(blockIdx.x) * kFastWarps + warp, stride = int64_t(gridDim.x) * kFastWarps;
     for (int k = 0; k < kFastStages; ++k)
         if (first + k * stride < tiles)
-            issue_tile(row, first + k * stride, visible, ring + k * kStageBytes, &bars[k], lane);
+            issue_tile(tile_at(p, row, b, first + k * stride), first + k * stride, visible, ring + k * kStageBytes,
+                       &bars[k], lane);
 
     for (int64_t k = 0; first + k * stride < tiles; ++k) {
         const int64_t i = first + k * stride;
         const int st = int(k % kFastStages);
         uint8_t *stage = ring + st * kStageBytes;
         mbar_wait(&bars[st], uint32_t(k / kFastStages) & 1u);
-        const uint8_t *tile = stage + 16 + tile_pre(row, i);
+        const uint8_t *src = tile_at(p, row, b, i);
+        const uint8_t *tile = stage + 16 + tile_pre(src);
         const int64_t t0 = i * kTileKeys;
         const bool live = t0 + lane < visible;
 
@@ -567,12 +588,13 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
                 if (lane == r) result = e;
             }
         }
-        if (live) out[t0 + lane] = result;
+        /* A tile on a page outside the pool loaded nothing: -inf. */
+        if (live) out[t0 + lane] = src == nullptr ? __ushort_as_bfloat16(0xFF80u) : result;
         __syncwarp();
         const int64_t next = i + kFastStages * stride;
         if (next < tiles) {
             fence_proxy_async_smem();
-            issue_tile(row, next, visible, stage, &bars[st], lane);
+            issue_tile(tile_at(p, row, b, next), next, visible, stage, &bars[st], lane);
         }
     }
 #else

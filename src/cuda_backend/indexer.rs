@@ -97,14 +97,57 @@ pub(crate) fn index_scores(
     s: ScoreShape,
     kernel: ScoreKernel,
 ) -> Result<()> {
+    scores_launch(dev, (q, w, keys, visible), scores, s, kernel, None)
+}
+
+/// The pages of `ops::index_scores_paged`: I32 `[batch, width]` page numbers
+/// of a key pool of `pool_pages` pages of `page_rows` keys.
+#[derive(Clone, Copy)]
+pub(crate) struct ScorePages<'a> {
+    pub pages: &'a Tensor,
+    pub page_rows: usize,
+    pub pool_pages: usize,
+}
+
+/// [`index_scores`] over the key pool `keys` read through `pages` (each
+/// batch row's n = width · page_rows keys); the tensor-core kernel needs
+/// page_rows a multiple of its 32-key tile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn index_scores_paged(
+    dev: &CudaDevice,
+    q: &Tensor,
+    w: &Tensor,
+    keys: &Tensor,
+    visible: &Tensor,
+    scores: &mut Tensor,
+    s: ScoreShape,
+    kernel: ScoreKernel,
+    pages: ScorePages<'_>,
+) -> Result<()> {
+    scores_launch(dev, (q, w, keys, visible), scores, s, kernel, Some(pages))
+}
+
+fn scores_launch(
+    dev: &CudaDevice,
+    (q, w, keys, visible): (&Tensor, &Tensor, &Tensor, &Tensor),
+    scores: &mut Tensor,
+    s: ScoreShape,
+    kernel: ScoreKernel,
+    paged: Option<ScorePages<'_>>,
+) -> Result<()> {
     let row_bytes = s.dim / 2 + s.dim / 32;
     let (qp, _gq) = read_ptr(q.cuda()?, dev);
     let (wp, _gw) = read_ptr(w.cuda()?, dev);
     let (kp, _gk) = read_ptr(keys.cuda()?, dev);
     let (vp, _gv) = read_ptr(visible.cuda()?, dev);
     let (sp, _gs) = write_ptr(scores.cuda_mut()?, dev);
+    let pg = paged
+        .map(|p| p.pages.cuda().map(|b| read_ptr(b, dev)))
+        .transpose()?;
     let key_addr = kp as usize;
-    let fits = s.dim == FAST_DIM && s.heads <= FAST_MAX_HEADS && key_addr.is_multiple_of(4);
+    let tiles_fit = paged.is_none_or(|p| p.page_rows.is_multiple_of(FAST_TILE));
+    let fits =
+        s.dim == FAST_DIM && s.heads <= FAST_MAX_HEADS && key_addr.is_multiple_of(4) && tiles_fit;
     let fast = match kernel {
         ScoreKernel::Auto => fits,
         ScoreKernel::Exact => false,
@@ -117,7 +160,7 @@ pub(crate) fn index_scores(
                     "Tensor (dim {}, heads {}, keys address {key_addr:#x})",
                     s.dim, s.heads
                 ),
-                why: "the tensor-core kernel needs dim 128, heads <= 32 and 4-byte aligned keys",
+                why: "the tensor-core kernel needs dim 128, heads <= 32, 4-byte aligned keys and pages of whole 32-key tiles",
             });
         }
     };
@@ -139,6 +182,10 @@ pub(crate) fn index_scores(
         batch: i32_param("batch", s.batch)?,
         heads: i32_param("heads", s.heads)?,
         dim: i32_param("dim", s.dim)?,
+        pages: pg.as_ref().map_or(std::ptr::null(), |(p, _)| p.cast()),
+        pages_stride: paged.map_or(0, |p| p.pages.shape().get(1).copied().unwrap_or(0)) as i64,
+        page_rows: paged.map_or(0, |p| p.page_rows) as i64,
+        pool_pages: paged.map_or(0, |p| p.pool_pages) as i64,
     };
     if fast {
         return index_scores_fast(dev, &p, s);

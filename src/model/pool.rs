@@ -843,12 +843,13 @@ impl StatePool {
             .collect()
     }
 
-    /// The page lists of [`StatePool::gather_key_blocks`] for many score
-    /// rows at once: row i gets the pages of the first `n_i` keys of
-    /// `rows[i] = (seq, n_i)`, padded (with its first page) to the widest
-    /// row's pages. Returns the lists, row after row, and that width in
-    /// pages. A score row reads only its first `n_i` keys (its visible count
-    /// never exceeds them), so the padding is never scored.
+    /// The key pages of many score rows at once, as
+    /// `ops::index_scores_paged` reads them: row i gets the pages of the
+    /// first `n_i` keys of `rows[i] = (seq, n_i)`, padded (with its first
+    /// page) to the widest row's pages. Returns the lists, row after row,
+    /// and that width in pages. A score row reads only its first `n_i` keys
+    /// (its visible count never exceeds them), so the padding is never
+    /// scored.
     pub(crate) fn key_blocks_rows(
         &self,
         layer: usize,
@@ -880,14 +881,10 @@ impl StatePool {
         )?)
     }
 
-    /// [`StatePool::gather_key_blocks`] of whole pages from an I32 device
-    /// list (`ops::gather_blocks`): `[pages · page_rows, 136]`.
-    pub(crate) fn gather_key_pages(&self, pages: &Tensor) -> Result<Tensor> {
-        Ok(ops::gather_blocks(
-            &self.key_pages.rows,
-            self.cfg.page_rows,
-            pages,
-        )?)
+    /// The index-key pool: `[pages · page_rows, 136]` nibbles, read through
+    /// the pages of [`StatePool::key_blocks_rows`].
+    pub(crate) fn key_rows(&self) -> &Tensor {
+        &self.key_pages.rows
     }
 
     /// The row of the partial group of `layer`'s ratio-2 source for `seq`

@@ -59,7 +59,8 @@ pub use indexer::{
     INDEX_SCORE_MAX_HEADS_X_DIM, ScoreKernel, index_candidate_width, index_candidates,
     index_candidates_into, index_key_quant, index_key_quant_into, index_key_row_nibbles,
     index_mask_scores, index_mask_scores_into, index_reindex_topk, index_reindex_topk_into,
-    index_scores, index_scores_into, index_scores_into_with, index_topk, index_topk_into,
+    index_scores, index_scores_into, index_scores_into_with, index_scores_paged,
+    index_scores_paged_with, index_topk, index_topk_into,
 };
 pub use kv_cache::{
     RowNorm, RowRope, RowsOut, compressed_rows, kv_row_layout, kv_rows, kv_rows_into, window_rows,

@@ -134,6 +134,15 @@ typedef struct di_indexer_score_params {
     int32_t batch;
     int32_t heads;
     int32_t dim; /* multiple of 32 */
+    /* Paged keys when pages != NULL (key_batch_stride unused): key t of row
+     * b is row pages[b * pages_stride + t / page_rows] * page_rows +
+     * t % page_rows of keys, a pool of pool_pages pages; a key on a page
+     * outside [0, pool_pages) scores -inf (nothing is read for it). The
+     * tensor-core kernel needs page_rows a multiple of its 32-key tile. */
+    const int32_t *pages;
+    int64_t pages_stride;
+    int64_t page_rows;
+    int64_t pool_pages;
 } di_indexer_score_params;
 
 /* indexer_scores_fast (same parameters): dim 128, heads <= 32, keys 4-byte

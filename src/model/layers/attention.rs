@@ -135,11 +135,13 @@ impl Published {
 /// a larger bound would copy an entry's keys once per token.
 const BATCHED_TOKENS: usize = 1;
 
-/// The most bytes the batched pass gathers its keys into (every row padded
-/// to the batch's longest): past it the entries are indexed one at a time,
-/// so a step mixing one very long sequence with many short ones, or a huge
-/// batch at a long context, never allocates the padded copy.
-const BATCHED_KEY_BYTES: usize = 256 << 20;
+/// The most bytes of BF16 scores the batched pass makes (every row padded
+/// to the batch's longest; its keys are read in place through the pages,
+/// `ops::index_scores_paged`): past it the entries are indexed one at a
+/// time, so a step mixing one very long sequence with many short ones never
+/// allocates the padded scores. A decode batch of 256 sequences at 1M
+/// tokens (ratio 4) makes 128 MiB.
+const BATCHED_SCORE_BYTES: usize = 256 << 20;
 
 /// The RoPE of a layer.
 pub fn rope_params(plan: &LayerPlan) -> RopeParams {
@@ -707,11 +709,14 @@ impl Attention {
         if let Some(bt) = batched {
             let pick = |t| pick_rows(t, bt.all, &bt.rows);
             let tb = bt.rows.len();
-            let pr = pool.config().page_rows;
-            let keys = pool.gather_key_pages(&bt.blocks)?;
-            let row = keys.shape().get(1).copied().unwrap_or(0);
-            let keys = keys.reshape(&[tb, bt.width * pr, row])?;
-            let scores = ops::index_scores(&*pick(&q)?, &*pick(&w)?, &keys, &bt.visible)?;
+            let scores = ops::index_scores_paged(
+                &*pick(&q)?,
+                &*pick(&w)?,
+                pool.key_rows(),
+                &bt.blocks,
+                pool.config().page_rows,
+                &bt.visible,
+            )?;
             let mask = mask_all
                 .map(|m| match m {
                     Some(m) => pick(m),
@@ -839,10 +844,9 @@ struct BatchedIndex {
     /// The step rows it scores, in batch order (`all`: every row).
     rows: Vec<usize>,
     all: bool,
-    /// I32: the key pages of every row, `width` pages a row
-    /// ([`StatePool::key_blocks_rows`]).
+    /// I32 `[rows, width]`: the key pages of every row
+    /// ([`StatePool::key_blocks_rows`]), which the scores read in place.
     blocks: Input,
-    width: usize,
     /// I32 `[rows]`: each row's visible entries.
     visible: Input,
     /// The widest of its entries' k.
@@ -872,7 +876,7 @@ struct OwnIndex {
 /// ([`IndexStep`]): each entry's k (min(topk, its entries at its end)),
 /// which entries share the batched pass, their key pages and visible
 /// counts. Entries of at most [`BATCHED_TOKENS`] tokens are scored in one
-/// pass (while their padded keys fit [`BATCHED_KEY_BYTES`]; a row's scores
+/// pass (while their padded scores fit [`BATCHED_SCORE_BYTES`]; a row's scores
 /// past its visible count are −∞, so the padding never changes a pick:
 /// with k ≥ an entry's entries every one is picked either way, the visible
 /// ones ascending, then −1), the others one entry at a time.
@@ -925,8 +929,7 @@ fn prepare_index(
         .max()
         .unwrap_or(0);
     let rows: usize = batched(&in_batch).iter().map(|&(e, _)| e.len).sum();
-    let key_bytes = ops::index_key_row_nibbles(ic.head_dim) / 2;
-    if rows.saturating_mul(widest).saturating_mul(key_bytes) > BATCHED_KEY_BYTES {
+    if rows.saturating_mul(widest).saturating_mul(2) > BATCHED_SCORE_BYTES {
         in_batch.fill(false);
     }
     let mut batched_pass = None;
@@ -946,9 +949,8 @@ fn prepare_index(
             .into_iter()
             .map(|p| i32_of("key page", p))
             .collect::<Result<Vec<i32>>>()?;
-        let n_blocks = blocks.len();
-        let blocks = pool.inputs().upload(blocks, &[n_blocks], &device)?;
         let tb = rows.len();
+        let blocks = pool.inputs().upload(blocks, &[tb, width], &device)?;
         let visible = pool.inputs().upload(visible, &[tb], &device)?;
         // The lists' width, a launch parameter no upload's shape gives.
         pool.inputs().fix(k);
@@ -956,7 +958,6 @@ fn prepare_index(
             rows,
             all,
             blocks,
-            width,
             visible,
             k,
         }));

@@ -31,7 +31,10 @@ pub use candidates::{
     index_reindex_topk, index_reindex_topk_into,
 };
 pub use keys::{index_key_quant, index_key_quant_into};
-pub use scores::{index_scores, index_scores_into, index_scores_into_with};
+pub use scores::{
+    index_scores, index_scores_into, index_scores_into_with, index_scores_paged,
+    index_scores_paged_with,
+};
 pub use topk::{index_topk, index_topk_into};
 
 use crate::dtype::DType;

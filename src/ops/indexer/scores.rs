@@ -96,6 +96,140 @@ pub fn index_scores_into_with(
     }
 }
 
+pub(super) const PAGED: &str = "index_scores_paged";
+
+/// [`index_scores`] of each query row against its own keys read in place
+/// from a paged pool: `key_pool` `[rows, R]` holds pages of `page_rows`
+/// keys, and row b scores the n = width · page_rows keys of its pages
+/// `pages[b]` (I32 `[batch, width]`) in order: key t is pool row
+/// `pages[b][t / page_rows] · page_rows + t % page_rows`. No key is copied
+/// (a batched decode's indexer reads every sequence's keys through its
+/// block table). A key at or past `visible[b]`, or on a page outside the
+/// pool's whole pages (negative, or at or past rows / page_rows), scores
+/// −∞ and is not read. Returns BF16 `[batch, n]`.
+pub fn index_scores_paged(
+    q: &Tensor,
+    w: &Tensor,
+    key_pool: &Tensor,
+    pages: &Tensor,
+    page_rows: usize,
+    visible: &Tensor,
+) -> Result<Tensor> {
+    index_scores_paged_with(q, w, key_pool, pages, page_rows, visible, ScoreKernel::Auto)
+}
+
+/// [`index_scores_paged`] with an explicit CUDA kernel (tests and benches;
+/// the tensor-core kernel needs `page_rows` a multiple of 32).
+pub fn index_scores_paged_with(
+    q: &Tensor,
+    w: &Tensor,
+    key_pool: &Tensor,
+    pages: &Tensor,
+    page_rows: usize,
+    visible: &Tensor,
+    kernel: ScoreKernel,
+) -> Result<Tensor> {
+    pages.expect_dtype(PAGED, "pages", DType::I32)?;
+    if page_rows == 0 {
+        return Err(crate::error::Error::Argument {
+            op: PAGED,
+            arg: "page_rows",
+            value: "0".into(),
+            why: "must be positive",
+        });
+    }
+    // The pool as one cache shared by every row: dtype, row and device checks.
+    let (device, mut s) = validate_scores(q, w, key_pool, visible)?;
+    if s.per_row_keys {
+        return Err(shape_error(
+            PAGED,
+            "key_pool",
+            key_pool,
+            "[rows, R] (one pool of index-key rows)".into(),
+        ));
+    }
+    common_device(PAGED, &[("q", q), ("pages", pages)])?;
+    let width = match *pages.shape() {
+        [b, w] if b == s.batch => w,
+        _ => {
+            return Err(shape_error(
+                PAGED,
+                "pages",
+                pages,
+                format!("[{}, width] (q's batch)", s.batch),
+            ));
+        }
+    };
+    let pool_pages = s.n / page_rows;
+    s.n = width
+        .checked_mul(page_rows)
+        .filter(|&n| n <= i32::MAX as usize)
+        .ok_or_else(|| {
+            shape_error(
+                PAGED,
+                "pages",
+                pages,
+                format!("width × page_rows ({page_rows}) below 2^31 keys"),
+            )
+        })?;
+    let mut out = Tensor::empty(&device, DType::BF16, &[s.batch, s.n])?;
+    match device {
+        Device::Cpu => {
+            // The reference: every row's keys gathered (zero rows for a page
+            // outside the pool), scored as a per-row cache, then −∞ on the
+            // keys of those pages.
+            let list = pages.as_slice::<i32>()?;
+            let mut gathered = Vec::with_capacity(s.batch);
+            for b in 0..s.batch {
+                let row = Tensor::from_vec(list[b * width..(b + 1) * width].to_vec(), &[width])?;
+                let keys = crate::ops::gather_blocks(key_pool, page_rows, &row)?;
+                gathered.push(keys.reshape(&[1, s.n, key_pool.shape()[1]])?);
+            }
+            let refs: Vec<&Tensor> = gathered.iter().collect();
+            let keys = if refs.is_empty() {
+                Tensor::empty(&device, DType::F4E2M1x2, &[0, s.n, key_pool.shape()[1]])?
+            } else {
+                Tensor::cat_rows(&refs)?
+            };
+            index_scores_into_with(q, w, &keys, visible, &mut out, kernel)?;
+            let o = out.as_mut_slice::<bf16>()?;
+            for b in 0..s.batch {
+                for (c, &pg) in list[b * width..(b + 1) * width].iter().enumerate() {
+                    if usize::try_from(pg).map_or(true, |p| p >= pool_pages) {
+                        let at = b * s.n + c * page_rows;
+                        o[at..at + page_rows].fill(bf16::NEG_INFINITY);
+                    }
+                }
+            }
+            Ok(out)
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => {
+            crate::cuda_backend::indexer::index_scores_paged(
+                &dev,
+                q,
+                w,
+                key_pool,
+                visible,
+                &mut out,
+                s,
+                kernel,
+                crate::cuda_backend::indexer::ScorePages {
+                    pages,
+                    page_rows,
+                    pool_pages,
+                },
+            )?;
+            Ok(out)
+        }
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => {
+            let _ = (kernel, pool_pages);
+            Err(crate::ops::kernels_not_built(PAGED, &d))
+        }
+    }
+}
+
 pub(super) fn validate_scores(
     q: &Tensor,
     w: &Tensor,
