@@ -585,3 +585,62 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
         st.replayed
     );
 }
+
+/// The engine on the GPU samples the same tokens and log-probabilities with
+/// CUDA-graph decode as without (`EngineConfig::cuda_graphs`): five
+/// requests, two at a time (so requests are admitted and freed between
+/// graphed decode steps, which reshapes the step's uploads), greedy and
+/// sampled, 24 tokens each (6 under DEEPINFER_QUICK).
+#[test]
+fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
+    use deepinfer::engine::{Engine, EngineConfig, SamplingParams};
+    let mut rng = common::rng("cuda_engine_graphs");
+    let seed: u64 = rng.random();
+    let tokens = if std::env::var_os("DEEPINFER_QUICK").is_some() {
+        6
+    } else {
+        24
+    };
+    let engine = |graphs: bool| {
+        let (model, _) = common::tiny::tiny_model_on(seed, &gpu());
+        Engine::new(
+            model,
+            EngineConfig {
+                max_seqs: 2,
+                max_context: 96,
+                page_rows: 16,
+                cuda_graphs: graphs,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let (on, off) = (engine(true), engine(false));
+    let vocab = on.model.cfg.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..5)
+        .map(|_| {
+            (0..rng.random_range(3..20))
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        })
+        .collect();
+    let params: Vec<SamplingParams> = (0..5)
+        .map(|i| SamplingParams {
+            temperature: [0.0, 0.8, 0.0, 1.2, 0.6][i],
+            max_tokens: tokens,
+            seq_seed: rng.random(),
+            logprobs: true,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let (a, b) = (
+        on.generate(&prompts, &params),
+        off.generate(&prompts, &params),
+    );
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert_eq!(a.tokens, b.tokens, "request {i}");
+        assert_eq!(a.logprobs, b.logprobs, "request {i}");
+        assert_eq!(a.tokens.len(), tokens, "request {i}");
+    }
+}

@@ -67,6 +67,11 @@ pub struct EngineConfig {
     pub yoco_mode: YocoMode,
     /// The tail that compact prefill replays through the late layers.
     pub yoco_keep_tokens: usize,
+    /// Plain decode steps on a CUDA device replay a CUDA graph of their
+    /// device half (`Model::decode_graphed`: the same logits, bit for bit,
+    /// as the eager step). Ignored on the CPU and under speculative
+    /// decoding (its steps verify several tokens a sequence).
+    pub cuda_graphs: bool,
 }
 
 impl Default for EngineConfig {
@@ -82,6 +87,7 @@ impl Default for EngineConfig {
             nextn: 0,
             yoco_mode: YocoMode::Exact,
             yoco_keep_tokens: 140,
+            cuda_graphs: true,
         }
     }
 }

@@ -38,6 +38,7 @@ pub use sampling::{Sample, SamplingParams, logprob, sample_row};
 pub use structured::{Constraint, Grammars, SchemaType, StructuredOutput};
 pub use verify::{SpecCosts, SpecStats};
 
+use crate::device::Device;
 use crate::model::forward::{Capture, Model, SeqInput};
 use crate::model::pool::{PoolConfig, PoolMemory, SeqId, StatePool, step_headroom};
 use crate::model::runner::load_model_and_drafter;
@@ -483,6 +484,9 @@ impl Engine {
         let cap = self.config.max_seqs.max(1);
         // Under speculative decoding, one drafter seed per admitted request.
         let mut seeds = spec::Seeds::default();
+        // Plain decode steps on a GPU replay a graph of their device half.
+        let graphed = self.config.cuda_graphs && matches!(self.model.device(), Device::Cuda(_));
+        let mut graph = crate::model::graph::DecodeGraph::new();
         let mut freed: Vec<bool> = Vec::with_capacity(which.len());
         let mut next = 0;
         loop {
@@ -533,7 +537,11 @@ impl Engine {
                         tokens: t,
                     })
                     .collect();
-                let out = self.model.step(pool, &inputs, Capture::default())?;
+                let out = if graphed {
+                    self.model.decode_graphed(pool, &inputs, &mut graph)?
+                } else {
+                    self.model.step(pool, &inputs, Capture::default())?
+                };
                 let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
                 self.sample(&out.logits, &rows, live, params, prompts, on_token)?;
             }

@@ -59,6 +59,10 @@ pub struct EngineArgs {
     /// DEEPINFER_YOCO_PREFILL_KEEP_TOKENS.
     #[arg(long, value_name = "N")]
     pub yoco_keep_tokens: Option<String>,
+    /// Replay plain decode steps on a CUDA device from a CUDA graph (0/1,
+    /// default 1; the same logits bit for bit).
+    #[arg(long, value_name = "0|1")]
+    pub cuda_graphs: Option<String>,
 }
 
 impl EngineArgs {
@@ -97,6 +101,9 @@ impl EngineArgs {
         }
         if let Some(v) = &self.yoco_keep_tokens {
             c.yoco_keep_tokens = parse_count("--yoco-keep-tokens", v)?;
+        }
+        if let Some(v) = &self.cuda_graphs {
+            c.cuda_graphs = parse_flag("--cuda-graphs", v)?;
         }
         Ok(c)
     }
