@@ -609,6 +609,8 @@ fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
                 max_seqs: 2,
                 max_context: 96,
                 page_rows: 16,
+                // Not the whole device: the sanitizers need memory too.
+                pool_memory: Some(256 << 20),
                 cuda_graphs: graphs,
                 ..EngineConfig::default()
             },

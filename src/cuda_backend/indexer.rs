@@ -81,25 +81,6 @@ pub fn score_smem_bytes(heads: usize, dim: usize) -> usize {
     4 * (heads * dim + heads)
 }
 
-/// Index scores of `q` against `keys` into BF16 `scores` `[batch, n]` with
-/// the chosen kernel: [`ScoreKernel::Auto`] takes the tensor-core kernel when
-/// it applies (dim 128, heads ≤ 32, keys 4-byte aligned) and the exact SIMT
-/// kernel otherwise; [`ScoreKernel::Tensor`] on a shape it cannot take is a
-/// typed error. Both kernels are bitwise the CPU reference.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn index_scores(
-    dev: &CudaDevice,
-    q: &Tensor,
-    w: &Tensor,
-    keys: &Tensor,
-    visible: &Tensor,
-    scores: &mut Tensor,
-    s: ScoreShape,
-    kernel: ScoreKernel,
-) -> Result<()> {
-    scores_launch(dev, (q, w, keys, visible), scores, s, kernel, None)
-}
-
 /// The pages of `ops::index_scores_paged`: I32 `[batch, width]` page numbers
 /// of a key pool of `pool_pages` pages of `page_rows` keys.
 #[derive(Clone, Copy)]
@@ -109,25 +90,14 @@ pub(crate) struct ScorePages<'a> {
     pub pool_pages: usize,
 }
 
-/// [`index_scores`] over the key pool `keys` read through `pages` (each
-/// batch row's n = width · page_rows keys); the tensor-core kernel needs
-/// page_rows a multiple of its 32-key tile.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn index_scores_paged(
-    dev: &CudaDevice,
-    q: &Tensor,
-    w: &Tensor,
-    keys: &Tensor,
-    visible: &Tensor,
-    scores: &mut Tensor,
-    s: ScoreShape,
-    kernel: ScoreKernel,
-    pages: ScorePages<'_>,
-) -> Result<()> {
-    scores_launch(dev, (q, w, keys, visible), scores, s, kernel, Some(pages))
-}
-
-fn scores_launch(
+/// Index scores of `q` against `keys` into BF16 `scores` `[batch, n]` with
+/// the chosen kernel; with `paged`, `keys` is a pool read through the pages
+/// (each batch row's n = width · page_rows keys). [`ScoreKernel::Auto`]
+/// takes the tensor-core kernel when it applies (dim 128, heads ≤ 32, keys
+/// 4-byte aligned, pages of whole 32-key tiles) and the exact SIMT kernel
+/// otherwise; [`ScoreKernel::Tensor`] on a shape it cannot take is a typed
+/// error. Both kernels are bitwise the CPU reference.
+pub(crate) fn index_scores(
     dev: &CudaDevice,
     (q, w, keys, visible): (&Tensor, &Tensor, &Tensor, &Tensor),
     scores: &mut Tensor,

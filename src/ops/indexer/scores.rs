@@ -85,9 +85,14 @@ pub fn index_scores_into_with(
             Ok(())
         }
         #[cfg(deepinfer_cuda)]
-        Device::Cuda(dev) => {
-            crate::cuda_backend::indexer::index_scores(&dev, q, w, keys, visible, out, s, kernel)
-        }
+        Device::Cuda(dev) => crate::cuda_backend::indexer::index_scores(
+            &dev,
+            (q, w, keys, visible),
+            out,
+            s,
+            kernel,
+            None,
+        ),
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => {
             let _ = kernel;
@@ -205,20 +210,17 @@ pub fn index_scores_paged_with(
         }
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) => {
-            crate::cuda_backend::indexer::index_scores_paged(
+            crate::cuda_backend::indexer::index_scores(
                 &dev,
-                q,
-                w,
-                key_pool,
-                visible,
+                (q, w, key_pool, visible),
                 &mut out,
                 s,
                 kernel,
-                crate::cuda_backend::indexer::ScorePages {
+                Some(crate::cuda_backend::indexer::ScorePages {
                     pages,
                     page_rows,
                     pool_pages,
-                },
+                }),
             )?;
             Ok(out)
         }
