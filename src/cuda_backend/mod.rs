@@ -18,7 +18,7 @@ pub(crate) mod kv_rows;
 mod moe;
 mod random;
 mod rms_norm;
-mod scratch;
+pub(crate) mod scratch;
 pub(crate) mod sparse_mqa;
 mod tilelang;
 mod tilelang_mhc;

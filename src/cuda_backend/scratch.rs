@@ -23,6 +23,17 @@ pub(super) struct Scratch {
     tickets: Option<CudaBuffer>,
 }
 
+/// Buffers replaced so far, any stream: a CUDA graph that captured a
+/// launch reading the scratch holds its old address, so a graph is replayed
+/// only while this is unchanged since its capture (`model::graph`).
+static REPLACED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many scratch buffers have been replaced (freed for a larger one) so
+/// far: a graph captured before a replacement may hold a freed address.
+pub fn generation() -> u64 {
+    REPLACED.load(std::sync::atomic::Ordering::Acquire)
+}
+
 /// Scratch by stream (the address of the stream object, kept alive by the
 /// buffers' device handles).
 static SCRATCH: LazyLock<Mutex<HashMap<usize, Scratch>>> =
@@ -84,6 +95,9 @@ fn ensure<'s>(
         // it replaces freed there: a graph is captured after a step of its
         // shapes ran eagerly (`model::graph`), which grew the scratch.
         dev.refuse_in_capture("growing the split-K scratch")?;
+        if slot.is_some() {
+            REPLACED.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
         *slot = None;
         *slot = Some(if zeroed {
             dev.zeroed(bytes)?

@@ -122,6 +122,7 @@ impl Model {
         pool: &mut StatePool,
         reqs: &[SeedRequest],
     ) -> Result<()> {
+        let _launching = self.launching();
         let width = self.cfg.dspark.target_layers.len() * self.cfg.hidden_size;
         let mut positions = Vec::new();
         for (k, r) in reqs.iter().enumerate() {
@@ -237,6 +238,7 @@ impl Model {
         pool: &mut StatePool,
         reqs: &mut [DraftRequest],
     ) -> Result<Vec<Draft>> {
+        let _launching = self.launching();
         if reqs.is_empty() {
             return Ok(Vec::new());
         }

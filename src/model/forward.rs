@@ -62,6 +62,12 @@ pub struct Model {
     /// This model among the process's (`model::graph` replays a graph only
     /// for the model that captured it).
     pub(super) id: u64,
+    /// Held for reading by every entry point that launches the model's
+    /// work (`step_shaped`, the drafter's `dspark_seed_batch` and
+    /// `dspark_draft_batch`, `decode_graphed`), and for writing while
+    /// `model::graph` captures a step: no other thread's launches on the
+    /// model's stream join a capture.
+    pub(super) launches: std::sync::RwLock<()>,
 }
 
 /// One sequence's new tokens in a step.
@@ -246,6 +252,7 @@ impl Model {
             weights,
             moe_layout: MoeLayout::Auto,
             id: MODELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            launches: std::sync::RwLock::new(()),
         })
     }
 
@@ -402,8 +409,17 @@ impl Model {
         shapes: &[EntryShape],
         capture: Capture,
     ) -> Result<StepOutput> {
+        let _launching = self.launching();
         let p = self.prepare_step(pool, inputs, shapes)?;
         self.run_prepared(pool, &p, capture)
+    }
+
+    /// The read side of [`Model::launches`] (a poisoned lock only means a
+    /// step panicked; the model's weights are unchanged).
+    pub(super) fn launching(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.launches
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The device half of the prepared step `p`, launched eagerly, its

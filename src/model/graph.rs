@@ -38,6 +38,22 @@ struct Key {
     model: u64,
     arena: StepInputs,
     signature: Vec<UploadKey>,
+    /// The split-K scratch's generation (`cuda_backend::scratch`): the GEMM
+    /// launches a graph captured read the scratch at its address then, which
+    /// a later eager step may have freed for a larger buffer.
+    scratch: u64,
+}
+
+/// The scratch generation of a CUDA build (0 otherwise: no graph runs).
+fn scratch_generation() -> u64 {
+    #[cfg(deepinfer_cuda)]
+    {
+        crate::cuda_backend::scratch::generation()
+    }
+    #[cfg(not(deepinfer_cuda))]
+    {
+        0
+    }
 }
 
 impl PartialEq for StepInputs {
@@ -152,6 +168,7 @@ impl Model {
                 ));
             }
         }
+        let launching = self.launching();
         let start = std::time::Instant::now();
         let p = self.prepare_step(pool, inputs, &[])?;
         graph.stats.host += start.elapsed();
@@ -159,6 +176,7 @@ impl Model {
             model: self.id,
             arena: pool.inputs().clone(),
             signature: pool.inputs().signature(),
+            scratch: scratch_generation(),
         };
         let seen = graph.last.replace(key.clone()).is_some_and(|k| k == key);
         let current = graph.captured.as_ref().is_some_and(|c| c.key == key);
@@ -177,7 +195,16 @@ impl Model {
                 slot => {
                     // The old graph's memory goes before the new one's.
                     *slot = None;
-                    match self.capture_decode(cuda, &p, pool, key.clone()) {
+                    // No other thread's launches may join the capture: its
+                    // steps wait while this one is recorded.
+                    drop(launching);
+                    let capturing = self
+                        .launches
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let made = self.capture_decode(cuda, &p, pool, key.clone());
+                    drop(capturing);
+                    match made {
                         Ok(c) => {
                             graph.stats.captured += 1;
                             slot.insert(c)
@@ -220,7 +247,7 @@ impl Model {
         }
         #[cfg(not(deepinfer_cuda))]
         {
-            let _ = cuda;
+            let _ = (cuda, launching);
             Err(crate::ops::kernels_not_built("Model::decode_graphed", &device).into())
         }
     }
@@ -242,8 +269,10 @@ impl Model {
         let mut checks = crate::ops::DeviceChecks::held(cuda)?;
         let mut failed = None;
         // SAFETY: the capture records this thread's work on the device's
-        // stream, which only this thread uses while it runs (the model and
-        // pool are borrowed here). Everything the graph reads or writes
+        // stream, which no other step of this model uses while it runs (the
+        // caller holds `Model::launches` for writing; every entry point
+        // that launches the model's work holds it for reading), and the pool
+        // is borrowed exclusively here. Everything the graph reads or writes
         // outlives its launches: the weights (a replay needs this model's
         // id, and a model's weights live as long as it), the pool's device
         // tensors and the arena's slots (the key holds the arena, and a
