@@ -4,8 +4,9 @@
 //! arena), then replays a captured graph of the device half instead of
 //! launching its ~1,500 kernels one by one.
 //!
-//! A step's signature is the model, the pool's arena, and the step's
-//! uploads and fixed host values in order
+//! A step's signature is the model, the pool's arena, the split-K
+//! scratch's generation (`cuda_backend::scratch`), and the step's uploads
+//! and fixed host values in order
 //! ([`StepInputs::signature`](super::inputs::StepInputs::signature): dtype,
 //! shape and device address of each upload, and values such as a top-k
 //! width). A step whose signature is the captured graph's replays it. A
