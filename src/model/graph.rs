@@ -5,7 +5,7 @@
 //! launching its ~1,500 kernels one by one.
 //!
 //! A step's signature is the model, the pool's arena, the split-K
-//! scratch's generation (`cuda_backend::scratch`), and the step's uploads
+//! scratch's generation (`ops::gemm_scratch_generation`), and the step's uploads
 //! and fixed host values in order
 //! ([`StepInputs::signature`](super::inputs::StepInputs::signature): dtype,
 //! shape and device address of each upload, and values such as a top-k
@@ -39,22 +39,10 @@ struct Key {
     model: u64,
     arena: StepInputs,
     signature: Vec<UploadKey>,
-    /// The split-K scratch's generation (`cuda_backend::scratch`): the GEMM
+    /// The split-K scratch's generation (`ops::gemm_scratch_generation`): the GEMM
     /// launches a graph captured read the scratch at its address then, which
     /// a later eager step may have freed for a larger buffer.
     scratch: u64,
-}
-
-/// The scratch generation of a CUDA build (0 otherwise: no graph runs).
-fn scratch_generation() -> u64 {
-    #[cfg(deepinfer_cuda)]
-    {
-        crate::cuda_backend::scratch::generation()
-    }
-    #[cfg(not(deepinfer_cuda))]
-    {
-        0
-    }
 }
 
 impl PartialEq for StepInputs {
@@ -177,7 +165,7 @@ impl Model {
             model: self.id,
             arena: pool.inputs().clone(),
             signature: pool.inputs().signature(),
-            scratch: scratch_generation(),
+            scratch: crate::ops::gemm_scratch_generation(),
         };
         let seen = graph.last.replace(key.clone()).is_some_and(|k| k == key);
         let current = graph.captured.as_ref().is_some_and(|c| c.key == key);

@@ -99,6 +99,22 @@ use crate::tensor::Tensor;
 /// The handle returned is batch-invariant when any input's is
 /// ([`Device::batch_invariant`]), so the mode reaches the op, and the
 /// outputs it allocates, from whichever operand carries it.
+/// How many times the GEMMs' per-stream split-K scratch has been replaced
+/// by a larger buffer (the old one freed) in this process: a CUDA graph
+/// that captured a GEMM launch holds the scratch's address at its capture,
+/// so it may be replayed only while this is unchanged (`model::graph`).
+/// Always 0 without the CUDA kernels.
+pub fn gemm_scratch_generation() -> u64 {
+    #[cfg(deepinfer_cuda)]
+    {
+        crate::cuda_backend::scratch::generation()
+    }
+    #[cfg(not(deepinfer_cuda))]
+    {
+        0
+    }
+}
+
 pub(crate) fn common_device(
     op: &'static str,
     tensors: &[(&'static str, &Tensor)],
