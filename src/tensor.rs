@@ -631,6 +631,54 @@ impl Tensor {
         }
     }
 
+    /// Overwrites rows `row .. row + n` of `self` (rank ≥ 1) with `data`,
+    /// `n` whole rows of the tensor's dtype, where the tensor lives, keeping
+    /// its storage as [`Tensor::write_from`] does. Not inside a capture.
+    pub fn write_rows_from<T: Element>(&mut self, row: usize, data: &[T]) -> Result<()> {
+        const OP: &str = "Tensor::write_rows_from";
+        self.expect_dtype(OP, "self", T::DTYPE)?;
+        let rows = self.rows();
+        let per_row = self.numel().checked_div(rows).unwrap_or(0);
+        let n = data.len().checked_div(per_row).unwrap_or(0);
+        let fits = self.dtype != DType::F4E2M1x2
+            && self.shape.len() >= 1
+            && per_row > 0
+            && n * per_row == data.len()
+            && row.checked_add(n).is_some_and(|end| end <= rows);
+        if !fits {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "data",
+                got: vec![data.len()],
+                expected: format!(
+                    "whole rows of {per_row} values from row {row} of {:?} (not packed FP4)",
+                    self.shape
+                ),
+            });
+        }
+        match &mut self.storage {
+            Storage::Host(_) => {
+                self.as_mut_slice::<T>()?
+                    .get_mut(row * per_row..(row + n) * per_row)
+                    .ok_or_else(|| Error::Shape {
+                        op: OP,
+                        tensor: "data",
+                        got: vec![data.len()],
+                        expected: "rows inside the tensor".into(),
+                    })?
+                    .copy_from_slice(data);
+                Ok(())
+            }
+            Storage::Cuda(b) => {
+                let host = Tensor::from_vec(data.to_vec(), &[data.len()])?;
+                b.write_range(
+                    self.dtype.storage_bytes(row * per_row),
+                    &host.to_le_bytes()?,
+                )
+            }
+        }
+    }
+
     /// Copies the tensor to `device` (a clone when it is already there).
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         let storage = match (&self.storage, device) {

@@ -817,6 +817,32 @@ impl CudaBuffer {
             )))
     }
 
+    /// Overwrites bytes `d0 .. d0 + bytes.len()` of the buffer with host
+    /// bytes, in stream order, keeping its device address (not inside a
+    /// capture).
+    pub fn write_range(&mut self, d0: usize, bytes: &[u8]) -> Result<()> {
+        self.device
+            .refuse_in_capture("copying host bytes to the device")?;
+        let end = d0
+            .checked_add(bytes.len())
+            .filter(|&e| e <= self.len())
+            .ok_or_else(|| Error::Argument {
+                op: "CudaBuffer::write_range",
+                arg: "bytes",
+                value: format!("{} bytes at {d0}", bytes.len()),
+                why: "the range runs past the buffer",
+            })?;
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let stream = self.device.stream.clone();
+        let mut dst = self.slice.slice_mut(d0..end);
+        stream.memcpy_htod(bytes, &mut dst).map_err(driver(format!(
+            "copying {} bytes to the device",
+            bytes.len()
+        )))
+    }
+
     /// Copies the whole buffer back to the host (synchronises the stream;
     /// not inside a capture).
     pub fn download(&self) -> Result<Vec<u8>> {

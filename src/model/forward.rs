@@ -660,6 +660,9 @@ impl Model {
         truncated: bool,
     ) -> Result<(Vec<Option<AttentionStep>>, Option<Tails>)> {
         let late_start = self.late_layer_start();
+        // The sources' device tables: the rows of the step's sequences.
+        let seqs: Vec<SeqId> = b.entries.iter().map(|e| e.seq).collect();
+        pool.sync_tables(&seqs)?;
         let mut tails: Option<Tails> = None;
         // The (lists layer, KV source) pairs whose block tables a layer
         // already made, for the rows the step has now.

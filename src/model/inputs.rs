@@ -1,7 +1,10 @@
 //! Static per-step inputs (issue 11, `docs/graph-decode.md`): every host
-//! vector a step uploads (token ids, positions and owners, ring slots,
-//! block tables and bounds, compressor members, visible counts, Engram
-//! n-gram ids) goes through one arena, in the order the step makes them.
+//! vector a step uploads (token ids, positions and owners, ring slots, the
+//! rings' block tables, every table's bounds and sequence slots, compressor
+//! members, visible counts, Engram n-gram ids) goes through one arena, in
+//! the order the step makes them. The sources' block tables stay on the
+//! device (`pool::tables`) and enter the step's signature by
+//! [`StepInputs::note`].
 //! Upload i of a step reuses slot i's tensor when its dtype, shape and
 //! device match: the values are written into the storage it already has
 //! (`Tensor::write_from`; on a GPU the same device address, which a decode
@@ -107,6 +110,19 @@ impl StepInputs {
     /// not replayed.
     pub fn fix(&self, value: usize) {
         self.lock().keys.push(UploadKey::Value(value));
+    }
+
+    /// Records a device tensor that the step's device half reads in place
+    /// and the host half keeps up to date without an upload (the pool's
+    /// block tables): its dtype, shape and address are part of the step's
+    /// signature like an upload's, so a graph is replayed only while the
+    /// tensor it captured is still the one in use.
+    pub fn note(&self, t: &Tensor) {
+        self.lock().keys.push(UploadKey::Upload {
+            dtype: t.dtype(),
+            shape: t.shape().to_vec(),
+            address: t.address(),
+        });
     }
 
     /// Whether `other` is a handle on this same arena.

@@ -39,13 +39,16 @@ use crate::kv_format;
 use crate::model::error::Result;
 use crate::ops::{self, index_key_row_nibbles};
 use crate::tensor::Tensor;
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 
 mod rollback;
 mod sizing;
 mod snapshot;
+mod tables;
 pub use sizing::{CUDA_RESERVE_BYTES, PoolMemory, step_headroom, step_workspace_bytes};
 pub use snapshot::SeqSnapshot;
+pub(crate) use tables::TableKind;
 
 /// A sequence's handle in a [`StatePool`].
 pub type SeqId = u64;
@@ -348,6 +351,8 @@ pub struct StatePool {
     rings: usize,
     /// The steps' uploads (`model::inputs`): reused storage across steps.
     inputs: StepInputs,
+    /// The sources' block tables on the device (`tables`).
+    tables: tables::DeviceTables,
 }
 
 /// How many entries the Engram history keeps (the n-gram look-back).
@@ -386,8 +391,10 @@ impl StatePool {
         }
         let pr = pool.page_rows;
         let pending_rows = (pool.max_seqs * gated).max(1);
+        let owns_keys: Vec<bool> = sources.iter().map(|s| s.keys).collect();
         Ok(StatePool {
             inputs: StepInputs::new(),
+            tables: tables::DeviceTables::new(device, &owns_keys)?,
             cfg: pool,
             window: cfg.attention.window,
             n_layers: cfg.n_layers,
@@ -843,33 +850,8 @@ impl StatePool {
             .collect()
     }
 
-    /// The key pages of many score rows at once, as
-    /// `ops::index_scores_paged` reads them: row i gets the pages of the
-    /// first `n_i` keys of `rows[i] = (seq, n_i)`, padded (with its first
-    /// page) to the widest row's pages. Returns the lists, row after row,
-    /// and that width in pages. A score row reads only its first `n_i` keys
-    /// (its visible count never exceeds them), so the padding is never
-    /// scored.
-    pub(crate) fn key_blocks_rows(
-        &self,
-        layer: usize,
-        rows: &[(SeqId, usize)],
-    ) -> Result<(Vec<usize>, usize)> {
-        let mut lists = Vec::with_capacity(rows.len());
-        for &(seq, n) in rows {
-            lists.push(self.key_pages_of(seq, layer, n)?);
-        }
-        let width = lists.iter().map(Vec::len).max().unwrap_or(0);
-        let mut blocks = Vec::with_capacity(rows.len() * width);
-        for l in &lists {
-            let pad = l.first().copied().unwrap_or(0);
-            blocks.extend(l.iter().copied().chain(std::iter::repeat(pad)).take(width));
-        }
-        Ok((blocks, width))
-    }
-
     /// The first `n` index-key rows of the key pages `blocks` (a list of
-    /// [`StatePool::key_pages_of`] or [`StatePool::key_blocks_rows`]),
+    /// [`StatePool::key_pages_of`]),
     /// contiguous: `[n, 136]` on the pool's device, in one gather of whole
     /// pages (and one copy of a partial last page).
     pub(crate) fn gather_key_blocks(&self, blocks: &[usize], n: usize) -> Result<Tensor> {
@@ -882,7 +864,7 @@ impl StatePool {
     }
 
     /// The index-key pool: `[pages · page_rows, 136]` nibbles, read through
-    /// the pages of [`StatePool::key_blocks_rows`].
+    /// the pages of the sources' key tables ([`StatePool::gather_table`]).
     pub(crate) fn key_rows(&self) -> &Tensor {
         &self.key_pages.rows
     }
@@ -1074,17 +1056,50 @@ impl StatePool {
     /// The block tables of the entries of `layer`'s source for `seqs`, as
     /// [`ops::paged_rows`] reads them: entry j maps to its physical row in
     /// the compressed pool while j is below the sequence's entry count, else
-    /// to −1.
+    /// to −1. The pages are the device table's rows of the sequences'
+    /// slots ([`StatePool::sync_tables`] first), gathered by the device
+    /// half; only the slots and bounds are uploaded.
     pub(crate) fn source_tables(&self, seqs: &[SeqId], layer: usize) -> Result<StepTables> {
         let src = self.source(layer)?;
-        let rows = seqs
-            .iter()
-            .map(|&seq| {
-                let s = self.get(seq)?;
-                Ok((&s.entries[src], 0, s.n_entries[src]))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        self.upload_tables(&rows)
+        let mut bounds = Vec::with_capacity(seqs.len() * 3);
+        for &seq in seqs {
+            // The device table's column c is logical page c: first 0.
+            bounds.extend([0, 0, phys_i32(self.get(seq)?.n_entries[src])?]);
+        }
+        let device = self.device();
+        let slots = self.slots_of(seqs)?;
+        Ok(StepTables {
+            pages: TablePages::Device {
+                layer,
+                kind: TableKind::Entries,
+                slots: self.inputs.upload(slots, &[seqs.len()], &device)?,
+            },
+            bounds: self.inputs.upload(bounds, &[seqs.len(), 3], &device)?,
+            page_rows: self.cfg.page_rows,
+        })
+    }
+
+    /// The pages of `t` as its device half reads them: the uploaded table,
+    /// or the device table's rows of its slots, gathered.
+    pub(crate) fn step_pages<'a>(&self, t: &'a StepTables) -> Result<Cow<'a, Tensor>> {
+        Ok(match &t.pages {
+            TablePages::Uploaded(p) => Cow::Borrowed(&**p),
+            TablePages::Device { layer, kind, slots } => {
+                Cow::Owned(self.gather_table(*layer, *kind, slots)?)
+            }
+        })
+    }
+
+    /// The rows `slots` (I32 `[n]`, [`StatePool::slots_of`]) of the device
+    /// table `kind` of `layer`'s source: I32 `[n, width]`, logical page c
+    /// in column c, −1 for none.
+    pub(crate) fn gather_table(
+        &self,
+        layer: usize,
+        kind: TableKind,
+        slots: &Tensor,
+    ) -> Result<Tensor> {
+        Ok(ops::gather_blocks(self.table(layer, kind)?, 1, slots)?)
     }
 
     /// Tables `[rows, widest]` (−1 padded) and bounds `[rows, 3]` of
@@ -1105,7 +1120,11 @@ impl StatePool {
         }
         let device = self.device();
         Ok(StepTables {
-            pages: self.inputs.upload(pages, &[rows.len(), width], &device)?,
+            pages: TablePages::Uploaded(self.inputs.upload(
+                pages,
+                &[rows.len(), width],
+                &device,
+            )?),
             bounds: self.inputs.upload(bounds, &[rows.len(), 3], &device)?,
             page_rows: self.cfg.page_rows,
         })
@@ -1114,15 +1133,28 @@ impl StatePool {
 
 /// One cache's block tables for a step's entries, on the pool's device.
 pub(crate) struct StepTables {
-    pages: Input,
+    pages: TablePages,
     bounds: Input,
     page_rows: usize,
 }
 
+/// Where a [`StepTables`]' pages come from.
+enum TablePages {
+    /// Uploaded for the step (the window rings: a few pages each).
+    Uploaded(Input),
+    /// The rows `slots` of a source's device table (`tables`).
+    Device {
+        layer: usize,
+        kind: TableKind,
+        slots: Input,
+    },
+}
+
 impl StepTables {
-    pub(crate) fn view(&self) -> ops::BlockTables<'_> {
+    /// The tables with their pages `pages` ([`StatePool::step_pages`]).
+    pub(crate) fn view<'a>(&'a self, pages: &'a Tensor) -> ops::BlockTables<'a> {
         ops::BlockTables {
-            pages: &self.pages,
+            pages,
             bounds: &self.bounds,
             page_rows: self.page_rows,
         }

@@ -7,7 +7,7 @@
 
 use deepinfer::model::batch::{Batch, Entry};
 use deepinfer::model::inputs::StepInputs;
-use deepinfer::{DType, Device, Error, Tensor};
+use deepinfer::{DType, Device, Error, Fp4x2, Tensor};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
@@ -83,6 +83,88 @@ pub fn write_from_overwrites_in_place(dev: &Device, rng: &mut StdRng) {
         b.write_from(&v).unwrap();
         same_bytes(&b, Tensor::from_vec(v, &[n]).unwrap(), "BF16");
     }
+}
+
+/// `write_rows_from` overwrites exactly the rows it is given (I32 and F32,
+/// first, middle and last rows, one row and several), leaves every other
+/// row as it was, and refuses a partial row, rows past the end, another
+/// dtype and packed FP4 with a typed error that changes nothing.
+pub fn write_rows_from_overwrites_only_its_rows(dev: &Device, rng: &mut StdRng) {
+    for (rows, width) in [(1usize, 1usize), (5, 3), (64, 17)] {
+        let mut want: Vec<i32> = (0..rows * width).map(|_| rng.random()).collect();
+        let mut t = Tensor::from_vec(want.clone(), &[rows, width])
+            .unwrap()
+            .to_device(dev)
+            .unwrap();
+        for (row, n) in [
+            (0, 1),
+            (rows - 1, 1),
+            (rows / 2, rows - rows / 2),
+            (0, rows),
+        ] {
+            let v: Vec<i32> = (0..n * width).map(|_| rng.random()).collect();
+            t.write_rows_from(row, &v).unwrap();
+            want[row * width..(row + n) * width].copy_from_slice(&v);
+            assert_eq!(
+                t.to_vec::<i32>().unwrap(),
+                want,
+                "I32 [{rows}, {width}] rows {row} + {n}"
+            );
+        }
+        let refused = |e: Error| {
+            assert!(
+                matches!(
+                    e,
+                    Error::Shape {
+                        op: "Tensor::write_rows_from",
+                        ..
+                    } | Error::DType {
+                        op: "Tensor::write_rows_from",
+                        ..
+                    }
+                ),
+                "{e}"
+            )
+        };
+        refused(t.write_rows_from(0, &vec![7i32; width + 1]).unwrap_err());
+        refused(t.write_rows_from(rows, &vec![7i32; width]).unwrap_err());
+        refused(
+            t.write_rows_from(usize::MAX, &vec![7i32; width])
+                .unwrap_err(),
+        );
+        refused(t.write_rows_from(0, &vec![7f32; width]).unwrap_err());
+        assert_eq!(t.to_vec::<i32>().unwrap(), want, "after refused writes");
+
+        let mut f = Tensor::full_f32(dev, &[rows, width], f32::NAN).unwrap();
+        let v: Vec<f32> = (0..width)
+            .map(|_| rng.random_range(-1e30f32..1e30))
+            .collect();
+        f.write_rows_from(rows - 1, &v).unwrap();
+        let got = f.to_vec::<f32>().unwrap();
+        assert!(got[..(rows - 1) * width].iter().all(|x| x.is_nan()));
+        assert_eq!(
+            got[(rows - 1) * width..]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect::<Vec<_>>(),
+            v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "F32 last row"
+        );
+    }
+    // Packed FP4 `[4, 8]`: a row is 8 values in 4 bytes; refused whole.
+    let mut p = Tensor::zeros(dev, DType::F4E2M1x2, &[4, 8]).unwrap();
+    let e = p.write_rows_from(0, &[Fp4x2(0x77); 8]).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            Error::Shape {
+                op: "Tensor::write_rows_from",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(p.to_le_bytes().unwrap().iter().all(|&b| b == 0));
 }
 
 /// The step arena (`model::inputs`): a second step of the same shapes

@@ -36,7 +36,7 @@ use crate::model::config::{AttentionPlan, CandidateConfig, LayerPlan, ModelConfi
 use crate::model::error::Result;
 use crate::model::inputs::Input;
 use crate::model::marks::Marks;
-use crate::model::pool::{PendingCopy, SeqId, StatePool, StepTables};
+use crate::model::pool::{PendingCopy, SeqId, StatePool, StepTables, TableKind};
 use crate::ops::{self, RowNorm, RowRope, RowsOut};
 use crate::tensor::Tensor;
 use std::borrow::Cow;
@@ -436,17 +436,19 @@ impl Attention {
             )
             .into());
         }
+        let window_pages = pool.step_pages(&step.window_tables)?;
         let window_idx = ops::paged_window_rows(
             &b.positions,
             &b.owners,
-            step.window_tables.view(),
+            step.window_tables.view(&window_pages),
             cfg.attention.window,
         )?;
         let key = plan.kv_source().zip(lists_layer(plan));
         if let (Some((src, ll)), Some(tables)) = (key, &step.source_tables)
             && let Some(lists) = published.lists_of(plan)
         {
-            let rows = ops::paged_rows(lists, &b.owners, tables.view())?;
+            let pages = pool.step_pages(tables)?;
+            let rows = ops::paged_rows(lists, &b.owners, tables.view(&pages))?;
             published.rows.insert((ll, src), rows);
         }
         let comp_idx = key.and_then(|(src, ll)| published.rows.get(&(ll, src)));
@@ -709,11 +711,15 @@ impl Attention {
         if let Some(bt) = batched {
             let pick = |t| pick_rows(t, bt.all, &bt.rows);
             let tb = bt.rows.len();
+            let src = plan
+                .kv_source()
+                .ok_or_else(|| missing(plan, "a sparse layer without a KV source"))?;
+            let pages = pool.gather_table(src, TableKind::Keys, &bt.slots)?;
             let scores = ops::index_scores_paged(
                 &*pick(&q)?,
                 &*pick(&w)?,
                 pool.key_rows(),
-                &bt.blocks,
+                &pages,
                 pool.config().page_rows,
                 &bt.visible,
             )?;
@@ -838,15 +844,15 @@ enum IndexStep {
 }
 
 /// The one score pass of the entries of at most [`BATCHED_TOKENS`] tokens:
-/// every token a row against its entry's keys, padded to the widest
-/// entry's pages.
+/// every token a row against its entry's keys, through the source's key
+/// table (as wide as the widest live sequence's).
 struct BatchedIndex {
     /// The step rows it scores, in batch order (`all`: every row).
     rows: Vec<usize>,
     all: bool,
-    /// I32 `[rows, width]`: the key pages of every row
-    /// ([`StatePool::key_blocks_rows`]), which the scores read in place.
-    blocks: Input,
+    /// I32 `[rows]`: each row's sequence slot, whose row of the source's
+    /// device key table ([`StatePool::gather_table`]) the scores read.
+    slots: Input,
     /// I32 `[rows]`: each row's visible entries.
     visible: Input,
     /// The widest of its entries' k.
@@ -922,12 +928,10 @@ fn prepare_index(
             .filter_map(|((e, &nk), &on)| on.then_some((e, nk)))
             .collect()
     };
-    let pr = pool.config().page_rows.max(1);
-    let widest = batched(&in_batch)
-        .iter()
-        .map(|&(_, (n, _))| n.div_ceil(pr) * pr)
-        .max()
-        .unwrap_or(0);
+    // A batched row scores every key its table's width holds.
+    let widest = pool
+        .table_width(src, TableKind::Keys)?
+        .saturating_mul(pool.config().page_rows);
     let rows: usize = batched(&in_batch).iter().map(|&(e, _)| e.len).sum();
     if rows.saturating_mul(widest).saturating_mul(2) > BATCHED_SCORE_BYTES {
         in_batch.fill(false);
@@ -935,29 +939,26 @@ fn prepare_index(
     let mut batched_pass = None;
     let members = batched(&in_batch);
     if !members.is_empty() {
-        let (mut rows, mut key_rows, mut visible) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut rows, mut seqs, mut visible) = (Vec::new(), Vec::new(), Vec::new());
         let mut k = 0;
-        for &(e, (n, ke)) in &members {
+        for &(e, (_, ke)) in &members {
             rows.extend(e.row..e.row + e.len);
-            key_rows.extend(std::iter::repeat_n((e.seq, n), e.len));
+            seqs.extend(std::iter::repeat_n(e.seq, e.len));
             visible.extend(visible_of(e)?);
             k = k.max(ke);
         }
         let all = rows.len() == b.positions.rows();
-        let (blocks, width) = pool.key_blocks_rows(src, &key_rows)?;
-        let blocks = blocks
-            .into_iter()
-            .map(|p| i32_of("key page", p))
-            .collect::<Result<Vec<i32>>>()?;
         let tb = rows.len();
-        let blocks = pool.inputs().upload(blocks, &[tb, width], &device)?;
+        let slots = pool
+            .inputs()
+            .upload(pool.slots_of(&seqs)?, &[tb], &device)?;
         let visible = pool.inputs().upload(visible, &[tb], &device)?;
         // The lists' width, a launch parameter no upload's shape gives.
         pool.inputs().fix(k);
         batched_pass = Some(Box::new(BatchedIndex {
             rows,
             all,
-            blocks,
+            slots,
             visible,
             k,
         }));
