@@ -27,10 +27,12 @@
 //! (calc_diff < 1e-3: its K split over warps orders the block sums
 //! differently), with odd K/32 (a half-used last block pair), 9..16 tokens
 //! (the second token mma) and repeat runs bitwise equal; the other cases
-//! must return its typed error. Masked V6 (max_m ≤ 16, N % 64 == 0, K % 256
-//! == 0: `v6_layout`) is held to the same checks. For both, an expert's
-//! rows keep their bits when another expert's count changes (batch
-//! invariance).
+//! must return its typed error. Masked V6 (N % 64 == 0, K % 256 == 0, any
+//! max_m: past 16 tokens an expert's rows go in windows of 16, `v6_layout`)
+//! is held to the same checks, with windows over more experts than its
+//! threads rank at once. For both, an expert's rows keep their bits when
+//! another expert's count changes (batch invariance); V6's first window
+//! keeps its bits when the others are cut.
 #![cfg(deepinfer_cuda)]
 
 mod common;
@@ -274,6 +276,8 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         case(5, 16, 128, 768),
         case(7, 8, 192, 512),
         case(6, 4, 8192, 256),
+        // V6 token windows (max_m > 16: up to 3 windows of 16 an expert).
+        case(6, 40, 128, 512),
     ];
     // More than 128 experts (the kernel ranks them 128 at a time), mostly
     // empty as in decode.
@@ -284,6 +288,15 @@ fn masked_cases(rng: &mut StdRng) -> Vec<Masked> {
         }
     }
     v.push(many);
+    // V6 windows over more experts than its 544 threads rank at once,
+    // mostly empty, a few past one window.
+    let mut wide = case(700, 24, 64, 256);
+    for (i, c) in wide.counts.iter_mut().enumerate() {
+        if i % 97 != 3 && i != 699 {
+            *c = 0;
+        }
+    }
+    v.push(wide);
     if !quick() {
         v.push(case(8, 8, 2304, 5120));
         v.push(case(16, 64, 2304, 5120));
@@ -387,6 +400,26 @@ fn mxfp4_grouped_masked_matches_the_cpu_reference() {
                             all[valid.clone()] == without[valid],
                             "{rep}: expert {x} changes with expert 1's count"
                         );
+                    }
+                    // V6 windows: with every count cut to one window, the
+                    // first window's rows keep their bits (a window's sums
+                    // do not depend on the others).
+                    if version == SkinnyVersion::V6 && max_m > 16 {
+                        let one: Vec<i32> = case.counts.iter().map(|&c| c.min(16)).collect();
+                        let one = host(one, &[e]).to_device(&device).unwrap();
+                        let mut first = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+                        mxfp4_grouped_masked_with(
+                            &dev, &a, &a_s, &b, &b_s, &one, &mut first, version,
+                        )
+                        .unwrap();
+                        let first = bits(&first);
+                        for (x, &r) in rows.iter().enumerate() {
+                            let valid = x * max_m * n..(x * max_m + r.min(16)) * n;
+                            assert!(
+                                all[valid.clone()] == first[valid],
+                                "{rep}: expert {x}'s first window changes with its others"
+                            );
+                        }
                     }
                 }
                 let (got, poison) = download(&out);

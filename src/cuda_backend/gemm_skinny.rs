@@ -202,16 +202,19 @@ pub struct V6Launch {
 }
 
 /// The V6 masked launch for `experts` × `max_m` tokens, N, K, or `None`
-/// where V6 does not apply (max_m > 16, N % 64 != 0, K % 256 != 0,
-/// experts · N ≥ 2^31 rows, or fewer than 2 stages fit). The host twin of `skinny_v6::Layout`, plus 1024
-/// bytes of slack for the kernel's 1024-byte alignment of its base: barriers
-/// (2 × 8 × 8 B), the E8M0 table (1 KiB), the expert list (4 B each, rounded
-/// to 16), the tokens (nt × K e4m3, 1024-aligned), their fp32 scales (K/32 ×
-/// nt × 4, rounded to 16), two partial buffers (2 × 4 × 64 × nt × 4), then
+/// where V6 does not apply (N % 64 != 0, K % 256 != 0, experts · N ≥ 2^31
+/// rows, or fewer than 2 stages fit). The token tile nt is 8 for max_m ≤ 8,
+/// else 16, and an expert's rows go in windows of nt (W = ⌈max_m / nt⌉
+/// windows at most, each a work item). The host twin of
+/// `skinny_v6::Layout`, plus 1024 bytes of slack for the kernel's 1024-byte
+/// alignment of its base: barriers (2 × 8 × 8 B), the E8M0 table (1 KiB),
+/// the work list (4 B per item, experts × W items, rounded to 16), the
+/// tokens (nt × K e4m3, 1024-aligned), their fp32 scales (K/32 × nt × 4,
+/// rounded to 16), two partial buffers (2 × 4 × 64 × nt × 4), then
 /// (1024-aligned) the stages of two 64 × 128-byte TMA boxes + 64 × 16 scale
 /// bytes.
 pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6Launch> {
-    if max_m == 0 || max_m > 16 || !n.is_multiple_of(64) || !k.is_multiple_of(256) {
+    if max_m == 0 || !n.is_multiple_of(64) || !k.is_multiple_of(256) {
         return None;
     }
     // The TMA box's row coordinate is an i32: every row of b must have one.
@@ -219,9 +222,12 @@ pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6L
         return None;
     }
     let nt = if max_m <= 8 { 8 } else { 16 };
+    // The kernel numbers items (e · W + j) and their list bytes in i32.
+    let items = experts.checked_mul(max_m.div_ceil(nt))?;
+    i32::try_from(items.checked_mul(4)?).ok()?;
     let a16 = |v: usize| v.next_multiple_of(16);
     let list = 16 * V6_MAX_STAGES + 1024;
-    let act = (list + a16(experts.checked_mul(4)?)).next_multiple_of(1024);
+    let act = (list + a16(items * 4)).next_multiple_of(1024);
     let fixed = (act + nt * k + a16(k / 32 * nt * 4) + 2 * 4 * 64 * nt * 4).next_multiple_of(1024);
     let stage = 2 * 64 * 128 + 64 * 16;
     let stages = SMEM_LIMIT.checked_sub(fixed + 1024)? / stage;
@@ -427,7 +433,7 @@ pub fn mxfp8_gemm_skinny_with(
 /// Masked MoE GEMM for decode, FP8 activations × FP4 expert weights: for
 /// every expert e and row r < clamp(counts[e], 0, max_m),
 /// `out[e, r, :] = A[e, r, :] · B[e]ᵀ`. Runs V6 where [`v6_layout`] takes
-/// the shape, else V3 where [`v3_layout`] does and max_m ≤ 8 (or ≤ 16 for
+/// the shape (any max_m: windows of 16 tokens past 16), else V3 where [`v3_layout`] does and max_m ≤ 8 (or ≤ 16 for
 /// K > 2560), else the [`masked_version`] kernels. V3 and V6 sum their K
 /// blocks in other orders than V1/V2 and each other (calc_diff-equal, not
 /// bitwise), so at the max_m where the choice changes a token's result may
@@ -451,7 +457,8 @@ pub fn mxfp4_grouped_masked(
 ) -> Result<()> {
     let dim = |t: &Tensor, i: usize| t.shape().get(i).copied().unwrap_or(0);
     let (e, max_m, k, n) = (dim(a, 0), dim(a, 1), dim(a, 2), dim(b, 1));
-    // V6 where it applies (max_m <= 16, N % 64, K % 256): at one EP-64 rank
+    // V6 where it applies (N % 64, K % 256; past 16 tokens an expert in
+    // windows of 16, each streaming the expert's weights again): at one EP-64 rank
     // (6 experts, bench of 2026-12-03, 5577deb) w13 34.1 / 36.3 µs at 1 / 8
     // tokens vs V3 44.3 / 46.0, w2 18.5 / 19.9 vs 30.7 / 33.8. Else V3 up
     // to 8 tokens per expert and, for K > 2560 (its 16-row units), up to
@@ -708,8 +715,8 @@ fn masked_v6(
             op: OP,
             tensor: "b",
             got: b.shape().to_vec(),
-            expected: "for V6: max_m <= 16, N a multiple of 64, K a multiple of 256 and the \
-                       tokens plus two stages within shared memory"
+            expected: "for V6: N a multiple of 64, K a multiple of 256 and the work list, \
+                       tokens and two stages within shared memory"
                 .into(),
         });
     };
@@ -734,8 +741,8 @@ fn masked_v6(
         Swizzle::B128,
     )?;
     let params = di_masked_v6_params { b_map, p };
-    // One CTA per SM; units (64 rows of an active expert) split evenly.
-    let units = e * (n / 64);
+    // One CTA per SM; units (64 rows of an expert's window) split evenly.
+    let units = e * max_m.div_ceil(nt as usize) * (n / 64);
     let cfg = LaunchConfig {
         grid_dim: (u32_param("grid", dev.sm_count().min(units).max(1))?, 1, 1),
         block_dim: (V6_THREADS, 1, 1),
@@ -943,7 +950,12 @@ mod tests {
         assert_eq!(v6_layout(384, 16, 4608, 5120), l(16, 5, 216_064));
         // w2 (5120 × 2304), 6 experts, 1 token: stages at 39936, 8.
         assert_eq!(v6_layout(6, 1, 5120, 2304), l(8, 8, 180_224));
-        assert_eq!(v6_layout(6, 17, 5120, 2304), None);
+        // 17 tokens: two windows of 16 (the list 48 B, tokens at 2048),
+        // 36864 B of tokens, 4608 of scales, 32768 of partials: stages at
+        // 76800, 8 of them. 256 tokens at 384 experts: 6144 items (24576
+        // B, tokens at 26624), stages at 151552: 4.
+        assert_eq!(v6_layout(6, 17, 5120, 2304), l(16, 8, 217_088));
+        assert_eq!(v6_layout(384, 256, 4608, 5120), l(16, 4, 222_208));
         assert_eq!(v6_layout(6, 8, 4608 + 32, 5120), None);
         assert_eq!(v6_layout(6, 8, 4608, 2304 + 128), None);
         assert_eq!(v6_layout(6, 0, 4608, 5120), None);
