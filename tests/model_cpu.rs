@@ -164,8 +164,14 @@ fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
     let (mut model, _) = tiny_model(rng.random());
     // The CPU is batch-invariant: Auto runs the contiguous layout there.
     let cpu = deepinfer::Device::Cpu;
-    assert_eq!(MoeLayout::Auto.resolve(1, &cpu), MoeLayout::Contiguous);
-    assert_eq!(MoeLayout::Masked.resolve(4096, &cpu), MoeLayout::Masked);
+    assert_eq!(
+        MoeLayout::Auto.resolve(1, 8, 2, &cpu),
+        MoeLayout::Contiguous
+    );
+    assert_eq!(
+        MoeLayout::Masked.resolve(4096, 8, 2, &cpu),
+        MoeLayout::Masked
+    );
     let vocab = model.cfg.vocab_size;
     let n_seqs = 5;
     let lens: Vec<usize> = (0..n_seqs).map(|_| rng.random_range(20..70)).collect();

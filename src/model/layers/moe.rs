@@ -59,25 +59,46 @@ pub enum MoeLayout {
     /// (`moe_masked_*`, the masked FP4 GEMM, whose work follows the rows
     /// each expert holds rather than 128-row tiles).
     Masked,
-    /// Masked for steps of at most [`MASKED_MAX_TOKENS`] tokens on a device
-    /// that is not batch-invariant, contiguous otherwise.
+    /// On a device that is not batch-invariant, masked for steps of at
+    /// most 16 tokens, and for steps of up to [`MASKED_MAX_TOKENS`] while
+    /// the tokens an expert gets on average (top-k · T / experts) stay at
+    /// most [`MASKED_MAX_PER_EXPERT`]; contiguous otherwise.
     #[default]
     Auto,
 }
 
 /// The most tokens a step runs in the masked layout under
-/// [`MoeLayout::Auto`] (decode batches): the skinny masked FP4 kernels
-/// (V2, V3, V6) take at most 16 rows an expert, and the buffers hold T rows per
-/// expert, so they grow with T · experts.
-pub const MASKED_MAX_TOKENS: usize = 16;
+/// [`MoeLayout::Auto`] whatever its experts: its buffers hold T rows an
+/// expert (`[E, T, ·]`), so they grow with T · experts.
+pub const MASKED_MAX_TOKENS: usize = 256;
+
+/// The most tokens an expert gets on average (top-k · T / experts) in a
+/// step that [`MoeLayout::Auto`] runs masked; at most 16 tokens every step
+/// is masked. The masked kernel (V6) takes an expert's rows in windows of 16,
+/// each reading its weights again; the contiguous one pads every expert to
+/// 128-row tiles. Measured at one EP rank of V4.1-Flash (H200, 2026-12-04,
+/// `benches/results/2026-12-04-h200-model-sweep-masked-windows.json`
+/// against `…-device-tables.json`, routed experts per decode step):
+/// 8 tokens an expert 17.5 ms masked against 57.9 contiguous, 16: 13.1
+/// against 30.4, 32: 43.3 against 58.7, 64: 9.3 against 9.3 (6 experts)
+/// and 37.8 against 31.0 (24 experts), 256: 31.9 against 17.9.
+pub const MASKED_MAX_PER_EXPERT: usize = 32;
 
 impl MoeLayout {
-    /// The layout a step of `tokens` rows on `device` runs.
-    pub fn resolve(self, tokens: usize, device: &crate::device::Device) -> MoeLayout {
+    /// The layout a step of `tokens` rows, each routed to `top_k` of
+    /// `experts`, runs on `device`.
+    pub fn resolve(
+        self,
+        tokens: usize,
+        experts: usize,
+        top_k: usize,
+        device: &crate::device::Device,
+    ) -> MoeLayout {
+        let few = tokens <= 16
+            || (tokens <= MASKED_MAX_TOKENS
+                && tokens.saturating_mul(top_k) <= MASKED_MAX_PER_EXPERT.saturating_mul(experts));
         match self {
-            MoeLayout::Auto if tokens <= MASKED_MAX_TOKENS && !device.batch_invariant() => {
-                MoeLayout::Masked
-            }
+            MoeLayout::Auto if few && !device.batch_invariant() => MoeLayout::Masked,
             MoeLayout::Auto => MoeLayout::Contiguous,
             l => l,
         }
@@ -112,7 +133,10 @@ impl Moe {
             logits = ops::div_scalar(&logits, p.gate_temp)?;
         }
         let (ids, weights) = ops::moe_route(&logits, &self.bias, p.top_k, p.route_scale)?;
-        if p.layout.resolve(x.rows(), &x.device()) == MoeLayout::Masked {
+        if p.layout
+            .resolve(x.rows(), self.gate.out_dim(), p.top_k, &x.device())
+            == MoeLayout::Masked
+        {
             return self.masked(x, ids, &weights, p, marks);
         }
         let (_, offsets, perm) = ops::moe_layout(&ids, self.gate.out_dim())?;
