@@ -641,7 +641,7 @@ impl Tensor {
         let per_row = self.numel().checked_div(rows).unwrap_or(0);
         let n = data.len().checked_div(per_row).unwrap_or(0);
         let fits = self.dtype != DType::F4E2M1x2
-            && self.shape.len() >= 1
+            && !self.shape.is_empty()
             && per_row > 0
             && n * per_row == data.len()
             && row.checked_add(n).is_some_and(|end| end <= rows);
