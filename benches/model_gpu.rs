@@ -411,7 +411,10 @@ mod gpu {
     ) -> Value {
         let op = "v41_decode_step";
         let shape = json!({ "ep": ep, "batch": batch, "context": context });
-        let mut pool = match pool_for(h, model, batch, context + 16, 1) {
+        // Positions for the warm-up, timed, timing and the two pipelining
+        // runs' steps ([`pipelining`]).
+        let extra = WARM_STEPS + 3 * MAX_STEPS + 8;
+        let mut pool = match pool_for(h, model, batch, context + extra, 1) {
             Ok(p) => p,
             Err((why, need)) => return skipped(op, shape, why, need),
         };
@@ -500,6 +503,14 @@ mod gpu {
         let (ours_us, gpu_us) = (median(&mut wall), median(&mut gpu));
         // Sorted by `median`: the spread of the host-bound eager step.
         let (wall_min, wall_max) = (wall[0], wall[wall.len() - 1]);
+        let pipe = if graphed() {
+            match pipelining(h, model, &mut pool, &mut graph, &seqs, n) {
+                Ok(v) => v,
+                Err(e) => json!({ "error": e.to_string() }),
+            }
+        } else {
+            Value::Null
+        };
         let touched = touched_experts(&timed);
         let (kv, attn_flops) = attention_cost(model, context);
         let b = batch as f64;
@@ -524,10 +535,89 @@ mod gpu {
             "host_half_us": graph.stats.host.as_secs_f64() * 1e6 / (graph.stats.eager + graph.stats.refused + graph.stats.captured + graph.stats.replayed).max(1) as f64,
             "replay_device_us": graph.stats.replay_device.as_secs_f64() * 1e6 / graph.stats.replayed.max(1) as f64, "roofline_us": roof_us, "roofline_frac": roof_us / ours_us,
             "roofline": detail, "tokens_per_s_per_gpu": tps, "touched_experts": touched,
+            "pipelining": pipe,
             "families_us": families(&timed), "parts_us": parts(&timed), "page_rows": PAGE_ROWS,
             "bytes_formula": "dense weights (wo_a as BF16) + touched experts x expert bytes + batch x (window/compressed/index-key rows read + embedding row + Engram rows)",
             "flop_formula": "batch x (2 x (dense linear params + k x expert params) + 4 H hd x attended rows + 2 ih ihd x scored keys)",
         })
+    }
+
+    /// `n` graphed decode steps of `seqs` run twice after the timed ones:
+    /// serially (`Model::decode_graphed`: the host half of a step starts
+    /// once the previous step's device half is done) and pipelined (the
+    /// host half of step N+1, `Model::decode_prepare`, while step N runs:
+    /// launch, advance, prepare the next, wait), each as its wall time per
+    /// step and the device's idle time between steps (CUDA events, the
+    /// graph's statistics) as a share of the device's time. The tokens are
+    /// fixed in advance (a bench: no sampling between the steps).
+    fn pipelining(
+        h: &Harness,
+        model: &Model,
+        pool: &mut StatePool,
+        graph: &mut deepinfer::model::graph::DecodeGraph,
+        seqs: &[deepinfer::model::pool::SeqId],
+        n: usize,
+    ) -> deepinfer::model::error::Result<Value> {
+        let vocab = model.cfg.vocab_size as u32;
+        let tokens = |k: usize| -> Vec<[u32; 1]> {
+            (0..seqs.len() as u32)
+                .map(|i| [(i * 7919 + k as u32 * 15_485_863) % vocab])
+                .collect()
+        };
+        fn inputs<'a>(
+            seqs: &[deepinfer::model::pool::SeqId],
+            t: &'a [[u32; 1]],
+        ) -> Vec<SeqInput<'a>> {
+            seqs.iter()
+                .zip(t)
+                .map(|(&seq, t)| SeqInput { seq, tokens: t })
+                .collect()
+        }
+        let share = |s: &deepinfer::model::graph::GraphStats| {
+            let (idle, busy) = (s.idle.as_secs_f64(), s.device.as_secs_f64());
+            idle / (idle + busy).max(1e-12)
+        };
+        h.cuda.synchronize().unwrap();
+        graph.restart_stats();
+        let t = Instant::now();
+        for k in 0..n {
+            let tk = tokens(k);
+            model.decode_graphed(pool, &inputs(seqs, &tk), graph)?;
+        }
+        let serial_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let serial = graph.stats;
+        graph.restart_stats();
+        let t = Instant::now();
+        let mut launched = None;
+        for k in 0..n {
+            let tk = tokens(n + k);
+            let prep = model.decode_prepare(pool, &inputs(seqs, &tk), graph)?;
+            if let Some(l) = launched.take() {
+                model.decode_wait(pool, l, graph)?;
+            }
+            let mut l = model.decode_launch(pool, prep, graph)?;
+            model.decode_advance(pool, &mut l)?;
+            launched = Some(l);
+        }
+        if let Some(l) = launched {
+            model.decode_wait(pool, l, graph)?;
+        }
+        let pipelined_us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let piped = graph.stats;
+        println!(
+            "  pipelining: serial {serial_us:.0} us/step, device idle {:.1} %; pipelined {pipelined_us:.0} us/step, idle {:.1} % ({serial:?} / {piped:?})",
+            100.0 * share(&serial),
+            100.0 * share(&piped)
+        );
+        Ok(json!({
+            "steps": n,
+            "serial_us": serial_us, "serial_idle_frac": share(&serial),
+            "serial_idle_us": serial.idle.as_secs_f64() * 1e6 / serial.gaps.max(1) as f64,
+            "pipelined_us": pipelined_us, "pipelined_idle_frac": share(&piped),
+            "pipelined_idle_us": piped.idle.as_secs_f64() * 1e6 / piped.gaps.max(1) as f64,
+            "replayed": [serial.replayed, piped.replayed],
+            "idle_formula": "sum of (start event of step N+1 - end event of step N) / (that + sum of step device times)",
+        }))
     }
 
     /// One prefill point: a prompt of `tokens` tokens in steps of at most

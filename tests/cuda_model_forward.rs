@@ -489,7 +489,10 @@ fn host_f64(t: &deepinfer::Tensor) -> Vec<f64> {
 /// through the graph, and the graph is replayed (not only captured) for at
 /// least a third of the steps (pages of 16 rows: the tables widen about
 /// every 5 steps, each time one eager step and one capture). A multi-token
-/// step is refused by the graphed path.
+/// step is refused by the graphed path. A third pool decodes the same
+/// tokens pipelined (`decode_prepare` of step t + 1 before `decode_wait`
+/// of step t): the same logits bitwise, and a device gap counted between
+/// every two steps.
 #[test]
 fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
     use deepinfer::model::graph::DecodeGraph;
@@ -513,9 +516,9 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
         let pc = PoolConfig::fitting(&model.cfg, 3, 14 + steps + 1, 16, 16).unwrap();
         StatePool::new(&model.cfg, &model.device(), pc).unwrap()
     };
-    let (mut eager, mut graphed) = (pool(), pool());
+    let (mut eager, mut graphed, mut piped) = (pool(), pool(), pool());
     let mut seqs = Vec::new();
-    for p in [&mut eager, &mut graphed] {
+    for p in [&mut eager, &mut graphed, &mut piped] {
         let s: Vec<_> = (0..3).map(|_| p.add_sequence().unwrap()).collect();
         let inputs: Vec<SeqInput> = s
             .iter()
@@ -536,6 +539,7 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
     );
     assert!(refused.is_err(), "a two-token step must be refused");
     let mut max_diff = 0usize;
+    let mut want = Vec::new();
     for (t, toks) in decode.iter().enumerate() {
         let inputs = |s: &[deepinfer::model::pool::SeqId]| -> Vec<SeqInput> {
             s.iter()
@@ -570,7 +574,48 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
             differ, 0,
             "step {t}: {differ} logits differ from the eager step"
         );
+        want.push(a);
     }
+    // Pipelined: step t + 1's host half runs before step t is waited for
+    // (launch, advance, prepare the next, wait); the same logits.
+    let mut pg = DecodeGraph::new();
+    let mut launched: Option<deepinfer::model::graph::LaunchedDecode> = None;
+    let mut got = Vec::new();
+    for toks in &decode {
+        let inputs: Vec<SeqInput> = seqs[2]
+            .iter()
+            .zip(toks)
+            .map(|(&seq, tok)| SeqInput {
+                seq,
+                tokens: std::slice::from_ref(tok),
+            })
+            .collect();
+        let prep = model.decode_prepare(&mut piped, &inputs, &mut pg).unwrap();
+        if let Some(l) = launched.take() {
+            got.push(model.decode_wait(&mut piped, l, &mut pg).unwrap());
+        }
+        let mut l = model.decode_launch(&mut piped, prep, &mut pg).unwrap();
+        model.decode_advance(&mut piped, &mut l).unwrap();
+        launched = Some(l);
+    }
+    got.push(
+        model
+            .decode_wait(&mut piped, launched.unwrap(), &mut pg)
+            .unwrap(),
+    );
+    for (t, (out, a)) in got.iter().zip(&want).enumerate() {
+        let b = out.logits.to_vec::<f32>().unwrap();
+        let differ = a
+            .iter()
+            .zip(&b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "pipelined step {t}: {differ} logits differ");
+    }
+    let ps = pg.stats;
+    println!("pipelined decode: {ps:?}");
+    assert!(ps.replayed * 3 >= steps, "pipelined replays: {ps:?}");
+    assert_eq!(ps.gaps, steps - 1, "{ps:?}");
     let st = graph.stats;
     println!("graphed decode: {steps} steps, {st:?}, max differing logits {max_diff}");
     assert_eq!(

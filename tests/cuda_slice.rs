@@ -100,6 +100,48 @@ fn act_quant_is_bitwise_equal_to_the_cpu_reference() {
     }
 }
 
+/// ±Inf and NaN activations (issue 15): an Inf saturates to ±448 with
+/// the block's scale at 2^127 (its 2^-127 multiplier a subnormal, not 0:
+/// Inf · 0 would be NaN), a NaN codes as 0x7F and is left out of the
+/// block's amax, on both CUDA quantisers, bitwise the CPU's. Blocks: Inf
+/// alone, −Inf among finite values, NaN among finite values, NaN and Inf
+/// together, a block of only NaN.
+#[test]
+fn act_quant_saturates_inf_and_codes_nan_like_the_cpu() {
+    let dev = gpu();
+    let mut rng = common::rng("act_quant_special_cuda");
+    let (rows, k) = (3, 5 * 32);
+    let mut v = common::random_bf16(&mut rng, rows * k);
+    for r in 0..rows {
+        let row = &mut v[r * k..(r + 1) * k];
+        row[0] = bf16::INFINITY;
+        row[32 + 7] = bf16::NEG_INFINITY;
+        row[64 + 31] = bf16::NAN;
+        row[96] = bf16::NAN;
+        row[96 + 1] = bf16::INFINITY;
+        for x in &mut row[128..160] {
+            *x = bf16::NAN;
+        }
+    }
+    let x = Tensor::from_vec(v, &[rows, k]).unwrap();
+    let (q_ref, s_ref) = ops::act_quant_fp8(&x).unwrap();
+    let q_ref = q_ref.to_vec::<E4M3>().unwrap();
+    // The CPU reference itself: Inf → ±448 (0x7E / 0xFE) at scale 2^127.
+    assert_eq!(q_ref[0].0, 0x7E);
+    assert_eq!(q_ref[32 + 7].0, 0xFE);
+    assert_eq!(s_ref.to_vec::<E8M0>().unwrap()[0].0, 254);
+    let xd = x.to_device(&dev).unwrap();
+    for imp in [ActQuantImpl::Cuda, ActQuantImpl::TileLang] {
+        let (q, s) = ops::act_quant_fp8_with(&xd, imp).unwrap();
+        assert_eq!(q.to_vec::<E4M3>().unwrap(), q_ref, "{imp:?} q");
+        assert_eq!(
+            s.to_vec::<E8M0>().unwrap(),
+            s_ref.to_vec::<E8M0>().unwrap(),
+            "{imp:?} scale"
+        );
+    }
+}
+
 #[test]
 fn rms_norm_matches_the_cpu_reference_within_one_ulp() {
     let dev = gpu();

@@ -639,7 +639,12 @@ impl Model {
     /// Ends a step whose device half ran and passed its checks: every
     /// entry's sequence advances past its new tokens.
     pub(super) fn finish_step(&self, pool: &mut StatePool, p: &PreparedStep) -> Result<()> {
-        for (e, c) in p.b.entries.iter().zip(&p.compressed) {
+        Self::advance_entries(pool, &p.advance_list())
+    }
+
+    /// Advances every entry of `a` past its new tokens.
+    pub(super) fn advance_entries(pool: &mut StatePool, a: &StepAdvance) -> Result<()> {
+        for (e, c) in a.entries.iter().zip(&a.compressed) {
             pool.advance(e.seq, e.len - e.replay, c)?;
         }
         Ok(())
@@ -744,7 +749,22 @@ pub(super) struct PreparedStep {
     compressed: Vec<Vec<Option<i64>>>,
 }
 
+/// What advances the pool past a step ([`Model::finish_step`]): its
+/// entries and their tokens' Engram compressed ids, host data only.
+pub(super) struct StepAdvance {
+    entries: Vec<crate::model::batch::Entry>,
+    compressed: Vec<Vec<Option<i64>>>,
+}
+
 impl PreparedStep {
+    /// A copy of what advances the pool past the step.
+    pub(super) fn advance_list(&self) -> StepAdvance {
+        StepAdvance {
+            entries: self.b.entries.clone(),
+            compressed: self.compressed.clone(),
+        }
+    }
+
     /// The step's output rows.
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     pub(super) fn rows_total(&self) -> usize {

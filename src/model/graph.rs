@@ -26,8 +26,8 @@
 //! device half allocates inside the capture is freed inside it.
 
 #[cfg(deepinfer_cuda)]
-use super::forward::{Capture, LayerTrace};
-use super::forward::{Model, SeqInput, StepOutput};
+use super::forward::Capture;
+use super::forward::{LayerTrace, Model, PreparedStep, SeqInput, StepAdvance, StepOutput};
 use super::inputs::{StepInputs, UploadKey};
 use super::pool::StatePool;
 use crate::model::error::Result;
@@ -53,6 +53,7 @@ impl PartialEq for StepInputs {
 
 /// A captured decode step and the signature it was captured for.
 struct Captured {
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     key: Key,
     #[cfg(deepinfer_cuda)]
     graph: crate::device::Graph,
@@ -86,6 +87,14 @@ pub struct GraphStats {
     pub captured: usize,
     /// Steps replayed from the graph.
     pub replayed: usize,
+    /// Every waited step's device time (CUDA events around its launch),
+    /// summed.
+    pub device: std::time::Duration,
+    /// The device's idle time between consecutive waited steps (from one
+    /// step's end event to the next one's start), summed over `gaps`: the
+    /// host work between two launches that no launch covered.
+    pub idle: std::time::Duration,
+    pub gaps: usize,
 }
 
 /// The graph state of a run of decode steps ([`Model::decode_graphed`]):
@@ -94,10 +103,54 @@ pub struct GraphStats {
 #[derive(Default)]
 pub struct DecodeGraph {
     captured: Option<Captured>,
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     last: Option<Key>,
     /// The last signature whose capture failed (it runs eagerly).
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     refused: Option<Key>,
+    /// A step launched and not yet waited for.
+    in_flight: bool,
+    /// The end of the last waited step's device work.
+    last_end: Option<crate::device::Event>,
     pub stats: GraphStats,
+}
+
+/// The host half of a graphed decode step ([`Model::decode_prepare`]),
+/// ready to launch.
+pub struct DecodePrep {
+    p: PreparedStep,
+    model: u64,
+    arena: StepInputs,
+}
+
+/// A graphed decode step on the device ([`Model::decode_launch`]), not yet
+/// waited for.
+pub struct LaunchedDecode {
+    rows: Vec<std::ops::Range<usize>>,
+    /// What advances the pool past the step, until it has.
+    advance: Option<StepAdvance>,
+    verdict: Verdict,
+    /// Recorded before and after the launch.
+    events: (crate::device::Event, crate::device::Event),
+}
+
+/// How a launched step's results and range checks are read.
+enum Verdict {
+    /// Launched op by op: its logits and its own checks.
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    Eager {
+        logits: crate::tensor::Tensor,
+        checks: Box<crate::ops::DeviceChecks>,
+    },
+    /// Replayed (or captured and launched): a copy of the graph's logits and
+    /// the checks the capture recorded, read from the graph's slots;
+    /// `timed` when a replay (its device time goes to the statistics).
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    Replayed {
+        logits: crate::tensor::Tensor,
+        recorded: Vec<(&'static str, &'static str)>,
+        timed: bool,
+    },
 }
 
 impl std::fmt::Debug for DecodeGraph {
@@ -113,15 +166,24 @@ impl DecodeGraph {
     pub fn new() -> DecodeGraph {
         DecodeGraph::default()
     }
+
+    /// Clears the statistics, and forgets the last step's end (the next
+    /// waited step starts a new run of gaps).
+    pub fn restart_stats(&mut self) {
+        self.stats = GraphStats::default();
+        self.last_end = None;
+    }
 }
 
 impl Model {
     /// One decode step (one new token for each sequence of `inputs`, none
     /// with an open rollback checkpoint) on a CUDA device, its device half
     /// replayed from `graph`, captured into it, or launched eagerly, as the
-    /// module doc says. The logits are those [`Model::step`] gives for the
-    /// same step; nothing else is captured (`features` is `None`, `layers`
-    /// empty traces, no timing).
+    /// module doc says: [`Model::decode_prepare`], [`Model::decode_launch`]
+    /// and [`Model::decode_wait`] in a row (the pool advances once the
+    /// step's checks passed). The logits are those [`Model::step`] gives for
+    /// the same step; nothing else is captured (`features` is `None`,
+    /// `layers` empty traces, no timing).
     ///
     /// A graph replays the weights at the addresses it captured: after
     /// replacing a weight tensor of the model, start from a new
@@ -132,15 +194,32 @@ impl Model {
         inputs: &[SeqInput],
         graph: &mut DecodeGraph,
     ) -> Result<StepOutput> {
+        let prep = self.decode_prepare(pool, inputs, graph)?;
+        let launched = self.decode_launch(pool, prep, graph)?;
+        self.decode_wait(pool, launched, graph)
+    }
+
+    /// The host half of a graphed decode step ([`Model::decode_graphed`]):
+    /// checks the inputs (one token a sequence, no open checkpoint) and
+    /// makes every claim, plan and upload. Nothing is launched, so it may
+    /// run while the previous step is still on the device once that step
+    /// has advanced the pool ([`Model::decode_advance`]): the uploads are
+    /// stream-ordered after its launches.
+    pub fn decode_prepare(
+        &self,
+        pool: &mut StatePool,
+        inputs: &[SeqInput],
+        graph: &mut DecodeGraph,
+    ) -> Result<DecodePrep> {
         let device = self.device();
-        let crate::device::Device::Cuda(cuda) = &device else {
+        if !matches!(device, crate::device::Device::Cuda(_)) {
             return Err(crate::Error::Unsupported {
                 op: "Model::decode_graphed",
                 device: device.to_string(),
                 why: "a CUDA graph needs a CUDA device",
             }
             .into());
-        };
+        }
         if let Some(i) = inputs.iter().find(|i| i.tokens.len() != 1) {
             return Err(invalid(
                 "inputs",
@@ -157,10 +236,73 @@ impl Model {
                 ));
             }
         }
-        let launching = self.launching();
+        let _launching = self.launching();
         let start = std::time::Instant::now();
         let p = self.prepare_step(pool, inputs, &[])?;
         graph.stats.host += start.elapsed();
+        Ok(DecodePrep {
+            p,
+            model: self.id,
+            arena: pool.inputs().clone(),
+        })
+    }
+
+    /// Launches the device half of the prepared step `prep` on the model's
+    /// stream (replayed, captured then launched, or eagerly) and returns
+    /// without waiting for it. The step's inputs go back to the pool's
+    /// arena: the next step's host half refills them in stream order, after
+    /// this step's launches. One launched step per graph at a time (wait
+    /// for it first), and `prep` must be the pool's latest prepared step.
+    pub fn decode_launch(
+        &self,
+        pool: &mut StatePool,
+        prep: DecodePrep,
+        graph: &mut DecodeGraph,
+    ) -> Result<LaunchedDecode> {
+        if graph.in_flight {
+            return Err(invalid(
+                "graph",
+                "a launched step".into(),
+                "wait for the graph's launched step (Model::decode_wait) before launching another",
+            ));
+        }
+        if prep.model != self.id || !prep.arena.same_as(pool.inputs()) {
+            return Err(invalid(
+                "prep",
+                "another model or pool".into(),
+                "a prepared step launches on the model and pool that prepared it",
+            ));
+        }
+        #[cfg(deepinfer_cuda)]
+        {
+            let launched = self.launch_cuda(pool, prep.p, graph)?;
+            graph.in_flight = true;
+            Ok(launched)
+        }
+        #[cfg(not(deepinfer_cuda))]
+        {
+            let _ = (pool, prep.p);
+            Err(crate::ops::kernels_not_built("Model::decode_launch", &self.device()).into())
+        }
+    }
+
+    /// [`Model::decode_launch`] on a CUDA build.
+    #[cfg(deepinfer_cuda)]
+    fn launch_cuda(
+        &self,
+        pool: &mut StatePool,
+        p: PreparedStep,
+        graph: &mut DecodeGraph,
+    ) -> Result<LaunchedDecode> {
+        let device = self.device();
+        let crate::device::Device::Cuda(cuda) = &device else {
+            return Err(crate::Error::Unsupported {
+                op: "Model::decode_launch",
+                device: device.to_string(),
+                why: "a CUDA graph needs a CUDA device",
+            }
+            .into());
+        };
         let key = Key {
             model: self.id,
             arena: pool.inputs().clone(),
@@ -170,75 +312,154 @@ impl Model {
         let seen = graph.last.replace(key.clone()).is_some_and(|k| k == key);
         let current = graph.captured.as_ref().is_some_and(|c| c.key == key);
         let refused = graph.refused.as_ref().is_some_and(|k| *k == key);
-        if !current && (!seen || refused) {
-            graph.stats.eager += 1;
-            return self.run_prepared(pool, &p, super::forward::Capture::default());
-        }
-        #[cfg(deepinfer_cuda)]
-        {
-            let c = match &mut graph.captured {
-                Some(c) if current => {
-                    graph.stats.replayed += 1;
-                    c
+        let eager = !current && (!seen || refused);
+        if !eager && !current {
+            // The old graph's memory goes before the new one's.
+            graph.captured = None;
+            // No other thread's launches may join the capture: its steps
+            // wait while this one is recorded.
+            let capturing = self
+                .launches
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let made = self.capture_decode(cuda, &p, pool, key.clone());
+            drop(capturing);
+            match made {
+                Ok(c) => {
+                    graph.stats.captured += 1;
+                    graph.captured = Some(c);
                 }
-                slot => {
-                    // The old graph's memory goes before the new one's.
-                    *slot = None;
-                    // No other thread's launches may join the capture: its
-                    // steps wait while this one is recorded.
-                    drop(launching);
-                    let capturing = self
-                        .launches
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    let made = self.capture_decode(cuda, &p, pool, key.clone());
-                    drop(capturing);
-                    match made {
-                        Ok(c) => {
-                            graph.stats.captured += 1;
-                            slot.insert(c)
-                        }
-                        Err(e) => {
-                            // Nothing ran: a capture only records. The step
-                            // runs eagerly (an error of the step itself
-                            // comes back from there), and so do the later
-                            // steps of this signature.
-                            tracing::debug!(error = %e, "decode step not capturable; eager");
-                            graph.refused = Some(key);
-                            graph.stats.refused += 1;
-                            return self.run_prepared(pool, &p, super::forward::Capture::default());
-                        }
-                    }
+                Err(e) => {
+                    // Nothing ran: a capture only records. The step runs
+                    // eagerly (an error of the step itself comes back from
+                    // there), and so do the later steps of this signature.
+                    tracing::debug!(error = %e, "decode step not capturable; eager");
+                    graph.refused = Some(key.clone());
+                    graph.stats.refused += 1;
                 }
-            };
-            let stream = cuda.stream();
-            let (a, b) = (cuda.event()?, cuda.event()?);
-            a.record(&stream)?;
-            c.graph.launch()?;
-            b.record(&stream)?;
-            c.checks.verdict_replayed(&c.recorded)?;
-            if current {
-                // The verdict waited for the launch.
-                let ms = a.elapsed_ms(&b)?;
-                graph.stats.replay_device +=
-                    std::time::Duration::from_secs_f64(f64::from(ms) * 1e-3);
             }
-            self.finish_step(pool, &p)?;
-            Ok(StepOutput {
+        }
+        let _launching = self.launching();
+        let stream = cuda.stream();
+        let (start, end) = (cuda.event()?, cuda.event()?);
+        start.record(&stream)?;
+        let verdict = match &graph.captured {
+            Some(c) if !eager && c.key == key => {
+                if current {
+                    graph.stats.replayed += 1;
+                }
+                c.graph.launch()?;
                 // A copy: the next launch overwrites the graph's logits.
-                logits: c.logits.clone(),
-                features: None,
-                rows: p.rows(),
-                layers: vec![LayerTrace::default(); self.plans.len()],
-                families: Vec::new(),
-                parts: Vec::new(),
-            })
+                Verdict::Replayed {
+                    logits: c.logits.clone(),
+                    recorded: c.recorded.clone(),
+                    timed: current,
+                }
+            }
+            _ => {
+                if eager {
+                    graph.stats.eager += 1;
+                }
+                let mut checks = crate::ops::DeviceChecks::new();
+                let mut marks = super::marks::Marks::off();
+                let ran = self.run_step(&p, pool, Capture::default(), &mut marks, &mut checks)?;
+                Verdict::Eager {
+                    logits: ran.logits,
+                    checks: Box::new(checks),
+                }
+            }
+        };
+        end.record(&stream)?;
+        Ok(LaunchedDecode {
+            rows: p.rows(),
+            advance: Some(p.advance_list()),
+            verdict,
+            events: (start, end),
+        })
+        // `p` drops here: its inputs go back to the arena.
+    }
+
+    /// Advances the pool past the launched step `l` (host bookkeeping: the
+    /// sequences' positions and Engram history), before its checks are
+    /// read, so that the next step's host half ([`Model::decode_prepare`])
+    /// can run while `l` is on the device. Should `l`'s checks then fail,
+    /// [`Model::decode_wait`] reports it and its sequences stay advanced
+    /// past a step whose results are invalid: free them. A second call does
+    /// nothing.
+    pub fn decode_advance(&self, pool: &mut StatePool, l: &mut LaunchedDecode) -> Result<()> {
+        if let Some(a) = l.advance.take() {
+            Self::advance_entries(pool, &a)?;
         }
-        #[cfg(not(deepinfer_cuda))]
-        {
-            let _ = (cuda, launching);
-            Err(crate::ops::kernels_not_built("Model::decode_graphed", &device).into())
+        Ok(())
+    }
+
+    /// Waits for the launched step `l`, reads its range checks, advances
+    /// the pool past it (unless [`Model::decode_advance`] did already) and
+    /// returns its logits. Also adds the step's device time and the
+    /// device's idle time since the graph's previous step to the
+    /// statistics.
+    pub fn decode_wait(
+        &self,
+        pool: &mut StatePool,
+        l: LaunchedDecode,
+        graph: &mut DecodeGraph,
+    ) -> Result<StepOutput> {
+        graph.in_flight = false;
+        let LaunchedDecode {
+            rows,
+            advance,
+            verdict,
+            events: (start, end),
+        } = l;
+        let logits = match verdict {
+            Verdict::Eager { logits, mut checks } => {
+                checks.verdict()?;
+                logits
+            }
+            Verdict::Replayed {
+                logits,
+                recorded,
+                timed,
+            } => {
+                #[cfg(deepinfer_cuda)]
+                {
+                    let c = graph.captured.as_mut().ok_or_else(|| {
+                        invalid(
+                            "graph",
+                            "no captured graph".into(),
+                            "the graph that launched the step is gone",
+                        )
+                    })?;
+                    c.checks.verdict_replayed(&recorded)?;
+                }
+                #[cfg(not(deepinfer_cuda))]
+                let _ = recorded;
+                if timed {
+                    // The verdict waited for the launch.
+                    graph.stats.replay_device += span(&start, &end)?;
+                }
+                logits
+            }
+        };
+        // Both events are complete: the step's device time, and the gap
+        // since the previous step's end.
+        graph.stats.device += span(&start, &end)?;
+        if let Some(prev) = &graph.last_end {
+            graph.stats.idle += span(prev, &start)?;
+            graph.stats.gaps += 1;
         }
+        graph.last_end = Some(end);
+        if let Some(a) = advance {
+            Self::advance_entries(pool, &a)?;
+        }
+        Ok(StepOutput {
+            logits,
+            features: None,
+            rows,
+            layers: vec![LayerTrace::default(); self.plans.len()],
+            families: Vec::new(),
+            parts: Vec::new(),
+        })
     }
 
     /// Captures the device half of the prepared step `p` into a new graph
@@ -298,6 +519,13 @@ impl Model {
             recorded,
         })
     }
+}
+
+/// The time from event `a` to event `b` (both complete), at least 0.
+fn span(a: &crate::device::Event, b: &crate::device::Event) -> Result<std::time::Duration> {
+    Ok(std::time::Duration::from_secs_f64(
+        f64::from(a.elapsed_ms(b)?.max(0.0)) * 1e-3,
+    ))
 }
 
 fn invalid(arg: &'static str, value: String, why: &'static str) -> crate::model::error::Error {
