@@ -528,6 +528,12 @@ impl Engine {
             let t1 = Instant::now();
             if speculative {
                 self.speculative_step(pool, live, &active, &mut seeds, params, prompts, on_token)?;
+            } else if graphed {
+                // Here no request can join before one finishes (the
+                // admission above would have run): pipeline the steps.
+                self.decode_pipelined(
+                    pool, live, &active, toks, &mut graph, params, prompts, on_token,
+                )?;
             } else {
                 let inputs: Vec<SeqInput> = active
                     .iter()
@@ -537,17 +543,94 @@ impl Engine {
                         tokens: t,
                     })
                     .collect();
-                let out = if graphed {
-                    self.model.decode_graphed(pool, &inputs, &mut graph)?
-                } else {
-                    self.model.step(pool, &inputs, Capture::default())?
-                };
+                let out = self.model.step(pool, &inputs, Capture::default())?;
                 let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
                 self.sample(&out.logits, &rows, live, params, prompts, on_token)?;
             }
             *decode += t1.elapsed();
         }
         Ok(())
+    }
+
+    /// Plain decode steps of the requests `active` (their last tokens
+    /// `toks`) on a GPU, replayed from `graph` and pipelined (issue 11's
+    /// async scheduling): the host half of step N+1 (`Model::decode_prepare`,
+    /// each request's token of step N standing in for its next one) runs
+    /// while step N is on the device; once step N is sampled its tokens
+    /// replace the stand-ins (`Model::decode_set_tokens`) and step N+1
+    /// launches. Returns once a request of `active` has finished (the
+    /// batch may then change), after waiting for the last launched step.
+    ///
+    /// Every prepared step launches (its claims are in the pool): a request
+    /// that finished at step N by a stop token or a grammar still has its
+    /// row in step N+1, whose output for it is dropped; it feeds at most
+    /// position S + e ≤ S + `max_tokens` − 1, inside its pool's sizing
+    /// ([`Engine::pool`]). A step after which a request reaches
+    /// `max_tokens` is not followed by a prepared one. Tokens, log-probs
+    /// and streaming events are those of [`Model::decode_graphed`] steps.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_pipelined(
+        &self,
+        pool: &mut StatePool,
+        live: &mut [Live],
+        active: &[usize],
+        mut toks: Vec<[u32; 1]>,
+        graph: &mut crate::model::graph::DecodeGraph,
+        params: &[SamplingParams],
+        prompts: &[Vec<u32>],
+        on_token: &mut dyn FnMut(TokenEvent),
+    ) -> Result<()> {
+        let model = &self.model;
+        let seqs: Vec<SeqId> = active.iter().map(|&k| live[k].seq).collect();
+        fn inputs<'a>(seqs: &[SeqId], toks: &'a [[u32; 1]]) -> Vec<SeqInput<'a>> {
+            seqs.iter()
+                .zip(toks)
+                .map(|(&seq, t)| SeqInput { seq, tokens: t })
+                .collect()
+        }
+        let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
+        let prep = model.decode_prepare(pool, &inputs(&seqs, &toks), graph)?;
+        let mut launched = model.decode_launch(pool, prep, graph)?;
+        model.decode_advance(pool, &mut launched)?;
+        loop {
+            // Whether a request reaches max_tokens with the step in flight.
+            let last = active.iter().any(|&k| {
+                let l = &live[k];
+                params
+                    .get(l.index)
+                    .is_none_or(|p| l.tokens.len() + 1 >= p.max_tokens)
+            });
+            let next = if last {
+                None
+            } else {
+                Some(model.decode_prepare(pool, &inputs(&seqs, &toks), graph)?)
+            };
+            let out = model.decode_wait(pool, launched, graph)?;
+            self.sample(&out.logits, &rows, live, params, prompts, on_token)?;
+            let Some(mut next) = next else {
+                return Ok(());
+            };
+            // Each live request's new token; a finished one keeps its
+            // stand-in (its row's output is dropped).
+            for (t, &k) in toks.iter_mut().zip(active) {
+                if let (None, Some(&x)) = (&live[k].done, live[k].tokens.last()) {
+                    *t = [x];
+                }
+            }
+            let flat: Vec<u32> = toks.iter().map(|t| t[0]).collect();
+            model.decode_set_tokens(pool, &mut next, &flat)?;
+            launched = model.decode_launch(pool, next, graph)?;
+            model.decode_advance(pool, &mut launched)?;
+            if active.iter().any(|&k| live[k].done.is_some()) {
+                let out = model.decode_wait(pool, launched, graph)?;
+                let still: Vec<(usize, usize)> = rows
+                    .iter()
+                    .copied()
+                    .filter(|&(k, _)| live[k].done.is_none())
+                    .collect();
+                return self.sample(&out.logits, &still, live, params, prompts, on_token);
+            }
+        }
     }
 
     /// The output of a finished request (its own failure, if it failed).

@@ -696,6 +696,18 @@ impl Model {
         b: &Batch,
         compressed: &[Vec<Option<i64>>],
     ) -> Result<Input> {
+        let out = self.ngram_values(pool, b, compressed)?;
+        let t = out.len() / 4;
+        Ok(pool.inputs().upload(out, &[t, 4], &self.device())?)
+    }
+
+    /// The values of [`Model::ngram_ids`], row after row.
+    fn ngram_values(
+        &self,
+        pool: &StatePool,
+        b: &Batch,
+        compressed: &[Vec<Option<i64>>],
+    ) -> Result<Vec<i64>> {
         let pad_id = self.cfg.engram.pad_id;
         let pad = usize::try_from(pad_id)
             .ok()
@@ -715,8 +727,51 @@ impl Model {
                 out.extend(ngram_ids(&hist, pad));
             }
         }
-        let t = out.len() / 4;
-        Ok(pool.inputs().upload(out, &[t, 4], &self.device())?)
+        Ok(out)
+    }
+
+    /// Replaces the token ids of the prepared step `p` (one token per entry,
+    /// a decode step) with `tokens`: the ids and Engram n-gram inputs are
+    /// rewritten in place (the same arena tensors, so the step's signature
+    /// does not change) and the history the step leaves follows the new
+    /// tokens. What else the host half made does not depend on the tokens.
+    /// A token outside the vocabulary is a typed error that changes nothing.
+    pub(super) fn set_step_tokens(
+        &self,
+        pool: &StatePool,
+        p: &mut PreparedStep,
+        tokens: &[u32],
+    ) -> Result<()> {
+        if tokens.len() != p.b.entries.len() || p.b.entries.iter().any(|e| e.len != 1) {
+            return Err(invalid(
+                "tokens",
+                format!("{} for {} entries", tokens.len(), p.b.entries.len()),
+                "one token per entry of a one-token-per-entry step",
+            ));
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(invalid(
+                "tokens",
+                t.to_string(),
+                "a token id outside the vocabulary",
+            ));
+        }
+        let map = &self.weights.engram_token_map;
+        let compressed: Vec<Vec<Option<i64>>> = tokens
+            .iter()
+            .map(|&t| vec![map.get(t as usize).copied()])
+            .collect();
+        let ngrams = match &p.ngrams {
+            Some(_) => Some(self.ngram_values(pool, &p.b, &compressed)?),
+            None => None,
+        };
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        p.ids.rewrite(&ids)?;
+        if let (Some(n), Some(v)) = (&mut p.ngrams, ngrams) {
+            n.rewrite(&v)?;
+        }
+        p.compressed = compressed;
+        Ok(())
     }
 
     /// Final collapse with the last pre, `norm`, and the fp32 head.

@@ -121,6 +121,9 @@ pub struct DecodePrep {
     p: PreparedStep,
     model: u64,
     arena: StepInputs,
+    /// The arena's signature after the step's uploads: a launch refuses a
+    /// pool that prepared another step since.
+    signature: Vec<UploadKey>,
 }
 
 /// A graphed decode step on the device ([`Model::decode_launch`]), not yet
@@ -244,7 +247,30 @@ impl Model {
             p,
             model: self.id,
             arena: pool.inputs().clone(),
+            signature: pool.inputs().signature(),
         })
+    }
+
+    /// Sets the token of each sequence of the prepared step `prep`, which
+    /// was prepared with placeholders (the engine prepares step N+1 while
+    /// step N runs, then samples step N's tokens): the ids and Engram
+    /// inputs are rewritten in place, so the step launches as if prepared
+    /// with `tokens` (one per sequence, in the order of its inputs). A
+    /// token outside the vocabulary is a typed error.
+    pub fn decode_set_tokens(
+        &self,
+        pool: &StatePool,
+        prep: &mut DecodePrep,
+        tokens: &[u32],
+    ) -> Result<()> {
+        if prep.model != self.id || !prep.arena.same_as(pool.inputs()) {
+            return Err(invalid(
+                "prep",
+                "another model or pool".into(),
+                "a prepared step takes its tokens on the model and pool that prepared it",
+            ));
+        }
+        self.set_step_tokens(pool, &mut prep.p, tokens)
     }
 
     /// Launches the device half of the prepared step `prep` on the model's
@@ -271,6 +297,13 @@ impl Model {
                 "prep",
                 "another model or pool".into(),
                 "a prepared step launches on the model and pool that prepared it",
+            ));
+        }
+        if prep.signature != pool.inputs().signature() {
+            return Err(invalid(
+                "prep",
+                "a step prepared before the pool's latest".into(),
+                "the pool prepared another step since: prepare this one again",
             ));
         }
         #[cfg(deepinfer_cuda)]

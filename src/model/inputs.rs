@@ -204,6 +204,14 @@ impl std::fmt::Debug for Input {
     }
 }
 
+impl Input {
+    /// Overwrites the input's values in place (its tensor keeps its storage
+    /// and, on a GPU, its address: the step's signature does not change).
+    pub(crate) fn rewrite<T: Element>(&mut self, values: &[T]) -> Result<()> {
+        self.tensor.write_from(values)
+    }
+}
+
 impl Deref for Input {
     type Target = Tensor;
 
