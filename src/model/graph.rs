@@ -45,12 +45,6 @@ struct Key {
     scratch: u64,
 }
 
-impl PartialEq for StepInputs {
-    fn eq(&self, other: &StepInputs) -> bool {
-        self.same_as(other)
-    }
-}
-
 /// A captured decode step and the signature it was captured for.
 struct Captured {
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]

@@ -187,6 +187,14 @@ impl StepInputs {
     }
 }
 
+/// Two handles are equal when they are handles on one arena
+/// ([`StepInputs::same_as`]): a graph's signature holds its arena.
+impl PartialEq for StepInputs {
+    fn eq(&self, other: &StepInputs) -> bool {
+        self.same_as(other)
+    }
+}
+
 /// A step input: derefs to its tensor, which goes back to its slot when the
 /// input is dropped.
 pub struct Input {
