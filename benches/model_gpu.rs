@@ -596,7 +596,7 @@ mod gpu {
                 model.decode_wait(pool, l, graph)?;
             }
             let mut l = model.decode_launch(pool, prep, graph)?;
-            model.decode_advance(pool, &mut l)?;
+            model.decode_advance(pool, &mut l, graph)?;
             launched = Some(l);
         }
         if let Some(l) = launched {

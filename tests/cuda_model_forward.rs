@@ -595,7 +595,7 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
             got.push(model.decode_wait(&mut piped, l, &mut pg).unwrap());
         }
         let mut l = model.decode_launch(&mut piped, prep, &mut pg).unwrap();
-        model.decode_advance(&mut piped, &mut l).unwrap();
+        model.decode_advance(&mut piped, &mut l, &mut pg).unwrap();
         launched = Some(l);
     }
     got.push(
@@ -635,7 +635,9 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
 /// CUDA-graph decode as without (`EngineConfig::cuda_graphs`): five
 /// requests, two at a time (so requests are admitted and freed between
 /// graphed decode steps, which reshapes the step's uploads), greedy and
-/// sampled, 24 tokens each (6 under DEEPINFER_QUICK).
+/// sampled, up to 24 tokens each (6 under DEEPINFER_QUICK), two of them
+/// stopping on any of 48 ids (about one token in ten) while the others go
+/// on.
 #[test]
 fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
     use deepinfer::engine::{Engine, EngineConfig, SamplingParams};
@@ -671,10 +673,19 @@ fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
                 .collect()
         })
         .collect();
+    // Requests 1 and 3 stop on any of 48 ids (about one token in ten), so
+    // requests finish by a stop while others go on: the pipelined engine
+    // keeps a finished request's row one more step with a stand-in token.
+    let stops: Vec<u32> = (0..48).map(|_| rng.random_range(0..vocab)).collect();
     let params: Vec<SamplingParams> = (0..5)
         .map(|i| SamplingParams {
             temperature: [0.0, 0.8, 0.0, 1.2, 0.6][i],
-            max_tokens: tokens,
+            max_tokens: tokens - [0, 0, 1, 0, 2][i],
+            stop: if i % 2 == 1 {
+                stops.clone()
+            } else {
+                Vec::new()
+            },
             seq_seed: rng.random(),
             logprobs: true,
             ..SamplingParams::default()
@@ -688,6 +699,7 @@ fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
         let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
         assert_eq!(a.tokens, b.tokens, "request {i}");
         assert_eq!(a.logprobs, b.logprobs, "request {i}");
-        assert_eq!(a.tokens.len(), tokens, "request {i}");
+        assert_eq!(a.stop, b.stop, "request {i}");
+        assert!(a.tokens.len() <= params[i].max_tokens, "request {i}");
     }
 }

@@ -534,6 +534,9 @@ impl Engine {
                 self.decode_pipelined(
                     pool, live, &active, toks, &mut graph, params, prompts, on_token,
                 )?;
+                // Frees and prefills come next on the stream: not an idle
+                // gap between decode steps.
+                graph.restart_gaps();
             } else {
                 let inputs: Vec<SeqInput> = active
                     .iter()
@@ -591,7 +594,7 @@ impl Engine {
         let rows: Vec<(usize, usize)> = active.iter().copied().zip(0..).collect();
         let prep = model.decode_prepare(pool, &inputs(&seqs, &toks), graph)?;
         let mut launched = model.decode_launch(pool, prep, graph)?;
-        model.decode_advance(pool, &mut launched)?;
+        model.decode_advance(pool, &mut launched, graph)?;
         loop {
             // Whether a request reaches max_tokens with the step in flight.
             let last = active.iter().any(|&k| {
@@ -610,6 +613,11 @@ impl Engine {
             let Some(mut next) = next else {
                 return Ok(());
             };
+            if active.iter().all(|&k| live[k].done.is_some()) {
+                // Nobody left to decode: the prepared step is not launched
+                // (its sequences are freed next, claims and all).
+                return Ok(());
+            }
             // Each live request's new token; a finished one keeps its
             // stand-in (its row's output is dropped).
             for (t, &k) in toks.iter_mut().zip(active) {
@@ -620,7 +628,7 @@ impl Engine {
             let flat: Vec<u32> = toks.iter().map(|t| t[0]).collect();
             model.decode_set_tokens(pool, &mut next, &flat)?;
             launched = model.decode_launch(pool, next, graph)?;
-            model.decode_advance(pool, &mut launched)?;
+            model.decode_advance(pool, &mut launched, graph)?;
             if active.iter().any(|&k| live[k].done.is_some()) {
                 let out = model.decode_wait(pool, launched, graph)?;
                 let still: Vec<(usize, usize)> = rows

@@ -102,8 +102,12 @@ pub struct DecodeGraph {
     /// The last signature whose capture failed (it runs eagerly).
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     refused: Option<Key>,
-    /// A step launched and not yet waited for.
-    in_flight: bool,
+    /// A step launched and not yet waited for (cleared when its
+    /// [`LaunchedDecode`] is waited for or dropped).
+    in_flight: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// A step launched and not yet advanced past: the next host half would
+    /// claim its positions again.
+    unadvanced: bool,
     /// The end of the last waited step's device work.
     last_end: Option<crate::device::Event>,
     pub stats: GraphStats,
@@ -123,12 +127,24 @@ pub struct DecodePrep {
 /// A graphed decode step on the device ([`Model::decode_launch`]), not yet
 /// waited for.
 pub struct LaunchedDecode {
+    /// Clears the graph's in-flight flag when the step is waited for or
+    /// dropped.
+    _flight: Flight,
     rows: Vec<std::ops::Range<usize>>,
     /// What advances the pool past the step, until it has.
     advance: Option<StepAdvance>,
     verdict: Verdict,
     /// Recorded before and after the launch.
     events: (crate::device::Event, crate::device::Event),
+}
+
+/// A graph's in-flight flag, held by its launched step.
+struct Flight(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Flight {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::Release);
+    }
 }
 
 /// How a launched step's results and range checks are read.
@@ -168,6 +184,12 @@ impl DecodeGraph {
     /// waited step starts a new run of gaps).
     pub fn restart_stats(&mut self) {
         self.stats = GraphStats::default();
+        self.restart_gaps();
+    }
+
+    /// Forgets the last step's end: the time until the next waited step
+    /// (other work of the caller's, such as a prefill) is not an idle gap.
+    pub fn restart_gaps(&mut self) {
         self.last_end = None;
     }
 }
@@ -233,6 +255,13 @@ impl Model {
                 ));
             }
         }
+        if graph.unadvanced {
+            return Err(invalid(
+                "graph",
+                "a launched step not advanced past".into(),
+                "advance the pool past the launched step (Model::decode_advance or decode_wait) before preparing the next",
+            ));
+        }
         let _launching = self.launching();
         let start = std::time::Instant::now();
         let p = self.prepare_step(pool, inputs, &[])?;
@@ -279,7 +308,7 @@ impl Model {
         prep: DecodePrep,
         graph: &mut DecodeGraph,
     ) -> Result<LaunchedDecode> {
-        if graph.in_flight {
+        if graph.in_flight.load(std::sync::atomic::Ordering::Acquire) {
             return Err(invalid(
                 "graph",
                 "a launched step".into(),
@@ -303,7 +332,7 @@ impl Model {
         #[cfg(deepinfer_cuda)]
         {
             let launched = self.launch_cuda(pool, prep.p, graph)?;
-            graph.in_flight = true;
+            graph.unadvanced = true;
             Ok(launched)
         }
         #[cfg(not(deepinfer_cuda))]
@@ -397,7 +426,11 @@ impl Model {
             }
         };
         end.record(&stream)?;
+        graph
+            .in_flight
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(LaunchedDecode {
+            _flight: Flight(std::sync::Arc::clone(&graph.in_flight)),
             rows: p.rows(),
             advance: Some(p.advance_list()),
             verdict,
@@ -413,10 +446,17 @@ impl Model {
     /// [`Model::decode_wait`] reports it and its sequences stay advanced
     /// past a step whose results are invalid: free them. A second call does
     /// nothing.
-    pub fn decode_advance(&self, pool: &mut StatePool, l: &mut LaunchedDecode) -> Result<()> {
-        if let Some(a) = l.advance.take() {
-            Self::advance_entries(pool, &a)?;
+    pub fn decode_advance(
+        &self,
+        pool: &mut StatePool,
+        l: &mut LaunchedDecode,
+        graph: &mut DecodeGraph,
+    ) -> Result<()> {
+        if let Some(a) = &l.advance {
+            Self::advance_entries(pool, a)?;
+            l.advance = None;
         }
+        graph.unadvanced = false;
         Ok(())
     }
 
@@ -431,8 +471,11 @@ impl Model {
         l: LaunchedDecode,
         graph: &mut DecodeGraph,
     ) -> Result<StepOutput> {
-        graph.in_flight = false;
+        // Past this wait the pool is either advanced or, should the checks
+        // fail, keeps the positions it had (as a failed `Model::step`).
+        graph.unadvanced = false;
         let LaunchedDecode {
+            _flight,
             rows,
             advance,
             verdict,
@@ -468,6 +511,9 @@ impl Model {
                 logits
             }
         };
+        if let Some(a) = advance {
+            Self::advance_entries(pool, &a)?;
+        }
         // Both events are complete: the step's device time, and the gap
         // since the previous step's end.
         graph.stats.device += span(&start, &end)?;
@@ -476,9 +522,6 @@ impl Model {
             graph.stats.gaps += 1;
         }
         graph.last_end = Some(end);
-        if let Some(a) = advance {
-            Self::advance_entries(pool, &a)?;
-        }
         Ok(StepOutput {
             logits,
             features: None,

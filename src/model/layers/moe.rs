@@ -62,7 +62,8 @@ pub enum MoeLayout {
     /// On a device that is not batch-invariant, masked for steps of at
     /// most 16 tokens, and for steps of up to [`MASKED_MAX_TOKENS`] while
     /// the tokens an expert gets on average (top-k · T / experts) stay at
-    /// most [`MASKED_MAX_PER_EXPERT`]; contiguous otherwise.
+    /// most [`MASKED_MAX_PER_EXPERT`] and the buffers at most
+    /// [`MASKED_MAX_ROWS`] rows; contiguous otherwise.
     #[default]
     Auto,
 }
@@ -71,6 +72,13 @@ pub enum MoeLayout {
 /// [`MoeLayout::Auto`] whatever its experts: its buffers hold T rows an
 /// expert (`[E, T, ·]`), so they grow with T · experts.
 pub const MASKED_MAX_TOKENS: usize = 256;
+
+/// The most rows (experts · T) of the masked layout's buffers under
+/// [`MoeLayout::Auto`] past 16 tokens: 48 experts × 256 tokens, the largest
+/// point measured (an EP-8 rank at batch 256), about 0.3 GB of buffers a
+/// layer at V4.1's widths; a rank of more experts runs larger batches
+/// contiguous.
+pub const MASKED_MAX_ROWS: usize = 48 * 256;
 
 /// The most tokens an expert gets on average (top-k · T / experts) in a
 /// step that [`MoeLayout::Auto`] runs masked; at most 16 tokens every step
@@ -96,6 +104,7 @@ impl MoeLayout {
     ) -> MoeLayout {
         let few = tokens <= 16
             || (tokens <= MASKED_MAX_TOKENS
+                && experts.saturating_mul(tokens) <= MASKED_MAX_ROWS
                 && tokens.saturating_mul(top_k) <= MASKED_MAX_PER_EXPERT.saturating_mul(experts));
         match self {
             MoeLayout::Auto if few && !device.batch_invariant() => MoeLayout::Masked,

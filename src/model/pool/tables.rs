@@ -76,9 +76,26 @@ impl Mirror {
         Ok(())
     }
 
+    /// [`Mirror::write`], and on an error a mirror that no longer claims
+    /// any row (0 rows): the next sync reallocates and writes it whole, so a
+    /// failed device write never leaves a row the mirror calls current.
+    fn sync(
+        &mut self,
+        device: &Device,
+        rows: usize,
+        width: usize,
+        step: &[(usize, &BlockTable)],
+    ) -> Result<()> {
+        let r = self.write(device, rows, width, step);
+        if r.is_err() {
+            self.rows = 0;
+        }
+        r
+    }
+
     /// Makes the device rows of `step` (slot, table) equal their tables,
     /// with `rows` × `width` the shape every live table needs.
-    fn sync(
+    fn write(
         &mut self,
         device: &Device,
         rows: usize,
