@@ -632,12 +632,16 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
 }
 
 /// The engine on the GPU samples the same tokens and log-probabilities with
-/// CUDA-graph decode as without (`EngineConfig::cuda_graphs`): five
-/// requests, two at a time (so requests are admitted and freed between
-/// graphed decode steps, which reshapes the step's uploads), greedy and
-/// sampled, up to 24 tokens each (6 under DEEPINFER_QUICK), two of them
-/// stopping on any of 48 ids (about one token in ten) while the others go
-/// on.
+/// CUDA-graph decode, pipelined (`Engine::decode_pipelined`), as without
+/// (`EngineConfig::cuda_graphs`): five requests, two at a time (so requests
+/// are admitted and freed between graphed decode steps, which reshapes the
+/// step's uploads), greedy and sampled, 24 tokens each (6 under
+/// DEEPINFER_QUICK). Then on a batch-invariant device (a request's tokens
+/// do not depend on its batch): requests 1 and 3 stop on any of 48 ids
+/// (about one token in ten) and the limits differ, so requests finish by a
+/// stop while others go on; the pipelined engine keeps a finished request's
+/// row one more step with a stand-in token, which changes the step's batch
+/// but, on that device, no other request's bits.
 #[test]
 fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
     use deepinfer::engine::{Engine, EngineConfig, SamplingParams};
@@ -648,8 +652,13 @@ fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
     } else {
         24
     };
-    let engine = |graphs: bool| {
-        let (model, _) = common::tiny::tiny_model_on(seed, &gpu());
+    let engine = |graphs: bool, invariant: bool| {
+        let dev = if invariant {
+            gpu().with_batch_invariant_kernels()
+        } else {
+            gpu()
+        };
+        let (model, _) = common::tiny::tiny_model_on(seed, &dev);
         Engine::new(
             model,
             EngineConfig {
@@ -659,47 +668,52 @@ fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
                 // Not the whole device: the sanitizers need memory too.
                 pool_memory: Some(256 << 20),
                 cuda_graphs: graphs,
+                batch_invariant: invariant,
                 ..EngineConfig::default()
             },
         )
         .unwrap()
     };
-    let (on, off) = (engine(true), engine(false));
-    let vocab = on.model.cfg.vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = (0..5)
-        .map(|_| {
-            (0..rng.random_range(3..20))
-                .map(|_| rng.random_range(0..vocab))
-                .collect()
-        })
-        .collect();
-    // Requests 1 and 3 stop on any of 48 ids (about one token in ten), so
-    // requests finish by a stop while others go on: the pipelined engine
-    // keeps a finished request's row one more step with a stand-in token.
-    let stops: Vec<u32> = (0..48).map(|_| rng.random_range(0..vocab)).collect();
-    let params: Vec<SamplingParams> = (0..5)
-        .map(|i| SamplingParams {
-            temperature: [0.0, 0.8, 0.0, 1.2, 0.6][i],
-            max_tokens: tokens - [0, 0, 1, 0, 2][i],
-            stop: if i % 2 == 1 {
-                stops.clone()
+    for invariant in [false, true] {
+        let (on, off) = (engine(true, invariant), engine(false, invariant));
+        let vocab = on.model.cfg.vocab_size as u32;
+        let prompts: Vec<Vec<u32>> = (0..5)
+            .map(|_| {
+                (0..rng.random_range(3..20))
+                    .map(|_| rng.random_range(0..vocab))
+                    .collect()
+            })
+            .collect();
+        let stops: Vec<u32> = (0..48).map(|_| rng.random_range(0..vocab)).collect();
+        let params: Vec<SamplingParams> = (0..5)
+            .map(|i| SamplingParams {
+                temperature: [0.0, 0.8, 0.0, 1.2, 0.6][i],
+                max_tokens: tokens - if invariant { [0, 0, 1, 0, 2][i] } else { 0 },
+                stop: if invariant && i % 2 == 1 {
+                    stops.clone()
+                } else {
+                    Vec::new()
+                },
+                seq_seed: rng.random(),
+                logprobs: true,
+                ..SamplingParams::default()
+            })
+            .collect();
+        let (a, b) = (
+            on.generate(&prompts, &params),
+            off.generate(&prompts, &params),
+        );
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+            let what = format!("request {i} (invariant {invariant})");
+            assert_eq!(a.tokens, b.tokens, "{what}");
+            assert_eq!(a.logprobs, b.logprobs, "{what}");
+            assert_eq!(a.stop, b.stop, "{what}");
+            if invariant {
+                assert!(a.tokens.len() <= params[i].max_tokens, "{what}");
             } else {
-                Vec::new()
-            },
-            seq_seed: rng.random(),
-            logprobs: true,
-            ..SamplingParams::default()
-        })
-        .collect();
-    let (a, b) = (
-        on.generate(&prompts, &params),
-        off.generate(&prompts, &params),
-    );
-    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
-        assert_eq!(a.tokens, b.tokens, "request {i}");
-        assert_eq!(a.logprobs, b.logprobs, "request {i}");
-        assert_eq!(a.stop, b.stop, "request {i}");
-        assert!(a.tokens.len() <= params[i].max_tokens, "request {i}");
+                assert_eq!(a.tokens.len(), tokens, "{what}");
+            }
+        }
     }
 }
