@@ -570,7 +570,11 @@ impl Engine {
     /// position S + e ≤ S + `max_tokens` − 1, inside its pool's sizing
     /// ([`Engine::pool`]). A step after which a request reaches
     /// `max_tokens` is not followed by a prepared one. Tokens, log-probs
-    /// and streaming events are those of [`Model::decode_graphed`] steps.
+    /// and streaming events are those of [`Model::decode_graphed`] steps;
+    /// the one step with a finished request's row has one more row than a
+    /// serial engine's, so on a device that is not batch-invariant the
+    /// other requests' last bits may differ from a serial run's there, as
+    /// with any other batch.
     #[allow(clippy::too_many_arguments)]
     fn decode_pipelined(
         &self,
