@@ -798,8 +798,6 @@ impl CudaBuffer {
     /// its device address (what a captured CUDA graph reads at replay; not
     /// inside a capture).
     pub fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
-        self.device
-            .refuse_in_capture("copying host bytes to the device")?;
         if bytes.len() != self.len() {
             return Err(Error::Argument {
                 op: "CudaBuffer::write_all",
@@ -808,13 +806,7 @@ impl CudaBuffer {
                 why: "not the buffer's length",
             });
         }
-        let stream = self.device.stream.clone();
-        stream
-            .memcpy_htod(bytes, &mut self.slice)
-            .map_err(driver(format!(
-                "copying {} bytes to the device",
-                bytes.len()
-            )))
+        self.write_range(0, bytes)
     }
 
     /// Overwrites bytes `d0 .. d0 + bytes.len()` of the buffer with host

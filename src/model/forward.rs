@@ -639,15 +639,7 @@ impl Model {
     /// Ends a step whose device half ran and passed its checks: every
     /// entry's sequence advances past its new tokens.
     pub(super) fn finish_step(&self, pool: &mut StatePool, p: &PreparedStep) -> Result<()> {
-        Self::advance_entries(pool, &p.advance_list())
-    }
-
-    /// Advances every entry of `a` past its new tokens.
-    pub(super) fn advance_entries(pool: &mut StatePool, a: &StepAdvance) -> Result<()> {
-        for (e, c) in a.entries.iter().zip(&a.compressed) {
-            pool.advance(e.seq, e.len - e.replay, c)?;
-        }
-        Ok(())
+        advance_entries(pool, &p.b.entries, &p.compressed)
     }
 
     /// The host half of every layer of a step, in layer order: each
@@ -811,8 +803,29 @@ pub(super) struct StepAdvance {
     compressed: Vec<Vec<Option<i64>>>,
 }
 
+impl StepAdvance {
+    /// Advances every entry past its new tokens.
+    pub(super) fn apply(&self, pool: &mut StatePool) -> Result<()> {
+        advance_entries(pool, &self.entries, &self.compressed)
+    }
+}
+
+/// Advances each entry's sequence past its new tokens (`compressed`: their
+/// Engram compressed ids, one list per entry).
+fn advance_entries(
+    pool: &mut StatePool,
+    entries: &[crate::model::batch::Entry],
+    compressed: &[Vec<Option<i64>>],
+) -> Result<()> {
+    for (e, c) in entries.iter().zip(compressed) {
+        pool.advance(e.seq, e.len - e.replay, c)?;
+    }
+    Ok(())
+}
+
 impl PreparedStep {
     /// A copy of what advances the pool past the step.
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     pub(super) fn advance_list(&self) -> StepAdvance {
         StepAdvance {
             entries: self.b.entries.clone(),

@@ -286,14 +286,20 @@ impl Model {
         prep: &mut DecodePrep,
         tokens: &[u32],
     ) -> Result<()> {
+        self.check_prep(pool, prep)?;
+        self.set_step_tokens(pool, &mut prep.p, tokens)
+    }
+
+    /// That `prep` was prepared by this model on `pool`.
+    fn check_prep(&self, pool: &StatePool, prep: &DecodePrep) -> Result<()> {
         if prep.model != self.id || !prep.arena.same_as(pool.inputs()) {
             return Err(invalid(
                 "prep",
                 "another model or pool".into(),
-                "a prepared step takes its tokens on the model and pool that prepared it",
+                "a prepared step is used on the model and pool that prepared it",
             ));
         }
-        self.set_step_tokens(pool, &mut prep.p, tokens)
+        Ok(())
     }
 
     /// Launches the device half of the prepared step `prep` on the model's
@@ -315,13 +321,7 @@ impl Model {
                 "wait for the graph's launched step (Model::decode_wait) before launching another",
             ));
         }
-        if prep.model != self.id || !prep.arena.same_as(pool.inputs()) {
-            return Err(invalid(
-                "prep",
-                "another model or pool".into(),
-                "a prepared step launches on the model and pool that prepared it",
-            ));
-        }
+        self.check_prep(pool, &prep)?;
         if prep.signature != pool.inputs().signature() {
             return Err(invalid(
                 "prep",
@@ -331,23 +331,26 @@ impl Model {
         }
         #[cfg(deepinfer_cuda)]
         {
-            let launched = self.launch_cuda(pool, prep.p, graph)?;
+            let launched = self.launch_cuda(pool, prep.p, prep.signature, graph)?;
             graph.unadvanced = true;
             Ok(launched)
         }
         #[cfg(not(deepinfer_cuda))]
         {
-            let _ = (pool, prep.p);
+            let _ = (pool, prep.p, prep.signature);
             Err(crate::ops::kernels_not_built("Model::decode_launch", &self.device()).into())
         }
     }
 
     /// [`Model::decode_launch`] on a CUDA build.
     #[cfg(deepinfer_cuda)]
+    /// `signature`: the arena's signature after `p`'s uploads (checked by
+    /// the caller to be the pool's current one).
     fn launch_cuda(
         &self,
         pool: &mut StatePool,
         p: PreparedStep,
+        signature: Vec<UploadKey>,
         graph: &mut DecodeGraph,
     ) -> Result<LaunchedDecode> {
         let device = self.device();
@@ -362,7 +365,7 @@ impl Model {
         let key = Key {
             model: self.id,
             arena: pool.inputs().clone(),
-            signature: pool.inputs().signature(),
+            signature,
             scratch: crate::ops::gemm_scratch_generation(),
         };
         let seen = graph.last.replace(key.clone()).is_some_and(|k| k == key);
@@ -453,7 +456,7 @@ impl Model {
         graph: &mut DecodeGraph,
     ) -> Result<()> {
         if let Some(a) = &l.advance {
-            Self::advance_entries(pool, a)?;
+            a.apply(pool)?;
             l.advance = None;
         }
         graph.unadvanced = false;
@@ -512,7 +515,7 @@ impl Model {
             }
         };
         if let Some(a) = advance {
-            Self::advance_entries(pool, &a)?;
+            a.apply(pool)?;
         }
         // Both events are complete: the step's device time, and the gap
         // since the previous step's end.

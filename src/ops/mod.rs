@@ -95,10 +95,6 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 
-/// The device shared by every named tensor of `op`, or a mismatch error.
-/// The handle returned is batch-invariant when any input's is
-/// ([`Device::batch_invariant`]), so the mode reaches the op, and the
-/// outputs it allocates, from whichever operand carries it.
 /// How many times the GEMMs' per-stream split-K scratch has been replaced
 /// by a larger buffer (the old one freed) in this process: a CUDA graph
 /// that captured a GEMM launch holds the scratch's address at its capture,
@@ -115,6 +111,10 @@ pub fn gemm_scratch_generation() -> u64 {
     }
 }
 
+/// The device shared by every named tensor of `op`, or a mismatch error.
+/// The handle returned is batch-invariant when any input's is
+/// ([`Device::batch_invariant`]), so the mode reaches the op, and the
+/// outputs it allocates, from whichever operand carries it.
 pub(crate) fn common_device(
     op: &'static str,
     tensors: &[(&'static str, &Tensor)],

@@ -711,10 +711,7 @@ impl Attention {
         if let Some(bt) = batched {
             let pick = |t| pick_rows(t, bt.all, &bt.rows);
             let tb = bt.rows.len();
-            let src = plan
-                .kv_source()
-                .ok_or_else(|| missing(plan, "a sparse layer without a KV source"))?;
-            let pages = pool.gather_table(src, TableKind::Keys, &bt.slots)?;
+            let pages = pool.gather_table(bt.src, TableKind::Keys, &bt.slots)?;
             let scores = ops::index_scores_paged(
                 &*pick(&q)?,
                 &*pick(&w)?,
@@ -850,8 +847,10 @@ struct BatchedIndex {
     /// The step rows it scores, in batch order (`all`: every row).
     rows: Vec<usize>,
     all: bool,
-    /// I32 `[rows]`: each row's sequence slot, whose row of the source's
-    /// device key table ([`StatePool::gather_table`]) the scores read.
+    /// The KV source's layer, whose device key table
+    /// ([`StatePool::gather_table`]) the scores read.
+    src: usize,
+    /// I32 `[rows]`: each row's sequence slot, its row of that table.
     slots: Input,
     /// I32 `[rows]`: each row's visible entries.
     visible: Input,
@@ -958,6 +957,7 @@ fn prepare_index(
         batched_pass = Some(Box::new(BatchedIndex {
             rows,
             all,
+            src,
             slots,
             visible,
             k,

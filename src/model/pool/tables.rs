@@ -102,8 +102,8 @@ impl Mirror {
         width: usize,
         step: &[(usize, &BlockTable)],
     ) -> Result<()> {
-        let mut row = vec![-1i32; width];
-        if (rows, width) != (self.rows, self.width) {
+        let fresh = (rows, width) != (self.rows, self.width);
+        if fresh {
             let n = rows.checked_mul(width).ok_or(OpError::Argument {
                 op: "StatePool::sync_tables",
                 arg: "pages",
@@ -122,22 +122,15 @@ impl Mirror {
                 },
             )?;
             host.resize(n, -1);
-            for &(slot, t) in step {
-                Mirror::fill(&mut row, t)?;
-                host.get_mut(slot * width..(slot + 1) * width)
-                    .ok_or_else(|| slot_error(slot, rows))?
-                    .copy_from_slice(&row);
-            }
-            let mut t = Tensor::empty(device, DType::I32, &[rows, width])?;
-            t.write_from(&host)?;
+            // Written whole below, once the step's rows are in the mirror.
             *self = Mirror {
                 host,
-                device: t,
+                device: Tensor::empty(device, DType::I32, &[rows, width])?,
                 rows,
                 width,
             };
-            return Ok(());
         }
+        let mut row = vec![-1i32; width];
         let mut changed = Vec::new();
         for &(slot, t) in step {
             Mirror::fill(&mut row, t)?;
@@ -150,7 +143,7 @@ impl Mirror {
                 changed.push(slot);
             }
         }
-        if changed.len() > ROW_WRITES {
+        if fresh || changed.len() > ROW_WRITES {
             self.device.write_from(&self.host)?;
         } else {
             for slot in changed {
