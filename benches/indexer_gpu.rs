@@ -3,7 +3,10 @@
 //! the integer tensor-core kernel (`index_scores`) and the exact SIMT kernel
 //! (`index_scores_exact`, at 8K and 128K only: it is ~30× slower), and the
 //! exact top-512 of those scores, at context {8K, 128K, 1M} × batch {1, 64}
-//! (DEEPINFER_BENCH_QUICK=1: 8K and 128K at batch 1); at 128K and 1M also the
+//! (DEEPINFER_BENCH_QUICK=1: 8K and 128K at batch 1), plus the model's decode
+//! point, batch 256 × 32K keys, where the paged form the model calls
+//! (`index_scores_paged`, pages of 256 keys scattered over the pool) is timed
+//! too (at every batch ≥ 64); at 128K and 1M also the
 //! candidate-block path on the same scores (candidate lists: blocks of 8,
 //! keep 2048; the reindex mask; reindex = mask + top-512). GB/s over the FP4
 //! key bytes (scores) and over the BF16 score bytes read once (top-k,
@@ -119,6 +122,48 @@ mod gpu {
         );
     }
 
+    /// The paged form the model's decode step calls (`index_scores_paged`):
+    /// the same keys as one pool of pages of [`PAGE_ROWS`] keys, each row's
+    /// pages scattered over the pool by a random permutation.
+    fn paged_scores(
+        h: &mut Harness,
+        (q, w, vis): (&Tensor, &Tensor, &Tensor),
+        keys: Vec<Tensor>,
+        batch: usize,
+        n: usize,
+    ) {
+        const PAGE_ROWS: usize = 256;
+        let width = n / PAGE_ROWS;
+        let pools: Vec<Tensor> = keys
+            .into_iter()
+            .map(|k| k.reshape(&[batch * n, 2 * ROW_BYTES]).unwrap())
+            .collect();
+        let mut perm: Vec<i32> = (0..(batch * width) as i32).collect();
+        let mut s = 0x2545_F491_4F6C_DD1Du64;
+        for i in (1..perm.len()).rev() {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            perm.swap(i, (s % (i as u64 + 1)) as usize);
+        }
+        let pages = Tensor::from_vec(perm, &[batch, width])
+            .unwrap()
+            .to_device(&h.dev)
+            .unwrap();
+        let us = h.time_us(|i| {
+            ops::index_scores_paged(q, w, &pools[i % pools.len()], &pages, PAGE_ROWS, vis).unwrap();
+        });
+        h.record(
+            "index_scores_paged",
+            "index_scores",
+            batch,
+            n,
+            us,
+            batch * n * ROW_BYTES,
+            "batch*n*68 (FP4 key rows read through pages of 256 keys; scores, query and page table not counted)",
+        );
+    }
+
     pub fn main() {
         let Some(mut h) = Harness::open("indexer_gpu") else {
             return;
@@ -131,82 +176,98 @@ mod gpu {
             &[8192, 131072, 1 << 20]
         };
         let batches: &[usize] = if quick { &[1] } else { &[1, 64] };
-        for &n in contexts {
-            for &batch in batches {
-                let kbytes = batch * n * ROW_BYTES;
-                let keys: Vec<Tensor> = (0..copies(kbytes))
-                    .map(|c| key_rows(&dev, &[batch, n], 0x9E37_79B9 + c as u64))
-                    .collect();
-                let q = key_rows(&dev, &[batch, HEADS], 7);
-                let w: Vec<bf16> = (0..batch * HEADS)
-                    .map(|i| bf16::from_f32(((i * 37) % 17) as f32 / 256.0 - 0.03))
-                    .collect();
-                let w = Tensor::from_vec(w, &[batch, HEADS])
-                    .unwrap()
-                    .to_device(&dev)
-                    .unwrap();
-                let vis = Tensor::from_vec(vec![n as i32; batch], &[batch])
-                    .unwrap()
-                    .to_device(&dev)
-                    .unwrap();
-                let mut scores = Tensor::empty(&dev, DType::BF16, &[batch, n]).unwrap();
-                let kernels: &[(&str, ScoreKernel)] = if n <= 131072 {
-                    &[
-                        ("index_scores", ScoreKernel::Tensor),
-                        ("index_scores_exact", ScoreKernel::Exact),
-                    ]
-                } else {
-                    &[("index_scores", ScoreKernel::Tensor)]
-                };
-                for &(name, kernel) in kernels {
-                    let us = h.time_us(|i| {
-                        ops::index_scores_into_with(
-                            &q,
-                            &w,
-                            &keys[i % keys.len()],
-                            &vis,
-                            &mut scores,
-                            kernel,
-                        )
-                        .unwrap()
-                    });
-                    h.record(
-                        name,
-                        name,
-                        batch,
-                        n,
-                        us,
-                        kbytes,
-                        "batch*n*68 (FP4 key rows read; scores and query not counted)",
-                    );
-                }
-                drop(keys);
-                let mut out = Tensor::empty(&dev, DType::I32, &[batch, TOPK]).unwrap();
-                let score_copies: Vec<Tensor> = (0..copies(batch * n * 2))
-                    .map(|_| {
-                        scores
-                            .to_device(&Device::Cpu)
-                            .unwrap()
-                            .to_device(&dev)
-                            .unwrap()
-                    })
-                    .collect();
+        let mut points: Vec<(usize, usize)> = contexts
+            .iter()
+            .flat_map(|&n| batches.iter().map(move |&b| (n, b)))
+            .collect();
+        if !quick {
+            // The model's decode point: batch 256 at 128K tokens (32K keys a row).
+            points.push((32768, 256));
+        }
+        // DEEPINFER_BENCH_POINTS="1048576x64,32768x256" keeps those points
+        // (context x batch) only: a profiler run of one shape.
+        if let Ok(keep) = std::env::var("DEEPINFER_BENCH_POINTS") {
+            let keep: Vec<&str> = keep.split(',').map(str::trim).collect();
+            points.retain(|(n, b)| keep.contains(&format!("{n}x{b}").as_str()));
+        }
+        for (n, batch) in points {
+            let kbytes = batch * n * ROW_BYTES;
+            let keys: Vec<Tensor> = (0..copies(kbytes))
+                .map(|c| key_rows(&dev, &[batch, n], 0x9E37_79B9 + c as u64))
+                .collect();
+            let q = key_rows(&dev, &[batch, HEADS], 7);
+            let w: Vec<bf16> = (0..batch * HEADS)
+                .map(|i| bf16::from_f32(((i * 37) % 17) as f32 / 256.0 - 0.03))
+                .collect();
+            let w = Tensor::from_vec(w, &[batch, HEADS])
+                .unwrap()
+                .to_device(&dev)
+                .unwrap();
+            let vis = Tensor::from_vec(vec![n as i32; batch], &[batch])
+                .unwrap()
+                .to_device(&dev)
+                .unwrap();
+            let mut scores = Tensor::empty(&dev, DType::BF16, &[batch, n]).unwrap();
+            let kernels: &[(&str, ScoreKernel)] = if n <= 131072 {
+                &[
+                    ("index_scores", ScoreKernel::Tensor),
+                    ("index_scores_exact", ScoreKernel::Exact),
+                ]
+            } else {
+                &[("index_scores", ScoreKernel::Tensor)]
+            };
+            for &(name, kernel) in kernels {
                 let us = h.time_us(|i| {
-                    let s = &score_copies[i % score_copies.len()];
-                    ops::index_topk_into(s, &vis, TOPK, 128, &mut out).unwrap()
+                    ops::index_scores_into_with(
+                        &q,
+                        &w,
+                        &keys[i % keys.len()],
+                        &vis,
+                        &mut scores,
+                        kernel,
+                    )
+                    .unwrap()
                 });
                 h.record(
-                    "index_topk",
-                    "index_topk",
+                    name,
+                    name,
                     batch,
                     n,
                     us,
-                    batch * n * 2,
-                    "batch*n*2 (BF16 scores read once; the kernel reads them 3 times)",
+                    kbytes,
+                    "batch*n*68 (FP4 key rows read; scores and query not counted)",
                 );
-                if n >= 131072 {
-                    candidate_rows(&mut h, &score_copies, &vis, &mut out, batch, n);
-                }
+            }
+            if batch >= 64 {
+                paged_scores(&mut h, (&q, &w, &vis), keys, batch, n);
+            } else {
+                drop(keys);
+            }
+            let mut out = Tensor::empty(&dev, DType::I32, &[batch, TOPK]).unwrap();
+            let score_copies: Vec<Tensor> = (0..copies(batch * n * 2))
+                .map(|_| {
+                    scores
+                        .to_device(&Device::Cpu)
+                        .unwrap()
+                        .to_device(&dev)
+                        .unwrap()
+                })
+                .collect();
+            let us = h.time_us(|i| {
+                let s = &score_copies[i % score_copies.len()];
+                ops::index_topk_into(s, &vis, TOPK, 128, &mut out).unwrap()
+            });
+            h.record(
+                "index_topk",
+                "index_topk",
+                batch,
+                n,
+                us,
+                batch * n * 2,
+                "batch*n*2 (BF16 scores read once; the kernel reads them 3 times)",
+            );
+            if n >= 131072 {
+                candidate_rows(&mut h, &score_copies, &vis, &mut out, batch, n);
             }
         }
         h.finish();

@@ -22,7 +22,9 @@ def cases():
     quick = os.environ.get("DEEPINFER_BENCH_QUICK") == "1"
     ctx = [8192, 131072] if quick else [8192, 131072, 1 << 20]
     batches = [1] if quick else [1, 64]
-    return [(b, n) for n in ctx for b in batches]
+    # The model's decode point (batch 256 at 128K tokens: 32K index keys a row).
+    extra = [] if quick else [(256, 32768)]
+    return [(b, n) for n in ctx for b in batches] + extra
 
 
 def copies_for(nbytes):
