@@ -246,14 +246,16 @@ constexpr int kScratchBytes = kTileKeys * 32 * 2; /* [32 keys][32 heads] bf16 */
 /* Dynamic shared memory carve-up (offsets in bytes). */
 constexpr int kOffRing = 0;
 constexpr int kOffScratch = kOffRing + kFastWarps * kFastStages * kStageBytes;
-constexpr int kOffQs = kOffScratch + kFastWarps * kScratchBytes;
-constexpr int kOffWs = kOffQs + 128 * 32 * 4;
+constexpr int kOffWs = kOffScratch + kFastWarps * kScratchBytes;
 constexpr int kOffQBytes = kOffWs + 32 * 4;
 constexpr int kOffMeta = kOffQBytes + 32 * kKeyRow;
 constexpr int kOffBar = kOffMeta + 3 * 32 * 4;
-constexpr int kFastSmem = kOffBar + kFastWarps * kFastStages * 8;
+constexpr int kOffPre = kOffBar + kFastWarps * kFastStages * 8; /* per stage: its tile's byte offset, -1 none */
+constexpr int kFastSmem = kOffPre + kFastWarps * kFastStages * 4;
 static_assert(kFastSmem == DI_INDEXER_FAST_SMEM_BYTES, "params.h DI_INDEXER_FAST_SMEM_BYTES");
 static_assert(kStageBytes % 16 == 0 && kOffScratch % 16 == 0 && kOffBar % 8 == 0, "alignment");
+/* Other architectures run the SIMT path with the decoded query in the ring. */
+static_assert(kFastWarps * kFastStages * kStageBytes >= 128 * 32 * 4, "the SIMT path's query fits the ring");
 constexpr uint32_t kMagic = 0x4B400000u; /* 1.5 * 2^23 */
 constexpr float kMagicF = 12582912.0f;
 constexpr uint8_t kScaleLo = 95, kScaleHi = 159;
@@ -328,38 +330,58 @@ __device__ __forceinline__ void bulk_copy(void *dst, const void *src, uint32_t b
         : "memory");
 }
 
-__device__ __forceinline__ void word_copy_arrive(void *dst, const void *src, uint64_t *bar) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_u32(dst)), "l"(src) : "memory");
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+/* Lane 0 arrives on a stage barrier once per tile, with the bulk bytes. */
+constexpr uint32_t kBarArrivals = 1;
+
+/* Where row b's tiles live: contiguous from `row`, or paged (a page holds
+ * tpp whole tiles; tpp_shift = log2 tpp when a power of two, else -1). */
+struct TileMap {
+    const uint8_t *row;
+    const uint8_t *keys;
+    const int32_t *pages; /* row b's page list, NULL when not paged */
+    int64_t pool_pages;
+    uint32_t tpp;
+    int tpp_shift;
+};
+
+__device__ __forceinline__ TileMap tile_map(const di_indexer_score_params &p, int b) {
+    TileMap m;
+    m.keys = static_cast<const uint8_t *>(p.keys);
+    m.row = m.keys + int64_t(b) * p.key_batch_stride;
+    m.pages = p.pages == nullptr ? nullptr : p.pages + int64_t(b) * p.pages_stride;
+    m.pool_pages = p.pool_pages;
+    m.tpp = uint32_t(p.page_rows / kTileKeys);
+    m.tpp_shift = (m.tpp & (m.tpp - 1)) == 0 ? __ffs(int(m.tpp)) - 1 : -1;
+    return m;
 }
 
-/* Lanes 0..8 arrive on every stage barrier once per tile (its count is 9):
- * lane 0 with the bulk bytes, lanes 1..8 after their 4-byte copy (if any). */
-constexpr uint32_t kBarArrivals = 9;
-
-/* Byte offset of tile i's first key inside its stage buffer. */
-/* The first key of tile i of row b (its keys follow it contiguously: a page
- * holds whole tiles), or NULL for a tile on a page outside the pool. */
-__device__ __forceinline__ const uint8_t *tile_at(const di_indexer_score_params &p, const uint8_t *row, int b,
-                                                  int64_t i) {
-    return key_at(p, row, b, i * kTileKeys, kKeyRow);
-}
-
-__device__ __forceinline__ uint32_t tile_pre(const uint8_t *tile) {
-    return uint32_t(reinterpret_cast<uintptr_t>(tile) & 15u);
+/* The first key of tile i (its keys follow it contiguously), or NULL for a
+ * tile on a page outside the pool. 32-bit tile arithmetic: n < 2^31 keys. */
+__device__ __forceinline__ const uint8_t *tile_at(const TileMap &m, uint32_t i) {
+    if (m.pages == nullptr) return m.row + int64_t(i) * kTileBytes;
+    const uint32_t pi = m.tpp_shift >= 0 ? i >> m.tpp_shift : i / m.tpp;
+    const int64_t pg = m.pages[pi];
+    if (pg < 0 || pg >= m.pool_pages) return nullptr;
+    return m.keys + (pg * m.tpp + (i - pi * m.tpp)) * int64_t(kTileBytes);
 }
 
 /* Starts loading keys [32 i, min(32 i + 32, visible)) of tile i (first key at
- * `tile`; NULL: none, the barrier still completes) into `stage`. */
+ * `tile`; NULL: none, the barrier still completes) into `stage`, and records
+ * the tile's byte offset in the stage (-1: none) in *pre for the consumer.
+ * The 16-byte aligned middle goes by one bulk copy on the stage's barrier;
+ * the at most 3 + 3 words outside it (a row of a per-row cache that is not
+ * 16-byte aligned, a short last tile) are copied by lanes 1..8 with plain
+ * loads and stores before the arrival (rare: the paged pool and aligned rows
+ * have none but in a row's last tile). */
 __device__ __forceinline__ void issue_tile(const uint8_t *tile, int64_t i, int64_t visible,
-                                           uint8_t *stage, uint64_t *bar, int lane) {
+                                           uint8_t *stage, uint64_t *bar, int *pre, int lane) {
     const int64_t t0 = i * kTileKeys, t1 = tile == nullptr ? t0 : min(t0 + kTileKeys, visible);
     const uintptr_t s = reinterpret_cast<uintptr_t>(tile);
     const uintptr_t e = s + uintptr_t((t1 - t0) * kKeyRow);
     const uintptr_t a = (s + 15) & ~uintptr_t(15), z = e & ~uintptr_t(15);
     uint8_t *base = stage + 16 + (s & 15); /* key data; 16-aligned from a */
     const bool bulk = a < z;
-    if (lane >= 1 && lane <= 8) {
+    if ((bulk ? a != s || z != e : s != e) && lane >= 1 && lane <= 8) {
         const int k = lane - 1;
         uintptr_t src = 0;
         if (bulk) {
@@ -369,11 +391,12 @@ __device__ __forceinline__ void issue_tile(const uint8_t *tile, int64_t i, int64
         } else if (k < int((e - s) / 4)) {
             src = s + 4 * k;
         }
-        if (src != 0) word_copy_arrive(base + (src - s), reinterpret_cast<const void *>(src), bar);
-        else mbar_arrive(bar);
+        if (src != 0)
+            *reinterpret_cast<uint32_t *>(base + (src - s)) = __ldg(reinterpret_cast<const uint32_t *>(src));
     }
     __syncwarp();
     if (lane == 0) {
+        *pre = tile == nullptr ? -1 : int(s & 15);
         mbar_arrive_expect_tx(bar, bulk ? uint32_t(z - a) : 0u);
         if (bulk) bulk_copy(base + (a - s), reinterpret_cast<const void *>(a), uint32_t(z - a), bar);
     }
@@ -383,7 +406,7 @@ __device__ __forceinline__ void issue_tile(const uint8_t *tile, int64_t i, int64
  * h holds head h's dot product (dimension order, separate fp32 multiply and
  * add); the head sum runs in head order through shuffles. kf: 128 floats of
  * scratch. Returns the same value in every lane. */
-__device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const float *qs, const float *ws,
+__device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const uint8_t *qb, const float *ws,
                                               int H, float *kf, int lane) {
     const float s = e8m0_to_f32(kr[64 + lane / 8]);
     const uint32_t half = uint32_t(kr[2 * lane]) | (uint32_t(kr[2 * lane + 1]) << 8);
@@ -392,9 +415,14 @@ __device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const float *qs
     __syncwarp();
     float term = 0.0f;
     if (lane < H) {
+        /* The query value as load_query_f32 decodes it. */
+        const uint8_t *qr = qb + lane * kKeyRow;
         float dot = -0.0f;
 #pragma unroll 8
-        for (int d = 0; d < 128; ++d) dot = __fadd_rn(dot, __fmul_rn(qs[d * H + lane], kf[d]));
+        for (int d = 0; d < 128; ++d) {
+            const float qv = __fmul_rn(e2m1_to_f32((qr[d / 2] >> (4 * (d & 1))) & 0xFu), e8m0_to_f32(qr[64 + d / 32]));
+            dot = __fadd_rn(dot, __fmul_rn(qv, kf[d]));
+        }
         const float relu = fmaxf(__bfloat162float(__float2bfloat16_rn(dot)), 0.0f);
         term = __bfloat162float(__float2bfloat16_rn(__fmul_rn(ws[lane], relu)));
     }
@@ -406,15 +434,15 @@ __device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const float *qs
 }  // namespace
 #endif
 
-extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
+extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
     indexer_scores_fast(const __grid_constant__ di_indexer_score_params p) {
     extern __shared__ __align__(128) uint8_t fsm[];
-    float *qs = reinterpret_cast<float *>(fsm + kOffQs);
     float *ws = reinterpret_cast<float *>(fsm + kOffWs);
     const int b = blockIdx.y;
-    load_query_f32(p, b, qs, ws);
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const int H = p.heads; /* <= 32, dim == 128 */
+    for (int h = threadIdx.x; h < H; h += blockDim.x)
+        ws[h] = __bfloat162float(static_cast<const __nv_bfloat16 *>(p.w)[int64_t(b) * H + h]);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
     uint8_t *qb = fsm + kOffQBytes;
@@ -495,7 +523,8 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
     }
 
     const int64_t visible = min(int64_t(max(p.visible[b], 0)), p.n);
-    const uint8_t *row = static_cast<const uint8_t *>(p.keys) + int64_t(b) * p.key_batch_stride;
+    const TileMap map = tile_map(p, b);
+    int *pres = reinterpret_cast<int *>(fsm + kOffPre) + warp * kFastStages;
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.scores) + int64_t(b) * p.n;
     for (int64_t t = visible + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; t < p.n;
          t += int64_t(gridDim.x) * blockDim.x)
@@ -507,16 +536,16 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
     const int64_t first = int64_t(blockIdx.x) * kFastWarps + warp, stride = int64_t(gridDim.x) * kFastWarps;
     for (int k = 0; k < kFastStages; ++k)
         if (first + k * stride < tiles)
-            issue_tile(tile_at(p, row, b, first + k * stride), first + k * stride, visible, ring + k * kStageBytes,
-                       &bars[k], lane);
+            issue_tile(tile_at(map, uint32_t(first + k * stride)), first + k * stride, visible,
+                       ring + k * kStageBytes, &bars[k], &pres[k], lane);
 
     for (int64_t k = 0; first + k * stride < tiles; ++k) {
         const int64_t i = first + k * stride;
         const int st = int(k % kFastStages);
         uint8_t *stage = ring + st * kStageBytes;
         mbar_wait(&bars[st], uint32_t(k / kFastStages) & 1u);
-        const uint8_t *src = tile_at(p, row, b, i);
-        const uint8_t *tile = stage + 16 + tile_pre(src);
+        const int pre = pres[st];
+        const uint8_t *tile = stage + 16 + max(pre, 0);
         const int64_t t0 = i * kTileKeys;
         const bool live = t0 + lane < visible;
 
@@ -584,21 +613,23 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
             float *kf = reinterpret_cast<float *>(scratch);
             for (; flagged; flagged &= flagged - 1) {
                 const int r = __ffs(flagged) - 1;
-                const __nv_bfloat16 e = exact_key_score_warp(tile + r * kKeyRow, qs, ws, H, kf, lane);
+                const __nv_bfloat16 e = exact_key_score_warp(tile + r * kKeyRow, qb, ws, H, kf, lane);
                 if (lane == r) result = e;
             }
         }
         /* A tile on a page outside the pool loaded nothing: -inf. */
-        if (live) out[t0 + lane] = src == nullptr ? __ushort_as_bfloat16(0xFF80u) : result;
+        if (live) out[t0 + lane] = pre < 0 ? __ushort_as_bfloat16(0xFF80u) : result;
         __syncwarp();
         const int64_t next = i + kFastStages * stride;
         if (next < tiles) {
             fence_proxy_async_smem();
-            issue_tile(tile_at(p, row, b, next), next, visible, stage, &bars[st], lane);
+            issue_tile(tile_at(map, uint32_t(next)), next, visible, stage, &bars[st], &pres[st], lane);
         }
     }
 #else
     /* Other architectures: the exact SIMT path (same launch shape and results). */
+    float *qs = reinterpret_cast<float *>(fsm + kOffRing);
+    load_query_f32(p, b, qs, ws);
     __syncthreads();
     exact_scores_simt(p, b, qs, ws);
 #endif
@@ -606,43 +637,90 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 3)
 
 /* ---- exact top-k ------------------------------------------------------------ *
  * Three passes over a row of BF16 scores split into `segments` contiguous
- * segments of seg_len entries (grid = segments x batch, every CTA one segment):
+ * segments of seg_len entries (grid = segments x batch, every CTA one segment;
+ * seg_len a multiple of 8, so a segment of a 16-byte aligned row starts
+ * 16-byte aligned):
  *   1. hist_hi[b][s][256]: histogram of the high byte of the 16-bit key.
- *   2. every CTA finds the high byte hT of the k-th largest key from the
- *      row's total, then hist_lo[b][s][256]: histogram of the low byte of the
- *      keys whose high byte is hT.
- *   3. every CTA finds T = (hT, lT), the k-th largest key, above = #keys > T
- *      and need = k - above (ties at T to take, by lowest index); from the
- *      per-segment histograms it knows how many picks and ties precede its
- *      segment, then walks its segment in index order with block scans. The
- *      picks come out in ascending index order: entries < visible as
- *      index + offset, the rest as -1 (they are at the end).
- * The histograms are written fully by every CTA (no atomics on global memory,
- * no memset), so the result never depends on scheduling. */
+ *   2. every CTA sums the row's high-byte histograms (one column a thread),
+ *      finds the high byte hT of the k-th largest key, then hist_lo[b][s][256]:
+ *      histogram of the low byte of its keys whose high byte is hT.
+ *   3. every CTA finds T = (hT, lT), the k-th largest key, and need = k - #keys
+ *      > T (ties at T to take, by lowest index); from the earlier segments'
+ *      histograms (a warp per segment) the picks and ties before its segment
+ *      (picks = keys > T + min(ties, need)); then it walks its segment in
+ *      index order with block scans. The picks come out in ascending index
+ *      order: entries < visible as index + offset, the rest as -1 (they are
+ *      at the end).
+ * Each thread takes 8 consecutive entries of a 4096-entry chunk (one 16-byte
+ * load when the row is aligned), the next chunk's load issued before the
+ * current one is used. The histograms are written fully by every CTA (no
+ * atomics on global memory, no memset); every count is an integer, so the
+ * result never depends on scheduling, nor on the segmentation (the host picks
+ * it from n and the batch). */
 namespace {
 constexpr int kTopkThreads = 512;
+constexpr int kTopkPer = 8;
+constexpr int kTopkChunk = kTopkThreads * kTopkPer;
 
-__device__ __forceinline__ uint32_t load_key(const uint16_t *row, int64_t i) { return bf16_key(row[i]); }
+/* The raw BF16 bits of entries [i, i + 8) of row, entries >= hi as 0. */
+__device__ __forceinline__ uint4 load8(const uint16_t *row, int64_t i, int64_t hi, bool vec) {
+    if (vec && i + kTopkPer <= hi) return __ldg(reinterpret_cast<const uint4 *>(row + i));
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int j = 0; j < kTopkPer; ++j)
+        if (i + j < hi) w[j >> 1] |= uint32_t(__ldg(row + i + j)) << (16 * (j & 1));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 
-/* Histogram of `bin(i)` over the flagged entries of [lo, hi) into smem. */
+__device__ __forceinline__ uint32_t key_of(const uint4 &r, int j) {
+    const uint32_t w = j < 2 ? r.x : j < 4 ? r.y : j < 6 ? r.z : r.w;
+    return bf16_key(uint16_t(w >> (16 * (j & 1))));
+}
+
+/* Whether a launch's rows take 16-byte loads (uniform over the grid). */
+__device__ __forceinline__ bool rows_vec(const di_indexer_topk_params &p) {
+    return ((reinterpret_cast<uintptr_t>(p.scores) | uintptr_t(p.n * 2) | uintptr_t(p.seg_len * 2)) & 15u) == 0;
+}
+
+/* Histogram of `bin(key)` (a bin, or -1 for none) over entries [lo, hi) of
+ * row into smem; warp aggregation: one atomic per distinct bin in the warp. */
 template <typename F>
-__device__ void block_histogram(uint32_t *hist, int64_t lo, int64_t hi, F bin) {
+__device__ void segment_histogram(uint32_t *hist, const uint16_t *row, int64_t lo, int64_t hi, bool vec, F bin) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
     __syncthreads();
-    for (int64_t base = lo; base < hi; base += blockDim.x) {
-        const int64_t i = base + threadIdx.x;
-        const int v = i < hi ? bin(i) : -1;
-        /* Warp aggregation: one atomic per distinct bin in the warp. */
-        const uint32_t peers = __match_any_sync(0xffffffffu, v);
-        if (v >= 0 && (__ffs(peers) - 1) == int(threadIdx.x & 31)) atomicAdd(&hist[v], __popc(peers));
+    const int lane = threadIdx.x & 31;
+    int64_t i = lo + int64_t(kTopkPer) * threadIdx.x;
+    uint4 cur = load8(row, i, hi, vec);
+    for (int64_t base = lo; base < hi; base += kTopkChunk, i += kTopkChunk) {
+        const uint4 nxt = i + kTopkChunk < hi ? load8(row, i + kTopkChunk, hi, vec) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+        for (int j = 0; j < kTopkPer; ++j) {
+            const int v = i + j < hi ? bin(key_of(cur, j)) : -1;
+            const uint32_t peers = __match_any_sync(0xffffffffu, v);
+            if (v >= 0 && (__ffs(peers) - 1) == lane) atomicAdd(&hist[v], __popc(peers));
+        }
+        cur = nxt;
     }
+    __syncthreads();
+}
+
+/* total[v] = sum over the row's segments of h[s][v] (smem; every thread of
+ * the block takes part, two per column). */
+__device__ void column_totals(const uint32_t *h, int segments, uint32_t *total, uint32_t *part) {
+    const int v = threadIdx.x & 255, half = threadIdx.x >> 8;
+    uint32_t t = 0;
+#pragma unroll 4
+    for (int s = half; s < segments; s += 2) t += h[int64_t(s) * 256 + v];
+    if (half) part[v] = t;
+    __syncthreads();
+    if (!half) total[v] = t + part[v];
     __syncthreads();
 }
 
 /* Finds the bin holding the k-th largest element given per-bin totals
  * (bins ascending by key) and the count already above all bins; returns the
  * bin and sets *above to the count of elements in higher bins (plus base). */
-__device__ int find_bin(const uint32_t *total, uint32_t k, uint32_t base, uint32_t *above) {
+__device__ __forceinline__ int find_bin(const uint32_t *total, uint32_t k, uint32_t base, uint32_t *above) {
     uint32_t cum = base;
     for (int v = 255; v >= 0; --v) {
         if (cum + total[v] >= k) {
@@ -683,6 +761,14 @@ __device__ uint32_t block_exclusive_scan(uint32_t x, uint32_t *warp_sums, uint32
     __syncthreads();
     return r;
 }
+
+/* The high byte of the row's k-th key (every thread), *above = #keys in
+ * higher high-byte bins; total/part: 256-entry smem scratch. */
+__device__ __forceinline__ uint32_t high_threshold(const di_indexer_topk_params &p, int b, uint32_t *total, uint32_t *part,
+                                   uint32_t *above) {
+    column_totals(p.hist_hi + int64_t(b) * p.segments * 256, p.segments, total, part);
+    return uint32_t(find_bin(total, uint32_t(p.k), 0u, above));
+}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
@@ -691,111 +777,117 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
     const int s = blockIdx.x, b = blockIdx.y;
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    block_histogram(hist, lo, hi, [&](int64_t i) { return int(load_key(row, i) >> 8); });
+    segment_histogram(hist, row, lo, hi, rows_vec(p), [](uint32_t key) { return int(key >> 8); });
     uint32_t *dst = p.hist_hi + (int64_t(b) * p.segments + s) * 256;
     for (int i = threadIdx.x; i < 256; i += blockDim.x) dst[i] = hist[i];
 }
 
-namespace {
-/* The row's total high-byte histogram and the high byte of the k-th key. */
-__device__ int high_threshold(const di_indexer_topk_params &p, int b, uint32_t *total, uint32_t *above) {
-    const uint32_t *h = p.hist_hi + int64_t(b) * p.segments * 256;
-    for (int v = threadIdx.x; v < 256; v += blockDim.x) {
-        uint32_t t = 0;
-        for (int s = 0; s < p.segments; ++s) t += h[int64_t(s) * 256 + v];
-        total[v] = t;
-    }
-    __syncthreads();
-    return find_bin(total, uint32_t(p.k), 0u, above);
-}
-}  // namespace
-
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_hist_lo(const __grid_constant__ di_indexer_topk_params p) {
-    __shared__ uint32_t total[256];
+    __shared__ uint32_t total[256], part[256];
     __shared__ uint32_t hist[256];
     const int s = blockIdx.x, b = blockIdx.y;
     uint32_t above;
-    const uint32_t hT = uint32_t(high_threshold(p, b, total, &above));
+    const uint32_t hT = high_threshold(p, b, total, part, &above);
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    block_histogram(hist, lo, hi, [&](int64_t i) {
-        const uint32_t key = load_key(row, i);
-        return (key >> 8) == hT ? int(key & 0xFFu) : -1;
-    });
+    segment_histogram(hist, row, lo, hi, rows_vec(p),
+                      [hT](uint32_t key) { return (key >> 8) == hT ? int(key & 0xFFu) : -1; });
     uint32_t *dst = p.hist_lo + (int64_t(b) * p.segments + s) * 256;
     for (int i = threadIdx.x; i < 256; i += blockDim.x) dst[i] = hist[i];
 }
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_collect(const __grid_constant__ di_indexer_topk_params p) {
-    __shared__ uint32_t total[256];
+    __shared__ uint32_t total[256], part[256];
     __shared__ uint32_t warp_sums[kTopkThreads / 32];
+    __shared__ uint32_t warp_above[kTopkThreads / 32], warp_ties[kTopkThreads / 32];
     __shared__ uint32_t scan_total;
-    __shared__ uint32_t seg_picks, seg_ties; /* picks / ties at T before this segment */
-    __shared__ int threshold;
-    __shared__ uint32_t need_s;
-    __shared__ uint32_t seg_above[DI_INDEXER_TOPK_MAX_SEGMENTS], seg_tie[DI_INDEXER_TOPK_MAX_SEGMENTS];
     const int s = blockIdx.x, b = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     uint32_t above_hi;
-    const uint32_t hT = uint32_t(high_threshold(p, b, total, &above_hi));
-    __syncthreads();
+    const uint32_t hT = high_threshold(p, b, total, part, &above_hi);
     const uint32_t *hlo = p.hist_lo + int64_t(b) * p.segments * 256;
     const uint32_t *hhi = p.hist_hi + int64_t(b) * p.segments * 256;
-    for (int v = threadIdx.x; v < 256; v += blockDim.x) {
-        uint32_t t = 0;
-        for (int j = 0; j < p.segments; ++j) t += hlo[int64_t(j) * 256 + v];
-        total[v] = t;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        uint32_t above;
-        const uint32_t lT = uint32_t(find_bin(total, uint32_t(p.k), above_hi, &above));
-        threshold = int((hT << 8) | lT);
-        need_s = uint32_t(p.k) - above;
-    }
-    __syncthreads();
-    /* Per earlier segment: keys > T and ties at T, one segment per thread. */
+    column_totals(hlo, p.segments, total, part);
+    uint32_t above_t;
+    const uint32_t lT = uint32_t(find_bin(total, uint32_t(p.k), above_hi, &above_t));
+    const uint32_t T = (hT << 8) | lT, need = uint32_t(p.k) - above_t;
+    /* Keys > T and ties at T in the earlier segments: a warp per segment. */
     {
-        const uint32_t lT = uint32_t(threshold) & 0xFFu;
-        for (int j = threadIdx.x; j < s; j += blockDim.x) {
-            uint32_t a = 0;
-            for (uint32_t v = hT + 1; v < 256; ++v) a += hhi[int64_t(j) * 256 + v];
-            for (uint32_t v = lT + 1; v < 256; ++v) a += hlo[int64_t(j) * 256 + v];
-            seg_above[j] = a;
-            seg_tie[j] = hlo[int64_t(j) * 256 + lT];
+        uint32_t a = 0, t = 0;
+        for (int j = warp; j < s; j += kTopkThreads / 32) {
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+                const uint32_t v = uint32_t(lane + 32 * q);
+                const uint32_t xh = hhi[int64_t(j) * 256 + v], xl = hlo[int64_t(j) * 256 + v];
+                a += (v > hT ? xh : 0u) + (v > lT ? xl : 0u);
+                t += v == lT ? xl : 0u;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            a += __shfl_xor_sync(0xffffffffu, a, o);
+            t += __shfl_xor_sync(0xffffffffu, t, o);
+        }
+        if (lane == 0) {
+            warp_above[warp] = a;
+            warp_ties[warp] = t;
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        const uint32_t need = need_s;
-        uint32_t picks = 0, ties = 0;
-        for (int j = 0; j < s; ++j) {
-            const uint32_t taken = ties >= need ? 0u : min(seg_tie[j], need - ties);
-            picks += seg_above[j] + taken;
-            ties += seg_tie[j];
-        }
-        seg_picks = picks;
-        seg_ties = ties;
+    uint32_t picks = 0, ties = 0;
+#pragma unroll
+    for (int w = 0; w < kTopkThreads / 32; ++w) {
+        picks += warp_above[w];
+        ties += warp_ties[w];
     }
-    __syncthreads();
-    const uint32_t T = uint32_t(threshold), need = need_s;
-    uint32_t picks = seg_picks, ties = seg_ties;
+    picks += min(ties, need);
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t visible = min(int64_t(max(p.visible[b], 0)), p.n);
     int32_t *out = p.out + int64_t(b) * p.k;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    for (int64_t base = lo; base < hi; base += blockDim.x) {
-        const int64_t i = base + threadIdx.x;
-        const uint32_t key = i < hi ? load_key(row, i) : 0u;
-        const bool cand = i < hi && (key > T || (key == T && ties < need));
-        if (!__syncthreads_or(cand)) continue;
-        const bool tie = i < hi && key == T;
-        const uint32_t tie_rank = ties + block_exclusive_scan(tie ? 1u : 0u, warp_sums, &scan_total);
+    const bool vec = rows_vec(p);
+    int64_t i = lo + int64_t(kTopkPer) * threadIdx.x;
+    uint4 cur = load8(row, i, hi, vec);
+    for (int64_t base = lo; base < hi; base += kTopkChunk, i += kTopkChunk) {
+        const uint4 nxt = i + kTopkChunk < hi ? load8(row, i + kTopkChunk, hi, vec) : make_uint4(0u, 0u, 0u, 0u);
+        uint32_t nt = 0, ng = 0;
+#pragma unroll
+        for (int j = 0; j < kTopkPer; ++j) {
+            const uint32_t key = key_of(cur, j);
+            const bool in = i + j < hi;
+            nt += in && key == T;
+            ng += in && key > T;
+        }
+        const uint4 now = cur;
+        cur = nxt;
+        /* Nothing to take: no key above T, and no tie while ties are still
+         * taken (once ties >= need, later ties are never taken). */
+        if (!__syncthreads_or(ng + (ties < need ? nt : 0u))) continue;
+        uint32_t r = ties + block_exclusive_scan(nt, warp_sums, &scan_total);
         const uint32_t tie_count = scan_total;
-        const bool sel = i < hi && (key > T || (tie && tie_rank < need));
-        const uint32_t pos = picks + block_exclusive_scan(sel ? 1u : 0u, warp_sums, &scan_total);
-        if (sel) out[pos] = i < visible ? int32_t(i + p.offset) : -1;
+        uint32_t sc = 0;
+        {
+            uint32_t rr = r;
+#pragma unroll
+            for (int j = 0; j < kTopkPer; ++j) {
+                const uint32_t key = key_of(now, j);
+                const bool in = i + j < hi;
+                if (in && key > T) ++sc;
+                else if (in && key == T) sc += rr++ < need;
+            }
+        }
+        uint32_t pos = picks + block_exclusive_scan(sc, warp_sums, &scan_total);
+#pragma unroll
+        for (int j = 0; j < kTopkPer; ++j) {
+            const uint32_t key = key_of(now, j);
+            const int64_t e = i + j;
+            bool sel = false;
+            if (e < hi && key > T) sel = true;
+            else if (e < hi && key == T) sel = r++ < need;
+            if (sel) out[pos++] = e < visible ? int32_t(e + p.offset) : -1;
+        }
         picks += scan_total;
         ties += tie_count;
     }

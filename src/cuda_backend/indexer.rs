@@ -32,22 +32,27 @@ const SCORE_THREADS: usize = 256;
 const FAST_THREADS: usize = 128;
 /// Dynamic shared memory of the tensor-core score kernel
 /// (`DI_INDEXER_FAST_SMEM_BYTES`; the kernel static-asserts its carve-up).
-const FAST_SMEM: u32 = 62_720;
+const FAST_SMEM: u32 = 46_400;
 /// Keys per tile of the tensor-core score kernel (one tile per warp step).
 const FAST_TILE: usize = 32;
 /// Resident CTAs of the tensor-core score kernel per SM (its launch bounds).
-const FAST_CTAS_PER_SM: usize = 3;
+const FAST_CTAS_PER_SM: usize = 4;
 /// The only `dim` and the most heads the tensor-core score kernel takes.
 pub const FAST_DIM: usize = 128;
 /// See [`FAST_DIM`].
 pub const FAST_MAX_HEADS: usize = 32;
 /// Threads of every top-k pass; must match the kernel.
 const TOPK_THREADS: u32 = 512;
-/// Shortest top-k segment: a row of n entries is cut into
-/// ceil(n / seg_len) segments, seg_len = max(this, ceil(n / 512)).
-const TOPK_MIN_SEGMENT: usize = 8192;
-/// Most top-k segments per row (`DI_INDEXER_TOPK_MAX_SEGMENTS`).
-const TOPK_MAX_SEGMENTS: usize = 512;
+/// Shortest top-k segment (one 4096-entry chunk of the kernel: 512 threads
+/// × 8 entries).
+const TOPK_MIN_SEGMENT: usize = 4096;
+/// Most top-k segments per row; at most `DI_INDEXER_TOPK_MAX_SEGMENTS`.
+/// Every CTA sums its row's per-segment histograms, so more segments cost
+/// L2 reads that grow with their square.
+const TOPK_MAX_SEGMENTS: usize = 128;
+/// Top-k CTAs a launch aims at: about four 512-thread CTAs per SM of the
+/// H200's 132, i.e. one wave.
+const TOPK_TARGET_CTAS: usize = 512;
 
 /// BF16 `x` (`rows × dim`) → index-key rows in `out`.
 pub fn index_key_quant(
@@ -194,9 +199,16 @@ fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShap
     launch(dev, kernel, cfg, p)
 }
 
-/// Segment length and count of a top-k row of `n` entries.
-fn topk_segments(n: usize) -> (usize, usize) {
-    let seg_len = TOPK_MIN_SEGMENT.max(n.div_ceil(TOPK_MAX_SEGMENTS));
+/// Segment length and count of a top-k row of `n` entries in a launch of
+/// `batch` rows: enough segments to fill the GPU once, each a multiple of 8
+/// entries (a segment of an aligned row starts 16-byte aligned). The picks
+/// do not depend on the segmentation (exact counts, lowest index first), so
+/// a row's result does not depend on its batch.
+fn topk_segments(n: usize, batch: usize) -> (usize, usize) {
+    let want = TOPK_TARGET_CTAS
+        .div_ceil(batch.max(1))
+        .clamp(1, TOPK_MAX_SEGMENTS);
+    let seg_len = n.div_ceil(want).max(TOPK_MIN_SEGMENT).next_multiple_of(8);
     (seg_len, n.div_ceil(seg_len).max(1))
 }
 
@@ -216,7 +228,7 @@ pub fn index_topk(
     if batch == 0 || k == 0 {
         return Ok(());
     }
-    let (seg_len, segments) = topk_segments(n);
+    let (seg_len, segments) = topk_segments(n, batch);
     let device = Device::Cuda(dev.clone());
     let mut hist_hi = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
     let mut hist_lo = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;

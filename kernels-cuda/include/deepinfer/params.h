@@ -151,10 +151,10 @@ typedef struct di_indexer_score_params {
  * DI_INDEXER_FAST_SMEM_BYTES of dynamic shared memory; grid (any, batch). */
 #define DI_INDEXER_FAST_THREADS 128
 #define DI_INDEXER_FAST_STAGES 4
-#define DI_INDEXER_FAST_SMEM_BYTES 62720
+#define DI_INDEXER_FAST_SMEM_BYTES 46400
 
-/* Most segments a top-k row is split into (the collect pass keeps two
- * counters per segment in shared memory). */
+/* Most segments a top-k row is split into (the host keeps to 128: every
+ * CTA sums its row's per-segment histograms). */
 #define DI_INDEXER_TOPK_MAX_SEGMENTS 512
 
 /* out[b, :k] = cpu_backend::indexer::select(scores[b], k, visible[b], offset):
