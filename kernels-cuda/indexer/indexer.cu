@@ -638,25 +638,27 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
 /* ---- exact top-k ------------------------------------------------------------ *
  * Three passes over a row of BF16 scores split into `segments` contiguous
  * segments of seg_len entries (grid = segments x batch, every CTA one segment;
- * seg_len a multiple of 8, so a segment of a 16-byte aligned row starts
- * 16-byte aligned):
+ * seg_len a multiple of the 4096-entry chunk, so chunk c of a row covers
+ * entries [4096 c, 4096 c + 4096) whatever the segmentation):
  *   1. hist_hi[b][s][256]: histogram of the high byte of the 16-bit key.
  *   2. every CTA sums the row's high-byte histograms (one column a thread),
  *      finds the high byte hT of the k-th largest key, then hist_lo[b][s][256]:
- *      histogram of the low byte of its keys whose high byte is hT.
+ *      histogram of the low byte of its keys whose high byte is hT, and
+ *      chunk_flags[b][c]: whether chunk c holds a key whose high byte is >= hT.
  *   3. every CTA finds T = (hT, lT), the k-th largest key, and need = k - #keys
  *      > T (ties at T to take, by lowest index); from the earlier segments'
  *      histograms (a warp per segment) the picks and ties before its segment
- *      (picks = keys > T + min(ties, need)); then it walks its segment in
- *      index order with block scans. The picks come out in ascending index
+ *      (picks = keys > T + min(ties, need)); then it walks the flagged chunks
+ *      of its segment in index order with block scans (an unflagged chunk has
+ *      no key >= T: it is not read). The picks come out in ascending index
  *      order: entries < visible as index + offset, the rest as -1 (they are
  *      at the end).
- * Each thread takes 8 consecutive entries of a 4096-entry chunk (one 16-byte
- * load when the row is aligned), the next chunk's load issued before the
- * current one is used. The histograms are written fully by every CTA (no
- * atomics on global memory, no memset); every count is an integer, so the
- * result never depends on scheduling, nor on the segmentation (the host picks
- * it from n and the batch). */
+ * Each thread takes 8 consecutive entries of a chunk (one 16-byte load when
+ * the row is aligned); the histogram passes issue the next chunk's load
+ * before the current one is counted. The histograms and flags are written
+ * fully by every CTA (no atomics on global memory, no memset); every count is
+ * an integer, so the result never depends on scheduling, nor on the
+ * segmentation (the host picks it from n and the batch). */
 namespace {
 constexpr int kTopkThreads = 512;
 constexpr int kTopkPer = 8;
@@ -683,25 +685,40 @@ __device__ __forceinline__ bool rows_vec(const di_indexer_topk_params &p) {
 }
 
 /* Histogram of `bin(key)` (a bin, or -1 for none) over entries [lo, hi) of
- * row into smem; warp aggregation: one atomic per distinct bin in the warp. */
-template <typename F>
-__device__ void segment_histogram(uint32_t *hist, const uint16_t *row, int64_t lo, int64_t hi, bool vec, F bin) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+ * row, written to dst[256] (global). Each warp counts into its own copy in
+ * shared memory (`wh`: 16 x 256) with plain shared atomics, so lanes that
+ * share a bin conflict only within their warp (no match_any: it bounded the
+ * first version). `flag(c, any)` is called by thread 0 per 4096-entry chunk c
+ * of the segment with whether any of its keys had `hit(key)`. */
+template <typename F, typename H, typename G>
+__device__ void segment_histogram(uint32_t *wh, uint32_t *dst, const uint16_t *row, int64_t lo, int64_t hi,
+                                  bool vec, F bin, H hit, G flag) {
+    for (int i = threadIdx.x; i < 16 * 256; i += blockDim.x) wh[i] = 0;
     __syncthreads();
-    const int lane = threadIdx.x & 31;
+    uint32_t *mine = wh + (threadIdx.x >> 5) * 256;
     int64_t i = lo + int64_t(kTopkPer) * threadIdx.x;
     uint4 cur = load8(row, i, hi, vec);
     for (int64_t base = lo; base < hi; base += kTopkChunk, i += kTopkChunk) {
         const uint4 nxt = i + kTopkChunk < hi ? load8(row, i + kTopkChunk, hi, vec) : make_uint4(0u, 0u, 0u, 0u);
+        bool any = false;
 #pragma unroll
         for (int j = 0; j < kTopkPer; ++j) {
-            const int v = i + j < hi ? bin(key_of(cur, j)) : -1;
-            const uint32_t peers = __match_any_sync(0xffffffffu, v);
-            if (v >= 0 && (__ffs(peers) - 1) == lane) atomicAdd(&hist[v], __popc(peers));
+            const uint32_t key = key_of(cur, j);
+            const int v = i + j < hi ? bin(key) : -1;
+            if (v >= 0) atomicAdd(&mine[v], 1u);
+            any |= i + j < hi && hit(key);
         }
+        any = __syncthreads_or(any);
+        if (threadIdx.x == 0) flag((base - lo) / kTopkChunk, any);
         cur = nxt;
     }
     __syncthreads();
+    for (int v = threadIdx.x; v < 256; v += blockDim.x) {
+        uint32_t t = 0;
+#pragma unroll
+        for (int w = 0; w < 16; ++w) t += wh[w * 256 + v];
+        dst[v] = t;
+    }
 }
 
 /* total[v] = sum over the row's segments of h[s][v] (smem; every thread of
@@ -773,28 +790,31 @@ __device__ __forceinline__ uint32_t high_threshold(const di_indexer_topk_params 
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_hist_hi(const __grid_constant__ di_indexer_topk_params p) {
-    __shared__ uint32_t hist[256];
+    __shared__ uint32_t wh[16 * 256];
     const int s = blockIdx.x, b = blockIdx.y;
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    segment_histogram(hist, row, lo, hi, rows_vec(p), [](uint32_t key) { return int(key >> 8); });
-    uint32_t *dst = p.hist_hi + (int64_t(b) * p.segments + s) * 256;
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) dst[i] = hist[i];
+    segment_histogram(
+        wh, p.hist_hi + (int64_t(b) * p.segments + s) * 256, row, lo, hi, rows_vec(p),
+        [](uint32_t key) { return int(key >> 8); }, [](uint32_t) { return false; }, [](int64_t, bool) {});
 }
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_hist_lo(const __grid_constant__ di_indexer_topk_params p) {
     __shared__ uint32_t total[256], part[256];
-    __shared__ uint32_t hist[256];
+    __shared__ uint32_t wh[16 * 256];
     const int s = blockIdx.x, b = blockIdx.y;
     uint32_t above;
     const uint32_t hT = high_threshold(p, b, total, part, &above);
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    segment_histogram(hist, row, lo, hi, rows_vec(p),
-                      [hT](uint32_t key) { return (key >> 8) == hT ? int(key & 0xFFu) : -1; });
-    uint32_t *dst = p.hist_lo + (int64_t(b) * p.segments + s) * 256;
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) dst[i] = hist[i];
+    /* A chunk with no key whose high byte is >= hT holds no pick and no tie:
+     * the collect pass skips it unread. */
+    uint8_t *flags = p.chunk_flags + int64_t(b) * p.chunks + lo / kTopkChunk;
+    segment_histogram(
+        wh, p.hist_lo + (int64_t(b) * p.segments + s) * 256, row, lo, hi, rows_vec(p),
+        [hT](uint32_t key) { return (key >> 8) == hT ? int(key & 0xFFu) : -1; },
+        [hT](uint32_t key) { return (key >> 8) >= hT; }, [flags](int64_t c, bool any) { flags[c] = any; });
 }
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
@@ -848,20 +868,19 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
     int32_t *out = p.out + int64_t(b) * p.k;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
     const bool vec = rows_vec(p);
-    int64_t i = lo + int64_t(kTopkPer) * threadIdx.x;
-    uint4 cur = load8(row, i, hi, vec);
-    for (int64_t base = lo; base < hi; base += kTopkChunk, i += kTopkChunk) {
-        const uint4 nxt = i + kTopkChunk < hi ? load8(row, i + kTopkChunk, hi, vec) : make_uint4(0u, 0u, 0u, 0u);
+    const uint8_t *flags = p.chunk_flags + int64_t(b) * p.chunks + lo / kTopkChunk;
+    for (int64_t base = lo; base < hi; base += kTopkChunk) {
+        if (!flags[(base - lo) / kTopkChunk]) continue;
+        const int64_t i = base + int64_t(kTopkPer) * threadIdx.x;
+        const uint4 now = load8(row, i, hi, vec);
         uint32_t nt = 0, ng = 0;
 #pragma unroll
         for (int j = 0; j < kTopkPer; ++j) {
-            const uint32_t key = key_of(cur, j);
+            const uint32_t key = key_of(now, j);
             const bool in = i + j < hi;
             nt += in && key == T;
             ng += in && key > T;
         }
-        const uint4 now = cur;
-        cur = nxt;
         /* Nothing to take: no key above T, and no tie while ties are still
          * taken (once ties >= need, later ties are never taken). */
         if (!__syncthreads_or(ng + (ties < need ? nt : 0u))) continue;

@@ -43,9 +43,9 @@ pub const FAST_DIM: usize = 128;
 pub const FAST_MAX_HEADS: usize = 32;
 /// Threads of every top-k pass; must match the kernel.
 const TOPK_THREADS: u32 = 512;
-/// Shortest top-k segment (one 4096-entry chunk of the kernel: 512 threads
-/// × 8 entries).
-const TOPK_MIN_SEGMENT: usize = 4096;
+/// The top-k kernels' chunk (512 threads × 8 entries): segments are whole
+/// chunks, and the collect pass skips the chunks the second pass flags empty.
+const TOPK_CHUNK: usize = 4096;
 /// Most top-k segments per row; at most `DI_INDEXER_TOPK_MAX_SEGMENTS`.
 /// Every CTA sums its row's per-segment histograms, so more segments cost
 /// L2 reads that grow with their square.
@@ -186,7 +186,8 @@ fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShap
     dev.allow_dynamic_smem(kernel, FAST_SMEM)?;
     let warps = FAST_THREADS / 32;
     let needed = s.n.div_ceil(FAST_TILE).div_ceil(warps).max(1);
-    let fill = (FAST_CTAS_PER_SM * dev.sm_count()).div_ceil(s.batch);
+    // One wave: more CTAs than fit would leave a tail (CTAs stride over tiles).
+    let fill = (FAST_CTAS_PER_SM * dev.sm_count()) / s.batch;
     let cfg = LaunchConfig {
         grid_dim: (
             u32_param("grid", needed.min(fill.max(1)))?,
@@ -200,15 +201,15 @@ fn index_scores_fast(dev: &CudaDevice, p: &di_indexer_score_params, s: ScoreShap
 }
 
 /// Segment length and count of a top-k row of `n` entries in a launch of
-/// `batch` rows: enough segments to fill the GPU once, each a multiple of 8
-/// entries (a segment of an aligned row starts 16-byte aligned). The picks
+/// `batch` rows: enough segments to fill the GPU once, each a whole number of
+/// chunks (a segment of an aligned row starts 16-byte aligned). The picks
 /// do not depend on the segmentation (exact counts, lowest index first), so
 /// a row's result does not depend on its batch.
 fn topk_segments(n: usize, batch: usize) -> (usize, usize) {
     let want = TOPK_TARGET_CTAS
         .div_ceil(batch.max(1))
         .clamp(1, TOPK_MAX_SEGMENTS);
-    let seg_len = n.div_ceil(want).max(TOPK_MIN_SEGMENT).next_multiple_of(8);
+    let seg_len = n.div_ceil(want).next_multiple_of(TOPK_CHUNK);
     (seg_len, n.div_ceil(seg_len).max(1))
 }
 
@@ -232,19 +233,24 @@ pub fn index_topk(
     let device = Device::Cuda(dev.clone());
     let mut hist_hi = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
     let mut hist_lo = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
+    let chunks = n.div_ceil(TOPK_CHUNK);
+    let mut flags = Tensor::empty(&device, DType::U8, &[batch, chunks])?;
     let (sp, _gs) = read_ptr(scores.cuda()?, dev);
     let (vp, _gv) = read_ptr(visible.cuda()?, dev);
     let (hp, _gh) = write_ptr(hist_hi.cuda_mut()?, dev);
     let (lp, _gl) = write_ptr(hist_lo.cuda_mut()?, dev);
+    let (fp, _gf) = write_ptr(flags.cuda_mut()?, dev);
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let p = di_indexer_topk_params {
         scores: sp,
         visible: vp as *const i32,
         hist_hi: hp as *mut u32,
         hist_lo: lp as *mut u32,
+        chunk_flags: fp as *mut u8,
         out: op as *mut i32,
         n: n as i64,
         seg_len: seg_len as i64,
+        chunks: chunks as i64,
         batch: i32_param("batch", batch)?,
         k: i32_param("k", k)?,
         segments: i32_param("segments", segments)?,

@@ -164,9 +164,11 @@ typedef struct di_indexer_topk_params {
     const int32_t *visible; /* [batch] */
     uint32_t *hist_hi;      /* workspace [batch, segments, 256] */
     uint32_t *hist_lo;      /* workspace [batch, segments, 256] */
+    uint8_t *chunk_flags;   /* workspace [batch, chunks] */
     int32_t *out;           /* [batch, k] */
     int64_t n;
-    int64_t seg_len;
+    int64_t seg_len; /* a multiple of 4096 (the kernel's chunk) */
+    int64_t chunks;  /* ceil(n / 4096) */
     int32_t batch;
     int32_t k; /* 1 <= k <= n */
     int32_t segments; /* ceil(n / seg_len) <= DI_INDEXER_TOPK_MAX_SEGMENTS */
