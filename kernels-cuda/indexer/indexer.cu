@@ -644,18 +644,19 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
  *   2. every CTA sums the row's high-byte histograms (one column a thread),
  *      finds the high byte hT of the k-th largest key, then hist_lo[b][s][256]:
  *      histogram of the low byte of its keys whose high byte is hT, and
- *      chunk_flags[b][c]: whether chunk c holds a key whose high byte is >= hT.
+ *      chunk_max[b][c]: the largest key of chunk c.
  *   3. every CTA finds T = (hT, lT), the k-th largest key, and need = k - #keys
  *      > T (ties at T to take, by lowest index); from the earlier segments'
  *      histograms (a warp per segment) the picks and ties before its segment
- *      (picks = keys > T + min(ties, need)); then it walks the flagged chunks
- *      of its segment in index order with block scans (an unflagged chunk has
- *      no key >= T: it is not read). The picks come out in ascending index
+ *      (picks = keys > T + min(ties, need)); then it walks the chunks of its
+ *      segment whose largest key is >= T in index order with block scans (the
+ *      others hold no pick and no tie: they are not read). The picks come out
+ *      in ascending index
  *      order: entries < visible as index + offset, the rest as -1 (they are
  *      at the end).
  * Each thread takes 8 consecutive entries of a chunk (one 16-byte load when
  * the row is aligned); the histogram passes issue the next chunk's load
- * before the current one is counted. The histograms and flags are written
+ * before the current one is counted. The histograms and chunk maxima are written
  * fully by every CTA (no atomics on global memory, no memset); every count is
  * an integer, so the result never depends on scheduling, nor on the
  * segmentation (the host picks it from n and the batch). */
@@ -688,28 +689,43 @@ __device__ __forceinline__ bool rows_vec(const di_indexer_topk_params &p) {
  * row, written to dst[256] (global). Each warp counts into its own copy in
  * shared memory (`wh`: 16 x 256) with plain shared atomics, so lanes that
  * share a bin conflict only within their warp (no match_any: it bounded the
- * first version). `flag(c, any)` is called by thread 0 per 4096-entry chunk c
- * of the segment with whether any of its keys had `hit(key)`. */
-template <typename F, typename H, typename G>
+ * first version). With kMax, chunk_max[c] = the largest key of the segment's
+ * chunk c (0 for none; wmax: 2 x 16 words of scratch). */
+template <bool kMax, typename F>
 __device__ void segment_histogram(uint32_t *wh, uint32_t *dst, const uint16_t *row, int64_t lo, int64_t hi,
-                                  bool vec, F bin, H hit, G flag) {
+                                  bool vec, F bin, uint16_t *chunk_max, uint32_t *wmax) {
     for (int i = threadIdx.x; i < 16 * 256; i += blockDim.x) wh[i] = 0;
     __syncthreads();
-    uint32_t *mine = wh + (threadIdx.x >> 5) * 256;
+    const int warp = threadIdx.x >> 5;
+    uint32_t *mine = wh + warp * 256;
     int64_t i = lo + int64_t(kTopkPer) * threadIdx.x;
     uint4 cur = load8(row, i, hi, vec);
+    int par = 0;
     for (int64_t base = lo; base < hi; base += kTopkChunk, i += kTopkChunk) {
         const uint4 nxt = i + kTopkChunk < hi ? load8(row, i + kTopkChunk, hi, vec) : make_uint4(0u, 0u, 0u, 0u);
-        bool any = false;
+        uint32_t m = 0;
 #pragma unroll
         for (int j = 0; j < kTopkPer; ++j) {
             const uint32_t key = key_of(cur, j);
             const int v = i + j < hi ? bin(key) : -1;
             if (v >= 0) atomicAdd(&mine[v], 1u);
-            any |= i + j < hi && hit(key);
+            if (kMax && i + j < hi) m = max(m, key);
         }
-        any = __syncthreads_or(any);
-        if (threadIdx.x == 0) flag((base - lo) / kTopkChunk, any);
+        if (kMax) {
+            /* Two scratch halves by chunk parity: thread 0 reads one while the
+             * next chunk's warps write the other; the barrier after that
+             * chunk orders the reuse. */
+            m = __reduce_max_sync(0xffffffffu, m);
+            if ((threadIdx.x & 31) == 0) wmax[par * 16 + warp] = m;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                uint32_t c = 0;
+#pragma unroll
+                for (int w = 0; w < 16; ++w) c = max(c, wmax[par * 16 + w]);
+                chunk_max[(base - lo) / kTopkChunk] = uint16_t(c);
+            }
+            par ^= 1;
+        }
         cur = nxt;
     }
     __syncthreads();
@@ -794,27 +810,24 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
     const int s = blockIdx.x, b = blockIdx.y;
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    segment_histogram(
-        wh, p.hist_hi + (int64_t(b) * p.segments + s) * 256, row, lo, hi, rows_vec(p),
-        [](uint32_t key) { return int(key >> 8); }, [](uint32_t) { return false; }, [](int64_t, bool) {});
+    segment_histogram<false>(wh, p.hist_hi + (int64_t(b) * p.segments + s) * 256, row, lo, hi, rows_vec(p),
+                             [](uint32_t key) { return int(key >> 8); }, nullptr, nullptr);
 }
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_hist_lo(const __grid_constant__ di_indexer_topk_params p) {
     __shared__ uint32_t total[256], part[256];
-    __shared__ uint32_t wh[16 * 256];
+    __shared__ uint32_t wh[16 * 256], wmax[2 * 16];
     const int s = blockIdx.x, b = blockIdx.y;
     uint32_t above;
     const uint32_t hT = high_threshold(p, b, total, part, &above);
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
-    /* A chunk with no key whose high byte is >= hT holds no pick and no tie:
-     * the collect pass skips it unread. */
-    uint8_t *flags = p.chunk_flags + int64_t(b) * p.chunks + lo / kTopkChunk;
-    segment_histogram(
-        wh, p.hist_lo + (int64_t(b) * p.segments + s) * 256, row, lo, hi, rows_vec(p),
-        [hT](uint32_t key) { return (key >> 8) == hT ? int(key & 0xFFu) : -1; },
-        [hT](uint32_t key) { return (key >> 8) >= hT; }, [flags](int64_t c, bool any) { flags[c] = any; });
+    /* A chunk whose largest key is below T holds no pick and no tie: the
+     * collect pass skips it unread. */
+    segment_histogram<true>(wh, p.hist_lo + (int64_t(b) * p.segments + s) * 256, row, lo, hi, rows_vec(p),
+                            [hT](uint32_t key) { return (key >> 8) == hT ? int(key & 0xFFu) : -1; },
+                            p.chunk_max + int64_t(b) * p.chunks + lo / kTopkChunk, wmax);
 }
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
@@ -868,9 +881,9 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
     int32_t *out = p.out + int64_t(b) * p.k;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
     const bool vec = rows_vec(p);
-    const uint8_t *flags = p.chunk_flags + int64_t(b) * p.chunks + lo / kTopkChunk;
+    const uint16_t *cmax = p.chunk_max + int64_t(b) * p.chunks + lo / kTopkChunk;
     for (int64_t base = lo; base < hi; base += kTopkChunk) {
-        if (!flags[(base - lo) / kTopkChunk]) continue;
+        if (cmax[(base - lo) / kTopkChunk] < T) continue;
         const int64_t i = base + int64_t(kTopkPer) * threadIdx.x;
         const uint4 now = load8(row, i, hi, vec);
         uint32_t nt = 0, ng = 0;

@@ -44,7 +44,8 @@ pub const FAST_MAX_HEADS: usize = 32;
 /// Threads of every top-k pass; must match the kernel.
 const TOPK_THREADS: u32 = 512;
 /// The top-k kernels' chunk (512 threads × 8 entries): segments are whole
-/// chunks, and the collect pass skips the chunks the second pass flags empty.
+/// chunks, and the collect pass skips the chunks whose largest key is below
+/// the threshold.
 const TOPK_CHUNK: usize = 4096;
 /// Most top-k segments per row; at most `DI_INDEXER_TOPK_MAX_SEGMENTS`.
 /// Every CTA sums its row's per-segment histograms, so more segments cost
@@ -231,22 +232,23 @@ pub fn index_topk(
     }
     let (seg_len, segments) = topk_segments(n, batch);
     let device = Device::Cuda(dev.clone());
-    let mut hist_hi = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
-    let mut hist_lo = Tensor::empty(&device, DType::I32, &[batch, segments, 256])?;
+    // One workspace: hist_hi and hist_lo [batch, segments, 256] u32, then the
+    // chunk maxima [batch, chunks] u16.
     let chunks = n.div_ceil(TOPK_CHUNK);
-    let mut flags = Tensor::empty(&device, DType::U8, &[batch, chunks])?;
+    let hist_words = batch * segments * 256;
+    let words = 2 * hist_words + (batch * chunks).div_ceil(2);
+    let mut work = Tensor::empty(&device, DType::I32, &[words])?;
     let (sp, _gs) = read_ptr(scores.cuda()?, dev);
     let (vp, _gv) = read_ptr(visible.cuda()?, dev);
-    let (hp, _gh) = write_ptr(hist_hi.cuda_mut()?, dev);
-    let (lp, _gl) = write_ptr(hist_lo.cuda_mut()?, dev);
-    let (fp, _gf) = write_ptr(flags.cuda_mut()?, dev);
+    let (wp, _gw) = write_ptr(work.cuda_mut()?, dev);
+    let hist_hi = wp.cast::<u32>();
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
     let p = di_indexer_topk_params {
         scores: sp,
         visible: vp as *const i32,
-        hist_hi: hp as *mut u32,
-        hist_lo: lp as *mut u32,
-        chunk_flags: fp as *mut u8,
+        hist_hi,
+        hist_lo: hist_hi.wrapping_add(hist_words),
+        chunk_max: hist_hi.wrapping_add(2 * hist_words).cast::<u16>(),
         out: op as *mut i32,
         n: n as i64,
         seg_len: seg_len as i64,

@@ -164,7 +164,7 @@ typedef struct di_indexer_topk_params {
     const int32_t *visible; /* [batch] */
     uint32_t *hist_hi;      /* workspace [batch, segments, 256] */
     uint32_t *hist_lo;      /* workspace [batch, segments, 256] */
-    uint8_t *chunk_flags;   /* workspace [batch, chunks] */
+    uint16_t *chunk_max;    /* workspace [batch, chunks]: each chunk's largest key */
     int32_t *out;           /* [batch, k] */
     int64_t n;
     int64_t seg_len; /* a multiple of 4096 (the kernel's chunk) */
