@@ -664,6 +664,9 @@ namespace {
 constexpr int kTopkThreads = 512;
 constexpr int kTopkPer = 8;
 constexpr int kTopkChunk = kTopkThreads * kTopkPer;
+/* The collect pass: 32 consecutive entries a thread, 4 chunks a round. */
+constexpr int kCollectPer = 32;
+constexpr int kCollectRound = kTopkThreads * kCollectPer;
 
 /* The raw BF16 bits of entries [i, i + 8) of row, entries >= hi as 0. */
 __device__ __forceinline__ uint4 load8(const uint16_t *row, int64_t i, int64_t hi, bool vec) {
@@ -881,44 +884,50 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
     int32_t *out = p.out + int64_t(b) * p.k;
     const int64_t lo = int64_t(s) * p.seg_len, hi = min(lo + p.seg_len, p.n);
     const bool vec = rows_vec(p);
+    /* Rounds of kCollectRound entries: thread t owns the 32 consecutive
+     * entries [base + 32 t, base + 32 t + 32), so one pair of block scans
+     * serves 4 chunks (the scans bound this pass: picks are spread over
+     * nearly every chunk). A round whose chunks' largest keys are all below
+     * T holds no pick and no tie and is not read. */
     const uint16_t *cmax = p.chunk_max + int64_t(b) * p.chunks + lo / kTopkChunk;
-    for (int64_t base = lo; base < hi; base += kTopkChunk) {
-        if (cmax[(base - lo) / kTopkChunk] < T) continue;
-        const int64_t i = base + int64_t(kTopkPer) * threadIdx.x;
-        const uint4 now = load8(row, i, hi, vec);
-        uint32_t nt = 0, ng = 0;
+    const int seg_chunks = int((hi - lo + kTopkChunk - 1) / kTopkChunk);
+    for (int64_t base = lo; base < hi; base += kCollectRound) {
+        const int c0 = int((base - lo) / kTopkChunk);
+        uint32_t top = 0;
 #pragma unroll
-        for (int j = 0; j < kTopkPer; ++j) {
-            const uint32_t key = key_of(now, j);
-            const bool in = i + j < hi;
-            nt += in && key == T;
-            ng += in && key > T;
+        for (int c = 0; c < kCollectRound / kTopkChunk; ++c)
+            if (c0 + c < seg_chunks) top = max(top, uint32_t(cmax[c0 + c]));
+        if (top < T) continue;
+        const int64_t i = base + int64_t(kCollectPer) * threadIdx.x;
+        /* The thread's 32 entries as two masks (bit j: entry i + j). */
+        uint32_t gt = 0, eq = 0;
+#pragma unroll
+        for (int q = 0; q < kCollectPer / kTopkPer; ++q) {
+            const uint4 raw = load8(row, i + kTopkPer * q, hi, vec);
+#pragma unroll
+            for (int j = 0; j < kTopkPer; ++j) {
+                const uint32_t key = key_of(raw, j);
+                const bool in = i + kTopkPer * q + j < hi;
+                gt |= uint32_t(in && key > T) << (kTopkPer * q + j);
+                eq |= uint32_t(in && key == T) << (kTopkPer * q + j);
+            }
         }
+        const uint32_t nt = __popc(eq), ng = __popc(gt);
         /* Nothing to take: no key above T, and no tie while ties are still
          * taken (once ties >= need, later ties are never taken). */
         if (!__syncthreads_or(ng + (ties < need ? nt : 0u))) continue;
-        uint32_t r = ties + block_exclusive_scan(nt, warp_sums, &scan_total);
+        const uint32_t r = ties + block_exclusive_scan(nt, warp_sums, &scan_total);
         const uint32_t tie_count = scan_total;
-        uint32_t sc = 0;
-        {
-            uint32_t rr = r;
-#pragma unroll
-            for (int j = 0; j < kTopkPer; ++j) {
-                const uint32_t key = key_of(now, j);
-                const bool in = i + j < hi;
-                if (in && key > T) ++sc;
-                else if (in && key == T) sc += rr++ < need;
-            }
+        /* The thread's ties taken: its first min(nt, need - r) in index order. */
+        uint32_t sel = gt;
+        for (uint32_t take = r < need ? min(nt, need - r) : 0u, e = eq; take > 0; --take) {
+            sel |= e & (0u - e);
+            e &= e - 1;
         }
-        uint32_t pos = picks + block_exclusive_scan(sc, warp_sums, &scan_total);
-#pragma unroll
-        for (int j = 0; j < kTopkPer; ++j) {
-            const uint32_t key = key_of(now, j);
-            const int64_t e = i + j;
-            bool sel = false;
-            if (e < hi && key > T) sel = true;
-            else if (e < hi && key == T) sel = r++ < need;
-            if (sel) out[pos++] = e < visible ? int32_t(e + p.offset) : -1;
+        uint32_t pos = picks + block_exclusive_scan(__popc(sel), warp_sums, &scan_total);
+        for (; sel != 0; sel &= sel - 1) {
+            const int64_t e = i + (__ffs(int(sel)) - 1);
+            out[pos++] = e < visible ? int32_t(e + p.offset) : -1;
         }
         picks += scan_total;
         ties += tie_count;
