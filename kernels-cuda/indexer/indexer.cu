@@ -289,8 +289,10 @@ __device__ __forceinline__ uint32_t shl(uint32_t a, uint32_t s) {
 __device__ __forceinline__ void decode_u8(uint32_t w, uint32_t tlo, uint32_t thi, uint32_t &lo,
                                           uint32_t &hi) {
     const uint32_t wx = w ^ 0x88888888u;
-    const uint32_t p_lo = prmt(tlo, thi, w), p_hi = prmt(tlo, thi, w >> 16);
-    const uint32_t q_lo = prmt(tlo, thi, wx), q_hi = prmt(tlo, thi, wx >> 16);
+    /* x >> 16 as the high word of x * 2^16: IMAD.HI on the FMA pipe instead
+     * of a shift on the ALU pipe, which the decode and epilogue keep busiest. */
+    const uint32_t p_lo = prmt(tlo, thi, w), p_hi = prmt(tlo, thi, __umulhi(w, 0x10000u));
+    const uint32_t q_lo = prmt(tlo, thi, wx), q_hi = prmt(tlo, thi, __umulhi(wx, 0x10000u));
     lo = p_lo + 0x80808080u - q_lo;
     hi = p_hi + 0x80808080u - q_hi;
 }
