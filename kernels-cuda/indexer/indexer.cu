@@ -377,7 +377,17 @@ __device__ __forceinline__ const uint8_t *tile_at(const TileMap &m, uint32_t i) 
  * have none but in a row's last tile). */
 __device__ __forceinline__ void issue_tile(const uint8_t *tile, int64_t i, int64_t visible,
                                            uint8_t *stage, uint64_t *bar, int *pre, int lane) {
-    const int64_t t0 = i * kTileKeys, t1 = tile == nullptr ? t0 : min(t0 + kTileKeys, visible);
+    const int64_t t0 = i * kTileKeys;
+    /* The common case (a whole, 16-byte aligned tile): one bulk copy. */
+    if (tile != nullptr && t0 + kTileKeys <= visible && (reinterpret_cast<uintptr_t>(tile) & 15u) == 0) {
+        if (lane == 0) {
+            *pre = 0;
+            mbar_arrive_expect_tx(bar, uint32_t(kTileBytes));
+            bulk_copy(stage + 16, tile, uint32_t(kTileBytes), bar);
+        }
+        return;
+    }
+    const int64_t t1 = tile == nullptr ? t0 : min(t0 + kTileKeys, visible);
     const uintptr_t s = reinterpret_cast<uintptr_t>(tile);
     const uintptr_t e = s + uintptr_t((t1 - t0) * kKeyRow);
     const uintptr_t a = (s + 15) & ~uintptr_t(15), z = e & ~uintptr_t(15);
