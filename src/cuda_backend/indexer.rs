@@ -32,7 +32,7 @@ const SCORE_THREADS: usize = 256;
 const FAST_THREADS: usize = 128;
 /// Dynamic shared memory of the tensor-core score kernel
 /// (`DI_INDEXER_FAST_SMEM_BYTES`; the kernel static-asserts its carve-up).
-const FAST_SMEM: u32 = 46_400;
+const FAST_SMEM: u32 = 56_640;
 /// Keys per tile of the tensor-core score kernel (one tile per warp step).
 const FAST_TILE: usize = 32;
 /// Resident CTAs of the tensor-core score kernel per SM (its launch bounds).
