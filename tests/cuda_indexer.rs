@@ -268,7 +268,14 @@ fn paged_scores_are_bitwise_the_cpu_op() {
     let dev = gpu();
     let mut rng = common::rng("index_scores_paged_cuda");
     let r = ops::index_key_row_nibbles(128);
-    for (heads, page_rows, width, batch) in [(32, 128, 9, 4), (20, 32, 40, 3), (32, 16, 33, 5)] {
+    // Pages of 128 and 32 keys (4 and 1 tensor-core tiles: a shift), 96 (3
+    // tiles: a division) and 16 (the exact kernel only).
+    for (heads, page_rows, width, batch) in [
+        (32, 128, 9, 4),
+        (20, 32, 40, 3),
+        (32, 96, 11, 3),
+        (32, 16, 33, 5),
+    ] {
         let pool_pages = 23;
         let pool = raw_key_rows(&mut rng, pool_pages * page_rows + 7, 0.03);
         let pool = Tensor::from_vec(pool, &[pool_pages * page_rows + 7, r]).unwrap();
@@ -393,6 +400,58 @@ fn index_topk_is_exact_under_the_tie_rule() {
                     got.to_vec::<i32>().unwrap(),
                     want.to_vec::<i32>().unwrap(),
                     "n {n} kind {kind} k {k}"
+                );
+            }
+        }
+    }
+}
+
+/// Rows of a batch of 513 or more take one segment each, so a segment holds
+/// many 4096-entry chunks: the next chunk's load in flight, the chunk maxima
+/// past the first, collect rounds past the first and a partial last round.
+/// Every row is the CPU's, and the same as that row alone (one row takes
+/// up to 128 segments).
+#[test]
+fn index_topk_rows_do_not_depend_on_their_batch() {
+    if quick() {
+        return;
+    }
+    let dev = gpu();
+    let mut rng = common::rng("index_topk_batch_cuda");
+    for (batch, n) in [(520, 40_001), (513, 65_536)] {
+        let s: Vec<bf16> = (0..batch)
+            .flat_map(|b| tied_row(&mut rng, n, if b % 3 == 0 { 0 } else { 4 }))
+            .collect();
+        let visible: Vec<i32> = (0..batch)
+            .map(|b| match b % 4 {
+                0 => n as i32,
+                1 => rng.random_range(0..=n as i32),
+                2 => (n / 3) as i32,
+                _ => n as i32 - 1,
+            })
+            .collect();
+        let st = Tensor::from_vec(s.clone(), &[batch, n]).unwrap();
+        let vis = Tensor::from_vec(visible.clone(), &[batch]).unwrap();
+        for k in [512, 2048] {
+            let want = ops::index_topk(&st, &vis, k, 128).unwrap();
+            let (sd, vd) = (st.to_device(&dev).unwrap(), vis.to_device(&dev).unwrap());
+            let got = ops::index_topk(&sd, &vd, k, 128).unwrap();
+            let (got, want) = (got.to_vec::<i32>().unwrap(), want.to_vec::<i32>().unwrap());
+            assert_eq!(got, want, "batch {batch} n {n} k {k}");
+            for b in [0, 1, batch / 2, batch - 1] {
+                let row = Tensor::from_vec(s[b * n..(b + 1) * n].to_vec(), &[1, n]).unwrap();
+                let rv = Tensor::from_vec(vec![visible[b]], &[1]).unwrap();
+                let alone = ops::index_topk(
+                    &row.to_device(&dev).unwrap(),
+                    &rv.to_device(&dev).unwrap(),
+                    k,
+                    128,
+                )
+                .unwrap();
+                assert_eq!(
+                    alone.to_vec::<i32>().unwrap(),
+                    &got[b * k..(b + 1) * k],
+                    "row {b} alone, batch {batch} n {n} k {k}"
                 );
             }
         }

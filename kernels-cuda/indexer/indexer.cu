@@ -231,9 +231,9 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads)
  *
  * Memory: each warp streams its own 32-key tiles (2176 bytes, 16-byte aligned
  * whenever the row is) through a kFastStages ring filled by one bulk copy
- * (cp.async.bulk) per tile, with 4-byte cp.async for the at most 3 + 3
- * unaligned words at the ends of a tile, all completing on the stage's
- * mbarrier. Key rows are read from shared memory as 32-bit words; the m-tile
+ * (cp.async.bulk) per tile on the stage's mbarrier (one arrival a phase); the
+ * at most 3 + 3 words outside a tile's aligned middle go by plain loads and
+ * stores before that arrival (issue_tile). Key rows are read from shared memory as 32-bit words; the m-tile
  * row -> key map (rows g and g + 8 of m-tile m are keys 8m + g%4 + 16(g/4)
  * and that + 4) makes those reads bank-conflict free. */
 namespace {
@@ -651,10 +651,12 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
         prev_t0 = t0;
         prev_scale = kscale;
         prev_word = word;
+        /* Every lane's reads of the stage (and edge stores) before the next
+         * bulk copy into it: proxy fence by each lane, then the warp sync. */
+        fence_proxy_async_smem();
         __syncwarp();
         const int64_t next = i + kFastStages * stride;
         if (next < tiles) {
-            fence_proxy_async_smem();
             issue_tile(tile_at(map, uint32_t(next)), next, visible, stage, &bars[st], &pres[st], lane);
         }
     }
@@ -698,23 +700,23 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
  * seg_len a multiple of the 4096-entry chunk, so chunk c of a row covers
  * entries [4096 c, 4096 c + 4096) whatever the segmentation):
  *   1. hist_hi[b][s][256]: histogram of the high byte of the 16-bit key.
- *   2. every CTA sums the row's high-byte histograms (one column a thread),
+ *   2. every CTA sums the row's high-byte histograms (two threads a column),
  *      finds the high byte hT of the k-th largest key, then hist_lo[b][s][256]:
  *      histogram of the low byte of its keys whose high byte is hT, and
  *      chunk_max[b][c]: the largest key of chunk c.
  *   3. every CTA finds T = (hT, lT), the k-th largest key, and need = k - #keys
  *      > T (ties at T to take, by lowest index); from the earlier segments'
  *      histograms (a warp per segment) the picks and ties before its segment
- *      (picks = keys > T + min(ties, need)); then it walks the chunks of its
- *      segment whose largest key is >= T in index order with block scans (the
- *      others hold no pick and no tie: they are not read). The picks come out
- *      in ascending index
- *      order: entries < visible as index + offset, the rest as -1 (they are
- *      at the end).
- * Each thread takes 8 consecutive entries of a chunk (one 16-byte load when
- * the row is aligned); the histogram passes issue the next chunk's load
- * before the current one is counted. The histograms and chunk maxima are written
- * fully by every CTA (no atomics on global memory, no memset); every count is
+ *      (picks = keys > T + min(ties, need)); then it walks its segment in
+ *      index order in rounds of 4 chunks, 32 consecutive entries a thread and
+ *      one pair of block scans a round, skipping a round whose chunks' largest
+ *      keys are all below T (it holds no pick and no tie). The picks come out
+ *      in ascending index order: entries < visible as index + offset, the
+ *      rest as -1 (they are at the end).
+ * In the histogram passes each thread takes 8 consecutive entries of a chunk
+ * (one 16-byte load when the row is aligned) and issues the next chunk's load
+ * before the current one is counted. The histograms and chunk maxima are
+ * written fully by every CTA (no atomics on global memory, no memset); every count is
  * an integer, so the result never depends on scheduling, nor on the
  * segmentation (the host picks it from n and the batch). */
 namespace {

@@ -51,9 +51,9 @@ const TOPK_CHUNK: usize = 4096;
 /// Every CTA sums its row's per-segment histograms, so more segments cost
 /// L2 reads that grow with their square.
 const TOPK_MAX_SEGMENTS: usize = 128;
-/// Top-k CTAs a launch aims at: about four 512-thread CTAs per SM of the
-/// H200's 132, i.e. one wave.
-const TOPK_TARGET_CTAS: usize = 512;
+/// Top-k CTAs a launch aims at: three 512-thread CTAs per SM of the H200's
+/// 132 (the passes take 32–40 registers), i.e. one wave.
+const TOPK_TARGET_CTAS: usize = 384;
 
 /// BF16 `x` (`rows × dim`) → index-key rows in `out`.
 pub fn index_key_quant(

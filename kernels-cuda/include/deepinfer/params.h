@@ -153,9 +153,9 @@ typedef struct di_indexer_score_params {
 #define DI_INDEXER_FAST_STAGES 4
 #define DI_INDEXER_FAST_SMEM_BYTES 56640
 
-/* Most segments a top-k row is split into (the host keeps to 128: every
- * CTA sums its row's per-segment histograms). */
-#define DI_INDEXER_TOPK_MAX_SEGMENTS 512
+/* Most segments a top-k row is split into (every CTA sums its row's
+ * per-segment histograms; the host's TOPK_MAX_SEGMENTS). */
+#define DI_INDEXER_TOPK_MAX_SEGMENTS 128
 
 /* out[b, :k] = cpu_backend::indexer::select(scores[b], k, visible[b], offset):
  * the k largest (ties to the lower index), ascending, picks >= visible as -1. */
