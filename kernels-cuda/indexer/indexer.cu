@@ -246,15 +246,12 @@ constexpr int kScratchBytes = kTileKeys * 32 * 2; /* [32 keys][32 heads] bf16 */
 /* Dynamic shared memory carve-up (offsets in bytes). */
 constexpr int kOffRing = 0;
 constexpr int kOffScratch = kOffRing + kFastWarps * kFastStages * kStageBytes;
-/* Two scratch tiles a warp: tile k's head terms are written while tile k-1's
- * are summed (the head sum of a tile runs one iteration late). */
-constexpr int kOffWs = kOffScratch + kFastWarps * 2 * kScratchBytes;
+constexpr int kOffWs = kOffScratch + kFastWarps * kScratchBytes;
 constexpr int kOffQBytes = kOffWs + 32 * 4;
 constexpr int kOffMeta = kOffQBytes + 32 * kKeyRow;
 constexpr int kOffBar = kOffMeta + 3 * 32 * 4;
 constexpr int kOffPre = kOffBar + kFastWarps * kFastStages * 8; /* per stage: its tile's byte offset, -1 none */
-constexpr int kOffKf = kOffPre + kFastWarps * kFastStages * 4;   /* the fallback's decoded key, 128 fp32 a warp */
-constexpr int kFastSmem = kOffKf + kFastWarps * 128 * 4;
+constexpr int kFastSmem = kOffPre + kFastWarps * kFastStages * 4;
 static_assert(kFastSmem == DI_INDEXER_FAST_SMEM_BYTES, "params.h DI_INDEXER_FAST_SMEM_BYTES");
 static_assert(kStageBytes % 16 == 0 && kOffScratch % 16 == 0 && kOffBar % 8 == 0, "alignment");
 /* Other architectures run the SIMT path with the decoded query in the ring. */
@@ -546,11 +543,7 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
         out[t] = __ushort_as_bfloat16(0xFF80u);
 
     uint8_t *ring = fsm + kOffRing + warp * kFastStages * kStageBytes;
-    uint8_t *scratch2 = fsm + kOffScratch + warp * 2 * kScratchBytes;
-    float *kf = reinterpret_cast<float *>(fsm + kOffKf) + warp * 128;
-    /* The first iteration sums a scratch tile no tile wrote (its result is
-     * dropped): defined values all the same. */
-    for (int x = lane; x < 2 * kScratchBytes / 4; x += 32) reinterpret_cast<uint32_t *>(scratch2)[x] = 0u;
+    uint8_t *scratch = fsm + kOffScratch + warp * kScratchBytes;
     const int64_t tiles = (visible + kTileKeys - 1) / kTileKeys;
     const int64_t first = int64_t(blockIdx.x) * kFastWarps + warp, stride = int64_t(gridDim.x) * kFastWarps;
     for (int k = 0; k < kFastStages; ++k)
@@ -558,20 +551,10 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
             issue_tile(tile_at(map, uint32_t(first + k * stride)), first + k * stride, visible,
                        ring + k * kStageBytes, &bars[k], &pres[k], lane);
 
-    /* Tile k's head terms are summed in iteration k + 1, between the MMAs of
-     * tile k + 1 (a 32-long dependent FADD chain a lane, overlapped with
-     * independent decode and MMA work); its fallback scores are computed in
-     * iteration k, before its stage is released, and carried. */
-    int64_t prev_t0 = -1;     /* the previous tile's first key, -1: none */
-    float prev_scale = 0.0f;  /* its key's 2^kmin */
-    uint32_t prev_word = 0;   /* bit 0 live, bit 1 no tile, bit 2 exact; bits 16..31 the exact bf16 */
-    __syncwarp();
     for (int64_t k = 0; first + k * stride < tiles; ++k) {
         const int64_t i = first + k * stride;
         const int st = int(k % kFastStages);
         uint8_t *stage = ring + st * kStageBytes;
-        uint8_t *scratch = scratch2 + (k & 1) * kScratchBytes;
-        const uint8_t *pscratch = scratch2 + ((k & 1) ^ 1) * kScratchBytes;
         mbar_wait(&bars[st], uint32_t(k / kFastStages) & 1u);
         const int pre = pres[st];
         const uint8_t *tile = stage + 16 + max(pre, 0);
@@ -586,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
         const uint32_t shifts = sw - kmin * 0x01010101u;
         const float kscale = __uint_as_float(kmin << 23);
 
-        float psum = 0.0f; /* the previous tile's head sum, in head order */
+        float score = 0.0f;
         if (row_ok) {
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
@@ -608,18 +591,6 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
                         else mma_u8s8(acc[j], a, qf[j][s][0], qf[j][s][1]);
                     }
                 }
-                /* Heads 16 m .. 16 m + 15 of the previous tile's key `lane`. */
-#pragma unroll
-                for (int cc = 2 * m; cc < 2 * m + 2; ++cc) {
-                    const uint4 v =
-                        *reinterpret_cast<const uint4 *>(pscratch + lane * 64 + 16 * (cc ^ ((lane >> 1) & 3)));
-                    const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) {
-                        psum = __fadd_rn(psum, __uint_as_float(vv[j] << 16));
-                        psum = __fadd_rn(psum, __uint_as_float(vv[j] & 0xFFFF0000u));
-                    }
-                }
                 uint4 r0, r1;
                 uint32_t *r0p = &r0.x, *r1p = &r1.x;
 #pragma unroll
@@ -632,25 +603,34 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
                 *reinterpret_cast<uint4 *>(scratch + key0 * 64 + 16 * (c ^ ((key0 >> 1) & 3))) = r0;
                 *reinterpret_cast<uint4 *>(scratch + key1 * 64 + 16 * (c ^ ((key1 >> 1) & 3))) = r1;
             }
+            __syncwarp();
+            float sum = 0.0f;
+#pragma unroll
+            for (int cc = 0; cc < 4; ++cc) {
+                const uint4 v =
+                    *reinterpret_cast<const uint4 *>(scratch + lane * 64 + 16 * (cc ^ ((lane >> 1) & 3)));
+                const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    sum = __fadd_rn(sum, __uint_as_float(vv[j] << 16));
+                    sum = __fadd_rn(sum, __uint_as_float(vv[j] & 0xFFFF0000u));
+                }
+            }
+            score = __fmul_rn(sum, kscale);
         }
-        /* The previous tile's scores. */
-        if (prev_t0 >= 0 && (prev_word & 1u)) {
-            uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(psum, prev_scale)));
-            if (prev_word & 4u) bits = uint16_t(prev_word >> 16);
-            if (prev_word & 2u) bits = 0xFF80u; /* a tile on a page outside the pool loaded nothing: -inf */
-            out[prev_t0 + lane] = __ushort_as_bfloat16(bits);
-        }
-        /* This tile's keys outside the fast domain, while its stage is held. */
-        uint32_t word = (live ? 1u : 0u) | (pre < 0 ? 2u : 0u);
+        __nv_bfloat16 result = __float2bfloat16_rn(score);
         uint32_t flagged = __ballot_sync(0xffffffffu, live && !(row_ok && key_ok));
-        for (; flagged; flagged &= flagged - 1) {
-            const int r = __ffs(flagged) - 1;
-            const __nv_bfloat16 e = exact_key_score_warp(tile + r * kKeyRow, qb, ws, H, kf, lane);
-            if (lane == r) word |= 4u | (uint32_t(__bfloat16_as_ushort(e)) << 16);
+        if (flagged) {
+            __syncwarp();
+            float *kf = reinterpret_cast<float *>(scratch);
+            for (; flagged; flagged &= flagged - 1) {
+                const int r = __ffs(flagged) - 1;
+                const __nv_bfloat16 e = exact_key_score_warp(tile + r * kKeyRow, qb, ws, H, kf, lane);
+                if (lane == r) result = e;
+            }
         }
-        prev_t0 = t0;
-        prev_scale = kscale;
-        prev_word = word;
+        /* A tile on a page outside the pool loaded nothing: -inf. */
+        if (live) out[t0 + lane] = pre < 0 ? __ushort_as_bfloat16(0xFF80u) : result;
         /* Every lane's reads of the stage (and edge stores) before the next
          * bulk copy into it: proxy fence by each lane, then the warp sync. */
         fence_proxy_async_smem();
@@ -658,31 +638,6 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
         const int64_t next = i + kFastStages * stride;
         if (next < tiles) {
             issue_tile(tile_at(map, uint32_t(next)), next, visible, stage, &bars[st], &pres[st], lane);
-        }
-    }
-    /* The last tile's head sum. */
-    if (prev_t0 >= 0) {
-        const int64_t kl = (prev_t0 / kTileKeys - first) / stride;
-        const uint8_t *pscratch = scratch2 + (kl & 1) * kScratchBytes;
-        float psum = 0.0f;
-        if (row_ok) {
-#pragma unroll
-            for (int cc = 0; cc < 4; ++cc) {
-                const uint4 v =
-                    *reinterpret_cast<const uint4 *>(pscratch + lane * 64 + 16 * (cc ^ ((lane >> 1) & 3)));
-                const uint32_t vv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    psum = __fadd_rn(psum, __uint_as_float(vv[j] << 16));
-                    psum = __fadd_rn(psum, __uint_as_float(vv[j] & 0xFFFF0000u));
-                }
-            }
-        }
-        if (prev_word & 1u) {
-            uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(__fmul_rn(psum, prev_scale)));
-            if (prev_word & 4u) bits = uint16_t(prev_word >> 16);
-            if (prev_word & 2u) bits = 0xFF80u;
-            out[prev_t0 + lane] = __ushort_as_bfloat16(bits);
         }
     }
 #else

@@ -151,7 +151,7 @@ typedef struct di_indexer_score_params {
  * DI_INDEXER_FAST_SMEM_BYTES of dynamic shared memory; grid (any, batch). */
 #define DI_INDEXER_FAST_THREADS 128
 #define DI_INDEXER_FAST_STAGES 4
-#define DI_INDEXER_FAST_SMEM_BYTES 56640
+#define DI_INDEXER_FAST_SMEM_BYTES 46400
 
 /* Most segments a top-k row is split into (every CTA sums its row's
  * per-segment histograms; the host's TOPK_MAX_SEGMENTS). */
