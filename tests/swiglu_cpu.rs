@@ -2,7 +2,8 @@
 //! composition it stands for (`moe::swiglu` per row with that row's routing
 //! weight, then the quantiser), over V4.1's intermediate width and odd
 //! shapes, with inputs beyond ±L and far-negative g; a hand-computed case;
-//! and typed validation errors naming the offending tensor or argument.
+//! typed validation errors naming the offending tensor or argument; and the
+//! premise of a table-driven σ (constant outside 32 binades of BF16 input).
 
 mod common;
 
@@ -294,4 +295,34 @@ fn validation_errors_name_the_tensor_or_argument() {
     .unwrap();
     assert_eq!(q.to_vec::<E4M3>().unwrap(), q_ref.to_vec::<E4M3>().unwrap());
     assert_eq!(s.to_vec::<E8M0>().unwrap(), s_ref.to_vec::<E8M0>().unwrap());
+}
+
+/// The premise of a table-driven σ for the GPU kernels (issue 14): the
+/// SwiGLU's σ(g') = 1 / (1 + e^−g') with the correctly rounded exp
+/// (`numerics::sigmoid`) takes its input from BF16 g (g' = min(g, L) is g
+/// or L), and outside |g| ∈ [2^−25, 2^7) it is a constant of the sign:
+/// ½ below 2^−25 (e^−g rounds to 1), 1 at and above 2^7 and at +∞ (e^−g
+/// rounds to 0), 0 at and below −2^7 and at −∞ (e^−g overflows). So the
+/// 2 × 32 binades × 128 mantissas between (8192 fp32 values, 32 KiB) hold
+/// every other value. Checked on all 65,536 BF16 patterns.
+#[test]
+fn sigmoid_of_a_bf16_input_is_constant_outside_32_binades() {
+    let mut inside = 0usize;
+    for bits in 0..=u16::MAX {
+        let g = bf16::from_bits(bits).to_f32();
+        if g.is_nan() {
+            continue;
+        }
+        let s = deepinfer::numerics::sigmoid(g);
+        let mag = g.abs();
+        if mag < 2f32.powi(-25) {
+            assert_eq!(s.to_bits(), 0.5f32.to_bits(), "g {g:e}");
+        } else if mag >= 128.0 {
+            let want = if g > 0.0 { 1.0f32 } else { 0.0 };
+            assert_eq!(s.to_bits(), want.to_bits(), "g {g:e}");
+        } else {
+            inside += 1;
+        }
+    }
+    assert_eq!(inside, 2 * 32 * 128);
 }
