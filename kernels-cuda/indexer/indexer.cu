@@ -96,6 +96,13 @@ constexpr int kScoreThreads = 256;
 constexpr int kHeadChunk = 16;
 constexpr int kKeyRow = 68; /* bytes of an index-key row at dim 128 */
 
+/* Value d of an index-key row of dim D (packed e2m1, then E8M0 scales per
+ * 32): the one decoding of a query value, for the shared fp32 query and for
+ * the tensor-core kernel's exact fallback, so both see the same bits. */
+__device__ __forceinline__ float index_row_value(const uint8_t *r, int d, int D) {
+    return __fmul_rn(e2m1_to_f32((r[d / 2] >> (4 * (d & 1))) & 0xFu), e8m0_to_f32(r[D / 2 + d / 32]));
+}
+
 /* Decodes the query row b into qs [dim][heads] fp32 and its weights into ws. */
 __device__ void load_query_f32(const di_indexer_score_params &p, int b, float *qs, float *ws) {
     const int H = p.heads, D = p.dim;
@@ -103,9 +110,7 @@ __device__ void load_query_f32(const di_indexer_score_params &p, int b, float *q
     const uint8_t *q = static_cast<const uint8_t *>(p.q) + int64_t(b) * H * row_bytes;
     for (int i = threadIdx.x; i < H * D; i += blockDim.x) {
         const int h = i / D, d = i % D;
-        const uint8_t *qr = q + h * row_bytes;
-        const uint32_t nib = (qr[d / 2] >> (4 * (d & 1))) & 0xFu;
-        qs[d * H + h] = __fmul_rn(e2m1_to_f32(nib), e8m0_to_f32(qr[D / 2 + d / 32]));
+        qs[d * H + h] = index_row_value(q + h * row_bytes, d, D);
     }
     for (int h = threadIdx.x; h < H; h += blockDim.x)
         ws[h] = __bfloat162float(static_cast<const __nv_bfloat16 *>(p.w)[int64_t(b) * H + h]);
@@ -233,9 +238,10 @@ extern "C" __global__ void __launch_bounds__(kScoreThreads)
  * whenever the row is) through a kFastStages ring filled by one bulk copy
  * (cp.async.bulk) per tile on the stage's mbarrier (one arrival a phase); the
  * at most 3 + 3 words outside a tile's aligned middle go by plain loads and
- * stores before that arrival (issue_tile). Key rows are read from shared memory as 32-bit words; the m-tile
- * row -> key map (rows g and g + 8 of m-tile m are keys 8m + g%4 + 16(g/4)
- * and that + 4) makes those reads bank-conflict free. */
+ * stores before that arrival (issue_tile). Key rows are read from shared
+ * memory as 32-bit words; the m-tile row -> key map (rows g and g + 8 of
+ * m-tile m are keys 8m + g%4 + 16(g/4) and that + 4) makes those reads
+ * bank-conflict free. */
 namespace {
 constexpr int kFastWarps = DI_INDEXER_FAST_THREADS / 32;
 constexpr int kFastStages = DI_INDEXER_FAST_STAGES;
@@ -427,14 +433,10 @@ __device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const uint8_t *
     __syncwarp();
     float term = 0.0f;
     if (lane < H) {
-        /* The query value as load_query_f32 decodes it. */
         const uint8_t *qr = qb + lane * kKeyRow;
         float dot = -0.0f;
 #pragma unroll 8
-        for (int d = 0; d < 128; ++d) {
-            const float qv = __fmul_rn(e2m1_to_f32((qr[d / 2] >> (4 * (d & 1))) & 0xFu), e8m0_to_f32(qr[64 + d / 32]));
-            dot = __fadd_rn(dot, __fmul_rn(qv, kf[d]));
-        }
+        for (int d = 0; d < 128; ++d) dot = __fadd_rn(dot, __fmul_rn(index_row_value(qr, d, 128), kf[d]));
         const float relu = fmaxf(__bfloat162float(__float2bfloat16_rn(dot)), 0.0f);
         term = __bfloat162float(__float2bfloat16_rn(__fmul_rn(ws[lane], relu)));
     }
@@ -671,8 +673,8 @@ extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
  * In the histogram passes each thread takes 8 consecutive entries of a chunk
  * (one 16-byte load when the row is aligned) and issues the next chunk's load
  * before the current one is counted. The histograms and chunk maxima are
- * written fully by every CTA (no atomics on global memory, no memset); every count is
- * an integer, so the result never depends on scheduling, nor on the
+ * written fully by every CTA (no atomics on global memory, no memset); every
+ * count is an integer, so the result never depends on scheduling, nor on the
  * segmentation (the host picks it from n and the batch). */
 namespace {
 constexpr int kTopkThreads = 512;

@@ -44,8 +44,8 @@ pub const FAST_MAX_HEADS: usize = 32;
 /// Threads of every top-k pass; must match the kernel.
 const TOPK_THREADS: u32 = 512;
 /// The top-k kernels' chunk (512 threads × 8 entries): segments are whole
-/// chunks, and the collect pass skips the chunks whose largest key is below
-/// the threshold.
+/// chunks, and the collect pass skips a round of 4 chunks whose largest keys
+/// are all below the threshold.
 const TOPK_CHUNK: usize = 4096;
 /// Most top-k segments per row; at most `DI_INDEXER_TOPK_MAX_SEGMENTS`.
 /// Every CTA sums its row's per-segment histograms, so more segments cost
