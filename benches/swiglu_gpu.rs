@@ -51,7 +51,14 @@ mod gpu {
             return;
         };
         let dev = h.dev.clone();
+        // DEEPINFER_BENCH_POINTS="16384" keeps those row counts (profiler runs).
+        let keep: Option<Vec<usize>> = std::env::var("DEEPINFER_BENCH_POINTS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|p| p.trim().parse().ok()).collect());
         for rows in [1usize, 64, 256, 4096, 16384] {
+            if keep.as_ref().is_some_and(|k| !k.contains(&rows)) {
+                continue;
+            }
             let xs = inputs(&dev, rows, INTER);
             let mut q = Tensor::empty(&dev, DType::F8E4M3, &[rows, INTER]).unwrap();
             let mut s = Tensor::empty(&dev, DType::E8M0, &[rows, INTER / 32]).unwrap();
@@ -69,6 +76,22 @@ mod gpu {
                 bytes,
                 "2*2*rows*dim (gu) + rows*dim (q) + rows*dim/32 (scales) + 4*rows (weights)",
             );
+            if rows <= 256 {
+                // Decode batches: the same calls replayed from a CUDA graph.
+                let us = h.graph_us(|i| {
+                    let (gu, w) = &xs[i % xs.len()];
+                    ops::swiglu_act_quant_fp8_into(gu, w, LIMIT, &mut q, &mut s).unwrap()
+                });
+                h.record(
+                    "swiglu_act_quant_fp8_tilelang_graph",
+                    "swiglu_act_quant_fp8_graph",
+                    rows,
+                    INTER,
+                    us,
+                    bytes,
+                    "as above; per call inside a CUDA graph of 20 calls",
+                );
+            }
         }
         h.finish();
     }

@@ -266,6 +266,52 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
+/// Largest BF16 magnitude (bits, sign cleared) whose [`sigmoid`] is ½: every
+/// |x| < 2^−25, zero and subnormals included.
+const SIGMOID_MAG_LO: u16 = 0x32FF;
+/// BF16 magnitude bits of 2^7: from here up (infinity included) [`sigmoid`]
+/// is 1 for positive x and 0 for negative x.
+const SIGMOID_MAG_HI: u16 = 0x4300;
+/// Slots of [`sigmoid_bf16_table`] per sign: ½, the 4096 BF16 magnitudes in
+/// [2^−25, 2^7), then the saturated value.
+pub const SIGMOID_TABLE_HALF: usize = (SIGMOID_MAG_HI - SIGMOID_MAG_LO) as usize + 1;
+
+/// The slot of [`sigmoid_bf16_table`] that holds `sigmoid(x)` for the
+/// non-NaN BF16 value with bits `bits`:
+/// `min(max(bits & 0x7FFF, 0x32FF), 0x4300) − 0x32FF + (bits >> 15) · 4098`.
+/// The SwiGLU kernels (`tilelang/swiglu_act_quant_fp8.py`) compute exactly
+/// this from the top half of an fp32's bits.
+#[inline]
+pub fn sigmoid_bf16_index(bits: u16) -> usize {
+    let mag = (bits & 0x7FFF).clamp(SIGMOID_MAG_LO, SIGMOID_MAG_HI) - SIGMOID_MAG_LO;
+    usize::from(mag) + usize::from(bits >> 15) * SIGMOID_TABLE_HALF
+}
+
+/// [`sigmoid`] of every non-NaN BF16 value, 2 × [`SIGMOID_TABLE_HALF`]
+/// entries at [`sigmoid_bf16_index`]: each slot is `sigmoid` of a BF16 value
+/// that indexes it (the ends: ±0 and ±∞), built once. `sigmoid` is constant
+/// over the values sharing an end slot (`tests/swiglu_cpu.rs` checks every
+/// BF16 input against the table), so a lookup is the reference bit for bit.
+pub fn sigmoid_bf16_table() -> &'static [f32] {
+    static TABLE: std::sync::LazyLock<Vec<f32>> = std::sync::LazyLock::new(|| {
+        let mut t = vec![0.0f32; 2 * SIGMOID_TABLE_HALF];
+        for sign in [0u16, 0x8000] {
+            // ±0, the magnitudes between, then ±∞ for the saturated slot.
+            let mags = std::iter::once(0)
+                .chain(SIGMOID_MAG_LO + 1..SIGMOID_MAG_HI)
+                .chain(std::iter::once(0x7F80));
+            for mag in mags {
+                let bits = sign | mag;
+                if let Some(slot) = t.get_mut(sigmoid_bf16_index(bits)) {
+                    *slot = sigmoid(bf16::from_bits(bits).to_f32());
+                }
+            }
+        }
+        t
+    });
+    &TABLE
+}
+
 /// torch's softplus with β = 1 and threshold 20: x above 20, else
 /// ln(1 + e^x) evaluated in f64 and rounded once.
 #[inline]

@@ -3,7 +3,8 @@
 //! · weight), g and u read from the interleaved gate-up tensor, for fresh
 //! random inputs (values beyond ±L, far-negative g whose
 //! e^−g overflows fp32, many binades), random and unit routing weights, at
-//! V4.1's intermediate width and others. Outputs are NaN-poisoned before the
+//! V4.1's intermediate width and others, and every BF16 gate value at three
+//! limits (the kernel looks σ up in a table). Outputs are NaN-poisoned before the
 //! kernel runs, so every element must be written. Built only for
 //! DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through the GPU bundle).
 #![cfg(deepinfer_cuda)]
@@ -15,6 +16,7 @@ use deepinfer::{DType, Device, E4M3, E8M0, Error, Tensor, ops};
 use half::bf16;
 use rand::Rng;
 use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
 
 const LIMIT: f32 = 10.0;
 
@@ -66,47 +68,108 @@ fn swiglu_act_quant_is_bitwise_equal_to_the_cpu_reference() {
                         }
                     })
                     .collect();
-                let gu = Tensor::from_vec(gu, &[rows, 2 * inter]).unwrap();
-                let w = Tensor::from_vec(w, &[rows]).unwrap();
-                let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(&gu, &w, LIMIT).unwrap();
-                let (q, s) = ops::swiglu_act_quant_fp8(
-                    &gu.to_device(&dev).unwrap(),
-                    &w.to_device(&dev).unwrap(),
-                    LIMIT,
-                )
-                .unwrap();
                 let case = format!("{rows}x{inter} unit weights {ones}");
-                assert_eq!(q.shape(), &[rows, inter], "{case}");
-                assert_eq!(s.shape(), &[rows, inter / 32], "{case}");
-                let (qv, sv) = (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
-                // 0x7F/0xFF are e4m3's NaN codes and 0xFF E8M0's: the poison.
-                // Finite inputs never produce them (NaN h needs an infinite g or u).
-                if let Some(i) = qv.iter().position(|v| v.0 & 0x7F == 0x7F) {
-                    panic!("{case}: q element {i} not written ({:#04x})", qv[i].0);
-                }
-                if let Some(i) = sv.iter().position(|v| v.0 == 0xFF) {
-                    panic!("{case}: scale element {i} not written");
-                }
-                let (qr, sr) = (
-                    q_ref.to_vec::<E4M3>().unwrap(),
-                    s_ref.to_vec::<E8M0>().unwrap(),
-                );
-                if let Some(i) = (0..qv.len()).find(|&i| qv[i] != qr[i]) {
-                    let (r, c) = (i / inter, i % inter);
-                    let at = r * 2 * inter + (c / 32) * 64 + c % 32;
-                    let v = gu.as_slice::<bf16>().unwrap();
-                    panic!(
-                        "{case}: q element {i} (row {r}, col {c}): gpu {:#04x}, cpu {:#04x}; \
-                         g {}, u {}",
-                        qv[i].0,
-                        qr[i].0,
-                        v[at],
-                        v[at + 32],
-                    );
-                }
-                assert_eq!(sv, sr, "{case}: scale");
+                check(&dev, gu, w, inter, LIMIT, true, &case);
             }
         }
+    }
+}
+
+/// The GPU result of `gu` `[rows, 2 · inter]` and weights `w` equals the CPU
+/// reference bit for bit. With `finite`, also that no output holds the NaN
+/// poison (finite inputs never produce NaN codes).
+fn check(
+    dev: &Device,
+    gu: Vec<bf16>,
+    w: Vec<f32>,
+    inter: usize,
+    limit: f32,
+    finite: bool,
+    case: &str,
+) {
+    let rows = w.len();
+    let gu = Tensor::from_vec(gu, &[rows, 2 * inter]).unwrap();
+    let w = Tensor::from_vec(w, &[rows]).unwrap();
+    let (q_ref, s_ref) = ops::swiglu_act_quant_fp8(&gu, &w, limit).unwrap();
+    let (q, s) = ops::swiglu_act_quant_fp8(
+        &gu.to_device(dev).unwrap(),
+        &w.to_device(dev).unwrap(),
+        limit,
+    )
+    .unwrap();
+    assert_eq!(q.shape(), &[rows, inter], "{case}");
+    assert_eq!(s.shape(), &[rows, inter / 32], "{case}");
+    let (qv, sv) = (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
+    // 0x7F/0xFF are e4m3's NaN codes and 0xFF E8M0's: the poison.
+    // Finite inputs never produce them (NaN h needs an infinite g or u).
+    if let Some(i) = qv.iter().position(|v| finite && v.0 & 0x7F == 0x7F) {
+        panic!("{case}: q element {i} not written ({:#04x})", qv[i].0);
+    }
+    if let Some(i) = sv.iter().position(|v| v.0 == 0xFF) {
+        panic!("{case}: scale element {i} not written");
+    }
+    let (qr, sr) = (
+        q_ref.to_vec::<E4M3>().unwrap(),
+        s_ref.to_vec::<E8M0>().unwrap(),
+    );
+    if let Some(i) = (0..qv.len()).find(|&i| qv[i] != qr[i]) {
+        let (r, c) = (i / inter, i % inter);
+        let at = r * 2 * inter + (c / 32) * 64 + c % 32;
+        let v = gu.as_slice::<bf16>().unwrap();
+        panic!(
+            "{case}: q element {i} (row {r}, col {c}): gpu {:#04x}, cpu {:#04x}; g {}, u {}",
+            qv[i].0,
+            qr[i].0,
+            v[at],
+            v[at + 32],
+        );
+    }
+    assert_eq!(sv, sr, "{case}: scale");
+}
+
+/// Every one of the 65,536 BF16 patterns as g (NaN, ±∞, subnormals and ±0
+/// included), shuffled over 32 rows × 2048, u from the model-like mix: at
+/// V4.1's limit, at a limit that is no BF16 value (g' = L is then no table
+/// entry: the kernel's σ(L) path), and at a limit above 2^7 (where σ
+/// saturates to 1). A NaN or infinite g gives NaN h, q 0x7F on both sides.
+#[test]
+fn every_bf16_gate_value_matches_the_reference() {
+    let dev = gpu();
+    let mut rng = common::rng("swiglu_every_gate");
+    let (rows, inter) = (32, 2048);
+    for limit in [LIMIT, 7.3, 300.0] {
+        let mut g: Vec<bf16> = (0..=u16::MAX).map(bf16::from_bits).collect();
+        g.shuffle(&mut rng);
+        let u = swiglu_input(&mut rng, rows * inter);
+        let gu: Vec<bf16> = g
+            .chunks(32)
+            .zip(u.chunks(32))
+            .flat_map(|(g, u)| g.iter().chain(u).copied())
+            .collect();
+        let w: Vec<f32> = (0..rows).map(|_| rng.random_range(0.0..2.5)).collect();
+        check(
+            &dev,
+            gu,
+            w,
+            inter,
+            limit,
+            false,
+            &format!("every g, limit {limit}"),
+        );
+    }
+}
+
+/// More tiles than the device holds CTAs at once (2500 × 2304: 180,000
+/// groups, about 1,400 tiles of 128): each persistent CTA walks several
+/// tiles, and the last ones are partial.
+#[test]
+fn large_batches_walk_several_tiles_a_cta() {
+    let dev = gpu();
+    let mut rng = common::rng("swiglu_persistent");
+    for (rows, inter) in [(2500, 2304), (1531, 4096)] {
+        let gu = swiglu_input(&mut rng, rows * 2 * inter);
+        let w: Vec<f32> = (0..rows).map(|_| rng.random_range(0.0..2.5)).collect();
+        check(&dev, gu, w, inter, LIMIT, true, &format!("{rows}x{inter}"));
     }
 }
 

@@ -326,3 +326,31 @@ fn sigmoid_of_a_bf16_input_is_constant_outside_32_binades() {
     }
     assert_eq!(inside, 2 * 32 * 128);
 }
+
+/// The GPU SwiGLU's σ table (`numerics::sigmoid_bf16_table`, indexed by
+/// `numerics::sigmoid_bf16_index` of g's BF16 bits, the formula the kernel
+/// computes) holds `numerics::sigmoid` of every non-NaN BF16 input, bit for
+/// bit: the lookup is the reference by construction, with no exp on the GPU.
+#[test]
+fn sigmoid_table_lookup_is_the_reference_on_every_bf16_input() {
+    let table = deepinfer::numerics::sigmoid_bf16_table();
+    assert_eq!(table.len(), 2 * deepinfer::numerics::SIGMOID_TABLE_HALF);
+    assert_eq!(table.len(), 8196, "the kernel's shared table (TABLE_BYTES)");
+    let mut used = vec![false; table.len()];
+    for bits in 0..=u16::MAX {
+        let g = bf16::from_bits(bits).to_f32();
+        if g.is_nan() {
+            continue;
+        }
+        let i = deepinfer::numerics::sigmoid_bf16_index(bits);
+        used[i] = true;
+        let want = deepinfer::numerics::sigmoid(g);
+        assert_eq!(
+            table[i].to_bits(),
+            want.to_bits(),
+            "g {g:e} (bits {bits:#06x}) slot {i}"
+        );
+    }
+    // Every slot is reached by some input (no dead entries hide a bad index).
+    assert!(used.iter().all(|&u| u));
+}

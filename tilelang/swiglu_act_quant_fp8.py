@@ -6,13 +6,12 @@ per row followed by `cpu_backend::act_quant_fp8`)
 ----------------------------------------------------------------------------------
 Input gu is BF16 [M, 2I] row-major, the output of the gate-up projection whose W1 and
 W3 rows are interleaved in blocks of 32: columns 64b .. 64b+31 are g's block b (W1),
-columns 64b+32 .. 64b+63 are u's block b (W3); I % 32 == 0. weight is fp32 [M] (the token's routing weight; 1.0 for the shared expert), limit
-L fp32 (10.0 in V4.1). Per element, in fp32 with IEEE rounding (no fast-math):
+columns 64b+32 .. 64b+63 are u's block b (W3); I % 32 == 0. weight is fp32 [M] (the
+token's routing weight; 1.0 for the shared expert), limit L fp32 (10.0 in V4.1). Per element, in fp32 with IEEE rounding (no fast-math):
 
     g'  = min(fp32(g), L)                        (no lower clamp; NaN g -> L, like f32::min)
     u'  = clamp(fp32(u), -L, L)                  (NaN u stays NaN, like f32::clamp)
-    e   = fp32_rn(exp(fp64(-g')))                double-precision exp, rounded once
-    s   = 1 / (1 + e)                            IEEE add and division (rcp.rn)
+    s   = sigmoid(g') = 1 / (1 + fp32_rn(e^-g'))  the reference's, looked up (below)
     h   = bf16_rn(((g' * s) * u') * w_row)       left to right, three fp32 multiplies
 
 then every block of 32 consecutive h values is quantised exactly as
@@ -20,48 +19,65 @@ then every block of 32 consecutive h values is quantised exactly as
 power-of-two scale 2^e from the bit-pattern ceiling of amax * fp32(1/448),
 q = e4m3 saturating RNE of clamp(fp32(h) * 2^-e, -448, 448), E8M0 byte e + 127).
 
-The exponential: the CPU reference computes e^x as the correctly rounded fp32
-value, `(x as f64).exp() as f32`. CUDA's double exp (at most 1 ulp off) rounds to
-the same fp32 value whenever e^x is more than one double ulp away from the midpoint
-of two fp32 values; for every BF16 g' (L = 10 is one) the distance is at least 3.9
-double ulps, so the two agree bit for bit on every input g can take. No expf, no
-__expf: the division lowers to rcp.rn.f32 (IEEE), the conversions to
-cvt.rn.f32.f64.
+sigma from a table: the CPU reference's sigma(g') = 1 / (1 + e^-g'), with e^x the
+correctly rounded fp32 value, takes its argument from a small set: g' is a BF16
+value or L itself. Outside |g'| in [2^-25, 2^7) it is 1/2, 1 or 0 by sign
+(`tests/swiglu_cpu.rs` checks all 65,536 BF16 patterns), so the kernel computes no
+exponential: it looks sigma up in `sigma`, a table of 2 x 4098 fp32 values the host
+builds from the reference itself (`numerics::sigmoid_bf16_table`), indexed by g''s
+BF16 bits b = fp32_bits(g') >> 16:
+
+    idx = min(max(b & 0x7FFF, 0x32FF), 0x4300) - 0x32FF + (b >> 15) * 4098
+
+(slot 0 of each sign: |g'| < 2^-25; slots 1..4096: the 32 binades x 128 mantissas
+between; slot 4097: |g'| >= 2^7 and infinities). Where g' == L (g >= L, or g NaN)
+the kernel takes sigma_limit = sigmoid(L), computed by the host, since L need not be
+a BF16 value. `tests/swiglu_cpu.rs` checks the index formula and the table against
+`numerics::sigmoid` on every BF16 input, so the lookup is the reference by
+construction; the rest (three fp32 multiplies, the BF16 rounding) is IEEE.
 
 Layout
 ------
 Because I % 32 == 0 the [M, 2I] input is viewed as G = M*I/32 independent groups,
 each a 32-block of g followed by the 32-block of u it pairs with (as in
 act_quant_fp8.py), so one dynamic size covers every (M, I) and no lane idles at the
-end of a row; n_blocks = I/32 only locates a group's routing weight:
-row = group / n_blocks (an unsigned 32-bit division per group).
+end of a row. A group's routing weight is weight[group / n_blocks] with
+n_blocks = I/32, computed as (group * row_magic) >> row_shift in 64-bit arithmetic:
+the host picks row_magic = ceil(2^(31+l) / n_blocks), l = ceil(log2 n_blocks),
+row_shift = 31 + l, exact for every group below 2^31 (`row_divider` in
+src/cuda_backend/tilelang_swiglu.rs, tested on its edges).
 
     gu     : bf16  [G, 2, 32]  (== [M, 2I] row-major)  16-byte aligned
     weight : fp32  [M]                                 4-byte aligned
+    sigma  : fp32  [8196]                              4-byte aligned
     q      : e4m3  [G, 32]  (== [M, I] row-major)      8-byte aligned
     scale  : u8    [G]      (== [M, I/32] row-major)   any alignment
-    limit  : fp32;  n_blocks = I / 32 : int
+    limit, sigma_limit : fp32;  row_magic : u32;  row_shift, n_ctas : int
 
 Work mapping
 ------------
-THREADS = 128 threads per CTA; each 32-group is owned by 4 consecutive lanes holding
-8 consecutive elements each (one 16-byte load of g and of u, one 8-byte store of q).
-One pass of the CTA covers 32 groups, i.e. a contiguous 4 KiB of gu, so the warp's
-g load and u load each take every other 64 B of the same 1 KiB span; GROUP_PASSES = 2 passes (every
-load issued before any use) give GROUPS_PER_CTA = 64 groups per CTA. The 4 lanes of
-a group each load the group's weight (the same address; one transaction), combine
-the amax with two xor-shuffles, and the first lane writes the scale byte. Two passes
-(not four) keep small batches spread over more SMs (64 rows x 2304 -> 72 CTAs) and
-the registers at 48 (no spills), leaving the FP64 exp latency many warps to hide in.
-
-Launch: grid = (ceil(G / 64), 1, 1), block = (128, 1, 1), no dynamic shared memory.
-Groups at or past G are masked (loads yield 0, stores are skipped), so G need not
-be a multiple of 64; the group index is a 32-bit int, so G + 64 must fit in one.
+Persistent: the grid is n_ctas <= ceil(G / 128) CTAs (the host launches the CTAs
+that fit on the device at once), each copies the table into shared memory once
+(32,784 bytes of dynamic shared memory) and then walks the tiles bx, bx + n_ctas,
+... of 128 groups (16 KiB of gu). THREADS = 256 threads per CTA; each 32-group is
+owned by 4 consecutive lanes holding 8 consecutive elements each (one 16-byte load
+of g and of u, one 8-byte store of q); GROUP_PASSES = 2 register slots a thread
+(every load of a tile issued before any use). The 4 lanes of a group each load the
+group's weight (the same address; one transaction), combine the amax with two
+xor-shuffles, and the first lane writes the scale byte. The quantiser's clamp to
++-448 is the e4m3 conversion's own (cvt.rn.satfinite saturates finite values to
++-448 and turns NaN into 0x7F, as the clamp then conversion would). Groups at or
+past G are masked (loads yield 0, stores are skipped); the group index is a 32-bit
+int, so G + 128 must fit in one.
 """
 
 import tilelang.language as T
 
 from act_quant_fp8 import AMAX_FLOOR, E4M3_MAX, INV_E4M3_MAX
+
+import tilelang.language as T
+
+from act_quant_fp8 import AMAX_FLOOR, INV_E4M3_MAX
 
 # Entry point of the generated CUDA is f"{PRIM_FUNC_NAME}_kernel".
 PRIM_FUNC_NAME = "deepinfer_swiglu_act_quant_fp8"
@@ -69,9 +85,17 @@ PRIM_FUNC_NAME = "deepinfer_swiglu_act_quant_fp8"
 GROUP = 32              # quantisation block along I
 LANES_PER_GROUP = 4     # lanes sharing one 32-group
 VEC = GROUP // LANES_PER_GROUP  # 8 bf16 = 16 bytes per lane, pass and input
-THREADS = 128
-GROUP_PASSES = 2        # groups owned by each lane-quad
-GROUPS_PER_CTA = THREADS // LANES_PER_GROUP * GROUP_PASSES  # 64
+THREADS = 256
+GROUP_PASSES = 2        # groups owned by each lane-quad per tile
+GROUPS_PER_TILE = THREADS // LANES_PER_GROUP * GROUP_PASSES  # 128
+# The sigma table (numerics::sigmoid_bf16_table): per sign, slot 0 for
+# |g'| < 2^-25, slots 1..4096 for BF16 magnitudes 0x3300..0x42FF, slot 4097
+# for |g'| >= 2^7.
+MAG_LO = 0x32FF         # BF16 magnitude bits of the largest |g'| below 2^-25
+MAG_HI = 0x4300         # of 2^7
+HALF = MAG_HI - MAG_LO + 1  # 4098 slots per sign
+TABLE = 2 * HALF
+TABLE_BYTES = TABLE * 4
 
 
 def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
@@ -87,74 +111,87 @@ def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
     def deepinfer_swiglu_act_quant_fp8(
         gu: T.Tensor((n_groups, 2, GROUP), T.bfloat16),
         weight: T.Tensor((n_rows,), T.float32),
+        sigma: T.Tensor((TABLE,), T.float32),
         q: T.Tensor((n_groups, GROUP), T.float8_e4m3fn),
         scale: T.Tensor((n_groups,), T.uint8),
         limit: T.float32,
-        n_blocks: T.int32,  # I / 32: groups per row
+        sigma_limit: T.float32,  # sigmoid(L)
+        row_magic: T.uint32,     # group / n_blocks == (group * row_magic) >> row_shift
+        row_shift: T.int32,
+        n_ctas: T.int32,         # the grid, at most ceil(n_groups / block_g)
     ):
-        with T.Kernel(T.ceildiv(n_groups, block_g), threads=threads) as bx:
+        with T.Kernel(n_ctas, threads=threads) as bx:
+            tbl = T.alloc_shared((TABLE,), T.float32)
             # g and u stay BF16 in registers (the promotion is exact and redone at use).
             gb = T.alloc_fragment((block_g, GROUP), T.bfloat16)
             ub = T.alloc_fragment((block_g, GROUP), T.bfloat16)
             hb = T.alloc_fragment((block_g, GROUP), T.bfloat16)
             hf = T.alloc_fragment((block_g, GROUP), T.float32)
+            ha = T.alloc_fragment((block_g, GROUP), T.float32)
             qf = T.alloc_fragment((block_g, GROUP), T.float8_e4m3fn)
             wf = T.alloc_fragment((block_g,), T.float32)
             amax = T.alloc_fragment((block_g,), T.float32)
             inv = T.alloc_fragment((block_g,), T.float32)
             sbyte = T.alloc_fragment((block_g,), T.uint8)
 
-            # Group i of the tile lives on lanes 4*(i % groups_per_pass) + 0..3,
+            # Group i of a tile lives on lanes 4*(i % groups_per_pass) + 0..3,
             # lane j//8 holding elements 8*(j//8) .. +7, register slot i // groups_per_pass.
             lane_layout = T.Fragment(
                 (block_g, GROUP),
                 forward_thread_fn=lambda i, j: (i % groups_per_pass) * LANES_PER_GROUP + j // VEC,
                 forward_index_fn=lambda i, j: (i // groups_per_pass) * VEC + j % VEC,
             )
-            T.annotate_layout({gb: lane_layout, ub: lane_layout, hb: lane_layout, hf: lane_layout, qf: lane_layout})
+            T.annotate_layout(
+                {gb: lane_layout, ub: lane_layout, hb: lane_layout, hf: lane_layout, ha: lane_layout, qf: lane_layout}
+            )
 
-            T.copy(gu[bx * block_g : (bx + 1) * block_g, 0, 0:GROUP], gb)  # the one read of g
-            T.copy(gu[bx * block_g : (bx + 1) * block_g, 1, 0:GROUP], ub)  # the one read of u
-            for i in T.Parallel(block_g):
-                # The group's row; unsigned so the division needs no sign fix-ups.
-                row = T.cast(
-                    T.cast(bx * block_g + i, T.uint32) // T.cast(n_blocks, T.uint32), T.int32
-                )
-                wf[i] = T.if_then_else(bx * block_g + i < n_groups, weight[row], T.float32(0))
+            T.copy(sigma, tbl)  # once per CTA
+            for it in T.serial(T.ceildiv(T.ceildiv(n_groups, block_g) - bx, n_ctas)):
+                t = bx + it * n_ctas
+                T.copy(gu[t * block_g : (t + 1) * block_g, 0, 0:GROUP], gb)  # the one read of g
+                T.copy(gu[t * block_g : (t + 1) * block_g, 1, 0:GROUP], ub)  # the one read of u
+                for i in T.Parallel(block_g):
+                    row = T.cast(
+                        (T.cast(t * block_g + i, T.uint64) * T.cast(row_magic, T.uint64))
+                        >> T.cast(row_shift, T.uint64),
+                        T.int32,
+                    )
+                    wf[i] = T.if_then_else(t * block_g + i < n_groups, weight[row], T.float32(0))
 
-            for i, j in T.Parallel(block_g, GROUP):
-                gv = T.min(T.cast(gb[i, j], T.float32), limit)
-                uv = T.clamp(T.cast(ub[i, j], T.float32), -limit, limit)
-                # e^-g' correctly rounded to fp32: double exp, one rounding.
-                e = T.cast(T.exp(T.cast(-gv, T.float64)), T.float32)
-                sig = T.float32(1.0) / (T.float32(1.0) + e)
-                hb[i, j] = T.cast(((gv * sig) * uv) * wf[i], T.bfloat16)
-            # The quantiser works on the BF16-rounded h, promoted back to fp32.
-            for i, j in T.Parallel(block_g, GROUP):
-                hf[i, j] = T.cast(hb[i, j], T.float32)
+                for i, j in T.Parallel(block_g, GROUP):
+                    gv = T.min(T.cast(gb[i, j], T.float32), limit)
+                    uv = T.clamp(T.cast(ub[i, j], T.float32), -limit, limit)
+                    b = T.reinterpret(gv, T.uint32) >> T.uint32(16)
+                    m = T.min(T.max(b & T.uint32(0x7FFF), T.uint32(MAG_LO)), T.uint32(MAG_HI)) - T.uint32(MAG_LO)
+                    sig = T.if_then_else(gv == limit, sigma_limit, tbl[m + (b >> T.uint32(15)) * T.uint32(HALF)])
+                    hb[i, j] = T.cast(((gv * sig) * uv) * wf[i], T.bfloat16)
+                # The quantiser works on the BF16-rounded h, promoted back to fp32.
+                for i, j in T.Parallel(block_g, GROUP):
+                    hf[i, j] = T.cast(hb[i, j], T.float32)
+                    ha[i, j] = T.abs(hf[i, j])
+                T.reduce_max(ha, amax, dim=1)  # 4-lane xor-shuffle max (NaN ignored, as fmaxf)
+                for i in T.Parallel(block_g):
+                    p = T.max(amax[i], T.float32(AMAX_FLOOR)) * T.float32(INV_E4M3_MAX)
+                    bits = T.reinterpret(p, T.uint32)
+                    ex = (
+                        T.cast((bits >> T.uint32(23)) & T.uint32(0xFF), T.int32)
+                        - 127
+                        + T.cast((bits & T.uint32(0x7FFFFF)) != T.uint32(0), T.int32)
+                    )
+                    ex = T.min(T.max(ex, -127), 127)
+                    inv[i] = T.if_then_else(
+                        ex == 127,
+                        T.reinterpret(T.uint32(0x00400000), T.float32),  # 2^-127
+                        T.reinterpret(T.shift_left(T.cast(127 - ex, T.uint32), T.uint32(23)), T.float32),
+                    )
+                    sbyte[i] = T.cast(ex + 127, T.uint8)
+                for i, j in T.Parallel(block_g, GROUP):
+                    # e4m3fn casts lower to cvt.rn.satfinite: RNE, saturating at +-448
+                    # (the quantiser's clamp), NaN -> 0x7F.
+                    qf[i, j] = hf[i, j] * inv[i]
 
-            T.reduce_absmax(hf, amax, dim=1)  # 4-lane xor-shuffle max
-            for i in T.Parallel(block_g):
-                p = T.max(amax[i], T.float32(AMAX_FLOOR)) * T.float32(INV_E4M3_MAX)
-                bits = T.reinterpret(p, T.uint32)
-                ex = (
-                    T.cast((bits >> T.uint32(23)) & T.uint32(0xFF), T.int32)
-                    - 127
-                    + T.cast((bits & T.uint32(0x7FFFFF)) != T.uint32(0), T.int32)
-                )
-                ex = T.min(T.max(ex, -127), 127)
-                inv[i] = T.if_then_else(
-                    ex == 127,
-                    T.reinterpret(T.uint32(0x00400000), T.float32),  # 2^-127
-                    T.reinterpret(T.shift_left(T.cast(127 - ex, T.uint32), T.uint32(23)), T.float32),
-                )
-                sbyte[i] = T.cast(ex + 127, T.uint8)
-            for i, j in T.Parallel(block_g, GROUP):
-                # e4m3fn casts lower to cvt.rn.satfinite (RNE, NaN -> 0x7F).
-                qf[i, j] = T.clamp(hf[i, j] * inv[i], -E4M3_MAX, E4M3_MAX)
-
-            T.copy(qf, q[bx * block_g, 0])
-            T.copy(sbyte, scale[bx * block_g])
+                T.copy(qf, q[t * block_g, 0])
+                T.copy(sbyte, scale[t * block_g])
 
     return deepinfer_swiglu_act_quant_fp8
 
@@ -162,9 +199,10 @@ def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
 def launch_info() -> dict:
     """Launch geometry of the default build, for generate.py's header."""
     return {
-        "grid": "(ceil(n_groups / %d), 1, 1) with n_groups = M*I/32" % GROUPS_PER_CTA,
+        "grid": "(n_ctas, 1, 1): persistent, n_ctas <= ceil(n_groups / %d), n_groups = M*I/32" % GROUPS_PER_TILE,
         "block": "(%d, 1, 1)" % THREADS,
-        "dynamic_smem": "0",
-        "alignment": "gu 16 B, q 8 B, weight 4 B, scale 1 B; I %% 32 == 0, n_blocks = I/32, "
-        "n_groups + %d < 2^31" % GROUPS_PER_CTA,
+        "dynamic_smem": "%d bytes (the sigma table)" % TABLE_BYTES,
+        "dynamic_smem_bytes": TABLE_BYTES,
+        "alignment": "gu 16 B, q 8 B, weight and sigma 4 B, scale 1 B; I %% 32 == 0, "
+        "n_groups + %d < 2^31" % GROUPS_PER_TILE,
     }

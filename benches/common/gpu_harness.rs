@@ -92,6 +92,28 @@ impl Harness {
         samples[samples.len() / 2]
     }
 
+    /// Median device µs per call of `f(i)` inside a CUDA graph: [`BATCH`]
+    /// calls (i = 0..BATCH) captured once, then the graph replayed as
+    /// [`Harness::time_us`] times a call, divided by [`BATCH`]. The figure
+    /// for decode-sized calls, where a graph removes the host's launch cost
+    /// and leaves the kernel's own.
+    #[allow(dead_code, reason = "only the fused-op benches time graphs")]
+    pub fn graph_us(&self, mut f: impl FnMut(usize)) -> f64 {
+        // SAFETY: the bench is single-threaded, so nothing else issues work
+        // on the stream during the capture, and every tensor `f` touches is
+        // borrowed by `f`, which outlives the graph (dropped at return).
+        let graph = unsafe {
+            self.cuda.capture(|| {
+                for i in 0..BATCH {
+                    f(i);
+                }
+                Ok(())
+            })
+        }
+        .unwrap();
+        self.time_us(|_| graph.launch().unwrap()) / BATCH as f64
+    }
+
     /// How many rotating copies of an input of `bytes` to keep.
     pub fn copies(bytes: usize) -> usize {
         ROTATE_BYTES.div_ceil(bytes.max(1)).clamp(2, 256)

@@ -33,16 +33,14 @@ use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_mask
 use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::{i32_param, u32_param};
-use super::{launch, read_ptr, write_ptr};
+use super::{launch, read_ptr, resident_ctas, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::{self, KernelRef};
+use crate::kernels;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
-use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{LazyLock, Mutex};
 
 /// Threads per CTA: one warpgroup (the sm_90a kernels issue wgmma on it).
 const THREADS: u32 = 128;
@@ -240,38 +238,6 @@ pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6L
         stages,
         smem: u32::try_from(fixed + stages * stage + 1024).ok()?,
     })
-}
-
-/// Resident CTAs per device (ordinal, kernel): occupancy × SMs, constant per
-/// kernel because each kernel always gets the same dynamic shared memory.
-static SLOTS: LazyLock<Mutex<HashMap<(usize, &'static str), usize>>> =
-    LazyLock::new(|| Mutex::new(HashMap::new()));
-
-/// Resident CTAs of `kernel` with `smem` bytes of dynamic shared memory on
-/// `dev` (at least 1). Call after [`CudaDevice::allow_dynamic_smem`].
-fn resident_ctas(dev: &CudaDevice, kernel: KernelRef, smem: u32) -> Result<usize> {
-    let key = (dev.ordinal(), kernel.name);
-    if let Some(&v) = SLOTS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .get(&key)
-    {
-        return Ok(v);
-    }
-    let during = |what: &str| format!("{what} for {}::{}", kernel.family.name, kernel.name);
-    let per_sm = dev
-        .function(kernel)?
-        .occupancy_max_active_blocks_per_multiprocessor(THREADS, smem as usize, None)
-        .map_err(|source| Error::Driver {
-            during: during("querying the occupancy"),
-            source,
-        })?;
-    let v = (per_sm as usize * dev.sm_count()).max(1);
-    SLOTS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(key, v);
-    Ok(v)
 }
 
 /// Dense `out = A · Bᵀ` for M ≤ 64 with 1×32 activation and 32×32 weight
@@ -607,7 +573,7 @@ pub fn mxfp4_grouped_masked_with(
     let smem = smem_bytes(true, nt, version);
     let tiles = n.div_ceil(TILE_N);
     dev.allow_dynamic_smem(kernel, smem)?;
-    let slots = resident_ctas(dev, kernel, smem)?;
+    let slots = resident_ctas(dev, kernel, THREADS, smem)?;
     let grid_dim = match version {
         SkinnyVersion::V1 => (
             u32_param("tiles", tiles)?,

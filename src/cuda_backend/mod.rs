@@ -51,6 +51,8 @@ use crate::device::{CudaBuffer, CudaDevice};
 use crate::error::{Error, Result};
 use crate::kernels::KernelRef;
 use cudarc::driver::{DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 /// The parameter structs, generated from the C header.
 #[allow(
@@ -207,6 +209,7 @@ fn launch<P: cudarc::driver::DeviceRepr>(
 pub(crate) enum Arg {
     Ptr(u64),
     I32(i32),
+    U32(u32),
     F32(f32),
 }
 
@@ -219,6 +222,12 @@ impl From<u64> for Arg {
 impl From<i32> for Arg {
     fn from(v: i32) -> Arg {
         Arg::I32(v)
+    }
+}
+
+impl From<u32> for Arg {
+    fn from(v: u32) -> Arg {
+        Arg::U32(v)
     }
 }
 
@@ -248,6 +257,7 @@ pub(crate) unsafe fn launch_raw(
         match arg {
             Arg::Ptr(p) => builder.arg(p),
             Arg::I32(v) => builder.arg(v),
+            Arg::U32(v) => builder.arg(v),
             Arg::F32(v) => builder.arg(v),
         };
     }
@@ -257,6 +267,51 @@ pub(crate) unsafe fn launch_raw(
         source,
     })?;
     Ok(())
+}
+
+/// Resident CTAs per device, kernel and CTA shape: occupancy × SMs.
+static SLOTS: LazyLock<Mutex<HashMap<SlotKey, usize>>> = LazyLock::new(Mutex::default);
+/// (device ordinal, family, kernel, threads, dynamic shared memory).
+type SlotKey = (usize, &'static str, &'static str, u32, u32);
+
+/// CTAs of `kernel` (`threads` a CTA, `smem` bytes of dynamic shared
+/// memory) resident on the whole of `dev` at once (at least 1): the grid of
+/// a persistent kernel. Queried once per key. Call after
+/// [`CudaDevice::allow_dynamic_smem`] where `smem` exceeds 48 KiB.
+pub(crate) fn resident_ctas(
+    dev: &CudaDevice,
+    kernel: KernelRef,
+    threads: u32,
+    smem: u32,
+) -> Result<usize> {
+    let key = (
+        dev.ordinal(),
+        kernel.family.name,
+        kernel.name,
+        threads,
+        smem,
+    );
+    let slots = || {
+        SLOTS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    if let Some(&v) = slots().get(&key) {
+        return Ok(v);
+    }
+    let per_sm = dev
+        .function(kernel)?
+        .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+        .map_err(|source| Error::Driver {
+            during: format!(
+                "querying the occupancy of {}::{}",
+                kernel.family.name, kernel.name
+            ),
+            source,
+        })?;
+    let v = (per_sm as usize * dev.sm_count()).max(1);
+    slots().insert(key, v);
+    Ok(v)
 }
 
 /// The "bad slots" of the checking kernels (`params.h`): `n` int64 on the

@@ -55,8 +55,10 @@ pub struct CudaDevice {
     /// The dynamic shared memory each of those functions is allowed, so the
     /// attribute is set once per function and size, not before every launch.
     smem_allowed: Arc<Mutex<HashMap<(&'static str, &'static str), u32>>>,
-    /// Small read-only tables uploaded once ([`CudaDevice::constant`]).
+    /// Small read-only tables uploaded once, by content
+    /// ([`CudaDevice::constant`]) and by name ([`CudaDevice::constant_named`]).
     constants: Arc<Mutex<HashMap<Vec<u8>, Arc<CudaBuffer>>>>,
+    named_constants: Arc<Mutex<HashMap<&'static str, Arc<CudaBuffer>>>>,
     sms: usize,
     /// Whether the device allocates from a memory pool (`cuMemAllocAsync`).
     pools: bool,
@@ -112,6 +114,7 @@ impl CudaDevice {
             functions: Arc::default(),
             smem_allowed: Arc::default(),
             constants: Arc::default(),
+            named_constants: Arc::default(),
             sms: sms.max(1) as usize,
             pools,
             poison: false,
@@ -332,16 +335,43 @@ impl CudaDevice {
     /// capture can read a table an earlier launch uploaded, while an upload
     /// there is refused.
     pub fn constant(&self, bytes: &[u8]) -> Result<Arc<CudaBuffer>> {
-        let mut cache = self
-            .constants
+        self.cached(&self.constants, bytes, || bytes.to_vec(), || bytes.to_vec())
+    }
+
+    /// Like [`CudaDevice::constant`] for a table known by `name` (one fixed
+    /// content per name, such as `numerics::sigmoid_bf16_table`): `make`
+    /// runs only on this device's first request, and a later request costs
+    /// a lookup by name instead of a hash of the table's bytes.
+    pub fn constant_named(
+        &self,
+        name: &'static str,
+        make: impl FnOnce() -> Vec<u8>,
+    ) -> Result<Arc<CudaBuffer>> {
+        self.cached(&self.named_constants, &name, || name, make)
+    }
+
+    /// The upload cached in `map` under `key`, made (`owned`, `make`) and
+    /// inserted on the first request.
+    fn cached<K, Q>(
+        &self,
+        map: &Mutex<HashMap<K, Arc<CudaBuffer>>>,
+        key: &Q,
+        owned: impl FnOnce() -> K,
+        make: impl FnOnce() -> Vec<u8>,
+    ) -> Result<Arc<CudaBuffer>>
+    where
+        K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+        Q: std::hash::Hash + Eq + ?Sized,
+    {
+        let mut cache = map
             .lock()
             // A poisoned cache still holds only whole uploads.
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(b) = cache.get(bytes) {
+        if let Some(b) = cache.get(key) {
             return Ok(b.clone());
         }
-        let b = Arc::new(self.upload(bytes)?);
-        cache.insert(bytes.to_vec(), b.clone());
+        let b = Arc::new(self.upload(&make())?);
+        cache.insert(owned(), b.clone());
         Ok(b)
     }
 

@@ -5,12 +5,12 @@
 // TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
 // Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include <this file>
 //        (no --use_fast_math / -ftz=true)
-// Entry point: extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows)
-//   __launch_bounds__(128, 1)
-// grid: (ceil(n_groups / 64), 1, 1) with n_groups = M*I/32
-// block: (128, 1, 1)
-// dynamic_smem: 0
-// alignment: gu 16 B, q 8 B, weight 4 B, scale 1 B; I % 32 == 0, n_blocks = I/32, n_groups + 64 < 2^31
+// Entry point: extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit)
+//   __launch_bounds__(256, 1)
+// grid: (n_ctas, 1, 1): persistent, n_ctas <= ceil(n_groups / 128), n_groups = M*I/32
+// block: (256, 1, 1)
+// dynamic_smem: 32784 bytes (the sigma table)
+// alignment: gu 16 B, q 8 B, weight and sigma 4 B, scale 1 B; I % 32 == 0, n_groups + 128 < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
 #define _tl_orig_alignas alignas
@@ -20,174 +20,150 @@
 #define alignas _tl_orig_alignas
 #endif
 #include "deepinfer_tl/compat.cuh"
+#include <math_constants.h>
 
-extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows);
-extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ weight, float limit, int n_blocks, int n_groups, int n_rows) {
+extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit);
+extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit) {
+  extern __shared__ __align__(1024) float tbl[];
   bfloat16_t gb[16];
   bfloat16_t ub[16];
   float wf[2];
   bfloat16_t hb[16];
   float hf[16];
+  float ha[16];
   float2 amax_pack[2];
   float amax[2];
   float inv[2];
   uchar sbyte[2];
   fp8_e4_t qf[16];
   #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-    uint4 condval;
-    if (((((((int)blockIdx.x) * 64) + (i * 32)) + (((int)threadIdx.x) >> 2)) < n_groups)) {
-      condval = *(uint4*)(gu + ((((((int64_t)((int)blockIdx.x)) * (int64_t)4096) + (((int64_t)i) * (int64_t)2048)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
-    } else {
-      condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
+  for (int i = 0; i < 33; ++i) {
+    if (((i * 64) + (((int)threadIdx.x) >> 2)) < 2049) {
+      tbl[((i * 256) + ((int)threadIdx.x))] = sigma[((i * 256) + ((int)threadIdx.x))];
     }
-    *(uint4*)(gb + (i * 8)) = condval;
   }
-  #pragma unroll
-  for (int i_1 = 0; i_1 < 2; ++i_1) {
-    bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-    uint4 condval_1;
-    if (((((((int)blockIdx.x) * 64) + (i_1 * 32)) + (((int)threadIdx.x) >> 2)) < n_groups)) {
-      condval_1 = *(uint4*)(gu + (((((((int64_t)((int)blockIdx.x)) * (int64_t)4096) + (((int64_t)i_1) * (int64_t)2048)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
-    } else {
-      condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
-    }
-    *(uint4*)(ub + (i_1 * 8)) = condval_1;
-  }
-  #pragma unroll
-  for (int i_2 = 0; i_2 < 2; ++i_2) {
-    float condval_2;
-    if ((((((((int)blockIdx.x) * 64) + (i_2 * 32)) + (((int)threadIdx.x) >> 2)) < n_groups) && (((int)(((uint)(((((int)blockIdx.x) * 64) + (i_2 * 32)) + (((int)threadIdx.x) >> 2))) / ((uint)n_blocks))) < n_rows))) {
-      condval_2 = weight[((int64_t)(((uint)(((((int)blockIdx.x) * 64) + (i_2 * 32)) + (((int)threadIdx.x) >> 2))) / ((uint)n_blocks)))];
-    } else {
-      condval_2 = 0x0p+0f/*0.000000e+00*/;
-    }
-    wf[i_2] = condval_2;
-  }
-  #pragma unroll
-  for (int i_3 = 0; i_3 < 8; ++i_3) {
-    float2 __1;
-      float2 __2;
-      uint1 v_ = *(uint1*)(gb + (i_3 * 2));
-      ((float2*)(&__2))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[0]);
-      float2 v__1 = make_float2(limit, limit);
-      *(float2*)(&(__1.x)) = tl::min2(*(float2*)(&(__2.x)), *(float2*)(&(v__1.x)));
-    float2 gv = __1;
-    float2 __3;
-      float2 __4;
-      uint1 v__2 = *(uint1*)(ub + (i_3 * 2));
-      ((float2*)(&__4))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[0]);
-      float2 clamp_arg = __4;
-      float2 v__3 = make_float2((limit * -0x1p+0f/*-1.000000e+00*/), (limit * -0x1p+0f/*-1.000000e+00*/));
-      float2 v__4 = make_float2(limit, limit);
-      __3.x = tl::clamp(clamp_arg.x, v__3.x, v__4.x);
-      __3.y = tl::clamp(clamp_arg.y, v__3.y, v__4.y);
-    float2 uv = __3;
-    float broadcast_var_2 = 0x1p+0f/*1.000000e+00*/;
-    float broadcast_var_3 = 0x1p+0f/*1.000000e+00*/;
-    float broadcast_var_4 = -0x1p+0f/*-1.000000e+00*/;
-    uint1 __5;
-    float2 __6;
-      float2 __7;
-        float2 __8;
-          float2 __9;
-            float2 v__5 = make_float2(broadcast_var_2, broadcast_var_2);
-            float2 __10;
-              float2 v__6 = make_float2(broadcast_var_3, broadcast_var_3);
-              float2 __11;
-              double2 __12;
-              double2 __13;
-              float2 __14;
-                float2 v__7 = make_float2(broadcast_var_4, broadcast_var_4);
-                *(float2*)(&(__14.x)) = tl::mul2(*(float2*)(&(gv.x)), *(float2*)(&(v__7.x)));
-              __13.x = (double)(__14.x);
-              __13.y = (double)(__14.y);
-              __12.x = exp(__13.x);
-              __12.y = exp(__13.y);
-              __11.x = (float)(__12.x);
-              __11.y = (float)(__12.y);
-              *(float2*)(&(__10.x)) = tl::add2(*(float2*)(&(v__6.x)), *(float2*)(&(__11.x)));
-            __9.x = (v__5.x/__10.x);
-            __9.y = (v__5.y/__10.y);
-          *(float2*)(&(__8.x)) = tl::mul2(*(float2*)(&(gv.x)), *(float2*)(&(__9.x)));
-        *(float2*)(&(__7.x)) = tl::mul2(*(float2*)(&(__8.x)), *(float2*)(&(uv.x)));
-      float2 v__8 = make_float2(wf[(i_3 >> 2)], wf[(i_3 >> 2)]);
-      *(float2*)(&(__6.x)) = tl::mul2(*(float2*)(&(__7.x)), *(float2*)(&(v__8.x)));
-    (reinterpret_cast<__nv_bfloat162*>(&__5))[0] = __float22bfloat162_rn(((float2*)(&__6))[0]);
-    *(uint1*)(hb + (i_3 * 2)) = __5;
-  }
-  #pragma unroll
-  for (int i_4 = 0; i_4 < 4; ++i_4) {
-    float4 __15;
-    uint2 v__9 = *(uint2*)(hb + (i_4 * 4));
-    ((float2*)(&__15))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__9))[0]);
-    ((float2*)(&__15))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__9))[1]);
-    *(float4*)(hf + (i_4 * 4)) = __15;
-  }
-  #pragma unroll
-  for (int i_5 = 0; i_5 < 2; ++i_5) {
-    float broadcast_var_5 = 0x0p+0f/*0.000000e+00*/;
-    amax_pack[i_5] = make_float2(broadcast_var_5, broadcast_var_5);
+  __syncthreads();
+  int rmod = ((((((n_groups + 127) >> 7) + n_ctas) - ((int)blockIdx.x)) - 1) % n_ctas);
+  int rdiv = ((((((n_groups + 127) >> 7) + n_ctas) - ((int)blockIdx.x)) - 1) / n_ctas);
+  for (int it = 0; it < ((((0 <= n_ctas) && (0 <= rmod)) || ((n_ctas < 0) && (rmod <= 0))) ? rdiv : (rdiv - 1)); ++it) {
     #pragma unroll
-    for (int rv = 0; rv < 4; ++rv) {
-      amax_pack[i_5] = tl::max2(amax_pack[i_5], tl::abs2(*(float2*)(hf + ((i_5 * 8) + (rv * 2)))));
+    for (int i_1 = 0; i_1 < 2; ++i_1) {
+      bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+      uint4 condval;
+      if (((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_1 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas))))) {
+        condval = *(uint4*)(gu + (((((((int64_t)((int)blockIdx.x)) * (int64_t)8192) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)8192)) + (((int64_t)i_1) * (int64_t)4096)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
+      } else {
+        condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
+      }
+      *(uint4*)(gb + (i_1 * 8)) = condval;
     }
-    amax[i_5] = max((amax_pack[i_5]).x, max((amax_pack[i_5]).y, (0x0p+0f/*0.000000e+00*/ - (amax_pack[i_5]).y)));
-    amax[i_5] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<128>>::run(amax[i_5]);
-  }
-  for (int i_s = 0; i_s < 2; ++i_s) {
-    float p = (max(amax[i_s], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
-    float _reinterpret_tmp = p;
-    float _reinterpret_tmp_1 = p;
-    float condval_3;
-    if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_1))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
-      uint v__10 = (uint)4194304;
-      condval_3 = (*(float *)(&(v__10)));
-    } else {
-      float _reinterpret_tmp_2 = p;
-      float _reinterpret_tmp_3 = p;
-      uint v__11 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_2))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_3))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
-      condval_3 = (*(float *)(&(v__11)));
+    #pragma unroll
+    for (int i_2 = 0; i_2 < 2; ++i_2) {
+      bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+      uint4 condval_1;
+      if (((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_2 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas))))) {
+        condval_1 = *(uint4*)(gu + ((((((((int64_t)((int)blockIdx.x)) * (int64_t)8192) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)8192)) + (((int64_t)i_2) * (int64_t)4096)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
+      } else {
+        condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+      }
+      *(uint4*)(ub + (i_2 * 8)) = condval_1;
     }
-    inv[i_s] = condval_3;
-    float _reinterpret_tmp_4 = p;
-    float _reinterpret_tmp_5 = p;
-    sbyte[i_s] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_4))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_5))) & (uint)8388607) != (uint)0))), 254));
-  }
-  #pragma unroll
-  for (int i_6 = 0; i_6 < 4; ++i_6) {
-    float broadcast_var_6 = -0x1.cp+8f/*-4.480000e+02*/;
-    float broadcast_var_7 = 0x1.cp+8f/*4.480000e+02*/;
-    fp8_e4_4_t __16;
-    float4 __17;
-      float4 __18;
-        float4 v__12 = *(float4*)(hf + (i_6 * 4));
-        float4 v__13 = make_float4(inv[(i_6 >> 1)], inv[(i_6 >> 1)], inv[(i_6 >> 1)], inv[(i_6 >> 1)]);
-        *(float2*)(&(__18.x)) = tl::mul2(*(float2*)(&(v__12.x)), *(float2*)(&(v__13.x)));
-        *(float2*)(&(__18.z)) = tl::mul2(*(float2*)(&(v__12.z)), *(float2*)(&(v__13.z)));
-      float4 clamp_arg_1 = __18;
-      float4 v__14 = make_float4(broadcast_var_6, broadcast_var_6, broadcast_var_6, broadcast_var_6);
-      float4 v__15 = make_float4(broadcast_var_7, broadcast_var_7, broadcast_var_7, broadcast_var_7);
-      __17.x = tl::clamp(clamp_arg_1.x, v__14.x, v__15.x);
-      __17.y = tl::clamp(clamp_arg_1.y, v__14.y, v__15.y);
-      __17.z = tl::clamp(clamp_arg_1.z, v__14.z, v__15.z);
-      __17.w = tl::clamp(clamp_arg_1.w, v__14.w, v__15.w);
-    (reinterpret_cast<__nv_fp8x2_storage_t*>(&__16))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__17))[0], __NV_SATFINITE, __NV_E4M3);
-    (reinterpret_cast<__nv_fp8x2_storage_t*>(&__16))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__17))[1], __NV_SATFINITE, __NV_E4M3);
-    *(fp8_e4_4_t*)(qf + (i_6 * 4)) = __16;
-  }
-  #pragma unroll
-  for (int i_7 = 0; i_7 < 2; ++i_7) {
-    if ((((((int)blockIdx.x) * 64) + (i_7 * 32)) + (((int)threadIdx.x) >> 2)) < n_groups) {
-      *(fp8_e4_8_t*)(q + (((((int64_t)((int)blockIdx.x)) * (int64_t)2048) + (((int64_t)i_7) * (int64_t)1024)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + (i_7 * 8));
+    #pragma unroll
+    for (int i_3 = 0; i_3 < 2; ++i_3) {
+      float condval_2;
+      if (((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_3 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (((int)((((uint64_t)((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_3 * 64)) + (((int)threadIdx.x) >> 2))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift))) < n_rows))) {
+        condval_2 = weight[((int64_t)((((uint64_t)((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_3 * 64)) + (((int)threadIdx.x) >> 2))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift)))];
+      } else {
+        condval_2 = 0x0p+0f/*0.000000e+00*/;
+      }
+      wf[i_3] = condval_2;
     }
-  }
-  if ((((int)threadIdx.x) % 4) == 0) {
+    #pragma unroll
+    for (int i_4 = 0; i_4 < 4; ++i_4) {
+      float tbl_local_cast[4];
+      for (int vec_copy = 0; vec_copy < 4; ++vec_copy) {
+        float v_ = min(((float)gb[((i_4 * 4) + vec_copy)]), limit);
+        tbl_local_cast[vec_copy] = tbl[((min(max((((*(uint *)(&(v_))) >> (uint)16) & (uint)32767), (uint)13055), (uint)17152) - (uint)13055) + ((((*(uint *)(&(v_))) >> (uint)16) >> (uint)15) * (uint)4098))];
+      }
+      for (int vec = 0; vec < 4; ++vec) {
+        float condval_3;
+        if ((min(((float)gb[((i_4 * 4) + vec)]), limit) == limit)) {
+          condval_3 = sigma_limit;
+        } else {
+          condval_3 = tbl_local_cast[vec];
+        }
+        hb[((i_4 * 4) + vec)] = ((bfloat16_t)(((min(((float)gb[((i_4 * 4) + vec)]), limit) * condval_3) * tl::clamp(((float)ub[((i_4 * 4) + vec)]), (limit * -0x1p+0f/*-1.000000e+00*/), limit)) * wf[(i_4 >> 1)]));
+      }
+    }
+    #pragma unroll
+    for (int i_5 = 0; i_5 < 4; ++i_5) {
+      float4 __1;
+      uint2 v__1 = *(uint2*)(hb + (i_5 * 4));
+      ((float2*)(&__1))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[0]);
+      ((float2*)(&__1))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[1]);
+      *(float4*)(hf + (i_5 * 4)) = __1;
+      float4 __2;
+      float4 v__2 = *(float4*)(hf + (i_5 * 4));
+      __2.x = fabsf(v__2.x);
+      __2.y = fabsf(v__2.y);
+      __2.z = fabsf(v__2.z);
+      __2.w = fabsf(v__2.w);
+      *(float4*)(ha + (i_5 * 4)) = __2;
+    }
+    #pragma unroll
+    for (int i_6 = 0; i_6 < 2; ++i_6) {
+      float broadcast_var_2 = -CUDART_INF_F;
+      amax_pack[i_6] = make_float2(broadcast_var_2, broadcast_var_2);
+      #pragma unroll
+      for (int rv = 0; rv < 4; ++rv) {
+        amax_pack[i_6] = tl::max2(amax_pack[i_6], *(float2*)(ha + ((i_6 * 8) + (rv * 2))));
+      }
+      amax[i_6] = max((amax_pack[i_6]).x, (amax_pack[i_6]).y);
+      amax[i_6] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(amax[i_6]);
+    }
+    for (int i_s = 0; i_s < 2; ++i_s) {
+      float p = (max(amax[i_s], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
+      float _reinterpret_tmp = p;
+      float _reinterpret_tmp_1 = p;
+      float condval_4;
+      if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_1))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
+        uint v__3 = (uint)4194304;
+        condval_4 = (*(float *)(&(v__3)));
+      } else {
+        float _reinterpret_tmp_2 = p;
+        float _reinterpret_tmp_3 = p;
+        uint v__4 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_2))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_3))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
+        condval_4 = (*(float *)(&(v__4)));
+      }
+      inv[i_s] = condval_4;
+      float _reinterpret_tmp_4 = p;
+      float _reinterpret_tmp_5 = p;
+      sbyte[i_s] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_4))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_5))) & (uint)8388607) != (uint)0))), 254));
+    }
+    #pragma unroll
+    for (int i_7 = 0; i_7 < 4; ++i_7) {
+      fp8_e4_4_t __3;
+      float4 __4;
+        float4 v__5 = *(float4*)(hf + (i_7 * 4));
+        float4 v__6 = make_float4(inv[(i_7 >> 1)], inv[(i_7 >> 1)], inv[(i_7 >> 1)], inv[(i_7 >> 1)]);
+        *(float2*)(&(__4.x)) = tl::mul2(*(float2*)(&(v__5.x)), *(float2*)(&(v__6.x)));
+        *(float2*)(&(__4.z)) = tl::mul2(*(float2*)(&(v__5.z)), *(float2*)(&(v__6.z)));
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__3))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__4))[0], __NV_SATFINITE, __NV_E4M3);
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__3))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__4))[1], __NV_SATFINITE, __NV_E4M3);
+      *(fp8_e4_4_t*)(qf + (i_7 * 4)) = __3;
+    }
     #pragma unroll
     for (int i_8 = 0; i_8 < 2; ++i_8) {
-      if ((((((int)blockIdx.x) * 64) + (i_8 * 32)) + (((int)threadIdx.x) >> 2)) < n_groups) {
-        scale[(((((int64_t)((int)blockIdx.x)) * (int64_t)64) + (((int64_t)i_8) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2))] = sbyte[i_8];
+      if ((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_8 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas)))) {
+        *(fp8_e4_8_t*)(q + ((((((int64_t)((int)blockIdx.x)) * (int64_t)4096) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)4096)) + (((int64_t)i_8) * (int64_t)2048)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + (i_8 * 8));
+      }
+    }
+    if ((((int)threadIdx.x) % 4) == 0) {
+      #pragma unroll
+      for (int i_9 = 0; i_9 < 2; ++i_9) {
+        if ((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_9 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas)))) {
+          scale[((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)128)) + (((int64_t)i_9) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2))] = sbyte[i_9];
+        }
       }
     }
   }
