@@ -5,7 +5,7 @@
 //! TileLang emits (its parameters sorted: buffers by name, then scalars by
 //! name), not the program's order. The kernel is persistent: the grid is the
 //! CTAs resident on the device at once (each loads the σ table into shared
-//! memory once), never more than the 128-group tiles.
+//! memory once), never more than the 64-group tiles.
 
 use super::{i32_param, u32_param};
 use super::{launch_raw, read_ptr, resident_ctas, write_ptr};
@@ -18,8 +18,8 @@ use cudarc::driver::LaunchConfig;
 
 /// Threads per CTA (`THREADS` in `tilelang/swiglu_act_quant_fp8.py`).
 const THREADS: u32 = 256;
-/// 32-groups per tile (`GROUPS_PER_TILE`: 4 lanes per group, 2 slots).
-const GROUPS_PER_TILE: usize = 128;
+/// 32-groups per tile (`GROUPS_PER_TILE`: 4 lanes per group, one slot).
+const GROUPS_PER_TILE: usize = 64;
 /// Dynamic shared memory: the σ table (`TABLE_BYTES`).
 const TABLE_BYTES: u32 = 32_784;
 
@@ -40,11 +40,12 @@ fn row_divider(d: u32) -> (u32, u32) {
 /// float sigma_limit)` with `gu` `[rows, 2 · inter]` (g's and u's 32-blocks
 /// alternating), `n_groups = rows * inter / 32`, `sigma` the
 /// `numerics::sigmoid_bf16_table` on the device, `sigma_limit = σ(limit)`
-/// and the row divider of `inter / 32` (`row_divider`): 128 groups a tile,
+/// and the row divider of `inter / 32` (`row_divider`): 64 groups a tile,
 /// 256 threads a CTA, 32,784 bytes of dynamic shared memory. Needs
 /// `inter % 32 == 0` (checked by the caller, and again here because a
-/// partial group would be read past its row) and `n_groups + 128 < 2^31`
-/// (the kernel's 32-bit group index).
+/// partial group would be read past its row) and `4 · (n_groups + 64) <
+/// 2^31` (the kernel's 32-bit group index reaches two grids of tiles past
+/// the last one, clamped, in its paired loads).
 #[allow(clippy::too_many_arguments)]
 pub fn swiglu_act_quant_fp8(
     dev: &CudaDevice,
@@ -67,7 +68,7 @@ pub fn swiglu_act_quant_fp8(
         });
     }
     let groups = rows.checked_mul(inter / 32);
-    let fits = |n: usize| i32::try_from(n + GROUPS_PER_TILE).is_ok();
+    let fits = |n: usize| i32::try_from(4 * (n + GROUPS_PER_TILE)).is_ok();
     let (Some(groups), Ok(n_rows), Ok(n_blocks)) = (
         groups.filter(|&n| fits(n)),
         i32::try_from(rows),
@@ -77,7 +78,7 @@ pub fn swiglu_act_quant_fp8(
             op: OP,
             arg: "rows * inter / 32",
             value: format!("{rows} * {inter} / 32"),
-            why: "the generated kernel indexes 32-groups (plus one tile's worth) with a 32-bit int",
+            why: "the generated kernel indexes 32-groups (up to 4 x (groups + 64)) with a 32-bit int",
         });
     };
     if rows == 0 {
@@ -119,12 +120,13 @@ pub fn swiglu_act_quant_fp8(
     // the caller validated (gu is [rows, 2 inter], weight is [rows]); their
     // guards live until after the launch, gu, weight and sigma are only read
     // and q, scale are distinct buffers (&mut). The grid is at most the
-    // ceil(n_groups / 128) tiles: CTA b writes tiles b, b + n_ctas, ..., so
+    // ceil(n_groups / 64) tiles: CTA b writes tiles b, b + n_ctas, ..., so
     // every group below n_groups is written exactly once and the ones past
-    // it are masked; the weight index (group · magic) >> shift is
-    // group / (inter / 32) exactly (row_divider), below n_rows (the kernel
-    // checks it too). n_groups + 128 fits in an int, so no group index
-    // overflows. 32,784 bytes of dynamic shared memory need no opt-in.
+    // it are masked; every load takes its group clamped to n_groups − 1, and
+    // the weight index (group · magic) >> shift is group / (inter / 32)
+    // exactly (row_divider), below n_rows. 4 · (n_groups + 64) fits in an
+    // int, so no group index overflows (tiles reach bx + 3 · n_ctas <
+    // 4 · tiles). 32,784 bytes of dynamic shared memory need no opt-in.
     unsafe {
         launch_raw(
             dev,

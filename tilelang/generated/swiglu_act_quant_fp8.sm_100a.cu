@@ -7,10 +7,10 @@
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit)
 //   __launch_bounds__(256, 1)
-// grid: (n_ctas, 1, 1): persistent, n_ctas <= ceil(n_groups / 128), n_groups = M*I/32
+// grid: (n_ctas, 1, 1): persistent, n_ctas <= ceil(n_groups / 64), n_groups = M*I/32
 // block: (256, 1, 1)
 // dynamic_smem: 32784 bytes (the sigma table)
-// alignment: gu 16 B, q 8 B, weight and sigma 4 B, scale 1 B; I % 32 == 0, n_groups + 128 < 2^31
+// alignment: gu 16 B, q 8 B, weight and sigma 4 B, scale 1 B; I % 32 == 0, 4 * (n_groups + 64) < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
 #define _tl_orig_alignas alignas
@@ -25,145 +25,284 @@
 extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit);
 extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit) {
   extern __shared__ __align__(1024) float tbl[];
-  bfloat16_t gb[16];
-  bfloat16_t ub[16];
-  float wf[2];
-  bfloat16_t hb[16];
-  float hf[16];
-  float ha[16];
-  float2 amax_pack[2];
-  float amax[2];
-  float inv[2];
-  uchar sbyte[2];
-  fp8_e4_t qf[16];
+  bfloat16_t gb[8];
+  bfloat16_t ub[8];
+  float wf[1];
+  bfloat16_t gb2[8];
+  bfloat16_t ub2[8];
+  float wf2[1];
+  float gf[8];
+  float uf[8];
+  float hf[8];
+  bfloat16_t hb[8];
+  float ha[8];
+  float2 amax_pack[1];
+  float amax[1];
+  float inv[1];
+  uchar sbyte[1];
+  fp8_e4_t qf[8];
+  float2 amax_pack_1[1];
   #pragma unroll
   for (int i = 0; i < 33; ++i) {
     if (((i * 64) + (((int)threadIdx.x) >> 2)) < 2049) {
       tbl[((i * 256) + ((int)threadIdx.x))] = sigma[((i * 256) + ((int)threadIdx.x))];
     }
   }
+  bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+  uint4 condval;
+  if ((1 <= n_groups)) {
+    condval = *(uint4*)(gu + ((min(((((int64_t)((int)blockIdx.x)) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_groups) - (int64_t)1)) * (int64_t)64) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
+  } else {
+    condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
+  }
+  *(uint4*)(gb + 0) = condval;
+  bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+  uint4 condval_1;
+  if ((1 <= n_groups)) {
+    condval_1 = *(uint4*)(gu + (((min(((((int64_t)((int)blockIdx.x)) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_groups) - (int64_t)1)) * (int64_t)64) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
+  } else {
+    condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+  }
+  *(uint4*)(ub + 0) = condval_1;
+  float condval_2;
+  if ((((int)((((uint64_t)min(((((int)blockIdx.x) * 64) + (((int)threadIdx.x) >> 2)), (n_groups - 1))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift))) < n_rows)) {
+    condval_2 = weight[((int64_t)((((uint64_t)min(((((int)blockIdx.x) * 64) + (((int)threadIdx.x) >> 2)), (n_groups - 1))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift)))];
+  } else {
+    condval_2 = 0x0p+0f/*0.000000e+00*/;
+  }
+  wf[0] = condval_2;
   __syncthreads();
-  int rmod = ((((((n_groups + 127) >> 7) + n_ctas) - ((int)blockIdx.x)) - 1) % n_ctas);
-  int rdiv = ((((((n_groups + 127) >> 7) + n_ctas) - ((int)blockIdx.x)) - 1) / n_ctas);
-  for (int it = 0; it < ((((0 <= n_ctas) && (0 <= rmod)) || ((n_ctas < 0) && (rmod <= 0))) ? rdiv : (rdiv - 1)); ++it) {
+  int rmod = ((((((n_groups + 63) >> 6) + n_ctas) - ((int)blockIdx.x)) - 1) % n_ctas);
+  int rdiv = ((((((n_groups + 63) >> 6) + n_ctas) - ((int)blockIdx.x)) - 1) / n_ctas);
+  for (int p = 0; p < ((((((0 <= n_ctas) && (0 <= rmod)) || ((n_ctas < 0) && (rmod <= 0))) ? rdiv : (rdiv - 1)) + 1) >> 1); ++p) {
+    bfloat16_t broadcast_var_2 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+    uint4 condval_3;
+    if (((0 <= ((((p * n_ctas) * 2) + ((int)blockIdx.x)) + n_ctas)) && (1 <= n_groups))) {
+      condval_3 = *(uint4*)(gu + ((min((((((((int64_t)p) * ((int64_t)n_ctas)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * (int64_t)64)) + (((int64_t)n_ctas) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_groups) - (int64_t)1)) * (int64_t)64) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
+    } else {
+      condval_3 = make_uint4(__pack_nv_bfloat162(broadcast_var_2, broadcast_var_2), __pack_nv_bfloat162(broadcast_var_2, broadcast_var_2), __pack_nv_bfloat162(broadcast_var_2, broadcast_var_2), __pack_nv_bfloat162(broadcast_var_2, broadcast_var_2));
+    }
+    *(uint4*)(gb2 + 0) = condval_3;
+    bfloat16_t broadcast_var_3 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+    uint4 condval_4;
+    if (((0 <= ((((p * n_ctas) * 2) + ((int)blockIdx.x)) + n_ctas)) && (1 <= n_groups))) {
+      condval_4 = *(uint4*)(gu + (((min((((((((int64_t)p) * ((int64_t)n_ctas)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * (int64_t)64)) + (((int64_t)n_ctas) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_groups) - (int64_t)1)) * (int64_t)64) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
+    } else {
+      condval_4 = make_uint4(__pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3));
+    }
+    *(uint4*)(ub2 + 0) = condval_4;
+    float condval_5;
+    if ((((int)((((uint64_t)min((((((p * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (n_ctas * 64)) + (((int)threadIdx.x) >> 2)), (n_groups - 1))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift))) < n_rows)) {
+      condval_5 = weight[((int64_t)((((uint64_t)min((((((p * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (n_ctas * 64)) + (((int)threadIdx.x) >> 2)), (n_groups - 1))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift)))];
+    } else {
+      condval_5 = 0x0p+0f/*0.000000e+00*/;
+    }
+    wf2[0] = condval_5;
     #pragma unroll
-    for (int i_1 = 0; i_1 < 2; ++i_1) {
-      bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-      uint4 condval;
-      if (((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_1 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas))))) {
-        condval = *(uint4*)(gu + (((((((int64_t)((int)blockIdx.x)) * (int64_t)8192) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)8192)) + (((int64_t)i_1) * (int64_t)4096)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
-      } else {
-        condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
-      }
-      *(uint4*)(gb + (i_1 * 8)) = condval;
+    for (int i_1 = 0; i_1 < 8; ++i_1) {
+      gf[i_1] = ((float)gb[i_1]);
+      uf[i_1] = deepinfer_clamp_nan(((float)ub[i_1]), (limit * -0x1p+0f/*-1.000000e+00*/), limit);
     }
     #pragma unroll
-    for (int i_2 = 0; i_2 < 2; ++i_2) {
-      bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-      uint4 condval_1;
-      if (((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_2 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas))))) {
-        condval_1 = *(uint4*)(gu + ((((((((int64_t)((int)blockIdx.x)) * (int64_t)8192) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)8192)) + (((int64_t)i_2) * (int64_t)4096)) + ((((int64_t)((int)threadIdx.x)) >> (int64_t)2) * (int64_t)64)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
+    for (int i_2 = 0; i_2 < 8; ++i_2) {
+      float v_ = gf[i_2];
+      uint fb = (*(uint *)(&(v_)));
+      uint sgn = __umulhi(fb, (uint)2);
+      uint idx = (__umulhi(min(max((fb * (uint)2), (uint)1711144960), (uint)2248146944), (uint)32768) + (sgn * (uint)4098));
+      float gv = min(gf[i_2], limit);
+      float condval_6;
+      if ((gv == limit)) {
+        condval_6 = sigma_limit;
       } else {
-        condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+        condval_6 = tbl[(idx - (uint)13055)];
       }
-      *(uint4*)(ub + (i_2 * 8)) = condval_1;
+      float sig = condval_6;
+      hf[i_2] = (((gv * sig) * uf[i_2]) * wf[0]);
     }
     #pragma unroll
     for (int i_3 = 0; i_3 < 2; ++i_3) {
-      float condval_2;
-      if (((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_3 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (((int)((((uint64_t)((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_3 * 64)) + (((int)threadIdx.x) >> 2))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift))) < n_rows))) {
-        condval_2 = weight[((int64_t)((((uint64_t)((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_3 * 64)) + (((int)threadIdx.x) >> 2))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift)))];
-      } else {
-        condval_2 = 0x0p+0f/*0.000000e+00*/;
-      }
-      wf[i_3] = condval_2;
+      uint2 __1;
+      float4 v__1 = *(float4*)(hf + (i_3 * 4));
+      (reinterpret_cast<__nv_bfloat162*>(&__1))[0] = __float22bfloat162_rn(((float2*)(&v__1))[0]);
+      (reinterpret_cast<__nv_bfloat162*>(&__1))[1] = __float22bfloat162_rn(((float2*)(&v__1))[1]);
+      *(uint2*)(hb + (i_3 * 4)) = __1;
     }
     #pragma unroll
-    for (int i_4 = 0; i_4 < 4; ++i_4) {
-      float tbl_local_cast[4];
-      for (int vec_copy = 0; vec_copy < 4; ++vec_copy) {
-        float v_ = min(((float)gb[((i_4 * 4) + vec_copy)]), limit);
-        tbl_local_cast[vec_copy] = tbl[((min(max((((*(uint *)(&(v_))) >> (uint)16) & (uint)32767), (uint)13055), (uint)17152) - (uint)13055) + ((((*(uint *)(&(v_))) >> (uint)16) >> (uint)15) * (uint)4098))];
-      }
-      for (int vec = 0; vec < 4; ++vec) {
-        float condval_3;
-        if ((min(((float)gb[((i_4 * 4) + vec)]), limit) == limit)) {
-          condval_3 = sigma_limit;
-        } else {
-          condval_3 = tbl_local_cast[vec];
-        }
-        hb[((i_4 * 4) + vec)] = ((bfloat16_t)(((min(((float)gb[((i_4 * 4) + vec)]), limit) * condval_3) * tl::clamp(((float)ub[((i_4 * 4) + vec)]), (limit * -0x1p+0f/*-1.000000e+00*/), limit)) * wf[(i_4 >> 1)]));
-      }
-    }
-    #pragma unroll
-    for (int i_5 = 0; i_5 < 4; ++i_5) {
-      float4 __1;
-      uint2 v__1 = *(uint2*)(hb + (i_5 * 4));
-      ((float2*)(&__1))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[0]);
-      ((float2*)(&__1))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[1]);
-      *(float4*)(hf + (i_5 * 4)) = __1;
+    for (int i_4 = 0; i_4 < 2; ++i_4) {
       float4 __2;
-      float4 v__2 = *(float4*)(hf + (i_5 * 4));
-      __2.x = fabsf(v__2.x);
-      __2.y = fabsf(v__2.y);
-      __2.z = fabsf(v__2.z);
-      __2.w = fabsf(v__2.w);
-      *(float4*)(ha + (i_5 * 4)) = __2;
+      uint2 v__2 = *(uint2*)(hb + (i_4 * 4));
+      ((float2*)(&__2))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[0]);
+      ((float2*)(&__2))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[1]);
+      *(float4*)(hf + (i_4 * 4)) = __2;
     }
+    #pragma unroll
+    for (int i_5 = 0; i_5 < 2; ++i_5) {
+      float4 __3;
+      float4 v__3 = *(float4*)(hf + (i_5 * 4));
+      __3.x = fabsf(v__3.x);
+      __3.y = fabsf(v__3.y);
+      __3.z = fabsf(v__3.z);
+      __3.w = fabsf(v__3.w);
+      *(float4*)(ha + (i_5 * 4)) = __3;
+    }
+    float broadcast_var_4 = -CUDART_INF_F;
+    amax_pack[0] = make_float2(broadcast_var_4, broadcast_var_4);
+    #pragma unroll
+    for (int rv = 0; rv < 4; ++rv) {
+      amax_pack[0] = tl::max2(amax_pack[0], *(float2*)(ha + (rv * 2)));
+    }
+    amax[0] = max((amax_pack[0]).x, (amax_pack[0]).y);
+    amax[0] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(amax[0]);
+    float p_1 = (max(amax[0], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
+    float _reinterpret_tmp = p_1;
+    float _reinterpret_tmp_1 = p_1;
+    float condval_7;
+    if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_1))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
+      uint v__4 = (uint)4194304;
+      condval_7 = (*(float *)(&(v__4)));
+    } else {
+      float _reinterpret_tmp_2 = p_1;
+      float _reinterpret_tmp_3 = p_1;
+      uint v__5 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_2))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_3))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
+      condval_7 = (*(float *)(&(v__5)));
+    }
+    inv[0] = condval_7;
+    float _reinterpret_tmp_4 = p_1;
+    float _reinterpret_tmp_5 = p_1;
+    sbyte[0] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_4))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_5))) & (uint)8388607) != (uint)0))), 254));
     #pragma unroll
     for (int i_6 = 0; i_6 < 2; ++i_6) {
-      float broadcast_var_2 = -CUDART_INF_F;
-      amax_pack[i_6] = make_float2(broadcast_var_2, broadcast_var_2);
-      #pragma unroll
-      for (int rv = 0; rv < 4; ++rv) {
-        amax_pack[i_6] = tl::max2(amax_pack[i_6], *(float2*)(ha + ((i_6 * 8) + (rv * 2))));
-      }
-      amax[i_6] = max((amax_pack[i_6]).x, (amax_pack[i_6]).y);
-      amax[i_6] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(amax[i_6]);
+      fp8_e4_4_t __4;
+      float4 __5;
+        float4 v__6 = *(float4*)(hf + (i_6 * 4));
+        float4 v__7 = make_float4(inv[0], inv[0], inv[0], inv[0]);
+        *(float2*)(&(__5.x)) = tl::mul2(*(float2*)(&(v__6.x)), *(float2*)(&(v__7.x)));
+        *(float2*)(&(__5.z)) = tl::mul2(*(float2*)(&(v__6.z)), *(float2*)(&(v__7.z)));
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__4))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__5))[0], __NV_SATFINITE, __NV_E4M3);
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__4))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__5))[1], __NV_SATFINITE, __NV_E4M3);
+      *(fp8_e4_4_t*)(qf + (i_6 * 4)) = __4;
     }
-    for (int i_s = 0; i_s < 2; ++i_s) {
-      float p = (max(amax[i_s], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
-      float _reinterpret_tmp = p;
-      float _reinterpret_tmp_1 = p;
-      float condval_4;
-      if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_1))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
-        uint v__3 = (uint)4194304;
-        condval_4 = (*(float *)(&(v__3)));
-      } else {
-        float _reinterpret_tmp_2 = p;
-        float _reinterpret_tmp_3 = p;
-        uint v__4 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_2))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_3))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
-        condval_4 = (*(float *)(&(v__4)));
-      }
-      inv[i_s] = condval_4;
-      float _reinterpret_tmp_4 = p;
-      float _reinterpret_tmp_5 = p;
-      sbyte[i_s] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_4))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_5))) & (uint)8388607) != (uint)0))), 254));
-    }
-    #pragma unroll
-    for (int i_7 = 0; i_7 < 4; ++i_7) {
-      fp8_e4_4_t __3;
-      float4 __4;
-        float4 v__5 = *(float4*)(hf + (i_7 * 4));
-        float4 v__6 = make_float4(inv[(i_7 >> 1)], inv[(i_7 >> 1)], inv[(i_7 >> 1)], inv[(i_7 >> 1)]);
-        *(float2*)(&(__4.x)) = tl::mul2(*(float2*)(&(v__5.x)), *(float2*)(&(v__6.x)));
-        *(float2*)(&(__4.z)) = tl::mul2(*(float2*)(&(v__5.z)), *(float2*)(&(v__6.z)));
-      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__3))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__4))[0], __NV_SATFINITE, __NV_E4M3);
-      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__3))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__4))[1], __NV_SATFINITE, __NV_E4M3);
-      *(fp8_e4_4_t*)(qf + (i_7 * 4)) = __3;
-    }
-    #pragma unroll
-    for (int i_8 = 0; i_8 < 2; ++i_8) {
-      if ((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_8 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas)))) {
-        *(fp8_e4_8_t*)(q + ((((((int64_t)((int)blockIdx.x)) * (int64_t)4096) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)4096)) + (((int64_t)i_8) * (int64_t)2048)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + (i_8 * 8));
-      }
+    if ((((((p * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((p * n_ctas) * 2) + ((int)blockIdx.x)))) {
+      *(fp8_e4_8_t*)(q + ((((((int64_t)p) * ((int64_t)n_ctas)) * (int64_t)4096) + (((int64_t)((int)blockIdx.x)) * (int64_t)2048)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + 0);
     }
     if ((((int)threadIdx.x) % 4) == 0) {
-      #pragma unroll
-      for (int i_9 = 0; i_9 < 2; ++i_9) {
-        if ((((((((int)blockIdx.x) * 128) + ((it * n_ctas) * 128)) + (i_9 * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((int)blockIdx.x) + (it * n_ctas)))) {
-          scale[((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + ((((int64_t)it) * ((int64_t)n_ctas)) * (int64_t)128)) + (((int64_t)i_9) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2))] = sbyte[i_9];
-        }
+      if ((((((p * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= (((p * n_ctas) * 2) + ((int)blockIdx.x)))) {
+        scale[((((((int64_t)p) * ((int64_t)n_ctas)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2))] = sbyte[0];
+      }
+    }
+    bfloat16_t broadcast_var_5 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+    uint4 condval_8;
+    if (((0 <= ((((p + 1) * n_ctas) * 2) + ((int)blockIdx.x))) && (1 <= n_groups))) {
+      condval_8 = *(uint4*)(gu + ((min((((((((int64_t)p) + (int64_t)1) * ((int64_t)n_ctas)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_groups) - (int64_t)1)) * (int64_t)64) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
+    } else {
+      condval_8 = make_uint4(__pack_nv_bfloat162(broadcast_var_5, broadcast_var_5), __pack_nv_bfloat162(broadcast_var_5, broadcast_var_5), __pack_nv_bfloat162(broadcast_var_5, broadcast_var_5), __pack_nv_bfloat162(broadcast_var_5, broadcast_var_5));
+    }
+    *(uint4*)(gb + 0) = condval_8;
+    bfloat16_t broadcast_var_6 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+    uint4 condval_9;
+    if (((0 <= ((((p + 1) * n_ctas) * 2) + ((int)blockIdx.x))) && (1 <= n_groups))) {
+      condval_9 = *(uint4*)(gu + (((min((((((((int64_t)p) + (int64_t)1) * ((int64_t)n_ctas)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_groups) - (int64_t)1)) * (int64_t)64) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)) + (int64_t)32));
+    } else {
+      condval_9 = make_uint4(__pack_nv_bfloat162(broadcast_var_6, broadcast_var_6), __pack_nv_bfloat162(broadcast_var_6, broadcast_var_6), __pack_nv_bfloat162(broadcast_var_6, broadcast_var_6), __pack_nv_bfloat162(broadcast_var_6, broadcast_var_6));
+    }
+    *(uint4*)(ub + 0) = condval_9;
+    float condval_10;
+    if ((((int)((((uint64_t)min((((((p + 1) * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (((int)threadIdx.x) >> 2)), (n_groups - 1))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift))) < n_rows)) {
+      condval_10 = weight[((int64_t)((((uint64_t)min((((((p + 1) * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (((int)threadIdx.x) >> 2)), (n_groups - 1))) * ((uint64_t)row_magic)) >> ((uint64_t)row_shift)))];
+    } else {
+      condval_10 = 0x0p+0f/*0.000000e+00*/;
+    }
+    wf[0] = condval_10;
+    #pragma unroll
+    for (int i_7 = 0; i_7 < 8; ++i_7) {
+      gf[i_7] = ((float)gb2[i_7]);
+      uf[i_7] = deepinfer_clamp_nan(((float)ub2[i_7]), (limit * -0x1p+0f/*-1.000000e+00*/), limit);
+    }
+    #pragma unroll
+    for (int i_8 = 0; i_8 < 8; ++i_8) {
+      float v__8 = gf[i_8];
+      uint fb_1 = (*(uint *)(&(v__8)));
+      uint sgn_1 = __umulhi(fb_1, (uint)2);
+      uint idx_1 = (__umulhi(min(max((fb_1 * (uint)2), (uint)1711144960), (uint)2248146944), (uint)32768) + (sgn_1 * (uint)4098));
+      float gv_1 = min(gf[i_8], limit);
+      float condval_11;
+      if ((gv_1 == limit)) {
+        condval_11 = sigma_limit;
+      } else {
+        condval_11 = tbl[(idx_1 - (uint)13055)];
+      }
+      float sig_1 = condval_11;
+      hf[i_8] = (((gv_1 * sig_1) * uf[i_8]) * wf2[0]);
+    }
+    #pragma unroll
+    for (int i_9 = 0; i_9 < 2; ++i_9) {
+      uint2 __6;
+      float4 v__9 = *(float4*)(hf + (i_9 * 4));
+      (reinterpret_cast<__nv_bfloat162*>(&__6))[0] = __float22bfloat162_rn(((float2*)(&v__9))[0]);
+      (reinterpret_cast<__nv_bfloat162*>(&__6))[1] = __float22bfloat162_rn(((float2*)(&v__9))[1]);
+      *(uint2*)(hb + (i_9 * 4)) = __6;
+    }
+    #pragma unroll
+    for (int i_10 = 0; i_10 < 2; ++i_10) {
+      float4 __7;
+      uint2 v__10 = *(uint2*)(hb + (i_10 * 4));
+      ((float2*)(&__7))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__10))[0]);
+      ((float2*)(&__7))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__10))[1]);
+      *(float4*)(hf + (i_10 * 4)) = __7;
+    }
+    #pragma unroll
+    for (int i_11 = 0; i_11 < 2; ++i_11) {
+      float4 __8;
+      float4 v__11 = *(float4*)(hf + (i_11 * 4));
+      __8.x = fabsf(v__11.x);
+      __8.y = fabsf(v__11.y);
+      __8.z = fabsf(v__11.z);
+      __8.w = fabsf(v__11.w);
+      *(float4*)(ha + (i_11 * 4)) = __8;
+    }
+    float broadcast_var_7 = -CUDART_INF_F;
+    amax_pack_1[0] = make_float2(broadcast_var_7, broadcast_var_7);
+    #pragma unroll
+    for (int rv_1 = 0; rv_1 < 4; ++rv_1) {
+      amax_pack_1[0] = tl::max2(amax_pack_1[0], *(float2*)(ha + (rv_1 * 2)));
+    }
+    amax[0] = max((amax_pack_1[0]).x, (amax_pack_1[0]).y);
+    amax[0] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(amax[0]);
+    float p_2 = (max(amax[0], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
+    float _reinterpret_tmp_6 = p_2;
+    float _reinterpret_tmp_7 = p_2;
+    float condval_12;
+    if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp_6))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_7))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
+      uint v__12 = (uint)4194304;
+      condval_12 = (*(float *)(&(v__12)));
+    } else {
+      float _reinterpret_tmp_8 = p_2;
+      float _reinterpret_tmp_9 = p_2;
+      uint v__13 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_8))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_9))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
+      condval_12 = (*(float *)(&(v__13)));
+    }
+    inv[0] = condval_12;
+    float _reinterpret_tmp_10 = p_2;
+    float _reinterpret_tmp_11 = p_2;
+    sbyte[0] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_10))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_11))) & (uint)8388607) != (uint)0))), 254));
+    #pragma unroll
+    for (int i_12 = 0; i_12 < 2; ++i_12) {
+      fp8_e4_4_t __9;
+      float4 __10;
+        float4 v__14 = *(float4*)(hf + (i_12 * 4));
+        float4 v__15 = make_float4(inv[0], inv[0], inv[0], inv[0]);
+        *(float2*)(&(__10.x)) = tl::mul2(*(float2*)(&(v__14.x)), *(float2*)(&(v__15.x)));
+        *(float2*)(&(__10.z)) = tl::mul2(*(float2*)(&(v__14.z)), *(float2*)(&(v__15.z)));
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__9))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__10))[0], __NV_SATFINITE, __NV_E4M3);
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__9))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__10))[1], __NV_SATFINITE, __NV_E4M3);
+      *(fp8_e4_4_t*)(qf + (i_12 * 4)) = __9;
+    }
+    if (((((((p * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (n_ctas * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= ((((p * n_ctas) * 2) + ((int)blockIdx.x)) + n_ctas))) {
+      *(fp8_e4_8_t*)(q + (((((((int64_t)p) * ((int64_t)n_ctas)) * (int64_t)4096) + (((int64_t)((int)blockIdx.x)) * (int64_t)2048)) + (((int64_t)n_ctas) * (int64_t)2048)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + 0);
+    }
+    if ((((int)threadIdx.x) % 4) == 0) {
+      if (((((((p * n_ctas) * 128) + (((int)blockIdx.x) * 64)) + (n_ctas * 64)) + (((int)threadIdx.x) >> 2)) < n_groups) && (0 <= ((((p * n_ctas) * 2) + ((int)blockIdx.x)) + n_ctas))) {
+        scale[(((((((int64_t)p) * ((int64_t)n_ctas)) * (int64_t)128) + (((int64_t)((int)blockIdx.x)) * (int64_t)64)) + (((int64_t)n_ctas) * (int64_t)64)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2))] = sbyte[0];
       }
     }
   }

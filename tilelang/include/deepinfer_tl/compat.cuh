@@ -47,6 +47,17 @@ DEEPINFER_TL_DEVICE unsigned __pack_nv_bfloat162(const bfloat16_t x, const bfloa
     return (hi << 16) | lo;
 }
 
+// Clamp of x to [lo, hi] that gives NaN for a NaN x (PTX max.NaN / min.NaN:
+// the canonical NaN, not x's payload), in two instructions and no branch.
+// For callers whose outputs do not depend on a NaN's payload (the SwiGLU's u:
+// a NaN h becomes the e4m3 NaN code whatever its bits).
+DEEPINFER_TL_DEVICE float deepinfer_clamp_nan(float x, float lo, float hi) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(x), "f"(lo));
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(r), "f"(hi));
+    return r;
+}
+
 namespace tl {
 
 // ---- element-wise helpers --------------------------------------------------
