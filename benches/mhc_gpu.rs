@@ -74,10 +74,11 @@ mod gpu {
                 post: Tensor::empty(&dev, DType::F32, &[t, 4]).unwrap(),
                 comb: Tensor::empty(&dev, DType::F32, &[t, 16]).unwrap(),
             };
-            let us = h.time_us(|i| {
+            let mut call = |i: usize| {
                 let (s, lag, _) = &xs[i % xs.len()];
                 ops::mhc_pre_into(s, &hc_fn, &base, &scale, lag, p, &mut out).unwrap()
-            });
+            };
+            let us = h.time_us(&mut call);
             let bytes = 2 * 4 * t * D + 4 * 24 * 4 * D + 2 * t * D + 4 * t * (4 + 24 + 4 + 4 + 16);
             h.record(
                 "mhc_pre_tilelang",
@@ -88,11 +89,15 @@ mod gpu {
                 bytes,
                 "2*4*rows*dim (streams) + 4*24*4*dim (hc_fn) + 2*rows*dim (u) + 4*rows*52 (pre_in, mixes, pre, post, comb)",
             );
+            if t <= 256 {
+                h.record_graph_twin(&mut call);
+            }
             let mut s_out = Tensor::empty(&dev, DType::BF16, &[t, 4, D]).unwrap();
-            let us = h.time_us(|i| {
+            let mut call = |i: usize| {
                 let (s, _, f) = &xs[i % xs.len()];
                 ops::mhc_expand_into(s, f, &out.post, &out.comb, &mut s_out).unwrap()
-            });
+            };
+            let us = h.time_us(&mut call);
             let bytes = 2 * 4 * t * D + 2 * t * D + 2 * 4 * t * D + 4 * 20 * t;
             h.record(
                 "mhc_expand_tilelang",
@@ -103,6 +108,9 @@ mod gpu {
                 bytes,
                 "2*4*rows*dim (streams) + 2*rows*dim (f) + 2*4*rows*dim (new streams) + 4*20*rows (post, comb)",
             );
+            if t <= 256 {
+                h.record_graph_twin(&mut call);
+            }
         }
         h.finish();
     }

@@ -57,10 +57,11 @@ mod gpu {
             let xs = inputs(&dev, tokens, RANK_EXPERTS);
             let mut ids = Tensor::empty(&dev, DType::I32, &[tokens, TOP_K]).unwrap();
             let mut w = Tensor::empty(&dev, DType::F32, &[tokens, TOP_K]).unwrap();
-            let us = h.time_us(|i| {
+            let mut call = |i: usize| {
                 let x = &xs[i % xs.len()];
                 ops::moe_route_into(x, &rank_bias, TOP_K, ROUTE_SCALE, &mut ids, &mut w).unwrap()
-            });
+            };
+            let us = h.time_us(&mut call);
             let bytes = 4 * tokens * RANK_EXPERTS + 4 * RANK_EXPERTS + 8 * tokens * TOP_K;
             h.record(
                 "moe_route_tilelang_rank",
@@ -71,12 +72,13 @@ mod gpu {
                 bytes,
                 "4*rows*dim (logits) + 4*dim (bias) + 8*rows*top_k (ids, weights); an EP-64 rank: dim = top_k = 6",
             );
+            h.record_graph_twin(&mut call);
         }
         for tokens in [1usize, 64, 256, 4096, 16384] {
             let xs = inputs(&dev, tokens, EXPERTS);
             let mut ids = Tensor::empty(&dev, DType::I32, &[tokens, TOP_K]).unwrap();
             let mut w = Tensor::empty(&dev, DType::F32, &[tokens, TOP_K]).unwrap();
-            let us = h.time_us(|i| {
+            let mut call = |i: usize| {
                 ops::moe_route_into(
                     &xs[i % xs.len()],
                     &bias,
@@ -86,7 +88,8 @@ mod gpu {
                     &mut w,
                 )
                 .unwrap()
-            });
+            };
+            let us = h.time_us(&mut call);
             let bytes = 4 * tokens * EXPERTS + 4 * EXPERTS + 8 * tokens * TOP_K;
             h.record(
                 "moe_route_tilelang",
@@ -97,12 +100,16 @@ mod gpu {
                 bytes,
                 "4*rows*dim (logits) + 4*dim (bias) + 8*rows*top_k (ids, weights); top_k = 6",
             );
+            if tokens <= 256 {
+                h.record_graph_twin(&mut call);
+            }
             let mut counts = Tensor::empty(&dev, DType::I32, &[EXPERTS]).unwrap();
             let mut offsets = Tensor::empty(&dev, DType::I32, &[EXPERTS + 1]).unwrap();
             let mut perm = Tensor::empty(&dev, DType::I32, &[tokens * TOP_K]).unwrap();
-            let us = h.time_us(|_| {
+            let mut call = |_: usize| {
                 ops::moe_layout_into(&ids, EXPERTS, &mut counts, &mut offsets, &mut perm).unwrap()
-            });
+            };
+            let us = h.time_us(&mut call);
             let bytes = 8 * tokens * TOP_K + 4 * EXPERTS + 4 * (EXPERTS + 1);
             h.record(
                 "moe_layout_tilelang",
@@ -114,6 +121,9 @@ mod gpu {
                 "4*rows*top_k (ids) + 4*rows*top_k (permutation) + 4*dim + 4*(dim+1) (counts, offsets); \
                  every CTA re-reads the ids from L2, not counted",
             );
+            if tokens <= 256 {
+                h.record_graph_twin(&mut call);
+            }
         }
         h.finish();
     }

@@ -62,14 +62,15 @@ mod gpu {
                 ("inverse_rope_tilelang", "inverse_rope", true),
                 ("rope_tilelang", "rope", false),
             ] {
-                let us = h.time_us(|i| {
+                let mut call = |i: usize| {
                     let (x, p) = (&xs[i % xs.len()], &ps[i % ps.len()]);
                     if inverse {
                         ops::inverse_rope_into(x, p, HEADS, ROPE_DIM, &PARAMS, &mut out).unwrap()
                     } else {
                         ops::rope_into(x, p, HEADS, ROPE_DIM, &PARAMS, &mut out).unwrap()
                     }
-                });
+                };
+                let us = h.time_us(&mut call);
                 let bytes = 2 * 2 * tokens * dim + 8 * tokens;
                 h.record(
                     name,
@@ -80,6 +81,9 @@ mod gpu {
                     bytes,
                     "2*2*T*H*hd (x read, out written) + 8*T (positions)",
                 );
+                if tokens <= 256 {
+                    h.record_graph_twin(&mut call);
+                }
             }
         }
         h.finish();

@@ -43,8 +43,9 @@ mod gpu {
         for rows in [1usize, 64, 256, 4096, 16384] {
             let xs = inputs(&dev, rows);
             let mut y = Tensor::empty(&dev, DType::BF16, &[rows, DIM]).unwrap();
-            let us =
-                h.time_us(|i| ops::rms_norm_into(&xs[i % xs.len()], &w, 1e-20, &mut y).unwrap());
+            let mut call =
+                |i: usize| ops::rms_norm_into(&xs[i % xs.len()], &w, 1e-20, &mut y).unwrap();
+            let us = h.time_us(&mut call);
             let bytes = 4 * rows * DIM + 2 * DIM;
             h.record(
                 "rms_norm_bf16",
@@ -55,15 +56,19 @@ mod gpu {
                 bytes,
                 "4*rows*dim + 2*dim (x read, y written, weight)",
             );
+            if rows <= 256 {
+                h.record_graph_twin(&mut call);
+            }
             for (name, imp) in [
                 ("act_quant_fp8", ActQuantImpl::Cuda),
                 ("act_quant_fp8_tilelang", ActQuantImpl::TileLang),
             ] {
                 let mut q = Tensor::empty(&dev, DType::F8E4M3, &[rows, DIM]).unwrap();
                 let mut s = Tensor::empty(&dev, DType::E8M0, &[rows, DIM / 32]).unwrap();
-                let us = h.time_us(|i| {
+                let mut call = |i: usize| {
                     ops::act_quant_fp8_into(&xs[i % xs.len()], &mut q, &mut s, imp).unwrap()
-                });
+                };
+                let us = h.time_us(&mut call);
                 let bytes = 3 * rows * DIM + rows * DIM / 32;
                 h.record(
                     name,
@@ -74,10 +79,13 @@ mod gpu {
                     bytes,
                     "2*rows*k (x) + rows*k (q) + rows*k/32 (scales)",
                 );
+                if rows <= 256 {
+                    h.record_graph_twin(&mut call);
+                }
             }
             let mut q = Tensor::empty(&dev, DType::F8E4M3, &[rows, DIM]).unwrap();
             let mut s = Tensor::empty(&dev, DType::E8M0, &[rows, DIM / 32]).unwrap();
-            let us = h.time_us(|i| {
+            let mut call = |i: usize| {
                 ops::rms_norm_act_quant_fp8_into(
                     &xs[i % xs.len()],
                     &w,
@@ -87,7 +95,8 @@ mod gpu {
                     &mut s,
                 )
                 .unwrap()
-            });
+            };
+            let us = h.time_us(&mut call);
             let bytes = 2 * rows * DIM + 2 * rows * DIM + rows * DIM + rows * DIM / 32 + 2 * DIM;
             h.record(
                 "rms_norm_act_quant_fp8_tilelang",
@@ -98,6 +107,9 @@ mod gpu {
                 bytes,
                 "2*rows*dim (x) + 2*rows*dim (y) + rows*dim (q) + rows*dim/32 (scales) + 2*dim (weight)",
             );
+            if rows <= 256 {
+                h.record_graph_twin(&mut call);
+            }
         }
         h.finish();
     }

@@ -78,19 +78,10 @@ mod gpu {
             );
             if rows <= 256 {
                 // Decode batches: the same calls replayed from a CUDA graph.
-                let us = h.graph_us(|i| {
+                h.record_graph_twin(|i| {
                     let (gu, w) = &xs[i % xs.len()];
                     ops::swiglu_act_quant_fp8_into(gu, w, LIMIT, &mut q, &mut s).unwrap()
                 });
-                h.record(
-                    "swiglu_act_quant_fp8_tilelang_graph",
-                    "swiglu_act_quant_fp8_graph",
-                    rows,
-                    INTER,
-                    us,
-                    bytes,
-                    "as above; per call inside a CUDA graph of 20 calls",
-                );
             }
         }
         h.finish();

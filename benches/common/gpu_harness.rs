@@ -96,9 +96,10 @@ impl Harness {
     /// calls (i = 0..BATCH) captured once, then the graph replayed as
     /// [`Harness::time_us`] times a call, divided by [`BATCH`]. The figure
     /// for decode-sized calls, where a graph removes the host's launch cost
-    /// and leaves the kernel's own.
+    /// and leaves the kernel's own. An op that cannot be captured (it
+    /// synchronises or copies to the host) gives the capture's error.
     #[allow(dead_code, reason = "only the fused-op benches time graphs")]
-    pub fn graph_us(&self, mut f: impl FnMut(usize)) -> f64 {
+    pub fn graph_us(&self, mut f: impl FnMut(usize)) -> deepinfer::Result<f64> {
         // SAFETY: the bench is single-threaded, so nothing else issues work
         // on the stream during the capture, and every tensor `f` touches is
         // borrowed by `f`, which outlives the graph (dropped at return).
@@ -109,9 +110,51 @@ impl Harness {
                 }
                 Ok(())
             })
+        }?;
+        Ok(self.time_us(|_| graph.launch().unwrap()) / BATCH as f64)
+    }
+
+    /// Times `f` inside a CUDA graph ([`Harness::graph_us`]) and records it
+    /// as a twin of the last (memory-bound) record: op `<op>_graph`, the
+    /// same shape and bytes, no torch peers (they run eagerly). Where the
+    /// capture fails, the twin carries the error instead of a time.
+    #[allow(dead_code, reason = "only the fused-op benches time graphs")]
+    pub fn record_graph_twin(&mut self, f: impl FnMut(usize)) {
+        let timed = self.graph_us(f);
+        let Some(Value::Object(last)) = self.records.last() else {
+            return;
+        };
+        let mut twin = last.clone();
+        let op = format!("{}_graph", last["op"].as_str().unwrap_or("?"));
+        let bytes =
+            last["gbps"].as_f64().unwrap_or(0.0) * last["ours_us"].as_f64().unwrap_or(0.0) * 1e3;
+        twin.insert("op".into(), json!(op));
+        twin.insert("peers".into(), json!([]));
+        twin.insert(
+            "timing".into(),
+            json!(format!("per call inside a CUDA graph of {BATCH} calls")),
+        );
+        match timed {
+            Ok(us) => {
+                let gbps = bytes / (us * 1e-6) / 1e9;
+                let pct = 100.0 * gbps / self.copy_gbps;
+                println!(
+                    "{op:<34} {:<40} {us:>10.2} {gbps:>9.0} {pct:>7.1}%",
+                    "(as above)"
+                );
+                twin.insert("ours_us".into(), json!(us));
+                twin.insert("gbps".into(), json!(gbps));
+                twin.insert("pct_of_copy".into(), json!(pct));
+            }
+            Err(e) => {
+                println!("{op:<34} graph capture failed: {e}");
+                for k in ["ours_us", "gbps", "pct_of_copy"] {
+                    twin.insert(k.into(), Value::Null);
+                }
+                twin.insert("error".into(), json!(e.to_string()));
+            }
         }
-        .unwrap();
-        self.time_us(|_| graph.launch().unwrap()) / BATCH as f64
+        self.records.push(Value::Object(twin));
     }
 
     /// How many rotating copies of an input of `bytes` to keep.
