@@ -101,7 +101,8 @@ fn check(
     assert_eq!(s.shape(), &[rows, inter / 32], "{case}");
     let (qv, sv) = (q.to_vec::<E4M3>().unwrap(), s.to_vec::<E8M0>().unwrap());
     // 0x7F/0xFF are e4m3's NaN codes and 0xFF E8M0's: the poison.
-    // Finite inputs never produce them (NaN h needs an infinite g or u).
+    // Finite inputs never produce them (NaN h needs g = −∞, a NaN u or a
+    // non-finite weight: a NaN or +∞ g becomes L and an infinite u ±L).
     if let Some(i) = qv.iter().position(|v| finite && v.0 & 0x7F == 0x7F) {
         panic!("{case}: q element {i} not written ({:#04x})", qv[i].0);
     }
@@ -131,7 +132,8 @@ fn check(
 /// included), shuffled over 32 rows × 2048, u from the model-like mix: at
 /// V4.1's limit, at a limit that is no BF16 value (g' = L is then no table
 /// entry: the kernel's σ(L) path), and at a limit above 2^7 (where σ
-/// saturates to 1). A NaN or infinite g gives NaN h, q 0x7F on both sides.
+/// saturates to 1). g = −∞ gives NaN h (−∞ · 0), q 0x7F on both sides; a
+/// NaN or +∞ g takes the limit.
 #[test]
 fn every_bf16_gate_value_matches_the_reference() {
     let dev = gpu();
@@ -159,9 +161,60 @@ fn every_bf16_gate_value_matches_the_reference() {
     }
 }
 
+/// Special values in g and u alike (NaN of both signs and other payloads,
+/// ±∞, ±0, BF16 subnormals, ±L and its neighbours, ±3·10^38) among
+/// model-like ones, with weights that are negative, ±0, subnormal, NaN and
+/// 10^30 (h overflows to ±∞: the scale saturates at 2^127 and q at ±448 by
+/// the conversion alone), over 67 rows (a partial last tile) at two widths.
+#[test]
+fn special_values_match_the_reference() {
+    let dev = gpu();
+    let mut rng = common::rng("swiglu_special_values");
+    let specials: Vec<bf16> = [
+        0x7FC0u16, 0xFFC0, 0x7F81, 0xFFFF, 0x7F80, 0xFF80, 0x0000, 0x8000, 0x0001, 0x807F, 0x0040,
+    ]
+    .into_iter()
+    .map(bf16::from_bits)
+    .chain(
+        [LIMIT, -LIMIT, 10.0625, -10.0625, 9.9375, 3e38, -3e38, 1e-30]
+            .into_iter()
+            .map(bf16::from_f32),
+    )
+    .collect();
+    let weights = [-1.5f32, 0.0, -0.0, 1e-40, f32::NAN, 1e30, -1e30, 1.0];
+    for inter in [2304usize, 32] {
+        let rows = 67;
+        let mut gu = swiglu_input(&mut rng, rows * 2 * inter);
+        for v in gu.iter_mut() {
+            if rng.random::<f32>() < 0.2 {
+                *v = specials[rng.random_range(0..specials.len())];
+            }
+        }
+        let w: Vec<f32> = (0..rows)
+            .map(|r| {
+                if r % 3 == 0 {
+                    weights[rng.random_range(0..weights.len())]
+                } else {
+                    rng.random_range(0.0..2.5)
+                }
+            })
+            .collect();
+        check(
+            &dev,
+            gu,
+            w,
+            inter,
+            LIMIT,
+            false,
+            &format!("special values, {rows}x{inter}"),
+        );
+    }
+}
+
 /// More tiles than the device holds CTAs at once (2500 × 2304: 180,000
-/// groups, about 1,400 tiles of 128): each persistent CTA walks several
-/// tiles, and the last ones are partial.
+/// groups, 2,813 tiles of 64, the last one partial): each persistent CTA
+/// walks several tiles (on the H200, 7 or 8: both parities of a CTA's
+/// tile pairs).
 #[test]
 fn large_batches_walk_several_tiles_a_cta() {
     let dev = gpu();

@@ -79,11 +79,9 @@ gives NaN h as in the reference, and q depends on no NaN payload); the
 quantiser's clamp to +-448 is the e4m3 conversion's own (cvt.rn.satfinite
 saturates finite values to +-448 and turns NaN into 0x7F, as clamp then
 conversion would). The group index is a 32-bit int: the host requires
-4 * (G + 64) < 2^31 (a pair's loads reach up to two grids past the last tile).
+4 * (G + 64) < 2^31 (tiles computed stay below ceil(G / 64) + 2 * n_ctas,
+at most three times the tiles).
 """
-import tilelang.language as T
-
-from act_quant_fp8 import AMAX_FLOOR, E4M3_MAX, INV_E4M3_MAX
 
 import tilelang.language as T
 
@@ -137,9 +135,10 @@ def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
             gf[i, j] = T.cast(gbuf[i, j], T.float32)
             uf[i, j] = T.call_extern(T.float32, "deepinfer_clamp_nan", T.cast(ubuf[i, j], T.float32), -limit, limit)
         for i, j in T.Parallel(block_g, GROUP):
-            # The table slot from g's bits (numerics::sigmoid_bf16_index): |g|'s
-            # BF16 bits clamped to [MAG_LO, MAG_HI] (as fb * 2 << 16 drops the
-            # sign), plus HALF for a negative g; the MAG_LO offset is the load's.
+            # The table slot from g's bits (numerics::sigmoid_bf16_index): fb * 2
+            # drops the sign and leaves |g|'s BF16 bits << 17, clamped to the
+            # bounds << 17, then >> 17 by __umulhi; plus HALF for a negative g.
+            # The - MAG_LO is folded into the shared-memory load's offset.
             fb = T.reinterpret(gf[i, j], T.uint32)
             m = T.min(T.max(fb * T.uint32(2), T.uint32(MAG_LO << 17)), T.uint32(MAG_HI << 17))
             sgn = T.call_extern(T.uint32, "__umulhi", fb, T.uint32(2))

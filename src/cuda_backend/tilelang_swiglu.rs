@@ -68,7 +68,11 @@ pub fn swiglu_act_quant_fp8(
         });
     }
     let groups = rows.checked_mul(inter / 32);
-    let fits = |n: usize| i32::try_from(4 * (n + GROUPS_PER_TILE)).is_ok();
+    let fits = |n: usize| {
+        n.checked_add(GROUPS_PER_TILE)
+            .and_then(|m| m.checked_mul(4))
+            .is_some_and(|m| i32::try_from(m).is_ok())
+    };
     let (Some(groups), Ok(n_rows), Ok(n_blocks)) = (
         groups.filter(|&n| fits(n)),
         i32::try_from(rows),
@@ -125,8 +129,9 @@ pub fn swiglu_act_quant_fp8(
     // it are masked; every load takes its group clamped to n_groups − 1, and
     // the weight index (group · magic) >> shift is group / (inter / 32)
     // exactly (row_divider), below n_rows. 4 · (n_groups + 64) fits in an
-    // int, so no group index overflows (tiles reach bx + 3 · n_ctas <
-    // 4 · tiles). 32,784 bytes of dynamic shared memory need no opt-in.
+    // int, so no group index overflows (a CTA's tiles, pairs included, stay
+    // below bx + 2 · ceil(iters / 2) · n_ctas < tiles + 2 · n_ctas ≤
+    // 3 · tiles). 32,784 bytes of dynamic shared memory need no opt-in.
     unsafe {
         launch_raw(
             dev,
