@@ -71,6 +71,30 @@ E4M3_MAX = 448.0
 INV_E4M3_MAX = _f32(1.0 / 448.0)  # 0x3B124925, == fp32(1) / fp32(448)
 
 
+@T.macro
+def e8m0_scales(amax, inv, sbyte):
+    """Per group g: the E8M0 scale of amax[g] (§10.1) as the byte e + 127 in
+    sbyte[g] and its reciprocal 2^-e in inv[g], where e is the bit-pattern
+    ceiling of log2(max(amax, 1e-4) * fp32(1/448)) clamped to [-127, 127]
+    (2^-127 is written as the subnormal it is). Shared by every FP8 1x32
+    quantiser program."""
+    for g in T.Parallel(amax.shape[0]):
+        p = T.max(amax[g], T.float32(AMAX_FLOOR)) * T.float32(INV_E4M3_MAX)
+        bits = T.reinterpret(p, T.uint32)
+        e = (
+            T.cast((bits >> T.uint32(23)) & T.uint32(0xFF), T.int32)
+            - 127
+            + T.cast((bits & T.uint32(0x7FFFFF)) != T.uint32(0), T.int32)
+        )
+        e = T.min(T.max(e, -127), 127)
+        inv[g] = T.if_then_else(
+            e == 127,
+            T.reinterpret(T.uint32(0x00400000), T.float32),  # 2^-127
+            T.reinterpret(T.shift_left(T.cast(127 - e, T.uint32), T.uint32(23)), T.float32),
+        )
+        sbyte[g] = T.cast(e + 127, T.uint8)
+
+
 def act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
     """Build the TileLang PrimFunc. `threads` must be a multiple of 32."""
     assert threads % 32 == 0
@@ -104,21 +128,7 @@ def act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
             T.copy(x[bx * block_g, 0], xf)  # bf16 -> fp32 (exact)
             T.reduce_absmax(xf, amax, dim=1)  # 4-lane xor-shuffle max
 
-            for g in T.Parallel(block_g):
-                p = T.max(amax[g], T.float32(AMAX_FLOOR)) * T.float32(INV_E4M3_MAX)
-                bits = T.reinterpret(p, T.uint32)
-                e = (
-                    T.cast((bits >> T.uint32(23)) & T.uint32(0xFF), T.int32)
-                    - 127
-                    + T.cast((bits & T.uint32(0x7FFFFF)) != T.uint32(0), T.int32)
-                )
-                e = T.min(T.max(e, -127), 127)
-                inv[g] = T.if_then_else(
-                    e == 127,
-                    T.reinterpret(T.uint32(0x00400000), T.float32),  # 2^-127
-                    T.reinterpret(T.shift_left(T.cast(127 - e, T.uint32), T.uint32(23)), T.float32),
-                )
-                sbyte[g] = T.cast(e + 127, T.uint8)
+            e8m0_scales(amax, inv, sbyte)
 
             for g, j in T.Parallel(block_g, GROUP):
                 # e4m3fn casts lower to cvt.rn.satfinite (RNE, NaN -> 0x7F).

@@ -64,7 +64,7 @@ Launch: grid = (M, 1, 1), block = (256, 1, 1), dynamic shared memory
 
 import tilelang.language as T
 
-from act_quant_fp8 import AMAX_FLOOR, E4M3_MAX, INV_E4M3_MAX
+from act_quant_fp8 import E4M3_MAX, e8m0_scales
 
 # Entry point of the generated CUDA is f"{PRIM_FUNC_NAME}_kernel".
 PRIM_FUNC_NAME = "deepinfer_rms_norm_act_quant_fp8"
@@ -142,21 +142,7 @@ def rms_norm_act_quant_fp8(threads: int = THREADS, passes: int = PASSES):
                 yf[b, j] = T.cast(yb[b, j], T.float32)
 
             T.reduce_absmax(yf, amax, dim=1)  # 4-lane xor-shuffle max
-            for b in T.Parallel(max_blocks):
-                p = T.max(amax[b], T.float32(AMAX_FLOOR)) * T.float32(INV_E4M3_MAX)
-                bits = T.reinterpret(p, T.uint32)
-                e = (
-                    T.cast((bits >> T.uint32(23)) & T.uint32(0xFF), T.int32)
-                    - 127
-                    + T.cast((bits & T.uint32(0x7FFFFF)) != T.uint32(0), T.int32)
-                )
-                e = T.min(T.max(e, -127), 127)
-                inv[b] = T.if_then_else(
-                    e == 127,
-                    T.reinterpret(T.uint32(0x00400000), T.float32),  # 2^-127
-                    T.reinterpret(T.shift_left(T.cast(127 - e, T.uint32), T.uint32(23)), T.float32),
-                )
-                sbyte[b] = T.cast(e + 127, T.uint8)
+            e8m0_scales(amax, inv, sbyte)
             for b, j in T.Parallel(max_blocks, BLOCK):
                 # e4m3fn casts lower to cvt.rn.satfinite (RNE, NaN -> 0x7F).
                 qf[b, j] = T.clamp(yf[b, j] * inv[b], -E4M3_MAX, E4M3_MAX)

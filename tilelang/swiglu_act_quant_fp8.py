@@ -85,7 +85,7 @@ at most three times the tiles).
 
 import tilelang.language as T
 
-from act_quant_fp8 import AMAX_FLOOR, INV_E4M3_MAX
+from act_quant_fp8 import e8m0_scales
 
 # Entry point of the generated CUDA is f"{PRIM_FUNC_NAME}_kernel".
 PRIM_FUNC_NAME = "deepinfer_swiglu_act_quant_fp8"
@@ -153,21 +153,7 @@ def swiglu_act_quant_fp8(threads: int = THREADS, passes: int = GROUP_PASSES):
         for i, j in T.Parallel(block_g, GROUP):
             ha[i, j] = T.abs(hf[i, j])
         T.reduce_max(ha, amax, dim=1)
-        for i in T.Parallel(block_g):
-            p = T.max(amax[i], T.float32(AMAX_FLOOR)) * T.float32(INV_E4M3_MAX)
-            bits = T.reinterpret(p, T.uint32)
-            ex = (
-                T.cast((bits >> T.uint32(23)) & T.uint32(0xFF), T.int32)
-                - 127
-                + T.cast((bits & T.uint32(0x7FFFFF)) != T.uint32(0), T.int32)
-            )
-            ex = T.min(T.max(ex, -127), 127)
-            inv[i] = T.if_then_else(
-                ex == 127,
-                T.reinterpret(T.uint32(0x00400000), T.float32),
-                T.reinterpret(T.shift_left(T.cast(127 - ex, T.uint32), T.uint32(23)), T.float32),
-            )
-            sbyte[i] = T.cast(ex + 127, T.uint8)
+        e8m0_scales(amax, inv, sbyte)
         for i, j in T.Parallel(block_g, GROUP):
             qf[i, j] = hf[i, j] * inv[i]
         T.copy(qf, q[t * block_g, 0])
