@@ -12,7 +12,7 @@ use super::{launch_raw, read_ptr, resident_ctas, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::numerics::{sigmoid, sigmoid_bf16_table};
+use crate::numerics::{SIGMOID_TABLE_HALF, sigmoid, sigmoid_bf16_table};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 
@@ -20,8 +20,10 @@ use cudarc::driver::LaunchConfig;
 const THREADS: u32 = 256;
 /// 32-groups per tile (`GROUPS_PER_TILE`: 4 lanes per group, one slot).
 const GROUPS_PER_TILE: usize = 64;
-/// Dynamic shared memory: the σ table (`TABLE_BYTES`).
+/// Dynamic shared memory: the σ table (`TABLE_BYTES`), which the kernel
+/// copies whole from the uploaded `numerics::sigmoid_bf16_table`.
 const TABLE_BYTES: u32 = 32_784;
+const _: () = assert!(TABLE_BYTES as usize == 2 * SIGMOID_TABLE_HALF * size_of::<f32>());
 
 /// `(magic, shift)` with `n / d == (n · magic) >> shift` for every
 /// `n < 2^31` (the kernel's group index), `d ≥ 1`: the round-up method with
