@@ -2,7 +2,9 @@
 //! 5120), through the shared harness (`benches/common/gpu_harness.rs`), with
 //! torch peers from benches/peers/mhc_torch.py: `mhc_pre` (collapse with the
 //! lagged pre, the 24 mixes, split and 20-iteration Sinkhorn) and
-//! `mhc_expand` (the new streams from post/comb and the sublayer output).
+//! `mhc_expand` (the new streams from post/comb and the sublayer output), and
+//! the single-pass step between sublayers, `mhc_expand_pre` (the expand fused
+//! with the next front half) against the same two ops in a row.
 
 #[cfg(deepinfer_cuda)]
 #[path = "common/gpu_harness.rs"]
@@ -107,6 +109,67 @@ mod gpu {
                 us,
                 bytes,
                 "2*4*rows*dim (streams) + 2*rows*dim (f) + 2*4*rows*dim (new streams) + 4*20*rows (post, comb)",
+            );
+            if t <= 256 {
+                h.record_graph_twin(&mut call);
+            }
+            // The single-pass step between two sublayers: the expand fused
+            // with the next front half, against the two ops in a row (same
+            // run, same inputs; post and comb are the front's above). Both
+            // records count the bytes the step must move.
+            let w = ops::MhcWeights {
+                func: &hc_fn,
+                base: &base,
+                scale: &scale,
+            };
+            let mut next = MhcPre {
+                u: Tensor::empty(&dev, DType::BF16, &[t, D]).unwrap(),
+                mixes: Tensor::empty(&dev, DType::F32, &[t, 24]).unwrap(),
+                pre: Tensor::empty(&dev, DType::F32, &[t, 4]).unwrap(),
+                post: Tensor::empty(&dev, DType::F32, &[t, 4]).unwrap(),
+                comb: Tensor::empty(&dev, DType::F32, &[t, 16]).unwrap(),
+            };
+            let bytes = 2 * 4 * t * D
+                + 2 * t * D
+                + 2 * 4 * t * D
+                + 2 * t * D
+                + 4 * 24 * 4 * D
+                + 4 * t * (4 + 20 + 24 + 4 + 20);
+            let formula = "2*4*rows*dim (streams) + 2*rows*dim (f) + 2*4*rows*dim (new streams) + 2*rows*dim (u) + 4*24*4*dim (hc_fn) + 4*rows*72 (pre_in, post, comb in; mixes, pre, post, comb out)";
+            let mut call = |i: usize| {
+                let (s, lag, f) = &xs[i % xs.len()];
+                ops::mhc_expand_pre_into(
+                    s, f, &out.post, &out.comb, w, lag, p, &mut s_out, &mut next,
+                )
+                .unwrap()
+            };
+            let us = h.time_us(&mut call);
+            h.record(
+                "mhc_expand_pre_tilelang",
+                "mhc_expand_pre",
+                t,
+                D,
+                us,
+                bytes,
+                formula,
+            );
+            if t <= 256 {
+                h.record_graph_twin(&mut call);
+            }
+            let mut call = |i: usize| {
+                let (s, lag, f) = &xs[i % xs.len()];
+                ops::mhc_expand_into(s, f, &out.post, &out.comb, &mut s_out).unwrap();
+                ops::mhc_pre_into(&s_out, &hc_fn, &base, &scale, lag, p, &mut next).unwrap()
+            };
+            let us = h.time_us(&mut call);
+            h.record(
+                "mhc_expand_then_pre_tilelang",
+                "mhc_expand_pre",
+                t,
+                D,
+                us,
+                bytes,
+                formula,
             );
             if t <= 256 {
                 h.record_graph_twin(&mut call);

@@ -11,6 +11,9 @@
 //!   with a Sinkhorn-normalised comb and raw random ones of both signs.
 //! - `mhc_pre` is batch invariant: a token's outputs are bitwise the same
 //!   alone, at any place in a batch of 257 and whatever its neighbours.
+//! - `mhc_expand_pre` (the fused single-pass step): every output bitwise
+//!   the GPU's `mhc_expand` then `mhc_pre`; new streams and u bitwise the
+//!   CPU, mixes `calc_diff` < 1e-5.
 //! - D % 8 != 0 is a typed error on the GPU.
 //!
 //! Built only for DEEPINFER_ACCELERATOR=nvidia; needs a GPU (run it through
@@ -327,4 +330,106 @@ fn mhc_gpu_limits_are_typed_errors() {
             ..
         }
     ));
+    let w = ops::MhcWeights {
+        func: &hc_fn,
+        base: &base,
+        scale: &scale,
+    };
+    assert!(matches!(
+        ops::mhc_expand_pre(&s, &f, &post, &comb, w, &post, ops::MhcParams::default()).unwrap_err(),
+        Error::Shape {
+            tensor: "streams",
+            ..
+        }
+    ));
+}
+
+/// The single-pass step on the GPU, into NaN-poisoned outputs: every output
+/// bitwise the GPU's expand then front half (the fused kernel sums the
+/// mixes with pass 1's code), the new streams and u bitwise the CPU, the
+/// mixes within the front half's bound of the CPU. Post and comb of both
+/// signs (not only Sinkhorn's), so the expand's rounding is exercised.
+#[test]
+fn mhc_expand_pre_is_the_expand_then_the_front_half_bit_for_bit() {
+    let dev = gpu();
+    let mut rng = common::rng("mhc_expand_pre_cuda");
+    let p = ops::MhcParams::default();
+    for &t in TOKENS {
+        for &d in DIMS {
+            let PreInputs {
+                s,
+                hc_fn,
+                base,
+                scale,
+                lag,
+            } = random_pre_inputs(&mut rng, t, d);
+            let f = common::random_activations(&mut rng, t * d, 2.0);
+            let post: Vec<f32> = (0..t * 4).map(|_| rng.random_range(0.0..2.0)).collect();
+            let comb: Vec<f32> = (0..t * 16).map(|_| rng.random_range(-1.5..1.5)).collect();
+            let cpu = [
+                Tensor::from_vec(s, &[t, 4, d]).unwrap(),
+                Tensor::from_vec(f, &[t, d]).unwrap(),
+                Tensor::from_vec(post, &[t, 4]).unwrap(),
+                Tensor::from_vec(comb, &[t, 16]).unwrap(),
+                Tensor::from_vec(hc_fn, &[24, 4 * d]).unwrap(),
+                Tensor::from_vec(base, &[24]).unwrap(),
+                Tensor::from_vec(scale, &[3]).unwrap(),
+                Tensor::from_vec(lag, &[t, 4]).unwrap(),
+            ];
+            let g: Vec<Tensor> = cpu.iter().map(|x| x.to_device(&dev).unwrap()).collect();
+            let fused = |x: &[Tensor]| {
+                let w = ops::MhcWeights {
+                    func: &x[4],
+                    base: &x[5],
+                    scale: &x[6],
+                };
+                ops::mhc_expand_pre(&x[0], &x[1], &x[2], &x[3], w, &x[7], p).unwrap()
+            };
+            let (got_s, got) = fused(&g);
+            let two_s = ops::mhc_expand(&g[0], &g[1], &g[2], &g[3]).unwrap();
+            let two = ops::mhc_pre(&two_s, &g[4], &g[5], &g[6], &g[7], p).unwrap();
+            let (cpu_s, cpu_m) = fused(&cpu);
+            let case = format!("T {t} D {d}");
+            let b16 = |x: &Tensor| -> Vec<u16> {
+                x.to_vec::<bf16>()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            let f32s = |x: &Tensor| bits(&x.to_vec::<f32>().unwrap());
+            let new_streams = b16(&got_s);
+            assert_eq!(
+                new_streams,
+                b16(&two_s),
+                "{case}: new streams vs the expand"
+            );
+            if let Some(i) = new_streams
+                .iter()
+                .zip(b16(&cpu_s))
+                .position(|(a, b)| *a != b)
+            {
+                panic!("{case}: new streams element {i} differ from the CPU's");
+            }
+            let u = b16(&got.u);
+            assert_eq!(u, b16(&two.u), "{case}: u vs the front half");
+            assert_eq!(u, b16(&cpu_m.u), "{case}: u vs the CPU");
+            for (name, a, b) in [
+                ("mixes", &got.mixes, &two.mixes),
+                ("pre", &got.pre, &two.pre),
+                ("post", &got.post, &two.post),
+                ("comb", &got.comb, &two.comb),
+            ] {
+                assert_eq!(f32s(a), f32s(b), "{case}: {name} vs the front half");
+            }
+            let m = got.mixes.to_vec::<f32>().unwrap();
+            let m_ref = cpu_m.mixes.to_vec::<f32>().unwrap();
+            let f64s = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+            let diff = calc_diff(&f64s(&m), &f64s(&m_ref));
+            assert!(
+                diff < 1e-5,
+                "{case}: mixes calc_diff {diff} against the CPU"
+            );
+        }
+    }
 }

@@ -1,8 +1,9 @@
 //! The batched mHC ops on the CPU backend: `ops::mhc_pre` and
 //! `ops::mhc_expand` are the `cpu_backend::mhc` functions looped per token
 //! (collapse with the lagged pre, mixes, split + Sinkhorn; expand), over
-//! V4.1's hidden size and odd shapes, bit for bit; and typed validation
-//! errors naming the offending tensor or argument.
+//! V4.1's hidden size and odd shapes, bit for bit; `ops::mhc_expand_pre`
+//! is the reference expand followed by the front half of the new streams;
+//! and typed validation errors naming the offending tensor or argument.
 
 mod common;
 
@@ -118,6 +119,98 @@ fn mhc_pre_and_expand_are_the_reference_per_token() {
     }
 }
 
+/// The fused step against the per-token reference functions: the expand
+/// (`hc_expand`) of the streams, then the collapse, mixes and split of the
+/// new streams with the next sublayer's weights.
+#[test]
+fn mhc_expand_pre_is_the_reference_expand_then_front_half() {
+    let mut rng = common::rng("mhc_expand_pre_cpu");
+    let p = ops::MhcParams::default();
+    for (t, d) in [(1, 5120), (3, 128), (2, 8), (4, 3)] {
+        let x = inputs(&mut rng, t, d);
+        let f = common::random_activations(&mut rng, t * d, 2.0);
+        let post = f32s(&mut rng, t * 4, 0.0, 2.0);
+        let comb = f32s(&mut rng, t * 16, -1.5, 1.5);
+        let w = [
+            Tensor::from_vec(x.hc_fn.clone(), &[24, 4 * d]).unwrap(),
+            Tensor::from_vec(x.base.clone(), &[24]).unwrap(),
+            Tensor::from_vec(x.scale.clone(), &[3]).unwrap(),
+        ];
+        let (new_s, out) = ops::mhc_expand_pre(
+            &Tensor::from_vec(x.s.clone(), &[t, 4, d]).unwrap(),
+            &Tensor::from_vec(f.clone(), &[t, d]).unwrap(),
+            &Tensor::from_vec(post.clone(), &[t, 4]).unwrap(),
+            &Tensor::from_vec(comb.clone(), &[t, 16]).unwrap(),
+            ops::MhcWeights {
+                func: &w[0],
+                base: &w[1],
+                scale: &w[2],
+            },
+            &Tensor::from_vec(x.lag.clone(), &[t, 4]).unwrap(),
+            p,
+        )
+        .unwrap();
+        let new_s = new_s.to_vec::<bf16>().unwrap();
+        let u = out.u.to_vec::<bf16>().unwrap();
+        let mixes = out.mixes.to_vec::<f32>().unwrap();
+        let (pre_out, post_out) = (
+            out.pre.to_vec::<f32>().unwrap(),
+            out.post.to_vec::<f32>().unwrap(),
+        );
+        for tok in 0..t {
+            let mut split = mhc::HcSplit {
+                pre: [0.0; 4],
+                post: post[tok * 4..][..4].try_into().unwrap(),
+                comb: [[0.0; 4]; 4],
+            };
+            for (j, row) in split.comb.iter_mut().enumerate() {
+                row.copy_from_slice(&comb[tok * 16 + 4 * j..][..4]);
+            }
+            let want_s = mhc::hc_expand(&x.s[tok * 4 * d..][..4 * d], &f[tok * d..][..d], &split);
+            let case = format!("T {t} D {d} token {tok}");
+            assert_eq!(
+                &new_s[tok * 4 * d..][..4 * d],
+                &want_s[..],
+                "{case}: new streams"
+            );
+            assert_ne!(
+                want_s,
+                x.s[tok * 4 * d..][..4 * d],
+                "{case}: the expand changed nothing"
+            );
+            let lag: [f32; 4] = x.lag[tok * 4..][..4].try_into().unwrap();
+            assert_eq!(
+                &u[tok * d..][..d],
+                &mhc::hc_collapse(&want_s, &lag)[..],
+                "{case}: u"
+            );
+            let m = mhc::hc_mixes(&want_s, &x.hc_fn, p.eps);
+            assert_eq!(
+                bits_f32(&mixes[tok * 24..][..24]),
+                bits_f32(&m),
+                "{case}: mixes"
+            );
+            let next = mhc::hc_split(
+                &m,
+                x.scale[..].try_into().unwrap(),
+                x.base[..].try_into().unwrap(),
+                p.hc_eps,
+                p.iters,
+            );
+            assert_eq!(
+                bits_f32(&pre_out[tok * 4..][..4]),
+                bits_f32(&next.pre),
+                "{case}: pre"
+            );
+            assert_eq!(
+                bits_f32(&post_out[tok * 4..][..4]),
+                bits_f32(&next.post),
+                "{case}: post"
+            );
+        }
+    }
+}
+
 #[test]
 fn expand_uses_the_given_post_and_comb() {
     // Hand case: D = 1, comb the identity, post 2: S'_k = 2·F + S_k.
@@ -211,5 +304,54 @@ fn validation_errors_name_the_tensor() {
     assert_eq!(
         shape_of(ops::mhc_expand_into(&s, &f, &post, &comb, &mut wrong).unwrap_err()),
         "out"
+    );
+
+    // The fused step checks both halves' inputs and its outputs under its
+    // own name.
+    let w = ops::MhcWeights {
+        func: &hc_fn,
+        base: &base,
+        scale: &scale,
+    };
+    let fused_err = |e: Error| match e {
+        Error::Shape { op, tensor, .. } | Error::DType { op, tensor, .. } => (op, tensor),
+        other => panic!("unexpected error {other}"),
+    };
+    assert_eq!(
+        fused_err(ops::mhc_expand_pre(&s, &post, &post, &comb, w, &lag, p).unwrap_err()),
+        ("mhc_expand_pre", "f_out")
+    );
+    assert_eq!(
+        fused_err(ops::mhc_expand_pre(&s, &f, &post, &post, w, &lag, p).unwrap_err()),
+        ("mhc_expand_pre", "comb")
+    );
+    let bad_w = ops::MhcWeights { func: &bad_fn, ..w };
+    assert_eq!(
+        fused_err(ops::mhc_expand_pre(&s, &f, &post, &comb, bad_w, &lag, p).unwrap_err()),
+        ("mhc_expand_pre", "hc_fn")
+    );
+    assert_eq!(
+        fused_err(ops::mhc_expand_pre(&s, &f, &post, &comb, w, &bad_lag, p).unwrap_err()),
+        ("mhc_expand_pre", "pre_in")
+    );
+    assert!(matches!(
+        ops::mhc_expand_pre(&s, &f, &post, &comb, w, &lag, zero_iters).unwrap_err(),
+        Error::Argument { arg: "iters", .. }
+    ));
+    let (mut new_s, mut out) = ops::mhc_expand_pre(&s, &f, &post, &comb, w, &lag, p).unwrap();
+    assert_eq!(
+        fused_err(
+            ops::mhc_expand_pre_into(&s, &f, &post, &comb, w, &lag, p, &mut wrong, &mut out)
+                .unwrap_err()
+        ),
+        ("mhc_expand_pre", "new_streams")
+    );
+    out.mixes = Tensor::empty(&Device::Cpu, DType::F32, &[t, 23]).unwrap();
+    assert_eq!(
+        fused_err(
+            ops::mhc_expand_pre_into(&s, &f, &post, &comb, w, &lag, p, &mut new_s, &mut out)
+                .unwrap_err()
+        ),
+        ("mhc_expand_pre", "mixes")
     );
 }

@@ -66,6 +66,7 @@ PROGRAMS = (
     Program("mhc", "mhc", "mhc_expand"),
     Program("mhc_pre", "mhc_pre", "mhc_pre"),
     Program("mhc_split", "mhc_split", "mhc_split"),
+    Program("mhc_expand_pre", "mhc_expand_pre", "mhc_expand_pre"),
 )
 
 

@@ -76,9 +76,11 @@ ROW = HC * STEP_VEC * VEC + VEC  # BF16 per staged token row, padded by 16 bytes
 W_F4 = MIXES * HC * STEP_VEC * 2  # float4 loads of one step's hc_fn slice
 W_PER_THREAD = W_F4 // THREADS
 PAIRS = TOK * STEP_VEC // THREADS  # (token, vector) pairs staged per thread
+MIX_COLS = HC + HC * HC  # the fused kernel's post and comb of a token
 # The [64, 25] sums live after the last step: TileLang places them over the
 # staged streams (its liveness merge), so they add nothing.
 SMEM_BYTES = W_F4 * 16 + TOK * ROW * 2
+FUSED_SMEM_BYTES = SMEM_BYTES + TOK * MIX_COLS * 4  # + the tile's post and comb
 assert TOK * RED_ROWS * 4 <= TOK * ROW * 2
 
 assert W_F4 % THREADS == 0 and (TOK * STEP_VEC) % THREADS == 0
@@ -92,6 +94,13 @@ def w_slot(f):
 
 def mhc_pre():
     """Build the TileLang PrimFunc (pass 1)."""
+    return build(fused=False)
+
+
+def build(fused: bool):
+    """Pass 1 alone (`fused` False) or with the previous sublayer's expand
+    in front of it (`mhc_expand_pre.py`): one body, so the two kernels' sums
+    are the same code."""
     n_tokens = T.dynamic("n_tokens")
     n_vec = T.dynamic("n_vec")  # D / 8
     n_chunks = T.dynamic("n_chunks")  # ceil(n_vec / CHUNK_VEC)
@@ -161,40 +170,105 @@ def mhc_pre():
                     for q in T.unroll(nq):
                         acc[q, r] = acc[q, r] + wv[j] * xs[q, j]
 
-    @T.prim_func
-    def deepinfer_mhc_pre(
-        streams: T.Tensor((n_tokens, HC, n_vec, VEC), T.bfloat16),
-        hc_fn: T.Tensor((MIXES, HC, n_vec, 2, VEC // 2), T.float32),
-        pre_in: T.Tensor((n_tokens, HC), T.float32),
-        u: T.Tensor((n_tokens, n_vec, VEC), T.bfloat16),
-        part: T.Tensor((n_chunks, n_tokens, RED_ROWS), T.float32),
-    ):
-        with T.Kernel(n_chunks, T.ceildiv(n_tokens, TOK), threads=THREADS) as (ch, tile):
-            tx = T.get_thread_binding()
-            ws = T.alloc_shared((MIXES, HC, STEP_VEC, 2, VEC // 2), T.float32)
-            ss = T.alloc_shared((TOK, ROW), T.bfloat16)
-            red = T.alloc_shared((TOK, RED_ROWS), T.float32)
-            wr = T.alloc_local((W_PER_THREAD, VEC // 2), T.float32)
-            sr = T.alloc_local((PAIRS, HC, VEC), T.bfloat16)
-            lag = T.alloc_local((PAIRS, HC), T.float32)
-            ub = T.alloc_local((VEC,), T.bfloat16)
-            sb = T.alloc_local((2, VEC), T.bfloat16)
-            xs = T.alloc_local((2, VEC), T.float32)
-            wv = T.alloc_local((VEC,), T.float32)
-            acc = T.alloc_local((2, RED_ROWS), T.float32)
+    @T.macro
+    def load_f(f, fr, ch, tile, tx, n_vec, n_tokens, step):
+        # Global -> registers: the previous sublayer's output F of the pairs.
+        for k in T.unroll(PAIRS):
+            p = k * THREADS + tx
+            tok = tile * TOK + p // STEP_VEC
+            g = ch * CHUNK_VEC + step * STEP_VEC + p % STEP_VEC
+            for j in T.vectorized(VEC):
+                fr[k, j] = T.if_then_else(
+                    tok < n_tokens and g < n_vec,
+                    f[T.min(tok, n_tokens - 1), T.min(g, n_vec - 1), j],
+                    T.bfloat16(0),
+                )
 
-            warp = tx // 32
-            lane = tx % 32
-            both = tile * TOK + 32 < n_tokens  # warp-uniform: a second token per lane
+    @T.macro
+    def expand_step(out, mix, sr, fr, cw, ob, ch, tile, tx, n_vec, n_tokens, step):
+        # S'_d = bf16(post_d*F + mix) with mix = comb[0][d]*S_0 + ... in
+        # mhc.py's order, every step rounded; S' replaces S in sr (zeros
+        # outside the tensors, so the sums there stay zero) and is written out.
+        for k in T.unroll(PAIRS):
+            p = k * THREADS + tx
+            tt = p // STEP_VEC
+            tok = tile * TOK + tt
+            g = ch * CHUNK_VEC + step * STEP_VEC + p % STEP_VEC
+            for c in T.unroll(MIX_COLS):
+                cw[c] = mix[tt, c]
+            for d in T.unroll(HC):
+                for j in T.unroll(VEC):
+                    m = T.ieee_mul(cw[HC + d], T.cast(sr[k, 0, j], T.float32))
+                    m = T.ieee_add(m, T.ieee_mul(cw[2 * HC + d], T.cast(sr[k, 1, j], T.float32)))
+                    m = T.ieee_add(m, T.ieee_mul(cw[3 * HC + d], T.cast(sr[k, 2, j], T.float32)))
+                    m = T.ieee_add(m, T.ieee_mul(cw[4 * HC + d], T.cast(sr[k, 3, j], T.float32)))
+                    ob[d, j] = T.cast(T.ieee_add(T.ieee_mul(cw[d], T.cast(fr[k, j], T.float32)), m), T.bfloat16)
+            for d in T.unroll(HC):
+                for j in T.unroll(VEC):
+                    sr[k, d, j] = T.if_then_else(tok < n_tokens and g < n_vec, ob[d, j], T.bfloat16(0))
+            if tok < n_tokens and g < n_vec:
+                for d in T.unroll(HC):
+                    for j in T.vectorized(VEC):
+                        out[tok, d, g, j] = sr[k, d, j]
 
-            for q in T.unroll(2):
-                for r in T.unroll(RED_ROWS):
-                    acc[q, r] = T.float32(0)
-            for k in T.unroll(PAIRS):
-                tok = tile * TOK + (k * THREADS + tx) // STEP_VEC
-                for i in T.unroll(HC):
-                    lag[k, i] = T.if_then_else(tok < n_tokens, pre_in[T.min(tok, n_tokens - 1), i], T.float32(0))
+    @T.macro
+    def front(ch, tile, streams, hc_fn, pre_in, u, part, f, post, comb, out):
+        tx = T.get_thread_binding()
+        ws = T.alloc_shared((MIXES, HC, STEP_VEC, 2, VEC // 2), T.float32)
+        ss = T.alloc_shared((TOK, ROW), T.bfloat16)
+        red = T.alloc_shared((TOK, RED_ROWS), T.float32)
+        wr = T.alloc_local((W_PER_THREAD, VEC // 2), T.float32)
+        sr = T.alloc_local((PAIRS, HC, VEC), T.bfloat16)
+        lag = T.alloc_local((PAIRS, HC), T.float32)
+        ub = T.alloc_local((VEC,), T.bfloat16)
+        sb = T.alloc_local((2, VEC), T.bfloat16)
+        xs = T.alloc_local((2, VEC), T.float32)
+        wv = T.alloc_local((VEC,), T.float32)
+        acc = T.alloc_local((2, RED_ROWS), T.float32)
 
+        warp = tx // 32
+        lane = tx % 32
+        both = tile * TOK + 32 < n_tokens  # warp-uniform: a second token per lane
+
+        for q in T.unroll(2):
+            for r in T.unroll(RED_ROWS):
+                acc[q, r] = T.float32(0)
+        for k in T.unroll(PAIRS):
+            tok = tile * TOK + (k * THREADS + tx) // STEP_VEC
+            for i in T.unroll(HC):
+                lag[k, i] = T.if_then_else(tok < n_tokens, pre_in[T.min(tok, n_tokens - 1), i], T.float32(0))
+
+        if fused:
+            # The tile's post and comb, [TOK, 4 + 16] (zeros past T).
+            mix = T.alloc_shared((TOK, MIX_COLS), T.float32)
+            fr = T.alloc_local((PAIRS, VEC), T.bfloat16)
+            cw = T.alloc_local((MIX_COLS,), T.float32)
+            ob = T.alloc_local((HC, VEC), T.bfloat16)
+            for e in T.unroll(TOK * MIX_COLS // THREADS):
+                idx = e * THREADS + tx
+                tok = T.min(tile * TOK + idx // MIX_COLS, n_tokens - 1)
+                c = idx % MIX_COLS
+                mix[idx // MIX_COLS, c] = T.if_then_else(
+                    tile * TOK + idx // MIX_COLS < n_tokens,
+                    T.if_then_else(c < HC, post[tok, T.min(c, HC - 1)], comb[tok, T.max(c - HC, 0)]),
+                    T.float32(0),
+                )
+            T.sync_threads()
+            load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, 0)
+            load_f(f, fr, ch, tile, tx, n_vec, n_tokens, 0)
+            for step in T.serial(STEPS):
+                expand_step(out, mix, sr, fr, cw, ob, ch, tile, tx, n_vec, n_tokens, step)
+                store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
+                T.sync_threads()
+                if step + 1 < STEPS:
+                    load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, step + 1)
+                    load_f(f, fr, ch, tile, tx, n_vec, n_tokens, step + 1)
+                if both:
+                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 2)
+                else:
+                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 1)
+                T.sync_threads()
+        else:
             load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, 0)
             for step in T.serial(STEPS):
                 store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
@@ -207,33 +281,69 @@ def mhc_pre():
                     dots(ss, ws, sb, xs, wv, acc, warp, lane, 1)
                 T.sync_threads()
 
-            # The four streams' sums, in stream order, then the tile's block of part.
-            for w in T.unroll(HC):
-                if warp == w:
-                    for q in T.unroll(2):
-                        for r in T.unroll(RED_ROWS):
-                            if w == 0:
-                                red[lane + 32 * q, r] = acc[q, r]
-                            else:
-                                red[lane + 32 * q, r] = red[lane + 32 * q, r] + acc[q, r]
-                T.sync_threads()
-            for e in T.serial(T.ceildiv(TOK * RED_ROWS, THREADS)):
-                idx = e * THREADS + tx
-                tt = idx // RED_ROWS
-                tok = tile * TOK + tt
-                if idx < TOK * RED_ROWS and tok < n_tokens:
-                    part[ch, tok, idx % RED_ROWS] = red[tt, idx % RED_ROWS]
+        # The four streams' sums, in stream order, then the tile's block of part.
+        for w in T.unroll(HC):
+            if warp == w:
+                for q in T.unroll(2):
+                    for r in T.unroll(RED_ROWS):
+                        if w == 0:
+                            red[lane + 32 * q, r] = acc[q, r]
+                        else:
+                            red[lane + 32 * q, r] = red[lane + 32 * q, r] + acc[q, r]
+            T.sync_threads()
+        for e in T.serial(T.ceildiv(TOK * RED_ROWS, THREADS)):
+            idx = e * THREADS + tx
+            tt = idx // RED_ROWS
+            tok = tile * TOK + tt
+            if idx < TOK * RED_ROWS and tok < n_tokens:
+                part[ch, tok, idx % RED_ROWS] = red[tt, idx % RED_ROWS]
+
+    if fused:
+
+        @T.prim_func
+        def deepinfer_mhc_expand_pre(
+            streams: T.Tensor((n_tokens, HC, n_vec, VEC), T.bfloat16),
+            f: T.Tensor((n_tokens, n_vec, VEC), T.bfloat16),
+            post: T.Tensor((n_tokens, HC), T.float32),
+            comb: T.Tensor((n_tokens, HC * HC), T.float32),
+            hc_fn: T.Tensor((MIXES, HC, n_vec, 2, VEC // 2), T.float32),
+            pre_in: T.Tensor((n_tokens, HC), T.float32),
+            out: T.Tensor((n_tokens, HC, n_vec, VEC), T.bfloat16),
+            u: T.Tensor((n_tokens, n_vec, VEC), T.bfloat16),
+            part: T.Tensor((n_chunks, n_tokens, RED_ROWS), T.float32),
+        ):
+            with T.Kernel(n_chunks, T.ceildiv(n_tokens, TOK), threads=THREADS) as (ch, tile):
+                front(ch, tile, streams, hc_fn, pre_in, u, part, f, post, comb, out)
+
+        return deepinfer_mhc_expand_pre
+
+    @T.prim_func
+    def deepinfer_mhc_pre(
+        streams: T.Tensor((n_tokens, HC, n_vec, VEC), T.bfloat16),
+        hc_fn: T.Tensor((MIXES, HC, n_vec, 2, VEC // 2), T.float32),
+        pre_in: T.Tensor((n_tokens, HC), T.float32),
+        u: T.Tensor((n_tokens, n_vec, VEC), T.bfloat16),
+        part: T.Tensor((n_chunks, n_tokens, RED_ROWS), T.float32),
+    ):
+        with T.Kernel(n_chunks, T.ceildiv(n_tokens, TOK), threads=THREADS) as (ch, tile):
+            front(ch, tile, streams, hc_fn, pre_in, u, part, None, None, None, None)
 
     return deepinfer_mhc_pre
 
 
-def launch_info() -> dict:
-    """Launch geometry of the default build, for generate.py's header."""
+def launch_info(fused: bool = False) -> dict:
+    """Launch geometry of the default build (or of the fused kernel), for
+    generate.py's header."""
+    smem = FUSED_SMEM_BYTES if fused else SMEM_BYTES
+    what = "hc_fn step slice, staged streams%s; the [%d, 25] sums reuse the latter" % (
+        ", the tile's post and comb" if fused else "",
+        TOK,
+    )
     return {
         "grid": "(ceil(n_vec / %d), ceil(n_tokens / %d), 1): one chunk of %d positions and %d tokens per CTA"
         % (CHUNK_VEC, TOK, CHUNK_VEC * VEC, TOK),
         "block": "(%d, 1, 1)" % THREADS,
-        "dynamic_smem": "%d bytes (hc_fn step slice, staged streams; the [%d, 25] sums reuse the latter)" % (SMEM_BYTES, TOK),
-        "dynamic_smem_bytes": SMEM_BYTES,
-        "alignment": "streams, hc_fn, u 16 B, the rest 4 B; D % 8 == 0, T*4*D < 2^31",
+        "dynamic_smem": "%d bytes (%s)" % (smem, what),
+        "dynamic_smem_bytes": smem,
+        "alignment": "streams, hc_fn, u%s 16 B, the rest 4 B; D %% 8 == 0, T*4*D < 2^31" % (", f, out" if fused else ""),
     }

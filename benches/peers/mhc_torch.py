@@ -2,8 +2,8 @@
 bundle run as our kernels (D = 5120): mhc_pre as torch ops (the collapse with
 the lagged pre, the 24 mixes as an fp32 matmul scaled by the inverse RMS, the
 split with sigmoid, and the 20-iteration Sinkhorn on [T, 4, 4]) and
-mhc_expand (post * F + comb^T-weighted stream mix, cast to BF16) -- the peers
-of the TileLang kernels. Timed like benches/mhc_gpu.rs (CUDA events, median
+mhc_expand (post * F + comb^T-weighted stream mix, cast to BF16), and the
+two in a row (mhc_expand_pre) -- the peers of the TileLang kernels. Timed like benches/mhc_gpu.rs (CUDA events, median
 of batches, inputs rotated over >= 512 MiB). Prints JSON on stdout (the
 schema of slice_torch.py)."""
 
@@ -67,6 +67,12 @@ def main():
         recs.append({"op": "mhc_expand", "rows": t, "dim": D, "name": "torch_ops",
                      "us": time_us(lambda i: mhc_expand_torch(xs[i % copies][0], xs[i % copies][2],
                                                               post, comb))})
+
+        def step(i):
+            s, lag, f = xs[i % copies]
+            return mhc_pre_torch(mhc_expand_torch(s, f, post, comb), hc_fn, base, scale, lag)
+
+        recs.append({"op": "mhc_expand_pre", "rows": t, "dim": D, "name": "torch_ops", "us": time_us(step)})
         del xs
     emit(recs, bf16_ceiling=False)
 

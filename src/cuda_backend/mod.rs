@@ -42,7 +42,7 @@ pub use moe::{
 pub use random::random_param;
 pub use rms_norm::rms_norm;
 pub use tilelang::rms_norm_act_quant_fp8;
-pub use tilelang_mhc::{mhc_expand, mhc_pre};
+pub use tilelang_mhc::{mhc_expand, mhc_expand_pre, mhc_pre};
 pub use tilelang_moe_route::{moe_layout, moe_route};
 pub use tilelang_rope::rope;
 pub use tilelang_swiglu::swiglu_act_quant_fp8;

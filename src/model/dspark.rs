@@ -16,6 +16,7 @@ use super::forward::Model;
 use super::layers::Block;
 use super::layers::attention::stage_list;
 use super::layers::linear::{Bf16Linear, Fp8Linear, Normed};
+use super::layers::mhc::Streams;
 use super::pool::{SeqId, StatePool};
 use crate::contract::{HC_STREAMS, ONE_HOT_PRE, RopeParams};
 use crate::model::error::Result;
@@ -295,7 +296,7 @@ impl Model {
         }
         let rows = block.len();
         let ids = Tensor::from_vec(block, &[rows])?.to_device(&device)?;
-        let mut streams = ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?;
+        let mut streams = Streams::new(ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?);
         let one_hot: Vec<f32> = (0..rows).flat_map(|_| ONE_HOT_PRE).collect();
         let mut pre = Tensor::from_vec(one_hot, &[rows, HC_STREAMS])?.to_device(&device)?;
         let positions = Tensor::from_vec(positions, &[rows])?.to_device(&device)?;
@@ -305,7 +306,7 @@ impl Model {
             let ring = pool.stage_ring(s);
             let (x, mix) = stage
                 .hc_attn
-                .input(&streams, &mut pre, &stage.attn_norm, hp)?;
+                .input(&mut streams, &mut pre, &stage.attn_norm, hp)?;
             let w = &stage.attn;
             let (q, _) = w.query(cfg, &x, &positions, &rope)?;
             let kv = w.window_kv(cfg, &x, &positions, &rope)?;
@@ -315,16 +316,16 @@ impl Model {
                 lists.push(stage_list(pool, r.seq, ring, a.window, r.p, n)?);
             }
             let f = self.attend_by_width(w, pool, &q, &positions, &lists, n, &rope)?;
-            streams = mix.expand(&streams, &f)?;
+            streams.expand_later(f, mix)?;
             let (x, mix) = stage
                 .hc_ffn
-                .input(&streams, &mut pre, &stage.ffn_norm, hp)?;
+                .input(&mut streams, &mut pre, &stage.ffn_norm, hp)?;
             let (f, _) = stage
                 .ffn
                 .forward(&x, self.moe_params(cfg.dspark.n_activated_experts))?;
-            streams = mix.expand(&streams, &f)?;
+            streams.expand_later(f, mix)?;
         }
-        let hidden = ops::hc_collapse(&streams, &pre)?;
+        let hidden = ops::hc_collapse(streams.ready()?, &pre)?;
         let base = self.weights.head.forward_f32(&ops::rms_norm(
             &hidden,
             &dw.norm,

@@ -20,6 +20,7 @@ use super::inputs::Input;
 use super::layers::Block;
 use super::layers::attention::AttentionStep;
 use super::layers::linear::Bf16Linear;
+use super::layers::mhc::Streams;
 pub use super::layers::moe::MoeLayout;
 use super::layers::moe::MoeParams;
 use super::marks::Marks;
@@ -542,11 +543,11 @@ impl Model {
     ) -> Result<RanStep> {
         let cfg = &self.cfg;
         let late_start = self.late_layer_start();
-        let mut streams = ops::hc_init(&ops::embedding_deferred(
+        let mut streams = Streams::new(ops::hc_init(&ops::embedding_deferred(
             &self.weights.embed,
             &p.ids,
             checks,
-        )?)?;
+        )?)?);
         marks.mark("embed")?;
         let mut pre: Tensor = (*p.first_pre).clone();
         let mut published = Default::default();
@@ -557,7 +558,7 @@ impl Model {
         for ((plan, block), step) in self.plans.iter().zip(&self.weights.blocks).zip(&p.layers) {
             let mut trace = LayerTrace::default();
             if let Some(t) = p.tails.as_ref().filter(|_| plan.layer == late_start) {
-                streams = t.rows(&streams)?;
+                streams = Streams::new(t.rows(streams.ready()?)?);
                 pre = t.rows(&pre)?;
                 t.narrow_published(&mut published)?;
                 for f in targets.iter_mut().flatten() {
@@ -574,12 +575,15 @@ impl Model {
                 continue;
             };
             if let (Some(e), Some(ng)) = (&block.engram, &p.ngrams) {
-                streams = e.forward(
-                    &streams,
+                // The last sublayer's expand, charged to the mHC part.
+                let s = streams.ready()?;
+                marks.mark("mhc")?;
+                streams = Streams::new(e.forward(
+                    s,
                     ng,
                     crate::numerics::round_f32(cfg.norm_eps),
                     checks,
-                )?;
+                )?);
                 marks.mark("engram")?;
             }
             if let Some(i) = plan.dspark_target {
@@ -589,44 +593,47 @@ impl Model {
                     value: i.to_string(),
                     why: "a target index past the config's target layers",
                 })?;
-                *slot = Some(ops::hc_stream_mean(&streams)?);
+                *slot = Some(ops::hc_stream_mean(streams.ready()?)?);
             }
             if capture.streams {
-                trace.streams = Some(streams.clone());
+                trace.streams = Some(streams.ready()?.clone());
             }
             let (x, mix) = block
                 .hc_attn
-                .input(&streams, &mut pre, &block.attn_norm, hp)?;
+                .input(&mut streams, &mut pre, &block.attn_norm, hp)?;
             marks.mark("mhc")?;
             let f = block
                 .attn
                 .run(cfg, plan, &x, b, step, pool, &mut published, marks)?;
-            streams = mix.expand(&streams, &f)?;
             if capture.attention {
-                trace.attention = Some(f);
+                trace.attention = Some(f.clone());
             }
+            streams.expand_later(f, mix)?;
             if capture.index_lists {
                 trace.index_lists = Some(entry_lists(published.lists_of(plan), b)?);
             }
             let (x, mix) = block
                 .hc_ffn
-                .input(&streams, &mut pre, &block.ffn_norm, hp)?;
+                .input(&mut streams, &mut pre, &block.ffn_norm, hp)?;
             marks.mark("mhc")?;
             let (f, selected) = block.ffn.forward_marked(&x, moe_p, marks, checks)?;
-            streams = mix.expand(&streams, &f)?;
-            marks.mark("mhc")?;
             if capture.moe {
-                trace.moe = Some(f);
+                trace.moe = Some(f.clone());
             }
+            // The expand runs with the next layer's front half (or when the
+            // streams are next read).
+            streams.expand_later(f, mix)?;
             if capture.routing {
                 trace.routing = Some(selected);
             }
             layers.push(trace);
         }
+        let streams = streams.ready()?;
+        marks.mark("mhc")?;
         let logits = if streams.rows() == 0 {
             Tensor::zeros(&self.device(), DType::F32, &[0, cfg.vocab_size])?
         } else {
-            self.head(&streams, &pre)?
+            self.head(streams, &pre)?
         };
         marks.mark("head")?;
         Ok(RanStep {

@@ -2,7 +2,9 @@
 //! of tokens: [`mhc_pre`] computes, per token, the collapse of its 4 × D
 //! BF16 residual streams with the (lagged) pre, the 24 mixes, and their
 //! split into pre/post/comb with Sinkhorn; [`mhc_expand`] writes the new
-//! streams `S'_k = BF16(post_k · F + Σ_j comb[j][k] · S_j)`.
+//! streams `S'_k = BF16(post_k · F + Σ_j comb[j][k] · S_j)`;
+//! [`mhc_expand_pre`] is the two in a row between sublayers, one pass over
+//! the streams on CUDA.
 //!
 //! Numerics: the CPU path loops the [`cpu_backend::mhc`] functions per token
 //! (fp32, fixed order, e^x correctly rounded via f64). The CUDA path of
@@ -28,6 +30,7 @@ use half::bf16;
 
 const OP_PRE: &str = "mhc_pre";
 const OP_EXPAND: &str = "mhc_expand";
+const OP_FUSED: &str = "mhc_expand_pre";
 
 /// Scalars of [`mhc_pre`]: `eps` of the RMS (1e-20 in V4.1), `hc_eps` of
 /// the split and Sinkhorn (1e-6) and the Sinkhorn iteration count (20).
@@ -60,7 +63,7 @@ pub fn mhc_pre(
     pre_in: &Tensor,
     params: MhcParams,
 ) -> Result<MhcPre> {
-    let (device, t, d) = validate_pre(streams, hc_fn, hc_base, hc_scale, pre_in, params)?;
+    let (device, t, d) = validate_pre(OP_PRE, streams, hc_fn, hc_base, hc_scale, pre_in, params)?;
     let mut out = MhcPre {
         u: Tensor::empty(&device, DType::BF16, &[t, d])?,
         mixes: Tensor::empty(&device, DType::F32, &[t, HC_MIXES])?,
@@ -82,27 +85,8 @@ pub fn mhc_pre_into(
     params: MhcParams,
     out: &mut MhcPre,
 ) -> Result<()> {
-    let (_, t, d) = validate_pre(streams, hc_fn, hc_base, hc_scale, pre_in, params)?;
-    out.u.expect_output(OP_PRE, "u", DType::BF16, &[t, d])?;
-    out.mixes
-        .expect_output(OP_PRE, "mixes", DType::F32, &[t, HC_MIXES])?;
-    out.pre
-        .expect_output(OP_PRE, "pre", DType::F32, &[t, HC_STREAMS])?;
-    out.post
-        .expect_output(OP_PRE, "post", DType::F32, &[t, HC_STREAMS])?;
-    out.comb
-        .expect_output(OP_PRE, "comb", DType::F32, &[t, HC_STREAMS * HC_STREAMS])?;
-    let device = common_device(
-        OP_PRE,
-        &[
-            ("streams", streams),
-            ("u", &out.u),
-            ("mixes", &out.mixes),
-            ("pre", &out.pre),
-            ("post", &out.post),
-            ("comb", &out.comb),
-        ],
-    )?;
+    let (_, t, d) = validate_pre(OP_PRE, streams, hc_fn, hc_base, hc_scale, pre_in, params)?;
+    let device = check_pre_outputs(OP_PRE, ("streams", streams), out, t, d)?;
     match device {
         Device::Cpu => {
             let s = streams.as_slice::<bf16>()?;
@@ -165,7 +149,7 @@ pub fn mhc_expand(
     post: &Tensor,
     comb: &Tensor,
 ) -> Result<Tensor> {
-    let device = validate_expand(streams, f_out, post, comb)?;
+    let device = validate_expand(OP_EXPAND, streams, f_out, post, comb)?;
     let mut out = Tensor::empty(&device, DType::BF16, streams.shape())?;
     mhc_expand_into(streams, f_out, post, comb, &mut out)?;
     Ok(out)
@@ -180,7 +164,7 @@ pub fn mhc_expand_into(
     comb: &Tensor,
     out: &mut Tensor,
 ) -> Result<()> {
-    validate_expand(streams, f_out, post, comb)?;
+    validate_expand(OP_EXPAND, streams, f_out, post, comb)?;
     out.expect_output(OP_EXPAND, "out", DType::BF16, streams.shape())?;
     let device = common_device(OP_EXPAND, &[("streams", streams), ("out", out)])?;
     let (t, d) = (streams.shape()[0], streams.shape()[2]);
@@ -218,6 +202,150 @@ pub fn mhc_expand_into(
     }
 }
 
+/// One sublayer's mHC weights: `func` (hc_fn) F32 `[24, 4·D]`, `base` F32
+/// `[24]`, `scale` F32 `[3]`.
+#[derive(Clone, Copy, Debug)]
+pub struct MhcWeights<'a> {
+    pub func: &'a Tensor,
+    pub base: &'a Tensor,
+    pub scale: &'a Tensor,
+}
+
+/// The single-pass mHC step between two sublayers (`v41-flash.md` §6.2):
+/// the expand of sublayer i ([`mhc_expand`] of `streams`, its output
+/// `f_out`, `post` and `comb`) and the front half of sublayer i+1
+/// ([`mhc_pre`] of the new streams with `next`'s weights and the lagged
+/// `pre_in`, sublayer i's pre). Returns the new streams BF16 `[T, 4, D]`
+/// and the front half's outputs.
+///
+/// Results are those of the two ops in a row, bitwise, on each device: on
+/// the CPU it is their composition; on CUDA one kernel
+/// (`tilelang/mhc_expand_pre.py`) reads the streams and F once and writes
+/// the new streams, u and the mixes' partial sums, with the expand's and
+/// pass 1's code (so the same sums as [`mhc_pre`]'s kernels), then pass 2.
+pub fn mhc_expand_pre(
+    streams: &Tensor,
+    f_out: &Tensor,
+    post: &Tensor,
+    comb: &Tensor,
+    next: MhcWeights<'_>,
+    pre_in: &Tensor,
+    params: MhcParams,
+) -> Result<(Tensor, MhcPre)> {
+    validate_expand(OP_FUSED, streams, f_out, post, comb)?;
+    let (device, t, d) = validate_pre(
+        OP_FUSED, streams, next.func, next.base, next.scale, pre_in, params,
+    )?;
+    let mut new_streams = Tensor::empty(&device, DType::BF16, streams.shape())?;
+    let mut out = MhcPre {
+        u: Tensor::empty(&device, DType::BF16, &[t, d])?,
+        mixes: Tensor::empty(&device, DType::F32, &[t, HC_MIXES])?,
+        pre: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS])?,
+        post: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS])?,
+        comb: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS * HC_STREAMS])?,
+    };
+    mhc_expand_pre_into(
+        streams,
+        f_out,
+        post,
+        comb,
+        next,
+        pre_in,
+        params,
+        &mut new_streams,
+        &mut out,
+    )?;
+    Ok((new_streams, out))
+}
+
+/// [`mhc_expand_pre`] into preallocated outputs: `new_streams` BF16 of the
+/// streams' shape (distinct from `streams`) and `out` of the shapes
+/// [`MhcPre`] documents.
+#[allow(clippy::too_many_arguments)]
+pub fn mhc_expand_pre_into(
+    streams: &Tensor,
+    f_out: &Tensor,
+    post: &Tensor,
+    comb: &Tensor,
+    next: MhcWeights<'_>,
+    pre_in: &Tensor,
+    params: MhcParams,
+    new_streams: &mut Tensor,
+    out: &mut MhcPre,
+) -> Result<()> {
+    validate_expand(OP_FUSED, streams, f_out, post, comb)?;
+    let (_, t, d) = validate_pre(
+        OP_FUSED, streams, next.func, next.base, next.scale, pre_in, params,
+    )?;
+    new_streams.expect_output(OP_FUSED, "new_streams", DType::BF16, streams.shape())?;
+    common_device(
+        OP_FUSED,
+        &[("streams", streams), ("new_streams", new_streams)],
+    )?;
+    let device = check_pre_outputs(OP_FUSED, ("new_streams", new_streams), out, t, d)?;
+    match device {
+        Device::Cpu => {
+            mhc_expand_into(streams, f_out, post, comb, new_streams)?;
+            mhc_pre_into(
+                new_streams,
+                next.func,
+                next.base,
+                next.scale,
+                pre_in,
+                params,
+                out,
+            )
+        }
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev) => crate::cuda_backend::mhc_expand_pre(
+            &dev,
+            [streams, f_out, post, comb],
+            [next.func, next.base, next.scale],
+            pre_in,
+            params.eps,
+            params.hc_eps,
+            params.iters,
+            new_streams,
+            out,
+            t,
+            d,
+        ),
+        #[cfg(not(deepinfer_cuda))]
+        d @ Device::Cuda(_) => Err(super::kernels_not_built(OP_FUSED, &d)),
+    }
+}
+
+/// The outputs of a front half for `t` tokens of width `d`, on the device of
+/// `streams`: that device.
+fn check_pre_outputs(
+    op: &'static str,
+    streams: (&'static str, &Tensor),
+    out: &MhcPre,
+    t: usize,
+    d: usize,
+) -> Result<Device> {
+    out.u.expect_output(op, "u", DType::BF16, &[t, d])?;
+    out.mixes
+        .expect_output(op, "mixes", DType::F32, &[t, HC_MIXES])?;
+    out.pre
+        .expect_output(op, "pre", DType::F32, &[t, HC_STREAMS])?;
+    out.post
+        .expect_output(op, "post", DType::F32, &[t, HC_STREAMS])?;
+    out.comb
+        .expect_output(op, "comb", DType::F32, &[t, HC_STREAMS * HC_STREAMS])?;
+    common_device(
+        op,
+        &[
+            streams,
+            ("u", &out.u),
+            ("mixes", &out.mixes),
+            ("pre", &out.pre),
+            ("post", &out.post),
+            ("comb", &out.comb),
+        ],
+    )
+}
+
 /// `streams` BF16 `[T, 4, D]` with D ≥ 1 and T·4·D below 2^31: (T, D).
 fn streams_shape(op: &'static str, streams: &Tensor) -> Result<(usize, usize)> {
     streams.expect_dtype(op, "streams", DType::BF16)?;
@@ -241,6 +369,7 @@ fn streams_shape(op: &'static str, streams: &Tensor) -> Result<(usize, usize)> {
 }
 
 fn validate_pre(
+    op: &'static str,
     streams: &Tensor,
     hc_fn: &Tensor,
     hc_base: &Tensor,
@@ -248,32 +377,32 @@ fn validate_pre(
     pre_in: &Tensor,
     params: MhcParams,
 ) -> Result<(Device, usize, usize)> {
-    let (t, d) = streams_shape(OP_PRE, streams)?;
+    let (t, d) = streams_shape(op, streams)?;
     for (name, x) in [
         ("hc_fn", hc_fn),
         ("hc_base", hc_base),
         ("hc_scale", hc_scale),
         ("pre_in", pre_in),
     ] {
-        x.expect_dtype(OP_PRE, name, DType::F32)?;
+        x.expect_dtype(op, name, DType::F32)?;
     }
     if hc_fn.shape() != [HC_MIXES, HC_STREAMS * d] {
         return Err(shape_error(
-            OP_PRE,
+            op,
             "hc_fn",
             hc_fn,
             format!("[24, {}] (24 × 4·D)", HC_STREAMS * d),
         ));
     }
     if hc_base.shape() != [HC_MIXES] {
-        return Err(shape_error(OP_PRE, "hc_base", hc_base, "[24]".into()));
+        return Err(shape_error(op, "hc_base", hc_base, "[24]".into()));
     }
     if hc_scale.shape() != [3] {
-        return Err(shape_error(OP_PRE, "hc_scale", hc_scale, "[3]".into()));
+        return Err(shape_error(op, "hc_scale", hc_scale, "[3]".into()));
     }
     if pre_in.shape() != [t, HC_STREAMS] {
         return Err(shape_error(
-            OP_PRE,
+            op,
             "pre_in",
             pre_in,
             format!("[{t}, 4] (one pre per token and stream)"),
@@ -281,7 +410,7 @@ fn validate_pre(
     }
     if !(params.eps.is_finite() && params.eps >= 0.0) {
         return Err(Error::Argument {
-            op: OP_PRE,
+            op,
             arg: "eps",
             value: params.eps.to_string(),
             why: "must be finite and non-negative",
@@ -289,7 +418,7 @@ fn validate_pre(
     }
     if !(params.hc_eps.is_finite() && params.hc_eps >= 0.0) {
         return Err(Error::Argument {
-            op: OP_PRE,
+            op,
             arg: "hc_eps",
             value: params.hc_eps.to_string(),
             why: "must be finite and non-negative",
@@ -297,14 +426,14 @@ fn validate_pre(
     }
     if params.iters == 0 || params.iters > crate::contract::MHC_MAX_SINKHORN_ITERS {
         return Err(Error::Argument {
-            op: OP_PRE,
+            op,
             arg: "iters",
             value: params.iters.to_string(),
             why: "Sinkhorn needs at least one iteration and at most MHC_MAX_SINKHORN_ITERS (1000)",
         });
     }
     let device = common_device(
-        OP_PRE,
+        op,
         &[
             ("streams", streams),
             ("hc_fn", hc_fn),
@@ -317,31 +446,32 @@ fn validate_pre(
 }
 
 fn validate_expand(
+    op: &'static str,
     streams: &Tensor,
     f_out: &Tensor,
     post: &Tensor,
     comb: &Tensor,
 ) -> Result<Device> {
-    let (t, d) = streams_shape(OP_EXPAND, streams)?;
-    f_out.expect_dtype(OP_EXPAND, "f_out", DType::BF16)?;
-    post.expect_dtype(OP_EXPAND, "post", DType::F32)?;
-    comb.expect_dtype(OP_EXPAND, "comb", DType::F32)?;
+    let (t, d) = streams_shape(op, streams)?;
+    f_out.expect_dtype(op, "f_out", DType::BF16)?;
+    post.expect_dtype(op, "post", DType::F32)?;
+    comb.expect_dtype(op, "comb", DType::F32)?;
     if f_out.shape() != [t, d] {
         return Err(shape_error(
-            OP_EXPAND,
+            op,
             "f_out",
             f_out,
             format!("[{t}, {d}] (T × D of streams)"),
         ));
     }
     if post.shape() != [t, HC_STREAMS] {
-        return Err(shape_error(OP_EXPAND, "post", post, format!("[{t}, 4]")));
+        return Err(shape_error(op, "post", post, format!("[{t}, 4]")));
     }
     if comb.shape() != [t, HC_STREAMS * HC_STREAMS] {
-        return Err(shape_error(OP_EXPAND, "comb", comb, format!("[{t}, 16]")));
+        return Err(shape_error(op, "comb", comb, format!("[{t}, 16]")));
     }
     common_device(
-        OP_EXPAND,
+        op,
         &[
             ("streams", streams),
             ("f_out", f_out),

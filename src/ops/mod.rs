@@ -65,7 +65,10 @@ pub use indexer::{
 pub use kv_cache::{
     RowNorm, RowRope, RowsOut, compressed_rows, kv_row_layout, kv_rows, kv_rows_into, window_rows,
 };
-pub use mhc::{MhcParams, MhcPre, mhc_expand, mhc_expand_into, mhc_pre, mhc_pre_into};
+pub use mhc::{
+    MhcParams, MhcPre, MhcWeights, mhc_expand, mhc_expand_into, mhc_expand_pre,
+    mhc_expand_pre_into, mhc_pre, mhc_pre_into,
+};
 pub(crate) use moe::bad_expert_id;
 pub use moe::{
     check_ids, check_ids_deferred, moe_combine, moe_combine_deferred, moe_permute,

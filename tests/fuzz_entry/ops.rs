@@ -453,6 +453,22 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
             let (fo, post, comb) = (s!(b, BF16, [t, d]), s!(b, F32, [t, 4]), s!(b, F32, [t, 16]));
             let mut streams = out_like(b, &s)?;
             let _ = ops::mhc_expand_into(&s, &fo, &post, &comb, &mut streams);
+            let w = ops::MhcWeights {
+                func: &f,
+                base: &base,
+                scale: &scale,
+            };
+            let _ = ops::mhc_expand_pre_into(
+                &s,
+                &fo,
+                &post,
+                &comb,
+                w,
+                &pre,
+                params,
+                &mut streams,
+                &mut out,
+            );
         }
         33 => {
             let (t, e) = (b.pick(&[0, 1, 3, 8]), b.pick(&[1, 4, 8, 16]));

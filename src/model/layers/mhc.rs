@@ -3,11 +3,15 @@
 //! sublayer norm) and the expand of the sublayer output into the streams.
 //!
 //! Invariant: `pre` carries the lagged pre from sublayer to sublayer (one
-//! row per token, one-hot before the first sublayer).
+//! row per token, one-hot before the first sublayer). A sublayer's expand
+//! waits in [`Streams`] until the streams are next needed: by the next
+//! front half, which runs it fused ([`ops::mhc_expand_pre`], one pass over
+//! the streams on CUDA), or by anything else ([`Streams::ready`]). Either
+//! way the result is the expand's, bitwise.
 
 use super::linear::Normed;
 use crate::error::Result;
-use crate::ops::{self, MhcParams};
+use crate::ops::{self, MhcParams, MhcWeights};
 use crate::tensor::Tensor;
 
 /// The mHC parameters of one sublayer and its norm.
@@ -27,17 +31,68 @@ pub struct HcMix {
     pub comb: Tensor,
 }
 
+/// The 4-stream residual between sublayers: the streams that entered the
+/// last sublayer and, until it is run, that sublayer's expand (its output
+/// and mix).
+pub struct Streams {
+    s: Tensor,
+    pending: Option<(Tensor, HcMix)>,
+}
+
+impl Streams {
+    /// Streams with nothing pending.
+    pub fn new(s: Tensor) -> Streams {
+        Streams { s, pending: None }
+    }
+
+    /// The streams, after running a pending expand.
+    pub fn ready(&mut self) -> Result<&Tensor> {
+        if let Some((f, mix)) = self.pending.take() {
+            self.s = mix.expand(&self.s, &f)?;
+        }
+        Ok(&self.s)
+    }
+
+    /// Leaves the expand of the sublayer output `f` (BF16 `[T, D]`) with
+    /// `mix` for the next front half or [`Streams::ready`]; a pending expand
+    /// is run first.
+    pub fn expand_later(&mut self, f: Tensor, mix: HcMix) -> Result<()> {
+        self.ready()?;
+        self.pending = Some((f, mix));
+        Ok(())
+    }
+}
+
 impl Hc {
+    /// The weights as [`ops::mhc_pre`] and [`ops::mhc_expand_pre`] take them.
+    fn weights(&self) -> MhcWeights<'_> {
+        MhcWeights {
+            func: &self.func,
+            base: &self.base,
+            scale: &self.scale,
+        }
+    }
+
     /// The sublayer input `norm(collapse(streams, pre))` (BF16 `[T, D]`,
-    /// with its FP8 quantisation); `pre` becomes this sublayer's pre.
+    /// with its FP8 quantisation); `pre` becomes this sublayer's pre. A
+    /// pending expand of `streams` runs fused with this front half.
     pub fn input(
         &self,
-        streams: &Tensor,
+        streams: &mut Streams,
         pre: &mut Tensor,
         norm: &Tensor,
         params: MhcParams,
     ) -> Result<(Normed, HcMix)> {
-        let m = ops::mhc_pre(streams, &self.func, &self.base, &self.scale, pre, params)?;
+        let w = self.weights();
+        let m = match streams.pending.take() {
+            Some((f, mix)) => {
+                let (s, m) =
+                    ops::mhc_expand_pre(&streams.s, &f, &mix.post, &mix.comb, w, pre, params)?;
+                streams.s = s;
+                m
+            }
+            None => ops::mhc_pre(&streams.s, w.func, w.base, w.scale, pre, params)?,
+        };
         *pre = m.pre;
         let x = Normed::new(&m.u, norm, params.eps)?;
         Ok((
