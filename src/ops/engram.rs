@@ -27,7 +27,8 @@ use half::bf16;
 const LOOKUP: &str = "engram_lookup";
 
 /// The table rows `[T, cols]` (I64, global row numbers) of the n-gram ids
-/// `ids` I64 `[T, 4]` (the last four compressed ids, newest last, padded),
+/// `ids` I64 `[T, 4]` (the compressed ids at p, p−1, p−2, p−3: newest
+/// first, padded, as [`crate::contract::ngram_ids`] makes them),
 /// hashed with the layer's `multipliers` and reduced modulo each column's
 /// prime (`primes`, column order, each table offset by the primes before it).
 pub fn engram_rows(ids: &Tensor, multipliers: &[i64; 4], primes: &[u64]) -> Result<Tensor> {
