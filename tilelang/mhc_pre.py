@@ -335,7 +335,7 @@ def launch_info(fused: bool = False) -> dict:
     """Launch geometry of the default build (or of the fused kernel), for
     generate.py's header."""
     smem = FUSED_SMEM_BYTES if fused else SMEM_BYTES
-    what = "hc_fn step slice, staged streams%s; the [%d, 25] sums reuse the latter" % (
+    what = "hc_fn step slice, staged streams%s; the [%d, 25] sums reuse space dead by then" % (
         ", the tile's post and comb" if fused else "",
         TOK,
     )

@@ -9,7 +9,7 @@
 //   __launch_bounds__(128, 1)
 // grid: (ceil(n_vec / 16), ceil(n_tokens / 64), 1): one chunk of 128 positions and 64 tokens per CTA
 // block: (128, 1, 1)
-// dynamic_smem: 29696 bytes (hc_fn step slice, staged streams; the [64, 25] sums reuse the latter)
+// dynamic_smem: 29696 bytes (hc_fn step slice, staged streams; the [64, 25] sums reuse space dead by then)
 // alignment: streams, hc_fn, u 16 B, the rest 4 B; D % 8 == 0, T*4*D < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940

@@ -47,8 +47,9 @@ impl Streams {
 
     /// The streams, after running a pending expand.
     pub fn ready(&mut self) -> Result<&Tensor> {
-        if let Some((f, mix)) = self.pending.take() {
-            self.s = mix.expand(&self.s, &f)?;
+        if let Some((f, mix)) = &self.pending {
+            self.s = mix.expand(&self.s, f)?;
+            self.pending = None;
         }
         Ok(&self.s)
     }
@@ -84,11 +85,14 @@ impl Hc {
         params: MhcParams,
     ) -> Result<(Normed, HcMix)> {
         let w = self.weights();
-        let m = match streams.pending.take() {
+        // A pending expand is dropped only once it ran (an error leaves the
+        // streams as they were).
+        let m = match &streams.pending {
             Some((f, mix)) => {
                 let (s, m) =
-                    ops::mhc_expand_pre(&streams.s, &f, &mix.post, &mix.comb, w, pre, params)?;
+                    ops::mhc_expand_pre(&streams.s, f, &mix.post, &mix.comb, w, pre, params)?;
                 streams.s = s;
+                streams.pending = None;
                 m
             }
             None => ops::mhc_pre(&streams.s, w.func, w.base, w.scale, pre, params)?,
