@@ -717,3 +717,66 @@ fn the_engine_samples_the_same_with_and_without_cuda_graphs() {
         }
     }
 }
+
+/// Engram tables in host memory on the GPU: the engine (CUDA graphs on, so
+/// decode steps are prepared ahead with placeholder tokens and their rows
+/// gathered again once the tokens are known) samples the same tokens and
+/// log-probabilities as with the tables on the device, greedy and sampled.
+#[test]
+fn host_engram_tables_sample_like_device_tables() {
+    use deepinfer::engine::{Engine, EngineConfig, SamplingParams};
+    use deepinfer::model::layers::engram::EngramPlacement;
+    let mut rng = common::rng("cuda_engram_host_tables");
+    let seed: u64 = rng.random();
+    let tokens = if std::env::var_os("DEEPINFER_QUICK").is_some() {
+        6
+    } else {
+        24
+    };
+    let engine = |engram| {
+        let model = common::tiny::tiny_model_placed(seed, &gpu(), engram);
+        Engine::new(
+            model,
+            EngineConfig {
+                max_seqs: 2,
+                max_context: 96,
+                page_rows: 16,
+                pool_memory: Some(256 << 20),
+                cuda_graphs: true,
+                ..EngineConfig::default()
+            },
+        )
+        .unwrap()
+    };
+    let (host, device) = (
+        engine(EngramPlacement::Host),
+        engine(EngramPlacement::Device),
+    );
+    let vocab = host.model.cfg.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = (0..4)
+        .map(|_| {
+            (0..rng.random_range(3..20))
+                .map(|_| rng.random_range(0..vocab))
+                .collect()
+        })
+        .collect();
+    let params: Vec<SamplingParams> = (0..4)
+        .map(|i| SamplingParams {
+            temperature: [0.0, 0.8, 0.0, 1.2][i],
+            max_tokens: tokens,
+            seq_seed: rng.random(),
+            logprobs: true,
+            ..SamplingParams::default()
+        })
+        .collect();
+    let (a, b) = (
+        host.generate(&prompts, &params),
+        device.generate(&prompts, &params),
+    );
+    for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+        let (a, b) = (a.as_ref().unwrap(), b.as_ref().unwrap());
+        assert_eq!(a.tokens, b.tokens, "request {i}");
+        assert_eq!(a.logprobs, b.logprobs, "request {i}");
+        assert_eq!(a.tokens.len(), tokens, "request {i}");
+    }
+}

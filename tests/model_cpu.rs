@@ -158,6 +158,100 @@ fn decoding_and_chunks_match_prefill_bit_for_bit() {
     }
 }
 
+/// Engram tables in host memory (each step's host half hashes its tokens'
+/// n-grams, gathers their rows and uploads them; the device dequantises
+/// what was uploaded) give the device tables' logits bit for bit: batched
+/// prefill chunks of different lengths, then batched decode steps past the
+/// n-gram look-back's start.
+#[test]
+fn host_engram_tables_give_the_device_tables_logits() {
+    use deepinfer::model::forward::SeqInput;
+    use deepinfer::model::layers::engram::EngramPlacement;
+    use deepinfer::model::load::{WeightOptions, load_weights_with, modulo_token_map};
+    let mut rng = common::rng("engram_host_tables");
+    let (cfg, _dir, ck) = common::tiny::tiny_checkpoint(rng.random());
+    let load = |engram| {
+        let options = WeightOptions {
+            drafter: false,
+            engram,
+        };
+        let cpu = deepinfer::Device::Cpu;
+        let (w, _) = load_weights_with(&ck, &cfg, modulo_token_map(&cfg), &cpu, options).unwrap();
+        Model::new(cfg.clone(), w).unwrap()
+    };
+    let (on_device, on_host) = (load(EngramPlacement::Device), load(EngramPlacement::Host));
+    let placements = |m: &Model| -> Vec<EngramPlacement> {
+        m.weights
+            .blocks
+            .iter()
+            .filter_map(|b| b.engram.as_ref().map(|e| e.placement))
+            .collect()
+    };
+    assert!(
+        !placements(&on_device).is_empty(),
+        "the tiny config has Engram layers"
+    );
+    assert!(
+        placements(&on_host)
+            .iter()
+            .all(|&p| p == EngramPlacement::Host)
+    );
+    let vocab = cfg.vocab_size;
+    let prompts: Vec<Vec<u32>> = [23usize, 9, 40]
+        .iter()
+        .map(|&n| prompt(&mut rng, n, vocab))
+        .collect();
+    let run = |model: &Model| -> Vec<u32> {
+        let mut p = pool(model, prompts.len(), 80, 40);
+        let seqs: Vec<_> = prompts.iter().map(|_| p.add_sequence().unwrap()).collect();
+        let mut out = Vec::new();
+        // Prefill in two batched chunks, then 20 batched decode steps.
+        for (lo, hi) in [(0usize, 5usize), (5, 40)] {
+            let inputs: Vec<SeqInput> = seqs
+                .iter()
+                .zip(&prompts)
+                .filter(|(_, t)| t.len() > lo)
+                .map(|(&seq, t)| SeqInput {
+                    seq,
+                    tokens: &t[lo..hi.min(t.len())],
+                })
+                .collect();
+            out.extend(bits(&logits(
+                &model.step(&mut p, &inputs, Capture::default()).unwrap(),
+            )));
+        }
+        let next: Vec<Vec<u32>> = (0..20)
+            .map(|step| {
+                (0..seqs.len())
+                    .map(|i| ((step * 37 + i * 101) % vocab) as u32)
+                    .collect()
+            })
+            .collect();
+        for tokens in &next {
+            let inputs: Vec<SeqInput> = seqs
+                .iter()
+                .zip(tokens)
+                .map(|(&seq, t)| SeqInput {
+                    seq,
+                    tokens: std::slice::from_ref(t),
+                })
+                .collect();
+            out.extend(bits(&logits(
+                &model.step(&mut p, &inputs, Capture::default()).unwrap(),
+            )));
+        }
+        out
+    };
+    let (want, got) = (run(&on_device), run(&on_host));
+    assert_eq!(want.len(), got.len());
+    if let Some(i) = want.iter().zip(&got).position(|(a, b)| a != b) {
+        panic!(
+            "host tables differ from device tables at logit {i} (row {})",
+            i / vocab
+        );
+    }
+}
+
 #[test]
 fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
     let mut rng = common::rng("model_batch_invariance");

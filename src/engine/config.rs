@@ -21,6 +21,7 @@
 use crate::error::Error as OpError;
 use crate::model::Result;
 use crate::model::config::ModelConfig;
+use crate::model::layers::engram::EngramPlacement;
 
 /// The largest `max_context`: positions index cache rows with i32.
 pub const MAX_CONTEXT: usize = i32::MAX as usize;
@@ -72,6 +73,12 @@ pub struct EngineConfig {
     /// as the eager step). Ignored on the CPU and under speculative
     /// decoding (its steps verify several tokens a sequence).
     pub cuda_graphs: bool,
+    /// Where the Engram tables live ([`EngramPlacement`]): on the device
+    /// (default), or in host memory with each step's rows gathered by the
+    /// host and uploaded with its inputs (the same logits, bit for bit).
+    /// Read when the engine loads its model (`Engine::from_dir_on`); a
+    /// model given to `Engine::new` keeps the placement it was loaded with.
+    pub engram_tables: EngramPlacement,
 }
 
 impl Default for EngineConfig {
@@ -88,6 +95,7 @@ impl Default for EngineConfig {
             yoco_mode: YocoMode::Exact,
             yoco_keep_tokens: 140,
             cuda_graphs: true,
+            engram_tables: EngramPlacement::Device,
         }
     }
 }

@@ -41,7 +41,7 @@ pub use verify::{SpecCosts, SpecStats};
 use crate::device::Device;
 use crate::model::forward::{Capture, Model, SeqInput};
 use crate::model::pool::{PoolConfig, PoolMemory, SeqId, StatePool, step_headroom};
-use crate::model::runner::load_model_and_drafter;
+use crate::model::runner::load_model_placed;
 use crate::model::tokenizer::{TOKENIZER_FILE, Tokenizer};
 use crate::model::{Error, Result};
 use rng::Domain;
@@ -200,7 +200,7 @@ impl Engine {
             true => device.with_batch_invariant_kernels(),
             false => device.clone(),
         };
-        let (model, dspark) = load_model_and_drafter(dir, &device, check_finite)?;
+        let (model, dspark) = load_model_placed(dir, &device, check_finite, config.engram_tables)?;
         let config = EngineConfig {
             max_context: config.max_context.min(model.cfg.max_position()),
             ..config

@@ -19,6 +19,7 @@ use super::config::{LayerPlan, ModelConfig, ScoreFunc};
 use super::inputs::Input;
 use super::layers::Block;
 use super::layers::attention::AttentionStep;
+use super::layers::engram::{EngramPlacement, StagedRows};
 use super::layers::linear::Bf16Linear;
 use super::layers::mhc::Streams;
 pub use super::layers::moe::MoeLayout;
@@ -510,10 +511,16 @@ impl Model {
                     .collect()
             })
             .collect();
-        let ngrams = if map.is_empty() {
-            None
+        let (ngrams, engram_rows) = if map.is_empty() {
+            (None, Vec::new())
         } else {
-            Some(self.ngram_ids(pool, &b, &compressed)?)
+            let values = self.ngram_values(pool, &b, &compressed)?;
+            let staged = self.stage_engram_rows(pool, &values, None)?;
+            let n = values.len() / 4;
+            (
+                Some(pool.inputs().upload(values, &[n, 4], &device)?),
+                staged,
+            )
         };
         let one_hot: Vec<f32> = (0..t).flat_map(|_| ONE_HOT_PRE).collect();
         let first_pre = pool.inputs().upload(one_hot, &[t, HC_STREAMS], &device)?;
@@ -522,6 +529,7 @@ impl Model {
             b,
             ids,
             ngrams,
+            engram_rows,
             first_pre,
             layers,
             tails,
@@ -578,9 +586,18 @@ impl Model {
                 // The last sublayer's expand, charged to the mHC part.
                 let s = streams.ready()?;
                 marks.mark("mhc")?;
+                let staged = p
+                    .engram_rows
+                    .iter()
+                    .find(|r| r.layer == plan.layer)
+                    .map(|r| StagedRows {
+                        rows: &r.rows,
+                        index: &r.index,
+                    });
                 streams = Streams::new(e.forward(
                     s,
                     ng,
+                    staged,
                     crate::numerics::round_f32(cfg.norm_eps),
                     checks,
                 )?);
@@ -687,20 +704,66 @@ impl Model {
         Ok((steps, tails))
     }
 
-    /// Each token's four n-gram ids (newest first) from its sequence's
-    /// history and the step's own earlier tokens: I64 `[T, 4]`.
-    fn ngram_ids(
+    /// The rows every host-table Engram layer reads for the n-gram ids
+    /// `values` (I64 `[T, 4]`, row after row): gathered from its table on
+    /// the host and uploaded through the step arena with their index, or,
+    /// given the step's earlier ones (`restage`: its tokens changed),
+    /// gathered again into the same tensors. Empty when every table is on
+    /// the device.
+    fn stage_engram_rows(
         &self,
         pool: &StatePool,
-        b: &Batch,
-        compressed: &[Vec<Option<i64>>],
-    ) -> Result<Input> {
-        let out = self.ngram_values(pool, b, compressed)?;
-        let t = out.len() / 4;
-        Ok(pool.inputs().upload(out, &[t, 4], &self.device())?)
+        values: &[i64],
+        restage: Option<&mut Vec<HostRows>>,
+    ) -> Result<Vec<HostRows>> {
+        let host: Vec<(usize, &super::layers::engram::Engram)> = self
+            .plans
+            .iter()
+            .zip(&self.weights.blocks)
+            .filter_map(|(plan, block)| {
+                block
+                    .engram
+                    .as_ref()
+                    .filter(|e| e.placement == EngramPlacement::Host)
+                    .map(|e| (plan.layer, e))
+            })
+            .collect();
+        if host.is_empty() {
+            return Ok(Vec::new());
+        }
+        let t = values.len() / 4;
+        let ids = Tensor::from_vec(values.to_vec(), &[t, 4])?;
+        let gathered = host
+            .iter()
+            .map(|&(layer, e)| Ok((layer, e.primes.len(), e.gather_host(&ids)?)))
+            .collect::<Result<Vec<_>>>()?;
+        if let Some(staged) = restage {
+            for (s, (_, _, rows)) in staged.iter_mut().zip(gathered) {
+                s.rows.rewrite(rows.as_slice::<u8>()?)?;
+            }
+            return Ok(Vec::new());
+        }
+        let device = self.device();
+        gathered
+            .into_iter()
+            .map(|(layer, cols, rows)| {
+                let shape = rows.shape().to_vec();
+                let n = t * cols;
+                let index: Vec<i64> = (0..n as i64).collect();
+                Ok(HostRows {
+                    layer,
+                    rows: pool
+                        .inputs()
+                        .upload(rows.to_vec::<u8>()?, &shape, &device)?,
+                    index: pool.inputs().upload(index, &[t, cols], &device)?,
+                })
+            })
+            .collect()
     }
 
-    /// The values of [`Model::ngram_ids`], row after row.
+    /// Each token's four n-gram ids (newest first) from its sequence's
+    /// history and the step's own earlier tokens: I64 `[T, 4]`, row after
+    /// row.
     fn ngram_values(
         &self,
         pool: &StatePool,
@@ -768,6 +831,9 @@ impl Model {
         p.ids.rewrite(&ids)?;
         if let (Some(n), Some(v)) = (&mut p.ngrams, ngrams) {
             n.rewrite(&v)?;
+            // A host table's rows follow the new n-grams: gathered again
+            // into the same tensors.
+            self.stage_engram_rows(pool, &v, Some(&mut p.engram_rows))?;
         }
         p.compressed = compressed;
         Ok(())
@@ -793,6 +859,8 @@ pub(super) struct PreparedStep {
     ids: Input,
     /// I64 `[T, 4]` Engram n-gram ids (a model with Engram).
     ngrams: Option<Input>,
+    /// The rows each host-table Engram layer gathered for the step.
+    engram_rows: Vec<HostRows>,
     /// F32 `[T, 4]`: the one-hot first pre.
     first_pre: Input,
     /// Per layer, its host half (`None`: no entry left at that layer).
@@ -801,6 +869,16 @@ pub(super) struct PreparedStep {
     tails: Option<Tails>,
     /// Per entry, its tokens' Engram compressed ids (for the history).
     compressed: Vec<Vec<Option<i64>>>,
+}
+
+/// The rows a host-table Engram layer gathered for a step
+/// ([`Model::stage_engram_rows`]).
+struct HostRows {
+    layer: usize,
+    /// U8 `[T · cols, row bytes]`.
+    rows: Input,
+    /// I64 `[T, cols]`: 0 .. T · cols.
+    index: Input,
 }
 
 /// What advances the pool past a step ([`Model::finish_step`]): its

@@ -30,7 +30,7 @@ use super::dspark::DsparkWeights;
 use super::forward::ModelWeights;
 use super::layers::Block;
 use super::layers::attention::{Attention, Compressor, IndexKeys, Indexer};
-use super::layers::engram::Engram;
+use super::layers::engram::{Engram, EngramPlacement};
 use super::layers::linear::{Bf16Linear, Fp4Experts, Fp8Linear};
 use super::layers::mhc::Hc;
 use super::layers::moe::{Moe, SharedExpert};
@@ -42,10 +42,12 @@ use crate::numpy_rng::engram_multipliers;
 use crate::ops;
 use crate::tensor::Tensor;
 
-/// The tensor source and the device its weights are loaded onto.
+/// The tensor source, the device its weights are loaded onto and where the
+/// Engram tables go.
 struct Src<'a, S> {
     ck: &'a S,
     dev: &'a Device,
+    engram: EngramPlacement,
 }
 
 impl<S> Clone for Src<'_, S> {
@@ -358,13 +360,22 @@ fn engram<S: TensorSource>(
 ) -> Result<Engram> {
     let (d, e) = (cfg.hidden_size, &cfg.engram);
     // Rows of the table: the 256 e4m3 values, then their 8 E8M0 scales
-    // (`kv_format`-style bytes), joined on the weights' device.
+    // (`kv_format`-style bytes), joined on the weights' device, or on the
+    // host for host tables.
+    let cpu = Device::Cpu;
+    let tab = Src {
+        dev: match src.engram {
+            EngramPlacement::Device => src.dev,
+            EngramPlacement::Host => &cpu,
+        },
+        ..src
+    };
     let per_row = e.head_dim / MX_BLOCK;
     let name = format!("{p}.engram.embed.weight");
-    let values = src.stored(&name)?;
+    let values = tab.stored(&name)?;
     let n_rows = values.numel() / e.head_dim.max(1);
     let values = values.reshape(&[n_rows, e.head_dim])?.into_bytes()?;
-    let scales = src
+    let scales = tab
         .raw(&format!("{p}.engram.embed.scale"), &[n_rows, per_row])?
         .into_bytes()?;
     let rows = ops::cat_cols(&[&values, &scales])?;
@@ -373,6 +384,7 @@ fn engram<S: TensorSource>(
     let streams = cfg.mhc.mult;
     Ok(Engram {
         table: rows,
+        placement: src.engram,
         wkv: fp8(
             src,
             &format!("{p}.engram.wkv"),
@@ -449,14 +461,39 @@ pub fn load_weights_from<S: TensorSource>(
     device: &Device,
     drafter: bool,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
+    let options = WeightOptions {
+        drafter,
+        ..WeightOptions::default()
+    };
+    load_weights_with(source, cfg, token_map, device, options)
+}
+
+/// What [`load_weights_with`] loads beside the backbone, and where.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WeightOptions {
+    /// The DSpark drafter, when the config has stages.
+    pub drafter: bool,
+    /// Where the Engram tables go (the rest of the weights go to the device).
+    pub engram: EngramPlacement,
+}
+
+/// [`load_weights_from`] with every option.
+pub fn load_weights_with<S: TensorSource>(
+    source: &S,
+    cfg: &ModelConfig,
+    token_map: Vec<i64>,
+    device: &Device,
+    options: WeightOptions,
+) -> Result<(ModelWeights, Option<DsparkWeights>)> {
     let loaded = load_all(
         Src {
             ck: source,
             dev: device,
+            engram: options.engram,
         },
         cfg,
         token_map,
-        drafter,
+        options.drafter,
     );
     source.release_all();
     loaded
@@ -473,8 +510,22 @@ pub fn random_weights_on(
     device: &Device,
     drafter: bool,
 ) -> Result<(ModelWeights, Option<DsparkWeights>)> {
+    let options = WeightOptions {
+        drafter,
+        ..WeightOptions::default()
+    };
+    random_weights_with(cfg, seed, device, options)
+}
+
+/// [`random_weights_on`] with every option.
+pub fn random_weights_with(
+    cfg: &ModelConfig,
+    seed: u64,
+    device: &Device,
+    options: WeightOptions,
+) -> Result<(ModelWeights, Option<DsparkWeights>)> {
     let source = RandomWeights::new(cfg, seed)?;
-    load_weights_from(&source, cfg, modulo_token_map(cfg), device, drafter)
+    load_weights_with(&source, cfg, modulo_token_map(cfg), device, options)
 }
 
 fn load_all<S: TensorSource>(

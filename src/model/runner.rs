@@ -13,7 +13,8 @@ use super::config::ModelConfig;
 use super::dspark::DsparkWeights;
 use super::engram_map;
 use super::forward::Model;
-use super::load::{load_weights_on, modulo_token_map};
+use super::layers::engram::EngramPlacement;
+use super::load::{WeightOptions, load_weights_with, modulo_token_map};
 use super::pool::{PoolConfig, StatePool};
 use super::tokenizer::{TOKENIZER_FILE, TokenizerError};
 use crate::device::Device;
@@ -128,6 +129,17 @@ pub fn load_model_and_drafter(
     device: &Device,
     check_finite: bool,
 ) -> Result<(Model, Option<DsparkWeights>)> {
+    load_model_placed(dir, device, check_finite, EngramPlacement::Device)
+}
+
+/// [`load_model_and_drafter`] with the Engram tables where `engram` says
+/// (on the host they take no device memory).
+pub fn load_model_placed(
+    dir: &Path,
+    device: &Device,
+    check_finite: bool,
+    engram: EngramPlacement,
+) -> Result<(Model, Option<DsparkWeights>)> {
     let cfg = ModelConfig::from_dir(dir)?;
     let options = LoadOptions {
         check_finite,
@@ -135,7 +147,11 @@ pub fn load_model_and_drafter(
     };
     let map = engram_map::load_or_build(dir, &cfg)?;
     let ck = Checkpoint::load(dir, &cfg, &options)?;
-    let (weights, dspark) = load_weights_on(&ck, &cfg, map, device)?;
+    let weights = WeightOptions {
+        drafter: true,
+        engram,
+    };
+    let (weights, dspark) = load_weights_with(&ck, &cfg, map, device, weights)?;
     Ok((Model::new(cfg, weights)?, dspark))
 }
 

@@ -37,6 +37,24 @@ pub fn tiny_model_on(seed: u64, device: &Device) -> (Model, Option<DsparkWeights
     (Model::new(cfg, weights).unwrap(), dspark)
 }
 
+/// [`tiny_model_on`] with the Engram tables where `engram` says.
+#[allow(dead_code, reason = "only some test binaries place the Engram tables")]
+pub fn tiny_model_placed(
+    seed: u64,
+    device: &Device,
+    engram: deepinfer::model::layers::engram::EngramPlacement,
+) -> Model {
+    use deepinfer::model::load::{WeightOptions, load_weights_with};
+    let (cfg, _dir, ck) = tiny_checkpoint(seed);
+    let options = WeightOptions {
+        drafter: false,
+        engram,
+    };
+    let (weights, _) =
+        load_weights_with(&ck, &cfg, modulo_token_map(&cfg), device, options).unwrap();
+    Model::new(cfg, weights).unwrap()
+}
+
 /// The tiny model with weights generated from `seed`, on the CPU.
 pub fn tiny_model(seed: u64) -> (Model, Option<DsparkWeights>) {
     tiny_model_on(seed, &Device::Cpu)

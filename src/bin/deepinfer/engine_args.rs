@@ -5,6 +5,7 @@ use clap::Args;
 use deepinfer::engine::config::{parse_count, parse_flag, parse_yoco_mode};
 use deepinfer::engine::{Engine, EngineConfig, MAX_CONTEXT};
 use deepinfer::model::Result;
+use deepinfer::model::layers::engram::EngramPlacement;
 use deepinfer::model::runner::{DefaultModel, ensure_default_model, resolve_model};
 use std::path::PathBuf;
 
@@ -63,6 +64,16 @@ pub struct EngineArgs {
     /// default 1; the same logits bit for bit).
     #[arg(long, value_name = "0|1")]
     pub cuda_graphs: Option<String>,
+    /// Where the Engram tables live: on the device, or in host memory with
+    /// each step's rows gathered by the host (default: device).
+    #[arg(long, value_enum, value_name = "device|host")]
+    pub engram_tables: Option<EngramTables>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngramTables {
+    Device,
+    Host,
 }
 
 impl EngineArgs {
@@ -104,6 +115,12 @@ impl EngineArgs {
         }
         if let Some(v) = &self.cuda_graphs {
             c.cuda_graphs = parse_flag("--cuda-graphs", v)?;
+        }
+        if let Some(t) = self.engram_tables {
+            c.engram_tables = match t {
+                EngramTables::Device => EngramPlacement::Device,
+                EngramTables::Host => EngramPlacement::Host,
+            };
         }
         Ok(c)
     }

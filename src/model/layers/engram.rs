@@ -4,18 +4,37 @@
 //! gate each stream's update.
 //!
 //! Invariant: a token's n-gram ids depend only on its own sequence's last
-//! four compressed ids, so the update is batch-independent.
+//! four compressed ids, so the update is batch-independent. Where the table
+//! lives changes where its rows are gathered, not their bytes: both
+//! placements dequantise the same rows with the same op.
 
 use super::linear::Fp8Linear;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::ops;
 use crate::tensor::Tensor;
+
+/// Where an Engram layer's table lives (`v41-flash.md` §8.5: a table is
+/// about 101 GB at V4.1's size, and its row addresses depend only on token
+/// ids, so the rows can be fetched before the device needs them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngramPlacement {
+    /// On the weights' device: the lookup gathers the rows there.
+    #[default]
+    Device,
+    /// In host memory: each step's host half hashes its tokens' n-grams,
+    /// gathers their rows ([`Engram::gather_host`]) and uploads them with
+    /// the step's inputs; the device dequantises what was uploaded. The
+    /// table takes no device memory.
+    Host,
+}
 
 /// An Engram layer's table and projections.
 #[derive(Clone, Debug)]
 pub struct Engram {
-    /// U8 `[rows, head_dim + head_dim/32]`: e4m3 values then E8M0 scales.
+    /// U8 `[rows, head_dim + head_dim/32]`: e4m3 values then E8M0 scales;
+    /// on the host for [`EngramPlacement::Host`].
     pub table: Tensor,
+    pub placement: EngramPlacement,
     /// `[(streams + 1) · D, columns · head_dim]`.
     pub wkv: Fp8Linear,
     /// BF16 `[streams, D]` each.
@@ -27,19 +46,67 @@ pub struct Engram {
     pub head_dim: usize,
 }
 
+/// The rows a [`EngramPlacement::Host`] layer gathered for a step, on the
+/// step's device: `rows` U8 `[T · cols, row bytes]` (token-major, columns in
+/// order) and `index` I64 `[T, cols]` = 0 .. T · cols, the lookup of
+/// `rows` that reads them back in place.
+pub struct StagedRows<'a> {
+    pub rows: &'a Tensor,
+    pub index: &'a Tensor,
+}
+
 impl Engram {
+    /// The host half of a [`EngramPlacement::Host`] layer: the table rows
+    /// of `ngram_ids` (I64 `[T, 4]` on the host, newest first; hashed by
+    /// [`ops::engram_rows`]) gathered from the host table: U8
+    /// `[T · cols, row bytes]` on the host, token-major.
+    pub fn gather_host(&self, ngram_ids: &Tensor) -> Result<Tensor> {
+        let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
+        let rows = rows
+            .as_slice::<i64>()?
+            .iter()
+            .map(|&r| {
+                usize::try_from(r).map_err(|_| Error::Argument {
+                    op: "Engram::gather_host",
+                    arg: "rows",
+                    value: r.to_string(),
+                    why: "a negative table row",
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        ops::gather_rows(&self.table, &rows)
+    }
+
     /// Updates the streams BF16 `[T, 4, D]` from the tokens' n-gram ids
-    /// I64 `[T, 4]` (newest first). The table rows come from `engram_rows`
-    /// (in range by construction); their device check is left in `checks`.
+    /// I64 `[T, 4]` (newest first). A [`EngramPlacement::Device`] table's
+    /// rows come from `engram_rows` (in range by construction), a host
+    /// table's from `staged` (what the host half gathered); the lookup's
+    /// device check is left in `checks`.
     pub fn forward(
         &self,
         streams: &Tensor,
         ngram_ids: &Tensor,
+        staged: Option<StagedRows<'_>>,
         eps: f32,
         checks: &mut ops::DeviceChecks,
     ) -> Result<Tensor> {
-        let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
-        let lookups = ops::engram_lookup_deferred(&self.table, &rows, self.head_dim, checks)?;
+        let lookups = match (self.placement, staged) {
+            (EngramPlacement::Device, None) => {
+                let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
+                ops::engram_lookup_deferred(&self.table, &rows, self.head_dim, checks)?
+            }
+            (EngramPlacement::Host, Some(s)) => {
+                ops::engram_lookup_deferred(s.rows, s.index, self.head_dim, checks)?
+            }
+            (placement, staged) => {
+                return Err(Error::Argument {
+                    op: "Engram::forward",
+                    arg: "staged",
+                    value: format!("{} for a {placement:?} table", staged.is_some()),
+                    why: "a host table's rows come staged from the step's host half; a device table's are gathered on the device",
+                });
+            }
+        };
         let &[t, c, d] = streams.shape() else {
             return Err(crate::ops::shape_error(
                 "Engram::forward",
