@@ -743,6 +743,7 @@ fn host_engram_tables_sample_like_device_tables() {
                 page_rows: 16,
                 pool_memory: Some(256 << 20),
                 cuda_graphs: true,
+                engram_tables: engram,
                 ..EngineConfig::default()
             },
         )

@@ -250,6 +250,12 @@ fn host_engram_tables_give_the_device_tables_logits() {
             i / vocab
         );
     }
+    // An engine whose config names another placement than its model's
+    // tables is refused, naming the switch.
+    let refused = deepinfer::engine::Engine::new(on_host, Default::default())
+        .err()
+        .expect("a host-table model under a device-table config");
+    assert!(refused.to_string().contains("engram_tables"), "{refused}");
 }
 
 #[test]

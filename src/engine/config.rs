@@ -76,8 +76,8 @@ pub struct EngineConfig {
     /// Where the Engram tables live ([`EngramPlacement`]): on the device
     /// (default), or in host memory with each step's rows gathered by the
     /// host and uploaded with its inputs (the same logits, bit for bit).
-    /// Read when the engine loads its model (`Engine::from_dir_on`); a
-    /// model given to `Engine::new` keeps the placement it was loaded with.
+    /// `Engine::from_dir_on` loads the model so; `Engine::new` refuses a
+    /// model whose tables are placed otherwise.
     pub engram_tables: EngramPlacement,
 }
 

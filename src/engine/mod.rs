@@ -126,6 +126,22 @@ impl Engine {
                 "load the model on Device::with_batch_invariant_kernels (Engine::from_dir_on does)",
             ));
         }
+        if let Some(e) = model
+            .weights
+            .blocks
+            .iter()
+            .filter_map(|b| b.engram.as_ref())
+            .find(|e| e.placement != config.engram_tables)
+        {
+            return Err(arg(
+                "engram_tables",
+                format!(
+                    "{:?} with a model whose Engram tables are {:?}",
+                    config.engram_tables, e.placement
+                ),
+                "load the model with the placement the config names (Engine::from_dir_on does)",
+            ));
+        }
         Ok(Engine {
             model,
             config,

@@ -515,7 +515,7 @@ impl Model {
             (None, Vec::new())
         } else {
             let values = self.ngram_values(pool, &b, &compressed)?;
-            let staged = self.stage_engram_rows(pool, &values, None)?;
+            let staged = self.stage_engram_rows(pool, &values)?;
             let n = values.len() / 4;
             (
                 Some(pool.inputs().upload(values, &[n, 4], &device)?),
@@ -705,17 +705,9 @@ impl Model {
     }
 
     /// The rows every host-table Engram layer reads for the n-gram ids
-    /// `values` (I64 `[T, 4]`, row after row): gathered from its table on
-    /// the host and uploaded through the step arena with their index, or,
-    /// given the step's earlier ones (`restage`: its tokens changed),
-    /// gathered again into the same tensors. Empty when every table is on
-    /// the device.
-    fn stage_engram_rows(
-        &self,
-        pool: &StatePool,
-        values: &[i64],
-        restage: Option<&mut Vec<HostRows>>,
-    ) -> Result<Vec<HostRows>> {
+    /// `values` (I64 `[T, 4]`, row after row), gathered from its table on
+    /// the host, in layer order. Empty when every table is on the device.
+    fn gather_engram_rows(&self, values: &[i64]) -> Result<Vec<GatheredRows>> {
         let host: Vec<(usize, &super::layers::engram::Engram)> = self
             .plans
             .iter()
@@ -731,31 +723,35 @@ impl Model {
         if host.is_empty() {
             return Ok(Vec::new());
         }
+        let ids = Tensor::from_vec(values.to_vec(), &[values.len() / 4, 4])?;
+        host.iter()
+            .map(|&(layer, e)| {
+                Ok(GatheredRows {
+                    layer,
+                    cols: e.primes.len(),
+                    row_bytes: e.table.shape().get(1).copied().unwrap_or(0),
+                    rows: e.gather_host(&ids)?,
+                })
+            })
+            .collect()
+    }
+
+    /// [`Model::gather_engram_rows`] uploaded through the step arena, each
+    /// layer's rows with their index (0 .. T · columns, the lookup that reads
+    /// them back in place).
+    fn stage_engram_rows(&self, pool: &StatePool, values: &[i64]) -> Result<Vec<HostRows>> {
         let t = values.len() / 4;
-        let ids = Tensor::from_vec(values.to_vec(), &[t, 4])?;
-        let gathered = host
-            .iter()
-            .map(|&(layer, e)| Ok((layer, e.primes.len(), e.gather_host(&ids)?)))
-            .collect::<Result<Vec<_>>>()?;
-        if let Some(staged) = restage {
-            for (s, (_, _, rows)) in staged.iter_mut().zip(gathered) {
-                s.rows.rewrite(rows.as_slice::<u8>()?)?;
-            }
-            return Ok(Vec::new());
-        }
         let device = self.device();
-        gathered
+        self.gather_engram_rows(values)?
             .into_iter()
-            .map(|(layer, cols, rows)| {
-                let shape = rows.shape().to_vec();
-                let n = t * cols;
+            .map(|g| {
+                let n = t * g.cols;
+                // n counts the rows just gathered: far below 2^63.
                 let index: Vec<i64> = (0..n as i64).collect();
                 Ok(HostRows {
-                    layer,
-                    rows: pool
-                        .inputs()
-                        .upload(rows.to_vec::<u8>()?, &shape, &device)?,
-                    index: pool.inputs().upload(index, &[t, cols], &device)?,
+                    layer: g.layer,
+                    rows: pool.inputs().upload(g.rows, &[n, g.row_bytes], &device)?,
+                    index: pool.inputs().upload(index, &[t, g.cols], &device)?,
                 })
             })
             .collect()
@@ -827,13 +823,32 @@ impl Model {
             Some(_) => Some(self.ngram_values(pool, &p.b, &compressed)?),
             None => None,
         };
+        // A host table's rows follow the new n-grams: gathered (and checked
+        // against the step's) before anything is rewritten, so an error
+        // leaves the prepared step as it was.
+        let rows = match &ngrams {
+            Some(v) => self.gather_engram_rows(v)?,
+            None => Vec::new(),
+        };
+        if rows.len() != p.engram_rows.len()
+            || rows
+                .iter()
+                .zip(&p.engram_rows)
+                .any(|(g, s)| g.layer != s.layer)
+        {
+            return Err(invalid(
+                "p",
+                format!("{} staged Engram layers", p.engram_rows.len()),
+                "a prepared step stages the rows of the model's host-table Engram layers",
+            ));
+        }
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         p.ids.rewrite(&ids)?;
         if let (Some(n), Some(v)) = (&mut p.ngrams, ngrams) {
             n.rewrite(&v)?;
-            // A host table's rows follow the new n-grams: gathered again
-            // into the same tensors.
-            self.stage_engram_rows(pool, &v, Some(&mut p.engram_rows))?;
+        }
+        for (s, g) in p.engram_rows.iter_mut().zip(rows) {
+            s.rows.rewrite(&g.rows)?;
         }
         p.compressed = compressed;
         Ok(())
@@ -869,6 +884,16 @@ pub(super) struct PreparedStep {
     tails: Option<Tails>,
     /// Per entry, its tokens' Engram compressed ids (for the history).
     compressed: Vec<Vec<Option<i64>>>,
+}
+
+/// One host-table Engram layer's rows for a step, on the host
+/// ([`Model::gather_engram_rows`]): `rows` holds `T · cols` rows of
+/// `row_bytes`, token-major.
+struct GatheredRows {
+    layer: usize,
+    cols: usize,
+    row_bytes: usize,
+    rows: Vec<u8>,
 }
 
 /// The rows a host-table Engram layer gathered for a step
@@ -962,4 +987,70 @@ fn entry_lists(lists: Option<&Tensor>, b: &Batch) -> Result<Vec<Tensor>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::layers::engram::EngramPlacement;
+    use crate::model::load::{WeightOptions, random_weights_with};
+    use crate::model::pool::PoolConfig;
+
+    /// A decode step prepared with placeholder tokens and then given its
+    /// real tokens (`set_step_tokens`, as the pipelined engine does on a
+    /// GPU) gives the logits of the step prepared with them, bit for bit,
+    /// with the Engram tables on the host (their rows gathered again) and
+    /// on the device.
+    #[test]
+    fn set_step_tokens_gathers_host_engram_rows_again() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny");
+        let cfg = ModelConfig::from_dir(&dir).unwrap();
+        for engram in [EngramPlacement::Host, EngramPlacement::Device] {
+            let options = WeightOptions {
+                drafter: false,
+                engram,
+            };
+            let (w, _) = random_weights_with(&cfg, 7, &Device::Cpu, options).unwrap();
+            let model = Model::new(cfg.clone(), w).unwrap();
+            let staged = model
+                .weights
+                .blocks
+                .iter()
+                .filter(|b| b.engram.as_ref().is_some_and(|e| e.placement == engram))
+                .count();
+            assert!(staged > 0, "the tiny config has Engram layers");
+            let run = |placeholder: bool| -> Vec<u32> {
+                let pc = PoolConfig::fitting(&model.cfg, 2, 32, 16, 4).unwrap();
+                let mut pool = StatePool::new(&model.cfg, &Device::Cpu, pc).unwrap();
+                let seqs = [pool.add_sequence().unwrap(), pool.add_sequence().unwrap()];
+                let prompts: [&[u32]; 2] = [&[5, 9, 13, 2, 7], &[11, 3, 8]];
+                let inputs: Vec<SeqInput> = seqs
+                    .iter()
+                    .zip(prompts)
+                    .map(|(&seq, tokens)| SeqInput { seq, tokens })
+                    .collect();
+                model.step(&mut pool, &inputs, Capture::default()).unwrap();
+                let real = [17u32, 23];
+                let first: &[u32] = if placeholder { &[1, 1] } else { &real };
+                let inputs: Vec<SeqInput> = seqs
+                    .iter()
+                    .zip(first)
+                    .map(|(&seq, t)| SeqInput {
+                        seq,
+                        tokens: std::slice::from_ref(t),
+                    })
+                    .collect();
+                let mut p = model.prepare_step(&mut pool, &inputs, &[]).unwrap();
+                if placeholder {
+                    model.set_step_tokens(&pool, &mut p, &real).unwrap();
+                }
+                let out = model
+                    .run_prepared(&mut pool, &p, Capture::default())
+                    .unwrap();
+                let logits = out.logits.to_vec::<f32>().unwrap();
+                logits.iter().map(|x| x.to_bits()).collect()
+            };
+            assert!(run(true) == run(false), "{engram:?} tables");
+        }
+    }
 }

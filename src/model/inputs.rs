@@ -1,7 +1,8 @@
 //! Static per-step inputs (issue 11, `docs/graph-decode.md`): every host
 //! vector a step uploads (token ids, positions and owners, ring slots, the
 //! rings' block tables, every table's bounds and sequence slots, compressor
-//! members, visible counts, Engram n-gram ids) goes through one arena, in
+//! members, visible counts, Engram n-gram ids and the rows of host Engram
+//! tables with their index) goes through one arena, in
 //! the order the step makes them. The sources' block tables stay on the
 //! device (`pool::tables`) and enter the step's signature by
 //! [`StepInputs::note`].

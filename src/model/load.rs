@@ -351,6 +351,59 @@ fn gate_up(g: Tensor, u: Tensor, unit: usize) -> Result<Tensor> {
     Ok(ops::cat_cols(&[&g, &u])?.reshape(&shape)?)
 }
 
+/// A host Engram table U8 `[rows, head_dim + head_dim/32]` joined straight
+/// from the stored values `[rows, head_dim]` and scales `[rows,
+/// head_dim/32]` (one byte each), read in place: the host holds one copy of
+/// the table (about 101 GB at V4.1's size), not the parts and the join.
+fn host_table<S: TensorSource>(
+    src: Src<S>,
+    values: &str,
+    scales: &str,
+    head_dim: usize,
+) -> Result<Tensor> {
+    let per_row = head_dim / MX_BLOCK;
+    if per_row == 0 || !head_dim.is_multiple_of(MX_BLOCK) {
+        return Err(Error::Op(crate::Error::Argument {
+            op: "load engram table",
+            arg: "engram_head_dim",
+            value: head_dim.to_string(),
+            why: "a positive multiple of 32 (one E8M0 scale per 32 values)",
+        }));
+    }
+    let rb = head_dim + per_row;
+    let (n, joined) = src.ck.read(values, |v| {
+        src.ck.read(scales, |s| {
+            let (vb, sb) = (v.bytes(), s.bytes());
+            let n = vb.len() / head_dim.max(1);
+            if vb.len() != n * head_dim || sb.len() != n * per_row {
+                return Err(Error::Op(crate::Error::Shape {
+                    op: "load engram table",
+                    tensor: "engram.embed.scale",
+                    got: s.shape().to_vec(),
+                    expected: format!("[{n}, {per_row}] (one scale per 32 of the values' rows)"),
+                }));
+            }
+            let mut out = Vec::new();
+            out.try_reserve_exact(n.saturating_mul(rb)).map_err(|_| {
+                Error::Op(crate::Error::Argument {
+                    op: "load engram table",
+                    arg: "engram_tables",
+                    value: format!("host, {} bytes", n.saturating_mul(rb)),
+                    why: "the host could not hold the Engram table",
+                })
+            })?;
+            for (vr, sr) in vb.chunks_exact(head_dim).zip(sb.chunks_exact(per_row)) {
+                out.extend_from_slice(vr);
+                out.extend_from_slice(sr);
+            }
+            Ok((n, out))
+        })
+    })?;
+    src.ck.release(values);
+    src.ck.release(scales);
+    Ok(Tensor::from_vec(joined, &[n, rb])?)
+}
+
 fn engram<S: TensorSource>(
     src: Src<S>,
     cfg: &ModelConfig,
@@ -362,24 +415,21 @@ fn engram<S: TensorSource>(
     // Rows of the table: the 256 e4m3 values, then their 8 E8M0 scales
     // (`kv_format`-style bytes), joined on the weights' device, or on the
     // host for host tables.
-    let cpu = Device::Cpu;
-    let tab = Src {
-        dev: match src.engram {
-            EngramPlacement::Device => src.dev,
-            EngramPlacement::Host => &cpu,
-        },
-        ..src
-    };
     let per_row = e.head_dim / MX_BLOCK;
-    let name = format!("{p}.engram.embed.weight");
-    let values = tab.stored(&name)?;
-    let n_rows = values.numel() / e.head_dim.max(1);
-    let values = values.reshape(&[n_rows, e.head_dim])?.into_bytes()?;
-    let scales = tab
-        .raw(&format!("{p}.engram.embed.scale"), &[n_rows, per_row])?
-        .into_bytes()?;
-    let rows = ops::cat_cols(&[&values, &scales])?;
-    drop((values, scales));
+    let (values, scales) = (
+        format!("{p}.engram.embed.weight"),
+        format!("{p}.engram.embed.scale"),
+    );
+    let rows = match src.engram {
+        EngramPlacement::Host => host_table(src, &values, &scales, e.head_dim)?,
+        EngramPlacement::Device => {
+            let values = src.stored(&values)?;
+            let n_rows = values.numel() / e.head_dim.max(1);
+            let values = values.reshape(&[n_rows, e.head_dim])?.into_bytes()?;
+            let scales = src.raw(&scales, &[n_rows, per_row])?.into_bytes()?;
+            ops::cat_cols(&[&values, &scales])?
+        }
+    };
     let primes = e.table_primes()?.swap_remove(table);
     let streams = cfg.mhc.mult;
     Ok(Engram {

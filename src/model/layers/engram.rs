@@ -58,23 +58,64 @@ pub struct StagedRows<'a> {
 impl Engram {
     /// The host half of a [`EngramPlacement::Host`] layer: the table rows
     /// of `ngram_ids` (I64 `[T, 4]` on the host, newest first; hashed by
-    /// [`ops::engram_rows`]) gathered from the host table: U8
-    /// `[T · cols, row bytes]` on the host, token-major.
-    pub fn gather_host(&self, ngram_ids: &Tensor) -> Result<Tensor> {
+    /// [`ops::engram_rows`]) copied from the host table: `T · cols` rows of
+    /// the table's row bytes, token-major, columns in order. Large steps
+    /// copy on several threads (the copies are independent).
+    pub fn gather_host(&self, ngram_ids: &Tensor) -> Result<Vec<u8>> {
+        const OP: &str = "Engram::gather_host";
         let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
-        let rows = rows
-            .as_slice::<i64>()?
+        let rows = rows.as_slice::<i64>()?;
+        let table = self.table.as_slice::<u8>()?;
+        let rb = self.table.shape().get(1).copied().unwrap_or(0);
+        let bad = |r: i64| Error::Argument {
+            op: OP,
+            arg: "rows",
+            value: r.to_string(),
+            why: "table row outside the host table",
+        };
+        // Every row's bytes, checked before anything is copied.
+        let spans = rows
             .iter()
             .map(|&r| {
-                usize::try_from(r).map_err(|_| Error::Argument {
-                    op: "Engram::gather_host",
-                    arg: "rows",
-                    value: r.to_string(),
-                    why: "a negative table row",
-                })
+                usize::try_from(r)
+                    .ok()
+                    .and_then(|r| r.checked_mul(rb))
+                    .filter(|&at| at.checked_add(rb).is_some_and(|end| end <= table.len()))
+                    .ok_or_else(|| bad(r))
             })
             .collect::<Result<Vec<usize>>>()?;
-        ops::gather_rows(&self.table, &rows)
+        let mut out = Vec::new();
+        out.try_reserve_exact(spans.len().saturating_mul(rb))
+            .map_err(|_| Error::Argument {
+                op: OP,
+                arg: "ngram_ids",
+                value: format!("{} rows of {rb} bytes", spans.len()),
+                why: "the host could not hold the gathered rows",
+            })?;
+        out.resize(spans.len() * rb, 0);
+        let copy = |dst: &mut [u8], spans: &[usize]| {
+            for (d, &at) in dst.chunks_exact_mut(rb.max(1)).zip(spans) {
+                if let Some(src) = table.get(at..at + rb) {
+                    d.copy_from_slice(src);
+                }
+            }
+        };
+        const ROWS_PER_THREAD: usize = 4096;
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(spans.len().div_ceil(ROWS_PER_THREAD))
+            .max(1);
+        if threads == 1 || rb == 0 {
+            copy(&mut out, &spans);
+        } else {
+            let per = spans.len().div_ceil(threads);
+            std::thread::scope(|scope| {
+                for (dst, part) in out.chunks_mut(per * rb).zip(spans.chunks(per)) {
+                    scope.spawn(move || copy(dst, part));
+                }
+            });
+        }
+        Ok(out)
     }
 
     /// Updates the streams BF16 `[T, 4, D]` from the tokens' n-gram ids
