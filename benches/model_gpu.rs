@@ -2,7 +2,7 @@
 //! expert-parallel deployment (issue 11): the model of one EP rank
 //! (`ModelConfig::ep_rank`: every official dimension and the 43-layer
 //! schedule, 384 / EP routed experts per layer, routing over those) with the
-//! generator's random weights generated on cuda:0 (`load::random_weights_on`,
+//! generator's random weights generated on cuda:0 (`load::random_weights_with`,
 //! `ops::random_param`: no checkpoint file, no host bytes but the few
 //! converted tensors, no drafter), for EP ∈
 //! {64, 16, 8} (smallest first, so a short budget still measures some).
@@ -54,7 +54,8 @@
 //! time over a plain run's at the same point. DEEPINFER_MOE_LAYOUT =
 //! `masked` | `contiguous` | `auto` picks the routed experts' layout
 //! (`Model::moe_layout`; decode records name the one that ran as
-//! `moe_layout`). DEEPINFER_BENCH_PROFILE=1
+//! `moe_layout`). DEEPINFER_BENCH_ENGRAM=host keeps the Engram tables in
+//! host memory (records carry `engram_tables`). DEEPINFER_BENCH_PROFILE=1
 //! runs each decode point's first step after the warm-up as the CUDA
 //! profiler's range (`CudaDevice::profiled`) and times nothing: under `ncu
 //! --profile-from-start off` it gives every kernel of one step
@@ -79,7 +80,8 @@ mod gpu {
     use deepinfer::model::checkpoint::{Manifest, Role};
     use deepinfer::model::config::{ModelConfig, V41_FLASH_CONFIG};
     use deepinfer::model::forward::{Capture, Model, MoeLayout, SeqInput, StepOutput};
-    use deepinfer::model::load::random_weights_on;
+    use deepinfer::model::layers::engram::EngramPlacement;
+    use deepinfer::model::load::{WeightOptions, random_weights_with};
     use deepinfer::model::pool::{PoolConfig, PoolMemory, StatePool, step_headroom};
     use deepinfer::{DType, Device, Tensor};
     use half::bf16;
@@ -124,6 +126,16 @@ mod gpu {
 
     fn invariant() -> bool {
         std::env::var("DEEPINFER_BATCH_INVARIANT").is_ok_and(|v| v == "1")
+    }
+
+    /// DEEPINFER_BENCH_ENGRAM=host: the Engram tables stay in host memory
+    /// (`EngramPlacement::Host`: each step's host half gathers and uploads
+    /// its rows), recorded as `engram_tables`.
+    fn engram_tables() -> EngramPlacement {
+        match std::env::var("DEEPINFER_BENCH_ENGRAM").as_deref() {
+            Ok("host") => EngramPlacement::Host,
+            _ => EngramPlacement::Device,
+        }
     }
     /// Time the timed decode steps of a point aim at (at least one, at most
     /// `MAX_STEPS`).
@@ -528,7 +540,7 @@ mod gpu {
         );
         println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
-            "op": op, "shape": shape, "mode": mode(), "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
+            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
             "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
             "steps_timed": n, "steps_warm": WARM_STEPS, "graph_steps": format!("{:?}", graph.stats),
@@ -695,7 +707,7 @@ mod gpu {
                 .collect(),
         );
         json!({
-            "op": op, "shape": shape, "mode": mode(), "ours_us": ours_us, "chunk": chunk,
+            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "ours_us": ours_us, "chunk": chunk,
             "roofline_us": roof_us, "roofline_frac": roof_us / ours_us, "roofline": detail,
             "tokens_per_s": tps, "touched_experts_max_step": touched,
             "families_us_first_step": first, "parts_us_first_step": parts_first, "page_rows": PAGE_ROWS,
@@ -790,7 +802,11 @@ mod gpu {
             };
             // The generation kernels run asynchronously: the build ends when
             // the device has finished them, not when the host has issued them.
-            let built = random_weights_on(&cfg, SEED, &dev, false)
+            let options = WeightOptions {
+                drafter: false,
+                engram: engram_tables(),
+            };
+            let built = random_weights_with(&cfg, SEED, &dev, options)
                 .and_then(|(w, _)| Model::new(cfg.clone(), w))
                 .and_then(|m| {
                     if let Device::Cuda(d) = &dev {
