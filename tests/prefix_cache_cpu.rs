@@ -580,3 +580,57 @@ fn an_unrestorable_hit_prefills_cold_and_short_compact_hits_are_not_taken() {
     let st = compact.prefix_cache_stats().unwrap();
     assert_eq!((st.lookups, st.hits), (before.lookups + 1, 0), "{st:?}");
 }
+
+/// An Engram layer among the late layers (not V4.1's placement, but a legal
+/// config): decoder truncation narrows its n-gram ids (and a host table's
+/// row index) with the streams, so compact prefill over the receptive field
+/// stays bitwise the exact path, with the tables on the device and on the
+/// host.
+#[test]
+fn truncation_narrows_a_late_engram_layer() {
+    use deepinfer::model::config::ModelConfig;
+    use deepinfer::model::layers::engram::EngramPlacement;
+    use deepinfer::model::load::{WeightOptions, random_weights_with};
+    let mut rng = common::rng("prefix_late_engram");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny");
+    let mut cfg = ModelConfig::from_dir(&dir).unwrap();
+    cfg.engram.layer_ids = vec![1, 9];
+    let seed = rng.random();
+    let prompts: Vec<Vec<u32>> = vec![tokens(&mut rng, 100), tokens(&mut rng, 37)];
+    for engram in [EngramPlacement::Device, EngramPlacement::Host] {
+        let engine = |yoco_mode, yoco_keep_tokens| {
+            let options = WeightOptions {
+                drafter: false,
+                engram,
+            };
+            let cpu = deepinfer::Device::Cpu;
+            let (w, _) = random_weights_with(&cfg, seed, &cpu, options).unwrap();
+            let model = Model::new(cfg.clone(), w).unwrap();
+            let late = model.late_layer_start();
+            assert!(
+                model
+                    .plans
+                    .iter()
+                    .any(|p| p.layer >= late && p.engram.is_some()),
+                "an Engram layer at or after layer {late}"
+            );
+            Engine::new(
+                model,
+                EngineConfig {
+                    max_context: 256,
+                    yoco_mode,
+                    yoco_keep_tokens,
+                    engram_tables: engram,
+                    ..EngineConfig::default()
+                },
+            )
+            .unwrap()
+        };
+        let (exact, compact) = (engine(YocoMode::Exact, 140), engine(YocoMode::Compact, 85));
+        assert_eq!(
+            compact.prefill_logits(&prompts).unwrap(),
+            exact.prefill_logits(&prompts).unwrap(),
+            "{engram:?} tables"
+        );
+    }
+}

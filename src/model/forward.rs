@@ -563,11 +563,29 @@ impl Model {
         let mut layers = Vec::with_capacity(cfg.n_layers);
         let hp = self.mhc_params();
         let moe_p = self.moe_params(cfg.moe.n_activated_experts);
+        // Past the late start a truncated step runs on the tails' rows: an
+        // Engram layer there reads its n-gram ids, and a host table's index,
+        // narrowed with the streams (the staged rows stay whole: the index
+        // picks the tails' rows out of them).
+        let late_engram = self
+            .plans
+            .iter()
+            .any(|q| q.layer >= late_start && q.engram.is_some());
+        let mut late_ngrams: Option<Tensor> = None;
+        let mut late_index: Vec<(usize, Tensor)> = Vec::new();
         for ((plan, block), step) in self.plans.iter().zip(&self.weights.blocks).zip(&p.layers) {
             let mut trace = LayerTrace::default();
             if let Some(t) = p.tails.as_ref().filter(|_| plan.layer == late_start) {
                 streams = Streams::new(t.rows(streams.ready()?)?);
                 pre = t.rows(&pre)?;
+                if late_engram {
+                    late_ngrams = p.ngrams.as_deref().map(|n| t.rows(n)).transpose()?;
+                    late_index = p
+                        .engram_rows
+                        .iter()
+                        .map(|r| Ok((r.layer, t.rows(&r.index)?)))
+                        .collect::<Result<_>>()?;
+                }
                 t.narrow_published(&mut published)?;
                 for f in targets.iter_mut().flatten() {
                     *f = t.rows(f)?;
@@ -586,13 +604,17 @@ impl Model {
                 // The last sublayer's expand, charged to the mHC part.
                 let s = streams.ready()?;
                 marks.mark("mhc")?;
+                let ng: &Tensor = late_ngrams.as_ref().unwrap_or(ng);
                 let staged = p
                     .engram_rows
                     .iter()
                     .find(|r| r.layer == plan.layer)
                     .map(|r| StagedRows {
                         rows: &r.rows,
-                        index: &r.index,
+                        index: late_index
+                            .iter()
+                            .find(|(l, _)| *l == r.layer)
+                            .map_or(&*r.index, |(_, i)| i),
                     });
                 streams = Streams::new(e.forward(
                     s,
