@@ -116,6 +116,12 @@ fn bad_flags_and_switches_are_clear_errors() {
     fails_with(&cache, &["run", "--temperature=-1"], none, &["temperature"]);
     fails_with(
         &cache,
+        &["run", "--engram-tables", "disk"],
+        none,
+        &["--engram-tables"],
+    );
+    fails_with(
+        &cache,
         &["run", "--prompt-text", "hi"],
         none,
         &["tokenizer"],
@@ -281,6 +287,27 @@ fn a_jsonl_batch_writes_a_line_per_request_and_bad_lines_fail_alone() {
     assert!(
         text.contains(&format!("output: {}", want.join(","))),
         "{text}"
+    );
+    // With the Engram tables in host memory (the embedded model has Engram
+    // layers): the same tokens.
+    let host = deepinfer(
+        &cache,
+        &[
+            "run",
+            "--prompt",
+            "0,5,9",
+            "--max-new",
+            "4",
+            "--engram-tables",
+            "host",
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&host.stdout);
+    assert!(
+        text.contains(&format!("output: {}", want.join(","))),
+        "{text}\n{}",
+        stderr(&host)
     );
 }
 
