@@ -6,8 +6,8 @@ Loads cubin variants of `deepinfer_mhc_pre_kernel` and
 `deepinfer_mhc_expand_pre_kernel` that share the committed kernels'
 signatures (each lowered from a variant of the TileLang program by
 tilelang/generate.py's `lower` and compiled with nvcc -cubin for sm_90a;
-the commands below), launches them through the
-driver API on torch buffers, and times each from a CUDA graph of 20 launches
+see below), launches them through the
+driver API on torch buffers, and times each from a CUDA graph of max(20, copies) launches
 (median of 15), beside the committed expand kernel (`mhc.py`) followed by
 the first pass-1 variant: the two-kernel path the fused one replaces.
 
@@ -16,21 +16,16 @@ Checks, at every size, before timing:
   rounding of the same operation order (float32 ops, one rounding each);
 - the partial sums `part` [chunks, T, 25] of every variant against float64
   sums of the same chunks: the largest error relative to the chunk's sum of
-  |terms|, reported; over 1e-4 is marked bad (the hi + lo split's 2^-16 per
-  product and fp32 accumulation over 512 terms stay below it).
+  |terms|, reported; over 1e-4 is marked bad (fp32 accumulation over 512
+  terms stays far below it; the lab's three BF16 terms make every product
+  exact).
 
     VARIANTS=fma,tc ROWS=64,4096,16384 python3 mhc_lab.py   # <variant>.pre.cubin,
                                                             # <variant>.fused.cubin beside it
 
-The cubins (sm_90a; expand.cubin from tilelang/generated/mhc.sm_90a.cu):
-
-    nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include \
-         tilelang/generated/mhc_pre.sm_90a.cu -o fma.pre.cubin        # and
-         tilelang/generated/mhc_expand_pre.sm_90a.cu -o fma.fused.cubin
-
-and the same from the lab's generated sources (branch lab/mhc-tc, or
-tilelang/labs/2026-12-05-mhc-tensor-cores.patch applied and generate.py run)
-as tc.pre.cubin and tc.fused.cubin.
+`benches/tools/mhc_lab_cubins.sh [OUT]` builds the cubins (sm_90a: the
+committed kernels as fma.*, the tensor-core lab's patch as tc.*, and
+expand.cubin) and copies this script beside them.
 
 Prints one line per (rows, variant) and writes $OUT/mhclab.json.
 """
