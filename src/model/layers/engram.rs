@@ -84,38 +84,12 @@ impl Engram {
                     .ok_or_else(|| bad(r))
             })
             .collect::<Result<Vec<usize>>>()?;
-        let mut out = Vec::new();
-        out.try_reserve_exact(spans.len().saturating_mul(rb))
-            .map_err(|_| Error::Argument {
-                op: OP,
-                arg: "ngram_ids",
-                value: format!("{} rows of {rb} bytes", spans.len()),
-                why: "the host could not hold the gathered rows",
-            })?;
-        out.resize(spans.len() * rb, 0);
-        let copy = |dst: &mut [u8], spans: &[usize]| {
-            for (d, &at) in dst.chunks_exact_mut(rb.max(1)).zip(spans) {
-                if let Some(src) = table.get(at..at + rb) {
-                    d.copy_from_slice(src);
-                }
-            }
-        };
         const ROWS_PER_THREAD: usize = 4096;
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .min(spans.len().div_ceil(ROWS_PER_THREAD))
             .max(1);
-        if threads == 1 || rb == 0 {
-            copy(&mut out, &spans);
-        } else {
-            let per = spans.len().div_ceil(threads);
-            std::thread::scope(|scope| {
-                for (dst, part) in out.chunks_mut(per * rb).zip(spans.chunks(per)) {
-                    scope.spawn(move || copy(dst, part));
-                }
-            });
-        }
-        Ok(out)
+        copy_rows(table, &spans, rb, threads)
     }
 
     /// Updates the streams BF16 `[T, 4, D]` from the tokens' n-gram ids
@@ -158,5 +132,116 @@ impl Engram {
         };
         let kv = self.wkv.forward(&lookups)?.reshape(&[t, c + 1, d])?;
         ops::engram_gate_update(streams, &kv, &self.q_weight, &self.k_weight, eps)
+    }
+}
+
+/// The `rb`-byte rows of `table` starting at the byte offsets `spans` (each
+/// in bounds), concatenated, copied by `threads` threads (blocks of rows
+/// taken by whoever is free: this thread and the helpers it could start; a
+/// helper that fails to start only leaves more blocks to the others).
+fn copy_rows(table: &[u8], spans: &[usize], rb: usize, threads: usize) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(spans.len().saturating_mul(rb))
+        .map_err(|_| Error::Argument {
+            op: "Engram::gather_host",
+            arg: "ngram_ids",
+            value: format!("{} rows of {rb} bytes", spans.len()),
+            why: "the host could not hold the gathered rows",
+        })?;
+    out.resize(spans.len() * rb, 0);
+    let copy = |dst: &mut [u8], spans: &[usize]| {
+        for (d, &at) in dst.chunks_exact_mut(rb.max(1)).zip(spans) {
+            if let Some(src) = table.get(at..at + rb) {
+                d.copy_from_slice(src);
+            }
+        }
+    };
+    if threads <= 1 || rb == 0 {
+        copy(&mut out, spans);
+        return Ok(out);
+    }
+    let per = spans.len().div_ceil(threads * 4).max(1);
+    let blocks: Vec<(&mut [u8], &[usize])> =
+        out.chunks_mut(per * rb).zip(spans.chunks(per)).collect();
+    let blocks = std::sync::Mutex::new(blocks);
+    let drain = || {
+        while let Some((dst, part)) = blocks.lock().ok().and_then(|mut b| b.pop()) {
+            copy(dst, part);
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            // An error here (no thread) is not a failure: see above.
+            let _ = std::thread::Builder::new().spawn_scoped(scope, drain);
+        }
+        drain();
+    });
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::DType;
+    use crate::model::layers::linear::Fp8Linear;
+
+    /// The host gather (threaded past 4096 rows) copies exactly the rows
+    /// `engram_rows` names, in order (against `ops::gather_rows` of the
+    /// same rows), for a step of 400 tokens (9600 rows) and of 3.
+    #[test]
+    fn gather_host_copies_the_hashed_rows_in_order() {
+        let primes: Vec<u64> = vec![101, 103, 107, 109, 113, 127];
+        let rows_total: u64 = primes.iter().sum();
+        let rb = 32 + 1;
+        let bytes: Vec<u8> = (0..rows_total as usize * rb)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let table = Tensor::from_vec(bytes, &[rows_total as usize, rb]).unwrap();
+        let zeros =
+            |shape: &[usize], dtype| Tensor::zeros(&crate::Device::Cpu, dtype, shape).unwrap();
+        let e = Engram {
+            table: table.clone(),
+            placement: EngramPlacement::Host,
+            wkv: Fp8Linear {
+                weight: zeros(&[32, 32], DType::F8E4M3),
+                scale: zeros(&[1, 1], DType::E8M0),
+            },
+            q_weight: zeros(&[4, 8], DType::BF16),
+            k_weight: zeros(&[4, 8], DType::BF16),
+            primes: primes.clone(),
+            multipliers: [
+                76_632_096_046_245,
+                4_839_876_093_313,
+                35_959_672_319_349,
+                73_987_337_458_391,
+            ],
+            head_dim: 32,
+        };
+        for t in [400usize, 3] {
+            let ids: Vec<i64> = (0..4 * t).map(|i| (i as i64 * 7919) % 997).collect();
+            let ids = Tensor::from_vec(ids, &[t, 4]).unwrap();
+            let got = e.gather_host(&ids).unwrap();
+            let rows = ops::engram_rows(&ids, &e.multipliers, &primes).unwrap();
+            let rows: Vec<usize> = rows
+                .as_slice::<i64>()
+                .unwrap()
+                .iter()
+                .map(|&r| r as usize)
+                .collect();
+            let want = ops::gather_rows(&table, &rows)
+                .unwrap()
+                .to_vec::<u8>()
+                .unwrap();
+            assert_eq!(got, want, "{t} tokens");
+            assert_eq!(got.len(), t * primes.len() * rb);
+            // Every thread count gives the same bytes (this machine may
+            // have one core: the count is forced here).
+            let spans: Vec<usize> = rows.iter().map(|&r| r * rb).collect();
+            let bytes = table.as_slice::<u8>().unwrap();
+            for threads in [1, 2, 3, 7] {
+                let by = copy_rows(bytes, &spans, rb, threads).unwrap();
+                assert_eq!(by, want, "{t} tokens, {threads} threads");
+            }
+        }
     }
 }
