@@ -55,7 +55,8 @@
 //! `masked` | `contiguous` | `auto` picks the routed experts' layout
 //! (`Model::moe_layout`; decode records name the one that ran as
 //! `moe_layout`). DEEPINFER_BENCH_ENGRAM=host keeps the Engram tables in
-//! host memory (records carry `engram_tables`). DEEPINFER_BENCH_PROFILE=1
+//! host memory (records carry `engram_tables`); DEEPINFER_MHC_FUSION=0 runs
+//! each mHC expand apart from the next front half (`mhc_fusion`). DEEPINFER_BENCH_PROFILE=1
 //! runs each decode point's first step after the warm-up as the CUDA
 //! profiler's range (`CudaDevice::profiled`) and times nothing: under `ncu
 //! --profile-from-start off` it gives every kernel of one step
@@ -134,8 +135,16 @@ mod gpu {
     fn engram_tables() -> EngramPlacement {
         match std::env::var("DEEPINFER_BENCH_ENGRAM").as_deref() {
             Ok("host") => EngramPlacement::Host,
-            _ => EngramPlacement::Device,
+            Ok("device") | Err(_) => EngramPlacement::Device,
+            Ok(other) => panic!("DEEPINFER_BENCH_ENGRAM={other}: device or host"),
         }
+    }
+
+    /// DEEPINFER_MHC_FUSION=0: each mHC expand runs alone, then the next
+    /// front half (`Model::mhc_fusion` off; the same bits), recorded as
+    /// `mhc_fusion`: the fused step's gain at model level.
+    fn mhc_fusion() -> bool {
+        std::env::var("DEEPINFER_MHC_FUSION").map_or(true, |v| v != "0")
     }
     /// Time the timed decode steps of a point aim at (at least one, at most
     /// `MAX_STEPS`).
@@ -540,7 +549,7 @@ mod gpu {
         );
         println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
-            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
+            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "mhc_fusion": mhc_fusion(), "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
             "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
             "steps_timed": n, "steps_warm": WARM_STEPS, "graph_steps": format!("{:?}", graph.stats),
@@ -707,7 +716,7 @@ mod gpu {
                 .collect(),
         );
         json!({
-            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "ours_us": ours_us, "chunk": chunk,
+            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "mhc_fusion": mhc_fusion(), "ours_us": ours_us, "chunk": chunk,
             "roofline_us": roof_us, "roofline_frac": roof_us / ours_us, "roofline": detail,
             "tokens_per_s": tps, "touched_experts_max_step": touched,
             "families_us_first_step": first, "parts_us_first_step": parts_first, "page_rows": PAGE_ROWS,
@@ -817,6 +826,7 @@ mod gpu {
             let model = match built {
                 Ok(mut m) => {
                     m.moe_layout = moe_layout();
+                    m.mhc_fusion = mhc_fusion();
                     m
                 }
                 Err(e) => {

@@ -781,3 +781,36 @@ fn host_engram_tables_sample_like_device_tables() {
         assert_eq!(a.tokens.len(), tokens, "request {i}");
     }
 }
+
+/// The fused mHC step (`ops::mhc_expand_pre`, which the model runs between
+/// sublayers) against the expand and front half run apart
+/// (`Model::mhc_fusion` off): the same logits, bit for bit, over a prefill
+/// and decode steps on the GPU (the fused kernel reuses pass 1's sums).
+#[test]
+fn fused_mhc_steps_are_the_unfused_steps_bit_for_bit() {
+    let mut rng = common::rng("cuda_mhc_fusion");
+    let (mut model, _) = common::tiny::tiny_model_on(rng.random(), &gpu());
+    let vocab = model.cfg.vocab_size as u32;
+    let prompt: Vec<u32> = (0..40).map(|_| rng.random_range(0..vocab)).collect();
+    let decode: Vec<u32> = (0..8).map(|_| rng.random_range(0..vocab)).collect();
+    let mut run = |fusion: bool| -> Vec<u32> {
+        model.mhc_fusion = fusion;
+        let mut pool = single_sequence_pool(&model, prompt.len() + decode.len()).unwrap();
+        let seq = pool.add_sequence().unwrap();
+        let mut bits = Vec::new();
+        let mut push = |out: StepOutput| {
+            let l = out.logits.to_vec::<f32>().unwrap();
+            bits.extend(l.iter().map(|x| x.to_bits()));
+        };
+        push(model.forward(&mut pool, seq, &prompt).unwrap());
+        for &t in &decode {
+            push(model.forward(&mut pool, seq, &[t]).unwrap());
+        }
+        bits
+    };
+    let (fused, apart) = (run(true), run(false));
+    assert_eq!(fused.len(), apart.len());
+    if let Some(i) = fused.iter().zip(&apart).position(|(a, b)| a != b) {
+        panic!("logit {i} differs between the fused and the separate mHC step");
+    }
+}

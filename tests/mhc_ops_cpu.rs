@@ -153,9 +153,10 @@ fn mhc_expand_pre_is_the_reference_expand_then_front_half() {
         let new_s = new_s.to_vec::<bf16>().unwrap();
         let u = out.u.to_vec::<bf16>().unwrap();
         let mixes = out.mixes.to_vec::<f32>().unwrap();
-        let (pre_out, post_out) = (
+        let (pre_out, post_out, comb_out) = (
             out.pre.to_vec::<f32>().unwrap(),
             out.post.to_vec::<f32>().unwrap(),
+            out.comb.to_vec::<f32>().unwrap(),
         );
         for tok in 0..t {
             let mut split = mhc::HcSplit {
@@ -206,6 +207,12 @@ fn mhc_expand_pre_is_the_reference_expand_then_front_half() {
                 bits_f32(&post_out[tok * 4..][..4]),
                 bits_f32(&next.post),
                 "{case}: post"
+            );
+            let comb: Vec<f32> = next.comb.iter().flatten().copied().collect();
+            assert_eq!(
+                bits_f32(&comb_out[tok * 16..][..16]),
+                bits_f32(&comb),
+                "{case}: comb"
             );
         }
     }

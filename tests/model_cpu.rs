@@ -258,6 +258,27 @@ fn host_engram_tables_give_the_device_tables_logits() {
     assert!(refused.to_string().contains("engram_tables"), "{refused}");
 }
 
+/// `Model::mhc_fusion` off (each expand alone, then the front half) gives
+/// the fused path's logits bit for bit on the CPU, in prefill and decode.
+#[test]
+fn the_mhc_fusion_switch_keeps_the_logits() {
+    let mut rng = common::rng("model_mhc_fusion");
+    let (mut model, _) = tiny_model(rng.random());
+    let vocab = model.cfg.vocab_size;
+    let tokens = prompt(&mut rng, 30, vocab);
+    let mut run = |fusion: bool| {
+        model.mhc_fusion = fusion;
+        let mut p = pool(&model, 1, 40, 40);
+        let seq = p.add_sequence().unwrap();
+        let mut out = bits(&logits(&model.forward(&mut p, seq, &tokens[..25]).unwrap()));
+        for &t in &tokens[25..] {
+            out.extend(bits(&logits(&model.forward(&mut p, seq, &[t]).unwrap())));
+        }
+        out
+    };
+    assert!(run(true) == run(false));
+}
+
 #[test]
 fn a_sequence_gives_the_same_logits_alone_or_in_any_batch() {
     let mut rng = common::rng("model_batch_invariance");

@@ -181,7 +181,8 @@ def graphed(body, copies):
 res = []
 hc_fn = (torch.rand(24, 4 * D, device="cuda") - 0.5) * 0.1
 for t in [int(r) for r in os.environ.get("ROWS", "1,64,256,4096,16384").split(",")]:
-    copies = max(2, min(64, (512 << 20) // (t * D * 2 * 10 + 1)))
+    # One copy: streams (8·t·D bytes), f (2·t·D) and small vectors.
+    copies = max(2, min(64, (512 << 20) // (t * D * 10 + 1)))
     xs = [((torch.randn(t, 4, D, device="cuda")).bfloat16(), (torch.randn(t, D, device="cuda")).bfloat16(),
            torch.rand(t, 4, device="cuda") * 2, (torch.rand(t, 16, device="cuda") - 0.5) * 3,
            torch.rand(t, 4, device="cuda") * 1.5 + 0.25) for _ in range(copies)]

@@ -11,16 +11,21 @@
 #   cd OUT && python3 mhc_lab.py
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+OUT="$(mkdir -p "${1:-$ROOT/.dev/mhclab}" && cd "${1:-$ROOT/.dev/mhclab}" && pwd)"
 cd "$ROOT"
-OUT="$(mkdir -p "${1:-.dev/mhclab}" && cd "${1:-.dev/mhclab}" && pwd)"
 NVCC="${NVCC:-${DEEPINFER_CUDA_ROOT:?source scripts/setup output first}/bin/nvcc}"
-cubin() { "$NVCC" -cubin -gencode=arch=compute_90a,code=sm_90a -I "$1/tilelang/include" "$1/tilelang/generated/$2.sm_90a.cu" -o "$OUT/$3.cubin"; }
-cubin "$ROOT" mhc_pre fma.pre
-cubin "$ROOT" mhc_expand_pre fma.fused
-cubin "$ROOT" mhc expand
+# The crate build's flags (build/cuda.rs, nvcc_flags).
+cubin() {
+  "$NVCC" -cubin -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo \
+    --expt-relaxed-constexpr -I "$1/tilelang/include" "$1/tilelang/generated/$2.sm_90a.cu" -o "$OUT/$3.cubin"
+}
+# Both versions from HEAD (commit first: the working tree is not used).
 WT="$(mktemp -d)"
+trap 'git -C "$ROOT" worktree remove --force "$WT" 2> /dev/null || rm -rf "$WT"' EXIT
 git worktree add -q --detach "$WT" HEAD
-trap 'git -C "$ROOT" worktree remove --force "$WT"' EXIT
+cubin "$WT" mhc_pre fma.pre
+cubin "$WT" mhc_expand_pre fma.fused
+cubin "$WT" mhc expand
 git -C "$WT" apply "$ROOT/tilelang/labs/2026-12-05-mhc-tensor-cores.patch"
 cubin "$WT" mhc_pre tc.pre
 cubin "$WT" mhc_expand_pre tc.fused

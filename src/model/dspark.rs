@@ -317,6 +317,9 @@ impl Model {
             }
             let f = self.attend_by_width(w, pool, &q, &positions, &lists, n, &rope)?;
             streams.expand_later(f, mix)?;
+            if !self.mhc_fusion {
+                streams.ready()?;
+            }
             let (x, mix) = stage
                 .hc_ffn
                 .input(&mut streams, &mut pre, &stage.ffn_norm, hp)?;
@@ -324,6 +327,9 @@ impl Model {
                 .ffn
                 .forward(&x, self.moe_params(cfg.dspark.n_activated_experts))?;
             streams.expand_later(f, mix)?;
+            if !self.mhc_fusion {
+                streams.ready()?;
+            }
         }
         let hidden = ops::hc_collapse(streams.ready()?, &pre)?;
         let base = self.weights.head.forward_f32(&ops::rms_norm(

@@ -61,6 +61,11 @@ pub struct Model {
     /// gives the same bits on the CPU; on a GPU the layouts' GEMMs sum in
     /// different orders.
     pub moe_layout: MoeLayout,
+    /// Whether a sublayer's mHC expand runs fused with the next front half
+    /// (`ops::mhc_expand_pre`, one pass over the streams on CUDA; the
+    /// default) or alone before it (`ops::mhc_expand`, then `ops::mhc_pre`).
+    /// The same bits either way.
+    pub mhc_fusion: bool,
     /// This model among the process's (`model::graph` replays a graph only
     /// for the model that captured it).
     pub(super) id: u64,
@@ -253,6 +258,7 @@ impl Model {
             plans,
             weights,
             moe_layout: MoeLayout::Auto,
+            mhc_fusion: true,
             id: MODELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             launches: std::sync::RwLock::new(()),
         })
@@ -648,6 +654,9 @@ impl Model {
                 trace.attention = Some(f.clone());
             }
             streams.expand_later(f, mix)?;
+            if !self.mhc_fusion {
+                streams.ready()?;
+            }
             if capture.index_lists {
                 trace.index_lists = Some(entry_lists(published.lists_of(plan), b)?);
             }
@@ -662,6 +671,9 @@ impl Model {
             // The expand runs with the next layer's front half (or when the
             // streams are next read).
             streams.expand_later(f, mix)?;
+            if !self.mhc_fusion {
+                streams.ready()?;
+            }
             if capture.routing {
                 trace.routing = Some(selected);
             }
@@ -751,7 +763,7 @@ impl Model {
                 Ok(GatheredRows {
                     layer,
                     cols: e.primes.len(),
-                    row_bytes: e.table.shape().get(1).copied().unwrap_or(0),
+                    row_bytes: e.row_bytes()?,
                     rows: e.gather_host(&ids)?,
                 })
             })
@@ -768,8 +780,14 @@ impl Model {
             .into_iter()
             .map(|g| {
                 let n = t * g.cols;
-                // n counts the rows just gathered: far below 2^63.
-                let index: Vec<i64> = (0..n as i64).collect();
+                let last = i64::try_from(n).map_err(|_| {
+                    invalid(
+                        "tokens",
+                        n.to_string(),
+                        "Engram rows of a step are counted in i64",
+                    )
+                })?;
+                let index: Vec<i64> = (0..last).collect();
                 Ok(HostRows {
                     layer: g.layer,
                     rows: pool.inputs().upload(g.rows, &[n, g.row_bytes], &device)?,
@@ -856,7 +874,7 @@ impl Model {
             || rows
                 .iter()
                 .zip(&p.engram_rows)
-                .any(|(g, s)| g.layer != s.layer)
+                .any(|(g, s)| g.layer != s.layer || g.rows.len() != s.rows.numel())
         {
             return Err(invalid(
                 "p",

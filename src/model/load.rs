@@ -16,7 +16,11 @@
 //! device). The conversions run on the weights' device too: `wo_a` is
 //! dequantised by `ops::mxfp8_dequantize` and the Engram rows are joined
 //! by `ops::cat_cols`; only the experts of a checkpoint (stacked) and the
-//! mHC vectors (checked) pass through the host, one tensor at a time. Once a
+//! mHC vectors (checked) pass through the host, one tensor at a time.
+//! Engram tables placed on the host (`WeightOptions::engram`) are the
+//! exception: each is joined on the host from its stored values and scales
+//! read in place and stays there (one copy of the table, about 101 GB at
+//! V4.1's size). Once a
 //! tensor is converted its pages leave the page cache (`Src`), and a shard
 //! leaves it whole once all its tensors are converted (the kernel drops
 //! cache only in whole folios), so a host holds a second copy of at most
@@ -375,7 +379,15 @@ fn host_table<S: TensorSource>(
         src.ck.read(scales, |s| {
             let (vb, sb) = (v.bytes(), s.bytes());
             let n = vb.len() / head_dim.max(1);
-            if vb.len() != n * head_dim || sb.len() != n * per_row {
+            if vb.len() != n * head_dim {
+                return Err(Error::Op(crate::Error::Shape {
+                    op: "load engram table",
+                    tensor: "engram.embed.weight",
+                    got: v.shape().to_vec(),
+                    expected: format!("rows of {head_dim} values"),
+                }));
+            }
+            if sb.len() != n * per_row {
                 return Err(Error::Op(crate::Error::Shape {
                     op: "load engram table",
                     tensor: "engram.embed.scale",

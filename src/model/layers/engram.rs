@@ -66,7 +66,7 @@ impl Engram {
         let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
         let rows = rows.as_slice::<i64>()?;
         let table = self.table.as_slice::<u8>()?;
-        let rb = self.table.shape().get(1).copied().unwrap_or(0);
+        let rb = self.row_bytes()?;
         let bad = |r: i64| Error::Argument {
             op: OP,
             arg: "rows",
@@ -85,11 +85,26 @@ impl Engram {
             })
             .collect::<Result<Vec<usize>>>()?;
         const ROWS_PER_THREAD: usize = 4096;
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(spans.len().div_ceil(ROWS_PER_THREAD))
-            .max(1);
+        let threads = match spans.len() {
+            n if n > ROWS_PER_THREAD => std::thread::available_parallelism()
+                .map_or(1, |c| c.get())
+                .min(n.div_ceil(ROWS_PER_THREAD)),
+            _ => 1,
+        };
         copy_rows(table, &spans, rb, threads)
+    }
+
+    /// Bytes of one table row (the table's second dimension, positive).
+    pub fn row_bytes(&self) -> Result<usize> {
+        match *self.table.shape() {
+            [_, rb] if rb > 0 => Ok(rb),
+            _ => Err(Error::Shape {
+                op: "Engram",
+                tensor: "table",
+                got: self.table.shape().to_vec(),
+                expected: "[rows, head_dim + head_dim/32]".into(),
+            }),
+        }
     }
 
     /// Updates the streams BF16 `[T, 4, D]` from the tokens' n-gram ids
@@ -165,7 +180,14 @@ fn copy_rows(table: &[u8], spans: &[usize], rb: usize, threads: usize) -> Result
         out.chunks_mut(per * rb).zip(spans.chunks(per)).collect();
     let blocks = std::sync::Mutex::new(blocks);
     let drain = || {
-        while let Some((dst, part)) = blocks.lock().ok().and_then(|mut b| b.pop()) {
+        // The lock is held for the pop only (the guard ends with the
+        // statement); a poisoned list still holds the blocks left.
+        loop {
+            let next = blocks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop();
+            let Some((dst, part)) = next else { break };
             copy(dst, part);
         }
     };
@@ -185,9 +207,9 @@ mod tests {
     use crate::dtype::DType;
     use crate::model::layers::linear::Fp8Linear;
 
-    /// The host gather (threaded past 4096 rows) copies exactly the rows
-    /// `engram_rows` names, in order (against `ops::gather_rows` of the
-    /// same rows), for a step of 400 tokens (9600 rows) and of 3.
+    /// The host gather copies exactly the rows `engram_rows` names, in
+    /// order (against `ops::gather_rows` of the same rows), for steps of
+    /// 400 tokens (2400 rows) and of 3, by 1, 2, 3 and 7 threads.
     #[test]
     fn gather_host_copies_the_hashed_rows_in_order() {
         let primes: Vec<u64> = vec![101, 103, 107, 109, 113, 127];
