@@ -128,6 +128,7 @@ const SPLIT_TOKENS: usize = 8;
 /// The launch sizes of the front half for `tokens` tokens of width `d`:
 /// pass 1's chunks and token tiles and the ints the kernels take.
 struct Front {
+    tokens: usize,
     chunks: usize,
     tiles: usize,
     n_tokens: i32,
@@ -178,6 +179,7 @@ impl Front {
             });
         }
         Ok(Front {
+            tokens,
             chunks,
             tiles,
             n_tokens,
@@ -185,6 +187,13 @@ impl Front {
             n_chunks,
             iters,
         })
+    }
+
+    /// Pass 1's partial sums, F32 `[n_chunks, tokens, 25]` (pass 2 reads
+    /// them).
+    fn part(&self, dev: &CudaDevice) -> Result<Tensor> {
+        let device = Device::Cuda(dev.clone());
+        Tensor::empty(&device, DType::F32, &[self.chunks, self.tokens, PRE_PARTS])
     }
 
     /// Pass 1's grid: one CTA per chunk and token tile.
@@ -235,8 +244,7 @@ pub fn mhc_pre(
     if tokens == 0 {
         return Ok(());
     }
-    let device = Device::Cuda(dev.clone());
-    let mut part = Tensor::empty(&device, DType::F32, &[front.chunks, tokens, PRE_PARTS])?;
+    let mut part = front.part(dev)?;
     {
         let (sp, _g0) = read_ptr(streams.cuda()?, dev);
         let (fp, _g1) = read_ptr(hc_fn.cuda()?, dev);
@@ -274,9 +282,7 @@ pub fn mhc_pre(
             )
         }?;
     }
-    split(
-        dev, &front, &part, hc_base, hc_scale, eps, hc_eps, out, tokens,
-    )
+    split(dev, &front, &part, hc_base, hc_scale, eps, hc_eps, out)
 }
 
 /// Pass 1 of the fused kernel: dynamic shared memory (`FUSED_SMEM_BYTES` in
@@ -319,8 +325,7 @@ pub fn mhc_expand_pre(
     if tokens == 0 {
         return Ok(());
     }
-    let device = Device::Cuda(dev.clone());
-    let mut part = Tensor::empty(&device, DType::F32, &[front.chunks, tokens, PRE_PARTS])?;
+    let mut part = front.part(dev)?;
     {
         let (cp, _g0) = read_ptr(comb.cuda()?, dev);
         let (fp, _g1) = read_ptr(f_out.cuda()?, dev);
@@ -368,9 +373,7 @@ pub fn mhc_expand_pre(
             )
         }?;
     }
-    split(
-        dev, &front, &part, hc_base, hc_scale, eps, hc_eps, out, tokens,
-    )
+    split(dev, &front, &part, hc_base, hc_scale, eps, hc_eps, out)
 }
 
 /// Pass 2, `deepinfer_mhc_split_kernel(float* comb, const float* hc_base,
@@ -388,7 +391,6 @@ fn split(
     eps: f32,
     hc_eps: f32,
     out: &mut MhcPre,
-    tokens: usize,
 ) -> Result<()> {
     let pass2 = kernels::tilelang_mhc_split::DEEPINFER_MHC_SPLIT_KERNEL;
     let (tp, _g0) = read_ptr(part.cuda()?, dev);
@@ -400,7 +402,7 @@ fn split(
     let (kp, _g6) = write_ptr(out.comb.cuda_mut()?, dev);
     let cfg2 = LaunchConfig {
         grid_dim: (
-            u32_param("token groups", tokens.div_ceil(SPLIT_TOKENS))?,
+            u32_param("token groups", front.tokens.div_ceil(SPLIT_TOKENS))?,
             1,
             1,
         ),

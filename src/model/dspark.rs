@@ -296,7 +296,10 @@ impl Model {
         }
         let rows = block.len();
         let ids = Tensor::from_vec(block, &[rows])?.to_device(&device)?;
-        let mut streams = Streams::new(ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?);
+        let mut streams = Streams::new(
+            ops::hc_init(&ops::embedding(&self.weights.embed, &ids)?)?,
+            self.mhc_fusion,
+        );
         let one_hot: Vec<f32> = (0..rows).flat_map(|_| ONE_HOT_PRE).collect();
         let mut pre = Tensor::from_vec(one_hot, &[rows, HC_STREAMS])?.to_device(&device)?;
         let positions = Tensor::from_vec(positions, &[rows])?.to_device(&device)?;
@@ -317,9 +320,6 @@ impl Model {
             }
             let f = self.attend_by_width(w, pool, &q, &positions, &lists, n, &rope)?;
             streams.expand_later(f, mix)?;
-            if !self.mhc_fusion {
-                streams.ready()?;
-            }
             let (x, mix) = stage
                 .hc_ffn
                 .input(&mut streams, &mut pre, &stage.ffn_norm, hp)?;
@@ -327,9 +327,6 @@ impl Model {
                 .ffn
                 .forward(&x, self.moe_params(cfg.dspark.n_activated_experts))?;
             streams.expand_later(f, mix)?;
-            if !self.mhc_fusion {
-                streams.ready()?;
-            }
         }
         let hidden = ops::hc_collapse(streams.ready()?, &pre)?;
         let base = self.weights.head.forward_f32(&ops::rms_norm(

@@ -557,11 +557,14 @@ impl Model {
     ) -> Result<RanStep> {
         let cfg = &self.cfg;
         let late_start = self.late_layer_start();
-        let mut streams = Streams::new(ops::hc_init(&ops::embedding_deferred(
-            &self.weights.embed,
-            &p.ids,
-            checks,
-        )?)?);
+        let mut streams = Streams::new(
+            ops::hc_init(&ops::embedding_deferred(
+                &self.weights.embed,
+                &p.ids,
+                checks,
+            )?)?,
+            self.mhc_fusion,
+        );
         marks.mark("embed")?;
         let mut pre: Tensor = (*p.first_pre).clone();
         let mut published = Default::default();
@@ -582,7 +585,7 @@ impl Model {
         for ((plan, block), step) in self.plans.iter().zip(&self.weights.blocks).zip(&p.layers) {
             let mut trace = LayerTrace::default();
             if let Some(t) = p.tails.as_ref().filter(|_| plan.layer == late_start) {
-                streams = Streams::new(t.rows(streams.ready()?)?);
+                streams.replace(|s| t.rows(s))?;
                 pre = t.rows(&pre)?;
                 if late_engram {
                     late_ngrams = p.ngrams.as_deref().map(|n| t.rows(n)).transpose()?;
@@ -608,7 +611,7 @@ impl Model {
             };
             if let (Some(e), Some(ng)) = (&block.engram, &p.ngrams) {
                 // The last sublayer's expand, charged to the mHC part.
-                let s = streams.ready()?;
+                streams.ready()?;
                 marks.mark("mhc")?;
                 let ng: &Tensor = late_ngrams.as_ref().unwrap_or(ng);
                 let staged = p
@@ -622,13 +625,15 @@ impl Model {
                             .find(|(l, _)| *l == r.layer)
                             .map_or(&*r.index, |(_, i)| i),
                     });
-                streams = Streams::new(e.forward(
-                    s,
-                    ng,
-                    staged,
-                    crate::numerics::round_f32(cfg.norm_eps),
-                    checks,
-                )?);
+                streams.replace(|s| {
+                    e.forward(
+                        s,
+                        ng,
+                        staged,
+                        crate::numerics::round_f32(cfg.norm_eps),
+                        checks,
+                    )
+                })?;
                 marks.mark("engram")?;
             }
             if let Some(i) = plan.dspark_target {
@@ -654,9 +659,6 @@ impl Model {
                 trace.attention = Some(f.clone());
             }
             streams.expand_later(f, mix)?;
-            if !self.mhc_fusion {
-                streams.ready()?;
-            }
             if capture.index_lists {
                 trace.index_lists = Some(entry_lists(published.lists_of(plan), b)?);
             }
@@ -671,9 +673,6 @@ impl Model {
             // The expand runs with the next layer's front half (or when the
             // streams are next read).
             streams.expand_later(f, mix)?;
-            if !self.mhc_fusion {
-                streams.ready()?;
-            }
             if capture.routing {
                 trace.routing = Some(selected);
             }

@@ -64,13 +64,7 @@ pub fn mhc_pre(
     params: MhcParams,
 ) -> Result<MhcPre> {
     let (device, t, d) = validate_pre(OP_PRE, streams, hc_fn, hc_base, hc_scale, pre_in, params)?;
-    let mut out = MhcPre {
-        u: Tensor::empty(&device, DType::BF16, &[t, d])?,
-        mixes: Tensor::empty(&device, DType::F32, &[t, HC_MIXES])?,
-        pre: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS])?,
-        post: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS])?,
-        comb: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS * HC_STREAMS])?,
-    };
+    let mut out = empty_pre(&device, t, d)?;
     mhc_pre_into(streams, hc_fn, hc_base, hc_scale, pre_in, params, &mut out)?;
     Ok(out)
 }
@@ -237,13 +231,7 @@ pub fn mhc_expand_pre(
         OP_FUSED, streams, next.func, next.base, next.scale, pre_in, params,
     )?;
     let mut new_streams = Tensor::empty(&device, DType::BF16, streams.shape())?;
-    let mut out = MhcPre {
-        u: Tensor::empty(&device, DType::BF16, &[t, d])?,
-        mixes: Tensor::empty(&device, DType::F32, &[t, HC_MIXES])?,
-        pre: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS])?,
-        post: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS])?,
-        comb: Tensor::empty(&device, DType::F32, &[t, HC_STREAMS * HC_STREAMS])?,
-    };
+    let mut out = empty_pre(&device, t, d)?;
     mhc_expand_pre_into(
         streams,
         f_out,
@@ -315,8 +303,20 @@ pub fn mhc_expand_pre_into(
     }
 }
 
-/// The outputs of a front half for `t` tokens of width `d`, on the device of
-/// `streams`: that device.
+/// Uninitialised outputs of a front half for `t` tokens of width `d`, of
+/// the shapes [`MhcPre`] documents.
+fn empty_pre(device: &Device, t: usize, d: usize) -> Result<MhcPre> {
+    Ok(MhcPre {
+        u: Tensor::empty(device, DType::BF16, &[t, d])?,
+        mixes: Tensor::empty(device, DType::F32, &[t, HC_MIXES])?,
+        pre: Tensor::empty(device, DType::F32, &[t, HC_STREAMS])?,
+        post: Tensor::empty(device, DType::F32, &[t, HC_STREAMS])?,
+        comb: Tensor::empty(device, DType::F32, &[t, HC_STREAMS * HC_STREAMS])?,
+    })
+}
+
+/// Checks the outputs of a front half for `t` tokens of width `d` against
+/// those shapes; their common device with `streams`.
 fn check_pre_outputs(
     op: &'static str,
     streams: (&'static str, &Tensor),

@@ -37,12 +37,29 @@ pub struct HcMix {
 pub struct Streams {
     s: Tensor,
     pending: Option<(Tensor, HcMix)>,
+    /// Whether an expand waits for the next front half (`Model::mhc_fusion`)
+    /// or runs at once.
+    fuse: bool,
 }
 
 impl Streams {
-    /// Streams with nothing pending.
-    pub fn new(s: Tensor) -> Streams {
-        Streams { s, pending: None }
+    /// Streams with nothing pending; `fuse`: whether expands wait to run
+    /// fused with the next front half.
+    pub fn new(s: Tensor, fuse: bool) -> Streams {
+        Streams {
+            s,
+            pending: None,
+            fuse,
+        }
+    }
+
+    /// Replaces the streams by `f` of them (a pending expand run first).
+    pub fn replace<E: From<crate::Error>>(
+        &mut self,
+        f: impl FnOnce(&Tensor) -> std::result::Result<Tensor, E>,
+    ) -> std::result::Result<(), E> {
+        self.s = f(self.ready()?)?;
+        Ok(())
     }
 
     /// The streams, after running a pending expand.
@@ -55,11 +72,14 @@ impl Streams {
     }
 
     /// Leaves the expand of the sublayer output `f` (BF16 `[T, D]`) with
-    /// `mix` for the next front half or [`Streams::ready`]; a pending expand
-    /// is run first.
+    /// `mix` for the next front half or [`Streams::ready`] (without fusion,
+    /// runs it now); a pending expand is run first.
     pub fn expand_later(&mut self, f: Tensor, mix: HcMix) -> Result<()> {
         self.ready()?;
         self.pending = Some((f, mix));
+        if !self.fuse {
+            self.ready()?;
+        }
         Ok(())
     }
 }
