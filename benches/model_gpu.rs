@@ -55,8 +55,8 @@
 //! `masked` | `contiguous` | `auto` picks the routed experts' layout
 //! (`Model::moe_layout`; decode records name the one that ran as
 //! `moe_layout`). DEEPINFER_BENCH_ENGRAM=host keeps the Engram tables in
-//! host memory (records carry `engram_tables`); DEEPINFER_MHC_FUSION=0 runs
-//! each mHC expand apart from the next front half (`mhc_fusion`). DEEPINFER_BENCH_PROFILE=1
+//! host memory (records carry `engram_tables`); DEEPINFER_MHC_FUSION=1 runs
+//! each mHC expand fused with the next front half (`mhc_fusion`). DEEPINFER_BENCH_PROFILE=1
 //! runs each decode point's first step after the warm-up as the CUDA
 //! profiler's range (`CudaDevice::profiled`) and times nothing: under `ncu
 //! --profile-from-start off` it gives every kernel of one step
@@ -140,11 +140,11 @@ mod gpu {
         }
     }
 
-    /// DEEPINFER_MHC_FUSION=0: each mHC expand runs alone, then the next
-    /// front half (`Model::mhc_fusion` off; the same bits), recorded as
-    /// `mhc_fusion`: the fused step's gain at model level.
+    /// DEEPINFER_MHC_FUSION=1: each mHC expand runs fused with the next
+    /// front half (`Model::mhc_fusion` on; the same bits), recorded as
+    /// `mhc_fusion`: the fused step's gain or loss at model level.
     fn mhc_fusion() -> bool {
-        std::env::var("DEEPINFER_MHC_FUSION").map_or(true, |v| v != "0")
+        std::env::var("DEEPINFER_MHC_FUSION").is_ok_and(|v| v == "1")
     }
     /// Time the timed decode steps of a point aim at (at least one, at most
     /// `MAX_STEPS`).

@@ -102,7 +102,8 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
     };
     // The generated sources include these headers: a change to them must
     // recompile every TileLang family.
-    let headers: Vec<PathBuf> = std::fs::read_dir(tdir.join("include/deepinfer_tl"))
+    let kernels_include = root.join("kernels-cuda").join("include");
+    let mut headers: Vec<PathBuf> = std::fs::read_dir(tdir.join("include/deepinfer_tl"))
         .map(|rd| {
             let mut v: Vec<PathBuf> = rd
                 .flatten()
@@ -113,6 +114,7 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
             v
         })
         .unwrap_or_default();
+    headers.push(kernels_include.join("deepinfer").join("async_copy.cuh"));
     let names: Vec<String> = programs
         .iter()
         .filter_map(|p| p.file_stem().map(|s| s.to_string_lossy().into_owned()))
@@ -146,7 +148,8 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
                     .collect(),
                 sources,
                 kernels,
-                include_dirs: vec![tdir.join("include")],
+                // compat.cuh includes kernels-cuda/include/deepinfer/async_copy.cuh.
+                include_dirs: vec![tdir.join("include"), kernels_include.clone()],
             }
         })
         .collect()

@@ -15,7 +15,7 @@ The `#include <tl_templates/cuda/...>` lines TileLang emits are replaced by
 our own `#include "deepinfer_tl/compat.cuh"` (tilelang/include), so the files
 compile with the pinned nvcc alone:
 
-    nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include \
+    nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include \
          tilelang/generated/act_quant_fp8.sm_90a.cu -o act_quant_fp8.sm_90a.fatbin
 
 (never with --use_fast_math / -ftz=true). The output is deterministic: no
@@ -44,6 +44,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 INCLUDE_DIR = HERE / "include"
+# compat.cuh includes deepinfer/async_copy.cuh from the hand-written kernels' headers.
+KERNELS_INCLUDE_DIR = REPO / "kernels-cuda" / "include"
 COMPAT_INCLUDE = '#include "deepinfer_tl/compat.cuh"'
 
 ARCHS = ("sm_90a", "sm_100a")
@@ -149,7 +151,7 @@ def header(prog: Program, arch: str, version: str, entries, launch: dict) -> str
         f"// Source program: tilelang/{prog.module}.py ({prog.builder}())",
         f"// TileLang {version}, target {{\"kind\": \"cuda\", \"arch\": \"{arch}\"}}",
         "// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.",
-        f"// Build: nvcc -fatbin -gencode=arch=compute_{arch[3:]},code={arch} -I tilelang/include <this file>",
+        f"// Build: nvcc -fatbin -gencode=arch=compute_{arch[3:]},code={arch} -I tilelang/include -I kernels-cuda/include <this file>",
         "//        (no --use_fast_math / -ftz=true)",
     ]
     for name, params, bounds in entries:
@@ -212,7 +214,7 @@ def compile_check(nvcc: str, files: dict[str, tuple[str, list]]) -> list[str]:
             src = Path(tmp) / fname
             src.write_text(text)
             cmd = [nvcc, "-cubin", f"-gencode=arch=compute_{arch[3:]},code={arch}",
-                   "-I", str(INCLUDE_DIR), str(src), "-o", str(Path(tmp) / (fname + ".cubin"))]
+                   "-I", str(INCLUDE_DIR), "-I", str(KERNELS_INCLUDE_DIR), str(src), "-o", str(Path(tmp) / (fname + ".cubin"))]
             res = subprocess.run(cmd, capture_output=True, text=True)
             if res.returncode != 0:
                 failures.append(fname)

@@ -31,7 +31,7 @@ filled before the first step. Each CTA writes out for its chunk's positions
 of its tile's tokens, so the grid writes every element of out once.
 
 Launch: grid = (ceil(n_vec / 16), ceil(T / 64), 1), block = (128, 1, 1),
-34816 bytes of dynamic shared memory. T * 4 * D < 2^31.
+42112 bytes of dynamic shared memory. T * 4 * D < 2^31.
 """
 
 import mhc_pre

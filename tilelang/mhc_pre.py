@@ -17,12 +17,19 @@ Streams S are BF16 [T, 4, D] (D % 8 == 0), hc_fn fp32 [24, 4·D], pre_in fp32
            over the flat 4·D index x = i·D + p, chunk c holding the positions
            p in [128c, 128c + 128) of all four streams.
 
-The reduction order is fixed and depends on neither T nor the token's place
-in its tile (batch invariant): each thread sums one stream's positions of
-the chunk in ascending order (fp32, FMA-contracted), the four streams are
-then added in the order ((0 + 1) + 2) + 3, and pass 2 adds the chunks in
-ascending order. Not the CPU's sequential order: compare the mixes with a
-tolerance.
+The 24 dots run on the tensor cores: hc_fn is split into three BF16 terms
+that add up to it exactly (hi = w cut to 16 bits, mid = the rest cut to 16
+bits, lo = what is left, at most 8 significant bits; a non-finite w stays in
+hi, mid = lo = 0); each BF16 product with S is exact, and mma.sync m16n8k16
+accumulates them in fp32, per K block of 16 the hi, mid and lo terms in
+that order. The tensor cores' fp32 accumulation is not IEEE round-to-nearest
+at each add (the terms of an MMA are aligned and truncated), so the sums are
+close to an fp32 GEMV's, not bitwise. The squares are fp32 (FMA-contracted):
+each thread walks its one vector of each step, stream by stream, and a
+token's four vectors are added across the quad as (v0 + v1) + (v2 + v3).
+The order is fixed by D alone and depends on neither T nor the token's place
+in its tile (batch invariant); pass 2 adds the chunks in ascending order.
+Not the CPU's sequential order: compare the mixes with a tolerance.
 
 Layout and work mapping
 -----------------------
@@ -34,28 +41,30 @@ Layout and work mapping
 
 grid = (n_chunks, ceil(T / 64)): one CTA per chunk of 128 positions and tile
 of 64 tokens; the chunk's 48 KiB of hc_fn is read once per tile (through L2).
-128 threads = 4 warps; warp i sums stream i, lane l tokens l and l + 32 of
-the tile (the second only when the tile has more than 32 tokens: a
-warp-uniform branch, so small batches do half the arithmetic).
-
-Tried and dropped: two warps a stream (256 threads, each taking half of a
-step's vectors) compile to 214 registers, one CTA an SM, and measured
-slower on the H200 (929 against 754 us at 16384 tokens, 2026-12-02): with
-one CTA nothing overlaps a CTA's barriers and loads.
+128 threads = 4 warps; warp w holds the m16 tile of tokens 16w .. 16w + 15
+and all 24 mixes (three n8 tiles), and skips the MMAs when its first token is
+past T (a warp-uniform branch).
 
 The chunk is walked in 4 steps of 32 positions. Each step's hc_fn slice
-(24 × 4 × 32 fp32, 12 KiB) and stream slice (64 tokens × 4 × 32 BF16, rows
-padded to 272 bytes so the per-token 16-byte loads are conflict-free) go
+(24 × 4 × 32 fp32, 12 KiB, stored as the hi, mid and lo terms [24, 136] BF16)
+and stream slice (64 tokens × 4 × 32 BF16, rows padded to 272 bytes) go
 global → registers → shared memory; the next step's global loads are issued
-before the current step's arithmetic. u is written from the staged
-registers. Positions past D and tokens past T stage as zeros.
-The four warps' sums meet in shared memory [64, 25] (stride 25 words:
-conflict-free) in stream order, and the tile's [64, 25] block of part is
-written contiguously.
+before the current step's MMAs. The padded rows make the fragments' 32-bit
+loads conflict-free (row r starts 4r banks on). u is written from the staged
+registers. Positions past D and tokens past T stage as zeros. The
+accumulators and squares meet in shared memory [64, 25], and the tile's
+[64, 25] block of part is written contiguously.
 
-Launch: grid = (n_chunks, ceil(T / 64), 1), block = (128, 1, 1), 29696 bytes
-of dynamic shared memory (hc_fn slice 12288, streams 17408; the sums, 6400,
-reuse the streams' space after the last step).
+Registers: 166 (3 CTAs an SM, the launch bounds ask for it; 180 and 2
+without), the fused kernel 241 (2). Measured before (the fp32 FMA GEMV this
+replaces, 2026-12-02): 240
+registers, 2 CTAs an SM, 760 us at 16384 tokens with pass 2 (26 % of copy),
+bound by the FMAs and the shared-memory loads that fed them. Two warps a
+stream (256 threads) measured slower (929 us).
+
+Launch: grid = (n_chunks, ceil(T / 64), 1), block = (128, 1, 1), 36992 bytes
+of dynamic shared memory (hc_fn terms 3 × 6528, streams 17408; the sums,
+6400, reuse space dead after the last step).
 T * 4 * D < 2^31.
 """
 
@@ -68,7 +77,7 @@ MIXES = 24
 VEC = 8
 THREADS = 128
 RED_ROWS = MIXES + 1  # 24 dots and the sum of squares
-TOK = 64  # tokens per CTA (2 per lane)
+TOK = 64  # tokens per CTA (16 per warp)
 CHUNK_VEC = 16  # 16-byte vectors (of each stream) per chunk: 128 positions
 STEP_VEC = 4  # vectors per step: 32 positions
 STEPS = CHUNK_VEC // STEP_VEC
@@ -77,9 +86,15 @@ W_F4 = MIXES * HC * STEP_VEC * 2  # float4 loads of one step's hc_fn slice
 W_PER_THREAD = W_F4 // THREADS
 PAIRS = TOK * STEP_VEC // THREADS  # (token, vector) pairs staged per thread
 MIX_COLS = HC + HC * HC  # the fused kernel's post and comb of a token
+KCOLS = HC * STEP_VEC * VEC  # a step's positions of the four streams: the GEMM's K
+WROW = KCOLS + VEC  # BF16 per staged hc_fn row (hi or lo term), padded by 16 bytes
+KB = KCOLS // 16  # m16n8k16 K blocks a step
+NT = MIXES // 8  # n8 tiles of the 24 mixes
+WARP_TOK = TOK // (THREADS // 32)  # tokens a warp's m16 tile holds
+assert WARP_TOK == 16 and MIXES % 8 == 0
 # The [64, 25] sums live after the last step: TileLang places them over the
 # staged streams (its liveness merge), so they add nothing.
-SMEM_BYTES = W_F4 * 16 + TOK * ROW * 2
+SMEM_BYTES = 3 * MIXES * WROW * 2 + TOK * ROW * 2
 FUSED_SMEM_BYTES = SMEM_BYTES + TOK * MIX_COLS * 4  # + the tile's post and comb
 assert TOK * RED_ROWS * 4 <= TOK * ROW * 2
 
@@ -126,12 +141,30 @@ def build(fused: bool):
                     )
 
     @T.macro
-    def store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step):
-        # Registers -> shared memory, and the collapse u of the staged pairs.
+    def store_step(wh, wm, wl, ss, u, wr, sr, sq, lag, ub, ch, tile, tx, n_vec, n_tokens, step):
+        # Registers -> shared memory: hc_fn as three BF16 terms that add up to
+        # w exactly: hi = w with its low 16 bits cut, r = w - hi (exact, at
+        # most 16 significant bits), mid = r with its low 16 bits cut, lo =
+        # r - mid (exact, at most 8 significant bits: a BF16 value). Cutting
+        # never rounds up to infinity; a non-finite w keeps its value in hi
+        # (NaN stays NaN) and mid = lo = 0. Then the squares of the staged
+        # pairs, and the collapse u of the staged pairs.
         for k in T.unroll(W_PER_THREAD):
             r, i, vv, h = w_slot(k * THREADS + tx)
-            for j in T.vectorized(VEC // 2):
-                ws[r, i, vv, h, j] = wr[k, j]
+            for j in T.unroll(VEC // 2):
+                bits = T.reinterpret(wr[k, j], T.uint32)
+                hi = T.reinterpret(bits & T.uint32(0xFFFF0000), T.float32)
+                rest = wr[k, j] - hi
+                mid = T.reinterpret(T.reinterpret(rest, T.uint32) & T.uint32(0xFFFF0000), T.float32)
+                finite = (bits & T.uint32(0x7F800000)) != T.uint32(0x7F800000)
+                col = i * (STEP_VEC * VEC) + vv * VEC + h * (VEC // 2) + j
+                wh[r, col] = T.cast(T.if_then_else(finite, hi, wr[k, j]), T.bfloat16)
+                wm[r, col] = T.cast(T.if_then_else(finite, mid, T.float32(0)), T.bfloat16)
+                wl[r, col] = T.cast(T.if_then_else(finite, rest - mid, T.float32(0)), T.bfloat16)
+        for k in T.unroll(PAIRS):
+            for i in T.unroll(HC):
+                for j in T.unroll(VEC):
+                    sq[k] = sq[k] + T.cast(sr[k, i, j], T.float32) * T.cast(sr[k, i, j], T.float32)
         for k in T.unroll(PAIRS):
             p = k * THREADS + tx
             tt = p // STEP_VEC
@@ -153,22 +186,42 @@ def build(fused: bool):
                     u[tok, g, j] = ub[j]
 
     @T.macro
-    def dots(ss, ws, sb, xs, wv, acc, warp, lane, nq):
-        # Warp `warp` = stream i; lane: tokens lane and lane + 32.
-        for vv in T.unroll(STEP_VEC):
-            for q in T.unroll(nq):
-                for j in T.vectorized(VEC):
-                    sb[q, j] = ss[lane + 32 * q, warp * (STEP_VEC * VEC) + vv * VEC + j]
-                for j in T.unroll(VEC):
-                    xs[q, j] = T.cast(sb[q, j], T.float32)
-                    acc[q, MIXES] = acc[q, MIXES] + xs[q, j] * xs[q, j]
-            for r in T.unroll(MIXES):
-                for h in T.unroll(2):
-                    for j in T.vectorized(VEC // 2):
-                        wv[h * (VEC // 2) + j] = ws[r, warp, vv, h, j]
-                for j in T.unroll(VEC):
-                    for q in T.unroll(nq):
-                        acc[q, r] = acc[q, r] + wv[j] * xs[q, j]
+    def dots(ss, wh, wm, wl, af, acc, warp, lane):
+        # The warp's 16 tokens x the 24 mixes over the step's 128 K columns:
+        # per K block of 16, the A fragment once, then per n8 tile the hi, mid
+        # and lo terms (mma.sync m16n8k16, fp32 accumulate), in that order.
+        g = lane // 4
+        t = lane % 4
+        for kb in T.unroll(KB):
+            T.call_extern(
+                "handle",
+                "deepinfer_ldfrag_a_16816",
+                T.address_of(af[0]),
+                T.address_of(ss[warp * WARP_TOK + g, kb * 16 + 2 * t]),
+                T.address_of(ss[warp * WARP_TOK + g + 8, kb * 16 + 2 * t]),
+            )
+            for nt in T.unroll(NT):
+                T.call_extern(
+                    "handle",
+                    "deepinfer_mma_bf16_16816",
+                    T.address_of(acc[nt, 0]),
+                    T.address_of(af[0]),
+                    T.address_of(wh[nt * 8 + g, kb * 16 + 2 * t]),
+                )
+                T.call_extern(
+                    "handle",
+                    "deepinfer_mma_bf16_16816",
+                    T.address_of(acc[nt, 0]),
+                    T.address_of(af[0]),
+                    T.address_of(wm[nt * 8 + g, kb * 16 + 2 * t]),
+                )
+                T.call_extern(
+                    "handle",
+                    "deepinfer_mma_bf16_16816",
+                    T.address_of(acc[nt, 0]),
+                    T.address_of(af[0]),
+                    T.address_of(wl[nt * 8 + g, kb * 16 + 2 * t]),
+                )
 
     @T.macro
     def load_f(f, fr, ch, tile, tx, n_vec, n_tokens, step):
@@ -214,25 +267,28 @@ def build(fused: bool):
     @T.macro
     def front(ch, tile, streams, hc_fn, pre_in, u, part, f, post, comb, out):
         tx = T.get_thread_binding()
-        ws = T.alloc_shared((MIXES, HC, STEP_VEC, 2, VEC // 2), T.float32)
+        wh = T.alloc_shared((MIXES, WROW), T.bfloat16)
+        wm = T.alloc_shared((MIXES, WROW), T.bfloat16)
+        wl = T.alloc_shared((MIXES, WROW), T.bfloat16)
         ss = T.alloc_shared((TOK, ROW), T.bfloat16)
         red = T.alloc_shared((TOK, RED_ROWS), T.float32)
         wr = T.alloc_local((W_PER_THREAD, VEC // 2), T.float32)
         sr = T.alloc_local((PAIRS, HC, VEC), T.bfloat16)
+        sq = T.alloc_local((PAIRS,), T.float32)
         lag = T.alloc_local((PAIRS, HC), T.float32)
         ub = T.alloc_local((VEC,), T.bfloat16)
-        sb = T.alloc_local((2, VEC), T.bfloat16)
-        xs = T.alloc_local((2, VEC), T.float32)
-        wv = T.alloc_local((VEC,), T.float32)
-        acc = T.alloc_local((2, RED_ROWS), T.float32)
+        af = T.alloc_local((4,), T.uint32)
+        acc = T.alloc_local((NT, 4), T.float32)
 
         warp = tx // 32
         lane = tx % 32
-        both = tile * TOK + 32 < n_tokens  # warp-uniform: a second token per lane
+        busy = tile * TOK + warp * WARP_TOK < n_tokens  # warp-uniform: the warp's tokens hold one
 
-        for q in T.unroll(2):
-            for r in T.unroll(RED_ROWS):
-                acc[q, r] = T.float32(0)
+        for nt in T.unroll(NT):
+            for c in T.unroll(4):
+                acc[nt, c] = T.float32(0)
+        for k in T.unroll(PAIRS):
+            sq[k] = T.float32(0)
         for k in T.unroll(PAIRS):
             tok = tile * TOK + (k * THREADS + tx) // STEP_VEC
             for i in T.unroll(HC):
@@ -258,39 +314,38 @@ def build(fused: bool):
             load_f(f, fr, ch, tile, tx, n_vec, n_tokens, 0)
             for step in T.serial(STEPS):
                 expand_step(out, mix, sr, fr, cw, ob, ch, tile, tx, n_vec, n_tokens, step)
-                store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
+                store_step(wh, wm, wl, ss, u, wr, sr, sq, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
                 T.sync_threads()
                 if step + 1 < STEPS:
                     load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, step + 1)
                     load_f(f, fr, ch, tile, tx, n_vec, n_tokens, step + 1)
-                if both:
-                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 2)
-                else:
-                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 1)
+                if busy:
+                    dots(ss, wh, wm, wl, af, acc, warp, lane)
                 T.sync_threads()
         else:
             load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, 0)
             for step in T.serial(STEPS):
-                store_step(ws, ss, u, wr, sr, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
+                store_step(wh, wm, wl, ss, u, wr, sr, sq, lag, ub, ch, tile, tx, n_vec, n_tokens, step)
                 T.sync_threads()
                 if step + 1 < STEPS:
                     load_step(hc_fn, streams, wr, sr, ch, tile, tx, n_vec, n_tokens, step + 1)
-                if both:
-                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 2)
-                else:
-                    dots(ss, ws, sb, xs, wv, acc, warp, lane, 1)
+                if busy:
+                    dots(ss, wh, wm, wl, af, acc, warp, lane)
                 T.sync_threads()
 
-        # The four streams' sums, in stream order, then the tile's block of part.
-        for w in T.unroll(HC):
-            if warp == w:
-                for q in T.unroll(2):
-                    for r in T.unroll(RED_ROWS):
-                        if w == 0:
-                            red[lane + 32 * q, r] = acc[q, r]
-                        else:
-                            red[lane + 32 * q, r] = red[lane + 32 * q, r] + acc[q, r]
-            T.sync_threads()
+        # The warps' accumulators (C fragment: rows g and g + 8, columns 2t and
+        # 2t + 1 of each n8 tile) and each token's squares, its four vectors'
+        # sums added across the quad as (v0 + v1) + (v2 + v3); then the tile's
+        # block of part.
+        for nt in T.unroll(NT):
+            for c in T.unroll(4):
+                red[warp * WARP_TOK + lane // 4 + 8 * (c // 2), nt * 8 + 2 * (lane % 4) + c % 2] = acc[nt, c]
+        for k in T.unroll(PAIRS):
+            sq[k] = sq[k] + T.shfl_xor(sq[k], 1)
+            sq[k] = sq[k] + T.shfl_xor(sq[k], 2)
+            if tx % STEP_VEC == 0:
+                red[(k * THREADS + tx) // STEP_VEC, MIXES] = sq[k]
+        T.sync_threads()
         for e in T.serial(T.ceildiv(TOK * RED_ROWS, THREADS)):
             idx = e * THREADS + tx
             tt = idx // RED_ROWS
@@ -326,6 +381,8 @@ def build(fused: bool):
         part: T.Tensor((n_chunks, n_tokens, RED_ROWS), T.float32),
     ):
         with T.Kernel(n_chunks, T.ceildiv(n_tokens, TOK), threads=THREADS) as (ch, tile):
+            # 166 registers, no spills: 3 CTAs an SM (180 and 2 without).
+            T.annotate_min_blocks_per_sm(3)
             front(ch, tile, streams, hc_fn, pre_in, u, part, None, None, None, None)
 
     return deepinfer_mhc_pre

@@ -34,8 +34,12 @@ both M and D stay dynamic:
 
 Work mapping
 ------------
-One CTA of THREADS = 256 threads per row; x is read from memory once and
-kept in registers across the reduction. Block b of the row is owned by the
+Persistent: n_ctas CTAs (the resident ones, at most M) of THREADS = 256
+threads, CTA b taking rows b, b + n_ctas, ...; thread 0 brings each row of x
+to shared memory with one bulk copy (STAGES = 3 rows in flight a CTA, one
+mbarrier a stage), every thread reads its elements from there once and keeps
+them in registers across the reduction, and the stage goes back to thread 0
+after a proxy fence and a CTA barrier. Block b of the row is owned by the
 4 consecutive lanes 4*(b % 64) + 0..3, each holding 8 consecutive elements
 (one 16-byte load of x and of the weight, one 16-byte store of y, one
 8-byte store of q), in register slot b // 64. So a CTA covers up to
@@ -53,18 +57,19 @@ sm_100a TileLang pairs the in-thread additions into fp32x2 adds; the order
 is still fixed per arch.)
 
 Registers: __launch_bounds__(256, 4) caps the kernel at 64 registers
-without spills (x and the weight stay BF16, 16 registers each), so four rows
-are in flight per SM. Measured on the H200 (16384 x 5120): 138 us, 72 % of
-the copy ceiling; capping at 48 or 40 registers (5 or 6 CTAs per SM) spills
-and is slower (144 us, 309 us).
+without spills (x and the weight stay BF16, 16 registers each; the weight is
+re-read from L2 for each row: kept in registers across rows it spilled). The
+one-CTA-a-row kernel before it measured 138 us at 16384 x 5120 (72 % of the
+copy ceiling), bound by the latency of its one row in flight a CTA.
 
-Launch: grid = (M, 1, 1), block = (256, 1, 1), dynamic shared memory
-1024 bytes (the cross-warp reduction workspace, one fp32 per thread).
+Launch: grid = (n_ctas, 1, 1), block = (256, 1, 1), dynamic shared memory
+50,208 bytes (stage barriers, three stages of 8192 BF16, the cross-warp
+reduction workspace of one fp32 per thread).
 """
 
 import tilelang.language as T
 
-from act_quant_fp8 import E4M3_MAX, e8m0_scales
+from act_quant_fp8 import e8m0_scales
 
 # Entry point of the generated CUDA is f"{PRIM_FUNC_NAME}_kernel".
 PRIM_FUNC_NAME = "deepinfer_rms_norm_act_quant_fp8"
@@ -78,9 +83,10 @@ MAX_BLOCKS = THREADS // LANES_PER_BLOCK * PASSES  # 256
 D_MAX = MAX_BLOCKS * BLOCK  # 8192
 WORKSPACE_BYTES = THREADS * 4  # fp32 per thread for the cross-warp reduction
 MIN_CTAS_PER_SM = 4     # register cap of 64 per thread
+STAGES = 3              # rows of x staged in shared memory (bulk copies)
 
 
-def rms_norm_act_quant_fp8(threads: int = THREADS, passes: int = PASSES):
+def rms_norm_act_quant_fp8(threads: int = THREADS, passes: int = PASSES, stages: int = STAGES):
     """Build the TileLang PrimFunc. `threads` must be a multiple of 32."""
     assert threads % 32 == 0
     blocks_per_pass = threads // LANES_PER_BLOCK
@@ -97,10 +103,13 @@ def rms_norm_act_quant_fp8(threads: int = THREADS, passes: int = PASSES):
         q: T.Tensor((n_rows, n_blocks, BLOCK), T.float8_e4m3fn),
         scale: T.Tensor((n_rows, n_blocks), T.uint8),
         eps: T.float32,
+        n_ctas: T.int32,  # the grid, at most n_rows
     ):
-        with T.Kernel(n_rows, threads=threads) as row:
+        with T.Kernel(n_ctas, threads=threads) as bx:
             # __launch_bounds__(256, 4): at most 64 registers (no spills).
             T.annotate_min_blocks_per_sm(MIN_CTAS_PER_SM)
+            stage = T.alloc_shared((stages, max_blocks, BLOCK), T.bfloat16)
+            bars = T.alloc_shared((stages,), T.uint64)
             # x and the weight stay BF16 in registers (half the registers of
             # fp32; the promotion is exact and redone at each use).
             xb = T.alloc_fragment((max_blocks, BLOCK), T.bfloat16)
@@ -108,6 +117,7 @@ def rms_norm_act_quant_fp8(threads: int = THREADS, passes: int = PASSES):
             sq = T.alloc_fragment((max_blocks, BLOCK), T.float32)
             yb = T.alloc_fragment((max_blocks, BLOCK), T.bfloat16)
             yf = T.alloc_fragment((max_blocks, BLOCK), T.float32)
+            ya = T.alloc_fragment((max_blocks, BLOCK), T.float32)
             qf = T.alloc_fragment((max_blocks, BLOCK), T.float8_e4m3fn)
             block_ss = T.alloc_fragment((max_blocks,), T.float32)
             row_ss = T.alloc_fragment((1,), T.float32)
@@ -122,44 +132,77 @@ def rms_norm_act_quant_fp8(threads: int = THREADS, passes: int = PASSES):
                 forward_thread_fn=lambda b, j: (b % blocks_per_pass) * LANES_PER_BLOCK + j // VEC,
                 forward_index_fn=lambda b, j: (b // blocks_per_pass) * VEC + j % VEC,
             )
-            T.annotate_layout({xb: lane_layout, wb: lane_layout, sq: lane_layout, yb: lane_layout, yf: lane_layout, qf: lane_layout})
+            T.annotate_layout({t: lane_layout for t in (xb, wb, sq, yb, yf, ya, qf)})
 
-            T.copy(x[row, 0:max_blocks, 0:BLOCK], xb)  # the one read of x
-            T.copy(weight[0:max_blocks, 0:BLOCK], wb)
+            tx = T.get_thread_binding()
+            iters = T.ceildiv(n_rows - bx, n_ctas)
+            row_bytes = T.cast(n_blocks * (BLOCK * 2), T.uint32)
+            # Thread 0 owns the stage barriers (one arrival a phase, with the
+            # row's bytes) and issues every bulk copy of a row of x.
+            if tx == 0:
+                for st in T.serial(stages):
+                    T.call_extern("handle", "deepinfer::sm90::mbar_init", T.address_of(bars[st]), 1)
+                T.call_extern("handle", "deepinfer::sm90::fence_barrier_init")
+                for st in T.serial(stages):
+                    if st < iters:
+                        T.call_extern("handle", "deepinfer::sm90::mbar_arrive_expect_tx", T.address_of(bars[st]), row_bytes)
+                        T.call_extern("handle", "deepinfer::sm90::bulk_load", T.address_of(stage[st, 0, 0]),
+                                      T.address_of(x[bx + st * n_ctas, 0, 0]), row_bytes, T.address_of(bars[st]))
+            T.sync_threads()  # the barriers are set up
 
-            for b, j in T.Parallel(max_blocks, BLOCK):
-                sq[b, j] = T.cast(xb[b, j], T.float32) * T.cast(xb[b, j], T.float32)
-            T.reduce_sum(sq, block_ss, dim=1)  # 4-lane xor-shuffle sum per block
-            T.reduce_sum(block_ss, row_ss, dim=0)  # whole-CTA fixed tree
-            inv_rms = T.float32(1.0) / T.sqrt(row_ss[0] / T.cast(n_blocks * BLOCK, T.float32) + eps)
+            for it in T.serial(iters):
+                st = it % stages
+                row = bx + it * n_ctas
+                T.call_extern("handle", "deepinfer::sm90::mbar_wait", T.address_of(bars[st]),
+                              T.cast((it // stages) % 2, T.uint32))
+                # Blocks past the row's end are zeros (they add nothing to the sum).
+                for b, j in T.Parallel(max_blocks, BLOCK):
+                    xb[b, j] = T.if_then_else(b < n_blocks, stage[st, T.min(b, n_blocks - 1), j], T.bfloat16(0))
+                # Every thread's reads of the stage, then its next bulk copy.
+                T.call_extern("handle", "deepinfer::sm90::fence_proxy_async_smem")
+                T.sync_threads()
+                if tx == 0 and it + stages < iters:
+                    T.call_extern("handle", "deepinfer::sm90::mbar_arrive_expect_tx", T.address_of(bars[st]), row_bytes)
+                    T.call_extern("handle", "deepinfer::sm90::bulk_load", T.address_of(stage[st, 0, 0]),
+                                  T.address_of(x[row + stages * n_ctas, 0, 0]), row_bytes, T.address_of(bars[st]))
 
-            for b, j in T.Parallel(max_blocks, BLOCK):
-                yb[b, j] = T.cast(
-                    T.cast(wb[b, j], T.float32) * (T.cast(xb[b, j], T.float32) * inv_rms), T.bfloat16
-                )
-            # The quantiser works on the BF16-rounded y, promoted back to fp32.
-            for b, j in T.Parallel(max_blocks, BLOCK):
-                yf[b, j] = T.cast(yb[b, j], T.float32)
+                T.copy(weight[0:max_blocks, 0:BLOCK], wb)  # from L2, a row at a time
+                for b, j in T.Parallel(max_blocks, BLOCK):
+                    sq[b, j] = T.cast(xb[b, j], T.float32) * T.cast(xb[b, j], T.float32)
+                T.reduce_sum(sq, block_ss, dim=1)  # 4-lane xor-shuffle sum per block
+                T.reduce_sum(block_ss, row_ss, dim=0)  # whole-CTA fixed tree
+                inv_rms = T.float32(1.0) / T.sqrt(row_ss[0] / T.cast(n_blocks * BLOCK, T.float32) + eps)
+                for b, j in T.Parallel(max_blocks, BLOCK):
+                    yb[b, j] = T.cast(
+                        T.cast(wb[b, j], T.float32) * (T.cast(xb[b, j], T.float32) * inv_rms), T.bfloat16
+                    )
+                # The quantiser works on the BF16-rounded y, promoted back to fp32.
+                for b, j in T.Parallel(max_blocks, BLOCK):
+                    yf[b, j] = T.cast(yb[b, j], T.float32)
+                for b, j in T.Parallel(max_blocks, BLOCK):
+                    ya[b, j] = T.abs(yf[b, j])
+                T.reduce_max(ya, amax, dim=1)  # 4-lane xor-shuffle max (NaN ignored, as fmaxf)
+                e8m0_scales(amax, inv, sbyte)
+                for b, j in T.Parallel(max_blocks, BLOCK):
+                    # e4m3fn casts lower to cvt.rn.satfinite: RNE, saturating at +-448
+                    # (the quantiser's clamp), NaN -> 0x7F.
+                    qf[b, j] = yf[b, j] * inv[b]
 
-            T.reduce_absmax(yf, amax, dim=1)  # 4-lane xor-shuffle max
-            e8m0_scales(amax, inv, sbyte)
-            for b, j in T.Parallel(max_blocks, BLOCK):
-                # e4m3fn casts lower to cvt.rn.satfinite (RNE, NaN -> 0x7F).
-                qf[b, j] = T.clamp(yf[b, j] * inv[b], -E4M3_MAX, E4M3_MAX)
-
-            T.copy(yb, y[row, 0:max_blocks, 0:BLOCK])
-            T.copy(qf, q[row, 0:max_blocks, 0:BLOCK])
-            T.copy(sbyte, scale[row, 0:max_blocks])
+                T.copy(yb, y[row, 0:max_blocks, 0:BLOCK])
+                T.copy(qf, q[row, 0:max_blocks, 0:BLOCK])
+                T.copy(sbyte, scale[row, 0:max_blocks])
 
     return deepinfer_rms_norm_act_quant_fp8
 
 
 def launch_info() -> dict:
     """Launch geometry of the default build, for generate.py's header."""
+    smem = 32 + STAGES * MAX_BLOCKS * BLOCK * 2 + WORKSPACE_BYTES
     return {
-        "grid": "(n_rows, 1, 1): one CTA per row",
+        "grid": "(n_ctas, 1, 1): persistent, n_ctas <= n_rows, CTA b takes rows b, b + n_ctas, ...",
         "block": "(%d, 1, 1)" % THREADS,
-        "dynamic_smem": "%d bytes (cross-warp reduction workspace)" % WORKSPACE_BYTES,
-        "dynamic_smem_bytes": WORKSPACE_BYTES,
+        "dynamic_smem": "%d bytes (stage barriers, %d staged rows of x, cross-warp reduction workspace)"
+        % (smem, STAGES),
+        "dynamic_smem_bytes": smem,
         "alignment": "x, weight, y 16 B, q 8 B, scale 1 B; n_blocks = D/32, 1 <= n_blocks <= %d" % MAX_BLOCKS,
     }

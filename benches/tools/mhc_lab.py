@@ -23,9 +23,11 @@ Checks, at every size, before timing:
     VARIANTS=fma,tc ROWS=64,4096,16384 python3 mhc_lab.py   # <variant>.pre.cubin,
                                                             # <variant>.fused.cubin beside it
 
-`benches/tools/mhc_lab_cubins.sh [OUT]` builds the cubins (sm_90a: the
-committed kernels as fma.*, the tensor-core lab's patch as tc.*, and
-expand.cubin) and copies this script beside them.
+`benches/tools/mhc_lab_cubins.sh [OUT] [NAME=REV[+PATCH] ...]` builds the
+cubins (sm_90a: each variant from a commit, with a lab patch on top if
+given; expand.cubin from the first), writes variants.json (their shared
+memory sizes, in order: the first is the base the others are compared
+with) and copies this script beside them.
 
 Prints one line per (rows, variant) and writes $OUT/mhclab.json.
 """
@@ -47,9 +49,11 @@ D = 5120
 N_VEC = D // 8
 CHUNKS = -(-N_VEC // 16)
 THREADS = 128
-# Dynamic shared memory of each variant's pass 1 and fused kernel (the
-# program's SMEM_BYTES and FUSED_SMEM_BYTES); SMEM_<variant>=pre,fused for others.
-SMEM_OF = {"fma": (29696, 34816), "tc": (36992, 42112)}
+# Each variant's dynamic shared memory for pass 1 and the fused kernel, read
+# by mhc_lab_cubins.sh from the generated sources' headers (variants.json,
+# in build order); SMEM_<variant>=pre,fused overrides.
+with open(os.path.join(HERE, "variants.json")) as f:
+    SMEM_OF = {k: tuple(v) for k, v in json.load(f).items()}
 NAMES = {"pre": b"deepinfer_mhc_pre_kernel", "fused": b"deepinfer_mhc_expand_pre_kernel",
          "expand": b"deepinfer_mhc_expand_kernel"}
 
@@ -88,7 +92,7 @@ def i32(v):
     return ctypes.c_int(v)
 
 
-variants = os.environ.get("VARIANTS", "fma,tc").split(",")
+variants = os.environ["VARIANTS"].split(",") if "VARIANTS" in os.environ else list(SMEM_OF)
 fns, smem = {}, {}
 for v in variants:
     sizes = os.environ.get("SMEM_" + v)
@@ -234,4 +238,6 @@ for t in [int(r) for r in os.environ.get("ROWS", "1,64,256,4096,16384").split(",
         print(f"T {t:6d} expand + {first_pre[2]} pass 1 (the two-kernel path): {us:9.2f} us")
         res.append(dict(rows=t, variant="expand+" + first_pre[2], kernel="two", us=us))
     del xs
-json.dump(res, open(os.environ.get("OUT", ".") + "/mhclab.json", "w"), indent=1)
+out_dir = os.environ.get("OUT", ".")
+os.makedirs(out_dir, exist_ok=True)
+json.dump(res, open(out_dir + "/mhclab.json", "w"), indent=1)

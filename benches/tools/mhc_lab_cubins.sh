@@ -2,32 +2,55 @@
 # Builds the sm_90a cubins that benches/tools/mhc_lab.py times, into OUT
 # (default .dev/mhclab), with the pinned nvcc ($DEEPINFER_CUDA_ROOT/bin/nvcc
 # after `source` of scripts/setup's output, or $NVCC):
-#   fma.pre / fma.fused  the committed pass 1 and fused kernels (tilelang/generated)
-#   tc.pre / tc.fused    the tensor-core lab (tilelang/labs/2026-12-05-mhc-tensor-cores.patch,
-#                        applied to HEAD in a temporary worktree; the patch carries its
-#                        generated sources, so no TileLang is needed)
-#   expand               the committed expand kernel (the two-kernel path's first half)
-# and copies mhc_lab.py beside them. Then, on the GPU machine:
+#
+#   benches/tools/mhc_lab_cubins.sh [OUT] [NAME=REV[+PATCH] ...]
+#
+# Each variant NAME is the committed pass 1 and fused kernels
+# (tilelang/generated) at REV, with PATCH (a lab patch carrying its generated
+# sources, so no TileLang is needed) applied on top if given, built in a
+# temporary worktree: NAME.pre.cubin and NAME.fused.cubin. The default is
+# `fma=7e1eccf tc=HEAD` (the FMA mixes before the tensor cores, and now).
+# expand.cubin is the first variant's expand kernel (the two-kernel path's
+# first half). variants.json records each variant's dynamic shared memory
+# (from the generated sources' headers), in order; mhc_lab.py is copied
+# beside them. Then, on the GPU machine:
 #   cd OUT && python3 mhc_lab.py
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="$(mkdir -p "${1:-$ROOT/.dev/mhclab}" && cd "${1:-$ROOT/.dev/mhclab}" && pwd)"
+shift || true
+[ $# -gt 0 ] || set -- fma=7e1eccf tc=HEAD
 cd "$ROOT"
 NVCC="${NVCC:-${DEEPINFER_CUDA_ROOT:?source scripts/setup output first}/bin/nvcc}"
-# The crate build's flags (build/cuda.rs, nvcc_flags).
+# The crate build's flags (build/cuda.rs, nvcc_flags) and include folders.
 cubin() {
   "$NVCC" -cubin -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -lineinfo \
-    --expt-relaxed-constexpr -I "$1/tilelang/include" "$1/tilelang/generated/$2.sm_90a.cu" -o "$OUT/$3.cubin"
+    --expt-relaxed-constexpr -I "$1/tilelang/include" -I "$1/kernels-cuda/include" \
+    "$1/tilelang/generated/$2.sm_90a.cu" -o "$OUT/$3.cubin"
 }
-# Both versions from HEAD (commit first: the working tree is not used).
+# The `dynamic_smem: N bytes` line of a generated source's header.
+smem() { sed -n 's|^// dynamic_smem: \([0-9]*\) bytes.*|\1|p' "$1/tilelang/generated/$2.sm_90a.cu" | head -n 1; }
 WT="$(mktemp -d)"
+rmdir "$WT"
 trap 'git -C "$ROOT" worktree remove --force "$WT" 2> /dev/null || rm -rf "$WT"' EXIT
-git worktree add -q --detach "$WT" HEAD
-cubin "$WT" mhc_pre fma.pre
-cubin "$WT" mhc_expand_pre fma.fused
-cubin "$WT" mhc expand
-git -C "$WT" apply "$ROOT/tilelang/labs/2026-12-05-mhc-tensor-cores.patch"
-cubin "$WT" mhc_pre tc.pre
-cubin "$WT" mhc_expand_pre tc.fused
+json="{"
+first=1
+for spec in "$@"; do
+  name="${spec%%=*}"
+  rev="${spec#*=}"
+  patch=""
+  case "$rev" in *+*) patch="${rev#*+}"; rev="${rev%%+*}" ;; esac
+  git worktree add -q --detach "$WT" "$rev"
+  [ -z "$patch" ] || git -C "$WT" apply "$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")"
+  cubin "$WT" mhc_pre "$name.pre"
+  cubin "$WT" mhc_expand_pre "$name.fused"
+  [ $first = 0 ] || cubin "$WT" mhc expand
+  [ $first = 1 ] || json="$json, "
+  json="$json\"$name\": [$(smem "$WT" mhc_pre), $(smem "$WT" mhc_expand_pre)]"
+  first=0
+  git worktree remove --force "$WT"
+done
+echo "$json}" > "$OUT/variants.json"
 cp "$ROOT/benches/tools/mhc_lab.py" "$OUT/"
 ls -l "$OUT"
+cat "$OUT/variants.json"

@@ -50,14 +50,18 @@ pub fn act_quant_fp8(dev: &CudaDevice, p: &di_act_quant_params) -> Result<()> {
 /// Threads per CTA of the fused RMSNorm + quantiser (`THREADS` in
 /// `tilelang/rms_norm_act_quant_fp8.py`).
 const RMS_NORM_ACT_QUANT_THREADS: u32 = 256;
-/// Its dynamic shared memory: one fp32 per thread for the cross-warp sum
-/// (`WORKSPACE_BYTES`; generate.py checks it against the lowered kernel).
-const RMS_NORM_ACT_QUANT_SMEM: u32 = 4 * RMS_NORM_ACT_QUANT_THREADS;
+/// Its dynamic shared memory: the stage barriers (32 bytes), three staged
+/// rows of x of up to 8192 BF16, and one fp32 per thread for the cross-warp
+/// sum (`launch_info`; generate.py checks it against the lowered kernel).
+const RMS_NORM_ACT_QUANT_SMEM: u32 = 32 + 3 * 8192 * 2 + 4 * RMS_NORM_ACT_QUANT_THREADS;
 
 /// `deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* q, uchar* scale,
-/// const bfloat16_t* weight, const bfloat16_t* x, bfloat16_t* y, float eps,
-/// int n_blocks, int n_rows)` with `n_blocks = dim / 32`: one CTA of 256
-/// threads per row, 1024 bytes of dynamic shared memory. Needs
+/// const bfloat16_t* weight, bfloat16_t* x, bfloat16_t* y, float eps,
+/// int n_blocks, int n_ctas, int n_rows)` with `n_blocks = dim / 32`:
+/// persistent, `n_ctas` (the resident CTAs, at most the rows) CTAs of 256
+/// threads, CTA b taking rows b, b + n_ctas, ..., each row of x brought to
+/// shared memory by a bulk copy (three stages), 50,208 bytes of dynamic
+/// shared memory. Needs
 /// `dim % 32 == 0` and `dim <= RMS_NORM_ACT_QUANT_MAX_DIM` (checked by the
 /// caller, and again here because a wider row would be left half done).
 #[allow(clippy::too_many_arguments)]
@@ -94,6 +98,15 @@ pub fn rms_norm_act_quant_fp8(
         return Ok(());
     }
     let n_blocks = i32_param("blocks", dim / 32)?;
+    dev.allow_dynamic_smem(kernel, RMS_NORM_ACT_QUANT_SMEM)?;
+    let ctas = super::resident_ctas(
+        dev,
+        kernel,
+        RMS_NORM_ACT_QUANT_THREADS,
+        RMS_NORM_ACT_QUANT_SMEM,
+    )?
+    .min(rows);
+    let n_ctas = i32_param("ctas", ctas)?;
     let (xp, _gx) = read_ptr(x.cuda()?, dev);
     let (wp, _gw) = read_ptr(weight.cuda()?, dev);
     let (yp, _gy) = write_ptr(y.cuda_mut()?, dev);
@@ -101,21 +114,23 @@ pub fn rms_norm_act_quant_fp8(
     let (sp, _gs) = write_ptr(scale.cuda_mut()?, dev);
     let (q, scale, weight, x, y) = (qp as u64, sp as u64, wp as u64, xp as u64, yp as u64);
     let cfg = LaunchConfig {
-        grid_dim: (u32_param("rows", rows)?, 1, 1),
+        grid_dim: (u32_param("ctas", ctas)?, 1, 1),
         block_dim: (RMS_NORM_ACT_QUANT_THREADS, 1, 1),
         shared_mem_bytes: RMS_NORM_ACT_QUANT_SMEM,
     };
     // SAFETY: the argument list matches the generated signature above in
-    // order and size (five 8-byte device addresses, one float, two ints).
+    // order and size (five 8-byte device addresses, one float, three ints).
     // The addresses come from whole allocations (256-byte aligned, so the
-    // kernel's 16- and 8-byte vector accesses are aligned: rows are dim*2 and
-    // dim bytes with dim % 32 == 0) of rows*dim*2 (x, y), dim*2 (weight),
-    // rows*dim (q) and rows*dim/32 (scale) bytes, as the caller validated;
-    // their guards live until after the launch, x and weight are only read
-    // and y, q, scale are distinct buffers (&mut). The grid is exactly
-    // n_rows CTAs, each touching only its own row, n_blocks <= 256 blocks of
-    // it (the kernel's register tile), with the dynamic shared memory its
-    // reduction workspace needs.
+    // kernel's 16- and 8-byte vector accesses and its bulk copies of whole
+    // rows are aligned: rows are dim*2 and dim bytes with dim % 32 == 0) of
+    // rows*dim*2 (x, y), dim*2 (weight), rows*dim (q) and rows*dim/32 (scale)
+    // bytes, as the caller validated; their guards live until after the
+    // launch, x and weight are only read and y, q, scale are distinct
+    // buffers (&mut). The grid is n_ctas <= n_rows CTAs: CTA b takes rows
+    // b, b + n_ctas, ... below n_rows, so every row is written once, and a
+    // row's n_blocks <= 256 blocks fit a stage (the kernel's register tile
+    // too). The dynamic shared memory (stages, barriers, reduction
+    // workspace) was allowed above.
     unsafe {
         launch_raw(
             dev,
@@ -129,6 +144,7 @@ pub fn rms_norm_act_quant_fp8(
                 y.into(),
                 eps.into(),
                 n_blocks.into(),
+                n_ctas.into(),
                 n_rows.into(),
             ],
         )

@@ -115,9 +115,9 @@ const SPLIT_THREADS: u32 = 128;
 const PRE_CHUNK_VEC: usize = 16;
 /// Pass 1: tokens per CTA (`TOK`).
 const PRE_TOKENS: usize = 64;
-/// Pass 1: dynamic shared memory (`SMEM_BYTES`: the hc_fn slice and the
-/// staged streams of one step).
-const PRE_SMEM_BYTES: u32 = 29696;
+/// Pass 1: dynamic shared memory (`SMEM_BYTES`: one step's hc_fn slice as
+/// its hi, mid and lo BF16 terms, and the staged streams).
+const PRE_SMEM_BYTES: u32 = 36992;
 /// Pass 1's partial sums per token and chunk: 24 dots and the squares.
 const PRE_PARTS: usize = 25;
 /// The most CTAs a grid's y dimension takes.
@@ -215,7 +215,7 @@ impl Front {
 /// 1. `deepinfer_mhc_pre_kernel(const float* hc_fn, float* part, const
 ///    float* pre_in, const bfloat16_t* streams, bfloat16_t* u, int n_chunks,
 ///    int n_tokens, int n_vec)`: grid `(n_chunks, ceil(tokens / 64))` with
-///    `n_chunks = ceil(n_vec / 16)`, 128 threads, 29696 bytes of dynamic
+///    `n_chunks = ceil(n_vec / 16)`, 128 threads, 36992 bytes of dynamic
 ///    shared memory; writes u and the partial sums `part` F32
 ///    `[n_chunks, tokens, 25]` (a scratch tensor here).
 /// 2. `deepinfer_mhc_split_kernel` ([`split`]): adds the chunks in order
@@ -262,7 +262,7 @@ pub fn mhc_pre(
         // the tensors' bounds and writes u and part only for tokens below T
         // and vectors below n_vec; each (chunk, token tile) is one CTA. The
         // guards live until after the launch; u and part are distinct
-        // buffers (&mut). 29696 bytes of dynamic shared memory are below the
+        // buffers (&mut). 36992 bytes of dynamic shared memory are below the
         // 48 KiB default limit.
         unsafe {
             launch_raw(
@@ -287,7 +287,7 @@ pub fn mhc_pre(
 
 /// Pass 1 of the fused kernel: dynamic shared memory (`FUSED_SMEM_BYTES` in
 /// `tilelang/mhc_pre.py`: pass 1's and the tile's post and comb).
-const FUSED_SMEM_BYTES: u32 = 34816;
+const FUSED_SMEM_BYTES: u32 = 42112;
 
 /// The expand of one sublayer fused with the next sublayer's front half,
 /// in two launches:
@@ -296,7 +296,7 @@ const FUSED_SMEM_BYTES: u32 = 34816;
 ///    f, const float* hc_fn, bfloat16_t* out, float* part, const float*
 ///    post, const float* pre_in, const bfloat16_t* streams, bfloat16_t* u,
 ///    int n_chunks, int n_tokens, int n_vec)`: pass 1's grid, 128 threads,
-///    34816 bytes of dynamic shared memory; writes the new streams `out`
+///    42112 bytes of dynamic shared memory; writes the new streams `out`
 ///    (the expand of streams, f, post and comb), u (their collapse with
 ///    pre_in) and the partial sums of their mixes under hc_fn;
 /// 2. [`split`], as in [`mhc_pre`].
@@ -349,7 +349,7 @@ pub fn mhc_expand_pre(
         // vectors below n_vec, each (chunk, token tile) by one CTA. The
         // guards live until after the launch; out, u and part are distinct
         // buffers (&mut), so out never aliases the streams it is computed
-        // from. 34816 bytes of dynamic shared memory are below the 48 KiB
+        // from. 42112 bytes of dynamic shared memory are below the 48 KiB
         // default limit.
         unsafe {
             launch_raw(

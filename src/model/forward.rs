@@ -62,9 +62,12 @@ pub struct Model {
     /// different orders.
     pub moe_layout: MoeLayout,
     /// Whether a sublayer's mHC expand runs fused with the next front half
-    /// (`ops::mhc_expand_pre`, one pass over the streams on CUDA; the
-    /// default) or alone before it (`ops::mhc_expand`, then `ops::mhc_pre`).
-    /// The same bits either way.
+    /// (`ops::mhc_expand_pre`, one pass over the streams on CUDA) or alone
+    /// before it (`ops::mhc_expand`, then `ops::mhc_pre`; the default). The
+    /// same bits either way. Off by default because the fused kernel is the
+    /// slower path on the H200 (2026-12-05, `mhc_gpu`: 1497 µs against 1306
+    /// for the two kernels at 16,384 tokens, 46.5 against 35.5 µs at 256 in
+    /// a graph): it runs the expand's streaming at pass 1's occupancy.
     pub mhc_fusion: bool,
     /// This model among the process's (`model::graph` replays a graph only
     /// for the model that captured it).
@@ -258,7 +261,7 @@ impl Model {
             plans,
             weights,
             moe_layout: MoeLayout::Auto,
-            mhc_fusion: true,
+            mhc_fusion: false,
             id: MODELS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             launches: std::sync::RwLock::new(()),
         })

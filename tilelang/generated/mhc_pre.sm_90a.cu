@@ -3,13 +3,13 @@
 // Source program: tilelang/mhc_pre.py (mhc_pre())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
 // TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
-// Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include <this file>
+// Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec)
-//   __launch_bounds__(128, 1)
+//   __launch_bounds__(128, 3)
 // grid: (ceil(n_vec / 16), ceil(n_tokens / 64), 1): one chunk of 128 positions and 64 tokens per CTA
 // block: (128, 1, 1)
-// dynamic_smem: 29696 bytes (hc_fn step slice, staged streams; the [64, 25] sums reuse space dead by then)
+// dynamic_smem: 36992 bytes (hc_fn step slice, staged streams; the [64, 25] sums reuse space dead by then)
 // alignment: streams, hc_fn, u 16 B, the rest 4 B; D % 8 == 0, T*4*D < 2^31
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
@@ -22,189 +22,191 @@
 #include "deepinfer_tl/compat.cuh"
 
 extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec);
-extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec) {
+extern "C" __global__ void __launch_bounds__(128, 3) deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec) {
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* red = ((void*)((char*)buf_dyn_shmem + 0));
   void* ss = ((void*)((char*)buf_dyn_shmem + 0));
-  void* ws = ((void*)((char*)buf_dyn_shmem + 17408));
-  float acc[50];
+  void* wh = ((void*)((char*)buf_dyn_shmem + 17408));
+  void* wl = ((void*)((char*)buf_dyn_shmem + 23936));
+  void* wm = ((void*)((char*)buf_dyn_shmem + 30464));
+  float acc[12];
+  float sq[2];
   float lag[8];
   float wr[24];
   bfloat16_t sr[64];
   bfloat16_t ub[8];
-  bfloat16_t sb[16];
-  float xs[16];
-  float wv[8];
+  uint af[4];
   #pragma unroll
-  for (int q = 0; q < 2; ++q) {
+  for (int nt = 0; nt < 3; ++nt) {
     #pragma unroll
-    for (int r = 0; r < 25; ++r) {
-      acc[((q * 25) + r)] = 0x0p+0f/*0.000000e+00*/;
+    for (int c = 0; c < 4; ++c) {
+      acc[((nt * 4) + c)] = 0x0p+0f/*0.000000e+00*/;
     }
   }
   #pragma unroll
   for (int k = 0; k < 2; ++k) {
+    sq[k] = 0x0p+0f/*0.000000e+00*/;
+  }
+  #pragma unroll
+  for (int k_1 = 0; k_1 < 2; ++k_1) {
     #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float condval;
-      if (((((((int)blockIdx.y) * 64) + (k * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens)) {
-        condval = pre_in[((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)4) + ((int64_t)i))];
+      if (((((((int)blockIdx.y) * 64) + (k_1 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens)) {
+        condval = pre_in[((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_1) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * (int64_t)4) + ((int64_t)i))];
       } else {
         condval = 0x0p+0f/*0.000000e+00*/;
       }
-      lag[((k * 4) + i)] = condval;
+      lag[((k_1 * 4) + i)] = condval;
     }
   }
   #pragma unroll
-  for (int k_1 = 0; k_1 < 6; ++k_1) {
+  for (int k_2 = 0; k_2 < 6; ++k_2) {
     float broadcast_var = 0x0p+0f/*0.000000e+00*/;
     float4 condval_1;
     if ((((((int)blockIdx.x) * 16) + ((((int)threadIdx.x) & 7) >> 1)) < n_vec)) {
-      condval_1 = *(float4*)(hc_fn + (((((((((int64_t)k_1) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
+      condval_1 = *(float4*)(hc_fn + (((((((((int64_t)k_2) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
     } else {
       condval_1 = make_float4(broadcast_var, broadcast_var, broadcast_var, broadcast_var);
     }
-    *(float4*)(wr + (k_1 * 4)) = condval_1;
+    *(float4*)(wr + (k_2 * 4)) = condval_1;
   }
   #pragma unroll
-  for (int k_2 = 0; k_2 < 2; ++k_2) {
+  for (int k_3 = 0; k_3 < 2; ++k_3) {
     #pragma unroll
     for (int i_1 = 0; i_1 < 4; ++i_1) {
       bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
       uint4 condval_2;
-      if ((((((((int)blockIdx.y) * 64) + (k_2 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((int)blockIdx.x) * 16) + (((int)threadIdx.x) & 3)) < n_vec))) {
-        condval_2 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_2) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_1) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
+      if ((((((((int)blockIdx.y) * 64) + (k_3 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((int)blockIdx.x) * 16) + (((int)threadIdx.x) & 3)) < n_vec))) {
+        condval_2 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_3) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_1) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
       } else {
         condval_2 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
       }
-      *(uint4*)(sr + ((k_2 * 32) + (i_1 * 8))) = condval_2;
+      *(uint4*)(sr + ((k_3 * 32) + (i_1 * 8))) = condval_2;
     }
   }
   for (int step = 0; step < 4; ++step) {
     #pragma unroll
-    for (int k_3 = 0; k_3 < 6; ++k_3) {
-      *(float4*)(((float*)ws) + ((k_3 * 512) + (((int)threadIdx.x) * 4))) = *(float4*)(wr + (k_3 * 4));
+    for (int k_4 = 0; k_4 < 6; ++k_4) {
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float v_ = wr[((k_4 * 4) + j)];
+        uint bits = (*(uint *)(&(v_)));
+        uint v__1 = bits & (uint)4294901760;
+        float rest = (wr[((k_4 * 4) + j)] - (*(float *)(&(v__1))));
+        float condval_3;
+        if (((bits & (uint)2139095040) != (uint)2139095040)) {
+          condval_3 = (*(float *)(&(v__1)));
+        } else {
+          condval_3 = wr[((k_4 * 4) + j)];
+        }
+        ((bfloat16_t*)wh)[((((k_4 * 544) + ((((int)threadIdx.x) >> 5) * 136)) + ((((int)threadIdx.x) & 31) * 4)) + j)] = ((bfloat16_t)condval_3);
+        float condval_4;
+        if (((bits & (uint)2139095040) != (uint)2139095040)) {
+          float _reinterpret_tmp = rest;
+          uint v__2 = (*(uint *)(&(_reinterpret_tmp))) & (uint)4294901760;
+          condval_4 = (*(float *)(&(v__2)));
+        } else {
+          condval_4 = 0x0p+0f/*0.000000e+00*/;
+        }
+        ((bfloat16_t*)wm)[((((k_4 * 544) + ((((int)threadIdx.x) >> 5) * 136)) + ((((int)threadIdx.x) & 31) * 4)) + j)] = ((bfloat16_t)condval_4);
+        float condval_5;
+        if (((bits & (uint)2139095040) != (uint)2139095040)) {
+          float _reinterpret_tmp_1 = rest;
+          uint v__3 = (*(uint *)(&(_reinterpret_tmp_1))) & (uint)4294901760;
+          condval_5 = (rest - (*(float *)(&(v__3))));
+        } else {
+          condval_5 = 0x0p+0f/*0.000000e+00*/;
+        }
+        ((bfloat16_t*)wl)[((((k_4 * 544) + ((((int)threadIdx.x) >> 5) * 136)) + ((((int)threadIdx.x) & 31) * 4)) + j)] = ((bfloat16_t)condval_5);
+      }
     }
     #pragma unroll
-    for (int k_4 = 0; k_4 < 2; ++k_4) {
+    for (int k_5 = 0; k_5 < 2; ++k_5) {
       #pragma unroll
       for (int i_2 = 0; i_2 < 4; ++i_2) {
-        *(uint4*)(((bfloat16_t*)ss) + ((((k_4 * 4352) + ((((int)threadIdx.x) >> 2) * 136)) + (i_2 * 32)) + ((((int)threadIdx.x) & 3) * 8))) = *(uint4*)(sr + ((k_4 * 32) + (i_2 * 8)));
-      }
-      if (((((((int)blockIdx.y) * 64) + (k_4 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && ((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) < n_vec)) {
         #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          float a = __fadd_rn(0x0p+0f/*0.000000e+00*/, __fmul_rn(lag[(k_4 * 4)], ((float)sr[((k_4 * 32) + j)])));
-          float a_1 = __fadd_rn(a, __fmul_rn(lag[((k_4 * 4) + 1)], ((float)sr[(((k_4 * 32) + j) + 8)])));
-          float a_2 = __fadd_rn(a_1, __fmul_rn(lag[((k_4 * 4) + 2)], ((float)sr[(((k_4 * 32) + j) + 16)])));
-          float a_3 = __fadd_rn(a_2, __fmul_rn(lag[((k_4 * 4) + 3)], ((float)sr[(((k_4 * 32) + j) + 24)])));
-          ub[j] = ((bfloat16_t)a_3);
+        for (int j_1 = 0; j_1 < 8; ++j_1) {
+          sq[k_5] = (sq[k_5] + (((float)sr[(((k_5 * 32) + (i_2 * 8)) + j_1)]) * ((float)sr[(((k_5 * 32) + (i_2 * 8)) + j_1)])));
         }
-        *(uint4*)(u + ((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + (((int64_t)step) * (int64_t)32)) + (((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_4) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) * ((int64_t)n_vec)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8))) = *(uint4*)(ub + 0);
+      }
+    }
+    #pragma unroll
+    for (int k_6 = 0; k_6 < 2; ++k_6) {
+      #pragma unroll
+      for (int i_3 = 0; i_3 < 4; ++i_3) {
+        *(uint4*)(((bfloat16_t*)ss) + ((((k_6 * 4352) + ((((int)threadIdx.x) >> 2) * 136)) + (i_3 * 32)) + ((((int)threadIdx.x) & 3) * 8))) = *(uint4*)(sr + ((k_6 * 32) + (i_3 * 8)));
+      }
+      if (((((((int)blockIdx.y) * 64) + (k_6 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && ((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) < n_vec)) {
+        #pragma unroll
+        for (int j_2 = 0; j_2 < 8; ++j_2) {
+          float a = __fadd_rn(0x0p+0f/*0.000000e+00*/, __fmul_rn(lag[(k_6 * 4)], ((float)sr[((k_6 * 32) + j_2)])));
+          float a_1 = __fadd_rn(a, __fmul_rn(lag[((k_6 * 4) + 1)], ((float)sr[(((k_6 * 32) + j_2) + 8)])));
+          float a_2 = __fadd_rn(a_1, __fmul_rn(lag[((k_6 * 4) + 2)], ((float)sr[(((k_6 * 32) + j_2) + 16)])));
+          float a_3 = __fadd_rn(a_2, __fmul_rn(lag[((k_6 * 4) + 3)], ((float)sr[(((k_6 * 32) + j_2) + 24)])));
+          ub[j_2] = ((bfloat16_t)a_3);
+        }
+        *(uint4*)(u + ((((((int64_t)((int)blockIdx.x)) * (int64_t)128) + (((int64_t)step) * (int64_t)32)) + (((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_6) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) * ((int64_t)n_vec)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8))) = *(uint4*)(ub + 0);
       }
     }
     __syncthreads();
     if (step < 3) {
       #pragma unroll
-      for (int k_5 = 0; k_5 < 6; ++k_5) {
+      for (int k_7 = 0; k_7 < 6; ++k_7) {
         float broadcast_var_2 = 0x0p+0f/*0.000000e+00*/;
-        float4 condval_3;
+        float4 condval_6;
         if ((((((((int)blockIdx.x) * 16) + (step * 4)) + ((((int)threadIdx.x) & 7) >> 1)) + 4) < n_vec)) {
-          condval_3 = *(float4*)(hc_fn + (((((((((int64_t)k_5) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
+          condval_6 = *(float4*)(hc_fn + (((((((((int64_t)k_7) * (int64_t)4) + (((int64_t)((int)threadIdx.x)) >> (int64_t)5)) * ((int64_t)n_vec)) * (int64_t)32) + ((((((int64_t)((int)threadIdx.x)) & (int64_t)31) >> (int64_t)3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)7) >> (int64_t)1)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)1) * (int64_t)4)));
         } else {
-          condval_3 = make_float4(broadcast_var_2, broadcast_var_2, broadcast_var_2, broadcast_var_2);
+          condval_6 = make_float4(broadcast_var_2, broadcast_var_2, broadcast_var_2, broadcast_var_2);
         }
-        *(float4*)(wr + (k_5 * 4)) = condval_3;
+        *(float4*)(wr + (k_7 * 4)) = condval_6;
       }
       #pragma unroll
-      for (int k_6 = 0; k_6 < 2; ++k_6) {
+      for (int k_8 = 0; k_8 < 2; ++k_8) {
         #pragma unroll
-        for (int i_3 = 0; i_3 < 4; ++i_3) {
+        for (int i_4 = 0; i_4 < 4; ++i_4) {
           bfloat16_t broadcast_var_3 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-          uint4 condval_4;
-          if ((((((((int)blockIdx.y) * 64) + (k_6 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) + 4) < n_vec))) {
-            condval_4 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_6) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_3) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
+          uint4 condval_7;
+          if ((((((((int)blockIdx.y) * 64) + (k_8 * 32)) + (((int)threadIdx.x) >> 2)) < n_tokens) && (((((((int)blockIdx.x) * 16) + (step * 4)) + (((int)threadIdx.x) & 3)) + 4) < n_vec))) {
+            condval_7 = *(uint4*)(streams + ((((min((((((int64_t)((int)blockIdx.y)) * (int64_t)64) + (((int64_t)k_8) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_tokens) - (int64_t)1)) * ((int64_t)n_vec)) * (int64_t)32) + ((((int64_t)i_4) * ((int64_t)n_vec)) * (int64_t)8)) + (min(((((((int64_t)((int)blockIdx.x)) * (int64_t)16) + (((int64_t)step) * (int64_t)4)) + (((int64_t)((int)threadIdx.x)) & (int64_t)3)) + (int64_t)4), (((int64_t)n_vec) - (int64_t)1)) * (int64_t)8)));
           } else {
-            condval_4 = make_uint4(__pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3));
+            condval_7 = make_uint4(__pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3), __pack_nv_bfloat162(broadcast_var_3, broadcast_var_3));
           }
-          *(uint4*)(sr + ((k_6 * 32) + (i_3 * 8))) = condval_4;
+          *(uint4*)(sr + ((k_8 * 32) + (i_4 * 8))) = condval_7;
         }
       }
     }
-    if (((((int)blockIdx.y) * 64) + 32) < n_tokens) {
+    if (((((int)blockIdx.y) * 64) + ((((int)threadIdx.x) >> 5) * 16)) < n_tokens) {
       #pragma unroll
-      for (int vv = 0; vv < 4; ++vv) {
+      for (int kb = 0; kb < 8; ++kb) {
+        deepinfer_ldfrag_a_16816((&(af[0])), (&(((bfloat16_t*)ss)[(((((((int)threadIdx.x) >> 5) * 2176) + (((((int)threadIdx.x) & 31) >> 2) * 136)) + (kb * 16)) + ((((int)threadIdx.x) & 3) * 2))])), (&(((bfloat16_t*)ss)[((((((((int)threadIdx.x) >> 5) * 2176) + (((((int)threadIdx.x) & 31) >> 2) * 136)) + (kb * 16)) + ((((int)threadIdx.x) & 3) * 2)) + 1088)])));
         #pragma unroll
-        for (int q_1 = 0; q_1 < 2; ++q_1) {
-          *(uint4*)(sb + (q_1 * 8)) = *(uint4*)(((bfloat16_t*)ss) + ((((q_1 * 4352) + ((((int)threadIdx.x) & 31) * 136)) + ((((int)threadIdx.x) >> 5) * 32)) + (vv * 8)));
-          #pragma unroll
-          for (int j_1 = 0; j_1 < 8; ++j_1) {
-            xs[((q_1 * 8) + j_1)] = ((float)sb[((q_1 * 8) + j_1)]);
-            acc[((q_1 * 25) + 24)] = (acc[((q_1 * 25) + 24)] + (xs[((q_1 * 8) + j_1)] * xs[((q_1 * 8) + j_1)]));
-          }
-        }
-        #pragma unroll
-        for (int r_1 = 0; r_1 < 24; ++r_1) {
-          #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            *(float4*)(wv + (h * 4)) = *(float4*)(((float*)ws) + ((((r_1 * 128) + ((((int)threadIdx.x) >> 5) * 32)) + (vv * 8)) + (h * 4)));
-          }
-          #pragma unroll
-          for (int j_2 = 0; j_2 < 8; ++j_2) {
-            #pragma unroll
-            for (int q_2 = 0; q_2 < 2; ++q_2) {
-              acc[((q_2 * 25) + r_1)] = (acc[((q_2 * 25) + r_1)] + (wv[j_2] * xs[((q_2 * 8) + j_2)]));
-            }
-          }
-        }
-      }
-    } else {
-      #pragma unroll
-      for (int vv_1 = 0; vv_1 < 4; ++vv_1) {
-        *(uint4*)(sb + 0) = *(uint4*)(((bfloat16_t*)ss) + ((((((int)threadIdx.x) & 31) * 136) + ((((int)threadIdx.x) >> 5) * 32)) + (vv_1 * 8)));
-        #pragma unroll
-        for (int j_3 = 0; j_3 < 8; ++j_3) {
-          xs[j_3] = ((float)sb[j_3]);
-          acc[24] = (acc[24] + (xs[j_3] * xs[j_3]));
-        }
-        #pragma unroll
-        for (int r_2 = 0; r_2 < 24; ++r_2) {
-          #pragma unroll
-          for (int h_1 = 0; h_1 < 2; ++h_1) {
-            *(float4*)(wv + (h_1 * 4)) = *(float4*)(((float*)ws) + ((((r_2 * 128) + ((((int)threadIdx.x) >> 5) * 32)) + (vv_1 * 8)) + (h_1 * 4)));
-          }
-          #pragma unroll
-          for (int j_4 = 0; j_4 < 8; ++j_4) {
-            acc[r_2] = (acc[r_2] + (wv[j_4] * xs[j_4]));
-          }
+        for (int nt_1 = 0; nt_1 < 3; ++nt_1) {
+          deepinfer_mma_bf16_16816((&(acc[(nt_1 * 4)])), (&(af[0])), (&(((bfloat16_t*)wh)[((((nt_1 * 1088) + (((((int)threadIdx.x) & 31) >> 2) * 136)) + (kb * 16)) + ((((int)threadIdx.x) & 3) * 2))])));
+          deepinfer_mma_bf16_16816((&(acc[(nt_1 * 4)])), (&(af[0])), (&(((bfloat16_t*)wm)[((((nt_1 * 1088) + (((((int)threadIdx.x) & 31) >> 2) * 136)) + (kb * 16)) + ((((int)threadIdx.x) & 3) * 2))])));
+          deepinfer_mma_bf16_16816((&(acc[(nt_1 * 4)])), (&(af[0])), (&(((bfloat16_t*)wl)[((((nt_1 * 1088) + (((((int)threadIdx.x) & 31) >> 2) * 136)) + (kb * 16)) + ((((int)threadIdx.x) & 3) * 2))])));
         }
       }
     }
     __syncthreads();
   }
   #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    if ((((int)threadIdx.x) >> 5) == w) {
-      if (w == 0) {
-        #pragma unroll
-        for (int q_3 = 0; q_3 < 2; ++q_3) {
-          #pragma unroll
-          for (int r_3 = 0; r_3 < 25; ++r_3) {
-            ((float*)red)[(((q_3 * 800) + ((((int)threadIdx.x) & 31) * 25)) + r_3)] = acc[((q_3 * 25) + r_3)];
-          }
-        }
-      } else {
-        #pragma unroll
-        for (int q_4 = 0; q_4 < 2; ++q_4) {
-          #pragma unroll
-          for (int r_4 = 0; r_4 < 25; ++r_4) {
-            ((float*)red)[(((q_4 * 800) + ((((int)threadIdx.x) & 31) * 25)) + r_4)] = (((float*)red)[(((q_4 * 800) + ((((int)threadIdx.x) & 31) * 25)) + r_4)] + acc[((q_4 * 25) + r_4)]);
-          }
-        }
-      }
+  for (int nt_2 = 0; nt_2 < 3; ++nt_2) {
+    #pragma unroll
+    for (int c_1 = 0; c_1 < 4; ++c_1) {
+      ((float*)red)[(((((((((int)threadIdx.x) >> 5) * 400) + ((c_1 >> 1) * 200)) + (((((int)threadIdx.x) & 31) >> 2) * 25)) + (nt_2 * 8)) + ((((int)threadIdx.x) & 3) * 2)) + (c_1 & 1))] = acc[((nt_2 * 4) + c_1)];
     }
-    __syncthreads();
   }
+  #pragma unroll
+  for (int k_9 = 0; k_9 < 2; ++k_9) {
+    sq[k_9] = (sq[k_9] + __shfl_xor_sync((uint)4294967295, sq[k_9], 1, 32));
+    sq[k_9] = (sq[k_9] + __shfl_xor_sync((uint)4294967295, sq[k_9], 2, 32));
+    if ((((int)threadIdx.x) % 4) == 0) {
+      ((float*)red)[(((k_9 * 800) + ((((int)threadIdx.x) >> 2) * 25)) + 24)] = sq[k_9];
+    }
+  }
+  __syncthreads();
   for (int e = 0; e < 13; ++e) {
     if ((((e * 2) + (((int)threadIdx.x) >> 6)) < 25) && (((((int)blockIdx.y) * 64) + (((e * 128) + ((int)threadIdx.x)) / 25)) < n_tokens)) {
       part[((((((int64_t)((int)blockIdx.y)) * (int64_t)1600) + (((int64_t)e) * (int64_t)128)) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_tokens)) * (int64_t)25)) + ((int64_t)((int)threadIdx.x)))] = ((float*)red)[((e * 128) + ((int)threadIdx.x))];

@@ -3,7 +3,7 @@
 // Source program: tilelang/moe_route.py (moe_route())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
 // TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
-// Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include <this file>
+// Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k)
 //   __launch_bounds__(256, 1)

@@ -3,13 +3,13 @@
 // Source program: tilelang/rms_norm_act_quant_fp8.py (rms_norm_act_quant_fp8())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_100a"}
 // TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
-// Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include <this file>
+// Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
-// Entry point: extern "C" __global__ void deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, const bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_rows)
+// Entry point: extern "C" __global__ void deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_ctas, int n_rows)
 //   __launch_bounds__(256, 4)
-// grid: (n_rows, 1, 1): one CTA per row
+// grid: (n_ctas, 1, 1): persistent, n_ctas <= n_rows, CTA b takes rows b, b + n_ctas, ...
 // block: (256, 1, 1)
-// dynamic_smem: 1024 bytes (cross-warp reduction workspace)
+// dynamic_smem: 50208 bytes (stage barriers, 3 staged rows of x, cross-warp reduction workspace)
 // alignment: x, weight, y 16 B, q 8 B, scale 1 B; n_blocks = D/32, 1 <= n_blocks <= 256
 
 #if defined(_MSC_VER) && !defined(__clang__) && _MSC_VER < 1940
@@ -20,9 +20,14 @@
 #define alignas _tl_orig_alignas
 #endif
 #include "deepinfer_tl/compat.cuh"
+#include <math_constants.h>
 
-extern "C" __global__ void deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, const bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_rows);
-extern "C" __global__ void __launch_bounds__(256, 4) deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, const bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_rows) {
+extern "C" __global__ void deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_ctas, int n_rows);
+extern "C" __global__ void __launch_bounds__(256, 4) deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_ctas, int n_rows) {
+  extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
+  void* bars = ((void*)((char*)buf_dyn_shmem + 0));
+  void* stage = ((void*)((char*)buf_dyn_shmem + 32));
+  void* workspace = ((void*)((char*)buf_dyn_shmem + 49184));
   bfloat16_t xb[32];
   bfloat16_t wb[32];
   float sq[32];
@@ -30,169 +35,211 @@ extern "C" __global__ void __launch_bounds__(256, 4) deepinfer_rms_norm_act_quan
   float block_ss[4];
   float2 row_ss_pack[1];
   float row_ss[1];
-  extern __shared__ __align__(1024) float workspace[];
   bfloat16_t yb[32];
   float yf[32];
+  float ya[32];
   float2 amax_pack[4];
   float amax[4];
   float inv[4];
   uchar sbyte[4];
   fp8_e4_t qf[32];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-    uint4 condval;
-    if ((((i * 64) + (((int)threadIdx.x) >> 2)) < n_blocks)) {
-      condval = *(uint4*)(x + (((((int64_t)i) * (int64_t)2048) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_blocks)) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8)));
-    } else {
-      condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
+  if (((int)threadIdx.x) == 0) {
+    for (int st = 0; st < 3; ++st) {
+      deepinfer::sm90::mbar_init((&(((uint64_t*)bars)[st])), 1);
     }
-    *(uint4*)(xb + (i * 8)) = condval;
-  }
-  #pragma unroll
-  for (int i_1 = 0; i_1 < 4; ++i_1) {
-    bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
-    uint4 condval_1;
-    if ((((i_1 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks)) {
-      condval_1 = *(uint4*)(weight + ((i_1 * 2048) + (((int)threadIdx.x) * 8)));
-    } else {
-      condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+    deepinfer::sm90::fence_barrier_init();
+    for (int st_1 = 0; st_1 < 3; ++st_1) {
+      int rmod = ((((n_rows + n_ctas) - ((int)blockIdx.x)) - 1) % n_ctas);
+      int rdiv = ((((n_rows + n_ctas) - ((int)blockIdx.x)) - 1) / n_ctas);
+      if (st_1 < ((((0 <= n_ctas) && (0 <= rmod)) || ((n_ctas < 0) && (rmod <= 0))) ? rdiv : (rdiv - 1))) {
+        deepinfer::sm90::mbar_arrive_expect_tx((&(((uint64_t*)bars)[st_1])), ((uint)(n_blocks * 64)));
+        if (0 <= (((int)blockIdx.x) + (st_1 * n_ctas))) {
+          if ((((int)blockIdx.x) + (st_1 * n_ctas)) < n_rows) {
+            deepinfer::sm90::bulk_load((&(((bfloat16_t*)stage)[(st_1 * 8192)])), (&(x[(((((int64_t)((int)blockIdx.x)) + (((int64_t)st_1) * ((int64_t)n_ctas))) * ((int64_t)n_blocks)) * (int64_t)32)])), ((uint)(n_blocks * 64)), (&(((uint64_t*)bars)[st_1])));
+          }
+        }
+      }
     }
-    *(uint4*)(wb + (i_1 * 8)) = condval_1;
   }
-  #pragma unroll
-  for (int i_2 = 0; i_2 < 8; ++i_2) {
-    float4 __1;
-      float4 __2;
-      uint2 v_ = *(uint2*)(xb + (i_2 * 4));
-      ((float2*)(&__2))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[0]);
-      ((float2*)(&__2))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[1]);
-      float4 __3;
-      ((float2*)(&__3))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[0]);
-      ((float2*)(&__3))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[1]);
-      *(float2*)(&(__1.x)) = tl::mul2(*(float2*)(&(__2.x)), *(float2*)(&(__3.x)));
-      *(float2*)(&(__1.z)) = tl::mul2(*(float2*)(&(__2.z)), *(float2*)(&(__3.z)));
-    *(float4*)(sq + (i_2 * 4)) = __1;
-  }
-  #pragma unroll
-  for (int i_3 = 0; i_3 < 4; ++i_3) {
-    float broadcast_var_2 = 0x0p+0f/*0.000000e+00*/;
-    block_ss_pack[i_3] = make_float2(broadcast_var_2, broadcast_var_2);
+  __syncthreads();
+  int rmod_1 = ((((n_rows + n_ctas) - ((int)blockIdx.x)) - 1) % n_ctas);
+  int rdiv_1 = ((((n_rows + n_ctas) - ((int)blockIdx.x)) - 1) / n_ctas);
+  for (int it = 0; it < ((((0 <= n_ctas) && (0 <= rmod_1)) || ((n_ctas < 0) && (rmod_1 <= 0))) ? rdiv_1 : (rdiv_1 - 1)); ++it) {
+    deepinfer::sm90::mbar_wait((&(((uint64_t*)bars)[(it % 3)])), ((uint)((it % 6) / 3)));
+    __syncthreads();
     #pragma unroll
-    for (int rv = 0; rv < 4; ++rv) {
-      block_ss_pack[i_3] = tl::add2(block_ss_pack[i_3], *(float2*)(sq + ((i_3 * 8) + (rv * 2))));
+    for (int i = 0; i < 4; ++i) {
+      bfloat16_t broadcast_var = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+      uint4 condval;
+      if ((((i * 64) + (((int)threadIdx.x) >> 2)) < n_blocks)) {
+        condval = *(uint4*)(((bfloat16_t*)stage) + ((((((int64_t)it) % (int64_t)3) * (int64_t)8192) + (min(((((int64_t)i) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)), (((int64_t)n_blocks) - (int64_t)1)) * (int64_t)32)) + ((((int64_t)((int)threadIdx.x)) & (int64_t)3) * (int64_t)8)));
+      } else {
+        condval = make_uint4(__pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var), __pack_nv_bfloat162(broadcast_var, broadcast_var));
+      }
+      *(uint4*)(xb + (i * 8)) = condval;
     }
-    block_ss[i_3] = ((block_ss_pack[i_3]).x + (block_ss_pack[i_3]).y);
-    block_ss[i_3] = tl::AllReduce<tl::SumOp, 4, 1, 0, tl::NamedBarrier<256>>::run(block_ss[i_3]);
-  }
-  float broadcast_var_3 = 0x0p+0f/*0.000000e+00*/;
-  row_ss_pack[0] = make_float2(broadcast_var_3, broadcast_var_3);
-  #pragma unroll
-  for (int rv_1 = 0; rv_1 < 2; ++rv_1) {
-    row_ss_pack[0] = tl::add2(row_ss_pack[0], *(float2*)(block_ss + (rv_1 * 2)));
-  }
-  row_ss[0] = ((row_ss_pack[0]).x + (row_ss_pack[0]).y);
-  row_ss[0] = tl::AllReduce<tl::SumOp, 256, 4, 0, tl::NamedBarrier<256>>::run(row_ss[0], (&(workspace[0])));
-  float inv_rms = (0x1p+0f/*1.000000e+00*/ / sqrtf(((row_ss[0] / ((float)(n_blocks * 32))) + eps)));
-  #pragma unroll
-  for (int i_4 = 0; i_4 < 8; ++i_4) {
-    uint2 __4;
-    float4 __5;
-      float4 __6;
-      uint2 v__1 = *(uint2*)(wb + (i_4 * 4));
-      ((float2*)(&__6))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[0]);
-      ((float2*)(&__6))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[1]);
-      float4 __7;
-        float4 __8;
-        uint2 v__2 = *(uint2*)(xb + (i_4 * 4));
-        ((float2*)(&__8))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[0]);
-        ((float2*)(&__8))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[1]);
-        float4 v__3 = make_float4(inv_rms, inv_rms, inv_rms, inv_rms);
-        *(float2*)(&(__7.x)) = tl::mul2(*(float2*)(&(__8.x)), *(float2*)(&(v__3.x)));
-        *(float2*)(&(__7.z)) = tl::mul2(*(float2*)(&(__8.z)), *(float2*)(&(v__3.z)));
-      *(float2*)(&(__5.x)) = tl::mul2(*(float2*)(&(__6.x)), *(float2*)(&(__7.x)));
-      *(float2*)(&(__5.z)) = tl::mul2(*(float2*)(&(__6.z)), *(float2*)(&(__7.z)));
-    (reinterpret_cast<__nv_bfloat162*>(&__4))[0] = __float22bfloat162_rn(((float2*)(&__5))[0]);
-    (reinterpret_cast<__nv_bfloat162*>(&__4))[1] = __float22bfloat162_rn(((float2*)(&__5))[1]);
-    *(uint2*)(yb + (i_4 * 4)) = __4;
-  }
-  #pragma unroll
-  for (int i_5 = 0; i_5 < 8; ++i_5) {
-    float4 __9;
-    uint2 v__4 = *(uint2*)(yb + (i_5 * 4));
-    ((float2*)(&__9))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__4))[0]);
-    ((float2*)(&__9))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__4))[1]);
-    *(float4*)(yf + (i_5 * 4)) = __9;
-  }
-  #pragma unroll
-  for (int i_6 = 0; i_6 < 4; ++i_6) {
-    float broadcast_var_4 = 0x0p+0f/*0.000000e+00*/;
-    amax_pack[i_6] = make_float2(broadcast_var_4, broadcast_var_4);
+    deepinfer::sm90::fence_proxy_async_smem();
+    __syncthreads();
+    int rmod_2 = ((((n_rows + n_ctas) - ((int)blockIdx.x)) - 1) % n_ctas);
+    int rdiv_2 = ((((n_rows + n_ctas) - ((int)blockIdx.x)) - 1) / n_ctas);
+    if ((((int)threadIdx.x) == 0) && ((it + 3) < ((((0 <= n_ctas) && (0 <= rmod_2)) || ((n_ctas < 0) && (rmod_2 <= 0))) ? rdiv_2 : (rdiv_2 - 1)))) {
+      deepinfer::sm90::mbar_arrive_expect_tx((&(((uint64_t*)bars)[(it % 3)])), ((uint)(n_blocks * 64)));
+      if (0 <= (((n_ctas * 3) + ((int)blockIdx.x)) + (it * n_ctas))) {
+        if ((((n_ctas * 3) + ((int)blockIdx.x)) + (it * n_ctas)) < n_rows) {
+          deepinfer::sm90::bulk_load((&(((bfloat16_t*)stage)[((it % 3) * 8192)])), (&(x[(((((((int64_t)n_ctas) * (int64_t)3) + ((int64_t)((int)blockIdx.x))) + (((int64_t)it) * ((int64_t)n_ctas))) * ((int64_t)n_blocks)) * (int64_t)32)])), ((uint)(n_blocks * 64)), (&(((uint64_t*)bars)[(it % 3)])));
+        }
+      }
+    }
     #pragma unroll
-    for (int rv_2 = 0; rv_2 < 4; ++rv_2) {
-      amax_pack[i_6] = tl::max2(amax_pack[i_6], tl::abs2(*(float2*)(yf + ((i_6 * 8) + (rv_2 * 2)))));
+    for (int i_1 = 0; i_1 < 4; ++i_1) {
+      bfloat16_t broadcast_var_1 = bfloat16_t(0x0p+0f/*0.000000e+00*/);
+      uint4 condval_1;
+      if ((((i_1 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks)) {
+        condval_1 = *(uint4*)(weight + ((i_1 * 2048) + (((int)threadIdx.x) * 8)));
+      } else {
+        condval_1 = make_uint4(__pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1), __pack_nv_bfloat162(broadcast_var_1, broadcast_var_1));
+      }
+      *(uint4*)(wb + (i_1 * 8)) = condval_1;
     }
-    amax[i_6] = max((amax_pack[i_6]).x, max((amax_pack[i_6]).y, (0x0p+0f/*0.000000e+00*/ - (amax_pack[i_6]).y)));
-    amax[i_6] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(amax[i_6]);
-  }
-  for (int i_s = 0; i_s < 4; ++i_s) {
-    float p = (max(amax[i_s], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
-    float _reinterpret_tmp = p;
-    float _reinterpret_tmp_1 = p;
-    float condval_2;
-    if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_1))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
-      uint v__5 = (uint)4194304;
-      condval_2 = (*(float *)(&(v__5)));
-    } else {
-      float _reinterpret_tmp_2 = p;
-      float _reinterpret_tmp_3 = p;
-      uint v__6 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_2))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_3))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
-      condval_2 = (*(float *)(&(v__6)));
+    #pragma unroll
+    for (int i_2 = 0; i_2 < 8; ++i_2) {
+      float4 __1;
+        float4 __2;
+        uint2 v_ = *(uint2*)(xb + (i_2 * 4));
+        ((float2*)(&__2))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[0]);
+        ((float2*)(&__2))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[1]);
+        float4 __3;
+        ((float2*)(&__3))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[0]);
+        ((float2*)(&__3))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v_))[1]);
+        *(float2*)(&(__1.x)) = tl::mul2(*(float2*)(&(__2.x)), *(float2*)(&(__3.x)));
+        *(float2*)(&(__1.z)) = tl::mul2(*(float2*)(&(__2.z)), *(float2*)(&(__3.z)));
+      *(float4*)(sq + (i_2 * 4)) = __1;
     }
-    inv[i_s] = condval_2;
-    float _reinterpret_tmp_4 = p;
-    float _reinterpret_tmp_5 = p;
-    sbyte[i_s] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_4))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_5))) & (uint)8388607) != (uint)0))), 254));
-  }
-  #pragma unroll
-  for (int i_7 = 0; i_7 < 8; ++i_7) {
-    float broadcast_var_5 = -0x1.cp+8f/*-4.480000e+02*/;
-    float broadcast_var_6 = 0x1.cp+8f/*4.480000e+02*/;
-    fp8_e4_4_t __10;
-    float4 __11;
+    #pragma unroll
+    for (int i_3 = 0; i_3 < 4; ++i_3) {
+      float broadcast_var_2 = 0x0p+0f/*0.000000e+00*/;
+      block_ss_pack[i_3] = make_float2(broadcast_var_2, broadcast_var_2);
+      #pragma unroll
+      for (int rv = 0; rv < 4; ++rv) {
+        block_ss_pack[i_3] = tl::add2(block_ss_pack[i_3], *(float2*)(sq + ((i_3 * 8) + (rv * 2))));
+      }
+      block_ss[i_3] = ((block_ss_pack[i_3]).x + (block_ss_pack[i_3]).y);
+      block_ss[i_3] = tl::AllReduce<tl::SumOp, 4, 1, 0, tl::NamedBarrier<256>>::run(block_ss[i_3]);
+    }
+    float broadcast_var_3 = 0x0p+0f/*0.000000e+00*/;
+    row_ss_pack[0] = make_float2(broadcast_var_3, broadcast_var_3);
+    #pragma unroll
+    for (int rv_1 = 0; rv_1 < 2; ++rv_1) {
+      row_ss_pack[0] = tl::add2(row_ss_pack[0], *(float2*)(block_ss + (rv_1 * 2)));
+    }
+    row_ss[0] = ((row_ss_pack[0]).x + (row_ss_pack[0]).y);
+    __syncthreads();
+    row_ss[0] = tl::AllReduce<tl::SumOp, 256, 4, 0, tl::NamedBarrier<256>>::run(row_ss[0], (&(((float*)workspace)[0])));
+    float inv_rms = (0x1p+0f/*1.000000e+00*/ / sqrtf(((row_ss[0] / ((float)(n_blocks * 32))) + eps)));
+    #pragma unroll
+    for (int i_4 = 0; i_4 < 8; ++i_4) {
+      uint2 __4;
+      float4 __5;
+        float4 __6;
+        uint2 v__1 = *(uint2*)(wb + (i_4 * 4));
+        ((float2*)(&__6))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[0]);
+        ((float2*)(&__6))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__1))[1]);
+        float4 __7;
+          float4 __8;
+          uint2 v__2 = *(uint2*)(xb + (i_4 * 4));
+          ((float2*)(&__8))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[0]);
+          ((float2*)(&__8))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__2))[1]);
+          float4 v__3 = make_float4(inv_rms, inv_rms, inv_rms, inv_rms);
+          *(float2*)(&(__7.x)) = tl::mul2(*(float2*)(&(__8.x)), *(float2*)(&(v__3.x)));
+          *(float2*)(&(__7.z)) = tl::mul2(*(float2*)(&(__8.z)), *(float2*)(&(v__3.z)));
+        *(float2*)(&(__5.x)) = tl::mul2(*(float2*)(&(__6.x)), *(float2*)(&(__7.x)));
+        *(float2*)(&(__5.z)) = tl::mul2(*(float2*)(&(__6.z)), *(float2*)(&(__7.z)));
+      (reinterpret_cast<__nv_bfloat162*>(&__4))[0] = __float22bfloat162_rn(((float2*)(&__5))[0]);
+      (reinterpret_cast<__nv_bfloat162*>(&__4))[1] = __float22bfloat162_rn(((float2*)(&__5))[1]);
+      *(uint2*)(yb + (i_4 * 4)) = __4;
+    }
+    #pragma unroll
+    for (int i_5 = 0; i_5 < 8; ++i_5) {
+      float4 __9;
+      uint2 v__4 = *(uint2*)(yb + (i_5 * 4));
+      ((float2*)(&__9))[0] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__4))[0]);
+      ((float2*)(&__9))[1] = __bfloat1622float2((reinterpret_cast<__nv_bfloat162*>(&v__4))[1]);
+      *(float4*)(yf + (i_5 * 4)) = __9;
+    }
+    #pragma unroll
+    for (int i_6 = 0; i_6 < 8; ++i_6) {
+      float4 __10;
+      float4 v__5 = *(float4*)(yf + (i_6 * 4));
+      __10.x = fabsf(v__5.x);
+      __10.y = fabsf(v__5.y);
+      __10.z = fabsf(v__5.z);
+      __10.w = fabsf(v__5.w);
+      *(float4*)(ya + (i_6 * 4)) = __10;
+    }
+    #pragma unroll
+    for (int i_7 = 0; i_7 < 4; ++i_7) {
+      float broadcast_var_4 = -CUDART_INF_F;
+      amax_pack[i_7] = make_float2(broadcast_var_4, broadcast_var_4);
+      #pragma unroll
+      for (int rv_2 = 0; rv_2 < 4; ++rv_2) {
+        amax_pack[i_7] = tl::max2(amax_pack[i_7], *(float2*)(ya + ((i_7 * 8) + (rv_2 * 2))));
+      }
+      amax[i_7] = max((amax_pack[i_7]).x, (amax_pack[i_7]).y);
+      amax[i_7] = tl::AllReduce<tl::MaxOp, 4, 1, 0, tl::NamedBarrier<256>>::run(amax[i_7]);
+    }
+    for (int i_s = 0; i_s < 4; ++i_s) {
+      float p = (max(amax[i_s], 0x1.a36e2ep-14f/*1.000000e-04*/) * 0x1.24924ap-9f/*2.232143e-03*/);
+      float _reinterpret_tmp = p;
+      float _reinterpret_tmp_1 = p;
+      float condval_2;
+      if ((min(((((int)(((*(uint *)(&(_reinterpret_tmp))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_1))) & (uint)8388607) != (uint)0))) - 127), 127) == 127)) {
+        uint v__6 = (uint)4194304;
+        condval_2 = (*(float *)(&(v__6)));
+      } else {
+        float _reinterpret_tmp_2 = p;
+        float _reinterpret_tmp_3 = p;
+        uint v__7 = ((uint)max(((254 - ((int)(((*(uint *)(&(_reinterpret_tmp_2))) >> (uint)23) & (uint)255))) - ((int)(((*(uint *)(&(_reinterpret_tmp_3))) & (uint)8388607) != (uint)0))), 0)) << (uint)23;
+        condval_2 = (*(float *)(&(v__7)));
+      }
+      inv[i_s] = condval_2;
+      float _reinterpret_tmp_4 = p;
+      float _reinterpret_tmp_5 = p;
+      sbyte[i_s] = ((uchar)min((((int)(((*(uint *)(&(_reinterpret_tmp_4))) >> (uint)23) & (uint)255)) + ((int)(((*(uint *)(&(_reinterpret_tmp_5))) & (uint)8388607) != (uint)0))), 254));
+    }
+    #pragma unroll
+    for (int i_8 = 0; i_8 < 8; ++i_8) {
+      fp8_e4_4_t __11;
       float4 __12;
-        float4 v__7 = *(float4*)(yf + (i_7 * 4));
-        float4 v__8 = make_float4(inv[(i_7 >> 1)], inv[(i_7 >> 1)], inv[(i_7 >> 1)], inv[(i_7 >> 1)]);
-        *(float2*)(&(__12.x)) = tl::mul2(*(float2*)(&(v__7.x)), *(float2*)(&(v__8.x)));
-        *(float2*)(&(__12.z)) = tl::mul2(*(float2*)(&(v__7.z)), *(float2*)(&(v__8.z)));
-      float4 clamp_arg = __12;
-      float4 v__9 = make_float4(broadcast_var_5, broadcast_var_5, broadcast_var_5, broadcast_var_5);
-      float4 v__10 = make_float4(broadcast_var_6, broadcast_var_6, broadcast_var_6, broadcast_var_6);
-      __11.x = tl::clamp(clamp_arg.x, v__9.x, v__10.x);
-      __11.y = tl::clamp(clamp_arg.y, v__9.y, v__10.y);
-      __11.z = tl::clamp(clamp_arg.z, v__9.z, v__10.z);
-      __11.w = tl::clamp(clamp_arg.w, v__9.w, v__10.w);
-    (reinterpret_cast<__nv_fp8x2_storage_t*>(&__10))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__11))[0], __NV_SATFINITE, __NV_E4M3);
-    (reinterpret_cast<__nv_fp8x2_storage_t*>(&__10))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__11))[1], __NV_SATFINITE, __NV_E4M3);
-    *(fp8_e4_4_t*)(qf + (i_7 * 4)) = __10;
-  }
-  #pragma unroll
-  for (int i_8 = 0; i_8 < 4; ++i_8) {
-    if (((i_8 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks) {
-      *(uint4*)(y + (((((int64_t)i_8) * (int64_t)2048) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_blocks)) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(uint4*)(yb + (i_8 * 8));
+        float4 v__8 = *(float4*)(yf + (i_8 * 4));
+        float4 v__9 = make_float4(inv[(i_8 >> 1)], inv[(i_8 >> 1)], inv[(i_8 >> 1)], inv[(i_8 >> 1)]);
+        *(float2*)(&(__12.x)) = tl::mul2(*(float2*)(&(v__8.x)), *(float2*)(&(v__9.x)));
+        *(float2*)(&(__12.z)) = tl::mul2(*(float2*)(&(v__8.z)), *(float2*)(&(v__9.z)));
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__11))[0] = __nv_cvt_float2_to_fp8x2(((float2*)(&__12))[0], __NV_SATFINITE, __NV_E4M3);
+      (reinterpret_cast<__nv_fp8x2_storage_t*>(&__11))[1] = __nv_cvt_float2_to_fp8x2(((float2*)(&__12))[1], __NV_SATFINITE, __NV_E4M3);
+      *(fp8_e4_4_t*)(qf + (i_8 * 4)) = __11;
     }
-  }
-  #pragma unroll
-  for (int i_9 = 0; i_9 < 4; ++i_9) {
-    if (((i_9 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks) {
-      *(fp8_e4_8_t*)(q + (((((int64_t)i_9) * (int64_t)2048) + ((((int64_t)((int)blockIdx.x)) * ((int64_t)n_blocks)) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + (i_9 * 8));
+    if (((((int)blockIdx.x) + (it * n_ctas)) < n_rows) && (0 <= (((int)blockIdx.x) + (it * n_ctas)))) {
+      #pragma unroll
+      for (int i_9 = 0; i_9 < 4; ++i_9) {
+        if (((i_9 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks) {
+          *(uint4*)(y + (((((int64_t)i_9) * (int64_t)2048) + (((((int64_t)((int)blockIdx.x)) + (((int64_t)it) * ((int64_t)n_ctas))) * ((int64_t)n_blocks)) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(uint4*)(yb + (i_9 * 8));
+        }
+      }
+      #pragma unroll
+      for (int i_10 = 0; i_10 < 4; ++i_10) {
+        if (((i_10 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks) {
+          *(fp8_e4_8_t*)(q + (((((int64_t)i_10) * (int64_t)2048) + (((((int64_t)((int)blockIdx.x)) + (((int64_t)it) * ((int64_t)n_ctas))) * ((int64_t)n_blocks)) * (int64_t)32)) + (((int64_t)((int)threadIdx.x)) * (int64_t)8))) = *(fp8_e4_8_t*)(qf + (i_10 * 8));
+        }
+      }
     }
-  }
-  if ((((int)threadIdx.x) % 4) == 0) {
-    #pragma unroll
-    for (int i_10 = 0; i_10 < 4; ++i_10) {
-      if (((i_10 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks) {
-        scale[(((((int64_t)i_10) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) + (((int64_t)((int)blockIdx.x)) * ((int64_t)n_blocks)))] = sbyte[i_10];
+    if ((((int)threadIdx.x) % 4) == 0) {
+      if (((((int)blockIdx.x) + (it * n_ctas)) < n_rows) && (0 <= (((int)blockIdx.x) + (it * n_ctas)))) {
+        #pragma unroll
+        for (int i_11 = 0; i_11 < 4; ++i_11) {
+          if (((i_11 * 64) + (((int)threadIdx.x) >> 2)) < n_blocks) {
+            scale[(((((int64_t)i_11) * (int64_t)64) + (((int64_t)((int)threadIdx.x)) >> (int64_t)2)) + ((((int64_t)((int)blockIdx.x)) + (((int64_t)it) * ((int64_t)n_ctas))) * ((int64_t)n_blocks)))] = sbyte[i_11];
+          }
+        }
       }
     }
   }

@@ -18,51 +18,12 @@
 
 #include <stdint.h>
 
+#include "async_copy.cuh"
 #include "wgmma_e4m3.cuh"
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 namespace deepinfer {
 namespace sm90 {
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-/* ---- mbarriers ---------------------------------------------------------- */
-
-__device__ __forceinline__ void mbar_init(uint64_t *bar, uint32_t arrivals) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(arrivals));
-}
-
-/* Makes initialised barriers visible to the async proxy (TMA); follow with a
- * CTA barrier before any thread uses them. */
-__device__ __forceinline__ void fence_barrier_init() {
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-/* One arrival that also announces `bytes` of TMA traffic to wait for. */
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-                 "r"(bytes)
-                 : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint64_t *bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
-/* Spins until the phase with parity `parity` has completed. */
-__device__ __forceinline__ void mbar_wait(uint64_t *bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n"
-        "}\n" ::"r"(smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
 
 /* ---- TMA ------------------------------------------------------------------ */
 
@@ -90,22 +51,6 @@ __device__ __forceinline__ void tma_load_3d(void *dst, const void *map, uint64_t
         "[%0], [%1, {%3, %4, %5}], [%2];" ::"r"(smem_u32(dst)),
         "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
         : "memory");
-}
-
-/* Orders this thread's generic-proxy shared-memory writes before later
- * async-proxy reads (wgmma operands written by threads, not by TMA). */
-// One contiguous global -> shared copy of `bytes` (a multiple of 16, both
-// addresses 16-byte aligned) by the async proxy, counted on `bar`'s
-// transaction bytes.
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-}
-
-__device__ __forceinline__ void fence_proxy_async_smem() {
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 /* ---- wgmma ---------------------------------------------------------------- */

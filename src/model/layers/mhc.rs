@@ -5,9 +5,11 @@
 //! Invariant: `pre` carries the lagged pre from sublayer to sublayer (one
 //! row per token, one-hot before the first sublayer). A sublayer's expand
 //! waits in [`Streams`] until the streams are next needed: by the next
-//! front half, which runs it fused ([`ops::mhc_expand_pre`], one pass over
-//! the streams on CUDA), or by anything else ([`Streams::ready`]). Either
-//! way the result is the expand's, bitwise.
+//! front half, which runs it fused when `Model::mhc_fusion` is on
+//! ([`ops::mhc_expand_pre`], one pass over the streams on CUDA), or by
+//! anything else ([`Streams::ready`]); with fusion off (the default: the
+//! fused kernel is the slower one on the H200) it runs at once. Either way
+//! the result is the expand's, bitwise.
 
 use super::linear::Normed;
 use crate::error::Result;

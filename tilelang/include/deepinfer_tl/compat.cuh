@@ -16,6 +16,10 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+// mbarriers and bulk copies (kernels-cuda/include): programs call them by
+// their qualified names (deepinfer::sm90::...) through T.call_extern.
+#include "deepinfer/async_copy.cuh"
+
 #define DEEPINFER_TL_DEVICE __device__ __forceinline__
 
 // ---- scalar and vector storage types named by the emitted code -----------
@@ -146,3 +150,36 @@ struct AllReduce {
 };
 
 }  // namespace tl
+
+// ---- tensor cores through T.call_extern (mma.sync m16n8k16, BF16 -> fp32) --
+//
+// Fragment layouts as the PTX ISA gives them for mma.m16n8k16 with .bf16
+// ("Matrix fragments for mma.m16n8k16"): lane = 4 g + t. A (16 x 16, row
+// major): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..2t+1], a[2] = A[g][2t+8..],
+// a[3] = A[g+8][2t+8..]. B (16 x 8, column major: B[k][n] stored as row n of
+// k): b[0] = B[2t..2t+1][g], b[1] = B[2t+8..2t+9][g]. C/D (16 x 8): d[0..1] =
+// D[g][2t..2t+1], d[2..3] = D[g+8][2t..2t+1].
+
+// The A fragment from shared memory: r0 points at A[g][2t], r8 at A[g+8][2t]
+// (4-byte aligned; the row-major tile's rows may be padded).
+DEEPINFER_TL_DEVICE void deepinfer_ldfrag_a_16816(unsigned* a, const bfloat16_t* r0,
+                                                  const bfloat16_t* r8) {
+    a[0] = *reinterpret_cast<const unsigned*>(r0);
+    a[1] = *reinterpret_cast<const unsigned*>(r8);
+    a[2] = *reinterpret_cast<const unsigned*>(r0 + 8);
+    a[3] = *reinterpret_cast<const unsigned*>(r8 + 8);
+}
+
+// d += A * B for the A fragment a and the B fragment read from shared memory
+// at b, which points at B[2t][g] = row g, column 2t of the [n][k] tile
+// (4-byte aligned). The products of BF16 values are exact in fp32; the sums
+// are the tensor core's fp32 accumulation.
+DEEPINFER_TL_DEVICE void deepinfer_mma_bf16_16816(float* d, const unsigned* a,
+                                                  const bfloat16_t* b) {
+    const unsigned b0 = *reinterpret_cast<const unsigned*>(b);
+    const unsigned b1 = *reinterpret_cast<const unsigned*>(b + 8);
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
