@@ -405,15 +405,14 @@ fn engram_rows_and_lookup_are_bitwise_the_cpu() {
 
 /// A bound on |gate_GPU − gate_CPU| for one stream, from the forward error
 /// of the two summation orders (the CPU's sequential sum has depth D − 1, the
-/// GPU's strided partials then its block tree depth ⌈D/threads⌉ + log2
-/// threads; a sum of depth h is off by at most h·u·Σ|terms|) carried through
+/// GPU's `gpu_depth`; a sum of depth h is off by at most h·u·Σ|terms|) carried through
 /// x = dot·rsqrt(ss/D+ε)·rsqrt(kk/D+ε)·D^−½, g_in = sign(x)·√max(|x|, 1e-6)
 /// (|√a − √b| ≤ √|a − b|, and a sign flip needs |x| ≤ δx) and σ (slope ≤ ¼).
 /// Everything in f64 from the BF16 inputs; u = 2^−24.
-fn gate_error_bound(stream: &[f64], key: &[f64], qk: &[f64], eps: f64, threads: usize) -> f64 {
+fn gate_error_bound(stream: &[f64], key: &[f64], qk: &[f64], eps: f64, gpu_depth: usize) -> f64 {
     let u = 2f64.powi(-24);
     let n = stream.len() as f64;
-    let depth = n + (stream.len().div_ceil(threads) as f64) + (threads as f64).log2() + 4.0;
+    let depth = n + gpu_depth as f64 + 4.0;
     let (mut dot, mut abs, mut ss, mut kk) = (0.0, 0.0, 0.0, 0.0);
     for ((s, k), w) in stream.iter().zip(key).zip(qk) {
         dot += s * w * k;
@@ -438,7 +437,9 @@ fn engram_gate_update_matches_the_cpu_up_to_the_gate_rounding() {
     let dev = gpu();
     let mut rng = common::rng("cuda_glue_engram_gate");
     for &t in &[1usize, 3, 129] {
-        for &d in &[32usize, 100, 4096] {
+        // 8-wide vectors (32, 264: a lane with one vector more than
+        // another, 4096) and the scalar kernel (100).
+        for &d in &[32usize, 100, 264, 4096] {
             let c = 4;
             let s = Tensor::from_vec(
                 common::random_activations(&mut rng, t * c * d, 1.0),
@@ -470,7 +471,15 @@ fn engram_gate_update_matches_the_cpu_up_to_the_gate_rounding() {
             let (sv, kvv) = (s.to_vec::<bf16>().unwrap(), kv.to_vec::<bf16>().unwrap());
             let (qv, kwv) = (qw.to_vec::<bf16>().unwrap(), kw.to_vec::<bf16>().unwrap());
             let case = format!("T {t} D {d}");
-            let threads = d.next_multiple_of(32).clamp(32, 1024);
+            // A warp per (token, stream): a lane adds its elements in order
+            // (8-wide vectors when D % 8 == 0: whole vectors l, l + 32, ...),
+            // then 5 butterfly levels.
+            let lane_terms = if d % 8 == 0 {
+                d.div_ceil(8).div_ceil(32) * 8
+            } else {
+                d.div_ceil(32)
+            };
+            let gpu_depth = lane_terms + 5;
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {
                 let (tok, ci, x) = (i / (c * d), (i / d) % c, i % d);
                 let row = |v: &[bf16], at: usize| -> Vec<f64> {
@@ -487,7 +496,7 @@ fn engram_gate_update_matches_the_cpu_up_to_the_gate_rounding() {
                     .zip(row(&kwv, ci))
                     .map(|(q, k)| q * k)
                     .collect();
-                let dg = gate_error_bound(&stream, &key, &qk, 1e-6, threads);
+                let dg = gate_error_bound(&stream, &key, &qk, 1e-6, gpu_depth);
                 let s_val = f64::from(sv[i].to_f32()).abs();
                 let tol = common::bf16_half_ulp(*a)
                     + common::bf16_half_ulp(*b)

@@ -7,10 +7,14 @@
 //   head_dim: e4m3 value times its 32-block's E8M0 scale, one BF16 rounding;
 //   bitwise cpu_backend::engram::gather_rows. A row outside the table writes
 //   nothing and lowers *bad to the entry's index.
-// engram_gate_update_bf16: one CTA per (token, stream); the three sums of
-//   the gate are fixed-shape block reductions (the tree depends on blockDim,
-//   which the wrapper picks from d alone), so they differ from the CPU's
-//   sequential sums by rounding only; the update is elementwise IEEE.
+// engram_gate_update_bf16x8 (d % 8 == 0) and engram_gate_update_bf16 (any
+//   d): one warp per (token, stream), grid-stride over them; lane l takes the
+//   vectors l, l + 32, ... of 8 elements (16-byte loads and stores) or of
+//   one, adds each of the gate's three sums in that order, then a warp
+//   butterfly (every lane gets the same sums). The order depends on d
+//   alone, not on the batch; it differs from the CPU's sequential sums by
+//   rounding only. The update is elementwise IEEE, with each stream and
+//   the value read again (from L1/L2) rather than held in registers.
 #include <cuda_bf16.h>
 #include <math.h>
 #include "deepinfer/numerics.cuh"
@@ -54,33 +58,78 @@ extern "C" __global__ void engram_lookup_bf16(const __grid_constant__ di_engram_
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024)
-    engram_gate_update_bf16(const __grid_constant__ di_engram_gate_params p) {
-    __shared__ float scratch[32];
+// VEC consecutive BF16 values as fp32 (VEC = 8: one 16-byte load).
+template <int VEC>
+__device__ __forceinline__ void load_bf16(const __nv_bfloat16 *src, float (&out)[VEC]) {
+    if constexpr (VEC == 8) {
+        const uint4 raw = *reinterpret_cast<const uint4 *>(src);
+        const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float2 f = __bfloat1622float2(h[i]);
+            out[2 * i] = f.x;
+            out[2 * i + 1] = f.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) out[i] = __bfloat162float(src[i]);
+    }
+}
+
+// VEC fp32 values rounded to BF16 one by one (RN), stored at dst.
+template <int VEC>
+__device__ __forceinline__ void store_bf16(__nv_bfloat16 *dst, const float (&v)[VEC]) {
+    if constexpr (VEC == 8) {
+        uint4 raw;
+        __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&raw);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+        *reinterpret_cast<uint4 *>(dst) = raw;
+    } else {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) dst[i] = __float2bfloat16_rn(v[i]);
+    }
+}
+
+template <int VEC>
+__device__ __forceinline__ void engram_gate_update(const di_engram_gate_params &p) {
     const __nv_bfloat16 *streams = static_cast<const __nv_bfloat16 *>(p.streams);
     const __nv_bfloat16 *kv = static_cast<const __nv_bfloat16 *>(p.kv);
     const __nv_bfloat16 *qw = static_cast<const __nv_bfloat16 *>(p.q_weight);
     const __nv_bfloat16 *kw = static_cast<const __nv_bfloat16 *>(p.k_weight);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
     const int64_t units = p.tokens * p.c;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x) {
+    const int n_vec = p.d / VEC;
+    for (int64_t u = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); u < units;
+         u += warps) {
         const int64_t t = u / p.c;
         const int c = int(u % p.c);
         const __nv_bfloat16 *s = streams + u * p.d;
         const __nv_bfloat16 *key = kv + (t * (p.c + 1) + c) * p.d;
         const __nv_bfloat16 *value = kv + (t * (p.c + 1) + p.c) * p.d;
+        const __nv_bfloat16 *q_row = qw + int64_t(c) * p.d;
+        const __nv_bfloat16 *k_row = kw + int64_t(c) * p.d;
         float dot = 0.0f, ss = 0.0f, kk = 0.0f;
-        for (int i = threadIdx.x; i < p.d; i += blockDim.x) {
-            const float sv = __bfloat162float(s[i]), k = __bfloat162float(key[i]);
-            const int64_t w = int64_t(c) * p.d + i;
-            const float qk = __fmul_rn(__bfloat162float(qw[w]), __bfloat162float(kw[w]));
-            dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(sv, qk), k));
-            ss = __fadd_rn(ss, __fmul_rn(sv, sv));
-            kk = __fadd_rn(kk, __fmul_rn(k, k));
+#pragma unroll 4
+        for (int v = lane; v < n_vec; v += 32) {
+            float sv[VEC], k[VEC], q[VEC], w[VEC];
+            load_bf16<VEC>(s + v * VEC, sv);
+            load_bf16<VEC>(key + v * VEC, k);
+            load_bf16<VEC>(q_row + v * VEC, q);
+            load_bf16<VEC>(k_row + v * VEC, w);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+                const float qk = __fmul_rn(q[e], w[e]);
+                dot = __fadd_rn(dot, __fmul_rn(__fmul_rn(sv[e], qk), k[e]));
+                ss = __fadd_rn(ss, __fmul_rn(sv[e], sv[e]));
+                kk = __fadd_rn(kk, __fmul_rn(k[e], k[e]));
+            }
         }
-        dot = block_sum(dot, scratch);
-        ss = block_sum(ss, scratch);
-        kk = block_sum(kk, scratch);
+        dot = warp_sum(dot);
+        ss = warp_sum(ss);
+        kk = warp_sum(kk);
         const float fd = float(p.d);
         float x = __fmul_rn(dot, __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, fd), p.eps))));
         x = __fmul_rn(x, __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(kk, fd), p.eps))));
@@ -88,11 +137,26 @@ extern "C" __global__ void __launch_bounds__(1024)
         // sign(x) * sqrt(max(|x|, 1e-6)), NaN propagating as f32::signum does.
         const float g_in = isnan(x) ? x : copysignf(__fsqrt_rn(fmaxf(fabsf(x), 1e-6f)), x);
         // sigmoid with the CPU's exp: f64 exp rounded once to fp32.
-        const float e = float(exp(double(-g_in)));
-        const float g = __fdiv_rn(1.0f, __fadd_rn(1.0f, e));
-        for (int i = threadIdx.x; i < p.d; i += blockDim.x) {
-            const float v = __fadd_rn(__bfloat162float(s[i]), __fmul_rn(g, __bfloat162float(value[i])));
-            out[u * p.d + i] = __float2bfloat16_rn(v);
+        const float ex = float(exp(double(-g_in)));
+        const float g = __fdiv_rn(1.0f, __fadd_rn(1.0f, ex));
+#pragma unroll 4
+        for (int v = lane; v < n_vec; v += 32) {
+            float sv[VEC], val[VEC], o[VEC];
+            load_bf16<VEC>(s + v * VEC, sv);
+            load_bf16<VEC>(value + v * VEC, val);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) o[e] = __fadd_rn(sv[e], __fmul_rn(g, val[e]));
+            store_bf16<VEC>(out + u * p.d + v * VEC, o);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    engram_gate_update_bf16x8(const __grid_constant__ di_engram_gate_params p) {
+    engram_gate_update<8>(p);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    engram_gate_update_bf16(const __grid_constant__ di_engram_gate_params p) {
+    engram_gate_update<1>(p);
 }

@@ -6,11 +6,12 @@
 use super::params::{
     DI_ENGRAM_MAX_COLS, di_engram_gate_params, di_engram_lookup_params, di_engram_rows_params,
 };
-use super::{BadSlots, flat_launch, i32_param, launch, read_ptr, row_launch, write_ptr};
+use super::{BadSlots, flat_launch, grid_for, i32_param, launch, read_ptr, row_launch, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
 use crate::tensor::Tensor;
+use cudarc::driver::LaunchConfig;
 
 /// A layer's hash constants, as the kernel takes them.
 pub struct EngramHash<'a> {
@@ -131,7 +132,26 @@ pub fn engram_gate_update(
         eps,
         inv_sqrt_d: crate::numerics::round_f32((d as f64).powf(-0.5)),
     };
-    // Threads from D alone: the reduction tree is the same at every batch.
-    let cfg = row_launch(units, d, 1024)?;
-    launch(dev, kernels::engram::ENGRAM_GATE_UPDATE_BF16, cfg, &p)
+    // A warp per (token, stream), 8 a CTA. The two kernels sum in different
+    // orders; the choice depends on D and the buffers' alignment, and every
+    // buffer is a whole allocation (256-byte aligned), so in effect on D
+    // alone: the order is the same at every batch. The alignment check only
+    // keeps a misaligned buffer off the 16-byte path.
+    let aligned = [sp, kp, qp, wp, op.cast_const()]
+        .iter()
+        .all(|&a| (a as usize).is_multiple_of(16));
+    let kernel = if d.is_multiple_of(8) && aligned {
+        kernels::engram::ENGRAM_GATE_UPDATE_BF16X8
+    } else {
+        kernels::engram::ENGRAM_GATE_UPDATE_BF16
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (grid_for(units, GATE_WARPS as usize), 1, 1),
+        block_dim: (32 * GATE_WARPS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(dev, kernel, cfg, &p)
 }
+
+/// Warps per CTA of the gate update: one (token, stream) each.
+const GATE_WARPS: u32 = 8;
