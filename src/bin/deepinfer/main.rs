@@ -104,6 +104,12 @@ fn gen_weights(
 
 fn info() {
     println!("accelerator: {}", deepinfer::ACCELERATOR);
+    // The host threads the library's parallel host work (the Engram host
+    // gather) sizes itself by: the process's CPU quota, not the machine's.
+    match std::thread::available_parallelism() {
+        Ok(n) => println!("host threads: {n}"),
+        Err(e) => println!("host threads: unknown ({e})"),
+    }
     for f in deepinfer::kernels::FAMILIES {
         println!(
             "family {}: {} bytes, archs {:?}, kernels {:?}",
