@@ -438,6 +438,9 @@ impl Harness {
             "driver": self.peers["driver"].clone(),
             "date": std::env::var("DEEPINFER_BENCH_DATE").unwrap_or_default(),
             "commit": std::env::var("DEEPINFER_COMMIT").unwrap_or_default(),
+            // The host threads the library sizes its parallel host work by
+            // (the process's CPU quota): host-side costs depend on it.
+            "host_threads": std::thread::available_parallelism().map_or(0, |n| n.get()),
             "ceilings": {
                 "copy_gbps": self.copy_gbps,
                 "bf16_tflops": self.peers["ceilings"]["bf16_tflops"].clone(),
