@@ -2,7 +2,8 @@
 # Runs on the GPU machine from the bundle folder that `cargo xtask gpu-bundle`
 # made: every test binary, the torch cross-check, compute-sanitizer memcheck,
 # racecheck, initcheck and synccheck over the CUDA tests (DEEPINFER_SANITIZERS
-# picks a subset), the torch peers and the benchmark. Logs
+# picks a subset), the torch peers and the benchmark. Logs (packed into
+# $OUT/logs.tgz at the end)
 # and JSON go under $OUT (default ./out). The last line is the summary.
 #
 # DEEPINFER_ONLY="gemm blas" restricts the CUDA tests (tests/cuda_<word>*),
@@ -133,5 +134,14 @@ for b in "$B"/benches/*_gpu; do
   [ $rc -ne 0 ] && bench_rc=$rc
   cat "$OUT/logs/bench-$fam.log"
 done
+
+# The device tool brings back a bounded number of files from $OUT (about 50
+# came back on 2026-12-05, the rest were left out): the logs, SASS listings
+# and reports go back as one archive beside the JSON, unless
+# DEEPINFER_KEEP_LOGS=1 keeps them loose.
+if [ "${DEEPINFER_KEEP_LOGS:-0}" != 1 ]; then
+  (cd "$OUT" && set -- $(ls -d logs sass reports 2> /dev/null) && [ $# -gt 0 ] \
+    && tar czf logs.tgz "$@" && rm -rf "$@")
+fi
 
 echo "gpu-bundle $COMMIT: tests $passed passed, $failed failed${bins_failed:+ (failing:$bins_failed)}; $torch_line; sanitizer$san; bench rc=$bench_rc"
