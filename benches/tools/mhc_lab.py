@@ -48,12 +48,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 D = 5120
 N_VEC = D // 8
 CHUNKS = -(-N_VEC // 16)
-THREADS = 128
-# Each variant's dynamic shared memory for pass 1 and the fused kernel, read
-# by mhc_lab_cubins.sh from the generated sources' headers (variants.json,
-# in build order); SMEM_<variant>=pre,fused overrides.
+EXPAND_THREADS = 128  # mhc.py's THREADS
+# Each variant's launch geometry for pass 1 and the fused kernel, read by
+# mhc_lab_cubins.sh from the generated sources' headers (variants.json, in
+# build order): {"pre": [smem bytes, threads, tokens a CTA], "fused": [...]}.
 with open(os.path.join(HERE, "variants.json")) as f:
-    SMEM_OF = {k: tuple(v) for k, v in json.load(f).items()}
+    GEOM_OF = json.load(f)
 NAMES = {"pre": b"deepinfer_mhc_pre_kernel", "fused": b"deepinfer_mhc_expand_pre_kernel",
          "expand": b"deepinfer_mhc_expand_kernel"}
 
@@ -71,17 +71,17 @@ def smem_optin(fn, smem):
     ck(cu.cuFuncSetAttribute(fn, 8, ctypes.c_int(smem)), "smem attribute")
 
 
-def occ(fn, smem):
+def occ(fn, geom):
     n = ctypes.c_int()
-    ck(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, THREADS, ctypes.c_size_t(smem)), "occ")
+    ck(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), fn, geom[1], ctypes.c_size_t(geom[0])), "occ")
     return n.value
 
 
-def launch(fn, grid, smem, args):
+def launch(fn, grid, threads, smem, args):
     """args: ctypes values (c_uint64 addresses, c_int sizes) in the kernel's order."""
     ptrs = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in args])
     stream = torch.cuda.current_stream().cuda_stream
-    ck(cu.cuLaunchKernel(fn, grid[0], grid[1], 1, THREADS, 1, 1, smem, ctypes.c_void_p(stream), ptrs, None), "launch")
+    ck(cu.cuLaunchKernel(fn, grid[0], grid[1], 1, threads, 1, 1, smem, ctypes.c_void_p(stream), ptrs, None), "launch")
 
 
 def p(t):
@@ -93,34 +93,33 @@ def i32(v):
 
 
 variants = os.environ["VARIANTS"].split(",") if "VARIANTS" in os.environ else list(SMEM_OF)
-fns, smem = {}, {}
+fns, geom = {}, {}
 for v in variants:
-    sizes = os.environ.get("SMEM_" + v)
-    pre_b, fused_b = tuple(int(x) for x in sizes.split(",")) if sizes else SMEM_OF[v]
-    for kind, nbytes in (("pre", pre_b), ("fused", fused_b)):
+    for kind in ("pre", "fused"):
         path = os.path.join(HERE, f"{v}.{kind}.cubin")
         if os.path.exists(path):
             fns[(v, kind)] = load(path, NAMES[kind])
-            smem[(v, kind)] = nbytes
-            smem_optin(fns[(v, kind)], nbytes)
+            geom[(v, kind)] = GEOM_OF[v][kind]
+            smem_optin(fns[(v, kind)], geom[(v, kind)][0])
 expand = load(os.path.join(HERE, "expand.cubin"), NAMES["expand"])
 
 
-def run_pre(fn, nbytes, s, hc_fn, lag, u, part, t):
+def run_pre(fn, g, s, hc_fn, lag, u, part, t):
     # TileLang's order: hc_fn, part, pre_in, streams, u; n_chunks, n_tokens, n_vec.
-    launch(fn, (CHUNKS, -(-t // 64)), nbytes,
+    launch(fn, (CHUNKS, -(-t // g[2])), g[1], g[0],
            [p(hc_fn), p(part), p(lag), p(s), p(u), i32(CHUNKS), i32(t), i32(N_VEC)])
 
 
-def run_fused(fn, nbytes, s, f, post, comb, hc_fn, lag, out, u, part, t):
+def run_fused(fn, g, s, f, post, comb, hc_fn, lag, out, u, part, t):
     # comb, f, hc_fn, out, part, post, pre_in, streams, u; n_chunks, n_tokens, n_vec.
-    launch(fn, (CHUNKS, -(-t // 64)), nbytes,
+    launch(fn, (CHUNKS, -(-t // g[2])), g[1], g[0],
            [p(comb), p(f), p(hc_fn), p(out), p(part), p(post), p(lag), p(s), p(u), i32(CHUNKS), i32(t), i32(N_VEC)])
 
 
 def run_expand(s, f, post, comb, out, t):
     # comb, f, out, post, streams; n_tokens, n_vec: grid (T, ceil(n_vec / 256)).
-    launch(expand, (t, -(-N_VEC // 256)), 0, [p(comb), p(f), p(out), p(post), p(s), i32(t), i32(N_VEC)])
+    launch(expand, (t, -(-N_VEC // 256)), EXPAND_THREADS, 0,
+           [p(comb), p(f), p(out), p(post), p(s), i32(t), i32(N_VEC)])
 
 
 def ref_expand(s, f, post, comb):
@@ -204,7 +203,7 @@ for t in [int(r) for r in os.environ.get("ROWS", "1,64,256,4096,16384").split(",
     copy_us = timeit(lambda i: dst.copy_(src))
     first_pre = None
     for (v, kind), fn in fns.items():
-        nb = smem[(v, kind)]
+        nb = geom[(v, kind)]
         u.fill_(float("nan"))
         part.fill_(float("nan"))
         out.fill_(float("nan"))

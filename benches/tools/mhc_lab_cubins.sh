@@ -11,8 +11,9 @@
 # temporary worktree: NAME.pre.cubin and NAME.fused.cubin. The default is
 # `fma=7e1eccf tc=HEAD` (the FMA mixes before the tensor cores, and now).
 # expand.cubin is the first variant's expand kernel (the two-kernel path's
-# first half). variants.json records each variant's dynamic shared memory
-# (from the generated sources' headers), in order; mhc_lab.py is copied
+# first half). variants.json records each variant's launch geometry (shared
+# memory, threads and tokens a CTA, from the generated sources' headers), in
+# order; mhc_lab.py is copied
 # beside them. Then, on the GPU machine:
 #   cd OUT && python3 mhc_lab.py
 set -euo pipefail
@@ -28,8 +29,15 @@ cubin() {
     --expt-relaxed-constexpr -I "$1/tilelang/include" -I "$1/kernels-cuda/include" \
     "$1/tilelang/generated/$2.sm_90a.cu" -o "$OUT/$3.cubin"
 }
-# The `dynamic_smem: N bytes` line of a generated source's header.
-smem() { sed -n 's|^// dynamic_smem: \([0-9]*\) bytes.*|\1|p' "$1/tilelang/generated/$2.sm_90a.cu" | head -n 1; }
+# A kernel's launch geometry from its generated source's header:
+# [dynamic shared memory bytes, threads a CTA, tokens a CTA (the grid's
+# ceil(n_tokens / N))].
+geom() {
+  local f="$1/tilelang/generated/$2.sm_90a.cu"
+  echo "[$(sed -n 's|^// dynamic_smem: \([0-9]*\) bytes.*|\1|p' "$f" | head -n 1)," \
+    "$(sed -n 's|^// block: (\([0-9]*\),.*|\1|p' "$f" | head -n 1)," \
+    "$(sed -n 's|^// grid: .*ceil(n_tokens / \([0-9]*\)).*|\1|p' "$f" | head -n 1)]"
+}
 WT="$(mktemp -d)"
 rmdir "$WT"
 trap 'git -C "$ROOT" worktree remove --force "$WT" 2> /dev/null || rm -rf "$WT"' EXIT
@@ -46,7 +54,7 @@ for spec in "$@"; do
   cubin "$WT" mhc_expand_pre "$name.fused"
   [ $first = 0 ] || cubin "$WT" mhc expand
   [ $first = 1 ] || json="$json, "
-  json="$json\"$name\": [$(smem "$WT" mhc_pre), $(smem "$WT" mhc_expand_pre)]"
+  json="$json\"$name\": {\"pre\": $(geom "$WT" mhc_pre), \"fused\": $(geom "$WT" mhc_expand_pre)}"
   first=0
   git worktree remove --force "$WT"
 done
