@@ -23,8 +23,8 @@ Checks, at every size, before timing:
     VARIANTS=fma,tc ROWS=64,4096,16384 python3 mhc_lab.py   # <variant>.pre.cubin,
                                                             # <variant>.fused.cubin beside it
 
-`benches/tools/mhc_lab_cubins.sh [OUT] [NAME=REV[+PATCH] ...]` builds the
-cubins (sm_90a: each variant from a commit, with a lab patch on top if
+`benches/tools/mhc_lab_cubins.sh [OUT] [NAME=REV[+PATCH...] ...]` builds the
+cubins (sm_90a: each variant from a commit, with lab patches on top if
 given; expand.cubin from the first), writes variants.json (their shared
 memory sizes, in order: the first is the base the others are compared
 with) and copies this script beside them.

@@ -3,11 +3,11 @@
 # (default .dev/mhclab), with the pinned nvcc ($DEEPINFER_CUDA_ROOT/bin/nvcc
 # after `source` of scripts/setup's output, or $NVCC):
 #
-#   benches/tools/mhc_lab_cubins.sh [OUT] [NAME=REV[+PATCH] ...]
+#   benches/tools/mhc_lab_cubins.sh [OUT] [NAME=REV[+PATCH...] ...]
 #
 # Each variant NAME is the committed pass 1 and fused kernels
-# (tilelang/generated) at REV, with PATCH (a lab patch carrying its generated
-# sources, so no TileLang is needed) applied on top if given, built in a
+# (tilelang/generated) at REV, with each PATCH (a lab patch carrying its
+# generated sources, so no TileLang is needed) applied on top in order, built in a
 # temporary worktree: NAME.pre.cubin and NAME.fused.cubin. The default is
 # `fma=7e1eccf tc=HEAD` (the FMA mixes before the tensor cores, and now).
 # expand.cubin is the first variant's expand kernel (the two-kernel path's
@@ -45,11 +45,11 @@ json="{"
 first=1
 for spec in "$@"; do
   name="${spec%%=*}"
-  rev="${spec#*=}"
-  patch=""
-  case "$rev" in *+*) patch="${rev#*+}"; rev="${rev%%+*}" ;; esac
-  git worktree add -q --detach "$WT" "$rev"
-  [ -z "$patch" ] || git -C "$WT" apply "$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")"
+  IFS=+ read -r -a parts <<< "${spec#*=}"
+  git worktree add -q --detach "$WT" "${parts[0]}"
+  for patch in "${parts[@]:1}"; do
+    git -C "$WT" apply "$(cd "$(dirname "$patch")" && pwd)/$(basename "$patch")"
+  done
   cubin "$WT" mhc_pre "$name.pre"
   cubin "$WT" mhc_expand_pre "$name.fused"
   [ $first = 0 ] || cubin "$WT" mhc expand
