@@ -3,8 +3,8 @@
 # made: every test binary, the torch cross-check, compute-sanitizer memcheck,
 # racecheck, initcheck and synccheck over the CUDA tests (DEEPINFER_SANITIZERS
 # picks a subset), the torch peers and the benchmark. Logs (packed into
-# $OUT/logs.tgz at the end)
-# and JSON go under $OUT (default ./out). The last line is the summary.
+# $OUT/logs.tgz at the end) and JSON go under $OUT (default ./out). The
+# last line is the summary.
 #
 # DEEPINFER_ONLY="gemm blas" restricts the CUDA tests (tests/cuda_<word>*),
 # the sanitizer passes and the benches (benches/<word>*_gpu) to names that

@@ -65,9 +65,10 @@ pub struct Model {
     /// (`ops::mhc_expand_pre`, one pass over the streams on CUDA) or alone
     /// before it (`ops::mhc_expand`, then `ops::mhc_pre`; the default). The
     /// same bits either way. Off by default because the fused kernel is the
-    /// slower path on the H200 (2026-12-05, `mhc_gpu`: 1497 µs against 1306
-    /// for the two kernels at 16,384 tokens, 46.5 against 35.5 µs at 256 in
-    /// a graph): it runs the expand's streaming at pass 1's occupancy.
+    /// slower path on the H200 (2026-12-05, `mhc_gpu`, tensor-core front:
+    /// 1286 µs against 1053 for the two kernels at 16,384 tokens, 41.7
+    /// against 29.7 µs at 256 in a graph): it runs the expand's streaming at
+    /// pass 1's occupancy.
     pub mhc_fusion: bool,
     /// This model among the process's (`model::graph` replays a graph only
     /// for the model that captured it).
@@ -673,8 +674,8 @@ impl Model {
             if capture.moe {
                 trace.moe = Some(f.clone());
             }
-            // The expand runs with the next layer's front half (or when the
-            // streams are next read).
+            // The expand runs now, or with `mhc_fusion` with the next
+            // layer's front half (or when the streams are next read).
             streams.expand_later(f, mix)?;
             if capture.routing {
                 trace.routing = Some(selected);
