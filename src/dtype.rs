@@ -99,6 +99,13 @@ pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
     /// Decodes one element from its little-endian bytes (a short slice
     /// reads as zero bytes; callers pass exact chunks).
     fn get_le(bytes: &[u8]) -> Self;
+    /// The little-endian bytes of `v`: `u8`'s own slice, borrowed; any
+    /// other type's encoded in one allocation.
+    fn le_bytes(v: &[Self]) -> std::borrow::Cow<'_, [u8]> {
+        let mut out = Vec::with_capacity(std::mem::size_of_val(v));
+        v.iter().for_each(|x| x.put_le(&mut out));
+        std::borrow::Cow::Owned(out)
+    }
 }
 
 /// Typed host storage; the variant is the dtype.
@@ -198,22 +205,18 @@ impl HostStorage {
         })
     }
 
-    /// Little-endian bytes of the storage, as a device copy expects them.
-    pub fn to_le_bytes(&self) -> Vec<u8> {
-        fn enc<T: Element>(v: &[T]) -> Vec<u8> {
-            let mut out = Vec::with_capacity(std::mem::size_of_val(v));
-            v.iter().for_each(|x| x.put_le(&mut out));
-            out
-        }
+    /// Little-endian bytes of the storage, as a device copy expects them
+    /// (U8 storage borrowed, other types encoded once).
+    pub fn le_bytes(&self) -> std::borrow::Cow<'_, [u8]> {
         match self {
-            HostStorage::F32(v) => enc(v),
-            HostStorage::BF16(v) => enc(v),
-            HostStorage::F8E4M3(v) => enc(v),
-            HostStorage::E8M0(v) => enc(v),
-            HostStorage::F4E2M1x2(v) => enc(v),
-            HostStorage::I32(v) => enc(v),
-            HostStorage::I64(v) => enc(v),
-            HostStorage::U8(v) => v.clone(),
+            HostStorage::F32(v) => Element::le_bytes(v),
+            HostStorage::BF16(v) => Element::le_bytes(v),
+            HostStorage::F8E4M3(v) => Element::le_bytes(v),
+            HostStorage::E8M0(v) => Element::le_bytes(v),
+            HostStorage::F4E2M1x2(v) => Element::le_bytes(v),
+            HostStorage::I32(v) => Element::le_bytes(v),
+            HostStorage::I64(v) => Element::le_bytes(v),
+            HostStorage::U8(v) => Element::le_bytes(v),
         }
     }
 
@@ -248,6 +251,9 @@ mod private {
 
 macro_rules! element {
     ($t:ty, $variant:ident, $per:expr, $n:expr, |$x:ident| $enc:expr, |$b:ident| $dec:expr) => {
+        element!($t, $variant, $per, $n, |$x| $enc, |$b| $dec, {});
+    };
+    ($t:ty, $variant:ident, $per:expr, $n:expr, |$x:ident| $enc:expr, |$b:ident| $dec:expr, { $($extra:item)* }) => {
         impl private::Sealed for $t {}
         impl Element for $t {
             const DTYPE: DType = DType::$variant;
@@ -278,6 +284,7 @@ macro_rules! element {
                     .unwrap_or([0; $n]);
                 $dec
             }
+            $($extra)*
         }
     };
 }
@@ -297,4 +304,8 @@ element!(i32, I32, 1, 4, |x| x.to_le_bytes(), |b| i32::from_le_bytes(
 element!(i64, I64, 1, 8, |x| x.to_le_bytes(), |b| i64::from_le_bytes(
     b
 ));
-element!(u8, U8, 1, 1, |x| [x], |b| b[0]);
+element!(u8, U8, 1, 1, |x| [x], |b| b[0], {
+    fn le_bytes(v: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(v)
+    }
+});

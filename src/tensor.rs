@@ -599,7 +599,7 @@ impl Tensor {
     /// [`Tensor::from_le_bytes`]), downloaded from a GPU.
     pub fn to_le_bytes(&self) -> Result<Vec<u8>> {
         match &self.storage {
-            Storage::Host(h) => Ok(h.to_le_bytes()),
+            Storage::Host(h) => Ok(h.le_bytes().into_owned()),
             Storage::Cuda(b) => b.download(),
         }
     }
@@ -624,10 +624,8 @@ impl Tensor {
                 self.as_mut_slice::<T>()?.copy_from_slice(data);
                 Ok(())
             }
-            Storage::Cuda(b) => {
-                let host = Tensor::from_vec(data.to_vec(), &[data.len()])?;
-                b.write_all(&host.to_le_bytes()?)
-            }
+            // Encoded once (not at all for bytes), straight from `data`.
+            Storage::Cuda(b) => b.write_all(&T::le_bytes(data)),
         }
     }
 
@@ -670,11 +668,7 @@ impl Tensor {
                 Ok(())
             }
             Storage::Cuda(b) => {
-                let host = Tensor::from_vec(data.to_vec(), &[data.len()])?;
-                b.write_range(
-                    self.dtype.storage_bytes(row * per_row),
-                    &host.to_le_bytes()?,
-                )
+                b.write_range(self.dtype.storage_bytes(row * per_row), &T::le_bytes(data))
             }
         }
     }
@@ -683,7 +677,7 @@ impl Tensor {
     pub fn to_device(&self, device: &Device) -> Result<Tensor> {
         let storage = match (&self.storage, device) {
             (Storage::Host(h), Device::Cpu) => Storage::Host(h.clone()),
-            (Storage::Host(h), Device::Cuda(d)) => Storage::Cuda(d.upload(&h.to_le_bytes())?),
+            (Storage::Host(h), Device::Cuda(d)) => Storage::Cuda(d.upload(&h.le_bytes())?),
             (Storage::Cuda(b), Device::Cpu) => Storage::Host(host_decode(
                 "Tensor::to_device",
                 self.dtype,

@@ -81,5 +81,6 @@ fn static_inputs_are_refilled_in_place() {
     let mut rng = common::rng("static_inputs_cpu");
     common::static_inputs::write_from_overwrites_in_place(&Device::Cpu, &mut rng);
     common::static_inputs::step_inputs_reuse_their_slots(&Device::Cpu, &mut rng);
+    common::static_inputs::byte_uploads_fill_in_place(&Device::Cpu, &mut rng);
     common::static_inputs::write_rows_from_overwrites_only_its_rows(&Device::Cpu, &mut rng);
 }

@@ -742,9 +742,9 @@ impl Model {
     }
 
     /// The rows every host-table Engram layer reads for the n-gram ids
-    /// `values` (I64 `[T, 4]`, row after row), gathered from its table on
+    /// `values` (I64 `[T, 4]`, row after row), checked against its table on
     /// the host, in layer order. Empty when every table is on the device.
-    fn gather_engram_rows(&self, values: &[i64]) -> Result<Vec<GatheredRows>> {
+    fn host_engram_rows(&self, values: &[i64]) -> Result<Vec<LayerGather<'_>>> {
         let host: Vec<(usize, &super::layers::engram::Engram)> = self
             .plans
             .iter()
@@ -763,23 +763,24 @@ impl Model {
         let ids = Tensor::from_vec(values.to_vec(), &[values.len() / 4, 4])?;
         host.iter()
             .map(|&(layer, e)| {
-                Ok(GatheredRows {
+                Ok(LayerGather {
                     layer,
                     cols: e.primes.len(),
                     row_bytes: e.row_bytes()?,
-                    rows: e.gather_host(&ids)?,
+                    rows: e.host_rows(&ids)?,
                 })
             })
             .collect()
     }
 
-    /// [`Model::gather_engram_rows`] uploaded through the step arena, each
-    /// layer's rows with their index (0 .. T · columns, the lookup that reads
-    /// them back in place).
+    /// [`Model::host_engram_rows`] copied into the step arena (each layer's
+    /// rows straight into the slot's kept bytes, then one upload) with
+    /// their index (0 .. T · columns, the lookup that reads them back in
+    /// place).
     fn stage_engram_rows(&self, pool: &StatePool, values: &[i64]) -> Result<Vec<HostRows>> {
         let t = values.len() / 4;
         let device = self.device();
-        self.gather_engram_rows(values)?
+        self.host_engram_rows(values)?
             .into_iter()
             .map(|g| {
                 let n = t * g.cols;
@@ -791,9 +792,12 @@ impl Model {
                     )
                 })?;
                 let index: Vec<i64> = (0..last).collect();
+                let rows = pool
+                    .inputs()
+                    .upload_bytes_with(&[n, g.row_bytes], &device, |out| g.rows.copy_into(out))?;
                 Ok(HostRows {
                     layer: g.layer,
-                    rows: pool.inputs().upload(g.rows, &[n, g.row_bytes], &device)?,
+                    rows,
                     index: pool.inputs().upload(index, &[t, g.cols], &device)?,
                 })
             })
@@ -866,18 +870,19 @@ impl Model {
             Some(_) => Some(self.ngram_values(pool, &p.b, &compressed)?),
             None => None,
         };
-        // A host table's rows follow the new n-grams: gathered (and checked
-        // against the step's) before anything is rewritten, so an error
-        // leaves the prepared step as it was.
+        // A host table's rows follow the new n-grams: every layer's checked
+        // against the step's before anything is rewritten (the copies
+        // themselves cannot fail past their length, checked here), so an
+        // error leaves the prepared step as it was.
         let rows = match &ngrams {
-            Some(v) => self.gather_engram_rows(v)?,
+            Some(v) => self.host_engram_rows(v)?,
             None => Vec::new(),
         };
         if rows.len() != p.engram_rows.len()
             || rows
                 .iter()
                 .zip(&p.engram_rows)
-                .any(|(g, s)| g.layer != s.layer || g.rows.len() != s.rows.numel())
+                .any(|(g, s)| g.layer != s.layer || g.rows.bytes() != s.rows.numel())
         {
             return Err(invalid(
                 "p",
@@ -890,8 +895,8 @@ impl Model {
         if let (Some(n), Some(v)) = (&mut p.ngrams, ngrams) {
             n.rewrite(&v)?;
         }
-        for (s, g) in p.engram_rows.iter_mut().zip(rows) {
-            s.rows.rewrite(&g.rows)?;
+        for (s, g) in p.engram_rows.iter_mut().zip(&rows) {
+            s.rows.rewrite_bytes_with(|out| g.rows.copy_into(out))?;
         }
         p.compressed = compressed;
         Ok(())
@@ -929,14 +934,14 @@ pub(super) struct PreparedStep {
     compressed: Vec<Vec<Option<i64>>>,
 }
 
-/// One host-table Engram layer's rows for a step, on the host
-/// ([`Model::gather_engram_rows`]): `rows` holds `T · cols` rows of
-/// `row_bytes`, token-major.
-struct GatheredRows {
+/// One host-table Engram layer's rows for a step, checked on the host
+/// ([`Model::host_engram_rows`]): `T · cols` rows of `row_bytes`,
+/// token-major.
+struct LayerGather<'a> {
     layer: usize,
     cols: usize,
     row_bytes: usize,
-    rows: Vec<u8>,
+    rows: super::layers::engram::HostGather<'a>,
 }
 
 /// The rows a host-table Engram layer gathered for a step

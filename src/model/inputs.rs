@@ -10,7 +10,9 @@
 //! device match: the values are written into the storage it already has
 //! (`Tensor::write_from`; on a GPU the same device address, which a decode
 //! step captured as a graph reads at its replay). Otherwise the slot gets a
-//! new tensor.
+//! new tensor. A byte upload filled in place ([`StepInputs::upload_bytes_with`],
+//! the host Engram rows: tens of MB a prefill step) keeps its host staging
+//! in the slot too, so a step neither allocates nor first-touches it again.
 //!
 //! Invariant: a slot's tensor is either in the arena or lent to exactly one
 //! [`Input`], which gives it back when dropped; a step holds its inputs only
@@ -21,7 +23,7 @@
 //! past its step) is not shared: that upload gets a fresh tensor.
 
 use crate::device::Device;
-use crate::dtype::Element;
+use crate::dtype::{DType, Element};
 use crate::error::{Error, Result};
 use crate::tensor::Tensor;
 use std::ops::Deref;
@@ -49,9 +51,16 @@ pub enum UploadKey {
     Value(usize),
 }
 
+/// A slot's tensor and, for byte uploads to a device, the host bytes it
+/// was filled from (empty otherwise), kept for the next step's fill.
+struct Slot {
+    tensor: Tensor,
+    staging: Vec<u8>,
+}
+
 #[derive(Default)]
 struct Arena {
-    slots: Vec<Option<Tensor>>,
+    slots: Vec<Option<Slot>>,
     next: usize,
     stats: InputStats,
     /// The current step's uploads so far, in order.
@@ -163,28 +172,124 @@ impl StepInputs {
         if a.slots.len() <= slot {
             a.slots.resize_with(slot + 1, || None);
         }
-        let kept =
-            a.slots.get_mut(slot).and_then(Option::take).filter(|t| {
-                t.dtype() == T::DTYPE && t.shape() == shape && t.device().same_as(device)
-            });
-        let tensor = match kept {
-            Some(mut t) => {
-                t.write_from(&values)?;
+        let kept = take_matching(&mut a, slot, T::DTYPE, shape, device);
+        let (tensor, staging) = match kept {
+            Some(mut s) => {
+                s.tensor.write_from(&values)?;
                 a.stats.reused += 1;
-                t
+                (s.tensor, s.staging)
             }
-            None => Tensor::from_vec(values, shape)?.to_device(device)?,
+            None => (
+                Tensor::from_vec(values, shape)?.to_device(device)?,
+                Vec::new(),
+            ),
         };
-        a.keys.push(UploadKey::Upload {
-            dtype: T::DTYPE,
-            shape: shape.to_vec(),
+        Ok(a.lend(&self.arena, slot, tensor, staging))
+    }
+
+    /// A U8 tensor of `shape` on `device` in the step's next slot, its
+    /// bytes written by `fill` (given every byte, row-major; what it does
+    /// not write is unspecified) where they are kept between steps: on the
+    /// host the slot's tensor itself, on a GPU the slot's host staging,
+    /// then copied in one write. Neither is allocated again while the
+    /// slot's shape stays. On an error of `fill` the slot keeps its tensor
+    /// for the next step.
+    pub fn upload_bytes_with(
+        &self,
+        shape: &[usize],
+        device: &Device,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<Input> {
+        let mut a = self.lock();
+        let slot = a.next;
+        a.next += 1;
+        a.stats.uploads += 1;
+        if a.slots.len() <= slot {
+            a.slots.resize_with(slot + 1, || None);
+        }
+        let (mut s, reused) = match take_matching(&mut a, slot, DType::U8, shape, device) {
+            Some(s) => (s, true),
+            None => {
+                let tensor = Tensor::empty(device, DType::U8, shape)?;
+                let staging = Vec::new();
+                (Slot { tensor, staging }, false)
+            }
+        };
+        if let Err(e) = fill_bytes(&mut s.tensor, &mut s.staging, fill) {
+            if let Some(free) = a.slots.get_mut(slot) {
+                *free = Some(s);
+            }
+            return Err(e);
+        }
+        if reused {
+            a.stats.reused += 1;
+        }
+        Ok(a.lend(&self.arena, slot, s.tensor, s.staging))
+    }
+}
+
+/// Slot `slot`'s tensor, taken out of the arena when its dtype, shape and
+/// device match an upload's; otherwise the slot is emptied (its tensor
+/// freed).
+fn take_matching(
+    a: &mut Arena,
+    slot: usize,
+    dtype: DType,
+    shape: &[usize],
+    device: &Device,
+) -> Option<Slot> {
+    a.slots.get_mut(slot).and_then(Option::take).filter(|s| {
+        let t = &s.tensor;
+        t.dtype() == dtype && t.shape() == shape && t.device().same_as(device)
+    })
+}
+
+/// Writes `fill`'s bytes into U8 `tensor`: in place on the host; through
+/// `staging` (resized to the tensor's bytes, allocated once) on a device.
+fn fill_bytes(
+    tensor: &mut Tensor,
+    staging: &mut Vec<u8>,
+    fill: impl FnOnce(&mut [u8]) -> Result<()>,
+) -> Result<()> {
+    if matches!(tensor.device(), Device::Cpu) {
+        return fill(tensor.as_mut_slice::<u8>()?);
+    }
+    let n = tensor.numel();
+    if staging.len() != n {
+        staging.clear();
+        staging.try_reserve_exact(n).map_err(|_| Error::Argument {
+            op: "StepInputs::upload_bytes_with",
+            arg: "shape",
+            value: format!("{:?}", tensor.shape()),
+            why: "the host could not hold the upload's staging bytes",
+        })?;
+        staging.resize(n, 0);
+    }
+    fill(staging)?;
+    tensor.write_from(staging)
+}
+
+impl Arena {
+    /// Lends slot `slot`'s new tensor to an [`Input`] and records it in the
+    /// step's signature.
+    fn lend(
+        &mut self,
+        arena: &Arc<Mutex<Arena>>,
+        slot: usize,
+        tensor: Tensor,
+        staging: Vec<u8>,
+    ) -> Input {
+        self.keys.push(UploadKey::Upload {
+            dtype: tensor.dtype(),
+            shape: tensor.shape().to_vec(),
             address: tensor.address(),
         });
-        Ok(Input {
+        Input {
             tensor,
-            arena: Arc::clone(&self.arena),
+            staging,
+            arena: Arc::clone(arena),
             slot,
-        })
+        }
     }
 }
 
@@ -200,6 +305,8 @@ impl PartialEq for StepInputs {
 /// input is dropped.
 pub struct Input {
     tensor: Tensor,
+    /// A byte upload's host staging ([`StepInputs::upload_bytes_with`]).
+    staging: Vec<u8>,
     arena: Arc<Mutex<Arena>>,
     slot: usize,
 }
@@ -219,6 +326,20 @@ impl Input {
     pub(crate) fn rewrite<T: Element>(&mut self, values: &[T]) -> Result<()> {
         self.tensor.write_from(values)
     }
+
+    /// Overwrites a U8 input's bytes in place with `fill`'s, as
+    /// [`StepInputs::upload_bytes_with`] wrote them (through the same
+    /// staging on a device). A failing `fill`'s error is returned: on a
+    /// device the tensor keeps its values (only the staging was written),
+    /// on the host it holds whatever `fill` wrote before failing.
+    pub(crate) fn rewrite_bytes_with(
+        &mut self,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.tensor
+            .expect_dtype("Input::rewrite_bytes_with", "self", DType::U8)?;
+        fill_bytes(&mut self.tensor, &mut self.staging, fill)
+    }
 }
 
 impl Deref for Input {
@@ -231,10 +352,54 @@ impl Deref for Input {
 
 impl Drop for Input {
     fn drop(&mut self) {
-        let t = std::mem::replace(&mut self.tensor, Tensor::placeholder());
+        let tensor = std::mem::replace(&mut self.tensor, Tensor::placeholder());
+        let staging = std::mem::take(&mut self.staging);
         let mut a = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(s) = a.slots.get_mut(self.slot) {
-            *s = Some(t);
+            *s = Some(Slot { tensor, staging });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `Input::rewrite_bytes_with` overwrites a byte input in place, keeps
+    /// its values when the fill fails, and refuses a typed input.
+    #[test]
+    fn rewrite_bytes_with_overwrites_in_place() {
+        let inputs = StepInputs::new();
+        let cpu = Device::Cpu;
+        inputs.begin();
+        let mut t = inputs
+            .upload_bytes_with(&[3, 5], &cpu, |out| {
+                out.iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+                Ok(())
+            })
+            .unwrap();
+        let at = t.as_slice::<u8>().unwrap().as_ptr();
+        t.rewrite_bytes_with(|out| {
+            out.iter_mut().for_each(|b| *b = 0xC3);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(t.to_vec::<u8>().unwrap(), vec![0xC3; 15]);
+        assert_eq!(t.as_slice::<u8>().unwrap().as_ptr(), at, "in place");
+        let e = t
+            .rewrite_bytes_with(|_| {
+                Err(Error::Argument {
+                    op: "test",
+                    arg: "fill",
+                    value: "1".into(),
+                    why: "a failing fill",
+                })
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::Argument { op: "test", .. }), "{e}");
+        let mut typed = inputs.upload(vec![1i32, 2], &[2], &cpu).unwrap();
+        let e = typed.rewrite_bytes_with(|_| Ok(())).unwrap_err();
+        assert!(matches!(e, Error::DType { .. }), "{e}");
+        assert_eq!(typed.to_vec::<i32>().unwrap(), [1, 2]);
     }
 }

@@ -13,7 +13,7 @@ use rand::Rng;
 use rand::rngs::StdRng;
 
 /// `write_from` overwrites every element where the tensor lives (I64, I32,
-/// F32 and BF16, odd lengths), keeps its shape, and refuses another dtype or
+/// F32, BF16 and U8, odd lengths), keeps its shape, and refuses another dtype or
 /// another element count with a typed error that changes nothing.
 pub fn write_from_overwrites_in_place(dev: &Device, rng: &mut StdRng) {
     for n in [1usize, 7, 64, 1000] {
@@ -82,6 +82,12 @@ pub fn write_from_overwrites_in_place(dev: &Device, rng: &mut StdRng) {
         let v: Vec<bf16> = (0..n).map(|_| bf16::from_bits(rng.random())).collect();
         b.write_from(&v).unwrap();
         same_bytes(&b, Tensor::from_vec(v, &[n]).unwrap(), "BF16");
+
+        // Bytes are written from the caller's slice as they are.
+        let mut u = Tensor::empty(dev, DType::U8, &[n]).unwrap();
+        let v: Vec<u8> = (0..n).map(|_| rng.random()).collect();
+        u.write_from(&v).unwrap();
+        assert_eq!(u.to_vec::<u8>().unwrap(), v, "U8 [{n}]");
     }
 }
 
@@ -256,4 +262,82 @@ pub fn step_inputs_reuse_their_slots(dev: &Device, rng: &mut StdRng) {
         "{e}"
     );
     assert_eq!(inputs.stats(), before, "a refused upload takes no slot");
+}
+
+/// Byte uploads filled in place (`StepInputs::upload_bytes_with`, the host
+/// Engram rows): every byte is the fill's; a second step of the same shape
+/// reuses the slot (on the CPU the same host buffer, on a GPU the same
+/// device address); a failing fill returns its error, and the slot still
+/// serves the next step; a fill of the wrong shape's step gets a new tensor.
+pub fn byte_uploads_fill_in_place(dev: &Device, rng: &mut StdRng) {
+    let inputs = StepInputs::new();
+    for (rows, width) in [(1usize, 1usize), (7, 33), (300, 264)] {
+        let mut seen = Vec::new();
+        for round in 0..3 {
+            let want: Vec<u8> = (0..rows * width).map(|_| rng.random()).collect();
+            inputs.begin();
+            let t = inputs
+                .upload_bytes_with(&[rows, width], dev, |out| {
+                    assert_eq!(out.len(), want.len(), "the fill sees every byte");
+                    out.copy_from_slice(&want);
+                    Ok(())
+                })
+                .unwrap();
+            assert_eq!(t.shape(), &[rows, width]);
+            assert_eq!(
+                t.to_vec::<u8>().unwrap(),
+                want,
+                "[{rows}, {width}] round {round}"
+            );
+            let stats = inputs.stats();
+            assert_eq!((stats.uploads, stats.reused), (1, usize::from(round > 0)));
+            seen.push(match dev {
+                Device::Cpu => Some(t.as_slice::<u8>().unwrap().as_ptr() as u64),
+                _ => t.address(),
+            });
+        }
+        assert!(
+            seen.windows(2).all(|w| w[0] == w[1]),
+            "[{rows}, {width}]: a reused slot moved: {seen:?}"
+        );
+        // A failing fill: its error, and the slot serves the next step.
+        inputs.begin();
+        let e = inputs
+            .upload_bytes_with(&[rows, width], dev, |_| {
+                Err(Error::Argument {
+                    op: "test",
+                    arg: "fill",
+                    value: "1".into(),
+                    why: "a failing fill",
+                })
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::Argument { op: "test", .. }), "{e}");
+        inputs.begin();
+        let want: Vec<u8> = (0..rows * width).map(|_| rng.random()).collect();
+        let t = inputs
+            .upload_bytes_with(&[rows, width], dev, |out| {
+                out.copy_from_slice(&want);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            inputs.stats().reused,
+            1,
+            "the slot survived the failed fill"
+        );
+        assert_eq!(t.to_vec::<u8>().unwrap(), want);
+        drop(t);
+        // Another shape: a new tensor.
+        inputs.begin();
+        let want: Vec<u8> = (0..(rows + 1) * width).map(|_| rng.random()).collect();
+        let t = inputs
+            .upload_bytes_with(&[rows + 1, width], dev, |out| {
+                out.copy_from_slice(&want);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(inputs.stats().reused, 0);
+        assert_eq!(t.to_vec::<u8>().unwrap(), want);
+    }
 }

@@ -22,7 +22,7 @@ pub enum EngramPlacement {
     #[default]
     Device,
     /// In host memory: each step's host half hashes its tokens' n-grams,
-    /// gathers their rows ([`Engram::gather_host`]) and uploads them with
+    /// gathers their rows ([`Engram::host_rows`]) and uploads them with
     /// the step's inputs; the device dequantises what was uploaded. The
     /// table takes no device memory.
     Host,
@@ -58,11 +58,12 @@ pub struct StagedRows<'a> {
 impl Engram {
     /// The host half of a [`EngramPlacement::Host`] layer: the table rows
     /// of `ngram_ids` (I64 `[T, 4]` on the host, newest first; hashed by
-    /// [`ops::engram_rows`]) copied from the host table: `T · cols` rows of
-    /// the table's row bytes, token-major, columns in order. Large steps
-    /// copy on several threads (the copies are independent).
-    pub fn gather_host(&self, ngram_ids: &Tensor) -> Result<Vec<u8>> {
-        const OP: &str = "Engram::gather_host";
+    /// [`ops::engram_rows`]), each checked to lie in the host table. Their
+    /// bytes are copied by [`HostGather::copy_into`], which cannot fail
+    /// past a length check, so a caller can check every layer's rows before
+    /// it overwrites anything.
+    pub fn host_rows(&self, ngram_ids: &Tensor) -> Result<HostGather<'_>> {
+        const OP: &str = "Engram::host_rows";
         let rows = ops::engram_rows(ngram_ids, &self.multipliers, &self.primes)?;
         let rows = rows.as_slice::<i64>()?;
         let table = self.table.as_slice::<u8>()?;
@@ -73,7 +74,6 @@ impl Engram {
             value: r.to_string(),
             why: "table row outside the host table",
         };
-        // Every row's bytes, checked before anything is copied.
         let spans = rows
             .iter()
             .map(|&r| {
@@ -84,14 +84,7 @@ impl Engram {
                     .ok_or_else(|| bad(r))
             })
             .collect::<Result<Vec<usize>>>()?;
-        const ROWS_PER_THREAD: usize = 4096;
-        let threads = match spans.len() {
-            n if n > ROWS_PER_THREAD => std::thread::available_parallelism()
-                .map_or(1, |c| c.get())
-                .min(n.div_ceil(ROWS_PER_THREAD)),
-            _ => 1,
-        };
-        copy_rows(table, &spans, rb, threads)
+        Ok(HostGather { table, spans, rb })
     }
 
     /// Bytes of one table row (the table's second dimension, positive).
@@ -150,55 +143,85 @@ impl Engram {
     }
 }
 
-/// The `rb`-byte rows of `table` starting at the byte offsets `spans` (each
-/// in bounds), concatenated, copied by `threads` threads (blocks of rows
-/// taken by whoever is free: this thread and the helpers it could start; a
-/// helper that fails to start only leaves more blocks to the others).
-fn copy_rows(table: &[u8], spans: &[usize], rb: usize, threads: usize) -> Result<Vec<u8>> {
-    let mut out = Vec::new();
-    out.try_reserve_exact(spans.len().saturating_mul(rb))
-        .map_err(|_| Error::Argument {
-            op: "Engram::gather_host",
-            arg: "ngram_ids",
-            value: format!("{} rows of {rb} bytes", spans.len()),
-            why: "the host could not hold the gathered rows",
-        })?;
-    out.resize(spans.len() * rb, 0);
-    let copy = |dst: &mut [u8], spans: &[usize]| {
-        for (d, &at) in dst.chunks_exact_mut(rb.max(1)).zip(spans) {
-            if let Some(src) = table.get(at..at + rb) {
-                d.copy_from_slice(src);
-            }
-        }
-    };
-    if threads <= 1 || rb == 0 {
-        copy(&mut out, spans);
-        return Ok(out);
+/// The checked rows of one step of a host table ([`Engram::host_rows`]).
+pub struct HostGather<'a> {
+    table: &'a [u8],
+    /// Each row's byte offset in `table`, in bounds.
+    spans: Vec<usize>,
+    /// Bytes a row.
+    rb: usize,
+}
+
+impl HostGather<'_> {
+    /// Bytes of the gathered rows: T · cols · row bytes.
+    pub fn bytes(&self) -> usize {
+        self.spans.len() * self.rb
     }
-    let per = spans.len().div_ceil(threads * 4).max(1);
-    let blocks: Vec<(&mut [u8], &[usize])> =
-        out.chunks_mut(per * rb).zip(spans.chunks(per)).collect();
-    let blocks = std::sync::Mutex::new(blocks);
-    let drain = || {
-        // The lock is held for the pop only (the guard ends with the
-        // statement); a poisoned list still holds the blocks left.
-        loop {
-            let next = blocks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .pop();
-            let Some((dst, part)) = next else { break };
-            copy(dst, part);
+
+    /// Copies the rows into `out` ([`HostGather::bytes`] long), token-major,
+    /// columns in order. Large steps copy on several threads (the copies
+    /// are independent; random 264-byte reads from a table of tens of GB
+    /// are bound by memory latency, not bandwidth).
+    pub fn copy_into(&self, out: &mut [u8]) -> Result<()> {
+        const ROWS_PER_THREAD: usize = 4096;
+        let threads = match self.spans.len() {
+            n if n > ROWS_PER_THREAD => std::thread::available_parallelism()
+                .map_or(1, |c| c.get())
+                .min(n.div_ceil(ROWS_PER_THREAD)),
+            _ => 1,
+        };
+        self.copy_by(out, threads)
+    }
+
+    /// [`HostGather::copy_into`] by `threads` threads (blocks of rows taken
+    /// by whoever is free: this thread and the helpers it could start; a
+    /// helper that fails to start only leaves more blocks to the others).
+    fn copy_by(&self, out: &mut [u8], threads: usize) -> Result<()> {
+        let (table, spans, rb) = (self.table, self.spans.as_slice(), self.rb);
+        if out.len() != self.bytes() {
+            return Err(Error::Shape {
+                op: "HostGather::copy_into",
+                tensor: "out",
+                got: vec![out.len()],
+                expected: format!("{} bytes ({} rows of {rb})", self.bytes(), spans.len()),
+            });
         }
-    };
-    std::thread::scope(|scope| {
-        for _ in 1..threads {
-            // An error here (no thread) is not a failure: see above.
-            let _ = std::thread::Builder::new().spawn_scoped(scope, drain);
+        let copy = |dst: &mut [u8], spans: &[usize]| {
+            for (d, &at) in dst.chunks_exact_mut(rb.max(1)).zip(spans) {
+                if let Some(src) = table.get(at..at + rb) {
+                    d.copy_from_slice(src);
+                }
+            }
+        };
+        if threads <= 1 || rb == 0 {
+            copy(out, spans);
+            return Ok(());
         }
-        drain();
-    });
-    Ok(out)
+        let per = spans.len().div_ceil(threads * 4).max(1);
+        let blocks: Vec<(&mut [u8], &[usize])> =
+            out.chunks_mut(per * rb).zip(spans.chunks(per)).collect();
+        let blocks = std::sync::Mutex::new(blocks);
+        let drain = || {
+            // The lock is held for the pop only (the guard ends with the
+            // statement); a poisoned list still holds the blocks left.
+            loop {
+                let next = blocks
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .pop();
+                let Some((dst, part)) = next else { break };
+                copy(dst, part);
+            }
+        };
+        std::thread::scope(|scope| {
+            for _ in 1..threads {
+                // An error here (no thread) is not a failure: see above.
+                let _ = std::thread::Builder::new().spawn_scoped(scope, drain);
+            }
+            drain();
+        });
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -211,7 +234,7 @@ mod tests {
     /// order (against `ops::gather_rows` of the same rows), for steps of
     /// 400 tokens (2400 rows) and of 3, by 1, 2, 3 and 7 threads.
     #[test]
-    fn gather_host_copies_the_hashed_rows_in_order() {
+    fn host_rows_copy_the_hashed_rows_in_order() {
         let primes: Vec<u64> = vec![101, 103, 107, 109, 113, 127];
         let rows_total: u64 = primes.iter().sum();
         let rb = 32 + 1;
@@ -242,7 +265,9 @@ mod tests {
         for t in [400usize, 3] {
             let ids: Vec<i64> = (0..4 * t).map(|i| (i as i64 * 7919) % 997).collect();
             let ids = Tensor::from_vec(ids, &[t, 4]).unwrap();
-            let got = e.gather_host(&ids).unwrap();
+            let gather = e.host_rows(&ids).unwrap();
+            let mut got = vec![0xA5u8; gather.bytes()];
+            gather.copy_into(&mut got).unwrap();
             let rows = ops::engram_rows(&ids, &e.multipliers, &primes).unwrap();
             let rows: Vec<usize> = rows
                 .as_slice::<i64>()
@@ -257,13 +282,19 @@ mod tests {
             assert_eq!(got, want, "{t} tokens");
             assert_eq!(got.len(), t * primes.len() * rb);
             // Every thread count gives the same bytes (this machine may
-            // have one core: the count is forced here).
-            let spans: Vec<usize> = rows.iter().map(|&r| r * rb).collect();
-            let bytes = table.as_slice::<u8>().unwrap();
+            // have one core: the count is forced here), over a poisoned
+            // buffer each time.
             for threads in [1, 2, 3, 7] {
-                let by = copy_rows(bytes, &spans, rb, threads).unwrap();
+                let mut by = vec![0x5Au8; gather.bytes()];
+                gather.copy_by(&mut by, threads).unwrap();
                 assert_eq!(by, want, "{t} tokens, {threads} threads");
             }
+            // A buffer of the wrong length is a typed error.
+            let mut short = vec![0u8; gather.bytes() - 1];
+            assert!(matches!(
+                gather.copy_into(&mut short),
+                Err(Error::Shape { tensor: "out", .. })
+            ));
         }
     }
 }
