@@ -56,7 +56,10 @@
 //! (`Model::moe_layout`; decode records name the one that ran as
 //! `moe_layout`). DEEPINFER_BENCH_ENGRAM=host keeps the Engram tables in
 //! host memory (records carry `engram_tables`); DEEPINFER_MHC_FUSION=1 runs
-//! each mHC expand fused with the next front half (`mhc_fusion`). DEEPINFER_BENCH_PROFILE=1
+//! each mHC expand fused with the next front half (`mhc_fusion`).
+//! DEEPINFER_PDL=0 launches every kernel plainly (no programmatic dependent
+//! launch; records carry `pdl`, and graph records the captured graph's
+//! kernel nodes and programmatic edges). DEEPINFER_BENCH_PROFILE=1
 //! runs each decode point's first step after the warm-up as the CUDA
 //! profiler's range (`CudaDevice::profiled`) and times nothing: under `ncu
 //! --profile-from-start off` it gives every kernel of one step
@@ -146,6 +149,12 @@ mod gpu {
     fn mhc_fusion() -> bool {
         std::env::var("DEEPINFER_MHC_FUSION").is_ok_and(|v| v == "1")
     }
+    /// DEEPINFER_PDL=0: kernels launch without programmatic dependent
+    /// launch (`CudaDevice::with_pdl`), recorded as `pdl`: its gain.
+    fn pdl() -> bool {
+        std::env::var("DEEPINFER_PDL").map_or(true, |v| v != "0")
+    }
+
     /// Time the timed decode steps of a point aim at (at least one, at most
     /// `MAX_STEPS`).
     const STEP_TIME_S: f64 = 2.0;
@@ -549,7 +558,7 @@ mod gpu {
         );
         println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
-            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "mhc_fusion": mhc_fusion(), "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
+            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "mhc_fusion": mhc_fusion(), "pdl": model.device().pdl(), "graph_kernels": graph.stats.graph_kernels, "graph_programmatic_edges": graph.stats.graph_programmatic_edges, "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
             "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
             "steps_timed": n, "steps_warm": WARM_STEPS, "graph_steps": format!("{:?}", graph.stats),
@@ -808,7 +817,8 @@ mod gpu {
                 h.dev.with_batch_invariant_kernels()
             } else {
                 h.dev.clone()
-            };
+            }
+            .with_pdl(pdl());
             // The generation kernels run asynchronously: the build ends when
             // the device has finished them, not when the host has issued them.
             let options = WeightOptions {

@@ -10,6 +10,8 @@ pub struct BuiltFamily {
     pub name: String,
     pub fatbin: PathBuf,
     pub kernels: Vec<String>,
+    /// The kernels that open with `DI_PDL_ENTRY();`.
+    pub pdl: Vec<String>,
     pub archs: Vec<String>,
 }
 
@@ -44,10 +46,11 @@ pub fn write(out: &Path, accelerator: &str, families: &[BuiltFamily]) {
         writeln!(s, "/// Kernel family `{}`.", f.name).unwrap();
         writeln!(
             s,
-            "pub static {id}: Family = Family {{ name: {:?}, image: include_bytes!({:?}), kernels: &{:?}, archs: &{:?}, checksum: {:#018x} }};",
+            "pub static {id}: Family = Family {{ name: {:?}, image: include_bytes!({:?}), kernels: &{:?}, pdl: &{:?}, archs: &{:?}, checksum: {:#018x} }};",
             f.name,
             f.fatbin.display().to_string(),
             f.kernels,
+            f.pdl,
             f.archs,
             checksum(&std::fs::read(&f.fatbin).unwrap_or_else(|e| crate::fail(&format!("reading {}: {e}", f.fatbin.display()))))
         )
@@ -57,8 +60,9 @@ pub fn write(out: &Path, accelerator: &str, families: &[BuiltFamily]) {
         for k in &f.kernels {
             writeln!(
                 s,
-                "    #[allow(missing_docs)]\n    pub const {}: super::KernelRef = super::KernelRef {{ family: &super::{id}, name: {k:?} }};",
-                rust_ident(k)
+                "    #[allow(missing_docs)]\n    pub const {}: super::KernelRef = super::KernelRef {{ family: &super::{id}, name: {k:?}, pdl: {} }};",
+                rust_ident(k),
+                f.pdl.contains(k)
             )
             .unwrap();
         }

@@ -6,7 +6,7 @@
 //! the committed copies are stale; otherwise it compiles the committed copies.
 //! Set `DEEPINFER_TILELANG=0` to always use the committed copies.
 
-use crate::cuda::{FamilySpec, entry_points};
+use crate::cuda::{FamilySpec, entry_points, pdl_entry_points};
 use crate::fail;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -136,9 +136,8 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
                     (a.clone(), f)
                 })
                 .collect();
-            let kernels = entry_points(
-                &std::fs::read_to_string(&sources[0].1).unwrap_or_default(),
-            );
+            let src = std::fs::read_to_string(&sources[0].1).unwrap_or_default();
+            let (kernels, pdl) = (entry_points(&src), pdl_entry_points(&src));
             FamilySpec {
                 name: format!("tilelang_{name}"),
                 deps: sources
@@ -148,6 +147,7 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
                     .collect(),
                 sources,
                 kernels,
+                pdl,
                 // compat.cuh includes kernels-cuda/include/deepinfer/async_copy.cuh.
                 include_dirs: vec![tdir.join("include"), kernels_include.clone()],
             }

@@ -12,6 +12,9 @@ pub struct Family {
     pub image: &'static [u8],
     /// Every `extern "C" __global__` entry point of the family's sources.
     pub kernels: &'static [&'static str],
+    /// The entry points whose body opens with `DI_PDL_ENTRY();`
+    /// (`kernels-cuda/include/deepinfer/pdl.cuh`), found by the build.
+    pub pdl: &'static [&'static str],
     /// SM targets the image was built for, e.g. `["90a", "100a"]`.
     pub archs: &'static [&'static str],
     /// [`crate::device::fatbin::checksum`] of `image`, computed by the build.
@@ -23,6 +26,9 @@ pub struct Family {
 pub struct KernelRef {
     pub family: &'static Family,
     pub name: &'static str,
+    /// The kernel opens with `DI_PDL_ENTRY();`, so it may be launched as a
+    /// programmatic dependent of the kernel before it on the stream.
+    pub pdl: bool,
 }
 
 impl Family {
@@ -35,6 +41,7 @@ impl Family {
             .map(|k| KernelRef {
                 family: self,
                 name: k,
+                pdl: self.pdl.contains(k),
             })
             .ok_or_else(|| crate::Error::KernelNotFound {
                 family: self.name.into(),

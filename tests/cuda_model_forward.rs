@@ -814,3 +814,101 @@ fn fused_mhc_steps_are_the_unfused_steps_bit_for_bit() {
         panic!("logit {i} differs between the fused and the separate mHC step");
     }
 }
+
+/// Programmatic dependent launch changes when a kernel may be scheduled,
+/// never what it computes: every kernel of `kernels-cuda/` opens with
+/// `DI_PDL_ENTRY()` (the build found it in each), the tiny model's graphed
+/// decode with PDL (the default handle) gives logits bitwise those of the
+/// same model on a handle without it, over prefill and 12 decode steps of
+/// three sequences (4 under DEEPINFER_QUICK), and the graph captured with
+/// PDL holds programmatic edges while the other holds none.
+#[test]
+fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
+    use deepinfer::kernels::FAMILIES;
+    use deepinfer::model::graph::DecodeGraph;
+    use deepinfer::model::pool::{PoolConfig, StatePool};
+    for f in FAMILIES.iter().filter(|f| !f.name.starts_with("tilelang_")) {
+        assert_eq!(
+            f.pdl, f.kernels,
+            "family {}: every kernel opens with DI_PDL_ENTRY()",
+            f.name
+        );
+    }
+    let on = gpu();
+    assert!(on.pdl(), "PDL is on by default on an sm_90 device");
+    let off = on.with_pdl(false);
+    assert!(!off.pdl());
+    let mut rng = common::rng("cuda_model_forward_pdl");
+    let seed = rng.random();
+    let steps = if std::env::var_os("DEEPINFER_QUICK").is_some() {
+        4
+    } else {
+        12
+    };
+    let run = |dev: &Device, rng: &mut rand::rngs::StdRng| {
+        let (model, _) = common::tiny::tiny_model_on(seed, dev);
+        assert_eq!(model.device().pdl(), dev.pdl());
+        let vocab = model.cfg.vocab_size as u32;
+        let pc = PoolConfig::fitting(&model.cfg, 3, 16 + steps + 1, 16, 16).unwrap();
+        let mut pool = StatePool::new(&model.cfg, &model.device(), pc).unwrap();
+        let seqs: Vec<_> = (0..3).map(|_| pool.add_sequence().unwrap()).collect();
+        let prompts: Vec<Vec<u32>> = [6usize, 11, 16]
+            .iter()
+            .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
+            .collect();
+        let inputs: Vec<SeqInput> = seqs
+            .iter()
+            .zip(&prompts)
+            .map(|(&seq, t)| SeqInput { seq, tokens: t })
+            .collect();
+        let mut logits = vec![
+            model
+                .step(&mut pool, &inputs, Capture::default())
+                .unwrap()
+                .logits
+                .to_vec::<f32>()
+                .unwrap(),
+        ];
+        let mut graph = DecodeGraph::new();
+        for _ in 0..steps {
+            let toks: Vec<u32> = (0..3).map(|_| rng.random_range(0..vocab)).collect();
+            let inputs: Vec<SeqInput> = seqs
+                .iter()
+                .zip(&toks)
+                .map(|(&seq, tok)| SeqInput {
+                    seq,
+                    tokens: std::slice::from_ref(tok),
+                })
+                .collect();
+            let out = model
+                .decode_graphed(&mut pool, &inputs, &mut graph)
+                .unwrap();
+            logits.push(out.logits.to_vec::<f32>().unwrap());
+        }
+        (logits, graph.stats)
+    };
+    // The same token draws on both runs.
+    let (with, with_stats) = run(&on, &mut common::rng("cuda_model_forward_pdl_tokens"));
+    let (without, without_stats) = run(&off, &mut common::rng("cuda_model_forward_pdl_tokens"));
+    println!("with PDL: {with_stats:?}\nwithout: {without_stats:?}");
+    for (t, (a, b)) in with.iter().zip(&without).enumerate() {
+        assert!(
+            a.iter().all(|v| v.is_finite()),
+            "step {t}: non-finite logits"
+        );
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "step {t}: {differ} logits differ with PDL");
+    }
+    assert!(with_stats.replayed > 0 && without_stats.replayed > 0);
+    assert!(with_stats.graph_kernels > 0);
+    assert_eq!(with_stats.graph_kernels, without_stats.graph_kernels);
+    assert!(
+        with_stats.graph_programmatic_edges > 0,
+        "no programmatic edge captured: {with_stats:?}"
+    );
+    assert_eq!(without_stats.graph_programmatic_edges, 0);
+}

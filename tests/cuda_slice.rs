@@ -447,6 +447,7 @@ fn a_missing_kernel_name_is_a_typed_error() {
     let bogus = KernelRef {
         family: &kernels::NORM,
         name: "no_such_kernel",
+        pdl: false,
     };
     let e = dev.function(bogus).unwrap_err();
     assert!(
@@ -492,6 +493,7 @@ fn truncated_or_corrupt_images_are_refused_before_or_by_the_driver() {
         name: "quant_corrupt",
         image: Box::leak(deep.into_boxed_slice()),
         kernels: kernels::QUANT.kernels,
+        pdl: kernels::QUANT.pdl,
         archs: kernels::QUANT.archs,
         checksum: kernels::QUANT.checksum,
     }));

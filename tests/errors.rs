@@ -293,6 +293,7 @@ static TEST_FAMILY: Family = Family {
     name: "test",
     image: &[],
     kernels: &["present"],
+    pdl: &[],
     archs: &[],
     checksum: 0,
 };

@@ -17,6 +17,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
@@ -1881,6 +1882,7 @@ __device__ __forceinline__ void sparse_mqa_v12_body(const di_sparse_mqa_params &
 // threads and DI_SPARSE_MQA_SMEM_BYTES.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v3(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
     sparse_mqa_body<4>(p);
 }
 
@@ -1889,11 +1891,13 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 // its warps idle): DI_SPARSE_MQA_THREADS threads, the _H32 / _H16 shared memory.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v5_h32(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
     sparse_mqa_body<2, 8>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v5_h16(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
     sparse_mqa_body<1, 8>(p);
 }
 
@@ -1902,6 +1906,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 // DI_SPARSE_MQA_V7_SMEM_BYTES). Outside sm_90a (no wgmma) it runs version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v8(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_wgmma_body<false>(p);
 #else
@@ -1915,6 +1920,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 // so the result depends on the split size only, never on the batch.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_COMBINE_THREADS)
     sparse_mqa_combine(const __grid_constant__ di_sparse_mqa_combine_params p) {
+    DI_PDL_ENTRY();
     static_assert(DI_SPARSE_MQA_COMBINE_THREADS * 4 == kDim, "four dims per thread");
     const int64_t t = blockIdx.x;
     const int head = blockIdx.y;
@@ -1952,6 +1958,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_COMBINE_THREADS)
 // memory as version 8). Outside sm_90a (no wgmma) it runs version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v9(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_wgmma_body<true>(p);
 #else
@@ -1966,6 +1973,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 // sm_90a (no wgmma) its first 384 threads run version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_V11_THREADS, 1)
     sparse_mqa_v11(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v11_body(p);
 #else
@@ -1980,6 +1988,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_V11_THREADS, 1)
 // (no wgmma) it runs version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v12(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v12_body<0>(p);
 #else
@@ -1993,6 +2002,7 @@ extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
 // Outside sm_90a (no wgmma) it runs version 3.
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_THREADS, 1)
     sparse_mqa_v14(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     sparse_mqa_v12_body<6>(p);
 #else

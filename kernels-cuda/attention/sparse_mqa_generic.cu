@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
@@ -50,6 +51,7 @@ __device__ __forceinline__ float generic_exp(float x) { return float(exp(double(
 
 extern "C" __global__ void __launch_bounds__(DI_SPARSE_MQA_GENERIC_THREADS)
     sparse_mqa_generic(const __grid_constant__ di_sparse_mqa_params p) {
+    DI_PDL_ENTRY();
     extern __shared__ float smem[];
     const int d = p.d;
     float *qf = smem;               // [d] the query head in f32

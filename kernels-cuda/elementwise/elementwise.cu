@@ -3,6 +3,7 @@
 // Numerics: one IEEE fp32 operation per element (no contraction, no fast
 // math), rounded once to the input's dtype: bitwise the CPU reference.
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/params.h"
 
 namespace {
@@ -16,6 +17,7 @@ __device__ __forceinline__ int64_t stride() { return int64_t(gridDim.x) * blockD
 }  // namespace
 
 extern "C" __global__ void scale_bf16(const __grid_constant__ di_elementwise_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *x = static_cast<const __nv_bfloat16 *>(p.a);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     for (int64_t i = first_index(); i < p.n; i += stride())
@@ -23,12 +25,14 @@ extern "C" __global__ void scale_bf16(const __grid_constant__ di_elementwise_par
 }
 
 extern "C" __global__ void scale_f32(const __grid_constant__ di_elementwise_params p) {
+    DI_PDL_ENTRY();
     const float *x = static_cast<const float *>(p.a);
     float *out = static_cast<float *>(p.out);
     for (int64_t i = first_index(); i < p.n; i += stride()) out[i] = __fmul_rn(x[i], p.s);
 }
 
 extern "C" __global__ void div_bf16(const __grid_constant__ di_elementwise_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *x = static_cast<const __nv_bfloat16 *>(p.a);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     for (int64_t i = first_index(); i < p.n; i += stride())
@@ -36,12 +40,14 @@ extern "C" __global__ void div_bf16(const __grid_constant__ di_elementwise_param
 }
 
 extern "C" __global__ void div_f32(const __grid_constant__ di_elementwise_params p) {
+    DI_PDL_ENTRY();
     const float *x = static_cast<const float *>(p.a);
     float *out = static_cast<float *>(p.out);
     for (int64_t i = first_index(); i < p.n; i += stride()) out[i] = __fdiv_rn(x[i], p.s);
 }
 
 extern "C" __global__ void add_f32(const __grid_constant__ di_elementwise_params p) {
+    DI_PDL_ENTRY();
     const float *a = static_cast<const float *>(p.a);
     const float *b = static_cast<const float *>(p.b);
     float *out = static_cast<float *>(p.out);
@@ -50,6 +56,7 @@ extern "C" __global__ void add_f32(const __grid_constant__ di_elementwise_params
 
 // One CTA per row (grid-stride over rows), threads over the row's bytes.
 extern "C" __global__ void copy_cols(const __grid_constant__ di_copy_cols_params p) {
+    DI_PDL_ENTRY();
     const uint8_t *src = static_cast<const uint8_t *>(p.src);
     uint8_t *dst = static_cast<uint8_t *>(p.dst);
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {

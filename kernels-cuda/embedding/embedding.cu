@@ -9,6 +9,7 @@
 //   wins: exactly numerics::argmax's sequential rule, whatever the split.
 #include <cuda_bf16.h>
 #include <math.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/params.h"
 
 namespace {
@@ -24,6 +25,7 @@ __device__ __forceinline__ bool beats(float bv, int32_t bi, float av, int32_t ai
 }  // namespace
 
 extern "C" __global__ void embedding_bf16(const __grid_constant__ di_embedding_params p) {
+    DI_PDL_ENTRY();
     for (int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
         const int32_t id = p.ids[t];
         if (id < 0 || int64_t(id) >= p.vocab) {
@@ -44,6 +46,7 @@ extern "C" __global__ void embedding_bf16(const __grid_constant__ di_embedding_p
 
 extern "C" __global__ void __launch_bounds__(DI_ARGMAX_THREADS)
     argmax_f32(const __grid_constant__ di_argmax_params p) {
+    DI_PDL_ENTRY();
     __shared__ float sv[DI_ARGMAX_THREADS];
     __shared__ int32_t si[DI_ARGMAX_THREADS];
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
@@ -81,6 +84,7 @@ extern "C" __global__ void __launch_bounds__(DI_ARGMAX_THREADS)
 // writes it (-1 for a finite row). The minimum is order-free: exact.
 extern "C" __global__ void __launch_bounds__(DI_ARGMAX_THREADS)
     first_non_finite_f32(const __grid_constant__ di_argmax_params p) {
+    DI_PDL_ENTRY();
     __shared__ int32_t sm[DI_ARGMAX_THREADS];
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {
         const float *x = p.x + r * p.v;

@@ -17,6 +17,7 @@
 //   the value read again (from L1/L2) rather than held in registers.
 #include <cuda_bf16.h>
 #include <math.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/reduce.cuh"
@@ -24,6 +25,7 @@
 using namespace deepinfer;
 
 extern "C" __global__ void engram_rows(const __grid_constant__ di_engram_rows_params p) {
+    DI_PDL_ENTRY();
     const int64_t n = p.tokens * p.cols;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += int64_t(gridDim.x) * blockDim.x) {
@@ -42,6 +44,7 @@ extern "C" __global__ void engram_rows(const __grid_constant__ di_engram_rows_pa
 }
 
 extern "C" __global__ void engram_lookup_bf16(const __grid_constant__ di_engram_lookup_params p) {
+    DI_PDL_ENTRY();
     const int64_t row_bytes = p.head_dim + p.head_dim / 32;
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     for (int64_t e = blockIdx.x; e < p.entries; e += gridDim.x) {
@@ -153,10 +156,12 @@ __device__ __forceinline__ void engram_gate_update(const di_engram_gate_params &
 
 extern "C" __global__ void __launch_bounds__(256)
     engram_gate_update_bf16x8(const __grid_constant__ di_engram_gate_params p) {
+    DI_PDL_ENTRY();
     engram_gate_update<8>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(256)
     engram_gate_update_bf16(const __grid_constant__ di_engram_gate_params p) {
+    DI_PDL_ENTRY();
     engram_gate_update<1>(p);
 }

@@ -12,9 +12,11 @@
 // tensors have no offsets), else in bytes. Also paged_rows (ops::paged_rows),
 // at the end: logical rows -> physical rows of a paged pool.
 #include <cstdint>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/params.h"
 
 extern "C" __global__ void copy_rows(const __grid_constant__ di_gather_params p) {
+    DI_PDL_ENTRY();
     const bool words = p.row_bytes % 16 == 0;
     for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
         const int64_t s = p.src_idx ? int64_t(p.src_idx[i]) : i;
@@ -37,6 +39,7 @@ extern "C" __global__ void copy_rows(const __grid_constant__ di_gather_params p)
 // Every read is bounds-checked against the table's shape, so any index
 // values give -1 rather than an out-of-range read.
 extern "C" __global__ void paged_rows(const __grid_constant__ di_paged_rows_params p) {
+    DI_PDL_ENTRY();
     const int64_t total = p.tokens * p.width;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
          i += int64_t(gridDim.x) * blockDim.x) {

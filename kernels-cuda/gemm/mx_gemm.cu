@@ -43,6 +43,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
@@ -863,30 +864,36 @@ __device__ __forceinline__ void mx_gemm(const di_mx_gemm_params &p) {
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp8_gemm_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    DI_PDL_ENTRY();
     mx_gemm<false, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp8_gemm_f32(const __grid_constant__ di_mx_gemm_params p) {
+    DI_PDL_ENTRY();
     mx_gemm<false, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp8_gemm_chained_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    DI_PDL_ENTRY();
     mx_gemm<false, false, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp8_gemm_chained_f32(const __grid_constant__ di_mx_gemm_params p) {
+    DI_PDL_ENTRY();
     mx_gemm<false, true, true>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp4_grouped_contiguous_bf16(const __grid_constant__ di_mx_gemm_params p) {
+    DI_PDL_ENTRY();
     mx_gemm<true, false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
     mxfp4_grouped_contiguous_f32(const __grid_constant__ di_mx_gemm_params p) {
+    DI_PDL_ENTRY();
     mx_gemm<true, true>(p);
 }

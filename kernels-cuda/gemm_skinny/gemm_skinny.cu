@@ -30,6 +30,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
@@ -699,40 +700,49 @@ template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) 
 // Masked: min(max_m, 64) in that range; rows beyond 64 go in further blocks.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mxfp8_gemm_skinny_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mxfp8_gemm_skinny_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mxfp8_gemm_skinny_n64(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense<64>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp4_grouped_masked_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mxfp4_grouped_masked_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mxfp4_grouped_masked_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mxfp4_grouped_masked_n64(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked<64>(p);
 }
 
 // out[i] = partials[0][i] + partials[1][i] + ... in split order, from +0.0.
 extern "C" __global__ void __launch_bounds__(256)
     mxfp8_gemm_skinny_reduce(const __grid_constant__ di_gemm_skinny_reduce_params p) {
+    DI_PDL_ENTRY();
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count; i += stride) {
         float acc = 0.0f;
@@ -753,25 +763,31 @@ extern "C" __global__ void __launch_bounds__(256)
 // (V1 4/3/2), within the registers ptxas reports.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_v2_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense_v2<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_v2_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense_v2<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_v2_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     dense_v2<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 5)
     mxfp4_grouped_masked_v2_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v2<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp4_grouped_masked_v2_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v2<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mxfp4_grouped_masked_v2_n32(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v2<32>(p);
 }

@@ -39,6 +39,7 @@
 #include <cuda_fp8.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
@@ -503,18 +504,22 @@ __device__ __forceinline__ void masked_v3(const di_gemm_skinny_params &p) {
 // short K); one CTA per SM (the host sizes the stages to the shared memory).
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n8(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<8, 1>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<16, 1>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n8_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<8, 2>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16_g2(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<16, 2>(p);
 }
 // The same with the tokens staged as f16 and the two HMMA.16816 per block
@@ -523,17 +528,21 @@ extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
 // (measured 1.4-2.4 % faster than the e4m3 staging, README).
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n8_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<8, 1, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<16, 1, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n8_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<8, 2, true>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v3::kThreads, 1)
     mxfp4_grouped_masked_v3_n16_g2_f16(const __grid_constant__ di_gemm_skinny_params p) {
+    DI_PDL_ENTRY();
     masked_v3<16, 2, true>(p);
 }

@@ -53,6 +53,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
@@ -427,9 +428,11 @@ template <int NT> __device__ __forceinline__ void masked_v6(const di_masked_v6_p
 // max_m <= 8 and <= 16; one CTA per SM (the host sizes the stages).
 extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
     mxfp4_grouped_masked_v6_n8(const __grid_constant__ di_masked_v6_params p) {
+    DI_PDL_ENTRY();
     masked_v6<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
     mxfp4_grouped_masked_v6_n16(const __grid_constant__ di_masked_v6_params p) {
+    DI_PDL_ENTRY();
     masked_v6<16>(p);
 }

@@ -4,6 +4,7 @@
 // Numerics: IEEE fp32, no contraction, the CPU's order; bitwise
 // cpu_backend::mhc::hc_collapse and ops::hc_stream_mean.
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/params.h"
 
 namespace {
@@ -19,6 +20,7 @@ __device__ __forceinline__ int64_t stride() { return int64_t(gridDim.x) * blockD
 }  // namespace
 
 extern "C" __global__ void hc_init_bf16(const __grid_constant__ di_hc_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *x = static_cast<const __nv_bfloat16 *>(p.x);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     const int64_t n = p.tokens * kStreams * p.d;
@@ -29,6 +31,7 @@ extern "C" __global__ void hc_init_bf16(const __grid_constant__ di_hc_params p) 
 }
 
 extern "C" __global__ void hc_collapse_bf16(const __grid_constant__ di_hc_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *s = static_cast<const __nv_bfloat16 *>(p.x);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     const int64_t n = p.tokens * p.d;
@@ -44,6 +47,7 @@ extern "C" __global__ void hc_collapse_bf16(const __grid_constant__ di_hc_params
 }
 
 extern "C" __global__ void hc_stream_mean_bf16(const __grid_constant__ di_hc_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *s = static_cast<const __nv_bfloat16 *>(p.x);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     const int64_t n = p.tokens * p.d;

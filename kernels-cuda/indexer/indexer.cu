@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/sm90.cuh"
@@ -30,6 +31,7 @@ __device__ __forceinline__ uint32_t bf16_key(uint16_t b) {
  * shorter than 128 idles the lanes past dim. */
 extern "C" __global__ void __launch_bounds__(256)
     indexer_key_quant(const __grid_constant__ di_indexer_quant_params p) {
+    DI_PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int chunks = (p.dim + 127) / 128;
     const int64_t work = p.rows * chunks;
@@ -179,6 +181,7 @@ __device__ void exact_scores_simt(const di_indexer_score_params &p, int b, const
 
 extern "C" __global__ void __launch_bounds__(kScoreThreads)
     indexer_scores_exact(const __grid_constant__ di_indexer_score_params p) {
+    DI_PDL_ENTRY();
     extern __shared__ float smem[];
     float *qs = smem;                   /* [D][H] */
     float *ws = smem + p.dim * p.heads; /* [H] */
@@ -450,6 +453,7 @@ __device__ __nv_bfloat16 exact_key_score_warp(const uint8_t *kr, const uint8_t *
 
 extern "C" __global__ void __launch_bounds__(DI_INDEXER_FAST_THREADS, 4)
     indexer_scores_fast(const __grid_constant__ di_indexer_score_params p) {
+    DI_PDL_ENTRY();
     extern __shared__ __align__(128) uint8_t fsm[];
     float *ws = reinterpret_cast<float *>(fsm + kOffWs);
     const int b = blockIdx.y;
@@ -825,6 +829,7 @@ __device__ __forceinline__ uint32_t high_threshold(const di_indexer_topk_params 
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_hist_hi(const __grid_constant__ di_indexer_topk_params p) {
+    DI_PDL_ENTRY();
     __shared__ uint32_t wh[16 * 256];
     const int s = blockIdx.x, b = blockIdx.y;
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
@@ -835,6 +840,7 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_hist_lo(const __grid_constant__ di_indexer_topk_params p) {
+    DI_PDL_ENTRY();
     __shared__ uint32_t total[256], part[256];
     __shared__ uint32_t wh[16 * 256], wmax[2 * 16];
     const int s = blockIdx.x, b = blockIdx.y;
@@ -851,6 +857,7 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_topk_collect(const __grid_constant__ di_indexer_topk_params p) {
+    DI_PDL_ENTRY();
     __shared__ uint32_t total[256], part[256];
     __shared__ uint32_t warp_sums[kTopkThreads / 32];
     __shared__ uint32_t warp_above[kTopkThreads / 32], warp_ties[kTopkThreads / 32];
@@ -987,6 +994,7 @@ __device__ __forceinline__ uint32_t max_non_nan(uint32_t best, uint32_t bits) {
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     indexer_block_scores(const __grid_constant__ di_indexer_block_params p) {
+    DI_PDL_ENTRY();
     const int b = blockIdx.y;
     const uint16_t *row = static_cast<const uint16_t *>(p.scores) + int64_t(b) * p.n;
     uint16_t *dst = static_cast<uint16_t *>(p.block_scores) + int64_t(b) * p.blocks;
@@ -1016,6 +1024,7 @@ extern "C" __global__ void __launch_bounds__(kBlockThreads)
 
 extern "C" __global__ void __launch_bounds__(kTopkThreads)
     indexer_candidates_compact(const __grid_constant__ di_indexer_block_params p) {
+    DI_PDL_ENTRY();
     __shared__ uint32_t warp_sums[kTopkThreads / 32];
     __shared__ uint32_t scan_total;
     const int b = blockIdx.x;
@@ -1038,6 +1047,7 @@ extern "C" __global__ void __launch_bounds__(kTopkThreads)
 
 extern "C" __global__ void __launch_bounds__(kBlockThreads)
     indexer_mask_scores(const __grid_constant__ di_indexer_block_params p) {
+    DI_PDL_ENTRY();
     /* One bit per block of the span; atomicOr, so duplicates do not race. */
     __shared__ uint32_t listed[DI_INDEXER_MASK_MAX_SPAN / 32];
     const int b = blockIdx.y;

@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
@@ -455,10 +456,12 @@ __device__ __forceinline__ void kv_rows_dispatch(const di_kv_rows_params &p) {
 
 extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_BF16, 4)
     kv_rows_bf16(const __grid_constant__ di_kv_rows_params p) {
+    DI_PDL_ENTRY();
     kv_rows_dispatch<false>(p);
 }
 
 extern "C" __global__ void __launch_bounds__(DI_KV_THREADS_POOL2, 8)
     kv_rows_pool2(const __grid_constant__ di_kv_rows_params p) {
+    DI_PDL_ENTRY();
     kv_rows_dispatch<true>(p);
 }

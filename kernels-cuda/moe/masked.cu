@@ -25,6 +25,7 @@
 //   dropped slot, then the shared row, one bf16 rounding: bitwise
 //   moe_combine_bf16 over the same rows with zero rows for the dropped.
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
@@ -74,6 +75,7 @@ __device__ __forceinline__ void combine_span(const di_moe_masked_params &p, int6
 
 extern "C" __global__ void __launch_bounds__(1024)
     moe_masked_layout(const __grid_constant__ di_moe_masked_params p) {
+    DI_PDL_ENTRY();
     __shared__ int warp_total[masked::kMaxWarps];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int64_t cap = p.capacity;
@@ -134,6 +136,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_masked_scatter_fp8(const __grid_constant__ di_moe_masked_params p) {
+    DI_PDL_ENTRY();
     const int64_t groups = p.d / 8;  // d % 32 == 0: whole 32-blocks of four groups
     const int64_t rows = int64_t(p.experts) * p.capacity;
     uint8_t *out = static_cast<uint8_t *>(p.out);
@@ -163,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_masked_scatter_bf16(const __grid_constant__ di_moe_masked_params p) {
+    DI_PDL_ENTRY();
     const int64_t rows = int64_t(p.experts) * p.capacity;
     const bool words = p.d % 8 == 0;
     const __nv_bfloat16 *x = static_cast<const __nv_bfloat16 *>(p.x);
@@ -186,6 +190,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(256)
     moe_masked_combine_bf16(const __grid_constant__ di_moe_masked_params p) {
+    DI_PDL_ENTRY();
     const int64_t rows = int64_t(p.experts) * p.capacity;
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
     if (p.d % 8 == 0) {

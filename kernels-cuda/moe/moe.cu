@@ -12,9 +12,11 @@
 // An entry of perm outside [0, n) writes nothing and lowers *bad to i.
 #include <cuda_bf16.h>
 #include <stdint.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/params.h"
 
 extern "C" __global__ void moe_permute_bf16(const __grid_constant__ di_moe_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *x = static_cast<const __nv_bfloat16 *>(p.x);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
     for (int64_t i = blockIdx.x; i < p.n; i += gridDim.x) {
@@ -33,6 +35,7 @@ extern "C" __global__ void moe_permute_bf16(const __grid_constant__ di_moe_param
 // rows (the activations' own quantisation, permuted instead of requantised):
 // one CTA per output row, 16 bytes a thread and step when d % 16 == 0.
 extern "C" __global__ void moe_permute_fp8(const __grid_constant__ di_moe_permute_fp8_params p) {
+    DI_PDL_ENTRY();
     const uint8_t *q = static_cast<const uint8_t *>(p.q);
     const uint8_t *s = static_cast<const uint8_t *>(p.s);
     uint8_t *q_out = static_cast<uint8_t *>(p.q_out);
@@ -58,6 +61,7 @@ extern "C" __global__ void moe_permute_fp8(const __grid_constant__ di_moe_permut
 }
 
 extern "C" __global__ void moe_combine_invert(const __grid_constant__ di_moe_params p) {
+    DI_PDL_ENTRY();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int32_t j = p.perm[i];
@@ -69,6 +73,7 @@ extern "C" __global__ void moe_combine_invert(const __grid_constant__ di_moe_par
 }
 
 extern "C" __global__ void moe_combine_bf16(const __grid_constant__ di_moe_params p) {
+    DI_PDL_ENTRY();
     const __nv_bfloat16 *routed = static_cast<const __nv_bfloat16 *>(p.x);
     const __nv_bfloat16 *shared = static_cast<const __nv_bfloat16 *>(p.shared);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);
@@ -86,6 +91,7 @@ extern "C" __global__ void moe_combine_bf16(const __grid_constant__ di_moe_param
 // Range check of routed expert ids (ops::check_ids): one thread per id,
 // grid-stride; an id outside [0, bound) lowers *bad to its position.
 extern "C" __global__ void check_ids(const __grid_constant__ di_check_ids_params p) {
+    DI_PDL_ENTRY();
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < p.n;
          i += int64_t(gridDim.x) * blockDim.x) {
         const int32_t v = p.ids[i];

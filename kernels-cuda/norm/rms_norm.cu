@@ -8,6 +8,7 @@
 //   so the reduction tree, and hence the result, does not depend on the batch.
 // rms_norm_bf16_scalar: any dim; reads x twice (the second read mostly hits L2).
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/params.h"
 #include "deepinfer/reduce.cuh"
 
@@ -31,6 +32,7 @@ __device__ __forceinline__ float inv_rms_of(float sum_sq, const di_rms_norm_para
 
 extern "C" __global__ void __launch_bounds__(1024)
     rms_norm_bf16_vec8(const __grid_constant__ di_rms_norm_params p) {
+    DI_PDL_ENTRY();
     __shared__ float scratch[32];
     const int groups = p.dim / 8;
     const uint4 *w = static_cast<const uint4 *>(p.weight);
@@ -72,6 +74,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 
 extern "C" __global__ void __launch_bounds__(1024)
     rms_norm_bf16_scalar(const __grid_constant__ di_rms_norm_params p) {
+    DI_PDL_ENTRY();
     __shared__ float scratch[32];
     const __nv_bfloat16 *w = static_cast<const __nv_bfloat16 *>(p.weight);
     for (int64_t r = blockIdx.x; r < p.rows; r += gridDim.x) {

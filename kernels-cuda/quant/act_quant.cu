@@ -13,6 +13,7 @@
 // checks its 8 codes shifted to it, and one ballot decides the run; no
 // extra pass over memory.
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
@@ -20,6 +21,7 @@ using namespace deepinfer;
 
 extern "C" __global__ void __launch_bounds__(256)
     act_quant_fp8_vec8(const __grid_constant__ di_act_quant_params p) {
+    DI_PDL_ENTRY();
     const int64_t groups = p.rows * int64_t(p.k / 8);
     // All lanes of a warp iterate together so the 4-lane shuffles stay in step.
     const int64_t stride = int64_t(gridDim.x) * blockDim.x;
@@ -38,6 +40,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(256)
     act_quant_fp8_tail(const __grid_constant__ di_act_quant_params p) {
+    DI_PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int64_t blocks_per_row = (p.k + 31) / 32;
     const int64_t blocks = p.rows * blocks_per_row;
@@ -61,6 +64,7 @@ extern "C" __global__ void __launch_bounds__(256)
 
 extern "C" __global__ void __launch_bounds__(256)
     act_quant_fp8_vec8_shared(const __grid_constant__ di_act_quant_shared_params p) {
+    DI_PDL_ENTRY();
     const int64_t groups = p.rows * int64_t(p.k / 8);
     const int lane = threadIdx.x & 31;
     const int span = 4 * p.per;  // lanes a run: 8, 16 or 32

@@ -4,10 +4,12 @@
 // the exact fp32 product rounded once to nearest even, a NaN written as the
 // canonical 0x7FC0: bitwise cpu_backend::mxfp8_dequantize.
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
 extern "C" __global__ void mxfp8_dequant_bf16(const __grid_constant__ di_dequant_params p) {
+    DI_PDL_ENTRY();
     const uint8_t *w = static_cast<const uint8_t *>(p.w);
     const uint8_t *s = static_cast<const uint8_t *>(p.s);
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.out);

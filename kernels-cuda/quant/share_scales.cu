@@ -22,6 +22,7 @@
 //   votes; pass 2 rewrites the codes, and lane 0 the scales after a warp
 //   barrier (the other lanes read them in both passes).
 #include <stdint.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
@@ -101,6 +102,7 @@ __device__ void share_stripes(const di_share_scales_params &p) {
 // (256, 2): without a second bound ptxas capped the kernel at 64 registers
 // and spilled the stripe layout's shifted words.
 extern "C" __global__ void __launch_bounds__(256, 2) mx_share_scales(const __grid_constant__ di_share_scales_params p) {
+    DI_PDL_ENTRY();
     if (striped(p)) {
         share_stripes(p);
         return;

@@ -6,6 +6,7 @@
 // cols / 2 bytes a row); scales E8M0 bytes, [ceil(rows / br), ceil(cols / bc)]
 // for the FP8 blocks, [rows, ceil(cols / 32)] for FP4.
 #include <cuda_bf16.h>
+#include "deepinfer/pdl.cuh"
 #include "deepinfer/numerics.cuh"
 #include "deepinfer/params.h"
 
@@ -47,12 +48,14 @@ __device__ __forceinline__ int64_t stride() { return int64_t(gridDim.x) * blockD
 }  // namespace
 
 extern "C" __global__ void random_f32(const __grid_constant__ di_random_params p) {
+    DI_PDL_ENTRY();
     float *out = static_cast<float *>(p.values);
     const int64_t n = p.rows * p.cols;
     for (int64_t i = first_index(); i < n; i += stride()) out[i] = value(p, i);
 }
 
 extern "C" __global__ void random_bf16(const __grid_constant__ di_random_params p) {
+    DI_PDL_ENTRY();
     __nv_bfloat16 *out = static_cast<__nv_bfloat16 *>(p.values);
     const int64_t n = p.rows * p.cols;
     for (int64_t i = first_index(); i < n; i += stride()) out[i] = __float2bfloat16_rn(value(p, i));
@@ -62,6 +65,7 @@ extern "C" __global__ void random_bf16(const __grid_constant__ di_random_params 
 // over every cell (floored at 1e-4; max is exact in any order), then each
 // cell again, e4m3(v / 2^e). blockDim.x is a multiple of 32, at most 256.
 extern "C" __global__ void random_fp8_blocks(const __grid_constant__ di_random_params p) {
+    DI_PDL_ENTRY();
     __shared__ float warp_max[kMaxThreads / 32];
     uint8_t *codes = static_cast<uint8_t *>(p.values);
     const int64_t grid_cols = (p.cols + p.block_cols - 1) / p.block_cols;
@@ -95,6 +99,7 @@ extern "C" __global__ void random_fp8_blocks(const __grid_constant__ di_random_p
 // numerics::fp4_e8m0_quant_block), the scale 2^ceil(log2(amax / 6)), the
 // e2m1 codes of the clamped quotients, packed even-low.
 extern "C" __global__ void random_fp4(const __grid_constant__ di_random_params p) {
+    DI_PDL_ENTRY();
     uint8_t *packed = static_cast<uint8_t *>(p.values);
     const int64_t nblk = (p.cols + kFp4Block - 1) / kFp4Block;
     const int64_t n = p.rows * nblk;

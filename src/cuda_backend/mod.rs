@@ -190,17 +190,78 @@ fn launch<P: cudarc::driver::DeviceRepr>(
     params: &P,
 ) -> Result<()> {
     let func = dev.function(kernel)?;
+    let failed = |source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    };
+    if kernel.pdl && dev.pdl() {
+        let mut args = [std::ptr::from_ref(params)
+            .cast_mut()
+            .cast::<std::ffi::c_void>()];
+        // SAFETY: as below; `args` holds the address of `params`, alive
+        // across the call.
+        return unsafe { launch_dependent(dev, &func, cfg, &mut args) }.map_err(failed);
+    }
     let mut builder = dev.raw_stream().launch_builder(&func);
     builder.arg(params);
     // SAFETY: `params` is the exact struct the kernel's single argument is
     // declared with; its device addresses come from live buffers whose guards
     // the caller holds across this call, and the caller has checked that the
     // sizes in `params` fit those buffers.
-    unsafe { builder.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe { builder.launch(cfg) }.map_err(failed)?;
     Ok(())
+}
+
+/// Launches `func` on `dev`'s stream as a programmatic dependent of the
+/// kernel before it (`CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`):
+/// the kernel may be scheduled while that one still runs. Only for kernels
+/// that open with `DI_PDL_ENTRY()` (`KernelRef::pdl`), which waits for the
+/// previous grid's completion before anything else.
+///
+/// # Safety
+/// `args` holds one pointer per kernel parameter, in order, each to a live
+/// value of the parameter's exact type; the addresses in those values obey
+/// the contract of the launch that passes them.
+unsafe fn launch_dependent(
+    dev: &CudaDevice,
+    func: &cudarc::driver::CudaFunction,
+    cfg: LaunchConfig,
+    args: &mut [*mut std::ffi::c_void],
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    let stream = dev.raw_stream();
+    stream.context().bind_to_thread()?;
+    let mut attr = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue {
+            programmaticStreamSerializationAllowed: 1,
+        },
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &raw mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `config` and `attr` live across the call; `func` is a loaded
+    // function of this device's context (bound above); the parameter
+    // pointers are the caller's contract.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &raw const config,
+            func.cu_function(),
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
 }
 
 /// One argument of a generated (TileLang) kernel, whose entry points take raw
@@ -252,6 +313,27 @@ pub(crate) unsafe fn launch_raw(
     args: &[Arg],
 ) -> Result<()> {
     let func = dev.function(kernel)?;
+    let failed = |source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    };
+    if kernel.pdl && dev.pdl() {
+        let mut ptrs: Vec<*mut std::ffi::c_void> = args
+            .iter()
+            .map(|a| {
+                let p: *const std::ffi::c_void = match a {
+                    Arg::Ptr(p) => std::ptr::from_ref(p).cast(),
+                    Arg::I32(v) => std::ptr::from_ref(v).cast(),
+                    Arg::U32(v) => std::ptr::from_ref(v).cast(),
+                    Arg::F32(v) => std::ptr::from_ref(v).cast(),
+                };
+                p.cast_mut()
+            })
+            .collect();
+        // SAFETY: this function's contract; `ptrs` points into `args`, alive
+        // across the call.
+        return unsafe { launch_dependent(dev, &func, cfg, &mut ptrs) }.map_err(failed);
+    }
     let mut builder = dev.raw_stream().launch_builder(&func);
     for arg in args {
         match arg {
@@ -262,10 +344,7 @@ pub(crate) unsafe fn launch_raw(
         };
     }
     // SAFETY: this function's contract, which the caller upholds.
-    unsafe { builder.launch(cfg) }.map_err(|source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    })?;
+    unsafe { builder.launch(cfg) }.map_err(failed)?;
     Ok(())
 }
 

@@ -64,6 +64,9 @@ pub struct CudaDevice {
     pools: bool,
     poison: bool,
     batch_invariant: bool,
+    /// Kernels that open with `DI_PDL_ENTRY()` launch as programmatic
+    /// dependents (compute capability 9.0 and later; on by default).
+    pdl: bool,
 }
 
 impl fmt::Debug for CudaDevice {
@@ -106,6 +109,9 @@ impl CudaDevice {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(driver("reading the SM count"))?;
+        let major = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+            .map_err(driver("reading the compute capability"))?;
         Ok(CudaDevice {
             ordinal,
             ctx,
@@ -119,6 +125,7 @@ impl CudaDevice {
             pools,
             poison: false,
             batch_invariant: false,
+            pdl: major >= 9,
         })
     }
 
@@ -306,6 +313,31 @@ impl CudaDevice {
     /// Whether ops on this handle pick only batch-invariant kernels.
     pub fn batch_invariant(&self) -> bool {
         self.batch_invariant
+    }
+
+    /// A handle to the same device whose launches use programmatic
+    /// dependent launch (`enabled`, where the device has it: compute
+    /// capability 9.0 and later) or never (`!enabled`): a kernel that opens
+    /// with `DI_PDL_ENTRY()` (`kernels-cuda/include/deepinfer/pdl.cuh`) may
+    /// then be scheduled while the kernel before it on the stream still
+    /// runs, and waits at its entry for that kernel's completion, so
+    /// results are the same either way; only launch latency changes. On by
+    /// default. Tensors allocated through the handle carry the choice.
+    pub fn with_pdl(&self, enabled: bool) -> CudaDevice {
+        let capable = self.pdl
+            || self
+                .ctx
+                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
+                .is_ok_and(|major| major >= 9);
+        CudaDevice {
+            pdl: enabled && capable,
+            ..self.clone()
+        }
+    }
+
+    /// Whether this handle launches PDL kernels as programmatic dependents.
+    pub fn pdl(&self) -> bool {
+        self.pdl
     }
 
     /// Allocates `bytes` of device memory, uninitialised unless this handle
@@ -697,10 +729,90 @@ impl fmt::Debug for Graph {
     }
 }
 
+/// What a captured graph holds: its kernel nodes, its other nodes (copies,
+/// memsets, event records), and how many of its edges are programmatic (a
+/// PDL launch captured: the dependent may start before the kernel it
+/// follows completes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphNodes {
+    pub kernels: usize,
+    pub other: usize,
+    pub programmatic_edges: usize,
+}
+
 impl Graph {
     /// Replays the captured work (asynchronously, on the captured stream).
     pub fn launch(&self) -> Result<()> {
         self.0.launch().map_err(driver("cuGraphLaunch"))
+    }
+
+    /// Counts the graph's nodes by type (host-side, no device work).
+    pub fn nodes(&self) -> Result<GraphNodes> {
+        let graph = self.0.cu_graph();
+        let mut n: usize = 0;
+        // SAFETY: `graph` is this live graph; a null node array asks only
+        // for the count, written through `n`.
+        unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &raw mut n) }
+            .result()
+            .map_err(driver("cuGraphGetNodes"))?;
+        let mut nodes: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); n];
+        // SAFETY: `nodes` holds `n` slots, the count passed in.
+        unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &raw mut n) }
+            .result()
+            .map_err(driver("cuGraphGetNodes"))?;
+        let mut out = GraphNodes::default();
+        for &node in nodes.iter().take(n) {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: `node` is one of this graph's nodes, listed above.
+            unsafe { sys::cuGraphNodeGetType(node, &raw mut kind) }
+                .result()
+                .map_err(driver("cuGraphNodeGetType"))?;
+            match kind {
+                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => out.kernels += 1,
+                _ => out.other += 1,
+            }
+        }
+        let mut e: usize = 0;
+        // SAFETY: null arrays ask only for the edge count, written via `e`.
+        unsafe {
+            sys::cuGraphGetEdges_v2(
+                graph,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                &raw mut e,
+            )
+        }
+        .result()
+        .map_err(driver("cuGraphGetEdges_v2"))?;
+        let mut from: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); e];
+        let mut to: Vec<sys::CUgraphNode> = vec![std::ptr::null_mut(); e];
+        let blank = sys::CUgraphEdgeData {
+            from_port: 0,
+            to_port: 0,
+            type_: 0,
+            reserved: [0; 5],
+        };
+        let mut data = vec![blank; e];
+        // SAFETY: the three arrays hold `e` slots each, the count passed in.
+        unsafe {
+            sys::cuGraphGetEdges_v2(
+                graph,
+                from.as_mut_ptr(),
+                to.as_mut_ptr(),
+                data.as_mut_ptr(),
+                &raw mut e,
+            )
+        }
+        .result()
+        .map_err(driver("cuGraphGetEdges_v2"))?;
+        let programmatic = sys::CUgraphDependencyType::CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC as u8;
+        out.programmatic_edges = data
+            .iter()
+            .take(e)
+            .filter(|d| d.type_ == programmatic)
+            .count();
+        Ok(out)
     }
 }
 

@@ -5,7 +5,7 @@
 mod cuda;
 pub mod fatbin;
 
-pub use cuda::{CudaBuffer, CudaDevice, Event, Graph, Stream, cuda_driver_present};
+pub use cuda::{CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream, cuda_driver_present};
 
 use crate::error::{Error, Result};
 use std::fmt;
@@ -83,6 +83,24 @@ impl Device {
         match self {
             Device::Cpu => Device::Cpu,
             Device::Cuda(d) => Device::Cuda(d.with_batch_invariant_kernels()),
+        }
+    }
+
+    /// This device with programmatic dependent launch on or off
+    /// ([`CudaDevice::with_pdl`]); the CPU is returned as it is.
+    pub fn with_pdl(&self, enabled: bool) -> Device {
+        match self {
+            Device::Cpu => Device::Cpu,
+            Device::Cuda(d) => Device::Cuda(d.with_pdl(enabled)),
+        }
+    }
+
+    /// Whether kernels of this device launch as programmatic dependents
+    /// (never on the CPU).
+    pub fn pdl(&self) -> bool {
+        match self {
+            Device::Cpu => false,
+            Device::Cuda(d) => d.pdl(),
         }
     }
 

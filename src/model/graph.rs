@@ -89,6 +89,12 @@ pub struct GraphStats {
     /// host work between two launches that no launch covered.
     pub idle: std::time::Duration,
     pub gaps: usize,
+    /// Kernel nodes of the graph captured last (0 before any capture): a
+    /// decode step's launch count, each a scheduling gap a replay pays.
+    pub graph_kernels: usize,
+    /// Programmatic (PDL) edges of that graph: kernels captured as
+    /// programmatic dependents of the kernel before them.
+    pub graph_programmatic_edges: usize,
 }
 
 /// The graph state of a run of decode steps ([`Model::decode_graphed`]):
@@ -386,6 +392,9 @@ impl Model {
             match made {
                 Ok(c) => {
                     graph.stats.captured += 1;
+                    let nodes = c.graph.nodes()?;
+                    graph.stats.graph_kernels = nodes.kernels;
+                    graph.stats.graph_programmatic_edges = nodes.programmatic_edges;
                     graph.captured = Some(c);
                 }
                 Err(e) => {
