@@ -151,8 +151,8 @@ pub fn pdl_entry_points(src: &str) -> Vec<String> {
         .collect()
 }
 
-/// (name, whether the body's first statement is `DI_PDL_ENTRY();`) of every
-/// entry point, in source order, each name once.
+/// (name, whether its definition's first statement is `DI_PDL_ENTRY();`) of
+/// every entry point, in source order, each name once.
 fn entries(src: &str) -> Vec<(String, bool)> {
     let mut found: Vec<(String, bool)> = Vec::new();
     for (at, _) in src.match_indices("extern \"C\"") {
@@ -169,8 +169,12 @@ fn entries(src: &str) -> Vec<(String, bool)> {
             .rfind(|t| !t.is_empty());
         let pdl = body_after_params(&rest[paren..])
             .is_some_and(|body| body.trim_start().starts_with("DI_PDL_ENTRY();"));
-        if let Some(name) = name.filter(|n| !found.iter().any(|(m, _)| m == n)) {
-            found.push((name.to_string(), pdl));
+        // A name seen before (a forward declaration, then the definition)
+        // is one entry point, PDL where its definition opens with the entry.
+        match name.map(|n| (n, found.iter_mut().find(|(m, _)| m == n))) {
+            Some((_, Some(seen))) => seen.1 |= pdl,
+            Some((n, None)) => found.push((n.to_string(), pdl)),
+            None => {}
         }
     }
     found

@@ -816,8 +816,8 @@ fn fused_mhc_steps_are_the_unfused_steps_bit_for_bit() {
 }
 
 /// Programmatic dependent launch changes when a kernel may be scheduled,
-/// never what it computes: every kernel of `kernels-cuda/` opens with
-/// `DI_PDL_ENTRY()` (the build found it in each), the tiny model's graphed
+/// never what it computes: every kernel of `kernels-cuda/` and every
+/// TileLang kernel opens with `DI_PDL_ENTRY()` (the build found it in each), the tiny model's graphed
 /// decode with PDL (the default handle) gives logits bitwise those of the
 /// same model on a handle without it, over prefill and 12 decode steps of
 /// three sequences (4 under DEEPINFER_QUICK), and the graph captured with
@@ -827,7 +827,7 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
     use deepinfer::kernels::FAMILIES;
     use deepinfer::model::graph::DecodeGraph;
     use deepinfer::model::pool::{PoolConfig, StatePool};
-    for f in FAMILIES.iter().filter(|f| !f.name.starts_with("tilelang_")) {
+    for f in FAMILIES {
         assert_eq!(
             f.pdl, f.kernels,
             "family {}: every kernel opens with DI_PDL_ENTRY()",

@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/act_quant_fp8.py (act_quant_fp8())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ x, int n_groups)
@@ -23,6 +24,7 @@
 
 extern "C" __global__ void deepinfer_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ x, int n_groups);
 extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ x, int n_groups) {
+  DI_PDL_ENTRY();
   float xf[32];
   float amax[4];
   float inv[4];

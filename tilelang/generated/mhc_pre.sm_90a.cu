@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/mhc_pre.py (mhc_pre())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec)
@@ -23,6 +24,7 @@
 
 extern "C" __global__ void deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec);
 extern "C" __global__ void __launch_bounds__(128, 3) deepinfer_mhc_pre_kernel(const float* __restrict__ hc_fn, float* __restrict__ part, const float* __restrict__ pre_in, const bfloat16_t* __restrict__ streams, bfloat16_t* __restrict__ u, int n_chunks, int n_tokens, int n_vec) {
+  DI_PDL_ENTRY();
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* red = ((void*)((char*)buf_dyn_shmem + 0));
   void* ss = ((void*)((char*)buf_dyn_shmem + 0));

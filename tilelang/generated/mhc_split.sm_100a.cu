@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/mhc_split.py (mhc_split())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_100a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_mhc_split_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_scale, float* __restrict__ mixes, const float* __restrict__ part, float* __restrict__ post, float* __restrict__ pre, float eps, float hc_eps, int iters, int n_chunks, int n_tokens, int n_vec)
@@ -23,6 +24,7 @@
 
 extern "C" __global__ void deepinfer_mhc_split_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_scale, float* __restrict__ mixes, const float* __restrict__ part, float* __restrict__ post, float* __restrict__ pre, float eps, float hc_eps, int iters, int n_chunks, int n_tokens, int n_vec);
 extern "C" __global__ void __launch_bounds__(128, 1) deepinfer_mhc_split_kernel(float* __restrict__ comb, const float* __restrict__ hc_base, const float* __restrict__ hc_scale, float* __restrict__ mixes, const float* __restrict__ part, float* __restrict__ post, float* __restrict__ pre, float eps, float hc_eps, int iters, int n_chunks, int n_tokens, int n_vec) {
+  DI_PDL_ENTRY();
   float s[3];
   float v[24];
   float m[2];

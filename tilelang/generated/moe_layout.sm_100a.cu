@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/moe_layout.py (moe_layout())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_100a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_moe_layout_kernel(int* __restrict__ counts, const int* __restrict__ ids, int* __restrict__ offsets, int* __restrict__ perm, int n_entries, int n_experts)
@@ -23,6 +24,7 @@
 
 extern "C" __global__ void deepinfer_moe_layout_kernel(int* __restrict__ counts, const int* __restrict__ ids, int* __restrict__ offsets, int* __restrict__ perm, int n_entries, int n_experts);
 extern "C" __global__ void __launch_bounds__(512, 1) deepinfer_moe_layout_kernel(int* __restrict__ counts, const int* __restrict__ ids, int* __restrict__ offsets, int* __restrict__ perm, int n_entries, int n_experts) {
+  DI_PDL_ENTRY();
   int lt = 0;
   int eq = 0;
   int v = 0;

@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/moe_route.py (moe_route())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k)
@@ -23,6 +24,7 @@
 
 extern "C" __global__ void deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k);
 extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_moe_route_kernel(const float* __restrict__ bias, int* __restrict__ ids, const float* __restrict__ logits, float* __restrict__ weights, int n_experts, int n_tokens, float route_scale, int top_k) {
+  DI_PDL_ENTRY();
   __shared__ __align__(16) float score_s[1024];
   __shared__ __align__(16) uint64_t comp_s[1024];
   float zv = 0x0p+0f/*0.000000e+00*/;

@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/rms_norm_act_quant_fp8.py (rms_norm_act_quant_fp8())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_100a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_100a,code=sm_100a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_ctas, int n_rows)
@@ -24,6 +25,7 @@
 
 extern "C" __global__ void deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_ctas, int n_rows);
 extern "C" __global__ void __launch_bounds__(256, 4) deepinfer_rms_norm_act_quant_fp8_kernel(fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const bfloat16_t* __restrict__ weight, bfloat16_t* __restrict__ x, bfloat16_t* __restrict__ y, float eps, int n_blocks, int n_ctas, int n_rows) {
+  DI_PDL_ENTRY();
   extern __shared__ __align__(1024) uchar buf_dyn_shmem[];
   void* bars = ((void*)((char*)buf_dyn_shmem + 0));
   void* stage = ((void*)((char*)buf_dyn_shmem + 32));

@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/rope.py (rope())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_rope_kernel(const float* __restrict__ freq, bfloat16_t* __restrict__ out, const int64_t* __restrict__ positions, const bfloat16_t* __restrict__ x, int head_vecs, int inverse, int n_tok_vec, int n_tokens, int rope_vecs)
@@ -23,6 +24,7 @@
 
 extern "C" __global__ void deepinfer_rope_kernel(const float* __restrict__ freq, bfloat16_t* __restrict__ out, const int64_t* __restrict__ positions, const bfloat16_t* __restrict__ x, int head_vecs, int inverse, int n_tok_vec, int n_tokens, int rope_vecs);
 extern "C" __global__ void __launch_bounds__(256, 5) deepinfer_rope_kernel(const float* __restrict__ freq, bfloat16_t* __restrict__ out, const int64_t* __restrict__ positions, const bfloat16_t* __restrict__ x, int head_vecs, int inverse, int n_tok_vec, int n_tokens, int rope_vecs) {
+  DI_PDL_ENTRY();
   bfloat16_t buf[32];
   extern __shared__ __align__(1024) float table[];
   int rv = 0;

@@ -2,7 +2,8 @@
 //   python tilelang/generate.py --out-dir tilelang/generated
 // Source program: tilelang/swiglu_act_quant_fp8.py (swiglu_act_quant_fp8())
 // TileLang 0.1.15, target {"kind": "cuda", "arch": "sm_90a"}
-// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh.
+// TileLang's tl_templates includes are replaced by deepinfer_tl/compat.cuh;
+// every entry point opens with DI_PDL_ENTRY() (deepinfer/pdl.cuh).
 // Build: nvcc -fatbin -gencode=arch=compute_90a,code=sm_90a -I tilelang/include -I kernels-cuda/include <this file>
 //        (no --use_fast_math / -ftz=true)
 // Entry point: extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit)
@@ -24,6 +25,7 @@
 
 extern "C" __global__ void deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit);
 extern "C" __global__ void __launch_bounds__(256, 1) deepinfer_swiglu_act_quant_fp8_kernel(const bfloat16_t* __restrict__ gu, fp8_e4_t* __restrict__ q, uchar* __restrict__ scale, const float* __restrict__ sigma, const float* __restrict__ weight, float limit, int n_ctas, int n_groups, int n_rows, uint row_magic, int row_shift, float sigma_limit) {
+  DI_PDL_ENTRY();
   extern __shared__ __align__(1024) float tbl[];
   bfloat16_t gb[8];
   bfloat16_t ub[8];

@@ -19,6 +19,9 @@
 // mbarriers and bulk copies (kernels-cuda/include): programs call them by
 // their qualified names (deepinfer::sm90::...) through T.call_extern.
 #include "deepinfer/async_copy.cuh"
+// DI_PDL_ENTRY(), which generate.py makes every entry point's first
+// statement (programmatic dependent launch, kernels-cuda/README.md).
+#include "deepinfer/pdl.cuh"
 
 #define DEEPINFER_TL_DEVICE __device__ __forceinline__
 
