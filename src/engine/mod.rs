@@ -781,10 +781,46 @@ impl Engine {
             return self.sample_greedy(logits, rows, live, params, prompts, on_token);
         }
         let host = logits.to_vec::<f32>()?;
+        let row = |r: usize| host.get(r * v..(r + 1) * v).unwrap_or(&[]);
+        // The unconstrained rows' draws depend on nothing but their row and
+        // request: several threads take them (a vocabulary row is a few ms
+        // of sorting and exp), then every row is emitted in order.
+        let free: Vec<(usize, usize)> = rows
+            .iter()
+            .copied()
+            .filter(|&(k, _)| live.get(k).is_some_and(|l| l.constraint.is_none()))
+            .collect();
+        // (row, params, position, step) of each free row.
+        let jobs: Vec<(usize, &SamplingParams, u64, usize)> = free
+            .iter()
+            .map(|&(k, r)| {
+                let l = &live[k];
+                let position = (prompts[l.index].len() + l.tokens.len()) as u64;
+                (r, &params[l.index], position, l.tokens.len())
+            })
+            .collect();
+        let drawn = parallel_map(&jobs, |&(r, p, position, step)| {
+            finite_row(row(r), position, step)?;
+            let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
+            Ok(sample_row(row(r), p, u))
+        });
+        let mut drawn = free.iter().map(|&(k, _)| k).zip(drawn);
         for &(k, r) in rows {
             let l = &mut live[k];
-            if let Err(e) = self.sample_one(&host[r * v..(r + 1) * v], l, params, prompts, on_token)
-            {
+            let sampled = match &l.constraint {
+                None => match drawn.next() {
+                    Some((at, s)) if at == k => {
+                        s.and_then(|s| self.emit(s, l, &params[l.index], on_token))
+                    }
+                    _ => Err(arg(
+                        "rows",
+                        k.to_string(),
+                        "a free row without its draw (internal)",
+                    )),
+                },
+                Some(_) => self.sample_one(row(r), l, params, prompts, on_token),
+            };
+            if let Err(e) = sampled {
                 l.failed = Some(e);
                 l.done = Some(StopReason::Length);
             }
@@ -859,10 +895,7 @@ impl Engine {
     /// the value, its vocabulary id, the position the row predicts and the
     /// decode step (the index of the output token it was to choose).
     fn check_finite(&self, row: &[f32], position: u64, step: usize) -> Result<()> {
-        match row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
-            Some((bad, &x)) => Err(non_finite(x, bad, position, step)),
-            None => Ok(()),
-        }
+        finite_row(row, position, step)
     }
 
     /// Appends a chosen token to a request's output, consumes it in its
@@ -989,6 +1022,52 @@ impl<'a> GreedyRows<'a> {
 
 /// The error of logit `x` at vocabulary id `bad` (non-finite) of the row
 /// predicting `position`, at decode step `step` of its request.
+/// [`Engine::check_finite`]'s rule on one row.
+fn finite_row(row: &[f32], position: u64, step: usize) -> Result<()> {
+    match row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+        Some((bad, &x)) => Err(non_finite(x, bad, position, step)),
+        None => Ok(()),
+    }
+}
+
+/// `f` of every item, in order, on up to `available_parallelism` scoped
+/// threads taking contiguous chunks (this thread takes the first; a chunk
+/// whose thread cannot start or panics is an error in each of its slots).
+/// One item, or one core, runs here alone.
+fn parallel_map<T: Sync, R: Send>(
+    items: &[T],
+    f: impl Fn(&T) -> Result<R> + Sync,
+) -> Vec<Result<R>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(items.len());
+    if threads <= 1 {
+        return items.iter().map(&f).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    let failed = || arg("rows", "a sampling thread".into(), "did not finish");
+    std::thread::scope(|scope| {
+        let mut chunks = items.chunks(per);
+        let first = chunks.next().unwrap_or(&[]);
+        let f = &f;
+        let helpers: Vec<_> = chunks
+            .map(|c| {
+                let spawned = std::thread::Builder::new()
+                    .spawn_scoped(scope, move || c.iter().map(f).collect::<Vec<_>>());
+                (c.len(), spawned)
+            })
+            .collect();
+        let mut out: Vec<Result<R>> = first.iter().map(f).collect();
+        for (n, h) in helpers {
+            match h.map_err(|_| ()).and_then(|h| h.join().map_err(|_| ())) {
+                Ok(v) => out.extend(v),
+                Err(()) => out.extend((0..n).map(|_| Err(failed()))),
+            }
+        }
+        out
+    })
+}
+
 fn non_finite(x: f32, bad: usize, position: u64, step: usize) -> Error {
     arg(
         "logits",
