@@ -137,7 +137,17 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
                 })
                 .collect();
             let src = std::fs::read_to_string(&sources[0].1).unwrap_or_default();
-            let (kernels, pdl) = (entry_points(&src), pdl_entry_points(&src));
+            // PDL only where every arch's file opens the kernel with it.
+            let pdl: Vec<String> = pdl_entry_points(&src)
+                .into_iter()
+                .filter(|k| {
+                    sources.iter().all(|(_, f)| {
+                        pdl_entry_points(&std::fs::read_to_string(f).unwrap_or_default())
+                            .contains(k)
+                    })
+                })
+                .collect();
+            let kernels = entry_points(&src);
             FamilySpec {
                 name: format!("tilelang_{name}"),
                 deps: sources

@@ -282,6 +282,17 @@ fn embedded_families_are_well_formed() {
         let entries = fatbin::validate(f.image).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         assert_eq!(entries.len(), f.archs.len(), "family {}", f.name);
         assert!(!f.kernels.is_empty());
+        // Every kernel opens with DI_PDL_ENTRY() (kernels-cuda/README.md),
+        // so every launch may be a programmatic dependent; the build found
+        // the entry in each (run by the nvidia build's GPU-free tests).
+        assert_eq!(
+            f.pdl, f.kernels,
+            "family {}: kernels without DI_PDL_ENTRY()",
+            f.name
+        );
+        for k in f.kernels {
+            assert!(f.kernel(k).unwrap().pdl, "{}::{k}", f.name);
+        }
     }
     assert_eq!(
         deepinfer::kernels::FAMILIES.is_empty(),
@@ -309,6 +320,7 @@ fn embedded_images_match_their_build_checksums() {
 #[test]
 fn a_kernel_missing_from_its_family_is_named() {
     assert_eq!(TEST_FAMILY.kernel("present").unwrap().name, "present");
+    assert!(!TEST_FAMILY.kernel("present").unwrap().pdl);
     let e = TEST_FAMILY.kernel("absent").unwrap_err();
     assert!(
         matches!(&e, Error::KernelNotFound { family, kernel } if family == "test" && kernel == "absent"),

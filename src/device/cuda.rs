@@ -762,14 +762,19 @@ impl Graph {
             .map_err(driver("cuGraphGetNodes"))?;
         let mut out = GraphNodes::default();
         for &node in nodes.iter().take(n) {
-            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
-            // SAFETY: `node` is one of this graph's nodes, listed above.
-            unsafe { sys::cuGraphNodeGetType(node, &raw mut kind) }
+            // Read as the enum's u32 representation: a node type these
+            // bindings do not know stays a number (counted as other).
+            let mut kind: u32 = u32::MAX;
+            // SAFETY: `node` is one of this graph's nodes, listed above; the
+            // driver writes one CUgraphNodeType, a repr(u32) enum, through
+            // the pointer to `kind`.
+            unsafe { sys::cuGraphNodeGetType(node, (&raw mut kind).cast()) }
                 .result()
                 .map_err(driver("cuGraphNodeGetType"))?;
-            match kind {
-                sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL => out.kernels += 1,
-                _ => out.other += 1,
+            if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL as u32 {
+                out.kernels += 1;
+            } else {
+                out.other += 1;
             }
         }
         let mut e: usize = 0;

@@ -781,7 +781,10 @@ impl Engine {
             return self.sample_greedy(logits, rows, live, params, prompts, on_token);
         }
         let host = logits.to_vec::<f32>()?;
-        let row = |r: usize| host.get(r * v..(r + 1) * v).unwrap_or(&[]);
+        let row = |r: usize| {
+            host.get(r * v..(r + 1) * v)
+                .ok_or_else(|| arg("rows", r.to_string(), "a row past the logits"))
+        };
         // The unconstrained rows' draws depend on nothing but their row and
         // request: several threads take them (a vocabulary row is a few ms
         // of sorting and exp), then every row is emitted in order.
@@ -800,9 +803,10 @@ impl Engine {
             })
             .collect();
         let drawn = parallel_map(&jobs, |&(r, p, position, step)| {
-            finite_row(row(r), position, step)?;
+            let row = row(r)?;
+            finite_row(row, position, step)?;
             let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
-            Ok(sample_row(row(r), p, u))
+            Ok(sample_row(row, p, u))
         });
         let mut drawn = free.iter().map(|&(k, _)| k).zip(drawn);
         for &(k, r) in rows {
@@ -818,7 +822,9 @@ impl Engine {
                         "a free row without its draw (internal)",
                     )),
                 },
-                Some(_) => self.sample_one(row(r), l, params, prompts, on_token),
+                Some(_) => {
+                    row(r).and_then(|row| self.sample_one(row, l, params, prompts, on_token))
+                }
             };
             if let Err(e) = sampled {
                 l.failed = Some(e);
@@ -1020,8 +1026,6 @@ impl<'a> GreedyRows<'a> {
     }
 }
 
-/// The error of logit `x` at vocabulary id `bad` (non-finite) of the row
-/// predicting `position`, at decode step `step` of its request.
 /// [`Engine::check_finite`]'s rule on one row.
 fn finite_row(row: &[f32], position: u64, step: usize) -> Result<()> {
     match row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
@@ -1031,9 +1035,9 @@ fn finite_row(row: &[f32], position: u64, step: usize) -> Result<()> {
 }
 
 /// `f` of every item, in order, on up to `available_parallelism` scoped
-/// threads taking contiguous chunks (this thread takes the first; a chunk
-/// whose thread cannot start or panics is an error in each of its slots).
-/// One item, or one core, runs here alone.
+/// threads taking contiguous chunks (this thread takes the first, and any
+/// chunk whose thread cannot start; a chunk whose thread panicked is an
+/// error in each of its slots). One item, or one core, runs here alone.
 fn parallel_map<T: Sync, R: Send>(
     items: &[T],
     f: impl Fn(&T) -> Result<R> + Sync,
@@ -1045,29 +1049,41 @@ fn parallel_map<T: Sync, R: Send>(
         return items.iter().map(&f).collect();
     }
     let per = items.len().div_ceil(threads);
-    let failed = || arg("rows", "a sampling thread".into(), "did not finish");
+    let panicked = || arg("rows", "a sampling thread".into(), "panicked");
     std::thread::scope(|scope| {
         let mut chunks = items.chunks(per);
         let first = chunks.next().unwrap_or(&[]);
         let f = &f;
+        // A chunk whose thread cannot start runs here (Err keeps it).
         let helpers: Vec<_> = chunks
             .map(|c| {
-                let spawned = std::thread::Builder::new()
-                    .spawn_scoped(scope, move || c.iter().map(f).collect::<Vec<_>>());
-                (c.len(), spawned)
+                std::thread::Builder::new()
+                    .spawn_scoped(scope, move || c.iter().map(f).collect::<Vec<_>>())
+                    .map_err(|_| c)
             })
             .collect();
         let mut out: Vec<Result<R>> = first.iter().map(f).collect();
-        for (n, h) in helpers {
-            match h.map_err(|_| ()).and_then(|h| h.join().map_err(|_| ())) {
-                Ok(v) => out.extend(v),
-                Err(()) => out.extend((0..n).map(|_| Err(failed()))),
+        for h in helpers {
+            match h {
+                Ok(h) => {
+                    let n = out.len();
+                    match h.join() {
+                        Ok(v) => out.extend(v),
+                        Err(_) => {
+                            let chunk = items.get(n..).map_or(0, |rest| rest.len().min(per));
+                            out.extend((0..chunk).map(|_| Err(panicked())));
+                        }
+                    }
+                }
+                Err(c) => out.extend(c.iter().map(f)),
             }
         }
         out
     })
 }
 
+/// The error of logit `x` at vocabulary id `bad` (non-finite) of the row
+/// predicting `position`, at decode step `step` of its request.
 fn non_finite(x: f32, bad: usize, position: u64, step: usize) -> Error {
     arg(
         "logits",

@@ -89,8 +89,9 @@ pub struct GraphStats {
     /// host work between two launches that no launch covered.
     pub idle: std::time::Duration,
     pub gaps: usize,
-    /// Kernel nodes of the graph captured last (0 before any capture): a
-    /// decode step's launch count, each a scheduling gap a replay pays.
+    /// Kernel nodes of the graph captured last (0 before any capture, or
+    /// when the census failed; kept by `restart_stats`): a decode step's
+    /// launch count, each a scheduling gap a replay pays.
     pub graph_kernels: usize,
     /// Programmatic (PDL) edges of that graph: kernels captured as
     /// programmatic dependents of the kernel before them.
@@ -189,7 +190,12 @@ impl DecodeGraph {
     /// Clears the statistics, and forgets the last step's end (the next
     /// waited step starts a new run of gaps).
     pub fn restart_stats(&mut self) {
-        self.stats = GraphStats::default();
+        // The census describes the graph held, not the steps counted.
+        self.stats = GraphStats {
+            graph_kernels: self.stats.graph_kernels,
+            graph_programmatic_edges: self.stats.graph_programmatic_edges,
+            ..GraphStats::default()
+        };
         self.restart_gaps();
     }
 
@@ -392,7 +398,12 @@ impl Model {
             match made {
                 Ok(c) => {
                     graph.stats.captured += 1;
-                    let nodes = c.graph.nodes()?;
+                    // A statistic only: a failed census leaves the fields at
+                    // 0 and the graph in use.
+                    let nodes = c.graph.nodes().unwrap_or_else(|e| {
+                        tracing::warn!(error = %e, "graph node census failed");
+                        crate::device::GraphNodes::default()
+                    });
                     graph.stats.graph_kernels = nodes.kernels;
                     graph.stats.graph_programmatic_edges = nodes.programmatic_edges;
                     graph.captured = Some(c);

@@ -193,7 +193,8 @@ impl StepInputs {
     /// host the slot's tensor itself, on a GPU the slot's host staging,
     /// then copied in one write. Neither is allocated again while the
     /// slot's shape stays. On an error of `fill` the slot keeps its tensor
-    /// for the next step.
+    /// for the next step. `fill` runs under the arena's lock: it must not
+    /// upload through this arena.
     pub fn upload_bytes_with(
         &self,
         shape: &[usize],
