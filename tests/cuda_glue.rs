@@ -940,3 +940,41 @@ fn mx_share_scales_fused_quantiser_is_bitwise_the_cpu() {
     let mut rng = common::rng("act_quant_fp8_shared_cuda");
     common::share_scales::quant_shared_matches_the_composition(&dev, &mut rng);
 }
+
+/// A chain of dependent kernels launched as programmatic dependents reads
+/// each producer's finished output: 40 rounds of x ← (x · 1.5 + x) / 2.5
+/// over 2^24 F32 values (each kernel long enough that a dependent scheduled
+/// early would overtake an unfinished producer without its entry wait),
+/// on a PDL handle and a plain one, against the same chain on the CPU,
+/// bit for bit.
+#[test]
+fn pdl_chains_read_their_producers_finished_output() {
+    let Device::Cuda(cuda) = gpu() else {
+        unreachable!()
+    };
+    let on = Device::Cuda(cuda.with_pdl(true));
+    let off = Device::Cuda(cuda.with_pdl(false));
+    assert!(on.pdl(), "PDL on an sm_90 device");
+    let mut rng = common::rng("cuda_pdl_chain");
+    let n = 1usize << 24;
+    let x: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+    let chain = |dev: &Device| -> Vec<u32> {
+        let mut t = Tensor::from_vec(x.clone(), &[n])
+            .unwrap()
+            .to_device(dev)
+            .unwrap();
+        for _ in 0..40 {
+            let y = ops::scale(&t, 1.5).unwrap();
+            let z = ops::add(&y, &t).unwrap();
+            t = ops::div_scalar(&z, 2.5).unwrap();
+        }
+        t.to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    let want = chain(&Device::Cpu);
+    assert_eq!(chain(&on), want, "PDL chain");
+    assert_eq!(chain(&off), want, "plain chain");
+}
