@@ -9,7 +9,7 @@
 //! needs to stay lossless.
 
 use super::rng::{self, Domain};
-use super::sampling::{SamplingParams, distribution, sample_row};
+use super::sampling::{SamplingParams, distribution_by_id, sample_row};
 use crate::model::Result;
 use crate::model::dspark::{DraftRequest, DsparkWeights, SeedRequest};
 use crate::model::forward::Model;
@@ -176,7 +176,7 @@ impl Drafter for DsparkDrafter {
                 Box::new(move |i: usize, logits: &[f32]| -> u32 {
                     let u = if sampled {
                         let pos = (p + 2 + i) as u64;
-                        probs.push(distribution(logits, params));
+                        probs.push(distribution_by_id(logits, params));
                         rng::uniform(params.seq_seed, pos, 0, Domain::Draft)
                     } else {
                         0.0

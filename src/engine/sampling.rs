@@ -114,7 +114,7 @@ pub struct Sample {
 
 /// A row's candidates with their weights, ranked lazily: `keys[..sorted]`
 /// hold the first `sorted` candidates in rank order, the rest any order.
-struct Ranked {
+pub(super) struct Ranked {
     /// Rank key of each candidate: the complement of `f32::total_cmp`'s
     /// order of its logit (so +0.0 ranks before −0.0) above its id.
     keys: Vec<u64>,
@@ -131,7 +131,7 @@ impl Ranked {
         clippy::cast_possible_truncation,
         reason = "the caller cuts the row to 2^32 entries"
     )]
-    fn new(logits: &[f32], t: f64) -> Ranked {
+    pub(super) fn new(logits: &[f32], t: f64) -> Ranked {
         let key = |i: usize, x: f32| {
             let b = x.to_bits();
             let up = if b >> 31 == 1 { !b } else { b | 0x8000_0000 };
@@ -162,14 +162,14 @@ impl Ranked {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.keys.len()
     }
 
     /// The id and weight of the candidate of rank `r` (< len), sorting the
     /// next chunk of ranks when `r` is past the sorted ones: at least 4×
     /// the sorted count and 256, found by selection, then sorted.
-    fn at(&mut self, r: usize) -> (usize, f64) {
+    pub(super) fn at(&mut self, r: usize) -> (usize, f64) {
         if r >= self.sorted {
             let end = (r + 1).max(self.sorted * 4).max(256).min(self.keys.len());
             if let Some(rest) = self.keys.get_mut(self.sorted..) {
@@ -187,34 +187,48 @@ impl Ranked {
         (id, self.w.get(id).copied().unwrap_or(0.0))
     }
 
-    /// The sum of the weights of the first `keep` ranks, in id order (all
-    /// candidates: [`Ranked::total`]).
-    fn kept_sum(&mut self, keep: usize) -> f64 {
-        if keep >= self.len() {
-            return self.total;
+    /// The candidates of the first `keep` ranks, as a mask by id (sorting
+    /// the ranks up to `keep` unless every candidate is kept).
+    pub(super) fn kept_mask(&mut self, keep: usize) -> Vec<bool> {
+        let keep = keep.min(self.len());
+        if keep < self.len()
+            && let Some(last) = keep.checked_sub(1)
+        {
+            self.at(last);
         }
-        let Some(last) = keep.checked_sub(1) else {
-            return 0.0;
-        };
-        // Sorts the ranks up to `last`: the first `keep` keys are the kept.
-        self.at(last);
         let mut kept = vec![false; self.w.len()];
         for &k in self.keys.iter().take(keep) {
             if let Some(slot) = kept.get_mut(id_of(k)) {
                 *slot = true;
             }
         }
+        kept
+    }
+
+    /// The weight of id `i` (0 outside the row and for a NaN logit).
+    pub(super) fn weight(&self, i: usize) -> f64 {
+        self.w.get(i).copied().unwrap_or(0.0)
+    }
+
+    /// The sum of the weights of `mask`'s ids, in id order.
+    pub(super) fn masked_sum(&self, mask: &[bool]) -> f64 {
         self.w
             .iter()
-            .zip(&kept)
+            .zip(mask)
             .filter(|(_, k)| **k)
             .map(|(w, _)| w)
             .sum()
     }
 
+    /// The sum of the weights of the first `keep` ranks, in id order.
+    fn kept_sum(&mut self, keep: usize) -> f64 {
+        let mask = self.kept_mask(keep);
+        self.masked_sum(&mask)
+    }
+
     /// How many ranks top-k and top-p keep: top-k's count, cut at the first
     /// rank where the running sum in rank order reaches top_p · total.
-    fn keep(&mut self, p: &SamplingParams) -> usize {
+    pub(super) fn keep(&mut self, p: &SamplingParams) -> usize {
         let mut keep = if p.top_k == 0 {
             self.len()
         } else {
@@ -274,6 +288,28 @@ pub fn distribution(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
             let (id, x) = r.at(k);
             (id as u32, x / sum)
         })
+        .collect()
+}
+
+/// [`distribution`]'s kept candidates and probabilities (the same set, the
+/// same values) in id order: what a drafter records as the distribution a
+/// draft was drawn from, which verification looks up by id. Needs no rank
+/// order past the kept set's bounds (no sort at all when top-k and top-p
+/// keep everything).
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "every id indexes the row, cut to 2^32 entries at entry"
+)]
+pub fn distribution_by_id(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)> {
+    let logits = logits.get(..1 << 32).unwrap_or(logits);
+    let mut r = Ranked::new(logits, f64::from(p.temperature));
+    let keep = r.keep(p);
+    let mask = r.kept_mask(keep);
+    let sum = r.masked_sum(&mask);
+    mask.iter()
+        .enumerate()
+        .filter(|(_, k)| **k)
+        .map(|(id, _)| (id as u32, r.weight(id) / sum))
         .collect()
 }
 
@@ -451,6 +487,17 @@ mod tests {
                         cases += 1;
                     }
                     let (_, dist) = full_sort(&row, &p, 0.0);
+                    let mut by_id = dist.clone();
+                    by_id.sort_by_key(|e| e.0);
+                    let got_by_id = distribution_by_id(&row, &p);
+                    assert!(
+                        got_by_id.len() == by_id.len()
+                            && got_by_id
+                                .iter()
+                                .zip(&by_id)
+                                .all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits()),
+                        "n {n} shape {shape} {p:?}: distribution by id"
+                    );
                     let got = distribution(&row, &p);
                     assert_eq!(got.len(), dist.len());
                     assert!(

@@ -6,7 +6,8 @@
 //! iff it equals the target's greedy token (the token emitted either way is
 //! the target's). At temperature > 0 a draft d drawn from q is accepted
 //! with probability min(1, p(d) / q(d)) (a Domain::Reject coin at slot 0),
-//! otherwise the token is drawn from norm(max(p − q, 0)) (slot 1), so each
+//! otherwise the token is drawn from norm(max(p − q, 0)) (slot 1; its mass
+//! summed in id order, the draw walking p's ranks), so each
 //! emitted token follows p, the distribution `sample_row` draws from; a
 //! position without a draft (the bonus) samples p exactly as plain
 //! decoding does. The scheduler only chooses which drafts are offered,
@@ -16,7 +17,7 @@
 //! cap; the confidence schedule offers a contiguous prefix per request.
 
 use super::rng::{self, Domain};
-use super::sampling::{Sample, SamplingParams, distribution, logprob, sample_row};
+use super::sampling::{Ranked, Sample, SamplingParams, logprob, sample_row};
 
 /// How many drafts each request verifies per step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +58,10 @@ pub type Offered<'a> = (u32, Option<&'a [(u32, f64)]>);
 /// where the request has a constraint) are `row`, and whether `draft` (the
 /// drafted token and the distribution it came from, `None` for a point
 /// mass) was accepted. `position` is the emitted token's absolute position.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "ids index the row, cut to 2^32 entries at entry"
+)]
 pub fn decide(
     row: &[f32],
     p: &SamplingParams,
@@ -71,11 +76,16 @@ pub fn decide(
         let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
         return (sample_row(row, p, u), false);
     };
-    let target = distribution(row, p);
-    let prob = |dist: &[(u32, f64)], t: u32| {
-        dist.iter()
-            .find(|&&(id, _)| id == t)
-            .map_or(0.0, |&(_, x)| x)
+    // p over the kept set: its mass in id order, its ranks lazily (the
+    // residual draw below walks them in rank order and stops early).
+    let row = row.get(..1 << 32).unwrap_or(row);
+    let mut target = Ranked::new(row, f64::from(p.temperature));
+    let keep = target.keep(p);
+    let kept = target.kept_mask(keep);
+    let mass = target.masked_sum(&kept);
+    let prob = |t: u32| match kept.get(t as usize) {
+        Some(true) => target.weight(t as usize) / mass,
+        _ => 0.0,
     };
     // The draft distribution by id, built once: the residual below asks
     // for q of every id of the target (a linear search each was O(V²)).
@@ -90,7 +100,7 @@ pub fn decide(
         Some(m) => m.get(&t).copied().unwrap_or(0.0),
         None => f64::from(u8::from(t == d)),
     };
-    let (pd, qd) = (prob(&target, d), q_of(d));
+    let (pd, qd) = (prob(d), q_of(d));
     let coin = rng::uniform(p.seq_seed, position, 0, Domain::Reject);
     let with_logprob = |token| Sample {
         token,
@@ -99,11 +109,15 @@ pub fn decide(
     if qd > 0.0 && coin < pd / qd {
         return (with_logprob(d), true);
     }
-    let residual: Vec<(u32, f64)> = target
+    // norm(max(p − q, 0)): its mass over the kept ids in id order, the
+    // draw by the running sum in rank order.
+    let residual = |t: u32| (prob(t) - q_of(t)).max(0.0);
+    let total: f64 = kept
         .iter()
-        .map(|&(id, x)| (id, (x - q_of(id)).max(0.0)))
-        .collect();
-    let total: f64 = residual.iter().map(|r| r.1).sum();
+        .enumerate()
+        .filter(|(_, k)| **k)
+        .map(|(id, _)| residual(id as u32))
+        .sum();
     let u = rng::uniform(p.seq_seed, position, 1, Domain::Reject);
     if total <= 0.0 {
         // p ≤ q everywhere means p = q: the draft was accepted surely, so
@@ -112,11 +126,17 @@ pub fn decide(
     }
     let (mut acc, goal) = (0.0, u * total);
     let mut pick = None;
-    for &(id, x) in residual.iter().filter(|r| r.1 > 0.0) {
-        acc += x;
-        pick = Some(id);
-        if acc > goal {
-            break;
+    for k in 0..keep {
+        // Rank k < keep is kept: its p is its weight over the kept mass.
+        let (id, w) = target.at(k);
+        let id = id as u32;
+        let x = (w / mass - q_of(id)).max(0.0);
+        if x > 0.0 {
+            acc += x;
+            pick = Some(id);
+            if acc > goal {
+                break;
+            }
         }
     }
     (with_logprob(pick.unwrap_or(d)), false)
@@ -168,4 +188,100 @@ pub fn schedule(
         }
     }
     k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::sampling::distribution;
+
+    /// The acceptance rule computed the plain way: p as the full kept list
+    /// (`distribution`, rank order), q searched in its list, the residual's
+    /// mass summed over p's ids in id order and drawn in rank order.
+    fn plain(row: &[f32], p: &SamplingParams, draft: Offered, position: u64) -> (Sample, bool) {
+        let (d, q) = draft;
+        let target = distribution(row, p);
+        let prob = |t: u32| target.iter().find(|e| e.0 == t).map_or(0.0, |e| e.1);
+        let q_of = |t: u32| match q {
+            Some(q) => q.iter().find(|e| e.0 == t).map_or(0.0, |e| e.1),
+            None => f64::from(u8::from(t == d)),
+        };
+        let with_logprob = |token| Sample {
+            token,
+            logprob: logprob(row, token, p.temperature),
+        };
+        let coin = rng::uniform(p.seq_seed, position, 0, Domain::Reject);
+        if q_of(d) > 0.0 && coin < prob(d) / q_of(d) {
+            return (with_logprob(d), true);
+        }
+        let mut by_id: Vec<(u32, f64)> = target.clone();
+        by_id.sort_by_key(|e| e.0);
+        let total: f64 = by_id.iter().map(|e| (e.1 - q_of(e.0)).max(0.0)).sum();
+        let u = rng::uniform(p.seq_seed, position, 1, Domain::Reject);
+        if total <= 0.0 {
+            return (sample_row(row, p, u), false);
+        }
+        let (mut acc, goal, mut pick) = (0.0, u * total, None);
+        for &(id, x) in &target {
+            let r = (x - q_of(id)).max(0.0);
+            if r > 0.0 {
+                acc += r;
+                pick = Some(id);
+                if acc > goal {
+                    break;
+                }
+            }
+        }
+        (with_logprob(pick.unwrap_or(d)), false)
+    }
+
+    /// `decide` (lazy ranks, q by hash) equals the plain rule bit for bit
+    /// over rows of 7 to 3000 logits, point-mass and distribution drafts
+    /// (inside and outside p's kept set), top-k and top-p, 40 positions
+    /// each (accepting and rejecting).
+    #[test]
+    fn decide_is_the_plain_rule() {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut accepted, mut rejected) = (0, 0);
+        for n in [7usize, 300, 3000] {
+            let row: Vec<f32> = (0..n)
+                .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32) * 6.0 - 3.0)
+                .collect();
+            for (top_k, top_p) in [(0usize, 1.0f32), (5, 1.0), (0, 0.8)] {
+                let p = SamplingParams {
+                    temperature: 0.9,
+                    top_k,
+                    top_p,
+                    seq_seed: next(),
+                    ..SamplingParams::default()
+                };
+                // A skewed q over a few ids, one of them maybe outside p.
+                let q: Vec<(u32, f64)> = (0..4)
+                    .map(|i| ((next() % n as u64) as u32, [0.4, 0.3, 0.2, 0.1][i]))
+                    .collect();
+                for position in 0..40u64 {
+                    let d = (next() % n as u64) as u32;
+                    for draft in [(d, None), (q[0].0, Some(q.as_slice()))] {
+                        let got = decide(&row, &p, Some(draft), position);
+                        let want = plain(&row, &p, draft, position);
+                        assert_eq!(got.0.token, want.0.token, "n {n} {p:?} {position}");
+                        assert_eq!(got.0.logprob.to_bits(), want.0.logprob.to_bits());
+                        assert_eq!(got.1, want.1);
+                        if got.1 {
+                            accepted += 1;
+                        } else {
+                            rejected += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(accepted > 10 && rejected > 10, "{accepted} / {rejected}");
+    }
 }
