@@ -166,12 +166,7 @@ impl StepInputs {
             });
         }
         let mut a = self.lock();
-        let slot = a.next;
-        a.next += 1;
-        a.stats.uploads += 1;
-        if a.slots.len() <= slot {
-            a.slots.resize_with(slot + 1, || None);
-        }
+        let slot = a.next_slot();
         let kept = take_matching(&mut a, slot, T::DTYPE, shape, device);
         let (tensor, staging) = match kept {
             Some(mut s) => {
@@ -202,12 +197,7 @@ impl StepInputs {
         fill: impl FnOnce(&mut [u8]) -> Result<()>,
     ) -> Result<Input> {
         let mut a = self.lock();
-        let slot = a.next;
-        a.next += 1;
-        a.stats.uploads += 1;
-        if a.slots.len() <= slot {
-            a.slots.resize_with(slot + 1, || None);
-        }
+        let slot = a.next_slot();
         let (mut s, reused) = match take_matching(&mut a, slot, DType::U8, shape, device) {
             Some(s) => (s, true),
             None => {
@@ -271,6 +261,18 @@ fn fill_bytes(
 }
 
 impl Arena {
+    /// Takes the step's next slot number (the slot exists, maybe empty)
+    /// and counts the upload.
+    fn next_slot(&mut self) -> usize {
+        let slot = self.next;
+        self.next += 1;
+        self.stats.uploads += 1;
+        if self.slots.len() <= slot {
+            self.slots.resize_with(slot + 1, || None);
+        }
+        slot
+    }
+
     /// Lends slot `slot`'s new tensor to an [`Input`] and records it in the
     /// step's signature.
     fn lend(
