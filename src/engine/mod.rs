@@ -112,6 +112,11 @@ impl Live {
     fn greedy(&self, params: &[SamplingParams]) -> bool {
         self.constraint.is_none() && params.get(self.index).is_some_and(|p| p.temperature == 0.0)
     }
+
+    /// The absolute position of the request's next token.
+    fn position(&self, prompts: &[Vec<u32>]) -> u64 {
+        (prompts[self.index].len() + self.tokens.len()) as u64
+    }
 }
 
 impl Engine {
@@ -788,27 +793,18 @@ impl Engine {
         // The unconstrained rows' draws depend on nothing but their row and
         // request: several threads take them (a vocabulary row is a few ms
         // of sorting and exp), then every row is emitted in order.
-        let free: Vec<(usize, usize)> = rows
+        // (request, row, params, position, step) of each free row.
+        let jobs: Vec<(usize, usize, &SamplingParams, u64, usize)> = rows
             .iter()
-            .copied()
-            .filter(|&(k, _)| live.get(k).is_some_and(|l| l.constraint.is_none()))
-            .collect();
-        // (row, params, position, step) of each free row.
-        let jobs: Vec<(usize, &SamplingParams, u64, usize)> = free
-            .iter()
-            .map(|&(k, r)| {
-                let l = &live[k];
-                let position = (prompts[l.index].len() + l.tokens.len()) as u64;
-                (r, &params[l.index], position, l.tokens.len())
+            .filter_map(|&(k, r)| {
+                let l = live.get(k).filter(|l| l.constraint.is_none())?;
+                Some((k, r, &params[l.index], l.position(prompts), l.tokens.len()))
             })
             .collect();
-        let drawn = parallel_map(&jobs, |&(r, p, position, step)| {
-            let row = row(r)?;
-            finite_row(row, position, step)?;
-            let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
-            Ok(sample_row(row, p, u))
+        let drawn = parallel_map(&jobs, |&(_, r, p, position, step)| {
+            draw(row(r)?, p, position, step, None)
         });
-        let mut drawn = free.iter().map(|&(k, _)| k).zip(drawn);
+        let mut drawn = jobs.iter().map(|j| j.0).zip(drawn);
         for &(k, r) in rows {
             let l = &mut live[k];
             let sampled = match &l.constraint {
@@ -861,7 +857,7 @@ impl Engine {
         for (i, &(k, _)) in rows.iter().enumerate() {
             let l = &mut live[k];
             let p = &params[l.index];
-            let position = (prompts[l.index].len() + l.tokens.len()) as u64;
+            let position = l.position(prompts);
             let sampled = greedy
                 .pick(i, position, l.tokens.len())
                 .and_then(|s| self.emit(s, l, p, on_token));
@@ -883,25 +879,14 @@ impl Engine {
         on_token: &mut dyn FnMut(TokenEvent),
     ) -> Result<()> {
         let p = &params[l.index];
-        let position = (prompts[l.index].len() + l.tokens.len()) as u64;
-        self.check_finite(row, position, l.tokens.len())?;
-        let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
-        let s = match &mut l.constraint {
-            Some(c) => {
-                let mut masked = row.to_vec();
-                c.mask(&mut masked)?;
-                sample_row(&masked, p, u)
-            }
-            None => sample_row(row, p, u),
-        };
+        let s = draw(
+            row,
+            p,
+            l.position(prompts),
+            l.tokens.len(),
+            l.constraint.as_mut(),
+        )?;
         self.emit(s, l, p, on_token)
-    }
-
-    /// A logits row with a NaN or ±Inf fails its request: the error names
-    /// the value, its vocabulary id, the position the row predicts and the
-    /// decode step (the index of the output token it was to choose).
-    fn check_finite(&self, row: &[f32], position: u64, step: usize) -> Result<()> {
-        finite_row(row, position, step)
     }
 
     /// Appends a chosen token to a request's output, consumes it in its
@@ -1012,7 +997,7 @@ impl<'a> GreedyRows<'a> {
     }
 
     /// Row `r`'s greedy sample (what `sample_row` gives at temperature 0),
-    /// or the error `check_finite` gives for its first non-finite logit;
+    /// or the error [`check_finite`] gives for its first non-finite logit;
     /// `position` and `step` name the row in that error.
     fn pick(&self, r: usize, position: u64, step: usize) -> Result<Sample> {
         if let Ok(at) = usize::try_from(self.bad[r]) {
@@ -1026,12 +1011,36 @@ impl<'a> GreedyRows<'a> {
     }
 }
 
-/// [`Engine::check_finite`]'s rule on one row.
-fn finite_row(row: &[f32], position: u64, step: usize) -> Result<()> {
+/// A logits row with a NaN or ±Inf fails its request: the error names the
+/// value, its vocabulary id, the position the row predicts and the decode
+/// step (the index of the output token it was to choose).
+fn check_finite(row: &[f32], position: u64, step: usize) -> Result<()> {
     match row.iter().enumerate().find(|(_, x)| !x.is_finite()) {
         Some((bad, &x)) => Err(non_finite(x, bad, position, step)),
         None => Ok(()),
     }
+}
+
+/// One request's token from its logits `row` for `position` (decode step
+/// `step`): the row checked finite, then drawn with the request's uniform
+/// there, through `constraint`'s mask when it has one.
+fn draw(
+    row: &[f32],
+    p: &SamplingParams,
+    position: u64,
+    step: usize,
+    constraint: Option<&mut Constraint>,
+) -> Result<Sample> {
+    check_finite(row, position, step)?;
+    let u = rng::uniform(p.seq_seed, position, 0, Domain::Target);
+    Ok(match constraint {
+        Some(c) => {
+            let mut masked = row.to_vec();
+            c.mask(&mut masked)?;
+            sample_row(&masked, p, u)
+        }
+        None => sample_row(row, p, u),
+    })
 }
 
 /// `f` of every item, in order, on up to `available_parallelism` scoped

@@ -184,12 +184,13 @@ impl Ranked {
             self.sorted = end;
         }
         let id = self.keys.get(r).map_or(0, |&k| id_of(k));
-        (id, self.w.get(id).copied().unwrap_or(0.0))
+        (id, self.weight(id))
     }
 
-    /// The candidates of the first `keep` ranks, as a mask by id (sorting
-    /// the ranks up to `keep` unless every candidate is kept).
-    pub(super) fn kept_mask(&mut self, keep: usize) -> Vec<bool> {
+    /// The candidates of the first `keep` ranks as a mask by id (sorting
+    /// the ranks up to `keep` unless every candidate is kept), and the sum
+    /// of their weights in id order.
+    pub(super) fn kept(&mut self, keep: usize) -> (Vec<bool>, f64) {
         let keep = keep.min(self.len());
         if keep < self.len()
             && let Some(last) = keep.checked_sub(1)
@@ -202,7 +203,14 @@ impl Ranked {
                 *slot = true;
             }
         }
-        kept
+        let sum = self
+            .w
+            .iter()
+            .zip(&kept)
+            .filter(|(_, k)| **k)
+            .map(|(w, _)| w)
+            .sum();
+        (kept, sum)
     }
 
     /// The weight of id `i` (0 outside the row and for a NaN logit).
@@ -210,20 +218,25 @@ impl Ranked {
         self.w.get(i).copied().unwrap_or(0.0)
     }
 
-    /// The sum of the weights of `mask`'s ids, in id order.
-    pub(super) fn masked_sum(&self, mask: &[bool]) -> f64 {
-        self.w
-            .iter()
-            .zip(mask)
-            .filter(|(_, k)| **k)
-            .map(|(w, _)| w)
-            .sum()
+    /// ln softmax(logits / t)[id] of the `logits` this was built from (NaN
+    /// for a NaN logit or an id outside the row).
+    pub(super) fn logprob(&self, logits: &[f32], id: usize) -> f32 {
+        match logits.get(id) {
+            Some(x) if !x.is_nan() => {
+                crate::numerics::round_f32((self.weight(id) / self.total).ln())
+            }
+            _ => f32::NAN,
+        }
     }
 
-    /// The sum of the weights of the first `keep` ranks, in id order.
+    /// [`Ranked::kept`]'s sum alone: the total when every candidate is
+    /// kept (the same bits: the total adds only 0.0 for the NaN ids).
     fn kept_sum(&mut self, keep: usize) -> f64 {
-        let mask = self.kept_mask(keep);
-        self.masked_sum(&mask)
+        if keep >= self.len() {
+            self.total
+        } else {
+            self.kept(keep).1
+        }
     }
 
     /// How many ranks top-k and top-p keep: top-k's count, cut at the first
@@ -261,14 +274,7 @@ fn id_of(key: u64) -> usize {
 /// [`sample_row`] reports it (the teacher-forced score of a token).
 pub fn logprob(logits: &[f32], token: u32, temperature: f32) -> f32 {
     let logits = logits.get(..1 << 32).unwrap_or(logits);
-    let r = Ranked::new(logits, f64::from(temperature));
-    match logits.get(token as usize) {
-        Some(x) if !x.is_nan() => {
-            let wk = r.w.get(token as usize).copied().unwrap_or(0.0);
-            crate::numerics::round_f32((wk / r.total).ln())
-        }
-        _ => f32::NAN,
-    }
+    Ranked::new(logits, f64::from(temperature)).logprob(logits, token as usize)
 }
 
 /// The distribution [`sample_row`] draws from at temperature > 0: its kept
@@ -304,8 +310,7 @@ pub fn distribution_by_id(logits: &[f32], p: &SamplingParams) -> Vec<(u32, f64)>
     let logits = logits.get(..1 << 32).unwrap_or(logits);
     let mut r = Ranked::new(logits, f64::from(p.temperature));
     let keep = r.keep(p);
-    let mask = r.kept_mask(keep);
-    let sum = r.masked_sum(&mask);
+    let (mask, sum) = r.kept(keep);
     mask.iter()
         .enumerate()
         .filter(|(_, k)| **k)
@@ -341,10 +346,10 @@ pub fn sample_row(logits: &[f32], p: &SamplingParams, u: f64) -> Sample {
     }
     match pick {
         Some(k) => {
-            let (id, wp) = r.at(k);
+            let id = r.at(k).0;
             Sample {
                 token: id as u32,
-                logprob: crate::numerics::round_f32((wp / r.total).ln()),
+                logprob: r.logprob(logits, id),
             }
         }
         // A row of NaNs: nothing to sample from; the greedy rule picks id 0.

@@ -25,7 +25,7 @@
 use super::drafter::{DraftInput, Drafter, Proposal};
 use super::prefill::{Prefilled, Tail};
 use super::verify::{Schedule, SpecStats, decide, schedule};
-use super::{Engine, GreedyRows, Live, SamplingParams, TokenEvent, arg};
+use super::{Engine, GreedyRows, Live, SamplingParams, TokenEvent, arg, check_finite};
 use crate::model::Result;
 use crate::model::forward::{Capture, SeqInput};
 use crate::model::pool::StatePool;
@@ -312,7 +312,7 @@ impl Engine {
         let p = &params[l.index];
         let (mut emitted, mut drafts) = (0, 0);
         for i in 0..=k {
-            let position = (prompts[l.index].len() + l.tokens.len()) as u64;
+            let position = l.position(prompts);
             let draft = (i < k).then(|| {
                 let q = proposal.probs.as_ref().and_then(|q| q.get(i));
                 (proposal.tokens[i], q.map(Vec::as_slice))
@@ -322,7 +322,7 @@ impl Engine {
                 let (s, accepted) = match logits {
                     Verified::Host(host) => {
                         let row = &host[r * v..(r + 1) * v];
-                        self.check_finite(row, position, l.tokens.len())?;
+                        check_finite(row, position, l.tokens.len())?;
                         match &mut l.constraint {
                             Some(c) => {
                                 let mut masked = row.to_vec();

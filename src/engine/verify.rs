@@ -17,7 +17,7 @@
 //! cap; the confidence schedule offers a contiguous prefix per request.
 
 use super::rng::{self, Domain};
-use super::sampling::{Ranked, Sample, SamplingParams, logprob, sample_row};
+use super::sampling::{Ranked, Sample, SamplingParams, sample_row};
 
 /// How many drafts each request verifies per step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,8 +81,7 @@ pub fn decide(
     let row = row.get(..1 << 32).unwrap_or(row);
     let mut target = Ranked::new(row, f64::from(p.temperature));
     let keep = target.keep(p);
-    let kept = target.kept_mask(keep);
-    let mass = target.masked_sum(&kept);
+    let (kept, mass) = target.kept(keep);
     let prob = |t: u32| match kept.get(t as usize) {
         Some(true) => target.weight(t as usize) / mass,
         _ => 0.0,
@@ -102,12 +101,12 @@ pub fn decide(
     };
     let (pd, qd) = (prob(d), q_of(d));
     let coin = rng::uniform(p.seq_seed, position, 0, Domain::Reject);
-    let with_logprob = |token| Sample {
+    let with_logprob = |target: &Ranked, token: u32| Sample {
         token,
-        logprob: logprob(row, token, p.temperature),
+        logprob: target.logprob(row, token as usize),
     };
     if qd > 0.0 && coin < pd / qd {
-        return (with_logprob(d), true);
+        return (with_logprob(&target, d), true);
     }
     // norm(max(p − q, 0)): its mass over the kept ids in id order, the
     // draw by the running sum in rank order.
@@ -139,7 +138,7 @@ pub fn decide(
             }
         }
     }
-    (with_logprob(pick.unwrap_or(d)), false)
+    (with_logprob(&target, pick.unwrap_or(d)), false)
 }
 
 /// The number of drafts each request verifies: `caps` (per request, the
@@ -193,7 +192,7 @@ pub fn schedule(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::sampling::distribution;
+    use crate::engine::sampling::{distribution, logprob};
 
     /// The acceptance rule computed the plain way: p as the full kept list
     /// (`distribution`, rank order), q searched in its list, the residual's
