@@ -136,24 +136,12 @@ fn archs() -> Vec<String> {
 }
 
 /// Entry points of a CUDA source: every `extern "C"` function marked
-/// `__global__`, with `__launch_bounds__(...)` and similar skipped.
-pub fn entry_points(src: &str) -> Vec<String> {
-    entries(src).into_iter().map(|(name, _)| name).collect()
-}
-
-/// The entry points whose body opens with `DI_PDL_ENTRY();`
-/// (`kernels-cuda/include/deepinfer/pdl.cuh`): the kernels the launcher may
-/// put on the stream as programmatic dependents.
-pub fn pdl_entry_points(src: &str) -> Vec<String> {
-    entries(src)
-        .into_iter()
-        .filter_map(|(name, pdl)| pdl.then_some(name))
-        .collect()
-}
-
-/// (name, whether its definition's first statement is `DI_PDL_ENTRY();`) of
-/// every entry point, in source order, each name once.
-fn entries(src: &str) -> Vec<(String, bool)> {
+/// `__global__` (with `__launch_bounds__(...)` and similar skipped), in
+/// source order, each name once, with whether its definition's first
+/// statement is `DI_PDL_ENTRY();` (`kernels-cuda/include/deepinfer/pdl.cuh`:
+/// the kernels the launcher may put on the stream as programmatic
+/// dependents).
+pub fn entry_points(src: &str) -> Vec<(String, bool)> {
     let mut found: Vec<(String, bool)> = Vec::new();
     for (at, _) in src.match_indices("extern \"C\"") {
         let rest = &src[at + 10..];
@@ -279,9 +267,12 @@ fn cuda_families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
             let (mut kernels, mut pdl) = (Vec::new(), Vec::new());
             for s in &sources {
                 unity.push_str(&format!("#include \"{}\"\n", s.display()));
-                let src = read(s);
-                kernels.extend(entry_points(&src));
-                pdl.extend(pdl_entry_points(&src));
+                for (name, opens_pdl) in entry_points(&read(s)) {
+                    if opens_pdl {
+                        pdl.push(name.clone());
+                    }
+                    kernels.push(name);
+                }
             }
             let unity_path = out.join("cuda").join(format!("{name}.unity.cu"));
             if std::fs::read_to_string(&unity_path).ok().as_deref() != Some(&unity) {

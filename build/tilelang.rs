@@ -6,7 +6,7 @@
 //! the committed copies are stale; otherwise it compiles the committed copies.
 //! Set `DEEPINFER_TILELANG=0` to always use the committed copies.
 
-use crate::cuda::{FamilySpec, entry_points, pdl_entry_points};
+use crate::cuda::{FamilySpec, entry_points};
 use crate::fail;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -136,18 +136,22 @@ pub fn families(root: &Path, out: &Path, archs: &[String]) -> Vec<FamilySpec> {
                     (a.clone(), f)
                 })
                 .collect();
-            let src = std::fs::read_to_string(&sources[0].1).unwrap_or_default();
-            // PDL only where every arch's file opens the kernel with it.
-            let pdl: Vec<String> = pdl_entry_points(&src)
-                .into_iter()
-                .filter(|k| {
-                    sources.iter().all(|(_, f)| {
-                        pdl_entry_points(&std::fs::read_to_string(f).unwrap_or_default())
-                            .contains(k)
-                    })
-                })
+            let per_arch: Vec<Vec<(String, bool)>> = sources
+                .iter()
+                .map(|(_, f)| entry_points(&std::fs::read_to_string(f).unwrap_or_default()))
                 .collect();
-            let kernels = entry_points(&src);
+            let first = per_arch.first().cloned().unwrap_or_default();
+            // PDL only where every arch's file opens the kernel with it.
+            let pdl: Vec<String> = first
+                .iter()
+                .filter(|(k, _)| {
+                    per_arch
+                        .iter()
+                        .all(|arch| arch.iter().any(|(m, opens)| m == k && *opens))
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            let kernels = first.into_iter().map(|(k, _)| k).collect();
             FamilySpec {
                 name: format!("tilelang_{name}"),
                 deps: sources

@@ -182,6 +182,14 @@ fn write_ptr<'a>(
     (p as usize as *mut std::ffi::c_void, guard)
 }
 
+/// The error of a failed launch of `kernel`.
+fn launch_failed(kernel: KernelRef) -> impl Fn(cudarc::driver::DriverError) -> Error {
+    move |source| Error::Driver {
+        during: format!("launching {}::{}", kernel.family.name, kernel.name),
+        source,
+    }
+}
+
 /// Launches `kernel` with one by-value parameter struct.
 fn launch<P: cudarc::driver::DeviceRepr>(
     dev: &CudaDevice,
@@ -190,10 +198,7 @@ fn launch<P: cudarc::driver::DeviceRepr>(
     params: &P,
 ) -> Result<()> {
     let func = dev.function(kernel)?;
-    let failed = |source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    };
+    let failed = launch_failed(kernel);
     if kernel.pdl && dev.pdl() {
         let mut args = [std::ptr::from_ref(params)
             .cast_mut()
@@ -313,10 +318,7 @@ pub(crate) unsafe fn launch_raw(
     args: &[Arg],
 ) -> Result<()> {
     let func = dev.function(kernel)?;
-    let failed = |source| Error::Driver {
-        during: format!("launching {}::{}", kernel.family.name, kernel.name),
-        source,
-    };
+    let failed = launch_failed(kernel);
     if kernel.pdl && dev.pdl() {
         let mut ptrs: Vec<*mut std::ffi::c_void> = args
             .iter()

@@ -64,8 +64,11 @@ pub struct CudaDevice {
     pools: bool,
     poison: bool,
     batch_invariant: bool,
+    /// The device has programmatic dependent launch (compute capability
+    /// 9.0 and later).
+    pdl_capable: bool,
     /// Kernels that open with `DI_PDL_ENTRY()` launch as programmatic
-    /// dependents (compute capability 9.0 and later; on by default).
+    /// dependents (where capable; on by default).
     pdl: bool,
 }
 
@@ -125,6 +128,7 @@ impl CudaDevice {
             pools,
             poison: false,
             batch_invariant: false,
+            pdl_capable: major >= 9,
             pdl: major >= 9,
         })
     }
@@ -324,13 +328,8 @@ impl CudaDevice {
     /// results are the same either way; only launch latency changes. On by
     /// default. Tensors allocated through the handle carry the choice.
     pub fn with_pdl(&self, enabled: bool) -> CudaDevice {
-        let capable = self.pdl
-            || self
-                .ctx
-                .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
-                .is_ok_and(|major| major >= 9);
         CudaDevice {
-            pdl: enabled && capable,
+            pdl: enabled && self.pdl_capable,
             ..self.clone()
         }
     }

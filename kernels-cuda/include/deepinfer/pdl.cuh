@@ -1,6 +1,6 @@
 /* Programmatic dependent launch (PDL, sm_90+): the first statement of every
  * kernel of kernels-cuda is DI_PDL_ENTRY(), which the build detects
- * (build/cuda.rs, `pdl_entry_points`) and which lets the launcher put the
+ * (build/cuda.rs, `entry_points`) and which lets the launcher put the
  * kernel on the stream with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
  * (src/cuda_backend/mod.rs, `launch`): the kernel may then be scheduled
  * while the kernel before it on the stream still runs.
