@@ -40,6 +40,10 @@ selected() {
   return 1
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader > "$OUT/logs/nvidia-smi.log" 2>&1
+# The card's model (h100, h200, ...) names the bench JSON: the device tool
+# may lend either, and numbers from different cards are not comparable.
+CARD="$(grep -Eo 'H[0-9]+' "$OUT/logs/nvidia-smi.log" | head -n 1 | tr 'H' 'h')"
+CARD="${CARD:-gpu}"
 if ! skipped main; then
   "$B/bin/deepinfer" info > "$OUT/logs/info.log" 2>&1
   "$B/bin/deepinfer" slice --device cuda:0 > "$OUT/logs/main-job-cuda.log" 2>&1
@@ -129,7 +133,7 @@ for b in "$B"/benches/*_gpu; do
   limit="${DEEPINFER_BENCH_TIMEOUT:-400}"
   [ "$fam" = model ] && limit=$(( ${DEEPINFER_BENCH_BUDGET_S:-400} + 120 ))
   DEEPINFER_PEERS_JSON="$peers" DEEPINFER_BENCH_DATE="$DATE" DEEPINFER_COMMIT="$COMMIT" \
-    DEEPINFER_BENCH_JSON="$OUT/$DATE-h200-$fam.json" timeout "$limit" "$b" --bench > "$OUT/logs/bench-$fam.log" 2>&1
+    DEEPINFER_BENCH_JSON="$OUT/$DATE-$CARD-$fam.json" timeout "$limit" "$b" --bench > "$OUT/logs/bench-$fam.log" 2>&1
   rc=$?
   [ $rc -ne 0 ] && bench_rc=$rc
   cat "$OUT/logs/bench-$fam.log"

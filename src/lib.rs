@@ -42,6 +42,7 @@ pub mod kv_format;
 pub mod model;
 pub mod numerics;
 pub mod numpy_rng;
+pub mod parallel;
 pub mod ops;
 pub mod tensor;
 pub mod weight_rng;

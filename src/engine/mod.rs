@@ -801,9 +801,12 @@ impl Engine {
                 Some((k, r, &params[l.index], l.position(prompts), l.tokens.len()))
             })
             .collect();
-        let drawn = parallel_map(&jobs, |&(_, r, p, position, step)| {
-            draw(row(r)?, p, position, step, None)
-        });
+        let drawn = crate::parallel::map(
+            &jobs,
+            crate::parallel::available_threads(),
+            |&(_, r, p, position, step)| draw(row(r)?, p, position, step, None),
+            || arg("rows", "a sampling thread".into(), "panicked"),
+        )?;
         let mut drawn = jobs.iter().map(|j| j.0).zip(drawn);
         for &(k, r) in rows {
             let l = &mut live[k];
@@ -1040,54 +1043,6 @@ fn draw(
             sample_row(&masked, p, u)
         }
         None => sample_row(row, p, u),
-    })
-}
-
-/// `f` of every item, in order, on up to `available_parallelism` scoped
-/// threads taking contiguous chunks (this thread takes the first, and any
-/// chunk whose thread cannot start; a chunk whose thread panicked is an
-/// error in each of its slots). One item, or one core, runs here alone.
-fn parallel_map<T: Sync, R: Send>(
-    items: &[T],
-    f: impl Fn(&T) -> Result<R> + Sync,
-) -> Vec<Result<R>> {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(items.len());
-    if threads <= 1 {
-        return items.iter().map(&f).collect();
-    }
-    let per = items.len().div_ceil(threads);
-    let panicked = || arg("rows", "a sampling thread".into(), "panicked");
-    std::thread::scope(|scope| {
-        let mut chunks = items.chunks(per);
-        let first = chunks.next().unwrap_or(&[]);
-        let f = &f;
-        // A chunk whose thread cannot start runs here (Err keeps it).
-        let helpers: Vec<_> = chunks
-            .map(|c| {
-                std::thread::Builder::new()
-                    .spawn_scoped(scope, move || c.iter().map(f).collect::<Vec<_>>())
-                    .map_err(|_| c)
-            })
-            .collect();
-        let mut out: Vec<Result<R>> = first.iter().map(f).collect();
-        for h in helpers {
-            match h {
-                Ok(h) => {
-                    let n = out.len();
-                    match h.join() {
-                        Ok(v) => out.extend(v),
-                        Err(_) => {
-                            let chunk = items.get(n..).map_or(0, |rest| rest.len().min(per));
-                            out.extend((0..chunk).map(|_| Err(panicked())));
-                        }
-                    }
-                }
-                Err(c) => out.extend(c.iter().map(f)),
-            }
-        }
-        out
     })
 }
 

@@ -329,27 +329,30 @@ fn cpu(
     };
     // Queries are independent, so threads change nothing in the result;
     // they pay off only for prefill-sized batches.
-    if s.t < PARALLEL_QUERIES {
-        for (t, (ot, lt)) in o.chunks_mut(s.h * s.d).zip(l.chunks_mut(s.h)).enumerate() {
-            query(t, ot, lt);
-        }
-        return Ok(());
-    }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let per = s.t.div_ceil(threads).max(1);
-    std::thread::scope(|scope| {
-        for (chunk, (oc, lc)) in o
-            .chunks_mut(per * s.h * s.d)
-            .zip(l.chunks_mut(per * s.h))
-            .enumerate()
-        {
-            let query = &query;
-            scope.spawn(move || {
-                for (j, (ot, lt)) in oc.chunks_mut(s.h * s.d).zip(lc.chunks_mut(s.h)).enumerate() {
-                    query(chunk * per + j, ot, lt);
-                }
-            });
-        }
-    });
-    Ok(())
+    let threads = match s.t {
+        t if t < PARALLEL_QUERIES => 1,
+        _ => crate::parallel::available_threads(),
+    };
+    let per = s.t.div_ceil(threads * 4).max(1);
+    let blocks: Vec<_> = o
+        .chunks_mut(per * s.h * s.d)
+        .zip(l.chunks_mut(per * s.h))
+        .enumerate()
+        .collect();
+    crate::parallel::try_for_each(
+        blocks,
+        threads,
+        |(chunk, (oc, lc))| {
+            for (j, (ot, lt)) in oc.chunks_mut(s.h * s.d).zip(lc.chunks_mut(s.h)).enumerate() {
+                query(chunk * per + j, ot, lt);
+            }
+            Ok(())
+        },
+        || Error::Argument {
+            op: "sparse_mqa",
+            arg: "threads",
+            value: threads.to_string(),
+            why: "a CPU attention thread panicked",
+        },
+    )
 }

@@ -84,7 +84,7 @@ impl RandomWeights {
         Ok(RandomWeights {
             manifest,
             seed,
-            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            threads: crate::parallel::available_threads(),
             chunk_values: CHUNK_VALUES,
             owner,
             spare: Mutex::new(HashMap::new()),
@@ -161,32 +161,12 @@ impl RandomWeights {
                 return Err(internal(param, "chunks that do not cover the tensor"));
             }
         }
-        let threads = self.threads.min(jobs.len()).max(1);
-        let queue = Mutex::new(jobs);
-        let next = || queue.lock().ok().and_then(|mut q| q.pop());
-        std::thread::scope(|scope| {
-            let workers = (0..threads)
-                .map(|_| {
-                    std::thread::Builder::new()
-                        .name("random-weights".into())
-                        .spawn_scoped(scope, || -> Result<()> {
-                            while let Some((range, slices)) = next() {
-                                self.fill(param, cols, range, slices)?;
-                            }
-                            Ok(())
-                        })
-                        .map_err(|e| internal(param, &format!("cannot start a thread: {e}")))
-                })
-                .collect::<Vec<_>>();
-            workers.into_iter().try_for_each(|w| {
-                w?.join()
-                    .map_err(|_| internal(param, "a generating thread panicked"))?
-            })
-        })?;
-        // A poisoned or non-empty queue means a chunk was never written.
-        if queue.lock().map_or(true, |q| !q.is_empty()) {
-            return Err(internal(param, "chunks left ungenerated"));
-        }
+        crate::parallel::try_for_each(
+            jobs,
+            self.threads,
+            |(range, slices)| self.fill(param, cols, range, slices),
+            || internal(param, "a generating thread panicked"),
+        )?;
         Ok(outputs)
     }
 

@@ -165,17 +165,16 @@ impl HostGather<'_> {
     pub fn copy_into(&self, out: &mut [u8]) -> Result<()> {
         const ROWS_PER_THREAD: usize = 4096;
         let threads = match self.spans.len() {
-            n if n > ROWS_PER_THREAD => std::thread::available_parallelism()
-                .map_or(1, |c| c.get())
-                .min(n.div_ceil(ROWS_PER_THREAD)),
+            n if n > ROWS_PER_THREAD => {
+                crate::parallel::available_threads().min(n.div_ceil(ROWS_PER_THREAD))
+            }
             _ => 1,
         };
         self.copy_by(out, threads)
     }
 
-    /// [`HostGather::copy_into`] by `threads` threads (blocks of rows taken
-    /// by whoever is free: this thread and the helpers it could start; a
-    /// helper that fails to start only leaves more blocks to the others).
+    /// [`HostGather::copy_into`] by `threads` threads (blocks of rows,
+    /// see [`crate::parallel::try_for_each`]).
     fn copy_by(&self, out: &mut [u8], threads: usize) -> Result<()> {
         let (table, spans, rb) = (self.table, self.spans.as_slice(), self.rb);
         if out.len() != self.bytes() {
@@ -186,41 +185,30 @@ impl HostGather<'_> {
                 expected: format!("{} bytes ({} rows of {rb})", self.bytes(), spans.len()),
             });
         }
-        let copy = |dst: &mut [u8], spans: &[usize]| {
-            for (d, &at) in dst.chunks_exact_mut(rb.max(1)).zip(spans) {
-                if let Some(src) = table.get(at..at + rb) {
-                    d.copy_from_slice(src);
-                }
-            }
-        };
-        if threads <= 1 || rb == 0 {
-            copy(out, spans);
+        if rb == 0 {
             return Ok(());
         }
-        let per = spans.len().div_ceil(threads * 4).max(1);
+        let per = spans.len().div_ceil(threads.max(1) * 4).max(1);
         let blocks: Vec<(&mut [u8], &[usize])> =
             out.chunks_mut(per * rb).zip(spans.chunks(per)).collect();
-        let blocks = std::sync::Mutex::new(blocks);
-        let drain = || {
-            // The lock is held for the pop only (the guard ends with the
-            // statement); a poisoned list still holds the blocks left.
-            loop {
-                let next = blocks
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .pop();
-                let Some((dst, part)) = next else { break };
-                copy(dst, part);
-            }
-        };
-        std::thread::scope(|scope| {
-            for _ in 1..threads {
-                // An error here (no thread) is not a failure: see above.
-                let _ = std::thread::Builder::new().spawn_scoped(scope, drain);
-            }
-            drain();
-        });
-        Ok(())
+        crate::parallel::try_for_each(
+            blocks,
+            threads,
+            |(dst, spans)| {
+                for (d, &at) in dst.chunks_exact_mut(rb).zip(spans) {
+                    if let Some(src) = table.get(at..at + rb) {
+                        d.copy_from_slice(src);
+                    }
+                }
+                Ok(())
+            },
+            || Error::Argument {
+                op: "HostGather::copy_into",
+                arg: "threads",
+                value: threads.to_string(),
+                why: "a copying thread panicked",
+            },
+        )
     }
 }
 
