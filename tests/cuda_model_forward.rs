@@ -904,11 +904,11 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
         assert_eq!(differ, 0, "step {t}: {differ} logits differ with PDL");
     }
     assert!(with_stats.replayed > 0 && without_stats.replayed > 0);
-    assert!(with_stats.graph_kernels > 0);
-    assert_eq!(with_stats.graph_kernels, without_stats.graph_kernels);
+    assert!(with_stats.graph.kernels > 0);
+    assert_eq!(with_stats.graph.kernels, without_stats.graph.kernels);
     assert!(
-        with_stats.graph_programmatic_edges > 0,
+        with_stats.graph.programmatic_edges > 0,
         "no programmatic edge captured: {with_stats:?}"
     );
-    assert_eq!(without_stats.graph_programmatic_edges, 0);
+    assert_eq!(without_stats.graph.programmatic_edges, 0);
 }

@@ -92,7 +92,7 @@ def i32(v):
     return ctypes.c_int(v)
 
 
-variants = os.environ["VARIANTS"].split(",") if "VARIANTS" in os.environ else list(SMEM_OF)
+variants = os.environ["VARIANTS"].split(",") if "VARIANTS" in os.environ else list(GEOM_OF)
 fns, geom = {}, {}
 for v in variants:
     for kind in ("pre", "fused"):

@@ -729,13 +729,15 @@ impl fmt::Debug for Graph {
 }
 
 /// What a captured graph holds: its kernel nodes, its other nodes (copies,
-/// memsets, event records), and how many of its edges are programmatic (a
-/// PDL launch captured: the dependent may start before the kernel it
-/// follows completes).
+/// memsets, event records), its kernel-to-kernel edges, and how many of its
+/// edges are programmatic (a PDL launch captured: the dependent may start
+/// before the kernel it follows completes). Kernel edges that are not
+/// programmatic are where a replay still pays a full launch gap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphNodes {
     pub kernels: usize,
     pub other: usize,
+    pub kernel_edges: usize,
     pub programmatic_edges: usize,
 }
 
@@ -760,6 +762,7 @@ impl Graph {
             .result()
             .map_err(driver("cuGraphGetNodes"))?;
         let mut out = GraphNodes::default();
+        let mut kernels = std::collections::HashSet::new();
         for &node in nodes.iter().take(n) {
             // Read as the enum's u32 representation: a node type these
             // bindings do not know stays a number (counted as other).
@@ -772,6 +775,7 @@ impl Graph {
                 .map_err(driver("cuGraphNodeGetType"))?;
             if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL as u32 {
                 out.kernels += 1;
+                kernels.insert(node);
             } else {
                 out.other += 1;
             }
@@ -815,6 +819,12 @@ impl Graph {
             .iter()
             .take(e)
             .filter(|d| d.type_ == programmatic)
+            .count();
+        out.kernel_edges = from
+            .iter()
+            .zip(&to)
+            .take(e)
+            .filter(|(f, t)| kernels.contains(*f) && kernels.contains(*t))
             .count();
         Ok(out)
     }

@@ -89,13 +89,12 @@ pub struct GraphStats {
     /// host work between two launches that no launch covered.
     pub idle: std::time::Duration,
     pub gaps: usize,
-    /// Kernel nodes of the graph captured last (0 before any capture, or
-    /// when the census failed; kept by `restart_stats`): a decode step's
-    /// launch count, each a scheduling gap a replay pays.
-    pub graph_kernels: usize,
-    /// Programmatic (PDL) edges of that graph: kernels captured as
-    /// programmatic dependents of the kernel before them.
-    pub graph_programmatic_edges: usize,
+    /// The census of the graph captured last (all 0 before any capture,
+    /// or when the census failed; kept by `restart_stats`): its kernel
+    /// nodes (a decode step's launch count, each a scheduling gap a replay
+    /// pays), other nodes, kernel-to-kernel edges and programmatic (PDL)
+    /// edges.
+    pub graph: crate::device::GraphNodes,
 }
 
 /// The graph state of a run of decode steps ([`Model::decode_graphed`]):
@@ -192,8 +191,7 @@ impl DecodeGraph {
     pub fn restart_stats(&mut self) {
         // The census describes the graph held, not the steps counted.
         self.stats = GraphStats {
-            graph_kernels: self.stats.graph_kernels,
-            graph_programmatic_edges: self.stats.graph_programmatic_edges,
+            graph: self.stats.graph,
             ..GraphStats::default()
         };
         self.restart_gaps();
@@ -404,8 +402,7 @@ impl Model {
                         tracing::warn!(error = %e, "graph node census failed");
                         crate::device::GraphNodes::default()
                     });
-                    graph.stats.graph_kernels = nodes.kernels;
-                    graph.stats.graph_programmatic_edges = nodes.programmatic_edges;
+                    graph.stats.graph = nodes;
                     graph.captured = Some(c);
                 }
                 Err(e) => {
