@@ -375,7 +375,8 @@ fn engram_rows_and_lookup_are_bitwise_the_cpu() {
             let want = ops::engram_rows(&ids, &mult, &primes).unwrap();
             let got = ops::engram_rows(&up(&ids, &dev), &mult, &primes).unwrap();
             assert_same(&format!("rows heads {heads} T {t}"), &got, &want);
-            for &hd in &[32usize, 128] {
+            // 33- and 132-byte rows (single values), 264 (V4.1's: 8-byte words).
+            for &hd in &[32usize, 128, 256] {
                 let rb = hd + hd / 32;
                 let bytes: Vec<u8> = (0..table_rows as usize * rb)
                     .map(|_| rng.random())
@@ -437,8 +438,8 @@ fn engram_gate_update_matches_the_cpu_up_to_the_gate_rounding() {
     let dev = gpu();
     let mut rng = common::rng("cuda_glue_engram_gate");
     for &t in &[1usize, 3, 129] {
-        // 8-wide vectors (32, 264: a lane with one vector more than
-        // another, 4096) and the scalar kernel (100).
+        // 8-wide vectors (32; 264: 33 vectors, most threads none; 4096:
+        // two a thread) and the scalar kernel (100).
         for &d in &[32usize, 100, 264, 4096] {
             let c = 4;
             let s = Tensor::from_vec(
@@ -471,15 +472,16 @@ fn engram_gate_update_matches_the_cpu_up_to_the_gate_rounding() {
             let (sv, kvv) = (s.to_vec::<bf16>().unwrap(), kv.to_vec::<bf16>().unwrap());
             let (qv, kwv) = (qw.to_vec::<bf16>().unwrap(), kw.to_vec::<bf16>().unwrap());
             let case = format!("T {t} D {d}");
-            // A warp per (token, stream): a lane adds its elements in order
-            // (8-wide vectors when D % 8 == 0: whole vectors l, l + 32, ...),
-            // then 5 butterfly levels.
+            // A CTA of 256 per (token, stream): a thread adds its elements
+            // in order (8-wide vectors when D % 8 == 0: whole vectors i,
+            // i + 256, ...), then 5 butterfly levels, then the 8 warps' sums
+            // in order.
             let lane_terms = if d % 8 == 0 {
-                d.div_ceil(8).div_ceil(32) * 8
+                d.div_ceil(8).div_ceil(256) * 8
             } else {
-                d.div_ceil(32)
+                d.div_ceil(256)
             };
-            let gpu_depth = lane_terms + 5;
+            let gpu_depth = lane_terms + 5 + 7;
             for (i, (a, b)) in g.iter().zip(&w).enumerate() {
                 let (tok, ci, x) = (i / (c * d), (i / d) % c, i % d);
                 let row = |v: &[bf16], at: usize| -> Vec<f64> {

@@ -6,7 +6,7 @@
 use super::params::{
     DI_ENGRAM_MAX_COLS, di_engram_gate_params, di_engram_lookup_params, di_engram_rows_params,
 };
-use super::{BadSlots, flat_launch, grid_for, i32_param, launch, read_ptr, row_launch, write_ptr};
+use super::{BadSlots, flat_launch, grid_for, i32_param, launch, read_ptr, write_ptr};
 use crate::device::CudaDevice;
 use crate::error::{Error, Result};
 use crate::kernels;
@@ -93,8 +93,23 @@ pub fn engram_lookup(
             table_rows: table_rows as i64,
             head_dim: i32_param("head_dim", head_dim)?,
         };
-        let cfg = row_launch(entries, head_dim, 256)?;
-        launch(dev, kernels::engram::ENGRAM_LOOKUP_BF16, cfg, &p)?;
+        // A warp per looked-up row. 8-byte words when every row starts on
+        // one (V4.1's 264-byte rows); the values are the same either way.
+        let words = head_dim.is_multiple_of(8)
+            && (head_dim + head_dim / 32).is_multiple_of(8)
+            && (tp as usize).is_multiple_of(8)
+            && (op as usize).is_multiple_of(16);
+        let kernel = if words {
+            kernels::engram::ENGRAM_LOOKUP_BF16X8
+        } else {
+            kernels::engram::ENGRAM_LOOKUP_BF16
+        };
+        let cfg = LaunchConfig {
+            grid_dim: (grid_for(entries, LOOKUP_WARPS as usize), 1, 1),
+            block_dim: (32 * LOOKUP_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(dev, kernel, cfg, &p)?;
     }
     Ok(())
 }
@@ -132,7 +147,7 @@ pub fn engram_gate_update(
         eps,
         inv_sqrt_d: crate::numerics::round_f32((d as f64).powf(-0.5)),
     };
-    // A warp per (token, stream), 8 a CTA. The two kernels sum in different
+    // A CTA per (token, stream). The two kernels sum in different
     // orders; the choice depends on D and the buffers' alignment, and every
     // buffer is a whole allocation (256-byte aligned), so in effect on D
     // alone: the order is the same at every batch. The alignment check only
@@ -146,12 +161,14 @@ pub fn engram_gate_update(
         kernels::engram::ENGRAM_GATE_UPDATE_BF16
     };
     let cfg = LaunchConfig {
-        grid_dim: (grid_for(units, GATE_WARPS as usize), 1, 1),
-        block_dim: (32 * GATE_WARPS, 1, 1),
+        grid_dim: (grid_for(units, 1), 1, 1),
+        block_dim: (GATE_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     launch(dev, kernel, cfg, &p)
 }
 
-/// Warps per CTA of the gate update: one (token, stream) each.
-const GATE_WARPS: u32 = 8;
+/// Threads per CTA of the gate update (`GATE_THREADS` in engram.cu).
+const GATE_THREADS: u32 = 256;
+/// Rows looked up per CTA (`LOOKUP_WARPS` in engram.cu), a warp each.
+const LOOKUP_WARPS: u32 = 8;
