@@ -42,8 +42,8 @@ pub mod kv_format;
 pub mod model;
 pub mod numerics;
 pub mod numpy_rng;
-pub mod parallel;
 pub mod ops;
+pub mod parallel;
 pub mod tensor;
 pub mod weight_rng;
 

@@ -52,7 +52,13 @@ pub fn try_for_each<T: Send, E: Send>(
             .filter_map(|_| std::thread::Builder::new().spawn_scoped(scope, drain).ok())
             .collect();
         drain();
-        helpers.into_iter().fold(false, |p, h| h.join().is_err() || p)
+        // Every helper is joined (an unjoined one that panicked would make
+        // the scope panic).
+        let mut panicked = false;
+        for h in helpers {
+            panicked |= h.join().is_err();
+        }
+        panicked
     });
     match failed.into_inner().unwrap_or_else(PoisonError::into_inner) {
         Some(e) => Err(e),
@@ -142,11 +148,7 @@ mod tests {
                 &items,
                 threads,
                 |&x| {
-                    if x % 100 == 7 {
-                        Err(boom())
-                    } else {
-                        Ok(x * x)
-                    }
+                    if x % 100 == 7 { Err(boom()) } else { Ok(x * x) }
                 },
                 boom,
             )

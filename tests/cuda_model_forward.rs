@@ -820,8 +820,9 @@ fn fused_mhc_steps_are_the_unfused_steps_bit_for_bit() {
 /// TileLang kernel opens with `DI_PDL_ENTRY()` (the build found it in each), the tiny model's graphed
 /// decode with PDL (the default handle) gives logits bitwise those of the
 /// same model on a handle without it, over prefill and 12 decode steps of
-/// three sequences (4 under DEEPINFER_QUICK), and the graph captured with
-/// PDL holds programmatic edges while the other holds none.
+/// three sequences (4 under DEEPINFER_QUICK), the same token draws on both,
+/// and the graph captured with PDL holds more programmatic edges than the
+/// other (whose only ones are cuBLAS's own).
 #[test]
 fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
     use deepinfer::kernels::FAMILIES;
@@ -845,17 +846,26 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
     } else {
         12
     };
-    let run = |dev: &Device, rng: &mut rand::rngs::StdRng| {
+    // One draw of the tokens for both runs (`common::rng` reseeds from
+    // the clock at every call unless DEEPINFER_SEED is set).
+    let vocab = deepinfer::model::config::ModelConfig::from_dir(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny"),
+    )
+    .unwrap()
+    .vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = [6usize, 11, 16]
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let decode: Vec<Vec<u32>> = (0..steps)
+        .map(|_| (0..3).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let run = |dev: &Device| {
         let (model, _) = common::tiny::tiny_model_on(seed, dev);
         assert_eq!(model.device().pdl(), dev.pdl());
-        let vocab = model.cfg.vocab_size as u32;
         let pc = PoolConfig::fitting(&model.cfg, 3, 16 + steps + 1, 16, 16).unwrap();
         let mut pool = StatePool::new(&model.cfg, &model.device(), pc).unwrap();
         let seqs: Vec<_> = (0..3).map(|_| pool.add_sequence().unwrap()).collect();
-        let prompts: Vec<Vec<u32>> = [6usize, 11, 16]
-            .iter()
-            .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
-            .collect();
         let inputs: Vec<SeqInput> = seqs
             .iter()
             .zip(&prompts)
@@ -870,11 +880,10 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
                 .unwrap(),
         ];
         let mut graph = DecodeGraph::new();
-        for _ in 0..steps {
-            let toks: Vec<u32> = (0..3).map(|_| rng.random_range(0..vocab)).collect();
+        for toks in &decode {
             let inputs: Vec<SeqInput> = seqs
                 .iter()
-                .zip(&toks)
+                .zip(toks)
                 .map(|(&seq, tok)| SeqInput {
                     seq,
                     tokens: std::slice::from_ref(tok),
@@ -887,9 +896,8 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
         }
         (logits, graph.stats)
     };
-    // The same token draws on both runs.
-    let (with, with_stats) = run(&on, &mut common::rng("cuda_model_forward_pdl_tokens"));
-    let (without, without_stats) = run(&off, &mut common::rng("cuda_model_forward_pdl_tokens"));
+    let (with, with_stats) = run(&on);
+    let (without, without_stats) = run(&off);
     println!("with PDL: {with_stats:?}\nwithout: {without_stats:?}");
     for (t, (a, b)) in with.iter().zip(&without).enumerate() {
         assert!(
@@ -910,5 +918,10 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
         with_stats.graph.programmatic_edges > 0,
         "no programmatic edge captured: {with_stats:?}"
     );
-    assert_eq!(without_stats.graph.programmatic_edges, 0);
+    // cuBLAS launches some of its own kernels as programmatic dependents:
+    // the graph without PDL may hold those edges, never ours.
+    assert!(
+        with_stats.graph.programmatic_edges > without_stats.graph.programmatic_edges,
+        "with PDL {with_stats:?}, without {without_stats:?}"
+    );
 }
