@@ -728,14 +728,22 @@ impl fmt::Debug for Graph {
     }
 }
 
-/// What a captured graph holds: its kernel nodes, its other nodes (copies,
-/// memsets, event records), its kernel-to-kernel edges, and how many of its
+/// What a captured graph holds: its nodes by type,
+/// its kernel-to-kernel edges, and how many of its
 /// edges are programmatic (a PDL launch captured: the dependent may start
 /// before the kernel it follows completes). Kernel edges that are not
 /// programmatic are where a replay still pays a full launch gap.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct GraphNodes {
     pub kernels: usize,
+    /// Memset and copy nodes (zero-fills, device slots, row copies).
+    pub memsets: usize,
+    pub copies: usize,
+    /// Allocation and free nodes: buffers a captured step allocates from
+    /// the stream-ordered pool.
+    pub allocs: usize,
+    pub frees: usize,
+    /// Nodes of any other type (event records and waits, host nodes).
     pub other: usize,
     pub kernel_edges: usize,
     pub programmatic_edges: usize,
@@ -773,11 +781,17 @@ impl Graph {
             unsafe { sys::cuGraphNodeGetType(node, (&raw mut kind).cast()) }
                 .result()
                 .map_err(driver("cuGraphNodeGetType"))?;
-            if kind == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL as u32 {
-                out.kernels += 1;
-                kernels.insert(node);
-            } else {
-                out.other += 1;
+            use sys::CUgraphNodeType as T;
+            match kind {
+                k if k == T::CU_GRAPH_NODE_TYPE_KERNEL as u32 => {
+                    out.kernels += 1;
+                    kernels.insert(node);
+                }
+                k if k == T::CU_GRAPH_NODE_TYPE_MEMSET as u32 => out.memsets += 1,
+                k if k == T::CU_GRAPH_NODE_TYPE_MEMCPY as u32 => out.copies += 1,
+                k if k == T::CU_GRAPH_NODE_TYPE_MEM_ALLOC as u32 => out.allocs += 1,
+                k if k == T::CU_GRAPH_NODE_TYPE_MEM_FREE as u32 => out.frees += 1,
+                _ => out.other += 1,
             }
         }
         let mut e: usize = 0;
