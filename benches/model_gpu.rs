@@ -558,7 +558,7 @@ mod gpu {
         );
         println!("  parts [device us, host us]: {}", parts(&timed));
         json!({
-            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "mhc_fusion": mhc_fusion(), "pdl": model.device().pdl(), "graph_kernels": graph.stats.graph.kernels, "graph_memsets": graph.stats.graph.memsets, "graph_copies": graph.stats.graph.copies, "graph_allocs": graph.stats.graph.allocs, "graph_frees": graph.stats.graph.frees, "graph_other_nodes": graph.stats.graph.other, "graph_kernel_edges": graph.stats.graph.kernel_edges, "graph_programmatic_edges": graph.stats.graph.programmatic_edges, "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
+            "op": op, "shape": shape, "mode": mode(), "engram_tables": format!("{:?}", engram_tables()), "mhc_fusion": mhc_fusion(), "pdl": model.device().pdl(), "graph_kernels": graph.stats.graph.kernels, "graph_memsets": graph.stats.graph.memsets, "graph_copies": graph.stats.graph.copies, "graph_allocs": graph.stats.graph.allocs, "graph_frees": graph.stats.graph.frees, "graph_other_nodes": graph.stats.graph.other, "graph_arena_bytes": graph.stats.arena_bytes, "graph_kernel_edges": graph.stats.graph.kernel_edges, "graph_programmatic_edges": graph.stats.graph.programmatic_edges, "moe_layout": format!("{:?}", moe_layout().resolve(batch, model.cfg.moe.n_routed_experts, model.cfg.moe.n_activated_experts, &model.device())),
             "ours_us": ours_us, "gpu_us": gpu_us,
             "wall_min_us": wall_min, "wall_max_us": wall_max,
             "steps_timed": n, "steps_warm": WARM_STEPS, "graph_steps": format!("{:?}", graph.stats),

@@ -980,3 +980,113 @@ fn pdl_chains_read_their_producers_finished_output() {
     assert_eq!(chain(&on), want, "PDL chain");
     assert_eq!(chain(&off), want, "plain chain");
 }
+
+/// Buffers carved from a capture arena (`CudaDevice::with_arena`) never
+/// share bytes: 40 uploads of odd sizes and a kernel output from each,
+/// made inside a 1 MiB arena, read back whole (an overlap would show as
+/// another tensor's values), the ones past the arena's end served by the
+/// pool. A graph captured inside an arena holds no allocation or free node,
+/// so its two dependent kernels are joined by a programmatic edge on a PDL
+/// handle (the same capture from the pool holds allocation nodes), and it
+/// replays the chain bit for bit.
+#[test]
+fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
+    let Device::Cuda(cuda) = gpu() else {
+        unreachable!()
+    };
+    let dev = Device::Cuda(cuda.clone());
+    let arena = cuda.capture_arena(1 << 20).unwrap();
+    assert_eq!(arena.bytes(), 1 << 20);
+    let sizes: Vec<usize> = (0..40).map(|i| 37 + i * 613).collect();
+    let before = cuda.allocated_bytes();
+    let (made, used) = cuda.with_arena(&arena, || {
+        let made: Vec<(Tensor, Tensor)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                let v: Vec<f32> = (0..n).map(|j| (i * 100_000 + j) as f32).collect();
+                let x = Tensor::from_vec(v, &[n]).unwrap().to_device(&dev).unwrap();
+                let y = ops::scale(&x, 2.0).unwrap();
+                (x, y)
+            })
+            .collect();
+        (made, cuda.arena_used())
+    });
+    assert_eq!(
+        cuda.arena_used(),
+        None,
+        "the arena is gone after with_arena"
+    );
+    let used = used.expect("an arena was active");
+    assert!(
+        used > (1 << 20) - 2 * 613 * 4 * 40 && used <= 1 << 20,
+        "carved {used} bytes of 1 MiB"
+    );
+    let rounded: u64 = sizes
+        .iter()
+        .map(|&n| 2 * (n * 4).div_ceil(256) as u64 * 256)
+        .sum();
+    assert!(cuda.allocated_bytes() - before >= rounded);
+    for (i, ((x, y), &n)) in made.iter().zip(&sizes).enumerate() {
+        let want: Vec<f32> = (0..n).map(|j| (i * 100_000 + j) as f32).collect();
+        assert_eq!(x.to_vec::<f32>().unwrap(), want, "upload {i}");
+        let twice: Vec<f32> = want.iter().map(|v| v * 2.0).collect();
+        assert_eq!(y.to_vec::<f32>().unwrap(), twice, "output {i}");
+    }
+    drop(made);
+
+    // Without poisoning, whose memset of each output would sit between the
+    // two kernels.
+    let cuda = CudaDevice::new(0).unwrap();
+    assert!(cuda.pdl());
+    let dev = Device::Cuda(cuda.clone());
+    let mut rng = common::rng("cuda_capture_arena");
+    let n = 1 << 16;
+    let xs: Vec<f32> = (0..n).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+    let x = Tensor::from_vec(xs.clone(), &[n])
+        .unwrap()
+        .to_device(&dev)
+        .unwrap();
+    let want: Vec<u32> = xs.iter().map(|v| ((v * 1.5) + v).to_bits()).collect();
+    for carved in [true, false] {
+        let mut out = Tensor::empty(&dev, deepinfer::DType::F32, &[n]).unwrap();
+        let arena = cuda.capture_arena(1 << 20).unwrap();
+        let mut body = || {
+            // SAFETY: this thread alone uses the stream while it is
+            // captured; `x` and `out` outlive the graph's launches.
+            unsafe {
+                cuda.capture(|| {
+                    let y = ops::scale(&x, 1.5)?;
+                    let z = ops::add(&y, &x)?;
+                    out.copy_rows_from(0, &z, 0, n)
+                })
+            }
+        };
+        let graph = if carved {
+            cuda.with_arena(&arena, &mut body)
+        } else {
+            body()
+        }
+        .unwrap();
+        let nodes = graph.nodes().unwrap();
+        println!("carved {carved}: {nodes:?}");
+        assert_eq!(nodes.kernels, 2, "{nodes:?}");
+        if carved {
+            assert_eq!((nodes.allocs, nodes.frees), (0, 0), "{nodes:?}");
+            assert_eq!(nodes.kernel_edges, 1, "{nodes:?}");
+            assert_eq!(nodes.programmatic_edges, 1, "{nodes:?}");
+        } else {
+            assert!(nodes.allocs > 0, "{nodes:?}");
+        }
+        for _ in 0..3 {
+            graph.launch().unwrap();
+        }
+        let got: Vec<u32> = out
+            .to_vec::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect();
+        assert_eq!(got, want, "carved {carved}");
+    }
+}

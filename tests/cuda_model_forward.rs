@@ -912,6 +912,12 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
         assert_eq!(differ, 0, "step {t}: {differ} logits differ with PDL");
     }
     assert!(with_stats.replayed > 0 && without_stats.replayed > 0);
+    // The captured step's temporaries come from its arena: no allocation
+    // or free node sits between its kernels.
+    for s in [&with_stats, &without_stats] {
+        assert!(s.arena_bytes > 0, "{s:?}");
+        assert_eq!((s.graph.allocs, s.graph.frees), (0, 0), "{s:?}");
+    }
     assert!(with_stats.graph.kernels > 0);
     assert_eq!(with_stats.graph.kernels, without_stats.graph.kernels);
     assert!(

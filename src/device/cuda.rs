@@ -7,7 +7,7 @@ use crate::device::fatbin;
 use crate::error::{Error, Result};
 use crate::kernels::{Family, KernelRef};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtrMut, sys,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, sys,
 };
 use std::collections::HashMap;
 use std::fmt;
@@ -70,7 +70,52 @@ pub struct CudaDevice {
     /// Kernels that open with `DI_PDL_ENTRY()` launch as programmatic
     /// dependents (where capable; on by default).
     pdl: bool,
+    /// The arena this device's allocations on `arena.stream` are carved
+    /// from while a capture runs ([`CudaDevice::with_arena`]); shared by
+    /// the handle's clones.
+    arena: Arc<Mutex<Option<ActiveArena>>>,
+    /// Bytes (rounded up to [`ARENA_ALIGN`]) allocated through this
+    /// device's handles since it was opened: what one step takes, read
+    /// around an eager step, sizes the arena of its capture.
+    allocated: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// Alignment of every buffer carved from a [`CaptureArena`]: the driver's
+/// allocation granularity that the launchers' alignment checks assume.
+pub const ARENA_ALIGN: usize = 256;
+
+/// One block of device memory that the allocations of a captured step are
+/// carved from in order, so the graph holds no allocation or free node
+/// (nodes that sit between two kernels and stop a programmatic edge).
+/// Nothing carved is ever reused while the arena lives: two buffers of one
+/// capture never share bytes, and the block goes back to the pool when the
+/// graph and every buffer carved from it are gone (each holds the block).
+#[derive(Clone)]
+pub struct CaptureArena(Arc<CudaSlice<u8>>);
+
+impl CaptureArena {
+    pub fn bytes(&self) -> usize {
+        self.0.len()
+    }
+}
+
+impl fmt::Debug for CaptureArena {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CaptureArena({} bytes)", self.0.len())
+    }
+}
+
+/// An arena in use: its block, the stream whose allocations it serves and
+/// the next free byte.
+struct ActiveArena {
+    block: CaptureArena,
+    stream: sys::CUstream,
+    next: usize,
+}
+
+// SAFETY: `stream` is only compared with other stream handles, never used
+// to issue work, so moving it between threads cannot race.
+unsafe impl Send for ActiveArena {}
 
 impl fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -130,6 +175,8 @@ impl CudaDevice {
             batch_invariant: false,
             pdl_capable: major >= 9,
             pdl: major >= 9,
+            arena: Arc::default(),
+            allocated: Arc::default(),
         })
     }
 
@@ -352,11 +399,114 @@ impl CudaDevice {
         }
         // Every op that allocates an output writes all of it before anyone
         // reads it; tests poison outputs to prove it.
-        let slice = self.alloc_slice(bytes)?;
+        self.new_buffer(bytes)
+    }
+
+    /// `bytes` of uninitialised memory: carved from the active arena when
+    /// this handle's stream has one with room, else from the stream-ordered
+    /// pool.
+    fn new_buffer(&self, bytes: usize) -> Result<CudaBuffer> {
+        let rounded = bytes.div_ceil(ARENA_ALIGN).saturating_mul(ARENA_ALIGN);
+        self.allocated.fetch_add(
+            u64::try_from(rounded).unwrap_or(u64::MAX),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        if let Some(buffer) = self.carve(bytes, rounded) {
+            return Ok(buffer);
+        }
         Ok(CudaBuffer {
             device: self.clone(),
-            slice,
+            slice: std::mem::ManuallyDrop::new(self.alloc_slice(bytes)?),
+            arena: None,
         })
+    }
+
+    /// `bytes` (`rounded` up to the alignment) from this stream's active
+    /// arena, if it has one with room.
+    fn carve(&self, bytes: usize, rounded: usize) -> Option<CudaBuffer> {
+        if bytes == 0 {
+            return None;
+        }
+        let mut active = self
+            .arena
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let a = active
+            .as_mut()
+            .filter(|a| a.stream == self.stream.cu_stream())?;
+        let end = a
+            .next
+            .checked_add(rounded)
+            .filter(|&e| e <= a.block.bytes())?;
+        let (base, _guard) = a.block.0.device_ptr(&self.stream);
+        let at = base + a.next as u64;
+        a.next = end;
+        // SAFETY: `at .. at + bytes` lies inside the block (checked above)
+        // and no other buffer is carved from these bytes while the block
+        // lives (`next` only grows); the buffer holds the block, and its
+        // drop leaks this slice instead of freeing it (`CudaBuffer::drop`).
+        let slice = unsafe { self.stream.upgrade_device_ptr::<u8>(at, bytes) };
+        Some(CudaBuffer {
+            device: self.clone(),
+            slice: std::mem::ManuallyDrop::new(slice),
+            arena: Some(a.block.clone()),
+        })
+    }
+
+    /// Bytes allocated through this device (all its handles) since it was
+    /// opened, each allocation rounded up to [`ARENA_ALIGN`]: the difference
+    /// across a step is the arena its capture needs.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.allocated.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Bytes carved so far from the arena active on this handle's stream
+    /// (`None` outside [`CudaDevice::with_arena`]).
+    pub fn arena_used(&self) -> Option<usize> {
+        let active = self
+            .arena
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        active
+            .as_ref()
+            .filter(|a| a.stream == self.stream.cu_stream())
+            .map(|a| a.next)
+    }
+
+    /// A block of `bytes` for [`CudaDevice::with_arena`] (from the pool, in
+    /// stream order; not inside a capture).
+    pub fn capture_arena(&self, bytes: usize) -> Result<CaptureArena> {
+        self.refuse_in_capture("allocating a capture arena")?;
+        Ok(CaptureArena(Arc::new(self.alloc_slice(bytes.max(1))?)))
+    }
+
+    /// Runs `f` with every allocation this handle's stream makes carved from
+    /// `arena` (those that do not fit come from the pool as usual), then
+    /// returns to the pool. Meant around a capture: the graph then holds no
+    /// allocation or free node for them, and each carved buffer keeps the
+    /// arena alive. Nested use keeps the outer arena.
+    pub fn with_arena<T>(&self, arena: &CaptureArena, f: impl FnOnce() -> T) -> T {
+        let mut slot = self
+            .arena
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let installed = slot.is_none();
+        if installed {
+            *slot = Some(ActiveArena {
+                block: arena.clone(),
+                stream: self.stream.cu_stream(),
+                next: 0,
+            });
+        }
+        drop(slot);
+        let out = f();
+        if installed {
+            *self
+                .arena
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        }
+        out
     }
 
     /// A read-only device copy of `bytes` (a small table such as a RoPE
@@ -466,17 +616,14 @@ impl CudaDevice {
             value: format!("{words} of {word_bytes} bytes"),
             why: "more bytes than the address space holds",
         })?;
-        let mut slice = self.alloc_slice(bytes)?;
+        let mut buffer = self.new_buffer(bytes)?;
         if words > 0 {
-            let (ptr, _guard) = slice.device_ptr_mut(&self.stream);
+            let (ptr, _guard) = buffer.slice.device_ptr_mut(&self.stream);
             set(ptr, self.stream.cu_stream())
                 .result()
                 .map_err(driver(format!("{what}: {bytes} bytes")))?;
         }
-        Ok(CudaBuffer {
-            device: self.clone(),
-            slice,
-        })
+        Ok(buffer)
     }
 
     /// Refuses a host copy while this stream is being captured: a captured
@@ -501,17 +648,14 @@ impl CudaDevice {
     pub fn upload(&self, bytes: &[u8]) -> Result<CudaBuffer> {
         self.refuse_in_capture("copying host bytes to the device")?;
         // The copy below writes every byte, in stream order.
-        let mut slice = self.alloc_slice(bytes.len())?;
+        let mut buffer = self.new_buffer(bytes.len())?;
         self.stream
-            .memcpy_htod(bytes, &mut slice)
+            .memcpy_htod(bytes, &mut *buffer.slice)
             .map_err(driver(format!(
                 "copying {} bytes to the device",
                 bytes.len()
             )))?;
-        Ok(CudaBuffer {
-            device: self.clone(),
-            slice,
-        })
+        Ok(buffer)
     }
 
     /// A loaded kernel function. The family's image is validated and loaded on
@@ -871,11 +1015,26 @@ impl Event {
     }
 }
 
-/// Device memory owned by a tensor, with the device it lives on.
-#[derive(Clone)]
+/// Device memory owned by a tensor, with the device it lives on: its own
+/// allocation (freed on drop, in stream order), or bytes carved from a
+/// [`CaptureArena`] (which it keeps alive; nothing is freed on drop).
 pub struct CudaBuffer {
     device: CudaDevice,
-    slice: CudaSlice<u8>,
+    slice: std::mem::ManuallyDrop<CudaSlice<u8>>,
+    arena: Option<CaptureArena>,
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        // SAFETY: `slice` is taken or dropped exactly once, here.
+        let slice = unsafe { std::mem::ManuallyDrop::take(&mut self.slice) };
+        if self.arena.is_some() {
+            // Carved bytes belong to the arena's block: forget the view.
+            let _ = slice.leak();
+        } else {
+            drop(slice);
+        }
+    }
 }
 
 impl fmt::Debug for CudaBuffer {
@@ -886,6 +1045,19 @@ impl fmt::Debug for CudaBuffer {
             self.slice.len(),
             self.device
         )
+    }
+}
+
+impl Clone for CudaBuffer {
+    /// A device copy into its own pool allocation, in stream order (cudarc's
+    /// slice clone, as before carved buffers existed: a copy of a carved
+    /// buffer is not carved).
+    fn clone(&self) -> CudaBuffer {
+        CudaBuffer {
+            device: self.device.clone(),
+            slice: std::mem::ManuallyDrop::new((*self.slice).clone()),
+            arena: None,
+        }
     }
 }
 
@@ -932,7 +1104,7 @@ impl CudaBuffer {
         }
         let stream = self.device.stream.clone();
         stream
-            .memcpy_dtod(&src.slice, &mut self.slice)
+            .memcpy_dtod(&*src.slice, &mut *self.slice)
             .map_err(driver("cuMemcpyDtoDAsync"))
     }
 
@@ -1022,7 +1194,7 @@ impl CudaBuffer {
         // Into pageable host memory the copy returns once it is complete.
         self.device
             .stream
-            .memcpy_dtoh(&self.slice, &mut out)
+            .memcpy_dtoh(&*self.slice, &mut out)
             .map_err(driver(format!("copying {n} bytes to the host")))?;
         Ok(out)
     }

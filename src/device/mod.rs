@@ -5,7 +5,10 @@
 mod cuda;
 pub mod fatbin;
 
-pub use cuda::{CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream, cuda_driver_present};
+pub use cuda::{
+    ARENA_ALIGN, CaptureArena, CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream,
+    cuda_driver_present,
+};
 
 use crate::error::{Error, Result};
 use std::fmt;

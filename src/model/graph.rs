@@ -59,6 +59,10 @@ struct Captured {
     /// The range checks the capture recorded (each launch makes them).
     #[cfg(deepinfer_cuda)]
     recorded: Vec<(&'static str, &'static str)>,
+    /// The block the capture's temporaries were carved from (the replays
+    /// write there), if the step's size was known and fitted.
+    #[cfg(deepinfer_cuda)]
+    _arena: Option<crate::device::CaptureArena>,
 }
 
 /// How the steps of a [`DecodeGraph`] ran.
@@ -95,6 +99,9 @@ pub struct GraphStats {
     /// pays), other nodes, kernel-to-kernel edges and programmatic (PDL)
     /// edges.
     pub graph: crate::device::GraphNodes,
+    /// Bytes of that graph's capture arena (0: its temporaries came from
+    /// the pool, as allocation and free nodes).
+    pub arena_bytes: usize,
 }
 
 /// The graph state of a run of decode steps ([`Model::decode_graphed`]):
@@ -116,6 +123,11 @@ pub struct DecodeGraph {
     unadvanced: bool,
     /// The end of the last waited step's device work.
     last_end: Option<crate::device::Event>,
+    /// Bytes the last eager step allocated: the arena of the capture that
+    /// follows it (a capture comes only after an eager step of its
+    /// signature).
+    #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
+    eager_bytes: u64,
     pub stats: GraphStats,
 }
 
@@ -192,6 +204,7 @@ impl DecodeGraph {
         // The census describes the graph held, not the steps counted.
         self.stats = GraphStats {
             graph: self.stats.graph,
+            arena_bytes: self.stats.arena_bytes,
             ..GraphStats::default()
         };
         self.restart_gaps();
@@ -391,7 +404,7 @@ impl Model {
                 .launches
                 .write()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let made = self.capture_decode(cuda, &p, pool, key.clone());
+            let made = self.capture_decode(cuda, &p, pool, key.clone(), graph.eager_bytes);
             drop(capturing);
             match made {
                 Ok(c) => {
@@ -403,6 +416,7 @@ impl Model {
                         crate::device::GraphNodes::default()
                     });
                     graph.stats.graph = nodes;
+                    graph.stats.arena_bytes = c._arena.as_ref().map_or(0, |a| a.bytes());
                     graph.captured = Some(c);
                 }
                 Err(e) => {
@@ -438,7 +452,9 @@ impl Model {
                 }
                 let mut checks = crate::ops::DeviceChecks::new();
                 let mut marks = super::marks::Marks::off();
+                let before = cuda.allocated_bytes();
                 let ran = self.run_step(&p, pool, Capture::default(), &mut marks, &mut checks)?;
+                graph.eager_bytes = cuda.allocated_bytes().saturating_sub(before);
                 Verdict::Eager {
                     logits: ran.logits,
                     checks: Box::new(checks),
@@ -561,6 +577,7 @@ impl Model {
         p: &super::forward::PreparedStep,
         pool: &mut StatePool,
         key: Key,
+        eager_bytes: u64,
     ) -> Result<Captured> {
         use crate::dtype::DType;
         use crate::tensor::Tensor;
@@ -568,6 +585,24 @@ impl Model {
         let mut logits = Tensor::empty(&self.device(), DType::F32, &[rows, self.cfg.vocab_size])?;
         let mut checks = crate::ops::DeviceChecks::held(cuda)?;
         let mut failed = None;
+        // The temporaries of the captured step are carved from one block
+        // the size of what the same signature's eager step allocated (an
+        // eighth and 1 MiB more for what differs: a capture allocates the
+        // same buffers in the same order), so the graph holds no allocation
+        // or free node between its kernels. A block that would take more
+        // than half the free memory is not made: the pool serves then.
+        let arena = match usize::try_from(eager_bytes) {
+            Ok(b) if b > 0 => {
+                let want = b.saturating_add(b / 8).saturating_add(1 << 20);
+                let (free, _) = cuda.memory_info()?;
+                if want <= free / 2 {
+                    Some(cuda.capture_arena(want)?)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
         // SAFETY: the capture records this thread's work on the device's
         // stream, which no other step of this model uses while it runs (the
         // caller holds `Model::launches` for writing; every entry point
@@ -577,9 +612,9 @@ impl Model {
         // id, and a model's weights live as long as it), the pool's device
         // tensors and the arena's slots (the key holds the arena, and a
         // replay needs the same arena and an unchanged signature: the same
-        // slot tensors), and `logits` and the check slots, which the graph
-        // holds.
-        let made = unsafe {
+        // slot tensors), and `logits`, the check slots and the capture
+        // arena, which the graph holds.
+        let mut capture = || unsafe {
             cuda.capture(|| {
                 checks.rearm()?;
                 let mut marks = super::marks::Marks::off();
@@ -596,6 +631,10 @@ impl Model {
                 }
             })
         };
+        let made = match &arena {
+            Some(a) => cuda.with_arena(a, capture),
+            None => capture(),
+        };
         if let Some(e) = failed {
             return Err(e);
         }
@@ -607,6 +646,7 @@ impl Model {
             logits,
             checks,
             recorded,
+            _arena: arena,
         })
     }
 }
