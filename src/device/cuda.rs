@@ -13,6 +13,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 
+mod arena;
+pub use arena::{ARENA_ALIGN, CaptureArena};
+
 const LIBCUDA_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so", "nvcuda.dll"];
 
 /// Whether the CUDA driver library can be loaded on this machine (cached).
@@ -70,52 +73,14 @@ pub struct CudaDevice {
     /// Kernels that open with `DI_PDL_ENTRY()` launch as programmatic
     /// dependents (where capable; on by default).
     pdl: bool,
-    /// The arena this device's allocations on `arena.stream` are carved
-    /// from while a capture runs ([`CudaDevice::with_arena`]); shared by
-    /// the handle's clones.
-    arena: Arc<Mutex<Option<ActiveArena>>>,
-    /// Bytes (rounded up to [`ARENA_ALIGN`]) allocated through this
-    /// device's handles since it was opened: what one step takes, read
-    /// around an eager step, sizes the arena of its capture.
-    allocated: Arc<std::sync::atomic::AtomicU64>,
+    /// The arena this device's allocations on its stream are carved from
+    /// while a capture runs ([`CudaDevice::with_arena`]); shared by the
+    /// handle's clones.
+    arena: Arc<Mutex<Option<arena::ActiveArena>>>,
+    /// Live and peak bytes of the device's own buffers
+    /// ([`CudaDevice::track_peak`]).
+    usage: Arc<arena::Usage>,
 }
-
-/// Alignment of every buffer carved from a [`CaptureArena`]: the driver's
-/// allocation granularity that the launchers' alignment checks assume.
-pub const ARENA_ALIGN: usize = 256;
-
-/// One block of device memory that the allocations of a captured step are
-/// carved from in order, so the graph holds no allocation or free node
-/// (nodes that sit between two kernels and stop a programmatic edge).
-/// Nothing carved is ever reused while the arena lives: two buffers of one
-/// capture never share bytes, and the block goes back to the pool when the
-/// graph and every buffer carved from it are gone (each holds the block).
-#[derive(Clone)]
-pub struct CaptureArena(Arc<CudaSlice<u8>>);
-
-impl CaptureArena {
-    pub fn bytes(&self) -> usize {
-        self.0.len()
-    }
-}
-
-impl fmt::Debug for CaptureArena {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CaptureArena({} bytes)", self.0.len())
-    }
-}
-
-/// An arena in use: its block, the stream whose allocations it serves and
-/// the next free byte.
-struct ActiveArena {
-    block: CaptureArena,
-    stream: sys::CUstream,
-    next: usize,
-}
-
-// SAFETY: `stream` is only compared with other stream handles, never used
-// to issue work, so moving it between threads cannot race.
-unsafe impl Send for ActiveArena {}
 
 impl fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -176,7 +141,7 @@ impl CudaDevice {
             pdl_capable: major >= 9,
             pdl: major >= 9,
             arena: Arc::default(),
-            allocated: Arc::default(),
+            usage: Arc::default(),
         })
     }
 
@@ -406,107 +371,21 @@ impl CudaDevice {
     /// this handle's stream has one with room, else from the stream-ordered
     /// pool.
     fn new_buffer(&self, bytes: usize) -> Result<CudaBuffer> {
-        let rounded = bytes.div_ceil(ARENA_ALIGN).saturating_mul(ARENA_ALIGN);
-        self.allocated.fetch_add(
-            u64::try_from(rounded).unwrap_or(u64::MAX),
-            std::sync::atomic::Ordering::Relaxed,
-        );
-        if let Some(buffer) = self.carve(bytes, rounded) {
-            return Ok(buffer);
-        }
-        Ok(CudaBuffer {
-            device: self.clone(),
-            slice: std::mem::ManuallyDrop::new(self.alloc_slice(bytes)?),
-            arena: None,
-        })
-    }
-
-    /// `bytes` (`rounded` up to the alignment) from this stream's active
-    /// arena, if it has one with room.
-    fn carve(&self, bytes: usize, rounded: usize) -> Option<CudaBuffer> {
-        if bytes == 0 {
-            return None;
-        }
-        let mut active = self
-            .arena
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let a = active
-            .as_mut()
-            .filter(|a| a.stream == self.stream.cu_stream())?;
-        let end = a
-            .next
-            .checked_add(rounded)
-            .filter(|&e| e <= a.block.bytes())?;
-        let (base, _guard) = a.block.0.device_ptr(&self.stream);
-        let at = base + a.next as u64;
-        a.next = end;
-        // SAFETY: `at .. at + bytes` lies inside the block (checked above)
-        // and no other buffer is carved from these bytes while the block
-        // lives (`next` only grows); the buffer holds the block, and its
-        // drop leaks this slice instead of freeing it (`CudaBuffer::drop`).
-        let slice = unsafe { self.stream.upgrade_device_ptr::<u8>(at, bytes) };
-        Some(CudaBuffer {
-            device: self.clone(),
-            slice: std::mem::ManuallyDrop::new(slice),
-            arena: Some(a.block.clone()),
-        })
-    }
-
-    /// Bytes allocated through this device (all its handles) since it was
-    /// opened, each allocation rounded up to [`ARENA_ALIGN`]: the difference
-    /// across a step is the arena its capture needs.
-    pub fn allocated_bytes(&self) -> u64 {
-        self.allocated.load(std::sync::atomic::Ordering::Relaxed)
-    }
-
-    /// Bytes carved so far from the arena active on this handle's stream
-    /// (`None` outside [`CudaDevice::with_arena`]).
-    pub fn arena_used(&self) -> Option<usize> {
-        let active = self
-            .arena
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        active
-            .as_ref()
-            .filter(|a| a.stream == self.stream.cu_stream())
-            .map(|a| a.next)
-    }
-
-    /// A block of `bytes` for [`CudaDevice::with_arena`] (from the pool, in
-    /// stream order; not inside a capture).
-    pub fn capture_arena(&self, bytes: usize) -> Result<CaptureArena> {
-        self.refuse_in_capture("allocating a capture arena")?;
-        Ok(CaptureArena(Arc::new(self.alloc_slice(bytes.max(1))?)))
-    }
-
-    /// Runs `f` with every allocation this handle's stream makes carved from
-    /// `arena` (those that do not fit come from the pool as usual), then
-    /// returns to the pool. Meant around a capture: the graph then holds no
-    /// allocation or free node for them, and each carved buffer keeps the
-    /// arena alive. Nested use keeps the outer arena.
-    pub fn with_arena<T>(&self, arena: &CaptureArena, f: impl FnOnce() -> T) -> T {
-        let mut slot = self
-            .arena
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let installed = slot.is_none();
-        if installed {
-            *slot = Some(ActiveArena {
-                block: arena.clone(),
-                stream: self.stream.cu_stream(),
-                next: 0,
+        let len = arena::rounded(bytes);
+        if let Some((slice, carved)) = self.carve(bytes, len) {
+            return Ok(CudaBuffer {
+                device: self.clone(),
+                slice: std::mem::ManuallyDrop::new(slice),
+                carved: Some(carved),
             });
         }
-        drop(slot);
-        let out = f();
-        if installed {
-            *self
-                .arena
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-        }
-        out
+        let slice = self.alloc_slice(bytes)?;
+        self.usage.add(len);
+        Ok(CudaBuffer {
+            device: self.clone(),
+            slice: std::mem::ManuallyDrop::new(slice),
+            carved: None,
+        })
     }
 
     /// A read-only device copy of `bytes` (a small table such as a RoPE
@@ -1021,18 +900,25 @@ impl Event {
 pub struct CudaBuffer {
     device: CudaDevice,
     slice: std::mem::ManuallyDrop<CudaSlice<u8>>,
-    arena: Option<CaptureArena>,
+    /// Where the bytes lie when carved from a [`CaptureArena`].
+    carved: Option<arena::Carved>,
 }
 
 impl Drop for CudaBuffer {
     fn drop(&mut self) {
         // SAFETY: `slice` is taken or dropped exactly once, here.
         let slice = unsafe { std::mem::ManuallyDrop::take(&mut self.slice) };
-        if self.arena.is_some() {
-            // Carved bytes belong to the arena's block: forget the view.
-            let _ = slice.leak();
-        } else {
-            drop(slice);
+        match &self.carved {
+            Some(c) => {
+                // Carved bytes belong to the arena's block: forget the
+                // view, give the range back.
+                let _ = slice.leak();
+                self.device.give_back(c);
+            }
+            None => {
+                self.device.usage.sub(arena::rounded(slice.len()));
+                drop(slice);
+            }
         }
     }
 }
@@ -1053,10 +939,12 @@ impl Clone for CudaBuffer {
     /// slice clone, as before carved buffers existed: a copy of a carved
     /// buffer is not carved).
     fn clone(&self) -> CudaBuffer {
+        let slice = (*self.slice).clone();
+        self.device.usage.add(arena::rounded(slice.len()));
         CudaBuffer {
             device: self.device.clone(),
-            slice: std::mem::ManuallyDrop::new((*self.slice).clone()),
-            arena: None,
+            slice: std::mem::ManuallyDrop::new(slice),
+            carved: None,
         }
     }
 }

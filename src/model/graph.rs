@@ -123,9 +123,9 @@ pub struct DecodeGraph {
     unadvanced: bool,
     /// The end of the last waited step's device work.
     last_end: Option<crate::device::Event>,
-    /// Bytes the last eager step allocated: the arena of the capture that
-    /// follows it (a capture comes only after an eager step of its
-    /// signature).
+    /// The most bytes the last eager step held at once: the arena of the
+    /// capture that follows it (a capture comes only after an eager step of
+    /// its signature).
     #[cfg_attr(not(deepinfer_cuda), allow(dead_code))]
     eager_bytes: u64,
     pub stats: GraphStats,
@@ -452,9 +452,11 @@ impl Model {
                 }
                 let mut checks = crate::ops::DeviceChecks::new();
                 let mut marks = super::marks::Marks::off();
-                let before = cuda.allocated_bytes();
-                let ran = self.run_step(&p, pool, Capture::default(), &mut marks, &mut checks)?;
-                graph.eager_bytes = cuda.allocated_bytes().saturating_sub(before);
+                let (ran, peak) = cuda.track_peak(|| {
+                    self.run_step(&p, pool, Capture::default(), &mut marks, &mut checks)
+                });
+                let ran = ran?;
+                graph.eager_bytes = peak;
                 Verdict::Eager {
                     logits: ran.logits,
                     checks: Box::new(checks),
@@ -586,14 +588,15 @@ impl Model {
         let mut checks = crate::ops::DeviceChecks::held(cuda)?;
         let mut failed = None;
         // The temporaries of the captured step are carved from one block
-        // the size of what the same signature's eager step allocated (an
-        // eighth and 1 MiB more for what differs: a capture allocates the
-        // same buffers in the same order), so the graph holds no allocation
-        // or free node between its kernels. A block that would take more
-        // than half the free memory is not made: the pool serves then.
+        // (freed ranges reused, best fit), so the graph holds no allocation
+        // or free node between its kernels. Its size: the same signature's
+        // eager step's peak (a capture allocates the same buffers in the
+        // same order) and a quarter and 1 MiB more for fragmentation; an
+        // allocation that still does not fit comes from the pool. A block
+        // that would take more than half the free memory is not made.
         let arena = match usize::try_from(eager_bytes) {
             Ok(b) if b > 0 => {
-                let want = b.saturating_add(b / 8).saturating_add(1 << 20);
+                let want = b.saturating_add(b / 4).saturating_add(1 << 20);
                 let (free, _) = cuda.memory_info()?;
                 if want <= free / 2 {
                     Some(cuda.capture_arena(want)?)
