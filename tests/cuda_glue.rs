@@ -999,7 +999,7 @@ fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
     let arena = cuda.capture_arena(1 << 20).unwrap();
     assert_eq!(arena.bytes(), 1 << 20);
     let sizes: Vec<usize> = (0..40).map(|i| 37 + i * 613).collect();
-    let ((made, used, reused), spilled) = cuda.track_peak(|| {
+    let (((made, used, reused), clean), spilled) = cuda.track_peak(|| {
         cuda.with_arena(&arena, || {
             // A buffer made and dropped first: its bytes serve again.
             let first = ops::scale(
@@ -1028,7 +1028,18 @@ fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
                 .collect();
             (made, cuda.arena_used(), reused)
         })
+        .unwrap()
     });
+    assert!(!clean, "the carved tensors outlive with_arena: not clean");
+    // A block serves once, and only its own stream.
+    let again = cuda.with_arena(&arena, || ());
+    assert!(again.is_err(), "a second use of a block is refused");
+    let other = cuda.with_new_stream().unwrap();
+    let fresh = cuda.capture_arena(1 << 12).unwrap();
+    assert!(
+        other.with_arena(&fresh, || ()).is_err(),
+        "another stream's block is refused"
+    );
     assert_eq!(
         cuda.arena_used(),
         None,
@@ -1084,7 +1095,9 @@ fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
             }
         };
         let graph = if carved {
-            cuda.with_arena(&arena, &mut body)
+            let (graph, clean) = cuda.with_arena(&arena, &mut body).unwrap();
+            assert!(clean, "every carved buffer was dropped inside the capture");
+            graph
         } else {
             body()
         }

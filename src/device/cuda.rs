@@ -935,17 +935,26 @@ impl fmt::Debug for CudaBuffer {
 }
 
 impl Clone for CudaBuffer {
-    /// A device copy into its own pool allocation, in stream order (cudarc's
-    /// slice clone, as before carved buffers existed: a copy of a carved
-    /// buffer is not carved).
+    /// A device copy into new memory, in stream order: carved when an arena
+    /// is active on the stream (a captured step clones tensors, and a pool
+    /// allocation there would be a graph node). Should that allocation or
+    /// copy fail, cudarc's own slice clone is the fallback (which panics on
+    /// failure, as every clone did before arenas: `Tensor`'s derived
+    /// `Clone` has no error path).
     fn clone(&self) -> CudaBuffer {
-        let slice = (*self.slice).clone();
-        self.device.usage.add(arena::rounded(slice.len()));
-        CudaBuffer {
-            device: self.device.clone(),
-            slice: std::mem::ManuallyDrop::new(slice),
-            carved: None,
-        }
+        let copied = self.device.new_buffer(self.len()).and_then(|mut b| {
+            b.copy_from(self)?;
+            Ok(b)
+        });
+        copied.unwrap_or_else(|_| {
+            let slice = (*self.slice).clone();
+            self.device.usage.add(arena::rounded(slice.len()));
+            CudaBuffer {
+                device: self.device.clone(),
+                slice: std::mem::ManuallyDrop::new(slice),
+                carved: None,
+            }
+        })
     }
 }
 

@@ -594,18 +594,14 @@ impl Model {
         // same order) and a quarter and 1 MiB more for fragmentation; an
         // allocation that still does not fit comes from the pool. A block
         // that would take more than half the free memory is not made.
-        let arena = match usize::try_from(eager_bytes) {
-            Ok(b) if b > 0 => {
-                let want = b.saturating_add(b / 4).saturating_add(1 << 20);
-                let (free, _) = cuda.memory_info()?;
-                if want <= free / 2 {
-                    Some(cuda.capture_arena(want)?)
-                } else {
-                    None
-                }
-            }
-            _ => None,
-        };
+        // A block that cannot be had (no room, or a failed allocation)
+        // leaves the pool to serve, as before arenas.
+        let arena = usize::try_from(eager_bytes)
+            .ok()
+            .filter(|&b| b > 0)
+            .map(|b| b.saturating_add(b / 4).saturating_add(1 << 20))
+            .filter(|&want| cuda.memory_info().is_ok_and(|(free, _)| want <= free / 2))
+            .and_then(|want| cuda.capture_arena(want).ok());
         // SAFETY: the capture records this thread's work on the device's
         // stream, which no other step of this model uses while it runs (the
         // caller holds `Model::launches` for writing; every entry point
@@ -635,7 +631,16 @@ impl Model {
             })
         };
         let made = match &arena {
-            Some(a) => cuda.with_arena(a, capture),
+            Some(a) => match cuda.with_arena(a, capture)? {
+                (made, true) => made,
+                // A carved buffer outlived the capture: each replay would
+                // rewrite its bytes. Refused, so the signature runs eagerly.
+                (_, false) => Err(crate::Error::Unsupported {
+                    op: "Model::decode_graphed",
+                    device: cuda.to_string(),
+                    why: "a buffer carved during the capture outlived it",
+                }),
+            },
             None => capture(),
         };
         if let Some(e) = failed {

@@ -11,11 +11,11 @@
 //! `DI_PDL_ENTRY()` for its predecessor, which waited for its own). A
 //! replay repeats the captured sequence, so the same reuse holds there.
 
-use super::{CudaDevice, CudaSlice, DevicePtr, Result};
+use super::{CudaDevice, CudaSlice, DevicePtr, Error, Result};
 use cudarc::driver::sys;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// Alignment of every carved buffer: the driver's allocation granularity,
 /// which the launchers' alignment checks assume.
@@ -30,8 +30,11 @@ pub(super) fn rounded(bytes: usize) -> usize {
 /// carved from ([`CudaDevice::with_arena`]). The block goes back to the
 /// pool when the graph and every buffer carved from it are gone (each
 /// holds it).
+/// A block serves one [`CudaDevice::with_arena`] only: once its ranges
+/// are forgotten, a second use could hand out bytes that buffers or a graph
+/// of the first still use.
 #[derive(Clone)]
-pub struct CaptureArena(pub(super) Arc<CudaSlice<u8>>);
+pub struct CaptureArena(pub(super) Arc<CudaSlice<u8>>, Arc<AtomicBool>);
 
 impl CaptureArena {
     pub fn bytes(&self) -> usize {
@@ -142,6 +145,11 @@ unsafe impl Send for ActiveArena {}
 pub(super) struct Usage {
     live: AtomicU64,
     peak: AtomicU64,
+    /// The fewest bytes alive since the window began: buffers older than
+    /// the window freed inside it lower it, so the window's need is
+    /// `peak − low`, not `peak − start` (an over-estimate by at most what
+    /// the window freed after its peak).
+    low: AtomicU64,
 }
 
 impl Usage {
@@ -154,11 +162,14 @@ impl Usage {
     pub(super) fn sub(&self, bytes: usize) {
         let b = u64::try_from(bytes).unwrap_or(u64::MAX);
         // Saturating: a count can only be low, never wrap.
-        let _ = self
+        let before = self
             .live
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |l| {
                 Some(l.saturating_sub(b))
-            });
+            })
+            .unwrap_or(0);
+        self.low
+            .fetch_min(before.saturating_sub(b), Ordering::Relaxed);
     }
 }
 
@@ -228,47 +239,88 @@ impl CudaDevice {
     /// stream order; not inside a capture).
     pub fn capture_arena(&self, bytes: usize) -> Result<CaptureArena> {
         self.refuse_in_capture("allocating a capture arena")?;
-        Ok(CaptureArena(Arc::new(self.alloc_slice(bytes.max(1))?)))
+        Ok(CaptureArena(
+            Arc::new(self.alloc_slice(bytes.max(1))?),
+            Arc::default(),
+        ))
     }
 
     /// Runs `f` with every allocation this handle's stream makes carved from
     /// `arena` (one that does not fit comes from the pool as usual), then
-    /// returns to the pool. Meant around a capture: the graph then holds no
-    /// allocation or free node for them. Nested use keeps the outer arena.
-    pub fn with_arena<T>(&self, arena: &CaptureArena, f: impl FnOnce() -> T) -> T {
-        let mut slot = self
-            .arena
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let installed = slot.is_none();
-        if installed {
+    /// returns to the pool, even when `f` panics. Meant around a capture:
+    /// the graph then holds no allocation or free node for them. Returns
+    /// `f`'s result and whether every carved buffer was dropped inside
+    /// (a buffer that outlives a capture would share bytes with the ones
+    /// freed before it, which every replay rewrites). Refused for a block
+    /// used before, one of another stream, or while an arena is active.
+    pub fn with_arena<T>(&self, arena: &CaptureArena, f: impl FnOnce() -> T) -> Result<(T, bool)> {
+        let refuse = |why| Error::Argument {
+            op: "CudaDevice::with_arena",
+            arg: "arena",
+            value: format!("{arena:?}"),
+            why,
+        };
+        if !Arc::ptr_eq(arena.0.stream(), &self.stream) {
+            return Err(refuse("a block of another stream"));
+        }
+        {
+            let mut slot = self
+                .arena
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if slot.is_some() {
+                return Err(refuse("another arena is active on this device"));
+            }
+            if arena.1.swap(true, Ordering::Relaxed) {
+                return Err(refuse("the block served a capture before"));
+            }
             *slot = Some(ActiveArena {
                 block: arena.clone(),
                 stream: self.stream.cu_stream(),
                 ranges: ArenaRanges::new(arena.bytes()),
             });
         }
-        drop(slot);
-        let out = f();
-        if installed {
-            *self
-                .arena
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        /// Takes the arena down when dropped (also on a panic in `f`) and
+        /// says whether its ranges all came back.
+        struct Active<'a>(&'a CudaDevice);
+        impl Active<'_> {
+            fn finish(self) -> bool {
+                let a = self
+                    .0
+                    .arena
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                a.is_some_and(|a| a.ranges.top == 0)
+            }
         }
-        out
+        impl Drop for Active<'_> {
+            fn drop(&mut self) {
+                *self
+                    .0
+                    .arena
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            }
+        }
+        let active = Active(self);
+        let out = f();
+        Ok((out, active.finish()))
     }
 
     /// Runs `f` and returns, beside its result, the most bytes of this
-    /// device's own buffers alive at once while it ran, above those alive
-    /// when it began (each rounded to [`ARENA_ALIGN`]; all handles of the
-    /// device count): an eager step's peak, the arena its capture needs.
+    /// device's own buffers alive at once while it ran, above the fewest
+    /// alive in that time (each rounded to [`ARENA_ALIGN`]; all handles of
+    /// the device count, so another thread's work can inflate it): an eager
+    /// step's peak, the arena its capture needs.
     pub fn track_peak<T>(&self, f: impl FnOnce() -> T) -> (T, u64) {
         let base = self.usage.live.load(Ordering::Relaxed);
         self.usage.peak.store(base, Ordering::Relaxed);
+        self.usage.low.store(base, Ordering::Relaxed);
         let out = f();
         let peak = self.usage.peak.load(Ordering::Relaxed);
-        (out, peak.saturating_sub(base))
+        let low = self.usage.low.load(Ordering::Relaxed);
+        (out, peak.saturating_sub(low))
     }
 }
 
