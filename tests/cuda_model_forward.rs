@@ -58,6 +58,24 @@ fn gpu() -> Device {
     Device::Cuda(dev.with_poisoned_allocations())
 }
 
+/// Prompts of the given lengths and `steps` decode rounds of one token per
+/// prompt, drawn below `vocab`.
+fn token_draws(
+    rng: &mut impl Rng,
+    vocab: u32,
+    lens: &[usize],
+    steps: usize,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let prompts = lens
+        .iter()
+        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    let decode = (0..steps)
+        .map(|_| lens.iter().map(|_| rng.random_range(0..vocab)).collect())
+        .collect();
+    (prompts, decode)
+}
+
 fn capture() -> Capture {
     Capture {
         routing: true,
@@ -505,13 +523,7 @@ fn graphed_decode_steps_are_the_eager_steps_bit_for_bit() {
     } else {
         40
     };
-    let prompts: Vec<Vec<u32>> = [5usize, 9, 14]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
-        .collect();
-    let decode: Vec<Vec<u32>> = (0..steps)
-        .map(|_| (0..3).map(|_| rng.random_range(0..vocab)).collect())
-        .collect();
+    let (prompts, decode) = token_draws(&mut rng, vocab, &[5, 9, 14], steps);
     let pool = || {
         let pc = PoolConfig::fitting(&model.cfg, 3, 14 + steps + 1, 16, 16).unwrap();
         StatePool::new(&model.cfg, &model.device(), pc).unwrap()
@@ -853,13 +865,7 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
     )
     .unwrap()
     .vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = [6usize, 11, 16]
-        .iter()
-        .map(|&n| (0..n).map(|_| rng.random_range(0..vocab)).collect())
-        .collect();
-    let decode: Vec<Vec<u32>> = (0..steps)
-        .map(|_| (0..3).map(|_| rng.random_range(0..vocab)).collect())
-        .collect();
+    let (prompts, decode) = token_draws(&mut rng, vocab, &[6, 11, 16], steps);
     let run = |dev: &Device| {
         let (model, _) = common::tiny::tiny_model_on(seed, dev);
         assert_eq!(model.device().pdl(), dev.pdl());
