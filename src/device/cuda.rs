@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 
 mod arena;
-pub use arena::{ARENA_ALIGN, CaptureArena};
+pub use arena::CaptureArena;
 
 const LIBCUDA_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so", "nvcuda.dll"];
 
@@ -379,13 +379,18 @@ impl CudaDevice {
                 carved: Some(carved),
             });
         }
-        let slice = self.alloc_slice(bytes)?;
-        self.usage.add(len);
-        Ok(CudaBuffer {
+        Ok(self.owned(self.alloc_slice(bytes)?))
+    }
+
+    /// A buffer owning `slice` (a pool allocation of this handle's stream),
+    /// counted live until its drop subtracts it again.
+    fn owned(&self, slice: CudaSlice<u8>) -> CudaBuffer {
+        self.usage.add(arena::rounded(slice.len()));
+        CudaBuffer {
             device: self.clone(),
             slice: std::mem::ManuallyDrop::new(slice),
             carved: None,
-        })
+        }
     }
 
     /// A read-only device copy of `bytes` (a small table such as a RoPE
@@ -946,15 +951,7 @@ impl Clone for CudaBuffer {
             b.copy_from(self)?;
             Ok(b)
         });
-        copied.unwrap_or_else(|_| {
-            let slice = (*self.slice).clone();
-            self.device.usage.add(arena::rounded(slice.len()));
-            CudaBuffer {
-                device: self.device.clone(),
-                slice: std::mem::ManuallyDrop::new(slice),
-                carved: None,
-            }
-        })
+        copied.unwrap_or_else(|_| self.device.owned((*self.slice).clone()))
     }
 }
 

@@ -6,8 +6,7 @@ mod cuda;
 pub mod fatbin;
 
 pub use cuda::{
-    ARENA_ALIGN, CaptureArena, CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream,
-    cuda_driver_present,
+    CaptureArena, CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream, cuda_driver_present,
 };
 
 use crate::error::{Error, Result};

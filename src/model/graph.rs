@@ -62,7 +62,7 @@ struct Captured {
     /// The block the capture's temporaries were carved from (the replays
     /// write there), if the step's size was known and fitted.
     #[cfg(deepinfer_cuda)]
-    _arena: Option<crate::device::CaptureArena>,
+    capture_arena: Option<crate::device::CaptureArena>,
 }
 
 /// How the steps of a [`DecodeGraph`] ran.
@@ -416,7 +416,7 @@ impl Model {
                         crate::device::GraphNodes::default()
                     });
                     graph.stats.graph = nodes;
-                    graph.stats.arena_bytes = c._arena.as_ref().map_or(0, |a| a.bytes());
+                    graph.stats.arena_bytes = c.capture_arena.as_ref().map_or(0, |a| a.bytes());
                     graph.captured = Some(c);
                 }
                 Err(e) => {
@@ -592,10 +592,9 @@ impl Model {
         // or free node between its kernels. Its size: the same signature's
         // eager step's peak (a capture allocates the same buffers in the
         // same order) and a quarter and 1 MiB more for fragmentation; an
-        // allocation that still does not fit comes from the pool. A block
-        // that would take more than half the free memory is not made.
-        // A block that cannot be had (no room, or a failed allocation)
-        // leaves the pool to serve, as before arenas.
+        // allocation that still does not fit comes from the pool. Without
+        // a block (more than half the free memory, or a failed allocation)
+        // the pool serves everything, as before arenas.
         let arena = usize::try_from(eager_bytes)
             .ok()
             .filter(|&b| b > 0)
@@ -654,7 +653,7 @@ impl Model {
             logits,
             checks,
             recorded,
-            _arena: arena,
+            capture_arena: arena,
         })
     }
 }
