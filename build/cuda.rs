@@ -138,7 +138,8 @@ fn archs() -> Vec<String> {
 /// Entry points of a CUDA source: every `extern "C"` function marked
 /// `__global__` (with `__launch_bounds__(...)` and similar skipped), in
 /// source order, each name once, with whether its definition's first
-/// statement is `DI_PDL_ENTRY();` (`kernels-cuda/include/deepinfer/pdl.cuh`:
+/// statement is `DI_PDL_ENTRY();` or `DI_PDL_PREFETCH_ENTRY(..);`
+/// (`kernels-cuda/include/deepinfer/pdl.cuh`:
 /// the kernels the launcher may put on the stream as programmatic
 /// dependents).
 pub fn entry_points(src: &str) -> Vec<(String, bool)> {
@@ -156,7 +157,10 @@ pub fn entry_points(src: &str) -> Vec<(String, bool)> {
             .split(|c: char| !(c.is_alphanumeric() || c == '_'))
             .rfind(|t| !t.is_empty());
         let pdl = body_after_params(&rest[paren..])
-            .is_some_and(|body| body.trim_start().starts_with("DI_PDL_ENTRY();"));
+            .map(str::trim_start)
+            .is_some_and(|b| {
+                b.starts_with("DI_PDL_ENTRY();") || b.starts_with("DI_PDL_PREFETCH_ENTRY(")
+            });
         // A name seen before (a forward declaration, then the definition)
         // is one entry point, PDL where its definition opens with the entry.
         match name.map(|n| (n, found.iter_mut().find(|(m, _)| m == n))) {

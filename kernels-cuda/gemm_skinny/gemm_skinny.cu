@@ -475,6 +475,31 @@ template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const 
 
 #endif
 
+// Before the PDL wait (DI_PDL_PREFETCH_ENTRY, pdl.cuh): the dense GEMM's
+// weights are constants of the model, so a CTA asks L2 for the first whole
+// chunks of its own share (rows n0..n0+63, its split's K chunks) while the
+// kernel before it still runs: a launch asks for at most kPrefetchBudget
+// bytes in all, each CTA for at least one chunk a row. One thread a weight
+// row, one bulk prefetch each; of a tile's token halves (V2, M 33..64) the
+// first asks. Rows are 16-byte aligned (K % 16 == 0, as the loads need).
+constexpr int64_t kPrefetchBudget = 8 << 20;
+
+__device__ __forceinline__ void dense_prefetch(const di_gemm_skinny_params &p, int halves) {
+    if (int(blockIdx.x) % halves != 0 || int(threadIdx.x) >= kTileN) return;
+    const int row = (int(blockIdx.x) / halves) * kTileN + int(threadIdx.x);
+    if (row >= p.n) return;
+    const int nch = (p.k + kChunkK - 1) / kChunkK;
+    const int c0 = min(nch, int(blockIdx.y) * p.chunks_per_split);
+    const int c1 = min(nch, c0 + p.chunks_per_split);
+    const int64_t ctas = int64_t(gridDim.x / halves) * gridDim.y;
+    const int chunks = max(1, int(kPrefetchBudget / (ctas * kTileN * kChunkK)));
+    const int64_t begin = int64_t(c0) * kChunkK;
+    const int64_t end = min(int64_t(p.k), int64_t(min(c1, c0 + chunks)) * kChunkK);
+    if (end <= begin) return;
+    deepinfer::pdl_prefetch_l2(static_cast<const uint8_t *>(p.b) + int64_t(row) * p.k + begin,
+                               uint32_t(end - begin));
+}
+
 // Dense: grid (ceil(n / 64), splits). Split y covers K chunks
 // [y * chunks_per_split, min((y + 1) * chunks_per_split, ceil(k / 128))) and,
 // when there are several splits, writes f32 partials to out + y * m * n.
@@ -700,22 +725,22 @@ template <int NT_MAX> __device__ void masked_v2(const di_gemm_skinny_params &p) 
 // Masked: min(max_m, 64) in that range; rows beyond 64 go in further blocks.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_n8(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, 1));
     dense<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mxfp8_gemm_skinny_n16(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, 1));
     dense<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 3)
     mxfp8_gemm_skinny_n32(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, 1));
     dense<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 2)
     mxfp8_gemm_skinny_n64(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, 1));
     dense<64>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
@@ -763,17 +788,17 @@ extern "C" __global__ void __launch_bounds__(256)
 // (V1 4/3/2), within the registers ptxas reports.
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_v2_n8(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, p.token_halves));
     dense_v2<8>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_v2_n16(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, p.token_halves));
     dense_v2<16>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 4)
     mxfp8_gemm_skinny_v2_n32(const __grid_constant__ di_gemm_skinny_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(dense_prefetch(p, p.token_halves));
     dense_v2<32>(p);
 }
 extern "C" __global__ void __launch_bounds__(kThreads, 5)
