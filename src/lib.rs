@@ -45,6 +45,8 @@ pub mod numpy_rng;
 pub mod ops;
 pub mod parallel;
 pub mod tensor;
+#[cfg(test)]
+mod testing;
 pub mod weight_rng;
 
 pub use device::Device;

@@ -439,13 +439,7 @@ mod tests {
     /// first chunks of 256 and 1024 ranks).
     #[test]
     fn lazy_ranking_samples_as_the_full_sort() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testing::xorshift(0x9E37_79B9_7F4A_7C15);
         let specials = [0.0f32, -0.0, f32::NAN, f32::MIN_POSITIVE / 2.0, 1.0, 1.0];
         let mut cases = 0;
         for &n in &[1usize, 2, 9, 300, 1500, 5000] {

@@ -240,13 +240,7 @@ mod tests {
     /// each (accepting and rejecting).
     #[test]
     fn decide_is_the_plain_rule() {
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::testing::xorshift(0x2545_F491_4F6C_DD1D);
         let (mut accepted, mut rejected) = (0, 0);
         for n in [7usize, 300, 3000] {
             let row: Vec<f32> = (0..n)

@@ -334,13 +334,7 @@ mod tests {
     /// empty block; the high-water mark bounds every live set's end.
     #[test]
     fn carved_ranges_never_overlap_and_return_whole() {
-        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::testing::xorshift(0x9e37_79b9_7f4a_7c15);
         for round in 0..50 {
             let capacity = 64 * ARENA_ALIGN * (1 + round % 7);
             let mut r = ArenaRanges::new(capacity);
