@@ -340,7 +340,7 @@ mod tests {
             let mut r = ArenaRanges::new(capacity);
             let mut live: Vec<(usize, usize)> = Vec::new();
             for _ in 0..400 {
-                if live.is_empty() || next() % 3 != 0 {
+                if live.is_empty() || !next().is_multiple_of(3) {
                     let len = rounded(1 + (next() % (6 * ARENA_ALIGN as u64)) as usize);
                     if let Some(at) = r.take(len) {
                         assert_eq!(at % ARENA_ALIGN, 0);
