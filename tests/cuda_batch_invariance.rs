@@ -9,8 +9,9 @@
 //!   pinned path within the CPU reference's `calc_diff` bounds of
 //!   `cuda_blas.rs` (F32 out < 1e-5, BF16 out ≤ 1e-4). The default cuBLAS
 //!   path is reported beside it (whether it differs across M), not asserted.
-//! - The MXFP8 linear under `GemmImpl::Auto` (the large kernel for every M
-//!   on such a device): rows bitwise across M = 1 … 200, across the
+//! - The MXFP8 linear under `GemmImpl::Auto` (on such a device the skinny
+//!   kernel over whole K for M ≤ 64, the large kernel with whole tiles
+//!   above): rows bitwise across M = 1 … 200, across the
 //!   M ≤ 64 boundary where a plain device switches kernels; the control
 //!   asserts that on a plain handle the rows at M = 64 and 200 do differ.
 //! - The tiny model through the engine: the CPU test body of
@@ -194,7 +195,7 @@ fn pinned_bf16_linear_rows_do_not_depend_on_the_row_count() {
 }
 
 #[test]
-fn the_invariant_mxfp8_linear_keeps_one_kernel_for_every_row_count() {
+fn the_invariant_mxfp8_linear_sums_every_row_count_alike() {
     let cuda = cuda();
     let (plain, pinned) = (
         Device::Cuda(cuda.clone()),

@@ -1,5 +1,5 @@
 //! The GEMM op API (`ops::mxfp8_linear`, `ops::mxfp4_grouped_contiguous`,
-//! `ops::mxfp4_grouped_masked`) on the GPU: dispatch (Auto, Large, LargeSplit, Skinny)
+//! `ops::mxfp4_grouped_masked`) on the GPU: dispatch (Auto, Large, LargeSplit, Skinny, SkinnyWholeK)
 //! against the CPU op on the same quantised inputs (`calc_diff` < 1e-3, the
 //! issue's FP8/FP4 bound), the batch invariance the module doc promises
 //! (within the skinny kernel and Large a row's bits do not depend on M;
@@ -182,6 +182,77 @@ fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
                 bits(&split),
                 "{m}x{n}x{k}: LargeShared gave the per-32 kernel's bits"
             );
+        }
+    }
+}
+
+/// The skinny kernel over whole K (`GemmImpl::SkinnyWholeK`, what a
+/// batch-invariant device runs for M ≤ 64) gives the large kernel's bits,
+/// F32 and BF16, at every token tile (M 1 to 64, so V2's 8-, 16- and
+/// 32-token tiles and its two halves above 32), on short last K blocks and
+/// N tails: both sum each 32-block through the tensor core into a fresh
+/// tile and fold it by one fused multiply-add in K order. And the
+/// batch-invariant device's `Auto` runs it at M ≤ 64 and `Large` above.
+#[test]
+fn the_skinny_kernel_over_whole_k_gives_the_large_kernels_bits() {
+    let (cuda, dev) = gpu();
+    let inv = Device::Cuda(cuda.with_batch_invariant_kernels());
+    let mut rng = common::rng("skinny_whole_k_cuda");
+    let shapes: &[(usize, usize)] = if common::quick() {
+        &[(96, 272), (200, 1296)]
+    } else {
+        &[
+            (96, 272),
+            (200, 1296),
+            (1280, 5120),
+            (4096, 1280),
+            (1024, 8192),
+        ]
+    };
+    for &(n, k) in shapes {
+        let kb = k.div_ceil(32);
+        let m_max = 65;
+        let a = random_e4m3(&mut rng, m_max * k);
+        let a_s = random_e8m0(&mut rng, m_max * kb, GEMM_SCALES);
+        let w = t(random_e4m3(&mut rng, n * k), &[n, k]);
+        let w_s = t(
+            random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES),
+            &[n.div_ceil(32), kb],
+        );
+        for m in [1, 5, 8, 9, 16, 17, 32, 33, 64, 65] {
+            let ah = t(a[..m * k].to_vec(), &[m, k]);
+            let ash = t(a_s[..m * kb].to_vec(), &[m, kb]);
+            let run = |d: &Device, imp, dtype| {
+                let on = |x: &Tensor| x.to_device(d).unwrap();
+                let mut out = Tensor::empty(d, dtype, &[m, n]).unwrap();
+                ops::mxfp8_linear_into(&on(&ah), &on(&ash), &on(&w), &on(&w_s), &mut out, imp)
+                    .unwrap();
+                out.to_device(&Device::Cpu).unwrap()
+            };
+            let raw = |x: &Tensor| x.to_le_bytes().unwrap();
+            for dtype in [DType::F32, DType::BF16] {
+                let large = run(&dev, GemmImpl::Large, dtype);
+                let auto = run(&inv, GemmImpl::Auto, dtype);
+                assert_eq!(
+                    raw(&auto),
+                    raw(&large),
+                    "{m}x{n}x{k} {dtype:?}: invariant Auto"
+                );
+                if m > SKINNY_MAX_M {
+                    continue;
+                }
+                let whole = run(&dev, GemmImpl::SkinnyWholeK, dtype);
+                if dtype == DType::F32 {
+                    let want = f32s(&ops::mxfp8_linear(&ah, &ash, &w, &w_s, DType::F32).unwrap());
+                    let d = diff(&f32s(&whole), &want);
+                    assert!(d < BOUND, "{m}x{n}x{k} SkinnyWholeK: calc_diff {d:e}");
+                }
+                assert_eq!(
+                    raw(&whole),
+                    raw(&large),
+                    "{m}x{n}x{k} {dtype:?}: SkinnyWholeK"
+                );
+            }
         }
     }
 }

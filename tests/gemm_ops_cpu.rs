@@ -157,8 +157,9 @@ fn mxfp8_linear_equals_the_reference_and_an_f64_recomputation() {
             GemmImpl::LargeSplit,
             GemmImpl::LargeShared,
             GemmImpl::Skinny,
+            GemmImpl::SkinnyWholeK,
         ] {
-            if imp == GemmImpl::Skinny && m > SKINNY_MAX_M {
+            if matches!(imp, GemmImpl::Skinny | GemmImpl::SkinnyWholeK) && m > SKINNY_MAX_M {
                 continue;
             }
             let mut out = Tensor::filled_bytes(DType::F32, &[m, n], 0xFF).unwrap();
@@ -486,20 +487,15 @@ fn mxfp8_linear_rejects_bad_inputs_with_typed_errors() {
     let e =
         ops::mxfp8_linear_into(&d.a, &d.a_s, &d.w, &d.w_s, &mut out, GemmImpl::Auto).unwrap_err();
     assert!(is_shape(&e, "out"), "{e}");
-    // The skinny kernel takes at most SKINNY_MAX_M rows.
+    // The skinny kernels take at most SKINNY_MAX_M rows.
     let big = dense(&mut rng, SKINNY_MAX_M + 1, 32, 32);
     let mut out =
         Tensor::empty(&deepinfer::Device::Cpu, DType::F32, &[SKINNY_MAX_M + 1, 32]).unwrap();
-    let e = ops::mxfp8_linear_into(
-        &big.a,
-        &big.a_s,
-        &big.w,
-        &big.w_s,
-        &mut out,
-        GemmImpl::Skinny,
-    )
-    .unwrap_err();
-    assert!(is_arg(&e, "imp", "M = 65"), "{e}");
+    for imp in [GemmImpl::Skinny, GemmImpl::SkinnyWholeK] {
+        let e =
+            ops::mxfp8_linear_into(&big.a, &big.a_s, &big.w, &big.w_s, &mut out, imp).unwrap_err();
+        assert!(is_arg(&e, "imp", "M = 65"), "{e}");
+    }
     ops::mxfp8_linear_into(
         &big.a,
         &big.a_s,

@@ -257,6 +257,24 @@ pub fn mxfp8_gemm_skinny(
     mxfp8_gemm_skinny_with(dev, a, a_s, b, b_s, out, version)
 }
 
+/// [`mxfp8_gemm_skinny`] with K never split: one CTA sums an output tile's
+/// whole K, its 32-blocks in K order, each through the tensor core into a
+/// fresh fp32 tile folded by one fused multiply-add, as the large kernel
+/// (`gemm::mxfp8_gemm`, whole tiles) does. Slower than the split launch
+/// where N has few 64-row tiles; it exists for the batch-invariant mode,
+/// which needs one summation order at every M.
+pub fn mxfp8_gemm_skinny_whole_k(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    let version = dense_version(a.shape().first().copied().unwrap_or(0));
+    dense_launch(dev, a, a_s, b, b_s, out, version, true)
+}
+
 /// [`mxfp8_gemm_skinny`] by the kernels of `version`. Both versions split K
 /// the same way ([`split_k`]) and add the splits in the same order.
 pub fn mxfp8_gemm_skinny_with(
@@ -267,6 +285,22 @@ pub fn mxfp8_gemm_skinny_with(
     b_s: &Tensor,
     out: &mut Tensor,
     version: SkinnyVersion,
+) -> Result<()> {
+    dense_launch(dev, a, a_s, b, b_s, out, version, false)
+}
+
+/// The dense launch of `version`, K split by [`split_k`] or (`whole_k`)
+/// never.
+#[allow(clippy::too_many_arguments)]
+fn dense_launch(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    out: &mut Tensor,
+    version: SkinnyVersion,
+    whole_k: bool,
 ) -> Result<()> {
     const OP: &str = "mxfp8_gemm_skinny";
     let (m, k) = dims2(OP, "a", a)?;
@@ -317,7 +351,11 @@ pub fn mxfp8_gemm_skinny_with(
         }
     };
     let smem = smem_bytes(false, nt, version);
-    let (splits, chunks_per_split) = split_k(n, k);
+    let (splits, chunks_per_split) = if whole_k {
+        (1, k.div_ceil(CHUNK_K))
+    } else {
+        split_k(n, k)
+    };
     let tiles = n.div_ceil(TILE_N) * halves;
 
     let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);

@@ -322,6 +322,7 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     GemmImpl::Large,
                     GemmImpl::LargeSplit,
                     GemmImpl::Skinny,
+                    GemmImpl::SkinnyWholeK,
                 ]);
                 let _ = ops::mxfp8_linear_into(&a, &a_s, &w, &w_s, &mut out, imp);
             }

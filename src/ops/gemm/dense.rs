@@ -16,8 +16,9 @@ pub(super) const MXFP8_OP: &str = "mxfp8_linear";
 /// Block-scaled FP8 linear: `a` `[M, K]` e4m3 with `a_s` `[M, ⌈K/32⌉]`,
 /// `w` `[N, K]` e4m3 with `w_s` `[⌈N/32⌉, ⌈K/32⌉]`, all E8M0-scaled; returns
 /// a new `[M, N]` tensor of `out_dtype` (BF16 or F32) on the inputs' device,
-/// computed by the kernel [`GemmImpl::Auto`] picks (the large kernel for
-/// every M on a batch-invariant device, [`Device::batch_invariant`]).
+/// computed by the kernel [`GemmImpl::Auto`] picks (on a batch-invariant
+/// device, [`Device::batch_invariant`], kernels with one summation order
+/// at every M).
 pub fn mxfp8_linear(
     a: &Tensor,
     a_s: &Tensor,
@@ -34,7 +35,7 @@ pub fn mxfp8_linear(
 
 /// [`mxfp8_linear`] into a preallocated `out` (`[M, N]`, BF16 or F32, on
 /// the inputs' device), with a chosen CUDA kernel (ignored on the CPU, but
-/// [`GemmImpl::Skinny`] with M > [`SKINNY_MAX_M`] is an error everywhere).
+/// a skinny kernel with M > [`SKINNY_MAX_M`] is an error everywhere).
 pub fn mxfp8_linear_into(
     a: &Tensor,
     a_s: &Tensor,
@@ -49,13 +50,10 @@ pub fn mxfp8_linear_into(
         MXFP8_OP,
         &[("a", a), ("a_s", a_s), ("w", w), ("w_s", w_s), ("out", out)],
     )?;
-    // A batch-invariant device runs one kernel for every M: Auto's M ≤ 64
-    // switch would give a row another summation order in another batch.
-    let imp = match imp {
-        GemmImpl::Auto if device.batch_invariant() => GemmImpl::Large,
-        imp => imp,
-    }
-    .resolve(MXFP8_OP, m)?;
+    // A batch-invariant device runs kernels that sum every output the same
+    // way at every M (K unsplit, 32-blocks in K order): Auto's split-K
+    // skinny launch would give a row another order in another batch.
+    let imp = imp.resolve(MXFP8_OP, m, device.batch_invariant())?;
     if m == 0 {
         return Ok(());
     }
@@ -77,6 +75,9 @@ pub fn mxfp8_linear_into(
             GemmImpl::Skinny => {
                 crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny(&dev, a, a_s, w, w_s, out)
             }
+            GemmImpl::SkinnyWholeK => crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny_whole_k(
+                &dev, a, a_s, w, w_s, out,
+            ),
             GemmImpl::LargeSplit | GemmImpl::LargeShared => crate::cuda_backend::gemm::mxfp8_gemm(
                 &dev,
                 a,

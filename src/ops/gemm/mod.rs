@@ -41,10 +41,14 @@
 //! K split from the tile count, i.e. from M: repeated runs of one shape are
 //! bitwise identical, but a row's last bits may change with M. The kernels
 //! sum in different orders, so results across the [`SKINNY_MAX_M`] threshold
-//! or the split agree to `calc_diff`, not bitwise; a batch-invariant device
-//! ([`crate::Device::batch_invariant`]) therefore resolves `Auto` to
-//! [`GemmImpl::Large`] for every M. cuBLAS gives no such promise for the BF16
-//! linear (its algorithm may change with M).
+//! or the split agree to `calc_diff`, not bitwise. Unsplit, the two kernels
+//! sum alike (each 32-block through the tensor core into a fresh tile,
+//! folded by one fused multiply-add in K order), so the skinny kernel over
+//! whole K ([`GemmImpl::SkinnyWholeK`]) gives [`GemmImpl::Large`]'s bits;
+//! a batch-invariant device ([`crate::Device::batch_invariant`]) resolves
+//! `Auto` to the first for M ≤ [`SKINNY_MAX_M`] and to the second above.
+//! cuBLAS gives no such promise for the BF16 linear (its algorithm may
+//! change with M).
 //!
 //! The CUDA launchers add their kernels' own limits, returned as typed
 //! errors before any launch (`cuda_backend::gemm`, `cuda_backend::gemm_skinny`):
@@ -93,9 +97,10 @@ pub const SKINNY_MAX_M: usize = 64;
 /// Which CUDA kernel runs [`mxfp8_linear_into`] (the CPU has one reference).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GemmImpl {
-    /// Skinny for M ≤ [`SKINNY_MAX_M`], [`GemmImpl::LargeSplit`] above;
-    /// [`GemmImpl::Large`] for every M on a batch-invariant device
-    /// ([`crate::Device::batch_invariant`]).
+    /// Skinny for M ≤ [`SKINNY_MAX_M`], [`GemmImpl::LargeSplit`] above; on
+    /// a batch-invariant device ([`crate::Device::batch_invariant`])
+    /// [`GemmImpl::SkinnyWholeK`] for M ≤ [`SKINNY_MAX_M`] and
+    /// [`GemmImpl::Large`] above, which sum every output the same way.
     #[default]
     Auto,
     /// The wgmma kernel for any M (`kernels-cuda/gemm/`), every output tile
@@ -118,20 +123,26 @@ pub enum GemmImpl {
     LargeShared,
     /// The skinny kernel; M ≤ [`SKINNY_MAX_M`] only.
     Skinny,
+    /// The skinny kernel with K never split (one CTA sums a tile's whole
+    /// K): each output has [`GemmImpl::Large`]'s bits at every M
+    /// (`tests/cuda_gemm_ops.rs`); M ≤ [`SKINNY_MAX_M`] only.
+    SkinnyWholeK,
 }
 
 impl GemmImpl {
-    /// The kernel that runs for `m` rows: [`GemmImpl::Large`] or
-    /// [`GemmImpl::Skinny`], or an error when `Skinny` is asked for more
-    /// rows than it takes.
-    fn resolve(self, op: &'static str, m: usize) -> Result<GemmImpl> {
+    /// The kernel that runs for `m` rows on a device that is
+    /// batch-invariant or not, or an error when a skinny kernel is asked
+    /// for more rows than it takes.
+    fn resolve(self, op: &'static str, m: usize, invariant: bool) -> Result<GemmImpl> {
         match self {
+            GemmImpl::Auto if m <= SKINNY_MAX_M && invariant => Ok(GemmImpl::SkinnyWholeK),
             GemmImpl::Auto if m <= SKINNY_MAX_M => Ok(GemmImpl::Skinny),
+            GemmImpl::Auto if invariant => Ok(GemmImpl::Large),
             GemmImpl::Auto => Ok(GemmImpl::LargeSplit),
-            GemmImpl::Skinny if m > SKINNY_MAX_M => Err(Error::Argument {
+            GemmImpl::Skinny | GemmImpl::SkinnyWholeK if m > SKINNY_MAX_M => Err(Error::Argument {
                 op,
                 arg: "imp",
-                value: format!("Skinny with M = {m}"),
+                value: format!("{self:?} with M = {m}"),
                 why: "the skinny kernel takes at most SKINNY_MAX_M = 64 rows",
             }),
             imp => Ok(imp),
