@@ -999,7 +999,7 @@ fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
     let arena = cuda.capture_arena(1 << 20).unwrap();
     assert_eq!(arena.bytes(), 1 << 20);
     let sizes: Vec<usize> = (0..40).map(|i| 37 + i * 613).collect();
-    let (((made, used, reused), clean), spilled) = cuda.track_peak(|| {
+    let (((made, used, reused), report), spilled) = cuda.track_peak(|| {
         cuda.with_arena(&arena, || {
             // A buffer made and dropped first: its bytes serve again.
             let first = ops::scale(
@@ -1030,7 +1030,14 @@ fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
         })
         .unwrap()
     });
-    assert!(!clean, "the carved tensors outlive with_arena: not clean");
+    assert!(
+        !report.clean,
+        "the carved tensors outlive with_arena: not clean"
+    );
+    // The report counts what the pool served: every spilled buffer is
+    // still alive, so the pool's peak above its low is their bytes.
+    assert!(report.spills > 0, "{report:?}");
+    assert_eq!(report.spilled_bytes as u64, spilled, "{report:?}");
     // A block serves once, and only its own stream.
     let again = cuda.with_arena(&arena, || ());
     assert!(again.is_err(), "a second use of a block is refused");
@@ -1095,8 +1102,12 @@ fn capture_arena_buffers_are_disjoint_and_graphs_replay_them() {
             }
         };
         let graph = if carved {
-            let (graph, clean) = cuda.with_arena(&arena, &mut body).unwrap();
-            assert!(clean, "every carved buffer was dropped inside the capture");
+            let (graph, report) = cuda.with_arena(&arena, &mut body).unwrap();
+            assert!(
+                report.clean,
+                "every carved buffer was dropped inside the capture"
+            );
+            assert_eq!(report.spills, 0, "{report:?}");
             graph
         } else {
             body()

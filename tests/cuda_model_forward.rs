@@ -922,6 +922,7 @@ fn pdl_decode_steps_are_the_plain_steps_bit_for_bit() {
     // or free node sits between its kernels.
     for s in [&with_stats, &without_stats] {
         assert!(s.arena_bytes > 0, "{s:?}");
+        assert_eq!(s.arena_spills, 0, "{s:?}");
         assert_eq!((s.graph.allocs, s.graph.frees), (0, 0), "{s:?}");
     }
     assert!(with_stats.graph.kernels > 0);

@@ -14,7 +14,7 @@ use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex};
 
 mod arena;
-pub use arena::CaptureArena;
+pub use arena::{ArenaReport, CaptureArena};
 
 const LIBCUDA_NAMES: &[&str] = &["libcuda.so.1", "libcuda.so", "nvcuda.dll"];
 

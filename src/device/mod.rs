@@ -6,7 +6,8 @@ mod cuda;
 pub mod fatbin;
 
 pub use cuda::{
-    CaptureArena, CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream, cuda_driver_present,
+    ArenaReport, CaptureArena, CudaBuffer, CudaDevice, Event, Graph, GraphNodes, Stream,
+    cuda_driver_present,
 };
 
 use crate::error::{Error, Result};

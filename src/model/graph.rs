@@ -63,6 +63,9 @@ struct Captured {
     /// write there), if the step's size was known and fitted.
     #[cfg(deepinfer_cuda)]
     capture_arena: Option<crate::device::CaptureArena>,
+    /// Its allocations that found no room in that block.
+    #[cfg(deepinfer_cuda)]
+    arena_spills: usize,
 }
 
 /// How the steps of a [`DecodeGraph`] ran.
@@ -102,6 +105,10 @@ pub struct GraphStats {
     /// Bytes of that graph's capture arena (0: its temporaries came from
     /// the pool, as allocation and free nodes).
     pub arena_bytes: usize,
+    /// Allocations of that capture that found no room in its arena (each
+    /// an allocation and a free node), after one capture with a larger
+    /// arena when the first spilled.
+    pub arena_spills: usize,
 }
 
 /// The graph state of a run of decode steps ([`Model::decode_graphed`]):
@@ -205,6 +212,7 @@ impl DecodeGraph {
         self.stats = GraphStats {
             graph: self.stats.graph,
             arena_bytes: self.stats.arena_bytes,
+            arena_spills: self.stats.arena_spills,
             ..GraphStats::default()
         };
         self.restart_gaps();
@@ -417,6 +425,7 @@ impl Model {
                     });
                     graph.stats.graph = nodes;
                     graph.stats.arena_bytes = c.capture_arena.as_ref().map_or(0, |a| a.bytes());
+                    graph.stats.arena_spills = c.arena_spills;
                     graph.captured = Some(c);
                 }
                 Err(e) => {
@@ -592,15 +601,21 @@ impl Model {
         // or free node between its kernels. Its size: the same signature's
         // eager step's peak (a capture allocates the same buffers in the
         // same order) and a quarter and 1 MiB more for fragmentation; an
-        // allocation that still does not fit comes from the pool. Without
-        // a block (more than half the free memory, or a failed allocation)
-        // the pool serves everything, as before arenas.
-        let arena = usize::try_from(eager_bytes)
+        // allocation that still does not fit comes from the pool, and then
+        // the step is captured once more in a block larger by twice the
+        // bytes that spilled (the same allocations in the same order).
+        // Without a block (more than half the free memory, or a failed
+        // allocation) the pool serves everything, as before arenas.
+        let block = |want: usize| {
+            Some(want)
+                .filter(|&want| cuda.memory_info().is_ok_and(|(free, _)| want <= free / 2))
+                .and_then(|want| cuda.capture_arena(want).ok())
+        };
+        let mut arena = usize::try_from(eager_bytes)
             .ok()
             .filter(|&b| b > 0)
             .map(|b| b.saturating_add(b / 4).saturating_add(1 << 20))
-            .filter(|&want| cuda.memory_info().is_ok_and(|(free, _)| want <= free / 2))
-            .and_then(|want| cuda.capture_arena(want).ok());
+            .and_then(block);
         // SAFETY: the capture records this thread's work on the device's
         // stream, which no other step of this model uses while it runs (the
         // caller holds `Model::launches` for writing; every entry point
@@ -629,18 +644,40 @@ impl Model {
                 }
             })
         };
-        let made = match &arena {
-            Some(a) => match cuda.with_arena(a, capture)? {
-                (made, true) => made,
+        let (mut arena_spills, mut retried) = (0, false);
+        let made = loop {
+            let Some(a) = arena.clone() else {
+                break capture();
+            };
+            match cuda.with_arena(&a, &mut capture)? {
                 // A carved buffer outlived the capture: each replay would
                 // rewrite its bytes. Refused, so the signature runs eagerly.
-                (_, false) => Err(crate::Error::Unsupported {
-                    op: "Model::decode_graphed",
-                    device: cuda.to_string(),
-                    why: "a buffer carved during the capture outlived it",
-                }),
-            },
-            None => capture(),
+                (_, r) if !r.clean => {
+                    break Err(crate::Error::Unsupported {
+                        op: "Model::decode_graphed",
+                        device: cuda.to_string(),
+                        why: "a buffer carved during the capture outlived it",
+                    });
+                }
+                (Ok(g), r) if r.spills > 0 && !retried => {
+                    retried = true;
+                    match block(a.bytes().saturating_add(r.spilled_bytes.saturating_mul(2))) {
+                        Some(b) => {
+                            // Never launched: a capture only records.
+                            drop(g);
+                            arena = Some(b);
+                        }
+                        None => {
+                            arena_spills = r.spills;
+                            break Ok(g);
+                        }
+                    }
+                }
+                (made, r) => {
+                    arena_spills = r.spills;
+                    break made;
+                }
+            }
         };
         if let Some(e) = failed {
             return Err(e);
@@ -654,6 +691,7 @@ impl Model {
             checks,
             recorded,
             capture_arena: arena,
+            arena_spills,
         })
     }
 }

@@ -132,6 +132,23 @@ pub(super) struct ActiveArena {
     block: CaptureArena,
     stream: sys::CUstream,
     ranges: ArenaRanges,
+    /// The allocations that found no room, and their rounded bytes.
+    spills: usize,
+    spilled_bytes: usize,
+}
+
+/// What a [`CudaDevice::with_arena`] left behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ArenaReport {
+    /// Every carved buffer was dropped inside (a buffer that outlives a
+    /// capture would share bytes with the ones freed before it, which every
+    /// replay rewrites).
+    pub clean: bool,
+    /// Allocations that found no room in the block and came from the pool
+    /// (each an allocation and a free node in a captured graph), and their
+    /// bytes rounded to [`ARENA_ALIGN`].
+    pub spills: usize,
+    pub spilled_bytes: usize,
 }
 
 // SAFETY: `stream` is only compared with other stream handles, never used
@@ -187,7 +204,11 @@ impl CudaDevice {
         let a = active
             .as_mut()
             .filter(|a| a.stream == self.stream.cu_stream())?;
-        let at = a.ranges.take(len)?;
+        let Some(at) = a.ranges.take(len) else {
+            a.spills += 1;
+            a.spilled_bytes = a.spilled_bytes.saturating_add(len);
+            return None;
+        };
         let (base, _guard) = a.block.0.device_ptr(&self.stream);
         // SAFETY: `at .. at + len` lies inside the block and is carved
         // from it for this buffer alone until it is given back (the
@@ -249,11 +270,15 @@ impl CudaDevice {
     /// `arena` (one that does not fit comes from the pool as usual), then
     /// returns to the pool, even when `f` panics. Meant around a capture:
     /// the graph then holds no allocation or free node for them. Returns
-    /// `f`'s result and whether every carved buffer was dropped inside
-    /// (a buffer that outlives a capture would share bytes with the ones
-    /// freed before it, which every replay rewrites). Refused for a block
-    /// used before, one of another stream, or while an arena is active.
-    pub fn with_arena<T>(&self, arena: &CaptureArena, f: impl FnOnce() -> T) -> Result<(T, bool)> {
+    /// `f`'s result and the [`ArenaReport`]: whether every carved buffer
+    /// was dropped inside, and what spilled to the pool. Refused for a
+    /// block used before, one of another stream, or while an arena is
+    /// active.
+    pub fn with_arena<T>(
+        &self,
+        arena: &CaptureArena,
+        f: impl FnOnce() -> T,
+    ) -> Result<(T, ArenaReport)> {
         let refuse = |why| Error::Argument {
             op: "CudaDevice::with_arena",
             arg: "arena",
@@ -278,20 +303,26 @@ impl CudaDevice {
                 block: arena.clone(),
                 stream: self.stream.cu_stream(),
                 ranges: ArenaRanges::new(arena.bytes()),
+                spills: 0,
+                spilled_bytes: 0,
             });
         }
         /// Takes the arena down when dropped (also on a panic in `f`) and
-        /// says whether its ranges all came back.
+        /// reports whether its ranges all came back and what spilled.
         struct Active<'a>(&'a CudaDevice);
         impl Active<'_> {
-            fn finish(self) -> bool {
+            fn finish(self) -> ArenaReport {
                 let a = self
                     .0
                     .arena
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .take();
-                a.is_some_and(|a| a.ranges.top == 0)
+                a.map_or(ArenaReport::default(), |a| ArenaReport {
+                    clean: a.ranges.top == 0,
+                    spills: a.spills,
+                    spilled_bytes: a.spilled_bytes,
+                })
             }
         }
         impl Drop for Active<'_> {
