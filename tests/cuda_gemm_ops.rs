@@ -188,9 +188,10 @@ fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
 
 /// The skinny kernel over whole K (`GemmImpl::SkinnyWholeK`, what a
 /// batch-invariant device runs for M ≤ 64) gives the large kernel's bits,
-/// F32 and BF16, at every token tile (M 1 to 64, so V2's 8-, 16- and
-/// 32-token tiles and its two halves above 32), on short last K blocks and
-/// N tails: both sum each 32-block through the tensor core into a fresh
+/// F32 and BF16, at every token tile it runs (M 1 to 64: V2's 8-token tile
+/// up to 8 rows, V1's 16-, 32- and 64-token tiles above, as
+/// `dense_version` picks), on short last K blocks and N tails: both sum
+/// each 32-block through the tensor core into a fresh
 /// tile and fold it by one fused multiply-add in K order. And the
 /// batch-invariant device's `Auto` runs it at M ≤ 64 and `Large` above.
 #[test]

@@ -478,8 +478,9 @@ template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const 
 // Before the PDL wait (DI_PDL_PREFETCH_ENTRY, pdl.cuh): the dense GEMM's
 // weights are constants of the model, so a CTA asks L2 for the first whole
 // chunks of its own share (rows n0..n0+63, its split's K chunks) while the
-// kernel before it still runs: a launch asks for at most kPrefetchBudget
-// bytes in all, each CTA for at least one chunk a row. One thread a weight
+// kernel before it still runs: a launch asks for about kPrefetchBudget
+// bytes in all, each CTA for at least one chunk a row (so more past 1,024
+// CTAs). One thread a weight
 // row, one bulk prefetch each; of a tile's token halves (V2, M 33..64) the
 // first asks. Rows are 16-byte aligned (K % 16 == 0, as the loads need).
 constexpr int64_t kPrefetchBudget = 8 << 20;
