@@ -220,20 +220,26 @@ fn the_skinny_kernel_over_whole_k_gives_the_large_kernels_bits() {
             random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES),
             &[n.div_ceil(32), kb],
         );
+        // The weights once per handle; each handle's ops see only its own
+        // tensors, so the invariant handle's mode decides its runs.
+        let on = |x: &Tensor, d: &Device| x.to_device(d).unwrap();
+        let (wd, wsd) = (on(&w, &dev), on(&w_s, &dev));
+        let (wi, wsi) = (on(&w, &inv), on(&w_s, &inv));
         for m in [1, 5, 8, 9, 16, 17, 32, 33, 64, 65] {
             let ah = t(a[..m * k].to_vec(), &[m, k]);
             let ash = t(a_s[..m * kb].to_vec(), &[m, kb]);
-            let run = |d: &Device, imp, dtype| {
-                let on = |x: &Tensor| x.to_device(d).unwrap();
-                let mut out = Tensor::empty(d, dtype, &[m, n]).unwrap();
-                ops::mxfp8_linear_into(&on(&ah), &on(&ash), &on(&w), &on(&w_s), &mut out, imp)
-                    .unwrap();
-                out.to_device(&Device::Cpu).unwrap()
-            };
+            let plain = (&dev, on(&ah, &dev), on(&ash, &dev), &wd, &wsd);
+            let pinned = (&inv, on(&ah, &inv), on(&ash, &inv), &wi, &wsi);
+            let run =
+                |(d, a, a_s, w, w_s): &(&Device, Tensor, Tensor, &Tensor, &Tensor), imp, dtype| {
+                    let mut out = Tensor::empty(d, dtype, &[m, n]).unwrap();
+                    ops::mxfp8_linear_into(a, a_s, w, w_s, &mut out, imp).unwrap();
+                    out.to_device(&Device::Cpu).unwrap()
+                };
             let raw = |x: &Tensor| x.to_le_bytes().unwrap();
             for dtype in [DType::F32, DType::BF16] {
-                let large = run(&dev, GemmImpl::Large, dtype);
-                let auto = run(&inv, GemmImpl::Auto, dtype);
+                let large = run(&plain, GemmImpl::Large, dtype);
+                let auto = run(&pinned, GemmImpl::Auto, dtype);
                 assert_eq!(
                     raw(&auto),
                     raw(&large),
@@ -242,7 +248,7 @@ fn the_skinny_kernel_over_whole_k_gives_the_large_kernels_bits() {
                 if m > SKINNY_MAX_M {
                     continue;
                 }
-                let whole = run(&dev, GemmImpl::SkinnyWholeK, dtype);
+                let whole = run(&plain, GemmImpl::SkinnyWholeK, dtype);
                 if dtype == DType::F32 {
                     let want = f32s(&ops::mxfp8_linear(&ah, &ash, &w, &w_s, DType::F32).unwrap());
                     let d = diff(&f32s(&whole), &want);
