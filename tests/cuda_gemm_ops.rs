@@ -364,6 +364,106 @@ fn grouped_ops_read_offsets_and_counts_on_the_device() {
     assert!(d < BOUND, "masked: calc_diff {d:e}");
 }
 
+/// Issue 12's first experiment (`docs/wide-ep.md`): does the masked V6
+/// kernel's order of a block's 32 products (16 even then 16 odd k, both
+/// operands alike, to match its register decode) change the tensor core's
+/// sum? With K = 256 (one 8-block chunk, warpgroup j on blocks 2j, 2j + 1)
+/// and every value past K 64 zero, only warpgroup 0 sums anything (the
+/// others add +0.0), so V6's rows must equal the contiguous kernel's bits
+/// (blocks 0 and 1 in K order, one fused multiply-add each) if and only if
+/// the permutation does not change a block's sum. Over all of K the two
+/// kernels agree to `calc_diff` (V6 splits K over four warpgroups), and the
+/// number of outputs whose bits differ is printed for the record.
+#[test]
+fn the_masked_v6_block_order_keeps_the_contiguous_kernels_sums() {
+    let (_, dev) = gpu();
+    let mut rng = common::rng("v6_block_order_cuda");
+    let (e, n, max_m) = (3, 128, 8);
+    let counts = [5i32, 8, 3];
+    for (k, live) in [(256, 64), (256, 256), (2560, 2560)] {
+        assert!(
+            deepinfer::cuda_backend::gemm_skinny::v6_layout(e, max_m, n, k).is_some(),
+            "K {k}: the masked op would not run V6"
+        );
+        let kb = k / 32;
+        let mut w = random_fp4(&mut rng, e * n * k / 2);
+        let mut a = random_e4m3(&mut rng, e * max_m * k);
+        for row in w.chunks_mut(k / 2) {
+            row[live / 2..].fill(deepinfer::Fp4x2(0));
+        }
+        for row in a.chunks_mut(k) {
+            row[live..].fill(E4M3(0));
+        }
+        let w = t(w, &[e, n, k]);
+        let w_s = t(random_e8m0(&mut rng, e * n * kb, GEMM_SCALES), &[e, n, kb]);
+        let a_s = random_e8m0(&mut rng, e * max_m * kb, GEMM_SCALES);
+        // The same valid rows, expert-major, for the contiguous kernel.
+        let (mut ac, mut asc, mut offsets) = (Vec::new(), Vec::new(), vec![0i32]);
+        for (x, &c) in counts.iter().enumerate() {
+            let r = x * max_m..x * max_m + c as usize;
+            ac.extend_from_slice(&a[r.start * k..r.end * k]);
+            asc.extend_from_slice(&a_s[r.start * kb..r.end * kb]);
+            offsets.push(offsets.last().unwrap() + c);
+        }
+        let rows = ac.len() / k;
+        let up = |x: Tensor| x.to_device(&dev).unwrap();
+        let (wd, wsd) = (up(w.clone()), up(w_s.clone()));
+        let masked = f32s(
+            &ops::mxfp4_grouped_masked(
+                &up(t(a, &[e, max_m, k])),
+                &up(t(a_s, &[e, max_m, kb])),
+                &wd,
+                &wsd,
+                &up(t(counts.to_vec(), &[e])),
+                DType::F32,
+            )
+            .unwrap(),
+        );
+        let (ac, asc) = (t(ac, &[rows, k]), t(asc, &[rows, kb]));
+        let off = t(offsets, &[e + 1]);
+        let contiguous = f32s(
+            &ops::mxfp4_grouped_contiguous(
+                &up(ac.clone()),
+                &up(asc.clone()),
+                &wd,
+                &wsd,
+                &up(off.clone()),
+                DType::F32,
+            )
+            .unwrap(),
+        );
+        let want =
+            f32s(&ops::mxfp4_grouped_contiguous(&ac, &asc, &w, &w_s, &off, DType::F32).unwrap());
+        let mut valid = Vec::new();
+        for (x, &c) in counts.iter().enumerate() {
+            valid.extend_from_slice(&masked[x * max_m * n..(x * max_m + c as usize) * n]);
+        }
+        assert!(
+            valid.iter().all(|v| v.is_finite()),
+            "K {k}: V6 left valid rows unwritten"
+        );
+        for (name, got) in [("V6", &valid), ("contiguous", &contiguous)] {
+            let d = diff(got, &want);
+            assert!(d < BOUND, "K {k}, live {live}: {name} calc_diff {d:e}");
+        }
+        let differ = bits(&valid)
+            .iter()
+            .zip(bits(&contiguous))
+            .filter(|(a, b)| **a != *b)
+            .count();
+        println!(
+            "K {k}, live {live}: {differ} of {} outputs differ in bits between V6 and the contiguous kernel",
+            valid.len()
+        );
+        if live == 64 {
+            assert_eq!(
+                differ, 0,
+                "K {k}: one warpgroup's blocks, V6's product order changed a block's sum"
+            );
+        }
+    }
+}
+
 #[test]
 fn empty_outputs_and_malformed_device_offsets_are_safe() {
     let (cuda, dev) = gpu();

@@ -6,9 +6,13 @@
 //!   m = N, n = M, k = K, A = W (ld K), B = A (ld K), C = D (ld N))`, with
 //!   `CUBLAS_COMPUTE_32F` (no TF32, no reduced-precision split-K reductions)
 //!   and a BF16 or F32 output. One cuBLAS handle per stream of a
-//!   [`CudaDevice`], created on first use, bound to that stream, and kept
-//!   (with the stream) for the life of the process; calls through one handle
-//!   are serialised by a mutex.
+//!   [`CudaDevice`], created on first use (outside a CUDA graph capture),
+//!   bound to that stream, and kept (with the stream) for the life of the
+//!   process; calls through one handle are serialised by a mutex. Each
+//!   handle owns a workspace of [`LT_WORKSPACE_BYTES`] (`cublasSetWorkspace`):
+//!   without one, cuBLAS 12.2+ takes its workspace from the stream-ordered
+//!   pool at every call, which a capture records as an allocation and a free
+//!   node around each GEMM (56 of each in a decode step's graph).
 //! - [`grouped_bf16_linear`] serves `wo_a`'s block-diagonal linear: the same
 //!   mapping per group, as one strided batched GEMM.
 //! - [`Fp8TensorwisePlan`] (and [`cublaslt_fp8_tensorwise`]) is a
@@ -37,7 +41,8 @@ use std::ffi::c_void;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 
-/// Workspace handed to cuBLASLt (NVIDIA's recommendation for Hopper).
+/// Workspace handed to cuBLASLt and to each cuBLAS handle (NVIDIA's
+/// recommendation for Hopper).
 const LT_WORKSPACE_BYTES: usize = 32 << 20;
 
 fn blas_error(during: &'static str) -> impl FnOnce(cublas::result::CublasError) -> Error {
@@ -121,7 +126,13 @@ fn load_libraries() -> Result<(), String> {
     Ok(())
 }
 
-type SharedBlas = Arc<Mutex<CudaBlas>>;
+/// A cuBLAS handle and the workspace it was given (dropped after it).
+struct Blas {
+    blas: CudaBlas,
+    _workspace: CudaBuffer,
+}
+
+type SharedBlas = Arc<Mutex<Blas>>;
 
 /// The cuBLAS handle bound to `dev`'s stream, created on first use. The key
 /// is the stream's address, which cannot be reused while the cached handle
@@ -137,8 +148,12 @@ fn blas_handle(dev: &CudaDevice) -> Result<SharedBlas> {
     if let Some(h) = handles.get(&key) {
         return Ok(h.clone());
     }
+    // cublasCreate allocates, and the workspace must outlive every graph
+    // that records it: neither may happen inside a capture.
+    dev.refuse_in_capture("creating a cuBLAS handle")?;
     bind(dev)?;
     let blas = CudaBlas::new(stream.clone()).map_err(blas_error("cublasCreate"))?;
+    let mut workspace = dev.alloc(LT_WORKSPACE_BYTES)?;
     // SAFETY: the handle is live (owned by `blas`); the mode is a valid enum
     // value (CUBLAS_DEFAULT_MATH = 0 with reduced-precision reductions off).
     unsafe {
@@ -149,7 +164,21 @@ fn blas_handle(dev: &CudaDevice) -> Result<SharedBlas> {
     }
     .result()
     .map_err(blas_error("cublasSetMathMode"))?;
-    let h = Arc::new(Mutex::new(blas));
+    {
+        let (wsp, _g) = write_ptr(&mut workspace, dev);
+        // SAFETY: the handle is live; `wsp` addresses the workspace's
+        // LT_WORKSPACE_BYTES (256-byte aligned, as cuBLAS requires), owned by
+        // the entry beside the handle and so alive as long as the handle; it
+        // is used only on the handle's stream, which the allocation is
+        // ordered on.
+        unsafe { cublas::sys::cublasSetWorkspace_v2(*blas.handle(), wsp, LT_WORKSPACE_BYTES) }
+            .result()
+            .map_err(blas_error("cublasSetWorkspace"))?;
+    }
+    let h = Arc::new(Mutex::new(Blas {
+        blas,
+        _workspace: workspace,
+    }));
     handles.insert(key, h.clone());
     Ok(h)
 }
@@ -173,9 +202,10 @@ pub fn bf16_linear(
         _ => cudaDataType_t::CUDA_R_16BF,
     };
     let handle = blas_handle(dev)?;
-    let blas = handle
+    let guard = handle
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let blas = &guard.blas;
     bind(dev)?;
     let (ap, _ga) = read_ptr(a.cuda()?, dev);
     let (wp, _gw) = read_ptr(w.cuda()?, dev);
@@ -242,9 +272,10 @@ pub fn grouped_bf16_linear(
     );
     let stride_w = i64_dim("n × k", n.checked_mul(k))?;
     let handle = blas_handle(dev)?;
-    let blas = handle
+    let guard = handle
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let blas = &guard.blas;
     bind(dev)?;
     let (xp, _gx) = read_ptr(x.cuda()?, dev);
     let (wp, _gw) = read_ptr(w.cuda()?, dev);

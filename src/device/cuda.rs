@@ -510,9 +510,10 @@ impl CudaDevice {
         Ok(buffer)
     }
 
-    /// Refuses a host copy while this stream is being captured: a captured
-    /// copy would not run now (a read-back would return stale bytes) and its
-    /// replay would touch a host buffer long gone.
+    /// Refuses work that must happen now while this stream is being
+    /// captured: a captured host copy would not run now (a read-back would
+    /// return stale bytes) and its replay would touch a host buffer long
+    /// gone; a captured allocation would belong to the graph.
     pub(crate) fn refuse_in_capture(&self, what: &'static str) -> Result<()> {
         let status = self
             .stream
@@ -524,7 +525,7 @@ impl CudaDevice {
         Err(Error::Unsupported {
             op: what,
             device: self.to_string(),
-            why: "a host copy inside a CUDA graph capture",
+            why: "a host copy or a lasting allocation inside a CUDA graph capture",
         })
     }
 
