@@ -364,23 +364,23 @@ fn grouped_ops_read_offsets_and_counts_on_the_device() {
     assert!(d < BOUND, "masked: calc_diff {d:e}");
 }
 
-/// Issue 12's first experiment (`docs/wide-ep.md`): does the masked V6
-/// kernel's order of a block's 32 products (16 even then 16 odd k, both
-/// operands alike, to match its register decode) change the tensor core's
-/// sum? With K = 256 (one 8-block chunk, warpgroup j on blocks 2j, 2j + 1)
-/// and every value past K 64 zero, only warpgroup 0 sums anything (the
-/// others add +0.0), so V6's rows must equal the contiguous kernel's bits
-/// (blocks 0 and 1 in K order, one fused multiply-add each) if and only if
-/// the permutation does not change a block's sum. Over all of K the two
-/// kernels agree to `calc_diff` (V6 splits K over four warpgroups), and the
-/// number of outputs whose bits differ is printed for the record.
+/// Issue 12's first experiment (`docs/wide-ep.md`): the masked V6 kernel
+/// against the contiguous kernel on the same expert rows. With K = 256
+/// (one 8-block chunk, warpgroup j on blocks 2j, 2j + 1) and every value
+/// past `live` zero, only warpgroup 0 sums anything (the others add +0.0)
+/// and both kernels fold each block by one fused multiply-add in K order,
+/// so bits that differ at live = 32 or 64 come from the tensor core's sum
+/// of a block's 32 products in V6's order (16 even then 16 odd k, both
+/// operands alike). Both kernels agree with the CPU to `calc_diff`; the
+/// number of outputs whose bits differ is printed for the record (H200,
+/// 2026-12-05: 28 of 2048 at live 64; see the docs).
 #[test]
-fn the_masked_v6_block_order_keeps_the_contiguous_kernels_sums() {
+fn the_masked_v6_and_contiguous_kernels_agree_on_the_same_rows() {
     let (_, dev) = gpu();
     let mut rng = common::rng("v6_block_order_cuda");
     let (e, n, max_m) = (3, 128, 8);
     let counts = [5i32, 8, 3];
-    for (k, live) in [(256, 64), (256, 256), (2560, 2560)] {
+    for (k, live) in [(256, 32), (256, 64), (256, 256), (2560, 2560)] {
         assert!(
             deepinfer::cuda_backend::gemm_skinny::v6_layout(e, max_m, n, k).is_some(),
             "K {k}: the masked op would not run V6"
@@ -455,12 +455,6 @@ fn the_masked_v6_block_order_keeps_the_contiguous_kernels_sums() {
             "K {k}, live {live}: {differ} of {} outputs differ in bits between V6 and the contiguous kernel",
             valid.len()
         );
-        if live == 64 {
-            assert_eq!(
-                differ, 0,
-                "K {k}: one warpgroup's blocks, V6's product order changed a block's sum"
-            );
-        }
     }
 }
 
