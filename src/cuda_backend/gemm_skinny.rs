@@ -51,14 +51,10 @@ const CHUNK_K: usize = 128;
 /// Pipeline stages (`kStages` in gemm_skinny.cu); V2's dense 16- and
 /// 32-token tiles run one fewer (`Layout::stages`).
 const STAGES: u32 = 5;
-/// CTAs the dense split-K fills at most: one wave of the 8- to 32-token
-/// tiles, four per SM of the H200's and H100's 132 SMs (a CTA of those
-/// tiles is one warpgroup, and the warps a grid of two per SM keeps busy
-/// left the DRAM half idle: wo_b at M = 1 ran 2.44 active warps a
-/// scheduler, 49 % of DRAM throughput, ncu 2026-12-05). A constant, not the
-/// device's SM count, so the split (and the result bits) is the same on
-/// every device.
-const TARGET_CTAS: usize = 528;
+/// CTAs the dense split-K aims for: two per SM of the H200 (132 SMs). A
+/// constant, not the device's SM count, so the split (and the result bits)
+/// is the same on every device.
+const TARGET_CTAS: usize = 264;
 /// Largest dense M (the token side of one wgmma).
 pub const MAX_M: usize = 64;
 
@@ -760,15 +756,16 @@ fn masked_v6(
 }
 
 /// The K split of the dense GEMM: `(splits, chunks_per_split)` in 128-deep
-/// chunks, from N and K only. As many splits as keep the CTAs within
-/// [`TARGET_CTAS`] (at least one), at most one per chunk, and no empty
-/// split.
+/// chunks, from N and K only. Enough splits for about [`TARGET_CTAS`] CTAs,
+/// at most one per chunk, and no empty split.
 pub fn split_k(n: usize, k: usize) -> (usize, usize) {
     let chunks = k.div_ceil(CHUNK_K);
     if chunks == 0 {
         return (1, 1);
     }
-    let want = (TARGET_CTAS / n.div_ceil(TILE_N).max(1)).clamp(1, chunks);
+    let want = TARGET_CTAS
+        .div_ceil(n.div_ceil(TILE_N).max(1))
+        .clamp(1, chunks);
     let per = chunks.div_ceil(want);
     (chunks.div_ceil(per), per)
 }
