@@ -39,10 +39,10 @@
 //   (warp w % 4: rows 16 (w % 4) ..), warpgroup j on K blocks [4j, 4j + 4)
 //   of each 16-block chunk ([2j, 2j + 2) of an 8-block one). A warp reads its
 //   weights (ldmatrix) and scales into registers, releases the stage,
-//   decodes (into wgmma's fragment in natural k order, `natural_fragment`),
-//   and the warpgroup issues one fresh wgmma per block, tokens as B from
-//   shared memory (staged once per expert, 128-byte swizzled K-major tiles
-//   in k order). Each fresh block result is folded as
+//   decodes, and the warpgroup issues one fresh wgmma per block, tokens as B
+//   from shared memory (staged once per expert, 128-byte swizzled K-major
+//   tiles, each 32-deep block as its 16 even then 16 odd bytes to match the
+//   decode's k order). Each fresh block result is folded as
 //   acc = fma(fresh, w_s * a_s, acc) (per-32 promotion, as V1-V3).
 // - At the end of a unit the 4 warpgroups' partials [64 rows][tokens] meet
 //   in shared memory (double-buffered); after a barrier of the 512 consumer
@@ -135,7 +135,7 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t *bar) {
 // Stages `cnt` tokens of expert e from row `row0` (rows cnt..NT-1 as zeros) as wgmma B
 // tiles: tile c (K 128c..128c+127) holds NT rows of 128 bytes, rows 8..15
 // 1024 bytes after rows 0..7, 16-byte piece j of row t at piece j ^ (t % 8);
-// block b of the tile is pieces 2b and 2b + 1 (its bytes in k order).
+// block b of the tile is pieces 2b (its even bytes) and 2b + 1 (odd bytes).
 // Then the tokens' fp32 scales [K/32][NT]. The 512 consumer threads, no
 // barrier.
 template <int NT>
@@ -153,37 +153,24 @@ __device__ __forceinline__ void stage_tokens(const di_gemm_skinny_params &p, int
             v0 = src[0];
             v1 = src[1];
         }
+        uint4 ev, od;
+        ev.x = __byte_perm(v0.x, v0.y, 0x6420);
+        ev.y = __byte_perm(v0.z, v0.w, 0x6420);
+        ev.z = __byte_perm(v1.x, v1.y, 0x6420);
+        ev.w = __byte_perm(v1.z, v1.w, 0x6420);
+        od.x = __byte_perm(v0.x, v0.y, 0x7531);
+        od.y = __byte_perm(v0.z, v0.w, 0x7531);
+        od.z = __byte_perm(v1.x, v1.y, 0x7531);
+        od.w = __byte_perm(v1.z, v1.w, 0x7531);
         uint8_t *row = act + (kb / 4) * NT * 128 + (t / 8) * 1024 + (t % 8) * 128;
         const int j = 2 * (kb % 4);
-        *reinterpret_cast<uint4 *>(row + ((j ^ (t % 8)) * 16)) = v0;
-        *reinterpret_cast<uint4 *>(row + (((j + 1) ^ (t % 8)) * 16)) = v1;
+        *reinterpret_cast<uint4 *>(row + ((j ^ (t % 8)) * 16)) = ev;
+        *reinterpret_cast<uint4 *>(row + (((j + 1) ^ (t % 8)) * 16)) = od;
     }
     for (int q = tid; q < NT * kb_n; q += kConsumers * 32) {
         const int t = q % NT, kb = q / NT;
         act_s[q] = t < cnt ? deepinfer::e8m0_to_f32(as[int64_t(t) * kb_n + kb]) : 0.0f;
     }
-}
-
-// The A fragment of one row and 32-deep block in natural k order, from
-// `r`, this lane's 4 bytes of the row's 16 packed bytes as ldmatrix gives
-// them (bytes 4 tg .. 4 tg + 3, k 8 tg .. 8 tg + 7, tg = lane % 4). wgmma's
-// fragment wants k 4 tg .. 4 tg + 3 (`lo`) and 16 + 4 tg .. 19 + 4 tg
-// (`hi`): bytes 2 tg, 2 tg + 1 and 8 + 2 tg, 9 + 2 tg, held by lanes
-// tg / 2 and 2 + tg / 2 of the same row. Two shuffles and a permute gather
-// them, the scaled decode splits the low and high nibbles, two permutes
-// interleave them back into k order. The block's products then reach the
-// tensor core in the positions the contiguous kernel gives them (its
-// decoded weights come from shared memory in k order), so a block sums
-// alike in both (issue 12; the even-then-odd order used before changed
-// about 1 % of the block sums).
-__device__ __forceinline__ void natural_fragment(uint32_t r, uint32_t &lo, uint32_t &hi) {
-    const int lane = threadIdx.x & 31, tg = lane & 3, base = lane & ~3;
-    const uint32_t x = __shfl_sync(0xFFFFFFFFu, r, base + (tg >> 1));
-    const uint32_t y = __shfl_sync(0xFFFFFFFFu, r, base + 2 + (tg >> 1));
-    const uint32_t packed = __byte_perm(x, y, (tg & 1) ? 0x7632 : 0x5410);
-    const uint32_t ev = deepinfer::e2m1_even_to_e4m3_x2e6(packed), od = deepinfer::e2m1_odd_to_e4m3_x2e6(packed);
-    lo = __byte_perm(ev, od, 0x5140);
-    hi = __byte_perm(ev, od, 0x7362);
 }
 
 // One warp's share of a chunk in stage `st`: PER blocks starting at block
@@ -215,8 +202,11 @@ __device__ __forceinline__ void chunk(const uint8_t *st, int ws_off, const uint8
     uint32_t af[PER][4];
 #pragma unroll
     for (int j = 0; j < PER; ++j) {
-        natural_fragment(w[j / 2][2 * (j % 2)], af[j][0], af[j][2]);
-        natural_fragment(w[j / 2][2 * (j % 2) + 1], af[j][1], af[j][3]);
+        const uint32_t r0 = w[j / 2][2 * (j % 2)], r8 = w[j / 2][2 * (j % 2) + 1];
+        af[j][0] = deepinfer::e2m1_even_to_e4m3_x2e6(r0);
+        af[j][1] = deepinfer::e2m1_even_to_e4m3_x2e6(r8);
+        af[j][2] = deepinfer::e2m1_odd_to_e4m3_x2e6(r0);
+        af[j][3] = deepinfer::e2m1_odd_to_e4m3_x2e6(r8);
     }
     float d[PER][NT / 2];
     // kb0 is a multiple of PER (4 or 2), so the PER blocks share one token
