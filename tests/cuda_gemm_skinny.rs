@@ -41,7 +41,7 @@ use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
     SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k, v3_layout, v6_layout,
+    mxfp8_gemm_skinny_with, split_k, v3_layout, v6_layout, v7_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -179,6 +179,16 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
                     assert_eq!(bits(&out), bits(&run()), "{what}: split-K not repeatable");
                 }
                 results.push((bits(&out), got));
+            }
+            // V7 (TMA-fed V2, M ≤ 8) where it applies: V2's bits.
+            if v7_layout(m, n, k, split_k(n, k).1).is_some() {
+                let mut out = Tensor::empty(&device, dtype, &[m, n]).unwrap();
+                mxfp8_gemm_skinny_with(&dev, &a, &a_s, &b, &b_s, &mut out, SkinnyVersion::V7)
+                    .unwrap();
+                let (got, _) = download(&out);
+                let what = format!("V7 m={m} n={n} k={k} {dtype} splits={:?}", split_k(n, k));
+                check(&what, &got, &expected(&want, dtype));
+                assert!(bits(&out) == results[1].0, "{what}: V7 and V2 differ");
             }
             compare_versions(&format!("m={m} n={n} k={k} {dtype}"), m <= 32, &results);
         }

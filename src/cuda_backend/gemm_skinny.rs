@@ -29,7 +29,9 @@
 //! (16-byte row copies; FP4 rows of K / 2 bytes in 8-byte copies), M ≤ 64 for
 //! the dense GEMM, dimensions that fit the kernels' 32-bit indices.
 
-use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params};
+use super::params::{
+    di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params, di_skinny_v7_params,
+};
 use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::{i32_param, u32_param};
@@ -84,6 +86,55 @@ pub enum SkinnyVersion {
     /// e4m3 → f16 conversions), K split over 4 warpgroups and summed in
     /// warpgroup order.
     V6,
+    /// Dense only, M ≤ 8, sm_90 only ([`v7_layout`] says which shapes): V2's
+    /// tiles, split and sums (so V2's bits), the weights streamed by TMA
+    /// (one 64-row × 128-byte box a chunk) by a producer warp into up to 16
+    /// stages, a persistent grid of two CTAs an SM. The masked MoE has no V7
+    /// (typed error).
+    V7,
+}
+
+/// A V7 dense launch ([`v7_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct V7Launch {
+    /// Pipeline stages (8 KiB weight boxes).
+    pub stages: usize,
+    /// Dynamic shared memory bytes.
+    pub smem: u32,
+}
+
+/// Threads of a V7 CTA (a consumer warpgroup and a producer warp), its
+/// stage bound and its dynamic shared memory (two CTAs an SM: 2 × 110 KiB,
+/// plus each CTA's 1 KiB static and the driver's 1 KiB, within the SM's
+/// 228 KiB); `skinny_v7::kThreads`,
+/// `kMaxStages` in gemm_skinny_v7.cu.
+const V7_THREADS: u32 = 160;
+const V7_MAX_STAGES: usize = 16;
+const V7_SMEM: usize = 110 * 1024;
+
+/// The V7 launch for M rows, N, K and `cps` chunks a split, or `None`
+/// where V7 does not apply (M > 8, K % 16 != 0 (the tensor map's pitch),
+/// N < 64 or K < 128 (a box larger than the matrix), or fewer than 4 stages
+/// beside the split's tokens). The carve-up is `skinny_v7::Layout`: 1 KiB
+/// of barriers, the tokens (cps × 8 rows × 128 bytes) and their fp32
+/// scales (cps × 4 × 8), the stages 1024-aligned, plus 1024 bytes of slack
+/// for the kernel's alignment.
+pub fn v7_layout(m: usize, n: usize, k: usize, cps: usize) -> Option<V7Launch> {
+    if m > 8 || !k.is_multiple_of(16) || n < 64 || k < 128 {
+        return None;
+    }
+    let tok_s = 1024usize.checked_add(cps.checked_mul(8 * 128)?)?;
+    let stages_off = tok_s
+        .checked_add(cps.checked_mul(4 * 8 * 4)?)?
+        .next_multiple_of(1024);
+    let stages = (V7_SMEM.checked_sub(stages_off + 1024)? / (64 * 128)).min(V7_MAX_STAGES);
+    if stages < 4 {
+        return None;
+    }
+    Some(V7Launch {
+        stages,
+        smem: u32::try_from(stages_off + stages * 64 * 128 + 1024).ok()?,
+    })
 }
 
 /// A V3 masked launch ([`v3_layout`]).
@@ -346,8 +397,11 @@ fn dense_launch(
                 op: OP,
                 arg: "version",
                 value: format!("{version:?}"),
-                why: "V3 and V6 are masked-MoE kernels only; the dense GEMM runs V1 or V2",
+                why: "V3 and V6 are masked-MoE kernels only; the dense GEMM runs V1, V2 or V7",
             });
+        }
+        (SkinnyVersion::V7, _) => {
+            return dense_v7(dev, [a, a_s, b, b_s], out, [m, n, k], whole_k, out_f32);
         }
     };
     let smem = smem_bytes(false, nt, version);
@@ -525,6 +579,14 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
+    if version == SkinnyVersion::V7 {
+        return Err(Error::Argument {
+            op: OP,
+            arg: "version",
+            value: format!("{version:?}"),
+            why: "V7 is a dense kernel only; the masked MoE runs V1, V2, V3 or V6",
+        });
+    }
     if version == SkinnyVersion::V6 {
         return masked_v6(
             dev,
@@ -566,7 +628,7 @@ pub fn mxfp4_grouped_masked_with(
         let ([ap, asp, bp, bsp, cp], op, _guards) =
             masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
         let why = "V3 needs 16-byte aligned device buffers";
-        check_aligned16(why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
+        check_aligned16(OP, why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
         let params = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
         // One CTA per SM; units (16 g rows of an active expert) split evenly.
         let units = e * (n / (16 * g as usize));
@@ -587,7 +649,7 @@ pub fn mxfp4_grouped_masked_with(
                 ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 | SkinnyVersion::V7 => (
             32,
             [
                 ks::MXFP4_GROUPED_MASKED_V2_N8,
@@ -619,7 +681,7 @@ pub fn mxfp4_grouped_masked_with(
             1,
         ),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 | SkinnyVersion::V7 => (
             u32_param("grid", slots.min(tiles * e * max_m.div_ceil(nt as usize)))?,
             1,
             1,
@@ -660,13 +722,17 @@ fn masked_ptrs<'a>(
 /// The 16-byte alignment that the V3 and V6 bulk copies, TMA boxes and
 /// 16-byte token loads need of the named bases (`why` names the version in
 /// the error).
-fn check_aligned16(why: &'static str, bases: [(&'static str, *const c_void); 3]) -> Result<()> {
+fn check_aligned16(
+    op: &'static str,
+    why: &'static str,
+    bases: [(&'static str, *const c_void); 3],
+) -> Result<()> {
     match bases
         .iter()
         .find(|(_, p)| !(*p as usize).is_multiple_of(16))
     {
         Some(&(arg, p)) => Err(Error::Argument {
-            op: "mxfp4_grouped_masked",
+            op,
             arg,
             value: format!("{p:p}"),
             why,
@@ -732,7 +798,7 @@ fn masked_v6(
     dev.allow_dynamic_smem(kernel, smem)?;
     let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
     let why = "V6 needs 16-byte aligned device buffers";
-    check_aligned16(why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
+    check_aligned16(OP, why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
     let p = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
     // b as [E · N rows, K/2 bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
@@ -752,6 +818,108 @@ fn masked_v6(
         block_dim: (V6_THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
+    launch(dev, kernel, cfg, &params)
+}
+
+/// The V7 launch of [`dense_launch`] (shapes already checked): `[a, a_s,
+/// b, b_s]`, `[M, N, K]`. Items (64-row tile, split) over a persistent grid
+/// of at most the resident CTAs; the split K's partials and tickets in the
+/// stream's cached workspace, as V2.
+fn dense_v7(
+    dev: &CudaDevice,
+    [a, a_s, b, b_s]: [&Tensor; 4],
+    out: &mut Tensor,
+    [m, n, k]: [usize; 3],
+    whole_k: bool,
+    out_f32: bool,
+) -> Result<()> {
+    const OP: &str = "mxfp8_gemm_skinny";
+    let (splits, cps) = if whole_k {
+        (1, k.div_ceil(CHUNK_K))
+    } else {
+        split_k(n, k)
+    };
+    let Some(V7Launch { smem, .. }) = v7_layout(m, n, k, cps) else {
+        return Err(Error::Shape {
+            op: OP,
+            tensor: "a",
+            got: a.shape().to_vec(),
+            expected: "for V7: at most 8 rows, K a multiple of 16 and at least 128, N at least \
+                       64, and a split's tokens beside 4 stages in 110 KiB"
+                .into(),
+        });
+    };
+    if dev.compute_capability()? != (9, 0) {
+        return Err(Error::Unsupported {
+            op: OP,
+            device: dev.to_string(),
+            why: "the V7 dense skinny GEMM is written for sm_90a only",
+        });
+    }
+    let kernel = kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N8;
+    dev.allow_dynamic_smem(kernel, smem)?;
+    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+    check_aligned16(
+        OP,
+        "V7 needs 16-byte aligned device buffers",
+        [("a", ap), ("b", bp), ("b_s", bsp)],
+    )?;
+    // b as [N rows, K bytes]: one box is a chunk's 64 rows × 128 bytes.
+    let b_map = encode_u8(
+        OP,
+        "b",
+        bp,
+        &[k as u64, n as u64],
+        &[k as u64],
+        &[128, 64],
+        Swizzle::B128,
+    )?;
+    let tiles = n.div_ceil(TILE_N);
+    let items = tiles * splits;
+    let mut params = di_skinny_v7_params {
+        b_map,
+        p: di_gemm_skinny_params {
+            a: ap,
+            a_scale: asp,
+            b: bp,
+            b_scale: bsp,
+            counts: std::ptr::null(),
+            out: std::ptr::null_mut(),
+            m: i32_param("m", m)?,
+            n: i32_param("n", n)?,
+            k: i32_param("k", k)?,
+            experts: 1,
+            chunks_per_split: i32_param("chunks_per_split", cps)?,
+            out_f32: out_f32 as i32,
+            workspace: std::ptr::null_mut(),
+            tickets: std::ptr::null_mut(),
+            token_halves: 1,
+        },
+    };
+    let grid = resident_ctas(dev, kernel, V7_THREADS, smem)?
+        .min(items)
+        .max(1);
+    let cfg = LaunchConfig {
+        grid_dim: (u32_param("grid", grid)?, 1, 1),
+        block_dim: (V7_THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    };
+    let out_buf = buf_mut(OP, "out", out)?;
+    let (op, _go) = write_ptr(out_buf, dev);
+    params.p.out = op;
+    if splits == 1 {
+        return launch(dev, kernel, cfg, &params);
+    }
+    let mut table = scratch::lock();
+    let scratch = Scratch::of(&mut table, dev);
+    let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * m * n * 4, tiles * 4)?;
+    let (wp, _gw) = write_ptr(ws, dev);
+    let (tp, _gt) = write_ptr(tickets, dev);
+    params.p.workspace = wp as *mut f32;
+    params.p.tickets = tp as *mut u32;
     launch(dev, kernel, cfg, &params)
 }
 
@@ -802,7 +970,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 | SkinnyVersion::V7 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
