@@ -1077,7 +1077,10 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{SkinnyVersion, V3Launch, V6Launch, smem_bytes, v3_layout, v6_layout};
+    use super::{
+        SkinnyVersion, V3Launch, V6Launch, V7Launch, smem_bytes, split_k, v3_layout, v6_layout,
+        v7_layout,
+    };
 
     /// V3's carve-up at the bench shapes (gemm_skinny_v3.cu's `Layout`), and
     /// the shapes it refuses.
@@ -1136,6 +1139,31 @@ mod tests {
         // × 65536 do not (2 stages would still fit).
         assert_eq!(v6_layout(30_000, 8, 65_536, 256), l(8, 5, 229_376));
         assert_eq!(v6_layout(40_000, 8, 65_536, 256), None);
+    }
+
+    /// V7's carve-up at the decode projections (gemm_skinny_v7.cu's
+    /// `Layout`, worked by hand: 1 KiB of barriers, 1 KiB of tokens and 128
+    /// B of their scales a chunk, stages 1024-aligned at 8 KiB within
+    /// 110 KiB, plus 1 KiB of alignment slack), and the shapes it refuses.
+    #[test]
+    fn v7_layout_at_the_dense_shapes() {
+        let l = |stages, smem| Some(V7Launch { stages, smem });
+        // wo_b (5120 × 8192): 4 splits of 16 chunks; tokens to 17408, their
+        // scales to 19456; (112640 − 19456 − 1024) / 8192 = 11 stages.
+        assert_eq!(split_k(5120, 8192), (4, 16));
+        assert_eq!(v7_layout(1, 5120, 8192, 16), l(11, 110_592));
+        // wq_b (32768 × 1280): one split of 10; stages at 13312, 12 of them.
+        assert_eq!(split_k(32768, 1280), (1, 10));
+        assert_eq!(v7_layout(8, 32768, 1280, 10), l(12, 112_640));
+        // K 8192 unsplit (the invariant device): stages at 74752, 4 of
+        // them; K 10240 unsplit leaves 2: refused.
+        assert_eq!(v7_layout(1, 5120, 8192, 64), l(4, 108_544));
+        assert_eq!(v7_layout(1, 5120, 10240, 80), None);
+        // M past 8, K not a multiple of 16, a box larger than the matrix.
+        assert_eq!(v7_layout(9, 5120, 8192, 16), None);
+        assert_eq!(v7_layout(1, 5120, 1000, 8), None);
+        assert_eq!(v7_layout(1, 63, 1280, 10), None);
+        assert_eq!(v7_layout(1, 64, 112, 1), None);
     }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
