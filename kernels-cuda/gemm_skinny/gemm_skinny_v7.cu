@@ -21,8 +21,9 @@
 // ticket per tile) adds them in split order from +0.0 and writes the output.
 // So V7's bits are V2's (the GPU test asserts it).
 //
-// sm_90a, a persistent CTA of 5 warps, 2 per SM (the host sizes the grid to
-// the resident CTAs and the stages to half an SM's shared memory):
+// sm_90a, a persistent CTA of 5 warps, 2 to 4 per SM (the host takes the
+// fewest that hold every item in one round, else 2, and sizes the stages
+// to that share of an SM's shared memory, the grid to the resident CTAs):
 // - Items i = blockIdx.x, + gridDim.x, ...: tile i % tiles, split i / tiles.
 // - Warp 4 (one lane) is the producer: chunk c of an item (128 of K, the
 //   tile's 64 rows) goes into stage q % S as one TMA box of 64 rows x 128
@@ -36,7 +37,9 @@
 //   scales (two rows a thread, from L2) while waiting on full[s], issue the
 //   4 wgmmas, release the stage and fold.
 //
-// Other architectures (compile-only here): V2's SIMT tile.
+// Other architectures: not launched (the host refuses V7 off sm_90; the
+// entry traps). Before the PDL wait each CTA asks L2 for the first chunks
+// of its first item's weight rows, as V2's dense kernels do.
 #include <cuda_bf16.h>
 #include <stdint.h>
 
@@ -230,14 +233,13 @@ __device__ void dense_v7_sm90(const di_skinny_v7_params &pm) {
         // Out: the tile directly (one split), else this split's fp32 partials
         // and the ticket; the last split of the tile sums them in order.
         const bool direct = splits == 1;
-        float *part = p.workspace + int64_t(split) * p.m * p.n;
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
             const int t = t0 + (h & 1), f = n0 + f0 + 8 * (h >> 1);
             if (t >= p.m || f >= p.n) continue;
             const int64_t at = int64_t(t) * p.n + f;
             if (!direct) {
-                part[at] = acc[h];
+                p.workspace[int64_t(split) * p.m * p.n + at] = acc[h];
             } else if (p.out_f32) {
                 static_cast<float *>(p.out)[at] = acc[h];
             } else {
@@ -270,13 +272,30 @@ __device__ void dense_v7_sm90(const di_skinny_v7_params &pm) {
 }  // namespace skinny_v7
 #endif
 
-// M <= 8; two CTAs per SM (the host sizes the stages and the grid).
-extern "C" __global__ void __launch_bounds__(skinny_v7::kThreads, 2)
+// The L2 prefetch before the PDL wait (as V2's dense_prefetch): the weight
+// rows of this CTA's first item, its first chunks, about kPrefetchBudget
+// bytes a launch in all (at least one chunk a row). One thread a row.
+__device__ __forceinline__ void v7_prefetch(const di_skinny_v7_params &pm) {
+    const di_gemm_skinny_params &p = pm.p;
+    const int cps = p.chunks_per_split, nch = (p.k + 127) / 128;
+    const int tiles = (p.n + 63) / 64, row = (int(blockIdx.x) % tiles) * 64 + int(threadIdx.x);
+    if (int(threadIdx.x) >= 64 || row >= p.n) return;
+    const int c0 = min(nch, (int(blockIdx.x) / tiles) * cps), c1 = min(nch, c0 + cps);
+    const int chunks = max(1, int(kPrefetchBudget / (int64_t(gridDim.x) * 64 * 128)));
+    const int64_t begin = int64_t(c0) * 128, end = min(int64_t(p.k), int64_t(min(c1, c0 + chunks)) * 128);
+    if (end <= begin) return;
+    deepinfer::pdl_prefetch_l2(static_cast<const uint8_t *>(p.b) + int64_t(row) * p.k + begin,
+                               uint32_t(end - begin));
+}
+
+// M <= 8; two to four CTAs an SM (the host sizes the stages and the grid).
+// The host launches it on sm_90 only: other architectures trap.
+extern "C" __global__ void __launch_bounds__(skinny_v7::kThreads, 4)
     mxfp8_gemm_skinny_v7_n8(const __grid_constant__ di_skinny_v7_params p) {
-    DI_PDL_ENTRY();
+    DI_PDL_PREFETCH_ENTRY(v7_prefetch(p));
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     skinny_v7::dense_v7_sm90(p);
 #else
-    dense_v2<8>(p.p);
+    __trap();
 #endif
 }

@@ -103,31 +103,30 @@ pub struct V7Launch {
     pub smem: u32,
 }
 
-/// Threads of a V7 CTA (a consumer warpgroup and a producer warp), its
-/// stage bound and its dynamic shared memory (two CTAs an SM: 2 × 110 KiB,
-/// plus each CTA's 1 KiB static and the driver's 1 KiB, within the SM's
-/// 228 KiB); `skinny_v7::kThreads`,
-/// `kMaxStages` in gemm_skinny_v7.cu.
+/// Threads of a V7 CTA (a consumer warpgroup and a producer warp) and its
+/// stage bound (`skinny_v7::kThreads`, `kMaxStages` in gemm_skinny_v7.cu).
 const V7_THREADS: u32 = 160;
 const V7_MAX_STAGES: usize = 16;
-const V7_SMEM: usize = 110 * 1024;
 
-/// The V7 launch for M rows, N, K and `cps` chunks a split, or `None`
-/// where V7 does not apply (M > 8, K % 16 != 0 (the tensor map's pitch),
-/// N < 64 or K < 128 (a box larger than the matrix), or fewer than 4 stages
-/// beside the split's tokens). The carve-up is `skinny_v7::Layout`: 1 KiB
-/// of barriers, the tokens (cps × 8 rows × 128 bytes) and their fp32
-/// scales (cps × 4 × 8), the stages 1024-aligned, plus 1024 bytes of slack
-/// for the kernel's alignment.
-pub fn v7_layout(m: usize, n: usize, k: usize, cps: usize) -> Option<V7Launch> {
-    if m > 8 || !k.is_multiple_of(16) || n < 64 || k < 128 {
+/// The V7 launch for M rows, N, K, `cps` chunks a split and `ctas` CTAs
+/// an SM (2 to 4), or `None` where V7 does not apply (M > 8, K % 16 != 0
+/// (the tensor map's pitch), N < 64 or K < 128 (a box larger than the
+/// matrix), or fewer than 4 stages beside the split's tokens). A CTA's
+/// dynamic shared memory is its share of the SM's 228 KiB less 2 KiB (its
+/// 1 KiB of static memory and the driver's 1 KiB): 110, 74 or 55 KiB. The
+/// carve-up is `skinny_v7::Layout`: 1 KiB of barriers, the tokens (cps ×
+/// 8 rows × 128 bytes) and their fp32 scales (cps × 4 × 8), the stages
+/// 1024-aligned, plus 1024 bytes of slack for the kernel's alignment.
+pub fn v7_layout(m: usize, n: usize, k: usize, cps: usize, ctas: usize) -> Option<V7Launch> {
+    if m > 8 || !k.is_multiple_of(16) || n < 64 || k < 128 || !(2..=4).contains(&ctas) {
         return None;
     }
+    let budget = (228 * 1024 / ctas - 2048) / 1024 * 1024;
     let tok_s = 1024usize.checked_add(cps.checked_mul(8 * 128)?)?;
     let stages_off = tok_s
         .checked_add(cps.checked_mul(4 * 8 * 4)?)?
         .next_multiple_of(1024);
-    let stages = (V7_SMEM.checked_sub(stages_off + 1024)? / (64 * 128)).min(V7_MAX_STAGES);
+    let stages = (budget.checked_sub(stages_off + 1024)? / (64 * 128)).min(V7_MAX_STAGES);
     if stages < 4 {
         return None;
     }
@@ -628,7 +627,7 @@ pub fn mxfp4_grouped_masked_with(
         let ([ap, asp, bp, bsp, cp], op, _guards) =
             masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
         let why = "V3 needs 16-byte aligned device buffers";
-        check_aligned16(OP, why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
+        check_aligned16(OP, why, &[("a", ap), ("b", bp), ("b_s", bsp)])?;
         let params = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
         // One CTA per SM; units (16 g rows of an active expert) split evenly.
         let units = e * (n / (16 * g as usize));
@@ -725,7 +724,7 @@ fn masked_ptrs<'a>(
 fn check_aligned16(
     op: &'static str,
     why: &'static str,
-    bases: [(&'static str, *const c_void); 3],
+    bases: &[(&'static str, *const c_void)],
 ) -> Result<()> {
     match bases
         .iter()
@@ -798,7 +797,7 @@ fn masked_v6(
     dev.allow_dynamic_smem(kernel, smem)?;
     let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
     let why = "V6 needs 16-byte aligned device buffers";
-    check_aligned16(OP, why, [("a", ap), ("b", bp), ("b_s", bsp)])?;
+    check_aligned16(OP, why, &[("a", ap), ("b", bp), ("b_s", bsp)])?;
     let p = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
     // b as [E · N rows, K/2 bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
@@ -839,14 +838,22 @@ fn dense_v7(
     } else {
         split_k(n, k)
     };
-    let Some(V7Launch { smem, .. }) = v7_layout(m, n, k, cps) else {
-        return Err(Error::Shape {
+    // The fewest CTAs an SM that run every item (tile, split) in one round
+    // (more stages each), else 2; the split is V2's either way.
+    let items = n.div_ceil(TILE_N) * splits;
+    let sms = dev.sm_count();
+    let Some(V7Launch { smem, .. }) = [2, 3, 4]
+        .iter()
+        .filter_map(|&c| v7_layout(m, n, k, cps, c).filter(|_| items <= sms * c))
+        .next()
+        .or_else(|| v7_layout(m, n, k, cps, 2))
+    else {
+        return Err(Error::Argument {
             op: OP,
-            tensor: "a",
-            got: a.shape().to_vec(),
-            expected: "for V7: at most 8 rows, K a multiple of 16 and at least 128, N at least \
-                       64, and a split's tokens beside 4 stages in 110 KiB"
-                .into(),
+            arg: "version",
+            value: format!("V7 at M = {m}, N = {n}, K = {k}"),
+            why: "V7 takes at most 8 rows, K a multiple of 16 and at least 128, N at least 64, \
+                  and a split's tokens beside 4 stages in 110 KiB",
         });
     };
     if dev.compute_capability()? != (9, 0) {
@@ -864,8 +871,8 @@ fn dense_v7(
     let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
     check_aligned16(
         OP,
-        "V7 needs 16-byte aligned device buffers",
-        [("a", ap), ("b", bp), ("b_s", bsp)],
+        "V7 needs 16-byte aligned tokens and weights",
+        &[("a", ap), ("b", bp)],
     )?;
     // b as [N rows, K bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
@@ -878,7 +885,6 @@ fn dense_v7(
         Swizzle::B128,
     )?;
     let tiles = n.div_ceil(TILE_N);
-    let items = tiles * splits;
     let mut params = di_skinny_v7_params {
         b_map,
         p: di_gemm_skinny_params {
@@ -1143,27 +1149,36 @@ mod tests {
 
     /// V7's carve-up at the decode projections (gemm_skinny_v7.cu's
     /// `Layout`, worked by hand: 1 KiB of barriers, 1 KiB of tokens and 128
-    /// B of their scales a chunk, stages 1024-aligned at 8 KiB within
-    /// 110 KiB, plus 1 KiB of alignment slack), and the shapes it refuses.
+    /// B of their scales a chunk, stages 1024-aligned at 8 KiB within 110,
+    /// 74 or 55 KiB at 2, 3 or 4 CTAs an SM, plus 1 KiB of alignment
+    /// slack), and the shapes it refuses.
     #[test]
     fn v7_layout_at_the_dense_shapes() {
         let l = |stages, smem| Some(V7Launch { stages, smem });
-        // wo_b (5120 × 8192): 4 splits of 16 chunks; tokens to 17408, their
-        // scales to 19456; (112640 − 19456 − 1024) / 8192 = 11 stages.
+        // wo_b (5120 × 8192): 4 splits of 16 chunks (320 items); tokens to
+        // 17408, their scales to 19456; (112640 − 19456 − 1024) / 8192 = 11
+        // stages at 2 CTAs an SM, (75776 − 20480) / 8192 = 6 at 3, 4 at 4.
         assert_eq!(split_k(5120, 8192), (4, 16));
-        assert_eq!(v7_layout(1, 5120, 8192, 16), l(11, 110_592));
-        // wq_b (32768 × 1280): one split of 10; stages at 13312, 12 of them.
+        assert_eq!(v7_layout(1, 5120, 8192, 16, 2), l(11, 110_592));
+        assert_eq!(v7_layout(1, 5120, 8192, 16, 3), l(6, 69_632));
+        assert_eq!(v7_layout(1, 5120, 8192, 16, 4), l(4, 53_248));
+        // wq_b (32768 × 1280): one split of 10 (512 items); stages at
+        // 13312: 12 at 2 CTAs an SM, 5 at 4.
         assert_eq!(split_k(32768, 1280), (1, 10));
-        assert_eq!(v7_layout(8, 32768, 1280, 10), l(12, 112_640));
+        assert_eq!(v7_layout(8, 32768, 1280, 10, 2), l(12, 112_640));
+        assert_eq!(v7_layout(8, 32768, 1280, 10, 4), l(5, 55_296));
         // K 8192 unsplit (the invariant device): stages at 74752, 4 of
-        // them; K 10240 unsplit leaves 2: refused.
-        assert_eq!(v7_layout(1, 5120, 8192, 64), l(4, 108_544));
-        assert_eq!(v7_layout(1, 5120, 10240, 80), None);
-        // M past 8, K not a multiple of 16, a box larger than the matrix.
-        assert_eq!(v7_layout(9, 5120, 8192, 16), None);
-        assert_eq!(v7_layout(1, 5120, 1000, 8), None);
-        assert_eq!(v7_layout(1, 63, 1280, 10), None);
-        assert_eq!(v7_layout(1, 64, 112, 1), None);
+        // them at 2 CTAs an SM, none at 3; K 10240 unsplit: refused.
+        assert_eq!(v7_layout(1, 5120, 8192, 64, 2), l(4, 108_544));
+        assert_eq!(v7_layout(1, 5120, 8192, 64, 3), None);
+        assert_eq!(v7_layout(1, 5120, 10240, 80, 2), None);
+        // M past 8, K not a multiple of 16, a box larger than the matrix,
+        // a CTA count outside 2..=4.
+        assert_eq!(v7_layout(9, 5120, 8192, 16, 2), None);
+        assert_eq!(v7_layout(1, 5120, 1000, 8, 2), None);
+        assert_eq!(v7_layout(1, 63, 1280, 10, 2), None);
+        assert_eq!(v7_layout(1, 64, 112, 1, 2), None);
+        assert_eq!(v7_layout(1, 5120, 8192, 16, 5), None);
     }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.
