@@ -415,23 +415,13 @@ fn dense_launch(
     let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
     let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
     let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
-    let mut params = di_gemm_skinny_params {
-        a: ap,
-        a_scale: asp,
-        b: bp,
-        b_scale: bsp,
-        counts: std::ptr::null(),
-        out: std::ptr::null_mut(),
-        m: i32_param("m", m)?,
-        n: i32_param("n", n)?,
-        k: i32_param("k", k)?,
-        experts: 1,
-        chunks_per_split: i32_param("chunks_per_split", chunks_per_split)?,
-        out_f32: out_f32 as i32,
-        workspace: std::ptr::null_mut(),
-        tickets: std::ptr::null_mut(),
-        token_halves: i32_param("halves", halves)?,
-    };
+    let mut params = dense_params(
+        [ap, asp, bp, bsp],
+        [m, n, k],
+        chunks_per_split,
+        halves,
+        out_f32,
+    )?;
     let cfg = LaunchConfig {
         grid_dim: (u32_param("tiles", tiles)?, u32_param("splits", splits)?, 1),
         block_dim: (THREADS, 1, 1),
@@ -820,6 +810,35 @@ fn masked_v6(
     launch(dev, kernel, cfg, &params)
 }
 
+/// The parameters of a dense launch from its operands' device addresses
+/// `[a, a_s, b, b_s]`, `[M, N, K]`, the chunks a split and the token halves;
+/// the output, workspace and tickets are set by the caller.
+fn dense_params(
+    [a, a_scale, b, b_scale]: [*const c_void; 4],
+    [m, n, k]: [usize; 3],
+    chunks_per_split: usize,
+    halves: usize,
+    out_f32: bool,
+) -> Result<di_gemm_skinny_params> {
+    Ok(di_gemm_skinny_params {
+        a,
+        a_scale,
+        b,
+        b_scale,
+        counts: std::ptr::null(),
+        out: std::ptr::null_mut(),
+        m: i32_param("m", m)?,
+        n: i32_param("n", n)?,
+        k: i32_param("k", k)?,
+        experts: 1,
+        chunks_per_split: i32_param("chunks_per_split", chunks_per_split)?,
+        out_f32: out_f32 as i32,
+        workspace: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
+        token_halves: i32_param("halves", halves)?,
+    })
+}
+
 /// The V7 launch of [`dense_launch`] (shapes already checked): `[a, a_s,
 /// b, b_s]`, `[M, N, K]`. Items (64-row tile, split) over a persistent grid
 /// of at most the resident CTAs; the split K's partials and tickets in the
@@ -887,23 +906,7 @@ fn dense_v7(
     let tiles = n.div_ceil(TILE_N);
     let mut params = di_skinny_v7_params {
         b_map,
-        p: di_gemm_skinny_params {
-            a: ap,
-            a_scale: asp,
-            b: bp,
-            b_scale: bsp,
-            counts: std::ptr::null(),
-            out: std::ptr::null_mut(),
-            m: i32_param("m", m)?,
-            n: i32_param("n", n)?,
-            k: i32_param("k", k)?,
-            experts: 1,
-            chunks_per_split: i32_param("chunks_per_split", cps)?,
-            out_f32: out_f32 as i32,
-            workspace: std::ptr::null_mut(),
-            tickets: std::ptr::null_mut(),
-            token_halves: 1,
-        },
+        p: dense_params([ap, asp, bp, bsp], [m, n, k], cps, 1, out_f32)?,
     };
     let grid = resident_ctas(dev, kernel, V7_THREADS, smem)?
         .min(items)
