@@ -38,7 +38,8 @@
 //! (6 experts of 1 or 8 tokens) in both layouts, then the masked rows at 1,
 //! 2 and 3 experts of 1 token (the fixed cost per launch), the weights
 //! rotated through copies so they are not L2-hot; DEEPINFER_BENCH_DENSE=1
-//! every projection at M ∈ {128, 512, 4096, 16384} only, and
+//! every projection at M ∈ {128, 512, 4096, 16384} only,
+//! DEEPINFER_BENCH_DENSE=decode every projection at M ∈ {1, 8}, and
 //! DEEPINFER_BENCH_DENSE=wo_b:4096 one projection at one M.
 
 #[cfg(deepinfer_cuda)]
@@ -691,6 +692,12 @@ mod gpu {
             // the masked kernels' fixed cost (intercept) and per-unit rate.
             for fewer in [1, 2, 3] {
                 moe_masked(&mut h, fewer, &[1], MOE_SHAPES);
+            }
+        } else if std::env::var("DEEPINFER_BENCH_DENSE").is_ok_and(|v| v == "decode") {
+            // Every projection at the decode sizes of an EP rank's step
+            // (the skinny versions side by side, against the peers).
+            for p in PROJECTIONS {
+                dense(&mut h, p, &[1, 8]);
             }
         } else if let Ok(which) = std::env::var("DEEPINFER_BENCH_DENSE") {
             // The dense projections at the prefill sizes only (the large
