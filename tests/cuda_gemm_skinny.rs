@@ -182,7 +182,7 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
                 }
                 results.push((bits(&out), got));
             }
-            // V7 (TMA-fed V2, M ≤ 8, sm_90) where it applies: V2's bits.
+            // V7 (TMA-fed V2, M ≤ 16, sm_90) where it applies: V2's bits.
             if hopper && v7_layout(m, n, k, split_k(n, k).1, 2).is_some() {
                 let run = || {
                     let mut out = Tensor::empty(&device, dtype, &[m, n]).unwrap();

@@ -86,17 +86,19 @@ pub enum SkinnyVersion {
     /// e4m3 → f16 conversions), K split over 4 warpgroups and summed in
     /// warpgroup order.
     V6,
-    /// Dense only, M ≤ 8, sm_90 only ([`v7_layout`] says which shapes): V2's
-    /// tiles, split and sums (so V2's bits), the weights streamed by TMA
+    /// Dense only, M ≤ 16, sm_90 only ([`v7_layout`] says which shapes):
+    /// V2's tiles, split and sums (so V2's bits), the weights streamed by TMA
     /// (one 64-row × 128-byte box a chunk) by a producer warp into up to 16
-    /// stages, a persistent grid of two CTAs an SM. The masked MoE has no V7
-    /// (typed error).
+    /// stages, a persistent grid of 2 to 4 CTAs an SM. The masked MoE has
+    /// no V7 (typed error).
     V7,
 }
 
 /// A V7 dense launch ([`v7_layout`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct V7Launch {
+    /// Token tile: 8 or 16.
+    pub nt: u32,
     /// Pipeline stages (8 KiB weight boxes).
     pub stages: usize,
     /// Dynamic shared memory bytes.
@@ -109,28 +111,33 @@ const V7_THREADS: u32 = 160;
 const V7_MAX_STAGES: usize = 16;
 
 /// The V7 launch for M rows, N, K, `cps` chunks a split and `ctas` CTAs
-/// an SM (2 to 4), or `None` where V7 does not apply (M > 8, K % 16 != 0
-/// (the tensor map's pitch), N < 64 or K < 128 (a box larger than the
-/// matrix), or fewer than 4 stages beside the split's tokens). A CTA's
+/// an SM (2 to 4 with the 8-token tile, 2 or 3 with the 16-token tile,
+/// whose registers do not fit four), or `None` where V7 does not apply
+/// (M > 16, K % 16 != 0 (the tensor map's pitch), N < 64 or K < 128 (a box
+/// larger than the matrix), or fewer than 4 stages beside the split's
+/// tokens). A CTA's
 /// dynamic shared memory is its share of the SM's 228 KiB less 2 KiB (its
 /// 1 KiB of static memory and the driver's 1 KiB): 110, 74 or 55 KiB. The
 /// carve-up is `skinny_v7::Layout`: 1 KiB of barriers, the tokens (cps ×
-/// 8 rows × 128 bytes) and their fp32 scales (cps × 4 × 8), the stages
+/// nt rows × 128 bytes) and their fp32 scales (cps × 4 × nt), the stages
 /// 1024-aligned, plus 1024 bytes of slack for the kernel's alignment.
 pub fn v7_layout(m: usize, n: usize, k: usize, cps: usize, ctas: usize) -> Option<V7Launch> {
-    if m > 8 || !k.is_multiple_of(16) || n < 64 || k < 128 || !(2..=4).contains(&ctas) {
+    let nt: u32 = if m <= 8 { 8 } else { 16 };
+    let max_ctas = if nt == 8 { 4 } else { 3 };
+    if m > 16 || !k.is_multiple_of(16) || n < 64 || k < 128 || !(2..=max_ctas).contains(&ctas) {
         return None;
     }
     let budget = (228 * 1024 / ctas - 2048) / 1024 * 1024;
-    let tok_s = 1024usize.checked_add(cps.checked_mul(8 * 128)?)?;
+    let tok_s = 1024usize.checked_add(cps.checked_mul(nt as usize * 128)?)?;
     let stages_off = tok_s
-        .checked_add(cps.checked_mul(4 * 8 * 4)?)?
+        .checked_add(cps.checked_mul(4 * nt as usize * 4)?)?
         .next_multiple_of(1024);
     let stages = (budget.checked_sub(stages_off + 1024)? / (64 * 128)).min(V7_MAX_STAGES);
     if stages < 4 {
         return None;
     }
     Some(V7Launch {
+        nt,
         stages,
         smem: u32::try_from(stages_off + stages * 64 * 128 + 1024).ok()?,
     })
@@ -861,7 +868,7 @@ fn dense_v7(
     // (more stages each), else 2; the split is V2's either way.
     let items = n.div_ceil(TILE_N) * splits;
     let sms = dev.sm_count();
-    let Some(V7Launch { smem, .. }) = [2, 3, 4]
+    let Some(V7Launch { nt, smem, .. }) = [2, 3, 4]
         .iter()
         .filter_map(|&c| v7_layout(m, n, k, cps, c).filter(|_| items <= sms * c))
         .next()
@@ -871,7 +878,7 @@ fn dense_v7(
             op: OP,
             arg: "version",
             value: format!("V7 at M = {m}, N = {n}, K = {k}"),
-            why: "V7 takes at most 8 rows, K a multiple of 16 and at least 128, N at least 64, \
+            why: "V7 takes at most 16 rows, K a multiple of 16 and at least 128, N at least 64, \
                   and a split's tokens beside 4 stages in 110 KiB",
         });
     };
@@ -882,7 +889,11 @@ fn dense_v7(
             why: "the V7 dense skinny GEMM is written for sm_90a only",
         });
     }
-    let kernel = kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N8;
+    let kernel = if nt == 8 {
+        kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N8
+    } else {
+        kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N16
+    };
     dev.allow_dynamic_smem(kernel, smem)?;
     let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
     let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
@@ -1157,7 +1168,20 @@ mod tests {
     /// slack), and the shapes it refuses.
     #[test]
     fn v7_layout_at_the_dense_shapes() {
-        let l = |stages, smem| Some(V7Launch { stages, smem });
+        let l = |stages, smem| {
+            Some(V7Launch {
+                nt: 8,
+                stages,
+                smem,
+            })
+        };
+        let l16 = |stages, smem| {
+            Some(V7Launch {
+                nt: 16,
+                stages,
+                smem,
+            })
+        };
         // wo_b (5120 × 8192): 4 splits of 16 chunks (320 items); tokens to
         // 17408, their scales to 19456; (112640 − 19456 − 1024) / 8192 = 11
         // stages at 2 CTAs an SM, (75776 − 20480) / 8192 = 6 at 3, 4 at 4.
@@ -1175,9 +1199,14 @@ mod tests {
         assert_eq!(v7_layout(1, 5120, 8192, 64, 2), l(4, 108_544));
         assert_eq!(v7_layout(1, 5120, 8192, 64, 3), None);
         assert_eq!(v7_layout(1, 5120, 10240, 80, 2), None);
-        // M past 8, K not a multiple of 16, a box larger than the matrix,
+        // The 16-token tile (M 9..16), wo_b: tokens to 33792, scales to
+        // 37888; 9 stages at 2 CTAs an SM, 4 at 3, no 4 CTAs (registers).
+        assert_eq!(v7_layout(9, 5120, 8192, 16, 2), l16(9, 112_640));
+        assert_eq!(v7_layout(16, 5120, 8192, 16, 3), l16(4, 71_680));
+        assert_eq!(v7_layout(16, 5120, 8192, 16, 4), None);
+        // M past 16, K not a multiple of 16, a box larger than the matrix,
         // a CTA count outside 2..=4.
-        assert_eq!(v7_layout(9, 5120, 8192, 16, 2), None);
+        assert_eq!(v7_layout(17, 5120, 8192, 16, 2), None);
         assert_eq!(v7_layout(1, 5120, 1000, 8, 2), None);
         assert_eq!(v7_layout(1, 63, 1280, 10, 2), None);
         assert_eq!(v7_layout(1, 64, 112, 1, 2), None);
