@@ -278,6 +278,17 @@ fn moe(rng: &mut StdRng, e: usize, n: usize, k: usize) -> Moe {
     }
 }
 
+/// The rows of a masked `[E, max_m, N]` output below each expert's count,
+/// expert-major.
+fn valid_rows(x: &[f32], counts: &[i32], max_m: usize, n: usize) -> Vec<f32> {
+    counts
+        .iter()
+        .enumerate()
+        .flat_map(|(e, &c)| &x[e * max_m * n..(e * max_m + c as usize) * n])
+        .copied()
+        .collect()
+}
+
 #[test]
 fn grouped_ops_read_offsets_and_counts_on_the_device() {
     let (_, dev) = gpu();
@@ -350,12 +361,10 @@ fn grouped_ops_read_offsets_and_counts_on_the_device() {
         )
         .unwrap(),
     );
-    let (mut g, mut w) = (Vec::new(), Vec::new());
-    for (i, &c) in counts.iter().enumerate() {
-        let r = i * max_m * n..(i * max_m + c as usize) * n;
-        g.extend_from_slice(&got[r.clone()]);
-        w.extend_from_slice(&want[r]);
-    }
+    let (g, w) = (
+        valid_rows(&got, &counts, max_m, n),
+        valid_rows(&want, &counts, max_m, n),
+    );
     assert!(
         g.iter().all(|v| v.is_finite()),
         "masked: valid rows not fully written"
@@ -434,10 +443,7 @@ fn the_masked_v6_and_contiguous_kernels_agree_on_the_same_rows() {
         );
         let want =
             f32s(&ops::mxfp4_grouped_contiguous(&ac, &asc, &w, &w_s, &off, DType::F32).unwrap());
-        let mut valid = Vec::new();
-        for (x, &c) in counts.iter().enumerate() {
-            valid.extend_from_slice(&masked[x * max_m * n..(x * max_m + c as usize) * n]);
-        }
+        let valid = valid_rows(&masked, &counts, max_m, n);
         assert!(
             valid.iter().all(|v| v.is_finite()),
             "K {k}: V6 left valid rows unwritten"

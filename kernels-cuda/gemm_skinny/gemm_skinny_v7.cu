@@ -79,6 +79,9 @@ using namespace deepinfer::sm90;
 
 __device__ __forceinline__ void consumer_sync(uint32_t id) { bar_sync(id, kConsumers * 32); }
 
+// sum_tile_splits (gemm_skinny.cu) strides over V2's CTA: the consumers.
+static_assert(kConsumers * 32 == ::kThreads, "the consumers are one V2 CTA's threads");
+
 // This thread's weight scales of chunk c for its two rows (f0, f0 + 8 of the
 // tile): byte j of each word is K block 4c + j, 0 past K or N (and then the
 // fold multiplies by scale 0, as V2's store_scales).
@@ -258,20 +261,8 @@ template <int NT> __device__ void dense_v7_sm90(const di_skinny_v7_params &pm) {
         const bool mine = tid == 0 && atomicAdd(p.tickets + tile, 1u) == uint32_t(splits - 1);
         if (!bar_or(2, kConsumers * 32, mine)) continue;
         __threadfence();  // acquire: the other splits' partials are read after it
-        const int feats = min(64, p.n - n0);
-        for (int idx = tid; idx < p.m * 64; idx += kConsumers * 32) {
-            const int t = idx / 64, f = idx % 64;
-            if (f >= feats) continue;
-            const int64_t at = int64_t(t) * p.n + n0 + f;
-            float sum = 0.0f;
-            for (int x = 0; x < splits; ++x) sum += __ldcg(p.workspace + int64_t(x) * p.m * p.n + at);
-            if (p.out_f32) {
-                static_cast<float *>(p.out)[at] = sum;
-            } else {
-                static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(sum);
-            }
-        }
-        if (tid == 0) p.tickets[tile] = 0u;  // ready for the next launch
+        sum_tile_splits(p, 0, p.m, n0, splits);  // V2's sum; the consumers are threads 0..127
+        if (tid == 0) p.tickets[tile] = 0u;      // ready for the next launch
     }
 }
 
@@ -282,16 +273,8 @@ template <int NT> __device__ void dense_v7_sm90(const di_skinny_v7_params &pm) {
 // rows of this CTA's first item, its first chunks, about kPrefetchBudget
 // bytes a launch in all (at least one chunk a row). One thread a row.
 __device__ __forceinline__ void v7_prefetch(const di_skinny_v7_params &pm) {
-    const di_gemm_skinny_params &p = pm.p;
-    const int cps = p.chunks_per_split, nch = (p.k + 127) / 128;
-    const int tiles = (p.n + 63) / 64, row = (int(blockIdx.x) % tiles) * 64 + int(threadIdx.x);
-    if (int(threadIdx.x) >= 64 || row >= p.n) return;
-    const int c0 = min(nch, (int(blockIdx.x) / tiles) * cps), c1 = min(nch, c0 + cps);
-    const int chunks = max(1, int(kPrefetchBudget / (int64_t(gridDim.x) * 64 * 128)));
-    const int64_t begin = int64_t(c0) * 128, end = min(int64_t(p.k), int64_t(min(c1, c0 + chunks)) * 128);
-    if (end <= begin) return;
-    deepinfer::pdl_prefetch_l2(static_cast<const uint8_t *>(p.b) + int64_t(row) * p.k + begin,
-                               uint32_t(end - begin));
+    const int tiles = (pm.p.n + 63) / 64;
+    prefetch_tile_rows(pm.p, (int(blockIdx.x) % tiles) * 64, int(blockIdx.x) / tiles, gridDim.x);
 }
 
 // M <= 8 (2 to 4 CTAs an SM) and M <= 16 (2 or 3): the host sizes the

@@ -39,7 +39,7 @@ use super::{launch, read_ptr, resident_ctas, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels;
+use crate::kernels::{self, KernelRef};
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 use std::ffi::c_void;
@@ -390,6 +390,22 @@ fn dense_launch(
         SkinnyVersion::V2 if m > 32 => (32, 2),
         _ => (token_tile(m), 1),
     };
+    let (splits, chunks_per_split) = if whole_k {
+        (1, k.div_ceil(CHUNK_K))
+    } else {
+        split_k(n, k)
+    };
+    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+    let mut params = dense_params(
+        [ap, asp, bp, bsp],
+        [m, n, k],
+        chunks_per_split,
+        halves,
+        out_f32,
+    )?;
     let kernel = match (version, nt) {
         (SkinnyVersion::V1, 8) => ks::MXFP8_GEMM_SKINNY_N8,
         (SkinnyVersion::V1, 16) => ks::MXFP8_GEMM_SKINNY_N16,
@@ -407,28 +423,12 @@ fn dense_launch(
             });
         }
         (SkinnyVersion::V7, _) => {
-            return dense_v7(dev, [a, a_s, b, b_s], out, [m, n, k], whole_k, out_f32);
+            let out = buf_mut(OP, "out", out)?;
+            return dense_v7(dev, params, [m, n, k], [splits, chunks_per_split], out);
         }
     };
     let smem = smem_bytes(false, nt, version);
-    let (splits, chunks_per_split) = if whole_k {
-        (1, k.div_ceil(CHUNK_K))
-    } else {
-        split_k(n, k)
-    };
     let tiles = n.div_ceil(TILE_N) * halves;
-
-    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
-    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
-    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
-    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
-    let mut params = dense_params(
-        [ap, asp, bp, bsp],
-        [m, n, k],
-        chunks_per_split,
-        halves,
-        out_f32,
-    )?;
     let cfg = LaunchConfig {
         grid_dim: (u32_param("tiles", tiles)?, u32_param("splits", splits)?, 1),
         block_dim: (THREADS, 1, 1),
@@ -436,26 +436,21 @@ fn dense_launch(
     };
     dev.allow_dynamic_smem(kernel, smem)?;
     let out_buf = buf_mut(OP, "out", out)?;
+    if version == SkinnyVersion::V2 {
+        let sizes = [splits, m * n, tiles];
+        return launch_self_reduced(dev, kernel, cfg, &mut params, out_buf, sizes);
+    }
     if splits == 1 {
         let (op, _go) = write_ptr(out_buf, dev);
         params.out = op;
         return launch(dev, kernel, cfg, &params);
     }
-    // Split K: fp32 partials [splits, M, N] in the stream's cached workspace
-    // (held locked until the launches are queued), summed in split order.
+    // V1's split K: fp32 partials [splits, M, N] in the stream's cached
+    // workspace (held locked until the launches are queued), summed in
+    // split order by the reduce kernel.
     let count = m * n;
     let mut table = scratch::lock();
     let scratch = Scratch::of(&mut table, dev);
-    if version == SkinnyVersion::V2 {
-        let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * count * 4, tiles * 4)?;
-        let (wp, _gw) = write_ptr(ws, dev);
-        let (tp, _gt) = write_ptr(tickets, dev);
-        let (op, _go) = write_ptr(out_buf, dev);
-        params.out = op;
-        params.workspace = wp as *mut f32;
-        params.tickets = tp as *mut u32;
-        return launch(dev, kernel, cfg, &params);
-    }
     let ws = scratch.workspace(dev, splits * count * 4)?;
     {
         let (wp, _gw) = write_ptr(ws, dev);
@@ -846,27 +841,68 @@ fn dense_params(
     })
 }
 
-/// The V7 launch of [`dense_launch`] (shapes already checked): `[a, a_s,
-/// b, b_s]`, `[M, N, K]`. Items (64-row tile, split) over a persistent grid
-/// of at most the resident CTAs; the split K's partials and tickets in the
-/// stream's cached workspace, as V2.
+/// The skinny parameters inside a launch's parameter struct.
+trait SkinnyParams: cudarc::driver::DeviceRepr {
+    fn skinny(&mut self) -> &mut di_gemm_skinny_params;
+}
+
+impl SkinnyParams for di_gemm_skinny_params {
+    fn skinny(&mut self) -> &mut di_gemm_skinny_params {
+        self
+    }
+}
+
+impl SkinnyParams for di_skinny_v7_params {
+    fn skinny(&mut self) -> &mut di_gemm_skinny_params {
+        &mut self.p
+    }
+}
+
+/// Launches a dense kernel that sums its own K splits (V2, V7): with one
+/// split it writes `out` directly; with more, each split's fp32 partials go
+/// to the stream's cached workspace `[splits, count = M · N]` (held locked
+/// until the launch is queued) and the last CTA of each of the `tiles`
+/// output tiles adds them in split order (a ticket a tile, reset by that
+/// CTA).
+fn launch_self_reduced<P: SkinnyParams>(
+    dev: &CudaDevice,
+    kernel: KernelRef,
+    cfg: LaunchConfig,
+    params: &mut P,
+    out: &mut CudaBuffer,
+    [splits, count, tiles]: [usize; 3],
+) -> Result<()> {
+    let (op, _go) = write_ptr(out, dev);
+    params.skinny().out = op;
+    if splits == 1 {
+        return launch(dev, kernel, cfg, &*params);
+    }
+    let mut table = scratch::lock();
+    let scratch = Scratch::of(&mut table, dev);
+    let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * count * 4, tiles * 4)?;
+    let (wp, _gw) = write_ptr(ws, dev);
+    let (tp, _gt) = write_ptr(tickets, dev);
+    params.skinny().workspace = wp as *mut f32;
+    params.skinny().tickets = tp as *mut u32;
+    launch(dev, kernel, cfg, &*params)
+}
+
+/// The V7 launch of [`dense_launch`] (shapes already checked) from its
+/// dense parameters `p` (`dense_params` of `[M, N, K]` and the split):
+/// items (64-row tile, split) over a persistent grid of at most the
+/// resident CTAs, the splits summed as V2 does.
 fn dense_v7(
     dev: &CudaDevice,
-    [a, a_s, b, b_s]: [&Tensor; 4],
-    out: &mut Tensor,
+    p: di_gemm_skinny_params,
     [m, n, k]: [usize; 3],
-    whole_k: bool,
-    out_f32: bool,
+    [splits, cps]: [usize; 2],
+    out: &mut CudaBuffer,
 ) -> Result<()> {
     const OP: &str = "mxfp8_gemm_skinny";
-    let (splits, cps) = if whole_k {
-        (1, k.div_ceil(CHUNK_K))
-    } else {
-        split_k(n, k)
-    };
     // The fewest CTAs an SM that run every item (tile, split) in one round
     // (more stages each), else 2; the split is V2's either way.
-    let items = n.div_ceil(TILE_N) * splits;
+    let tiles = n.div_ceil(TILE_N);
+    let items = tiles * splits;
     let sms = dev.sm_count();
     let Some(V7Launch { nt, smem, .. }) = [2, 3, 4]
         .iter()
@@ -895,30 +931,21 @@ fn dense_v7(
         kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N16
     };
     dev.allow_dynamic_smem(kernel, smem)?;
-    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
-    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
-    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
-    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
     check_aligned16(
         OP,
         "V7 needs 16-byte aligned tokens and weights",
-        &[("a", ap), ("b", bp)],
+        &[("a", p.a), ("b", p.b)],
     )?;
     // b as [N rows, K bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
         OP,
         "b",
-        bp,
+        p.b,
         &[k as u64, n as u64],
         &[k as u64],
         &[128, 64],
         Swizzle::B128,
     )?;
-    let tiles = n.div_ceil(TILE_N);
-    let mut params = di_skinny_v7_params {
-        b_map,
-        p: dense_params([ap, asp, bp, bsp], [m, n, k], cps, 1, out_f32)?,
-    };
     let grid = resident_ctas(dev, kernel, V7_THREADS, smem)?
         .min(items)
         .max(1);
@@ -927,20 +954,8 @@ fn dense_v7(
         block_dim: (V7_THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
-    let out_buf = buf_mut(OP, "out", out)?;
-    let (op, _go) = write_ptr(out_buf, dev);
-    params.p.out = op;
-    if splits == 1 {
-        return launch(dev, kernel, cfg, &params);
-    }
-    let mut table = scratch::lock();
-    let scratch = Scratch::of(&mut table, dev);
-    let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * m * n * 4, tiles * 4)?;
-    let (wp, _gw) = write_ptr(ws, dev);
-    let (tp, _gt) = write_ptr(tickets, dev);
-    params.p.workspace = wp as *mut f32;
-    params.p.tickets = tp as *mut u32;
-    launch(dev, kernel, cfg, &params)
+    let mut params = di_skinny_v7_params { b_map, p };
+    launch_self_reduced(dev, kernel, cfg, &mut params, out, [splits, m * n, tiles])
 }
 
 /// The K split of the dense GEMM: `(splits, chunks_per_split)` in 128-deep
