@@ -7,7 +7,7 @@
 //!   128, 512, 4096, 16384} through `ops::mxfp8_linear_into` with
 //!   `GemmImpl::Auto` (row `auto`); at M ≤ `SKINNY_MAX_M` also the skinny versions
 //!   directly (`cuda_backend::gemm_skinny`, rows `skinny_v1` and
-//!   `skinny_v2`, and `skinny_v7` at M ≤ 16, a typed error where it does not apply), `Large` (whole tiles) at M ≥ 64: at 64 the crossover,
+//!   `skinny_v2`), `Large` (whole tiles) at M ≥ 64: at 64 the crossover,
 //!   above it the baseline of `auto`, which is the large kernel with the
 //!   last wave's tiles split over K (`LargeSplit`; `skinny` at M = 128
 //!   records its typed error). `wo_a` is 8 groups of
@@ -274,9 +274,6 @@ mod gpu {
                     ("skinny_v1", GemmImpl::Skinny, Some(SkinnyVersion::V1)),
                     ("skinny_v2", GemmImpl::Skinny, Some(SkinnyVersion::V2)),
                 ]);
-                if m <= 16 {
-                    imps.push(("skinny_v7", GemmImpl::Skinny, Some(SkinnyVersion::V7)));
-                }
             } else if m <= CROSSOVER_MAX_M {
                 imps.push(("skinny", GemmImpl::Skinny, None));
             }

@@ -40,8 +40,8 @@ mod common;
 use common::{GEMM_SCALES, random_e4m3, random_e8m0, random_fp4};
 use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm_skinny::{
-    SkinnyVersion, mxfp4_grouped_masked, mxfp4_grouped_masked_with, mxfp8_gemm_skinny,
-    mxfp8_gemm_skinny_with, split_k, v3_layout, v6_layout, v7_layout,
+    SkinnyVersion, mxfp4_grouped_contiguous_v6, mxfp4_grouped_masked, mxfp4_grouped_masked_with,
+    mxfp8_gemm_skinny, mxfp8_gemm_skinny_with, split_k, v3_layout, v6_layout,
 };
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
@@ -141,8 +141,6 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
     let dev = gpu();
     let device = Device::Cuda(dev.clone());
     let mut rng = common::rng("mxfp8_gemm_skinny");
-    // V7 runs on sm_90 only (elsewhere a typed error).
-    let hopper = dev.compute_capability().unwrap() == (9, 0);
     for (m, n, k) in dense_shapes() {
         let kb = k.div_ceil(32);
         let a = host(random_e4m3(&mut rng, m * k), &[m, k]);
@@ -181,23 +179,6 @@ fn mxfp8_gemm_skinny_matches_the_cpu_reference() {
                     assert_eq!(bits(&out), bits(&run()), "{what}: split-K not repeatable");
                 }
                 results.push((bits(&out), got));
-            }
-            // V7 (TMA-fed V2, M ≤ 16, sm_90) where it applies: V2's bits.
-            if hopper && v7_layout(m, n, k, split_k(n, k).1, 2).is_some() {
-                let run = || {
-                    let mut out = Tensor::empty(&device, dtype, &[m, n]).unwrap();
-                    mxfp8_gemm_skinny_with(&dev, &a, &a_s, &b, &b_s, &mut out, SkinnyVersion::V7)
-                        .unwrap();
-                    out
-                };
-                let out = run();
-                let (got, _) = download(&out);
-                let what = format!("V7 m={m} n={n} k={k} {dtype} splits={:?}", split_k(n, k));
-                check(&what, &got, &expected(&want, dtype));
-                assert!(bits(&out) == results[1].0, "{what}: V7 and V2 differ");
-                if split_k(n, k).0 > 1 {
-                    assert_eq!(bits(&out), bits(&run()), "{what}: split-K not repeatable");
-                }
             }
             compare_versions(&format!("m={m} n={n} k={k} {dtype}"), m <= 32, &results);
         }
@@ -533,6 +514,226 @@ fn skinny_kernel_limits_are_typed_errors() {
         assert!(
             matches!(err, Error::Argument { arg: "version", .. }),
             "{version:?}: {err}"
+        );
+    }
+}
+
+/// Expert e's rows `[P_e, P_{e+1})` of a contiguous launch over `t` rows:
+/// P_e the running maximum of clamp(offsets[j], 0, T) over j ≤ e (the
+/// contiguous kernels' clamping), written out here from the definition.
+fn clamped_groups(offsets: &[i32], t: usize) -> Vec<(usize, usize)> {
+    let mut p = Vec::with_capacity(offsets.len());
+    let mut run = 0usize;
+    for &o in offsets {
+        run = run.max(o.clamp(0, t as i32) as usize);
+        p.push(run);
+    }
+    p.windows(2).map(|w| (w[0], w[1])).collect()
+}
+
+/// One contiguous V6 launch: `out` `[T, N]` of `dtype` (poisoned), as f64,
+/// poison flags and bits.
+#[allow(clippy::type_complexity)]
+fn contiguous_v6(
+    dev: &CudaDevice,
+    [a, a_s, b, b_s]: [&Tensor; 4],
+    offsets: &[i32],
+    dtype: DType,
+) -> (Vec<f64>, Vec<bool>, Vec<u32>) {
+    let device = Device::Cuda(dev.clone());
+    let (t, n) = (a.shape()[0], b.shape()[1]);
+    let off = host(offsets.to_vec(), &[offsets.len()])
+        .to_device(&device)
+        .unwrap();
+    let mut out = Tensor::empty(&device, dtype, &[t, n]).unwrap();
+    mxfp4_grouped_contiguous_v6(dev, a, a_s, b, b_s, &off, &mut out).unwrap();
+    let (got, poison) = download(&out);
+    (got, poison, bits(&out))
+}
+
+/// V6 over the contiguous layout (`mxfp4_grouped_contiguous_v6`, what the
+/// batch-invariant mode's routed experts run), on fresh random rows with
+/// two rows before the first group and one after the last:
+/// - each expert's rows against `fp4_gemm_f32` (calc_diff < 1e-3), the
+///   rows outside every group untouched (poison), BF16 and F32;
+/// - every row bitwise the masked V6's on the same row (the masked layout
+///   with max_m the largest count: token tile 8 where every count is ≤ 8,
+///   else windows of 16), so the two layouts are one kernel's sums;
+/// - batch invariance: with expert 1's rows taken out of the batch (every
+///   later row moves to another window and CTA) the others keep their bits;
+/// - offsets that are negative, past T or decreasing are clamped as the
+///   contiguous kernel clamps them (the CPU recomputes the groups).
+///
+/// Cases: counts all ≤ 8; windows past 16 (17, 33, 40 rows), an empty
+/// expert in each; 700 experts,
+/// more than the 544 threads that rank them at once (the running maximum
+/// carried across rounds); and without DEEPINFER_QUICK the shared-expert
+/// width w2 (N 5120 × K 2304) at decode counts. On a GPU other than sm_90
+/// the launch must return its typed error instead.
+#[test]
+fn mxfp4_grouped_contiguous_v6_gives_each_row_the_masked_v6_bits() {
+    let dev = gpu();
+    let device = Device::Cuda(dev.clone());
+    let mut rng = common::rng("mxfp4_grouped_contiguous_v6");
+    let mut cases: Vec<(Vec<usize>, usize, usize)> = vec![
+        (vec![3, 6, 0, 8, 1, 5, 8], 128, 256),
+        (vec![17, 9, 0, 1, 40, 16, 7, 33], 192, 512),
+        (
+            (0..700)
+                .map(|i| if i % 9 == 4 || i == 1 { 1 + i % 5 } else { 0 })
+                .collect(),
+            64,
+            256,
+        ),
+    ];
+    if !quick() {
+        cases.push((vec![1, 9, 0, 24, 2, 16], 5120, 2304));
+    }
+    for (counts, n, k) in cases {
+        let e = counts.len();
+        let kb = k.div_ceil(32);
+        let (lead, tail) = (2usize, 1usize);
+        let t = lead + counts.iter().sum::<usize>() + tail;
+        let mut offsets = vec![lead as i32];
+        for c in &counts {
+            offsets.push(offsets.last().unwrap() + *c as i32);
+        }
+        let a = host(random_e4m3(&mut rng, t * k), &[t, k]);
+        let a_s = host(random_e8m0(&mut rng, t * kb, GEMM_SCALES), &[t, kb]);
+        let b = host(random_fp4(&mut rng, e * n * k / 2), &[e, n, k]);
+        let b_s = host(random_e8m0(&mut rng, e * n * kb, GEMM_SCALES), &[e, n, kb]);
+        let (ah, ash, bh, bsh) = (
+            a.as_slice::<E4M3>().unwrap().to_vec(),
+            a_s.as_slice::<E8M0>().unwrap().to_vec(),
+            b.as_slice::<Fp4x2>().unwrap().to_vec(),
+            b_s.as_slice::<E8M0>().unwrap().to_vec(),
+        );
+        // The CPU's rows of expert x over [r0, r1) of a.
+        let want = |x: usize, (r0, r1): (usize, usize)| {
+            fp4_gemm_f32(
+                &ah[r0 * k..r1 * k],
+                &ash[r0 * kb..r1 * kb],
+                &bh[x * n * k / 2..(x + 1) * n * k / 2],
+                &bsh[x * n * kb..(x + 1) * n * kb],
+                r1 - r0,
+                n,
+                k,
+            )
+        };
+        let [ad, asd, bd, bsd] = [&a, &a_s, &b, &b_s].map(|x| x.to_device(&device).unwrap());
+        let what = format!("contiguous V6 e={e} n={n} k={k} counts {counts:?}");
+        if dev.compute_capability().unwrap() != (9, 0) {
+            let off = host(offsets.clone(), &[e + 1]).to_device(&device).unwrap();
+            let mut out = Tensor::empty(&device, DType::BF16, &[t, n]).unwrap();
+            let err = mxfp4_grouped_contiguous_v6(&dev, &ad, &asd, &bd, &bsd, &off, &mut out)
+                .unwrap_err();
+            assert!(matches!(err, Error::Unsupported { .. }), "{what}: {err}");
+            return;
+        }
+        let groups = clamped_groups(&offsets, t);
+        for dtype in [DType::BF16, DType::F32] {
+            let what = format!("{what} {dtype}");
+            let (got, poison, all) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &offsets, dtype);
+            for (x, &(r0, r1)) in groups.iter().enumerate() {
+                check(
+                    &format!("{what} expert {x}"),
+                    &got[r0 * n..r1 * n],
+                    &expected(&want(x, (r0, r1)), dtype),
+                );
+            }
+            let outside = poison[..lead * n].iter().chain(&poison[(t - tail) * n..]);
+            assert!(
+                outside.into_iter().all(|&p| p),
+                "{what}: a row outside the groups was written"
+            );
+            let (_, _, again) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &offsets, dtype);
+            assert!(all == again, "{what}: repeat differs");
+
+            // The masked layout on the same rows: the same bits.
+            let max_m = counts.iter().copied().max().unwrap_or(0).max(1);
+            let (mut am, mut asm) = (
+                vec![E4M3(0); e * max_m * k],
+                vec![E8M0(127); e * max_m * kb],
+            );
+            for (x, &(r0, r1)) in groups.iter().enumerate() {
+                let d = x * max_m;
+                am[d * k..(d + r1 - r0) * k].copy_from_slice(&ah[r0 * k..r1 * k]);
+                asm[d * kb..(d + r1 - r0) * kb].copy_from_slice(&ash[r0 * kb..r1 * kb]);
+            }
+            let cnt: Vec<i32> = counts.iter().map(|&c| c as i32).collect();
+            let [am, asm, cnt] = [
+                host(am, &[e, max_m, k]),
+                host(asm, &[e, max_m, kb]),
+                host(cnt, &[e]),
+            ]
+            .map(|x| x.to_device(&device).unwrap());
+            let mut out_m = Tensor::empty(&device, dtype, &[e, max_m, n]).unwrap();
+            mxfp4_grouped_masked_with(
+                &dev,
+                &am,
+                &asm,
+                &bd,
+                &bsd,
+                &cnt,
+                &mut out_m,
+                SkinnyVersion::V6,
+            )
+            .unwrap();
+            let masked = bits(&out_m);
+            for (x, &(r0, r1)) in groups.iter().enumerate() {
+                let d = x * max_m * n;
+                assert!(
+                    all[r0 * n..r1 * n] == masked[d..d + (r1 - r0) * n],
+                    "{what}: expert {x}'s rows differ from the masked V6's (max_m {max_m})"
+                );
+            }
+
+            // Expert 1's rows out of the batch: the others keep their bits.
+            let (g1a, g1b) = groups[1];
+            let keep: Vec<usize> = (0..t).filter(|r| *r < g1a || *r >= g1b).collect();
+            let a2: Vec<E4M3> = keep
+                .iter()
+                .flat_map(|&r| ah[r * k..(r + 1) * k].to_vec())
+                .collect();
+            let as2: Vec<E8M0> = keep
+                .iter()
+                .flat_map(|&r| ash[r * kb..(r + 1) * kb].to_vec())
+                .collect();
+            let off2: Vec<i32> = offsets
+                .iter()
+                .enumerate()
+                .map(|(j, &o)| if j >= 2 { o - (g1b - g1a) as i32 } else { o })
+                .collect();
+            let t2 = keep.len();
+            let [a2, as2] =
+                [host(a2, &[t2, k]), host(as2, &[t2, kb])].map(|x| x.to_device(&device).unwrap());
+            let (_, _, fewer) = contiguous_v6(&dev, [&a2, &as2, &bd, &bsd], &off2, dtype);
+            for (x, &(r0, r1)) in groups.iter().enumerate().filter(|(x, _)| *x != 1) {
+                let s = if x == 0 { r0 } else { r0 - (g1b - g1a) };
+                assert!(
+                    all[r0 * n..r1 * n] == fewer[s * n..(s + r1 - r0) * n],
+                    "{what}: expert {x}'s rows change when expert 1 leaves the batch"
+                );
+            }
+        }
+
+        // Garbage offsets (negative, past T, decreasing): the clamped groups.
+        let bad: Vec<i32> = (0..=e)
+            .map(|_| rng.random_range(-3..=t as i32 + 3))
+            .collect();
+        let (got, poison, _) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &bad, DType::F32);
+        let groups = clamped_groups(&bad, t);
+        for (x, &(r0, r1)) in groups.iter().enumerate() {
+            check(
+                &format!("{what} offsets {bad:?} expert {x}"),
+                &got[r0 * n..r1 * n],
+                &expected(&want(x, (r0, r1)), DType::F32),
+            );
+        }
+        let (p0, pe) = (groups[0].0, groups[e - 1].1);
+        assert!(
+            poison[..p0 * n].iter().chain(&poison[pe * n..]).all(|&p| p),
+            "{what} offsets {bad:?}: a row outside the clamped groups was written"
         );
     }
 }

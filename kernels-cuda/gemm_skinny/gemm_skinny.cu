@@ -486,7 +486,7 @@ template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const 
 constexpr int64_t kPrefetchBudget = 8 << 20;
 
 // The prefetch of a CTA whose (first) tile starts at feature n0 in K split
-// `split`, in a launch of `ctas` such CTAs (V2 below, V7's first item).
+// `split`, in a launch of `ctas` such CTAs (V2 below).
 __device__ __forceinline__ void prefetch_tile_rows(const di_gemm_skinny_params &p, int n0, int split,
                                                    int64_t ctas) {
     if (int(threadIdx.x) >= kTileN) return;
@@ -599,7 +599,7 @@ template <int NT_MAX> __device__ void masked(const di_gemm_skinny_params &p) {
 // ---- Version 2 -------------------------------------------------------------
 // Same tiles and numerics as version 1; what changes is the work around them.
 
-// The fused split-K sum of one dense output tile (V2, V7), by the CTA that
+// The fused split-K sum of one dense output tile (V2), by the CTA that
 // drew its last ticket, after the acquire fence: tokens [row0, row0 + rows)
 // x features [n0, n0 + 64) (within N), each the sum of the splits' fp32
 // partials in split order from +0.0 (the reduce kernel's exact sum),

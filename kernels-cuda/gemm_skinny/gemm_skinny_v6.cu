@@ -1,18 +1,25 @@
-// Masked FP4 MoE GEMM for decode, version 6: wgmma with the decoded weights
-// as the A operand from registers (mxfp4_grouped_masked_v6_n{8,16}).
+// FP4 MoE GEMM for decode, version 6: wgmma with the decoded weights as the
+// A operand from registers (mxfp4_grouped_masked_v6_n{8,16},
+// mxfp4_grouped_contiguous_v6).
 //
-//   per expert e with c = clamp(counts[e], 0, max_m) > 0:
+//   masked: per expert e with c = clamp(counts[e], 0, max_m) > 0:
 //   out[e, :c, N] = A[e, :c, K] (e4m3, 1x32 E8M0) x B[e, N, K]^T (packed e2m1,
 //   one E8M0 per output row per 32 of K); rows >= c untouched.
+//   contiguous: A [T, K] rows grouped by expert, offsets [E + 1] (clamped
+//   to [0, T] and made monotone as the contiguous kernel does): out[r, N] =
+//   A[r] x B[e]^T for the rows r of expert e; rows outside every group
+//   untouched.
 //
 // Token windows (2026-12-04): an expert's rows go in windows of NT tokens,
 // each a work item of its own (expert e, window j: rows NT j .. NT j + NT),
-// so max_m may exceed NT: the decode batches of an EP-8/16 rank (8-64
-// tokens an expert) stay on this kernel instead of the contiguous one's
-// 128-row tiles. A window streams its expert's weights again; an empty one
-// costs nothing (only the windows an expert's count reaches are listed). A
-// token's sums do not depend on its window: every output is its own dot
-// product in the same K order.
+// so an expert may have any number of rows: the decode batches of an
+// EP-8/16 rank (8-64 tokens an expert) stay on this kernel instead of the
+// contiguous one's 128-row tiles. A window streams its expert's weights
+// again; an empty one costs nothing (only the windows an expert's rows
+// reach are ranked). A token's sums do not depend on its window, on the
+// layout or on the other tokens: every output is its own dot product in
+// the same K order, which is what the batch-invariant mode runs its routed
+// experts on (src/cuda_backend/gemm_skinny.rs, `mxfp4_grouped_contiguous_v6`).
 //
 // Why (README, "Version 6"): V3 spends ~56 warp instructions per 16 x 32
 // block, a third of them converting e4m3 to f16 for the two HMMA.16816 that
@@ -20,8 +27,8 @@
 // take e4m3 A from registers: the 7-instruction e2m1 -> e4m3 decode feeds it
 // directly, one wgmma m64nNk32 per 32-deep block for the whole warpgroup.
 //
-// Shapes: N % 64 == 0, K % 256 == 0, the work list (experts x windows) and
-// the stages fitting shared memory (the host's `v6_layout`).
+// Shapes: N % 64 == 0, K % 256 == 0, the per-expert table, the tokens and
+// two stages fitting shared memory (the host's `v6_layout`).
 // Uses V3's helpers (same translation unit: the family compiles as one).
 //
 // sm_90a, one CTA of 17 warps per SM, persistent:
@@ -73,16 +80,17 @@ __host__ __device__ constexpr int align1024(int v) { return (v + 1023) & ~1023; 
 // Shared-memory carve-up from a 1024-byte aligned base (the host twin is
 // `v6_layout` in src/cuda_backend/gemm_skinny.rs, which adds 1024 bytes of
 // slack for the alignment): full [8] and empty [8] barriers, the E8M0 table
-// [256] f32, the work list [items = experts x windows] i32, the tokens (1024-aligned:
+// [256] f32, the per-expert table (windows' inclusive prefix, first row and
+// row count: 3 x experts i32, see `rank_windows`), the tokens (1024-aligned:
 // K/128 tiles of NT rows x 128 bytes), their fp32 scales [K/32][NT], two
 // partial buffers [4 warpgroups][64 rows][NT] f32, then S stages (1024-
 // aligned) of two swizzled 64 x 128-byte e2m1 boxes plus 64 x 16 scale bytes.
 struct Layout {
-    int lut, list, act, act_s, part, stages, stage_bytes, ws_off;
-    __host__ __device__ Layout(int nt, int k, int items) {
+    int lut, table, act, act_s, part, stages, stage_bytes, ws_off;
+    __host__ __device__ Layout(int nt, int k, int experts) {
         lut = 16 * kMaxStages;
-        list = lut + 256 * 4;
-        act = align1024(list + align16(items * 4));
+        table = lut + 256 * 4;
+        act = align1024(table + align16(3 * experts * 4));
         act_s = act + nt * k;
         part = act_s + align16(k / 32 * nt * 4);
         stages = align1024(part + 2 * 4 * kRows * nt * 4);
@@ -132,17 +140,17 @@ __device__ __forceinline__ void cp_async_arrive_noinc(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// Stages `cnt` tokens of expert e from row `row0` (rows cnt..NT-1 as zeros) as wgmma B
+// Stages the `cnt` tokens at row `row0` of a (rows cnt..NT-1 as zeros) as wgmma B
 // tiles: tile c (K 128c..128c+127) holds NT rows of 128 bytes, rows 8..15
 // 1024 bytes after rows 0..7, 16-byte piece j of row t at piece j ^ (t % 8);
 // block b of the tile is pieces 2b (its even bytes) and 2b + 1 (odd bytes).
 // Then the tokens' fp32 scales [K/32][NT]. The 512 consumer threads, no
 // barrier.
 template <int NT>
-__device__ __forceinline__ void stage_tokens(const di_gemm_skinny_params &p, int e, int row0, int cnt,
-                                             uint8_t *act, float *act_s) {
+__device__ __forceinline__ void stage_tokens(const di_gemm_skinny_params &p, int row0, int cnt, uint8_t *act,
+                                             float *act_s) {
     const int tid = threadIdx.x, k = p.k, kb_n = k / 32;
-    const int64_t r0 = int64_t(e) * p.m + row0;
+    const int64_t r0 = row0;
     const uint8_t *a = static_cast<const uint8_t *>(p.a) + r0 * k;
     const uint8_t *as = static_cast<const uint8_t *>(p.a_scale) + r0 * kb_n;
     for (int q = tid; q < NT * kb_n; q += kConsumers * 32) {
@@ -234,24 +242,53 @@ __device__ __forceinline__ void chunk(const uint8_t *st, int ws_off, const uint8
     }
 }
 
-// Windows of expert e: ceil(clamp(counts[e], 0, max_m) / NT).
-template <int NT> __device__ __forceinline__ int windows_of(const di_gemm_skinny_params &p, int e) {
-    return (max(0, min(p.m, p.counts[e])) + NT - 1) / NT;
-}
-
-// The work items (expert e, window j) in expert then window order into
-// `list` as e * W + j (W = ceil(max_m / NT), the most windows an expert has),
-// by a block-wide exclusive scan of each expert's windows (warp shuffles,
-// then the warp totals in `warp_total`, kThreads / 32 of them); returns how
-// many. Every thread of the CTA calls it.
-template <int NT>
-__device__ __forceinline__ int rank_windows(const di_gemm_skinny_params &p, int W, int *list, int *warp_total) {
+// The per-expert table, experts entries each: `wend` the inclusive prefix
+// of the windows ceil(rows / NT) (the work items (expert e, window j) are
+// ranked in expert then window order: item wend[e - 1] + j), `first` the
+// expert's first row of a and out, `rows` its row count. Masked (kContig
+// false): first = e * max_m, rows = clamp(counts[e], 0, max_m). Contiguous
+// (kContig true; p.counts holds offsets [E + 1] over p.m = T rows): expert e
+// on [P_e, P_{e+1}) with P_e the running maximum of clamp(offsets[j], 0, T)
+// over j <= e, as the contiguous kernel clamps them, so the experts' rows
+// are disjoint and inside [0, T) whatever the offsets hold. Block-wide
+// scans (warp shuffles, then the warp totals in `warp_total`, kThreads /
+// 32 of them); returns the item count. Every thread of the CTA calls it.
+template <int NT, bool kContig>
+__device__ __forceinline__ int rank_windows(const di_gemm_skinny_params &p, int *wend, int *first, int *rows,
+                                            int *warp_total) {
     constexpr int kW = kThreads / 32;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int n_items = 0;
+    int n_items = 0, carry = 0;  // carry: the running maximum before e0 (kContig)
     for (int e0 = 0; e0 < p.experts; e0 += kThreads) {
         const int e = e0 + tid;
-        const int w = e < p.experts ? windows_of<NT>(p, e) : 0;
+        const bool in = e < p.experts;
+        int f = 0, c = 0;
+        if constexpr (kContig) {
+            const int lo = in ? min(max(p.counts[e], 0), p.m) : 0;
+            const int hi = in ? min(max(p.counts[e + 1], 0), p.m) : 0;
+            int x = lo;  // inclusive max-scan over the warp
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const int y = __shfl_up_sync(0xFFFFFFFFu, x, off);
+                if (lane >= off) x = max(x, y);
+            }
+            if (lane == 31) warp_total[warp] = x;
+            __syncthreads();
+            int before = carry, all = carry;
+#pragma unroll
+            for (int v = 0; v < kW; ++v) {
+                before = v < warp ? max(before, warp_total[v]) : before;
+                all = max(all, warp_total[v]);
+            }
+            __syncthreads();  // warp_total is the sum-scan's below
+            f = max(before, x);
+            c = max(f, hi) - f;
+            carry = all;
+        } else {
+            f = e * p.m;
+            c = in ? min(max(p.counts[e], 0), p.m) : 0;
+        }
+        const int w = (c + NT - 1) / NT;
         int x = w;  // inclusive scan over the warp
 #pragma unroll
         for (int off = 1; off < 32; off <<= 1) {
@@ -266,30 +303,48 @@ __device__ __forceinline__ int rank_windows(const di_gemm_skinny_params &p, int 
             before += v < warp ? warp_total[v] : 0;
             total += warp_total[v];
         }
-        const int at = n_items + before + x - w;
-        for (int j = 0; j < w; ++j) list[at + j] = e * W + j;
+        if (in) {
+            wend[e] = n_items + before + x;
+            first[e] = f;
+            rows[e] = c;
+        }
         n_items += total;
         __syncthreads();
     }
     return n_items;
 }
 
-template <int NT>
+// The expert of work item `item` (< the item count): the first e with
+// wend[e] > item, by binary search over the table.
+__device__ __forceinline__ int expert_of(const int *wend, int experts, int item) {
+    int lo = 0, hi = experts - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (wend[mid] > item) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    return lo;
+}
+
+template <int NT, bool kContig>
 __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
     const di_gemm_skinny_params &p = pm.p;
     static_assert(NT == 8 || NT == 16, "token tile 8 or 16");
     extern __shared__ __align__(16) uint8_t smem_raw[];
     // A 1024-byte aligned base (the swizzled token tiles need it).
     uint8_t *smem = smem_raw + ((1024 - (smem_u32(smem_raw) & 1023)) & 1023);
-    // The most windows an expert has: the list holds experts x W items.
-    const int W = (p.m + NT - 1) / NT;
-    const Layout L(NT, p.k, p.experts * W);
+    const Layout L(NT, p.k, p.experts);
     const int S = min(kMaxStages, int((skinny_v3::dynamic_smem_bytes() - 1024 - uint32_t(L.stages)) /
                                       uint32_t(L.stage_bytes)));
     uint64_t *full = reinterpret_cast<uint64_t *>(smem);
     uint64_t *empty = full + kMaxStages;
     float *lut = reinterpret_cast<float *>(smem + L.lut);
-    int *list = reinterpret_cast<int *>(smem + L.list);
+    int *wend = reinterpret_cast<int *>(smem + L.table);
+    int *first = wend + p.experts;
+    int *rows = first + p.experts;
     uint8_t *act = smem + L.act;
     float *act_s = reinterpret_cast<float *>(smem + L.act_s);
     float *part = reinterpret_cast<float *>(smem + L.part);
@@ -300,7 +355,7 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
     const int k = p.k, kb_n = k / 32, n_chunks = (kb_n + kChunk - 1) / kChunk;
     const int groups = p.n / kRows;  // units per expert
 
-    const int n_active = rank_windows<NT>(p, W, list, warp_active);
+    const int n_active = rank_windows<NT, kContig>(p, wend, first, rows, warp_active);
     if (tid < 256) lut[tid] = deepinfer::e8m0_to_f32(uint32_t(tid));
     if (tid == 0) {
         for (int s = 0; s < S; ++s) {
@@ -325,7 +380,7 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
         uint32_t round = 0;
         int rank = rank0, group = group0;
         for (int i = 0; i < n_units; ++i, U.next(rank, group)) {
-            const int64_t row0 = int64_t(list[rank] / W) * p.n + int64_t(group) * kRows;
+            const int64_t row0 = int64_t(expert_of(wend, p.experts, rank)) * p.n + int64_t(group) * kRows;
             for (int c = 0; c < n_chunks; ++c) {
                 if (round > 0) mbar_wait(&empty[s], (round - 1) & 1u);
                 const int nb = min(kChunk, kb_n - c * kChunk);
@@ -354,19 +409,20 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
     // Consumers.
     const int wg = warp / 4, wq = warp % 4, g = lane >> 2, tg = lane & 3;
     const int lm_row = wq * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, lm_blk = lane >> 4;
-    int s = 0, cur = -1, e = 0, row0 = 0, cnt = 0;
+    int s = 0, cur = -1, row0 = 0, cnt = 0;
     uint32_t phase = 0;
     int rank = rank0, group = group0;
     for (int i = 0; i < n_units; ++i, U.next(rank, group)) {
-        const int item = list[rank];
-        if (item != cur) {
+        if (rank != cur) {
             // Every consumer is past the previous unit's barrier, so its
-            // wgmmas (the readers of the tokens) have completed.
-            cur = item;
-            e = item / W;
-            row0 = (item % W) * NT;
-            cnt = min(NT, max(0, min(p.m, p.counts[e])) - row0);
-            stage_tokens<NT>(p, e, row0, cnt, act, act_s);
+            // wgmmas (the readers of the tokens) have completed. Item `rank`
+            // is window j of expert e: rows row0 .. row0 + cnt of a and out.
+            cur = rank;
+            const int e = expert_of(wend, p.experts, rank);
+            const int j = rank - (e > 0 ? wend[e - 1] : 0);
+            row0 = first[e] + j * NT;
+            cnt = min(NT, rows[e] - j * NT);
+            stage_tokens<NT>(p, row0, cnt, act, act_s);
             fence_proxy_async_smem();  // the tokens are read by wgmma
             named_sync_consumers();
         }
@@ -408,7 +464,7 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
                 float sum = 0.0f;
 #pragma unroll
                 for (int x = 0; x < 4; ++x) sum += pb[x * kRows * NT + r * NT + t];
-                skinny_v3::write_output(p, e, row0 + t, int64_t(group) * kRows + r, sum);
+                skinny_v3::write_output(p, 0, row0 + t, int64_t(group) * kRows + r, sum);
             }
         }
     }
@@ -419,13 +475,14 @@ __device__ __forceinline__ void masked_v6_sm90(const di_masked_v6_params &pm) {
 
 template <int NT> __device__ __forceinline__ void masked_v6(const di_masked_v6_params &p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    skinny_v6::masked_v6_sm90<NT>(p);
+    skinny_v6::masked_v6_sm90<NT, false>(p);
 #else
     skinny_v3::masked_v3_simt<NT>(p.p);
 #endif
 }
 
-// max_m <= 8 and <= 16; one CTA per SM (the host sizes the stages).
+// The masked layout, token tile 8 (max_m <= 8) or 16 (windows of 16 past
+// it); one CTA per SM (the host sizes the stages).
 extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
     mxfp4_grouped_masked_v6_n8(const __grid_constant__ di_masked_v6_params p) {
     DI_PDL_ENTRY();
@@ -435,4 +492,17 @@ extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
     mxfp4_grouped_masked_v6_n16(const __grid_constant__ di_masked_v6_params p) {
     DI_PDL_ENTRY();
     masked_v6<16>(p);
+}
+
+// The contiguous layout: a [T, K] with its rows grouped by expert, p.counts
+// the offsets [E + 1], p.m = T, out [T, N]; windows of 16. sm_90a only (the
+// host runs the contiguous kernel elsewhere; this entry traps there).
+extern "C" __global__ void __launch_bounds__(skinny_v6::kThreads, 1)
+    mxfp4_grouped_contiguous_v6(const __grid_constant__ di_masked_v6_params p) {
+    DI_PDL_ENTRY();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    skinny_v6::masked_v6_sm90<16, true>(p);
+#else
+    __trap();
+#endif
 }

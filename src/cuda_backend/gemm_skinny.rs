@@ -29,9 +29,7 @@
 //! (16-byte row copies; FP4 rows of K / 2 bytes in 8-byte copies), M ≤ 64 for
 //! the dense GEMM, dimensions that fit the kernels' 32-bit indices.
 
-use super::params::{
-    di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params, di_skinny_v7_params,
-};
+use super::params::{di_gemm_skinny_params, di_gemm_skinny_reduce_params, di_masked_v6_params};
 use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::{i32_param, u32_param};
@@ -79,68 +77,14 @@ pub enum SkinnyVersion {
     /// warps and summed in warp order. The dense GEMM has no V3 (typed
     /// error).
     V3,
-    /// Masked MoE only, max_m ≤ 16, N % 64 == 0, K % 256 == 0
-    /// ([`v6_layout`]): units of 64 weight rows × all of K streamed in
-    /// 16-block chunks by a producer warp, the e2m1 weights decoded to e4m3
-    /// in registers as the A operand of one `wgmma` per 32-deep block (no
-    /// e4m3 → f16 conversions), K split over 4 warpgroups and summed in
-    /// warpgroup order.
+    /// MoE only (masked, and contiguous by
+    /// [`mxfp4_grouped_contiguous_v6`]), N % 64 == 0, K % 256 == 0
+    /// ([`v6_layout`]), an expert's rows in windows of 8 or 16: units of 64
+    /// weight rows × all of K streamed in 16-block chunks by a producer
+    /// warp, the e2m1 weights decoded to e4m3 in registers as the A operand
+    /// of one `wgmma` per 32-deep block (no e4m3 → f16 conversions), K split
+    /// over 4 warpgroups and summed in warpgroup order.
     V6,
-    /// Dense only, M ≤ 16, sm_90 only ([`v7_layout`] says which shapes):
-    /// V2's tiles, split and sums (so V2's bits), the weights streamed by TMA
-    /// (one 64-row × 128-byte box a chunk) by a producer warp into up to 16
-    /// stages, a persistent grid of 2 to 4 CTAs an SM. The masked MoE has
-    /// no V7 (typed error).
-    V7,
-}
-
-/// A V7 dense launch ([`v7_layout`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct V7Launch {
-    /// Token tile: 8 or 16.
-    pub nt: u32,
-    /// Pipeline stages (8 KiB weight boxes).
-    pub stages: usize,
-    /// Dynamic shared memory bytes.
-    pub smem: u32,
-}
-
-/// Threads of a V7 CTA (a consumer warpgroup and a producer warp) and its
-/// stage bound (`skinny_v7::kThreads`, `kMaxStages` in gemm_skinny_v7.cu).
-const V7_THREADS: u32 = 160;
-const V7_MAX_STAGES: usize = 16;
-
-/// The V7 launch for M rows, N, K, `cps` chunks a split and `ctas` CTAs
-/// an SM (2 to 4 with the 8-token tile, 2 or 3 with the 16-token tile,
-/// whose registers do not fit four), or `None` where V7 does not apply
-/// (M > 16, K % 16 != 0 (the tensor map's pitch), N < 64 or K < 128 (a box
-/// larger than the matrix), or fewer than 4 stages beside the split's
-/// tokens). A CTA's
-/// dynamic shared memory is its share of the SM's 228 KiB less 2 KiB (its
-/// 1 KiB of static memory and the driver's 1 KiB): 110, 74 or 55 KiB. The
-/// carve-up is `skinny_v7::Layout`: 1 KiB of barriers, the tokens (cps ×
-/// nt rows × 128 bytes) and their fp32 scales (cps × 4 × nt), the stages
-/// 1024-aligned, plus 1024 bytes of slack for the kernel's alignment.
-pub fn v7_layout(m: usize, n: usize, k: usize, cps: usize, ctas: usize) -> Option<V7Launch> {
-    let nt: u32 = if m <= 8 { 8 } else { 16 };
-    let max_ctas = if nt == 8 { 4 } else { 3 };
-    if m > 16 || !k.is_multiple_of(16) || n < 64 || k < 128 || !(2..=max_ctas).contains(&ctas) {
-        return None;
-    }
-    let budget = (228 * 1024 / ctas - 2048) / 1024 * 1024;
-    let tok_s = 1024usize.checked_add(cps.checked_mul(nt as usize * 128)?)?;
-    let stages_off = tok_s
-        .checked_add(cps.checked_mul(4 * nt as usize * 4)?)?
-        .next_multiple_of(1024);
-    let stages = (budget.checked_sub(stages_off + 1024)? / (64 * 128)).min(V7_MAX_STAGES);
-    if stages < 4 {
-        return None;
-    }
-    Some(V7Launch {
-        nt,
-        stages,
-        smem: u32::try_from(stages_off + stages * 64 * 128 + 1024).ok()?,
-    })
 }
 
 /// A V3 masked launch ([`v3_layout`]).
@@ -256,33 +200,34 @@ pub struct V6Launch {
     pub smem: u32,
 }
 
-/// The V6 masked launch for `experts` × `max_m` tokens, N, K, or `None`
-/// where V6 does not apply (N % 64 != 0, K % 256 != 0, experts · N ≥ 2^31
-/// rows, or fewer than 2 stages fit). The token tile nt is 8 for max_m ≤ 8,
-/// else 16, and an expert's rows go in windows of nt (W = ⌈max_m / nt⌉
-/// windows at most, each a work item). The host twin of
-/// `skinny_v6::Layout`, plus 1024 bytes of slack for the kernel's 1024-byte
-/// alignment of its base: barriers (2 × 8 × 8 B), the E8M0 table (1 KiB),
-/// the work list (4 B per item, experts × W items, rounded to 16), the
-/// tokens (nt × K e4m3, 1024-aligned), their fp32 scales (K/32 × nt × 4,
-/// rounded to 16), two partial buffers (2 × 4 × 64 × nt × 4), then
-/// (1024-aligned) the stages of two 64 × 128-byte TMA boxes + 64 × 16 scale
-/// bytes.
+/// The V6 launch for `experts` × `max_m` tokens (the masked layout; the
+/// contiguous one asks at max_m 16 with T rows), N, K, or `None` where V6
+/// does not apply (N % 64 != 0, K % 256 != 0, experts · N or experts ·
+/// max_m ≥ 2^31 rows, or fewer than 2 stages fit). The token tile nt is 8
+/// for max_m ≤ 8, else 16, and an expert's rows go in windows of nt, each a
+/// work item. The host twin of `skinny_v6::Layout`, plus 1024 bytes of
+/// slack for the kernel's 1024-byte alignment of its base: barriers (2 × 8
+/// × 8 B), the E8M0 table (1 KiB), the per-expert table (3 × 4 B an expert,
+/// rounded to 16), the tokens (nt × K e4m3, 1024-aligned), their fp32
+/// scales (K/32 × nt × 4, rounded to 16), two partial buffers (2 × 4 × 64 ×
+/// nt × 4), then (1024-aligned) the stages of two 64 × 128-byte TMA boxes +
+/// 64 × 16 scale bytes.
 pub fn v6_layout(experts: usize, max_m: usize, n: usize, k: usize) -> Option<V6Launch> {
     if max_m == 0 || !n.is_multiple_of(64) || !k.is_multiple_of(256) {
         return None;
     }
-    // The TMA box's row coordinate is an i32: every row of b must have one.
-    if i32::try_from(experts.checked_mul(n)?).is_err() {
+    // The TMA box's row coordinate is an i32: every row of b must have one;
+    // the kernel numbers the masked rows of a and out (e · max_m + r) in
+    // i32 too.
+    if i32::try_from(experts.checked_mul(n)?).is_err()
+        || i32::try_from(experts.checked_mul(max_m)?).is_err()
+    {
         return None;
     }
     let nt = if max_m <= 8 { 8 } else { 16 };
-    // The kernel numbers items (e · W + j) and their list bytes in i32.
-    let items = experts.checked_mul(max_m.div_ceil(nt))?;
-    i32::try_from(items.checked_mul(4)?).ok()?;
     let a16 = |v: usize| v.next_multiple_of(16);
-    let list = 16 * V6_MAX_STAGES + 1024;
-    let act = (list + a16(items * 4)).next_multiple_of(1024);
+    let table = 16 * V6_MAX_STAGES + 1024;
+    let act = (table + a16(experts.checked_mul(12)?)).next_multiple_of(1024);
     let fixed = (act + nt * k + a16(k / 32 * nt * 4) + 2 * 4 * 64 * nt * 4).next_multiple_of(1024);
     let stage = 2 * 64 * 128 + 64 * 16;
     let stages = SMEM_LIMIT.checked_sub(fixed + 1024)? / stage;
@@ -419,12 +364,8 @@ fn dense_launch(
                 op: OP,
                 arg: "version",
                 value: format!("{version:?}"),
-                why: "V3 and V6 are masked-MoE kernels only; the dense GEMM runs V1, V2 or V7",
+                why: "V3 and V6 are masked-MoE kernels only; the dense GEMM runs V1 or V2",
             });
-        }
-        (SkinnyVersion::V7, _) => {
-            let out = buf_mut(OP, "out", out)?;
-            return dense_v7(dev, params, [m, n, k], [splits, chunks_per_split], out);
         }
     };
     let smem = smem_bytes(false, nt, version);
@@ -570,21 +511,14 @@ pub fn mxfp4_grouped_masked_with(
         return Ok(());
     }
     use kernels::gemm_skinny as ks;
-    if version == SkinnyVersion::V7 {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "version",
-            value: format!("{version:?}"),
-            why: "V7 is a dense kernel only; the masked MoE runs V1, V2, V3 or V6",
-        });
-    }
     if version == SkinnyVersion::V6 {
-        return masked_v6(
+        return launch_v6(
             dev,
             [a, a_s, b, b_s, counts],
             out,
             [e, max_m, n, k],
             out_f32,
+            false,
         );
     }
     if version == SkinnyVersion::V3 {
@@ -640,7 +574,7 @@ pub fn mxfp4_grouped_masked_with(
                 ks::MXFP4_GROUPED_MASKED_N64,
             ],
         ),
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 | SkinnyVersion::V7 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => (
             32,
             [
                 ks::MXFP4_GROUPED_MASKED_V2_N8,
@@ -672,7 +606,7 @@ pub fn mxfp4_grouped_masked_with(
             1,
         ),
         // Units: (expert, tile, block of nt rows); more CTAs would idle.
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 | SkinnyVersion::V7 => (
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => (
             u32_param("grid", slots.min(tiles * e * max_m.div_ceil(nt as usize)))?,
             1,
             1,
@@ -760,40 +694,48 @@ fn masked_params(
     })
 }
 
-/// The V6 launch of [`mxfp4_grouped_masked_with`] (shapes already checked
-/// against each other): `[a, a_s, b, b_s, counts]`, `[E, max_m, N, K]`.
-fn masked_v6(
+/// The V6 launch of [`mxfp4_grouped_masked_with`] (`contiguous` false:
+/// `[a, a_s, b, b_s, counts]`, `[E, max_m, N, K]`) or of
+/// [`mxfp4_grouped_contiguous_v6`] (true: offsets for counts, `[E, T, N,
+/// K]`), shapes already checked against each other.
+fn launch_v6(
     dev: &CudaDevice,
-    [a, a_s, b, b_s, counts]: [&Tensor; 5],
+    ins: [&Tensor; 5],
     out: &mut Tensor,
-    [e, max_m, n, k]: [usize; 4],
+    [e, m, n, k]: [usize; 4],
     out_f32: bool,
+    contiguous: bool,
 ) -> Result<()> {
-    const OP: &str = "mxfp4_grouped_masked";
     use kernels::gemm_skinny as ks;
-    let Some(V6Launch { nt, smem, .. }) = v6_layout(e, max_m, n, k) else {
+    let op_name = if contiguous {
+        "mxfp4_grouped_contiguous_v6"
+    } else {
+        "mxfp4_grouped_masked"
+    };
+    let Some(V6Launch { nt, smem, .. }) = v6_layout(e, if contiguous { 16 } else { m }, n, k)
+    else {
         return Err(Error::Shape {
-            op: OP,
+            op: op_name,
             tensor: "b",
-            got: b.shape().to_vec(),
-            expected: "for V6: N a multiple of 64, K a multiple of 256 and the work list, \
-                       tokens and two stages within shared memory"
+            got: ins[2].shape().to_vec(),
+            expected: "for V6: N a multiple of 64, K a multiple of 256 and the per-expert \
+                       table, tokens and two stages within shared memory"
                 .into(),
         });
     };
-    let kernel = if nt == 8 {
-        ks::MXFP4_GROUPED_MASKED_V6_N8
-    } else {
-        ks::MXFP4_GROUPED_MASKED_V6_N16
+    let kernel = match (contiguous, nt) {
+        (true, _) => ks::MXFP4_GROUPED_CONTIGUOUS_V6,
+        (false, 8) => ks::MXFP4_GROUPED_MASKED_V6_N8,
+        (false, _) => ks::MXFP4_GROUPED_MASKED_V6_N16,
     };
     dev.allow_dynamic_smem(kernel, smem)?;
-    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
+    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, ins, out)?;
     let why = "V6 needs 16-byte aligned device buffers";
-    check_aligned16(OP, why, &[("a", ap), ("b", bp), ("b_s", bsp)])?;
-    let p = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
+    check_aligned16(op_name, why, &[("a", ap), ("b", bp), ("b_s", bsp)])?;
+    let p = masked_params([ap, asp, bp, bsp], cp, op, [e, m, n, k], out_f32)?;
     // b as [E · N rows, K/2 bytes]: one box is a chunk's 64 rows × 128 bytes.
     let b_map = encode_u8(
-        OP,
+        op_name,
         "b",
         bp,
         &[(k / 2) as u64, (e * n) as u64],
@@ -803,13 +745,109 @@ fn masked_v6(
     )?;
     let params = di_masked_v6_params { b_map, p };
     // One CTA per SM; units (64 rows of an expert's window) split evenly.
-    let units = e * max_m.div_ceil(nt as usize) * (n / 64);
+    // Windows: at most E · ⌈max_m / nt⌉ masked, ⌈T / 16⌉ + E contiguous.
+    let windows = if contiguous {
+        m.div_ceil(16) + e
+    } else {
+        e * m.div_ceil(nt as usize)
+    };
     let cfg = LaunchConfig {
-        grid_dim: (u32_param("grid", dev.sm_count().min(units).max(1))?, 1, 1),
+        grid_dim: (
+            u32_param("grid", dev.sm_count().min(windows * (n / 64)).max(1))?,
+            1,
+            1,
+        ),
         block_dim: (V6_THREADS, 1, 1),
         shared_mem_bytes: smem,
     };
     launch(dev, kernel, cfg, &params)
+}
+
+/// Whether [`mxfp4_grouped_contiguous_v6`] takes E experts of N × K on
+/// `dev`: V6's shapes ([`v6_layout`] at 16 tokens) on an sm_90 device.
+pub fn contiguous_v6_applies(dev: &CudaDevice, experts: usize, n: usize, k: usize) -> Result<bool> {
+    Ok(dev.compute_capability()? == (9, 0) && v6_layout(experts, 16, n, k).is_some())
+}
+
+/// The FP4 grouped MoE GEMM in the contiguous layout by V6's windows of 16
+/// rows: rows `offsets[e]..offsets[e+1]` of `a` times expert e's weights,
+/// each output its own dot product in K order, so a row's bits depend on
+/// its own values only, not on the other rows, the batch or the layout (the
+/// masked V6 gives the same bits on the same rows). The batch-invariant
+/// mode's routed experts run it (`ops::mxfp4_grouped_contiguous_into` on a
+/// batch-invariant device where [`contiguous_v6_applies`]).
+///
+/// `a` `[T, K]` e4m3, `a_s` `[T, ⌈K/32⌉]` E8M0, `b` `[E, N, K]` packed
+/// e2m1, `b_s` `[E, N, ⌈K/32⌉]` E8M0 (one per output row per 32 of K),
+/// `offsets` `[E + 1]` I32 on the device (clamped to `[0, T]` and made
+/// monotone on the device, as the contiguous kernel does, so garbage stays
+/// in bounds), `out` `[T, N]` BF16 or F32; rows outside every group are not
+/// written. Errors: a shape V6 does not take (tensor `b`), a device other
+/// than sm_90 (unsupported).
+#[allow(clippy::too_many_arguments)]
+pub fn mxfp4_grouped_contiguous_v6(
+    dev: &CudaDevice,
+    a: &Tensor,
+    a_s: &Tensor,
+    b: &Tensor,
+    b_s: &Tensor,
+    offsets: &Tensor,
+    out: &mut Tensor,
+) -> Result<()> {
+    const OP: &str = "mxfp4_grouped_contiguous_v6";
+    let (t, k) = match *a.shape() {
+        [t, k] => (t, k),
+        _ => {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "a",
+                got: a.shape().to_vec(),
+                expected: "[T, K]".into(),
+            });
+        }
+    };
+    let (e, n) = match *b.shape() {
+        [e, n, _] => (e, n),
+        _ => {
+            return Err(Error::Shape {
+                op: OP,
+                tensor: "b",
+                got: b.shape().to_vec(),
+                expected: "[E, N, K]".into(),
+            });
+        }
+    };
+    let kb = k.div_ceil(32);
+    expect(OP, "a", a, DType::F8E4M3, &[t, k])?;
+    expect(OP, "a_s", a_s, DType::E8M0, &[t, kb])?;
+    expect(OP, "b", b, DType::F4E2M1x2, &[e, n, k])?;
+    expect(OP, "b_s", b_s, DType::E8M0, &[e, n, kb])?;
+    expect(OP, "offsets", offsets, DType::I32, &[e + 1])?;
+    let out_f32 = out_kind(OP, out)?;
+    expect(OP, "out", out, out.dtype(), &[t, n])?;
+    check_k(OP, a, k)?;
+    fit_i32(OP, "a", a, t)?;
+    fit_i32(OP, "b", b, e + 1)?;
+    fit_i32(OP, "b", b, n)?;
+    fit_i32(OP, "a", a, k)?;
+    if dev.compute_capability()? != (9, 0) {
+        return Err(Error::Unsupported {
+            op: OP,
+            device: dev.to_string(),
+            why: "V6 over the contiguous layout is written for sm_90a only",
+        });
+    }
+    if t == 0 || e == 0 || n == 0 {
+        return Ok(());
+    }
+    launch_v6(
+        dev,
+        [a, a_s, b, b_s, offsets],
+        out,
+        [e, t, n, k],
+        out_f32,
+        true,
+    )
 }
 
 /// The parameters of a dense launch from its operands' device addresses
@@ -841,39 +879,22 @@ fn dense_params(
     })
 }
 
-/// The skinny parameters inside a launch's parameter struct.
-trait SkinnyParams: cudarc::driver::DeviceRepr {
-    fn skinny(&mut self) -> &mut di_gemm_skinny_params;
-}
-
-impl SkinnyParams for di_gemm_skinny_params {
-    fn skinny(&mut self) -> &mut di_gemm_skinny_params {
-        self
-    }
-}
-
-impl SkinnyParams for di_skinny_v7_params {
-    fn skinny(&mut self) -> &mut di_gemm_skinny_params {
-        &mut self.p
-    }
-}
-
-/// Launches a dense kernel that sums its own K splits (V2, V7): with one
+/// Launches a dense kernel that sums its own K splits (V2): with one
 /// split it writes `out` directly; with more, each split's fp32 partials go
 /// to the stream's cached workspace `[splits, count = M · N]` (held locked
 /// until the launch is queued) and the last CTA of each of the `tiles`
 /// output tiles adds them in split order (a ticket a tile, reset by that
 /// CTA).
-fn launch_self_reduced<P: SkinnyParams>(
+fn launch_self_reduced(
     dev: &CudaDevice,
     kernel: KernelRef,
     cfg: LaunchConfig,
-    params: &mut P,
+    params: &mut di_gemm_skinny_params,
     out: &mut CudaBuffer,
     [splits, count, tiles]: [usize; 3],
 ) -> Result<()> {
     let (op, _go) = write_ptr(out, dev);
-    params.skinny().out = op;
+    params.out = op;
     if splits == 1 {
         return launch(dev, kernel, cfg, &*params);
     }
@@ -882,80 +903,9 @@ fn launch_self_reduced<P: SkinnyParams>(
     let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * count * 4, tiles * 4)?;
     let (wp, _gw) = write_ptr(ws, dev);
     let (tp, _gt) = write_ptr(tickets, dev);
-    params.skinny().workspace = wp as *mut f32;
-    params.skinny().tickets = tp as *mut u32;
+    params.workspace = wp as *mut f32;
+    params.tickets = tp as *mut u32;
     launch(dev, kernel, cfg, &*params)
-}
-
-/// The V7 launch of [`dense_launch`] (shapes already checked) from its
-/// dense parameters `p` (`dense_params` of `[M, N, K]` and the split):
-/// items (64-row tile, split) over a persistent grid of at most the
-/// resident CTAs, the splits summed as V2 does.
-fn dense_v7(
-    dev: &CudaDevice,
-    p: di_gemm_skinny_params,
-    [m, n, k]: [usize; 3],
-    [splits, cps]: [usize; 2],
-    out: &mut CudaBuffer,
-) -> Result<()> {
-    const OP: &str = "mxfp8_gemm_skinny";
-    // The fewest CTAs an SM that run every item (tile, split) in one round
-    // (more stages each), else 2; the split is V2's either way.
-    let tiles = n.div_ceil(TILE_N);
-    let items = tiles * splits;
-    let sms = dev.sm_count();
-    let Some(V7Launch { nt, smem, .. }) = [2, 3, 4]
-        .iter()
-        .filter_map(|&c| v7_layout(m, n, k, cps, c).filter(|_| items <= sms * c))
-        .next()
-        .or_else(|| v7_layout(m, n, k, cps, 2))
-    else {
-        return Err(Error::Argument {
-            op: OP,
-            arg: "version",
-            value: format!("V7 at M = {m}, N = {n}, K = {k}"),
-            why: "V7 takes at most 16 rows, K a multiple of 16 and at least 128, N at least 64, \
-                  and a split's tokens beside 4 stages in 110 KiB",
-        });
-    };
-    if dev.compute_capability()? != (9, 0) {
-        return Err(Error::Unsupported {
-            op: OP,
-            device: dev.to_string(),
-            why: "the V7 dense skinny GEMM is written for sm_90a only",
-        });
-    }
-    let kernel = if nt == 8 {
-        kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N8
-    } else {
-        kernels::gemm_skinny::MXFP8_GEMM_SKINNY_V7_N16
-    };
-    dev.allow_dynamic_smem(kernel, smem)?;
-    check_aligned16(
-        OP,
-        "V7 needs 16-byte aligned tokens and weights",
-        &[("a", p.a), ("b", p.b)],
-    )?;
-    // b as [N rows, K bytes]: one box is a chunk's 64 rows × 128 bytes.
-    let b_map = encode_u8(
-        OP,
-        "b",
-        p.b,
-        &[k as u64, n as u64],
-        &[k as u64],
-        &[128, 64],
-        Swizzle::B128,
-    )?;
-    let grid = resident_ctas(dev, kernel, V7_THREADS, smem)?
-        .min(items)
-        .max(1);
-    let cfg = LaunchConfig {
-        grid_dim: (u32_param("grid", grid)?, 1, 1),
-        block_dim: (V7_THREADS, 1, 1),
-        shared_mem_bytes: smem,
-    };
-    let mut params = di_skinny_v7_params { b_map, p };
-    launch_self_reduced(dev, kernel, cfg, &mut params, out, [splits, m * n, tiles])
 }
 
 /// The K split of the dense GEMM: `(splits, chunks_per_split)` in 128-deep
@@ -1005,7 +955,7 @@ fn smem_bytes(fp4: bool, nt: u32, version: SkinnyVersion) -> u32 {
     let decoded = if fp4 { 8192 } else { 0 };
     match version {
         SkinnyVersion::V1 => 1024 + STAGES * (data + scales).next_multiple_of(1024) + decoded,
-        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 | SkinnyVersion::V7 => {
+        SkinnyVersion::V2 | SkinnyVersion::V3 | SkinnyVersion::V6 => {
             let stages = if !fp4 && nt >= 16 { STAGES - 1 } else { STAGES };
             1024 + (stages * (data + scales)).next_multiple_of(1024) + decoded
         }
@@ -1112,10 +1062,7 @@ fn not_on_gpu(op: &'static str, name: &'static str, t: &Tensor) -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        SkinnyVersion, V3Launch, V6Launch, V7Launch, smem_bytes, split_k, v3_layout, v6_layout,
-        v7_layout,
-    };
+    use super::{SkinnyVersion, V3Launch, V6Launch, smem_bytes, v3_layout, v6_layout};
 
     /// V3's carve-up at the bench shapes (gemm_skinny_v3.cu's `Layout`), and
     /// the shapes it refuses.
@@ -1143,89 +1090,40 @@ mod tests {
     }
 
     /// V6's carve-up at the V4.1 expert shapes (gemm_skinny_v6.cu's
-    /// `Layout`, worked by hand: barriers 128 B + E8M0 table 1 KiB + expert
-    /// list, tokens 1024-aligned, token scales, partials, stages
-    /// 1024-aligned at 17408 B, plus 1 KiB of alignment slack), and the
-    /// shapes it refuses.
+    /// `Layout`, worked by hand: barriers 128 B + E8M0 table 1 KiB + the
+    /// per-expert table of 12 B an expert, tokens 1024-aligned, token
+    /// scales, partials, stages 1024-aligned at 17408 B, plus 1 KiB of
+    /// alignment slack), and the shapes it refuses.
     #[test]
     fn v6_layout_at_the_moe_shapes() {
         let l = |nt, stages, smem| Some(V6Launch { nt, stages, smem });
-        // w13 (4608 × 5120), 6 experts, 8 tokens: tokens at 2048, 40960 B
-        // of them, 5120 of scales, 16384 of partials: stages at 64512;
-        // (230400 − 64512 − 1024) / 17408 = 9, capped at 8.
+        // w13 (4608 × 5120), 6 experts, 8 tokens: table 72 B (tokens at
+        // 2048), 40960 B of tokens, 5120 of scales, 16384 of partials:
+        // stages at 64512; (230400 − 64512 − 1024) / 17408 = 9, capped at 8.
         assert_eq!(v6_layout(6, 8, 4608, 5120), l(8, 8, 204_800));
-        // 384 experts, 16 tokens: the list takes 1536 B (tokens at 3072),
+        // 384 experts, 16 tokens: the table takes 4608 B (tokens at 6144),
         // 81920 B of tokens, 10240 of scales, 32768 of partials: stages at
-        // 128000, 5 of them.
-        assert_eq!(v6_layout(384, 16, 4608, 5120), l(16, 5, 216_064));
+        // 131072, 5 of them. The table does not grow with the tokens: 256
+        // or 4096 tokens an expert take the same (windows of 16).
+        assert_eq!(v6_layout(384, 16, 4608, 5120), l(16, 5, 219_136));
+        assert_eq!(v6_layout(384, 256, 4608, 5120), l(16, 5, 219_136));
+        assert_eq!(v6_layout(384, 4096, 4608, 5120), l(16, 5, 219_136));
         // w2 (5120 × 2304), 6 experts, 1 token: stages at 39936, 8.
         assert_eq!(v6_layout(6, 1, 5120, 2304), l(8, 8, 180_224));
-        // 17 tokens: two windows of 16 (the list 48 B, tokens at 2048),
-        // 36864 B of tokens, 4608 of scales, 32768 of partials: stages at
-        // 76800, 8 of them. 256 tokens at 384 experts: 6144 items (24576
-        // B, tokens at 26624), stages at 151552: 4.
+        // 17 tokens: windows of 16 (tokens at 2048), 36864 B of tokens,
+        // 4608 of scales, 32768 of partials: stages at 76800, 8 of them.
         assert_eq!(v6_layout(6, 17, 5120, 2304), l(16, 8, 217_088));
-        assert_eq!(v6_layout(384, 256, 4608, 5120), l(16, 4, 222_208));
         assert_eq!(v6_layout(6, 8, 4608 + 32, 5120), None);
         assert_eq!(v6_layout(6, 8, 4608, 2304 + 128), None);
         assert_eq!(v6_layout(6, 0, 4608, 5120), None);
         // b's rows (experts · N) must fit the TMA box's i32 row coordinate:
-        // 30000 × 65536 do (the list takes 120000 B: 5 stages fit), 40000
-        // × 65536 do not (2 stages would still fit).
-        assert_eq!(v6_layout(30_000, 8, 65_536, 256), l(8, 5, 229_376));
-        assert_eq!(v6_layout(40_000, 8, 65_536, 256), None);
-    }
-
-    /// V7's carve-up at the decode projections (gemm_skinny_v7.cu's
-    /// `Layout`, worked by hand: 1 KiB of barriers, 1 KiB of tokens and 128
-    /// B of their scales a chunk, stages 1024-aligned at 8 KiB within 110,
-    /// 74 or 55 KiB at 2, 3 or 4 CTAs an SM, plus 1 KiB of alignment
-    /// slack), and the shapes it refuses.
-    #[test]
-    fn v7_layout_at_the_dense_shapes() {
-        let l = |stages, smem| {
-            Some(V7Launch {
-                nt: 8,
-                stages,
-                smem,
-            })
-        };
-        let l16 = |stages, smem| {
-            Some(V7Launch {
-                nt: 16,
-                stages,
-                smem,
-            })
-        };
-        // wo_b (5120 × 8192): 4 splits of 16 chunks (320 items); tokens to
-        // 17408, their scales to 19456; (112640 − 19456 − 1024) / 8192 = 11
-        // stages at 2 CTAs an SM, (75776 − 20480) / 8192 = 6 at 3, 4 at 4.
-        assert_eq!(split_k(5120, 8192), (4, 16));
-        assert_eq!(v7_layout(1, 5120, 8192, 16, 2), l(11, 110_592));
-        assert_eq!(v7_layout(1, 5120, 8192, 16, 3), l(6, 69_632));
-        assert_eq!(v7_layout(1, 5120, 8192, 16, 4), l(4, 53_248));
-        // wq_b (32768 × 1280): one split of 10 (512 items); stages at
-        // 13312: 12 at 2 CTAs an SM, 5 at 4.
-        assert_eq!(split_k(32768, 1280), (1, 10));
-        assert_eq!(v7_layout(8, 32768, 1280, 10, 2), l(12, 112_640));
-        assert_eq!(v7_layout(8, 32768, 1280, 10, 4), l(5, 55_296));
-        // K 8192 unsplit (the invariant device): stages at 74752, 4 of
-        // them at 2 CTAs an SM, none at 3; K 10240 unsplit: refused.
-        assert_eq!(v7_layout(1, 5120, 8192, 64, 2), l(4, 108_544));
-        assert_eq!(v7_layout(1, 5120, 8192, 64, 3), None);
-        assert_eq!(v7_layout(1, 5120, 10240, 80, 2), None);
-        // The 16-token tile (M 9..16), wo_b: tokens to 33792, scales to
-        // 37888; 9 stages at 2 CTAs an SM, 4 at 3, no 4 CTAs (registers).
-        assert_eq!(v7_layout(9, 5120, 8192, 16, 2), l16(9, 112_640));
-        assert_eq!(v7_layout(16, 5120, 8192, 16, 3), l16(4, 71_680));
-        assert_eq!(v7_layout(16, 5120, 8192, 16, 4), None);
-        // M past 16, K not a multiple of 16, a box larger than the matrix,
-        // a CTA count outside 2..=4.
-        assert_eq!(v7_layout(17, 5120, 8192, 16, 2), None);
-        assert_eq!(v7_layout(1, 5120, 1000, 8, 2), None);
-        assert_eq!(v7_layout(1, 63, 1280, 10, 2), None);
-        assert_eq!(v7_layout(1, 64, 112, 1, 2), None);
-        assert_eq!(v7_layout(1, 5120, 8192, 16, 5), None);
+        // 10000 × 214720 do (the table takes 120000 B, tokens at 121856,
+        // stages at 141312: 5 fit), 10000 × 214784 do not; and the masked
+        // rows (experts · max_m) the kernel's i32 row numbers.
+        assert_eq!(v6_layout(10_000, 8, 214_720, 256), l(8, 5, 229_376));
+        assert_eq!(v6_layout(10_000, 8, 214_784, 256), None);
+        assert_eq!(v6_layout(6, 357_913_941, 4608, 5120), l(16, 5, 215_040));
+        assert_eq!(v6_layout(6, 357_913_942, 4608, 5120), None);
     }
 
     /// The sizes gemm_skinny.cu asserts for `Layout<..>::bytes`.

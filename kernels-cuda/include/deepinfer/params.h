@@ -247,14 +247,6 @@ typedef struct di_masked_v6_params {
     di_gemm_skinny_params p;
 } di_masked_v6_params;
 
-/* Dense skinny GEMM version 7 (gemm_skinny/gemm_skinny_v7.cu): the skinny
- * parameters plus b_map, b as a 2D uint8 map (k, n), box 128 bytes x 64
- * rows, 128-byte swizzle. */
-typedef struct di_skinny_v7_params {
-    di_tensor_map b_map;
-    di_gemm_skinny_params p;
-} di_skinny_v7_params;
-
 /* out[i] = sum over s in order of partials[s * count + i], BF16 or F32. */
 typedef struct di_gemm_skinny_reduce_params {
     const float *partials;

@@ -71,6 +71,25 @@ pub fn mxfp4_grouped_contiguous_into(
             );
             store_rows(out, &y, &[(0, g.rows * g.n)])
         }
+        // A batch-invariant device runs V6's windows of 16 rows where they
+        // take the shape (a choice by shape only: the two kernels sum in
+        // other orders, and each row's bits in either depend on that row
+        // alone). V6's work follows the rows, where the contiguous
+        // kernel's pads each expert to 128-row tiles: the decode steps the
+        // mode is for run at the masked layout's speed, prefill slower
+        // (V6 reads an expert's weights again for every 16 rows).
+        #[cfg(deepinfer_cuda)]
+        Device::Cuda(dev)
+            if g.rows > 0
+                && dev.batch_invariant()
+                && crate::cuda_backend::gemm_skinny::contiguous_v6_applies(
+                    &dev, g.experts, g.n, g.k,
+                )? =>
+        {
+            crate::cuda_backend::gemm_skinny::mxfp4_grouped_contiguous_v6(
+                &dev, a, a_s, w, w_s, offsets, out,
+            )
+        }
         #[cfg(deepinfer_cuda)]
         Device::Cuda(dev) if g.rows > 0 => {
             crate::cuda_backend::gemm::mxfp4_grouped_contiguous(&dev, a, a_s, w, w_s, offsets, out)

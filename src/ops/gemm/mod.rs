@@ -47,7 +47,10 @@
 //! whole K ([`GemmImpl::SkinnyWholeK`]) gives [`GemmImpl::Large`]'s bits;
 //! a batch-invariant device ([`crate::Device::batch_invariant`]) resolves
 //! `Auto` to the first for M ≤ [`SKINNY_MAX_M`] and to the second above.
-//! cuBLAS gives no such promise for the BF16 linear (its algorithm may
+//! The grouped FP4 GEMMs: on a batch-invariant CUDA device the contiguous
+//! layout runs V6's 16-row windows (`gemm_skinny::mxfp4_grouped_contiguous_v6`,
+//! the masked V6's bits) wherever V6 takes the expert shape on sm_90, by
+//! shape alone. cuBLAS gives no such promise for the BF16 linear (its algorithm may
 //! change with M).
 //!
 //! The CUDA launchers add their kernels' own limits, returned as typed
