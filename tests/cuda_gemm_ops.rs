@@ -1,5 +1,5 @@
 //! The GEMM op API (`ops::mxfp8_linear`, `ops::mxfp4_grouped_contiguous`,
-//! `ops::mxfp4_grouped_masked`) on the GPU: dispatch (Auto, Large, LargeSplit, Skinny, SkinnyWholeK)
+//! `ops::mxfp4_grouped_masked`) on the GPU: dispatch (Auto, Large, LargeSplit, Skinny, SkinnyWholeK, LargeSkinnySplit)
 //! against the CPU op on the same quantised inputs (`calc_diff` < 1e-3, the
 //! issue's FP8/FP4 bound), the batch invariance the module doc promises
 //! (within the skinny kernel and Large a row's bits do not depend on M;
@@ -186,16 +186,22 @@ fn mxfp8_linear_dispatch_matches_the_cpu_and_is_batch_invariant() {
     }
 }
 
-/// The skinny kernel over whole K (`GemmImpl::SkinnyWholeK`, what a
-/// batch-invariant device runs for M ≤ 64) gives the large kernel's bits,
-/// F32 and BF16, at every token tile it runs (M 1 to 64: V2's 8-token tile
-/// up to 8 rows, V1's 16-, 32- and 64-token tiles above, as
-/// `dense_version` picks), on short last K blocks and N tails: both sum
-/// each 32-block through the tensor core into a fresh
-/// tile and fold it by one fused multiply-add in K order. And the
-/// batch-invariant device's `Auto` runs it at M ≤ 64 and `Large` above.
+/// The two kernels give the same bits wherever they cut K alike, F32 and
+/// BF16, at every token tile the skinny kernel runs (M 1 to 64: V2's
+/// 8-token tile up to 8 rows, V1's 16-, 32- and 64-token tiles above, as
+/// `dense_version` picks), on short last K blocks and N tails: both sum each
+/// 32-block through the tensor core into a fresh tile, fold it by one fused
+/// multiply-add in K order, and add K pieces in order from +0.0.
+/// - the skinny kernel over whole K (`GemmImpl::SkinnyWholeK`) and the
+///   large kernel's whole tiles (`Large`);
+/// - the skinny kernel's split launch (`Skinny`, its split from N and K)
+///   and the large kernel cut into that split (`LargeSkinnySplit`), which a
+///   batch-invariant device's `Auto` runs at M ≤ 64 and above: its rows at
+///   every M are those of `Skinny` on the same rows, also past the first
+///   band of a launch (N 4096 × K 5120: 5 pieces of 8 stages a tile, bands
+///   of 3200 rows, checked at 3300 rows).
 #[test]
-fn the_skinny_kernel_over_whole_k_gives_the_large_kernels_bits() {
+fn skinny_and_large_kernels_give_the_same_bits_where_they_cut_k_alike() {
     let (cuda, dev) = gpu();
     let inv = Device::Cuda(cuda.with_batch_invariant_kernels());
     let mut rng = common::rng("skinny_whole_k_cuda");
@@ -208,11 +214,12 @@ fn the_skinny_kernel_over_whole_k_gives_the_large_kernels_bits() {
             (1280, 5120),
             (4096, 1280),
             (1024, 8192),
+            (4096, 5120),
         ]
     };
     for &(n, k) in shapes {
         let kb = k.div_ceil(32);
-        let m_max = 65;
+        let m_max = if (n, k) == (4096, 5120) { 3300 } else { 65 };
         let a = random_e4m3(&mut rng, m_max * k);
         let a_s = random_e8m0(&mut rng, m_max * kb, GEMM_SCALES);
         let w = t(random_e4m3(&mut rng, n * k), &[n, k]);
@@ -225,39 +232,99 @@ fn the_skinny_kernel_over_whole_k_gives_the_large_kernels_bits() {
         let on = |x: &Tensor, d: &Device| x.to_device(d).unwrap();
         let (wd, wsd) = (on(&w, &dev), on(&w_s, &dev));
         let (wi, wsi) = (on(&w, &inv), on(&w_s, &inv));
-        for m in [1, 5, 8, 9, 16, 17, 32, 33, 64, 65] {
-            let ah = t(a[..m * k].to_vec(), &[m, k]);
-            let ash = t(a_s[..m * kb].to_vec(), &[m, kb]);
-            let plain = (&dev, on(&ah, &dev), on(&ash, &dev), &wd, &wsd);
-            let pinned = (&inv, on(&ah, &inv), on(&ash, &inv), &wi, &wsi);
-            let run =
-                |(d, a, a_s, w, w_s): &(&Device, Tensor, Tensor, &Tensor, &Tensor), imp, dtype| {
-                    let mut out = Tensor::empty(d, dtype, &[m, n]).unwrap();
-                    ops::mxfp8_linear_into(a, a_s, w, w_s, &mut out, imp).unwrap();
-                    out.to_device(&Device::Cpu).unwrap()
-                };
-            let raw = |x: &Tensor| x.to_le_bytes().unwrap();
+        // Rows [r0, r0 + m) of a, on a handle, through one implementation.
+        let run = |pinned: bool, r0: usize, m: usize, imp, dtype| {
+            let (d, wr, wsr) = if pinned {
+                (&inv, &wi, &wsi)
+            } else {
+                (&dev, &wd, &wsd)
+            };
+            let ad = on(&t(a[r0 * k..(r0 + m) * k].to_vec(), &[m, k]), d);
+            let asd = on(&t(a_s[r0 * kb..(r0 + m) * kb].to_vec(), &[m, kb]), d);
+            let mut out = Tensor::empty(d, dtype, &[m, n]).unwrap();
+            ops::mxfp8_linear_into(&ad, &asd, wr, wsr, &mut out, imp).unwrap();
+            out.to_device(&Device::Cpu).unwrap().to_le_bytes().unwrap()
+        };
+        let ms: &[usize] = if m_max > 65 {
+            &[1, 64, 3300]
+        } else {
+            &[1, 5, 8, 9, 16, 17, 32, 33, 64, 65]
+        };
+        for &m in ms {
             for dtype in [DType::F32, DType::BF16] {
-                let large = run(&plain, GemmImpl::Large, dtype);
-                let auto = run(&pinned, GemmImpl::Auto, dtype);
+                let what = format!("{m}x{n}x{k} {dtype:?}");
+                let cut = run(false, 0, m, GemmImpl::LargeSkinnySplit, dtype);
                 assert_eq!(
-                    raw(&auto),
-                    raw(&large),
-                    "{m}x{n}x{k} {dtype:?}: invariant Auto"
+                    run(true, 0, m, GemmImpl::Auto, dtype),
+                    if m > SKINNY_MAX_M {
+                        cut.clone()
+                    } else {
+                        run(false, 0, m, GemmImpl::Skinny, dtype)
+                    },
+                    "{what}: invariant Auto"
                 );
                 if m > SKINNY_MAX_M {
+                    // Every row written and near the whole-tile kernel's
+                    // (F32; the CPU reference at 3300 rows would take a
+                    // minute), then rows in the last band (and the first)
+                    // bitwise against the skinny kernel on the same rows.
+                    if dtype == DType::F32 {
+                        let f = |b: &[u8]| -> Vec<f32> {
+                            b.chunks(4)
+                                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                                .collect()
+                        };
+                        let (got, large) = (f(&cut), f(&run(false, 0, m, GemmImpl::Large, dtype)));
+                        assert!(
+                            got.iter().all(|v| v.is_finite()),
+                            "{what}: unwritten outputs"
+                        );
+                        let d = diff(&got, &large);
+                        assert!(
+                            d < BOUND,
+                            "{what}: LargeSkinnySplit vs Large calc_diff {d:e}"
+                        );
+                    }
+                    let row = cut.len() / m;
+                    for r0 in [0, (m - 1) / SKINNY_MAX_M * SKINNY_MAX_M] {
+                        let rows = (m - r0).min(SKINNY_MAX_M);
+                        assert_eq!(
+                            run(false, r0, rows, GemmImpl::Skinny, dtype),
+                            cut[r0 * row..(r0 + rows) * row],
+                            "{what}: LargeSkinnySplit rows {r0}.. against Skinny"
+                        );
+                    }
                     continue;
                 }
-                let whole = run(&plain, GemmImpl::SkinnyWholeK, dtype);
+                assert_eq!(
+                    cut,
+                    run(false, 0, m, GemmImpl::Skinny, dtype),
+                    "{what}: LargeSkinnySplit"
+                );
+                let whole = run(false, 0, m, GemmImpl::SkinnyWholeK, dtype);
                 if dtype == DType::F32 {
+                    let (ah, ash) = (
+                        t(a[..m * k].to_vec(), &[m, k]),
+                        t(a_s[..m * kb].to_vec(), &[m, kb]),
+                    );
                     let want = f32s(&ops::mxfp8_linear(&ah, &ash, &w, &w_s, DType::F32).unwrap());
-                    let d = diff(&f32s(&whole), &want);
-                    assert!(d < BOUND, "{m}x{n}x{k} SkinnyWholeK: calc_diff {d:e}");
+                    let mut out = Tensor::empty(&dev, DType::F32, &[m, n]).unwrap();
+                    ops::mxfp8_linear_into(
+                        &on(&ah, &dev),
+                        &on(&ash, &dev),
+                        &wd,
+                        &wsd,
+                        &mut out,
+                        GemmImpl::SkinnyWholeK,
+                    )
+                    .unwrap();
+                    let d = diff(&f32s(&out), &want);
+                    assert!(d < BOUND, "{what} SkinnyWholeK: calc_diff {d:e}");
                 }
                 assert_eq!(
-                    raw(&whole),
-                    raw(&large),
-                    "{m}x{n}x{k} {dtype:?}: SkinnyWholeK"
+                    whole,
+                    run(false, 0, m, GemmImpl::Large, dtype),
+                    "{what}: SkinnyWholeK"
                 );
             }
         }

@@ -158,6 +158,7 @@ fn mxfp8_linear_equals_the_reference_and_an_f64_recomputation() {
             GemmImpl::LargeShared,
             GemmImpl::Skinny,
             GemmImpl::SkinnyWholeK,
+            GemmImpl::LargeSkinnySplit,
         ] {
             if matches!(imp, GemmImpl::Skinny | GemmImpl::SkinnyWholeK) && m > SKINNY_MAX_M {
                 continue;

@@ -261,6 +261,7 @@ struct Scheduler {
     int num_st;
     int whole;
     int splits;
+    int per_piece;
     int e;
     int start;
     int end;
@@ -276,6 +277,7 @@ struct Scheduler {
         num_st = (p.k + kBlockK - 1) / kBlockK;
         splits = grouped ? 1 : max(p.splits, 1);
         whole = splits == 1 ? m_blocks * n_blocks : clamp_i(p.whole_tiles, 0, m_blocks * n_blocks);
+        per_piece = p.stages_per_piece;
         e = -1;
         start = 0;
         end = grouped ? clamp_i(offsets[0], 0, rows) : 0;
@@ -299,8 +301,18 @@ struct Scheduler {
         tile.e = 0;
         tile.piece = piece;
         tile.split = t - whole;
-        tile.st_begin = piece < 0 ? 0 : piece * num_st / splits;
-        tile.st_end = piece < 0 ? num_st : (piece + 1) * num_st / splits;
+        if (piece < 0) {
+            tile.st_begin = 0;
+            tile.st_end = num_st;
+        } else if (per_piece > 0) {
+            // The skinny kernel's split: pieces of per_piece stages, the
+            // last one shorter (the host makes every piece non-empty).
+            tile.st_begin = min(piece * per_piece, num_st);
+            tile.st_end = min((piece + 1) * per_piece, num_st);
+        } else {
+            tile.st_begin = piece * num_st / splits;
+            tile.st_end = (piece + 1) * num_st / splits;
+        }
         return true;
     }
 
@@ -792,7 +804,10 @@ namespace {
 
 // SIMT path (every target but sm_90a): one thread per output, grid-stride,
 // K blocks of 32 in increasing order exactly as the CPU reference (fp32 block
-// sum from +0.0 in increasing k, times a_s * b_s, added to an fp32 sum).
+// sum from +0.0 in increasing k, times a_s * b_s, added to an fp32 sum). A
+// dense launch with stages_per_piece = P > 0 sums each piece of 4 P blocks
+// that way from +0.0 and adds the pieces in order from +0.0, as the skinny
+// kernel's SIMT path adds its K splits (the batch-invariant mode).
 template <bool kFp4, bool kF32> __device__ void mx_gemm_simt(const di_mx_gemm_params &p) {
     const int kbt = (p.k + 31) / 32;
     const uint8_t *a = static_cast<const uint8_t *>(p.a);
@@ -819,31 +834,37 @@ template <bool kFp4, bool kF32> __device__ void mx_gemm_simt(const di_mx_gemm_pa
             }
             if (e < 0) continue;
         }
-        float acc = 0.0f;
-        for (int kb = 0; kb < kbt; ++kb) {
-            float sum = 0.0f;
-            for (int k = kb * 32; k < min(p.k, kb * 32 + 32); ++k) {
-                __nv_fp8_e4m3 av;
-                av.__x = a[int64_t(row) * p.k + k];
-                float bv;
-                if (kFp4) {
-                    const uint8_t byte = b[(int64_t(e) * p.n + col) * (p.k / 2) + k / 2];
-                    bv = deepinfer::e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xF);
-                } else {
-                    __nv_fp8_e4m3 q;
-                    q.__x = b[int64_t(col) * p.k + k];
-                    bv = float(q);
+        const int per_piece = !kFp4 && p.splits > 1 && p.stages_per_piece > 0 ? 4 * p.stages_per_piece : kbt;
+        float total = 0.0f;
+        for (int kb0 = 0; kb0 < kbt; kb0 += per_piece) {
+            float acc = 0.0f;
+            for (int kb = kb0; kb < min(kbt, kb0 + per_piece); ++kb) {
+                float sum = 0.0f;
+                for (int k = kb * 32; k < min(p.k, kb * 32 + 32); ++k) {
+                    __nv_fp8_e4m3 av;
+                    av.__x = a[int64_t(row) * p.k + k];
+                    float bv;
+                    if (kFp4) {
+                        const uint8_t byte = b[(int64_t(e) * p.n + col) * (p.k / 2) + k / 2];
+                        bv = deepinfer::e2m1_to_f32((k & 1) ? byte >> 4 : byte & 0xF);
+                    } else {
+                        __nv_fp8_e4m3 q;
+                        q.__x = b[int64_t(col) * p.k + k];
+                        bv = float(q);
+                    }
+                    sum = __fadd_rn(sum, __fmul_rn(deepinfer::e4m3_to_f32(av.__x), bv));
                 }
-                sum = __fadd_rn(sum, __fmul_rn(deepinfer::e4m3_to_f32(av.__x), bv));
+                const float sb = kFp4 ? deepinfer::e8m0_to_f32(bs[(int64_t(e) * p.n + col) * kbt + kb])
+                                      : deepinfer::e8m0_to_f32(bs[int64_t(col / 32) * kbt + kb]);
+                const float sa = deepinfer::e8m0_to_f32(as[int64_t(row) * kbt + kb]);
+                acc = __fadd_rn(acc, __fmul_rn(sum, __fmul_rn(sa, sb)));
             }
-            const float sb = kFp4 ? deepinfer::e8m0_to_f32(bs[(int64_t(e) * p.n + col) * kbt + kb])
-                                  : deepinfer::e8m0_to_f32(bs[int64_t(col / 32) * kbt + kb]);
-            acc = __fadd_rn(acc, __fmul_rn(sum, __fmul_rn(deepinfer::e8m0_to_f32(as[int64_t(row) * kbt + kb]), sb)));
+            total = __fadd_rn(total, acc);
         }
         if (kF32) {
-            static_cast<float *>(p.out)[i] = acc;
+            static_cast<float *>(p.out)[i] = total;
         } else {
-            static_cast<__nv_bfloat16 *>(p.out)[i] = __float2bfloat16_rn(acc);
+            static_cast<__nv_bfloat16 *>(p.out)[i] = __float2bfloat16_rn(total);
         }
     }
 }

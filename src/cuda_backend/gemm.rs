@@ -61,7 +61,21 @@ pub enum TileSplit {
     /// in piece order by the last to finish. Deterministic for a given
     /// shape and SM count, but a row's bits may change with M.
     LastWave,
+    /// Every tile in `splits` pieces of `stages_per_piece` 128-deep stages
+    /// (the last piece shorter, none empty), their partials added in piece
+    /// order from +0.0: the skinny kernel's K split
+    /// (`gemm_skinny::split_k`, from N and K only), so each output has the
+    /// skinny kernel's bits at every M (the batch-invariant mode). The
+    /// partials of a launch are bounded by launching bands of rows.
+    Pieces {
+        splits: usize,
+        stages_per_piece: usize,
+    },
 }
+
+/// The most fp32 partial bytes one [`TileSplit::Pieces`] launch writes;
+/// more rows go in further launches of whole 128-row bands.
+const PIECES_WORKSPACE: usize = 256 << 20;
 
 /// How the dense kernel runs: its tile split, and whether a consumer
 /// warpgroup chains the four k32 steps of a stage whose scales are equal
@@ -119,29 +133,52 @@ pub fn mxfp8_gemm(
         (DType::F32, true) => kernels::gemm::MXFP8_GEMM_CHAINED_F32,
         (got, _) => return Err(out_dtype_error(OP, got)),
     };
-    let (m32, n32, k32) = (
-        fit_i32(OP, "a", a, m)?,
-        fit_i32(OP, "b", b, n)?,
-        fit_i32(OP, "a", a, k)?,
-    );
+    fit_i32(OP, "a", a, m)?;
+    fit_i32(OP, "b", b, n)?;
+    fit_i32(OP, "a", a, k)?;
+    let tiles = m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
+    fit_i32(OP, "out", out, tiles)?;
+    let stages = k.div_ceil(128);
+    // (whole tiles, pieces a split tile, stages a piece or 0 for the even
+    // split), and the rows a launch covers (all but for Pieces).
+    let (whole, splits, per, band) = match plan.split {
+        TileSplit::Whole => (tiles, 1, 0, m),
+        TileSplit::LastWave => {
+            let (whole, splits) = split_plan(tiles, stages, dev.sm_count());
+            (whole, splits, 0, m)
+        }
+        TileSplit::Pieces {
+            splits,
+            stages_per_piece,
+        } => {
+            let empty_piece = splits
+                .checked_sub(1)
+                .and_then(|s| s.checked_mul(stages_per_piece))
+                .is_none_or(|covered| covered >= stages);
+            if splits == 0 || stages_per_piece == 0 || empty_piece {
+                return Err(Error::Argument {
+                    op: OP,
+                    arg: "plan",
+                    value: format!("{splits} pieces of {stages_per_piece} stages for K = {k}"),
+                    why: "every piece must hold at least one of the ceil(K / 128) stages",
+                });
+            }
+            fit_i32(OP, "out", out, splits)?;
+            let per_block = n.div_ceil(BLOCK_N) * splits * BLOCK_M * BLOCK_N * 4;
+            let band = (PIECES_WORKSPACE / per_block).max(1) * BLOCK_M;
+            match splits {
+                1 => (tiles, 1, 0, m),
+                _ => (0, splits, stages_per_piece, band),
+            }
+        }
+    };
     if m == 0 || n == 0 {
         return Ok(());
     }
-    let tiles = m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
-    fit_i32(OP, "out", out, tiles)?;
     let (ap, _ga) = read_ptr(a.cuda()?, dev);
     let (asp, _gas) = read_ptr(a_s.cuda()?, dev);
     let (bp, _gb) = read_ptr(b.cuda()?, dev);
     let (bsp, _gbs) = read_ptr(b_s.cuda()?, dev);
-    let a_map = encode_u8(
-        OP,
-        "a",
-        ap,
-        &[k as u64, m as u64],
-        &[k as u64],
-        &[128, u32_param("BLOCK_M", BLOCK_M)?],
-        Swizzle::B128,
-    )?;
     let b_map = encode_u8(
         OP,
         "b",
@@ -151,51 +188,71 @@ pub fn mxfp8_gemm(
         &[128, u32_param("BLOCK_N", BLOCK_N)?],
         Swizzle::B128,
     )?;
-    let (whole, splits) = match plan.split {
-        TileSplit::Whole => (tiles, 1),
-        TileSplit::LastWave => split_plan(tiles, k.div_ceil(128), dev.sm_count()),
-    };
-    let (whole32, splits32) = (
+    let out_dtype = out.dtype();
+    let (whole32, splits32, per32) = (
         fit_i32(OP, "out", out, whole)?,
         fit_i32(OP, "out", out, splits)?,
+        fit_i32(OP, "out", out, per)?,
     );
     let (op, _go) = write_ptr(out.cuda_mut()?, dev);
-    let mut p = di_mx_gemm_params {
-        a_map,
-        b_map,
-        a: ap,
-        a_s: asp,
-        b: bp,
-        b_s: bsp,
-        offsets: std::ptr::null(),
-        out: op,
-        partials: std::ptr::null_mut(),
-        tickets: std::ptr::null_mut(),
-        m: m32,
-        n: n32,
-        k: k32,
-        groups: 1,
-        whole_tiles: whole32,
-        splits: splits32,
-    };
-    if splits == 1 {
-        return run(dev, kernel, SMEM_FP8, tiles, &p);
+    // Rows [r0, r0 + rows) of A, its scales and out, as one launch (a band
+    // of a Pieces plan; the rows of a tile never change with the band, since
+    // bands are whole 128-row blocks).
+    for r0 in (0..m).step_by(band) {
+        let rows = band.min(m - r0);
+        let a0 = ap.wrapping_byte_add(r0 * k);
+        let a_map = encode_u8(
+            OP,
+            "a",
+            a0,
+            &[k as u64, rows as u64],
+            &[k as u64],
+            &[128, u32_param("BLOCK_M", BLOCK_M)?],
+            Swizzle::B128,
+        )?;
+        let band_tiles = rows.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
+        // Whole tiles run first (a Pieces plan has none): at most the band's.
+        let whole = whole.min(band_tiles);
+        let mut p = di_mx_gemm_params {
+            a_map,
+            b_map,
+            a: a0,
+            a_s: asp.wrapping_byte_add(r0 * k.div_ceil(32)),
+            b: bp,
+            b_s: bsp,
+            offsets: std::ptr::null(),
+            out: op.wrapping_byte_add(out_dtype.storage_bytes(r0 * n)),
+            partials: std::ptr::null_mut(),
+            tickets: std::ptr::null_mut(),
+            m: fit_i32(OP, "a", a, rows)?,
+            n: fit_i32(OP, "b", b, n)?,
+            k: fit_i32(OP, "a", a, k)?,
+            groups: 1,
+            whole_tiles: whole32.min(fit_i32(OP, "a", a, band_tiles)?),
+            splits: splits32,
+            stages_per_piece: per32,
+        };
+        if splits == 1 {
+            run(dev, kernel, SMEM_FP8, band_tiles, &p)?;
+            continue;
+        }
+        // Split tiles: partials [split tiles, splits, 128 × 128] fp32 and
+        // one ticket per split tile in the stream's scratch, held locked
+        // until the launch is queued.
+        let split_tiles = band_tiles - whole;
+        let mut table = scratch::lock();
+        let (ws, tickets) = Scratch::of(&mut table, dev).workspace_and_tickets(
+            dev,
+            split_tiles * splits * BLOCK_M * BLOCK_N * 4,
+            split_tiles * 4,
+        )?;
+        let (wp, _gw) = write_ptr(ws, dev);
+        let (tp, _gt) = write_ptr(tickets, dev);
+        p.partials = wp as *mut f32;
+        p.tickets = tp as *mut u32;
+        run(dev, kernel, SMEM_FP8, whole + split_tiles * splits, &p)?;
     }
-    // Split tiles: partials [split tiles, splits, 128 × 128] fp32 and one
-    // ticket per split tile in the stream's scratch, held locked until the
-    // launch is queued.
-    let split_tiles = tiles - whole;
-    let mut table = scratch::lock();
-    let (ws, tickets) = Scratch::of(&mut table, dev).workspace_and_tickets(
-        dev,
-        split_tiles * splits * BLOCK_M * BLOCK_N * 4,
-        split_tiles * 4,
-    )?;
-    let (wp, _gw) = write_ptr(ws, dev);
-    let (tp, _gt) = write_ptr(tickets, dev);
-    p.partials = wp as *mut f32;
-    p.tickets = tp as *mut u32;
-    run(dev, kernel, SMEM_FP8, whole + split_tiles * splits, &p)
+    Ok(())
 }
 
 /// Contiguous-grouped MoE GEMM with FP4 expert weights: rows `offsets[e]..offsets[e+1]` of `a` are
@@ -281,6 +338,7 @@ pub fn mxfp4_grouped_contiguous(
         groups: e32,
         whole_tiles: 0,
         splits: 1,
+        stages_per_piece: 0,
     };
     run(dev, kernel, SMEM_FP4, tiles_bound, &p)
 }

@@ -323,6 +323,7 @@ fn call(op: u8, b: &mut Bytes) -> Option<()> {
                     GemmImpl::LargeSplit,
                     GemmImpl::Skinny,
                     GemmImpl::SkinnyWholeK,
+                    GemmImpl::LargeSkinnySplit,
                 ]);
                 let _ = ops::mxfp8_linear_into(&a, &a_s, &w, &w_s, &mut out, imp);
             }

@@ -84,7 +84,9 @@ typedef struct __attribute__((aligned(64))) di_tensor_map {
  * Split tiles (dense only; splits = 1 and whole_tiles unused for FP4): tiles
  *   [0, whole_tiles) of the tile order run whole; each later tile runs as
  *   `splits` pieces of its K stages (piece i: stages [i S / splits,
- *   (i + 1) S / splits)), work unit whole_tiles + (t - whole_tiles) * splits
+ *   (i + 1) S / splits), or with stages_per_piece = P > 0 stages [i P,
+ *   min((i + 1) P, S)): the skinny kernel's split, gemm_skinny's split_k,
+ *   for the batch-invariant mode), work unit whole_tiles + (t - whole_tiles) * splits
  *   + i. A piece writes its fp32 partial tile to partials[(t - whole_tiles)
  *   * splits + i][128 * 128] (consumer-register layout); the last piece of a
  *   tile to finish (ticket tickets[t - whole_tiles], zero before and after a
@@ -106,6 +108,7 @@ typedef struct di_mx_gemm_params {
     int32_t groups;
     int32_t whole_tiles;
     int32_t splits;
+    int32_t stages_per_piece;
 } di_mx_gemm_params;
 
 /* ---- indexer/: index-key rows, index scores, exact top-k (helper "indexer") */

@@ -51,8 +51,9 @@ pub fn mxfp8_linear_into(
         &[("a", a), ("a_s", a_s), ("w", w), ("w_s", w_s), ("out", out)],
     )?;
     // A batch-invariant device runs kernels that sum every output the same
-    // way at every M (K unsplit, 32-blocks in K order): Auto's split-K
-    // skinny launch would give a row another order in another batch.
+    // way at every M (the skinny kernel's K split, from N and K only):
+    // Auto's large kernel with a last-wave split would give a row another
+    // order in another batch.
     let imp = imp.resolve(MXFP8_OP, m, device.batch_invariant())?;
     if m == 0 {
         return Ok(());
@@ -78,6 +79,24 @@ pub fn mxfp8_linear_into(
             GemmImpl::SkinnyWholeK => crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny_whole_k(
                 &dev, a, a_s, w, w_s, out,
             ),
+            GemmImpl::LargeSkinnySplit => {
+                let (splits, stages_per_piece) = crate::cuda_backend::gemm_skinny::split_k(n, k);
+                crate::cuda_backend::gemm::mxfp8_gemm(
+                    &dev,
+                    a,
+                    a_s,
+                    w,
+                    w_s,
+                    out,
+                    crate::cuda_backend::gemm::DensePlan {
+                        split: crate::cuda_backend::gemm::TileSplit::Pieces {
+                            splits,
+                            stages_per_piece,
+                        },
+                        chain: false,
+                    },
+                )
+            }
             GemmImpl::LargeSplit | GemmImpl::LargeShared => crate::cuda_backend::gemm::mxfp8_gemm(
                 &dev,
                 a,

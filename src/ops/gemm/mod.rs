@@ -44,9 +44,12 @@
 //! or the split agree to `calc_diff`, not bitwise. Unsplit, the two kernels
 //! sum alike (each 32-block through the tensor core into a fresh tile,
 //! folded by one fused multiply-add in K order), so the skinny kernel over
-//! whole K ([`GemmImpl::SkinnyWholeK`]) gives [`GemmImpl::Large`]'s bits;
-//! a batch-invariant device ([`crate::Device::batch_invariant`]) resolves
-//! `Auto` to the first for M ≤ [`SKINNY_MAX_M`] and to the second above.
+//! whole K ([`GemmImpl::SkinnyWholeK`]) gives [`GemmImpl::Large`]'s bits,
+//! and the large kernel cut into the skinny kernel's split
+//! ([`GemmImpl::LargeSkinnySplit`]) gives [`GemmImpl::Skinny`]'s: a
+//! batch-invariant device ([`crate::Device::batch_invariant`]) resolves
+//! `Auto` to the skinny kernel for M ≤ [`SKINNY_MAX_M`] (split as on any
+//! device) and to the second pair's large kernel above.
 //! The grouped FP4 GEMMs: on a batch-invariant CUDA device the contiguous
 //! layout runs V6's 16-row windows (`gemm_skinny::mxfp4_grouped_contiguous_v6`,
 //! the masked V6's bits) wherever V6 takes the expert shape on sm_90, by
@@ -102,8 +105,9 @@ pub const SKINNY_MAX_M: usize = 64;
 pub enum GemmImpl {
     /// Skinny for M ≤ [`SKINNY_MAX_M`], [`GemmImpl::LargeSplit`] above; on
     /// a batch-invariant device ([`crate::Device::batch_invariant`])
-    /// [`GemmImpl::SkinnyWholeK`] for M ≤ [`SKINNY_MAX_M`] and
-    /// [`GemmImpl::Large`] above, which sum every output the same way.
+    /// [`GemmImpl::Skinny`] for M ≤ [`SKINNY_MAX_M`] and
+    /// [`GemmImpl::LargeSkinnySplit`] above, which sum every output the
+    /// same way (the skinny kernel's K split, from N and K only).
     #[default]
     Auto,
     /// The wgmma kernel for any M (`kernels-cuda/gemm/`), every output tile
@@ -130,6 +134,15 @@ pub enum GemmImpl {
     /// K): each output has [`GemmImpl::Large`]'s bits at every M
     /// (`tests/cuda_gemm_ops.rs`); M ≤ [`SKINNY_MAX_M`] only.
     SkinnyWholeK,
+    /// The wgmma kernel for any M with every output tile cut into the
+    /// skinny kernel's K split (`gemm_skinny::split_k`, from N and K only),
+    /// the pieces' fp32 partials added in order from +0.0 as the skinny
+    /// kernel adds its splits: each output has [`GemmImpl::Skinny`]'s bits
+    /// at every M (`tests/cuda_gemm_ops.rs`). What a batch-invariant device
+    /// runs above [`SKINNY_MAX_M`]: the decode steps keep the split skinny
+    /// launch, prefill pays the partials (launched in bands of rows that
+    /// bound them to 256 MiB).
+    LargeSkinnySplit,
 }
 
 impl GemmImpl {
@@ -138,9 +151,8 @@ impl GemmImpl {
     /// for more rows than it takes.
     fn resolve(self, op: &'static str, m: usize, invariant: bool) -> Result<GemmImpl> {
         match self {
-            GemmImpl::Auto if m <= SKINNY_MAX_M && invariant => Ok(GemmImpl::SkinnyWholeK),
             GemmImpl::Auto if m <= SKINNY_MAX_M => Ok(GemmImpl::Skinny),
-            GemmImpl::Auto if invariant => Ok(GemmImpl::Large),
+            GemmImpl::Auto if invariant => Ok(GemmImpl::LargeSkinnySplit),
             GemmImpl::Auto => Ok(GemmImpl::LargeSplit),
             GemmImpl::Skinny | GemmImpl::SkinnyWholeK if m > SKINNY_MAX_M => Err(Error::Argument {
                 op,
