@@ -10,8 +10,8 @@
 //!   `cuda_blas.rs` (F32 out < 1e-5, BF16 out ≤ 1e-4). The default cuBLAS
 //!   path is reported beside it (whether it differs across M), not asserted.
 //! - The MXFP8 linear under `GemmImpl::Auto` (on such a device the skinny
-//!   kernel over whole K for M ≤ 64, the large kernel with whole tiles
-//!   above): rows bitwise across M = 1 … 200, across the
+//!   kernel with its K split from N and K for M ≤ 64, the large kernel cut
+//!   into that split above): rows bitwise across M = 1 … 200, across the
 //!   M ≤ 64 boundary where a plain device switches kernels; the control
 //!   asserts that on a plain handle the rows at M = 64 and 200 do differ.
 //! - The tiny model through the engine: the CPU test body of

@@ -32,7 +32,9 @@
 //! is held to the same checks, with windows over more experts than its
 //! threads rank at once. For both, an expert's rows keep their bits when
 //! another expert's count changes (batch invariance); V6's first window
-//! keeps its bits when the others are cut.
+//! keeps its bits when the others are cut. V6 over the contiguous layout
+//! (`mxfp4_grouped_contiguous_v6`) is held to the CPU and, row by row,
+//! bitwise to the masked V6 (its own test's doc has the cases).
 #![cfg(deepinfer_cuda)]
 
 mod common;

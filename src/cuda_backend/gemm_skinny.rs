@@ -262,9 +262,10 @@ pub fn mxfp8_gemm_skinny(
 /// [`mxfp8_gemm_skinny`] with K never split: one CTA sums an output tile's
 /// whole K, its 32-blocks in K order, each through the tensor core into a
 /// fresh fp32 tile folded by one fused multiply-add, as the large kernel
-/// (`gemm::mxfp8_gemm`, whole tiles) does. Slower than the split launch
-/// where N has few 64-row tiles; it exists for the batch-invariant mode,
-/// which needs one summation order at every M.
+/// (`gemm::mxfp8_gemm`, whole tiles) does: the large kernel's bits at
+/// M ≤ 64 (`GemmImpl::SkinnyWholeK`). Slower than the split launch where N
+/// has few 64-row tiles (the batch-invariant mode pairs the split launch
+/// with the large kernel cut alike instead).
 pub fn mxfp8_gemm_skinny_whole_k(
     dev: &CudaDevice,
     a: &Tensor,
