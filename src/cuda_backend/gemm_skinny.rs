@@ -785,7 +785,6 @@ pub fn contiguous_v6_applies(dev: &CudaDevice, experts: usize, n: usize, k: usiz
 /// in bounds), `out` `[T, N]` BF16 or F32; rows outside every group are not
 /// written. Errors: a shape V6 does not take (tensor `b`), a device other
 /// than sm_90 (unsupported).
-#[allow(clippy::too_many_arguments)]
 pub fn mxfp4_grouped_contiguous_v6(
     dev: &CudaDevice,
     a: &Tensor,
