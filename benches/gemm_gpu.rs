@@ -10,7 +10,9 @@
 //!   `skinny_v2`), `Large` (whole tiles) at M ≥ 64: at 64 the crossover,
 //!   above it the baseline of `auto`, which is the large kernel with the
 //!   last wave's tiles split over K (`LargeSplit`; `skinny` at M = 128
-//!   records its typed error). `wo_a` is 8 groups of
+//!   records its typed error), and `large_skinny_split` at M ≥ 64 (every
+//!   tile in the skinny kernel's K split: the batch-invariant mode's
+//!   kernel, whose partials cost prefill time). `wo_a` is 8 groups of
 //!   1024 × 4096, timed as 8 dense calls (8 inputs, 8 weights) per
 //!   iteration. Peers measured here on the same (M, N, K), through cudarc:
 //!   cuBLASLt FP8 e4m3 with per-tensor scales (`cublaslt_fp8_tensorwise`)
@@ -266,8 +268,10 @@ mod gpu {
             let mut imps = vec![("auto", GemmImpl::Auto, None)];
             if m >= ops::SKINNY_MAX_M {
                 // The large kernel with whole tiles (Auto above SKINNY_MAX_M
-                // runs it with the last wave split).
+                // runs it with the last wave split), and cut into the skinny
+                // kernel's K split (a batch-invariant device's Auto there).
                 imps.push(("large", GemmImpl::Large, None));
+                imps.push(("large_skinny_split", GemmImpl::LargeSkinnySplit, None));
             }
             if m <= ops::SKINNY_MAX_M {
                 imps.extend([

@@ -18,7 +18,9 @@
 //! with the last wave's tiles split over K (`TileSplit::LastWave`, shapes
 //! whose plan splits on 132 SMs: one wave and several, odd stage counts per
 //! piece, M/N/K tails in a split tile; a rerun gives the same bits, whichever
-//! piece finishes last). With `DensePlan::chain` (GemmImpl::LargeShared) it
+//! piece finishes last), and with every tile in the skinny kernel's K split
+//! (`TileSplit::Pieces` from `gemm_skinny::split_k`; plans that do not cover
+//! K, or that chain, are typed errors). With `DensePlan::chain` (GemmImpl::LargeShared) it
 //! runs again on scales made equal across a stage for a random half of the
 //! (64-row group, stage) pairs and most (32-row weight block, stage) pairs,
 //! so chained and per-32 stages mix inside a tile, against the same
@@ -34,6 +36,7 @@ use deepinfer::cpu_backend::{fp4_gemm_f32, fp8_gemm_f32};
 use deepinfer::cuda_backend::gemm::{
     DensePlan, TileSplit, mxfp4_grouped_contiguous, mxfp8_gemm, split_plan,
 };
+use deepinfer::cuda_backend::gemm_skinny::split_k;
 use deepinfer::device::CudaDevice;
 use deepinfer::numerics::calc_diff;
 use deepinfer::{DType, Device, E4M3, E8M0, Error, Tensor};
@@ -223,17 +226,71 @@ fn mxfp8_gemm_matches_the_cpu_reference() {
     let (cdev, dev) = gpu();
     let mut rng = common::rng("mxfp8_gemm_cuda");
     let shapes = if quick() { DENSE_QUICK } else { DENSE_SHAPES };
-    let plans = [TileSplit::Whole, TileSplit::LastWave].map(|split| DensePlan {
-        split,
-        chain: false,
-    });
     for &(m, n, k) in shapes {
+        let (splits, stages_per_piece) = split_k(n, k);
+        let plans = [
+            TileSplit::Whole,
+            TileSplit::LastWave,
+            TileSplit::Pieces {
+                splits,
+                stages_per_piece,
+            },
+        ]
+        .map(|split| DensePlan {
+            split,
+            chain: false,
+        });
         let kb = k.div_ceil(32);
         let a = random_e4m3(&mut rng, m * k);
         let a_s = random_e8m0(&mut rng, m * kb, GEMM_SCALES);
         let b = random_e4m3(&mut rng, n * k);
         let b_s = random_e8m0(&mut rng, n.div_ceil(32) * kb, GEMM_SCALES);
         dense_case(&cdev, &dev, (m, n, k), &a, &a_s, &b, &b_s, &plans);
+    }
+}
+
+/// A `Pieces` plan must be the pieces that cover K (⌈stages / per⌉ of
+/// them, none empty) and must not chain: anything else is a typed error
+/// before any launch, naming the plan.
+#[test]
+fn pieces_that_do_not_cover_k_are_typed_errors() {
+    let (cdev, dev) = gpu();
+    let mut rng = common::rng("mxfp8_gemm_pieces_error");
+    let (m, n, k) = (130, 64, 1024); // 8 stages of 128
+    let kb = k / 32;
+    let a = upload(&dev, random_e4m3(&mut rng, m * k), &[m, k]);
+    let a_s = upload(&dev, random_e8m0(&mut rng, m * kb, GEMM_SCALES), &[m, kb]);
+    let b = upload(&dev, random_e4m3(&mut rng, n * k), &[n, k]);
+    let b_s = upload(&dev, random_e8m0(&mut rng, 2 * kb, GEMM_SCALES), &[2, kb]);
+    let bad = [
+        (2, 1, false), // covers 2 of 8 stages
+        (9, 1, false), // a piece past K
+        (3, 4, false), // the third piece empty
+        (0, 4, false), // no pieces
+        (2, 0, false), // empty pieces
+        (2, 4, true),  // chained
+    ];
+    for (splits, stages_per_piece, chain) in bad {
+        let mut out = Tensor::empty(&dev, DType::BF16, &[m, n]).unwrap();
+        let plan = DensePlan {
+            split: TileSplit::Pieces {
+                splits,
+                stages_per_piece,
+            },
+            chain,
+        };
+        let e = mxfp8_gemm(&cdev, &a, &a_s, &b, &b_s, &mut out, plan).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::Argument {
+                    op: "mxfp8_gemm",
+                    arg: "plan",
+                    ..
+                }
+            ),
+            "{splits} x {stages_per_piece} chain {chain}: {e}"
+        );
     }
 }
 

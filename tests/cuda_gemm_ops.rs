@@ -547,6 +547,14 @@ fn the_masked_v6_and_contiguous_kernels_agree_on_the_same_rows() {
             bits(&invariant) == bits(&valid),
             "K {k}, live {live}: the batch-invariant contiguous op did not give the masked V6's bits"
         );
+        // The check above can tell the two kernels apart: at K 2560 they
+        // differ in most outputs (1,643 of 2,048 on the H100).
+        if k == 2560 {
+            assert!(
+                differ > 0,
+                "V6 and the contiguous kernel agree bitwise at K 2560: the pinned check is vacuous"
+            );
+        }
     }
 }
 

@@ -562,16 +562,19 @@ fn contiguous_v6(
 ///   with max_m the largest count: token tile 8 where every count is ≤ 8,
 ///   else windows of 16), so the two layouts are one kernel's sums;
 /// - batch invariance: with expert 1's rows taken out of the batch (every
-///   later row moves to another window and CTA) the others keep their bits;
-/// - offsets that are negative, past T or decreasing are clamped as the
-///   contiguous kernel clamps them (the CPU recomputes the groups).
+///   later expert's rows move to other CTAs and offsets) and with the first
+///   row of the largest expert taken out (its other rows move to other
+///   slots of their windows), every remaining row keeps its bits;
+/// - offsets that are negative, past T or decreasing (a fixed pattern, a
+///   drop from expert 543 to 544 where there are 700 experts, across the
+///   544 threads' first round of the scan, then random ones) are clamped as
+///   the contiguous kernel clamps them: the CPU and the masked V6 on the
+///   groups recomputed here, bitwise, and nothing written outside them.
 ///
 /// Cases: counts all ≤ 8; windows past 16 (17, 33, 40 rows), an empty
-/// expert in each; 700 experts,
-/// more than the 544 threads that rank them at once (the running maximum
-/// carried across rounds); and without DEEPINFER_QUICK the shared-expert
-/// width w2 (N 5120 × K 2304) at decode counts. On a GPU other than sm_90
-/// the launch must return its typed error instead.
+/// expert in each; 700 experts; and without DEEPINFER_QUICK the
+/// shared-expert width w2 (N 5120 × K 2304) at decode counts. On a GPU
+/// other than sm_90 the launch must return its typed error instead.
 #[test]
 fn mxfp4_grouped_contiguous_v6_gives_each_row_the_masked_v6_bits() {
     let dev = gpu();
@@ -632,27 +635,10 @@ fn mxfp4_grouped_contiguous_v6_gives_each_row_the_masked_v6_bits() {
             assert!(matches!(err, Error::Unsupported { .. }), "{what}: {err}");
             return;
         }
-        let groups = clamped_groups(&offsets, t);
-        for dtype in [DType::BF16, DType::F32] {
-            let what = format!("{what} {dtype}");
-            let (got, poison, all) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &offsets, dtype);
-            for (x, &(r0, r1)) in groups.iter().enumerate() {
-                check(
-                    &format!("{what} expert {x}"),
-                    &got[r0 * n..r1 * n],
-                    &expected(&want(x, (r0, r1)), dtype),
-                );
-            }
-            let outside = poison[..lead * n].iter().chain(&poison[(t - tail) * n..]);
-            assert!(
-                outside.into_iter().all(|&p| p),
-                "{what}: a row outside the groups was written"
-            );
-            let (_, _, again) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &offsets, dtype);
-            assert!(all == again, "{what}: repeat differs");
-
-            // The masked layout on the same rows: the same bits.
-            let max_m = counts.iter().copied().max().unwrap_or(0).max(1);
+        // The masked V6 on the same rows (each group's rows at the start of
+        // its expert's slots): its bits per group.
+        let masked_bits = |groups: &[(usize, usize)], dtype: DType| {
+            let max_m = groups.iter().map(|g| g.1 - g.0).max().unwrap_or(0).max(1);
             let (mut am, mut asm) = (
                 vec![E4M3(0); e * max_m * k],
                 vec![E8M0(127); e * max_m * kb],
@@ -662,7 +648,7 @@ fn mxfp4_grouped_contiguous_v6_gives_each_row_the_masked_v6_bits() {
                 am[d * k..(d + r1 - r0) * k].copy_from_slice(&ah[r0 * k..r1 * k]);
                 asm[d * kb..(d + r1 - r0) * kb].copy_from_slice(&ash[r0 * kb..r1 * kb]);
             }
-            let cnt: Vec<i32> = counts.iter().map(|&c| c as i32).collect();
+            let cnt: Vec<i32> = groups.iter().map(|g| (g.1 - g.0) as i32).collect();
             let [am, asm, cnt] = [
                 host(am, &[e, max_m, k]),
                 host(asm, &[e, max_m, kb]),
@@ -681,18 +667,46 @@ fn mxfp4_grouped_contiguous_v6_gives_each_row_the_masked_v6_bits() {
                 SkinnyVersion::V6,
             )
             .unwrap();
-            let masked = bits(&out_m);
+            let all = bits(&out_m);
+            groups
+                .iter()
+                .enumerate()
+                .map(|(x, g)| all[x * max_m * n..(x * max_m + g.1 - g.0) * n].to_vec())
+                .collect::<Vec<_>>()
+        };
+        // One launch on `offsets` against the CPU and the masked V6 on the
+        // clamped groups, nothing written outside them; returns its bits.
+        let full = |offsets: &[i32], dtype: DType, what: &str| {
+            let groups = clamped_groups(offsets, t);
+            let (got, poison, all) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], offsets, dtype);
+            let masked = masked_bits(&groups, dtype);
             for (x, &(r0, r1)) in groups.iter().enumerate() {
-                let d = x * max_m * n;
+                let what = format!("{what} offsets {offsets:?} expert {x}");
+                check(
+                    &what,
+                    &got[r0 * n..r1 * n],
+                    &expected(&want(x, (r0, r1)), dtype),
+                );
                 assert!(
-                    all[r0 * n..r1 * n] == masked[d..d + (r1 - r0) * n],
-                    "{what}: expert {x}'s rows differ from the masked V6's (max_m {max_m})"
+                    all[r0 * n..r1 * n] == masked[x],
+                    "{what}: differs from the masked V6"
                 );
             }
-
-            // Expert 1's rows out of the batch: the others keep their bits.
-            let (g1a, g1b) = groups[1];
-            let keep: Vec<usize> = (0..t).filter(|r| *r < g1a || *r >= g1b).collect();
+            let (p0, pe) = (groups[0].0, groups[e - 1].1);
+            assert!(
+                poison[..p0 * n].iter().chain(&poison[pe * n..]).all(|&p| p),
+                "{what} offsets {offsets:?}: a row outside the groups was written"
+            );
+            all
+        };
+        // Rows `gone` out of the batch: the others' new offsets, and each
+        // kept row's new index.
+        let without = |gone: &[usize]| {
+            let keep: Vec<usize> = (0..t).filter(|r| !gone.contains(r)).collect();
+            let off: Vec<i32> = offsets
+                .iter()
+                .map(|&o| o - gone.iter().filter(|&&r| r < o as usize).count() as i32)
+                .collect();
             let a2: Vec<E4M3> = keep
                 .iter()
                 .flat_map(|&r| ah[r * k..(r + 1) * k].to_vec())
@@ -701,41 +715,64 @@ fn mxfp4_grouped_contiguous_v6_gives_each_row_the_masked_v6_bits() {
                 .iter()
                 .flat_map(|&r| ash[r * kb..(r + 1) * kb].to_vec())
                 .collect();
-            let off2: Vec<i32> = offsets
-                .iter()
-                .enumerate()
-                .map(|(j, &o)| if j >= 2 { o - (g1b - g1a) as i32 } else { o })
-                .collect();
-            let t2 = keep.len();
-            let [a2, as2] =
-                [host(a2, &[t2, k]), host(as2, &[t2, kb])].map(|x| x.to_device(&device).unwrap());
-            let (_, _, fewer) = contiguous_v6(&dev, [&a2, &as2, &bd, &bsd], &off2, dtype);
-            for (x, &(r0, r1)) in groups.iter().enumerate().filter(|(x, _)| *x != 1) {
-                let s = if x == 0 { r0 } else { r0 - (g1b - g1a) };
+            (keep, off, a2, as2)
+        };
+        let groups = clamped_groups(&offsets, t);
+        let largest = (0..e).max_by_key(|&x| counts[x]).unwrap();
+        for dtype in [DType::BF16, DType::F32] {
+            let what = format!("{what} {dtype}");
+            let all = full(&offsets, dtype, &what);
+            let (_, _, again) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &offsets, dtype);
+            assert!(all == again, "{what}: repeat differs");
+            let drops: [(&str, Vec<usize>); 2] = [
+                ("expert 1's rows", (groups[1].0..groups[1].1).collect()),
+                ("the largest expert's first row", vec![groups[largest].0]),
+            ];
+            for (name, gone) in drops {
                 assert!(
-                    all[r0 * n..r1 * n] == fewer[s * n..(s + r1 - r0) * n],
-                    "{what}: expert {x}'s rows change when expert 1 leaves the batch"
+                    !gone.is_empty(),
+                    "{what}: {name} is empty: the check would be vacuous"
                 );
+                let (keep, off, a2, as2) = without(&gone);
+                let [a2, as2] = [host(a2, &[keep.len(), k]), host(as2, &[keep.len(), kb])]
+                    .map(|x| x.to_device(&device).unwrap());
+                let (_, _, fewer) = contiguous_v6(&dev, [&a2, &as2, &bd, &bsd], &off, dtype);
+                for (new, &old) in keep.iter().enumerate() {
+                    if old < lead || old >= t - tail {
+                        continue;
+                    }
+                    assert!(
+                        all[old * n..(old + 1) * n] == fewer[new * n..(new + 1) * n],
+                        "{what}: row {old} changes when {name} leave the batch"
+                    );
+                }
             }
         }
 
-        // Garbage offsets (negative, past T, decreasing): the clamped groups.
-        let bad: Vec<i32> = (0..=e)
-            .map(|_| rng.random_range(-3..=t as i32 + 3))
-            .collect();
-        let (got, poison, _) = contiguous_v6(&dev, [&ad, &asd, &bd, &bsd], &bad, DType::F32);
-        let groups = clamped_groups(&bad, t);
-        for (x, &(r0, r1)) in groups.iter().enumerate() {
-            check(
-                &format!("{what} offsets {bad:?} expert {x}"),
-                &got[r0 * n..r1 * n],
-                &expected(&want(x, (r0, r1)), DType::F32),
-            );
+        // Garbage offsets (negative, past T, decreasing): a fixed pattern,
+        // a drop across the scan's first round of 544 experts, random ones.
+        let mut bads: Vec<Vec<i32>> = vec![
+            (0..=e)
+                .map(|j| match j % 4 {
+                    0 => -3,
+                    1 => offsets[j] + 2,
+                    2 => t as i32 + 5,
+                    _ => offsets[j] - 1,
+                })
+                .collect(),
+        ];
+        if e > 544 {
+            let mut drop = offsets.clone();
+            drop[544] = drop[543] - 3;
+            bads.push(drop);
         }
-        let (p0, pe) = (groups[0].0, groups[e - 1].1);
-        assert!(
-            poison[..p0 * n].iter().chain(&poison[pe * n..]).all(|&p| p),
-            "{what} offsets {bad:?}: a row outside the clamped groups was written"
+        bads.push(
+            (0..=e)
+                .map(|_| rng.random_range(-3..=t as i32 + 3))
+                .collect(),
         );
+        for bad in bads {
+            full(&bad, DType::F32, &what);
+        }
     }
 }

@@ -47,7 +47,7 @@
 //   of each 16-block chunk ([2j, 2j + 2) of an 8-block one). A warp reads its
 //   weights (ldmatrix) and scales into registers, releases the stage,
 //   decodes, and the warpgroup issues one fresh wgmma per block, tokens as B
-//   from shared memory (staged once per expert, 128-byte swizzled K-major
+//   from shared memory (staged once per window, 128-byte swizzled K-major
 //   tiles, each 32-deep block as its 16 even then 16 odd bytes to match the
 //   decode's k order). Each fresh block result is folded as
 //   acc = fma(fresh, w_s * a_s, acc) (per-32 promotion, as V1-V3).
@@ -284,9 +284,9 @@ __device__ __forceinline__ int rank_windows(const di_gemm_skinny_params &p, int 
             f = max(before, x);
             c = max(f, hi) - f;
             carry = all;
-        } else {
-            f = e * p.m;
-            c = in ? min(max(p.counts[e], 0), p.m) : 0;
+        } else if (in) {
+            f = e * p.m;  // < 2^31: the host's v6_layout checks experts * max_m
+            c = min(max(p.counts[e], 0), p.m);
         }
         const int w = (c + NT - 1) / NT;
         int x = w;  // inclusive scan over the warp

@@ -66,7 +66,9 @@ pub enum TileSplit {
     /// order from +0.0: the skinny kernel's K split
     /// (`gemm_skinny::split_k`, from N and K only), so each output has the
     /// skinny kernel's bits at every M (the batch-invariant mode). The
-    /// partials of a launch are bounded by launching bands of rows.
+    /// partials of a launch are bounded by launching bands of rows. A
+    /// typed error unless `splits` = ⌈⌈K/128⌉ / `stages_per_piece`⌉ and
+    /// `chain` is off.
     Pieces {
         splits: usize,
         stages_per_piece: usize,
@@ -74,7 +76,10 @@ pub enum TileSplit {
 }
 
 /// The most fp32 partial bytes one [`TileSplit::Pieces`] launch writes;
-/// more rows go in further launches of whole 128-row bands.
+/// more rows go in further launches of whole 128-row bands (a single band
+/// of 128 rows may need more: N / 128 · splits · 64 KiB). The workspace
+/// stays in the stream's scratch (`cuda_backend::scratch`) for later
+/// launches.
 const PIECES_WORKSPACE: usize = 256 << 20;
 
 /// How the dense kernel runs: its tile split, and whether a consumer
@@ -151,16 +156,18 @@ pub fn mxfp8_gemm(
             splits,
             stages_per_piece,
         } => {
-            let empty_piece = splits
-                .checked_sub(1)
-                .and_then(|s| s.checked_mul(stages_per_piece))
-                .is_none_or(|covered| covered >= stages);
-            if splits == 0 || stages_per_piece == 0 || empty_piece {
+            // Exactly the pieces that cover K, none empty: the skinny
+            // kernel's split (`split_k` gives ceil(stages / per) pieces).
+            if stages_per_piece == 0 || splits != stages.div_ceil(stages_per_piece) || plan.chain {
                 return Err(Error::Argument {
                     op: OP,
                     arg: "plan",
-                    value: format!("{splits} pieces of {stages_per_piece} stages for K = {k}"),
-                    why: "every piece must hold at least one of the ceil(K / 128) stages",
+                    value: format!(
+                        "{splits} pieces of {stages_per_piece} stages for K = {k}, chain {}",
+                        plan.chain
+                    ),
+                    why: "Pieces needs ceil(ceil(K / 128) / stages_per_piece) pieces (every \
+                          stage in one, none empty) and no chained stages",
                 });
             }
             fit_i32(OP, "out", out, splits)?;

@@ -552,7 +552,7 @@ pub fn mxfp4_grouped_masked_with(
         };
         dev.allow_dynamic_smem(kernel, smem)?;
         let ([ap, asp, bp, bsp, cp], op, _guards) =
-            masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
+            masked_ptrs((OP, "counts"), dev, [a, a_s, b, b_s, counts], out)?;
         let why = "V3 needs 16-byte aligned device buffers";
         check_aligned16(OP, why, &[("a", ap), ("b", bp), ("b_s", bsp)])?;
         let params = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
@@ -614,7 +614,8 @@ pub fn mxfp4_grouped_masked_with(
         ),
     };
 
-    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, [a, a_s, b, b_s, counts], out)?;
+    let ([ap, asp, bp, bsp, cp], op, _guards) =
+        masked_ptrs((OP, "counts"), dev, [a, a_s, b, b_s, counts], out)?;
     let params = masked_params([ap, asp, bp, bsp], cp, op, [e, max_m, n, k], out_f32)?;
     let cfg = LaunchConfig {
         grid_dim,
@@ -628,20 +629,20 @@ pub fn mxfp4_grouped_masked_with(
 /// `out`, with the guards that keep them valid: hold the guards across the
 /// launch.
 fn masked_ptrs<'a>(
+    (op_name, last): (&'static str, &'static str),
     dev: &'a CudaDevice,
     ins: [&'a Tensor; 5],
     out: &'a mut Tensor,
 ) -> Result<([*const c_void; 5], *mut c_void, impl Sized + 'a)> {
-    const OP: &str = "mxfp4_grouped_masked";
-    let names = ["a", "a_s", "b", "b_s", "counts"];
+    let names = ["a", "a_s", "b", "b_s", last];
     let mut ptrs = [std::ptr::null(); 5];
     let mut guards = Vec::with_capacity(5);
     for ((ptr, name), t) in ptrs.iter_mut().zip(names).zip(ins) {
-        let (p, guard) = read_ptr(buf(OP, name, t)?, dev);
+        let (p, guard) = read_ptr(buf(op_name, name, t)?, dev);
         *ptr = p;
         guards.push(guard);
     }
-    let (op, out_guard) = write_ptr(buf_mut(OP, "out", out)?, dev);
+    let (op, out_guard) = write_ptr(buf_mut(op_name, "out", out)?, dev);
     Ok((ptrs, op, (guards, out_guard)))
 }
 
@@ -730,7 +731,8 @@ fn launch_v6(
         (false, _) => ks::MXFP4_GROUPED_MASKED_V6_N16,
     };
     dev.allow_dynamic_smem(kernel, smem)?;
-    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs(dev, ins, out)?;
+    let last = if contiguous { "offsets" } else { "counts" };
+    let ([ap, asp, bp, bsp, cp], op, _guards) = masked_ptrs((op_name, last), dev, ins, out)?;
     let why = "V6 needs 16-byte aligned device buffers";
     check_aligned16(op_name, why, &[("a", ap), ("b", bp), ("b_s", bsp)])?;
     let p = masked_params([ap, asp, bp, bsp], cp, op, [e, m, n, k], out_f32)?;
