@@ -485,28 +485,20 @@ template <bool FP4, int NT_MAX, bool V2 = false> __device__ void run_tile(const 
 // first asks. Rows are 16-byte aligned (K % 16 == 0, as the loads need).
 constexpr int64_t kPrefetchBudget = 8 << 20;
 
-// The prefetch of a CTA whose (first) tile starts at feature n0 in K split
-// `split`, in a launch of `ctas` such CTAs (V2 below).
-__device__ __forceinline__ void prefetch_tile_rows(const di_gemm_skinny_params &p, int n0, int split,
-                                                   int64_t ctas) {
-    if (int(threadIdx.x) >= kTileN) return;
-    const int row = n0 + int(threadIdx.x);
+__device__ __forceinline__ void dense_prefetch(const di_gemm_skinny_params &p, int halves) {
+    if (int(blockIdx.x) % halves != 0 || int(threadIdx.x) >= kTileN) return;
+    const int row = (int(blockIdx.x) / halves) * kTileN + int(threadIdx.x);
     if (row >= p.n) return;
     const int nch = (p.k + kChunkK - 1) / kChunkK;
-    const int c0 = min(nch, split * p.chunks_per_split);
+    const int c0 = min(nch, int(blockIdx.y) * p.chunks_per_split);
     const int c1 = min(nch, c0 + p.chunks_per_split);
+    const int64_t ctas = int64_t(gridDim.x / halves) * gridDim.y;
     const int chunks = max(1, int(kPrefetchBudget / (ctas * kTileN * kChunkK)));
     const int64_t begin = int64_t(c0) * kChunkK;
     const int64_t end = min(int64_t(p.k), int64_t(min(c1, c0 + chunks)) * kChunkK);
     if (end <= begin) return;
     deepinfer::pdl_prefetch_l2(static_cast<const uint8_t *>(p.b) + int64_t(row) * p.k + begin,
                                uint32_t(end - begin));
-}
-
-__device__ __forceinline__ void dense_prefetch(const di_gemm_skinny_params &p, int halves) {
-    if (int(blockIdx.x) % halves != 0) return;
-    prefetch_tile_rows(p, (int(blockIdx.x) / halves) * kTileN, int(blockIdx.y),
-                       int64_t(gridDim.x / halves) * gridDim.y);
 }
 
 // Dense: grid (ceil(n / 64), splits). Split y covers K chunks
@@ -599,28 +591,6 @@ template <int NT_MAX> __device__ void masked(const di_gemm_skinny_params &p) {
 // ---- Version 2 -------------------------------------------------------------
 // Same tiles and numerics as version 1; what changes is the work around them.
 
-// The fused split-K sum of one dense output tile (V2), by the CTA that
-// drew its last ticket, after the acquire fence: tokens [row0, row0 + rows)
-// x features [n0, n0 + 64) (within N), each the sum of the splits' fp32
-// partials in split order from +0.0 (the reduce kernel's exact sum),
-// written as BF16 or F32. Threads 0..kThreads-1 of the CTA.
-__device__ __forceinline__ void sum_tile_splits(const di_gemm_skinny_params &p, int row0, int rows, int n0,
-                                                int splits) {
-    const int feats = min(kTileN, p.n - n0);
-    for (int idx = threadIdx.x; idx < rows * kTileN; idx += kThreads) {
-        const int tok = idx / kTileN, f = idx % kTileN;
-        if (f >= feats) continue;
-        const int64_t at = int64_t(row0 + tok) * p.n + n0 + f;
-        float acc = 0.0f;
-        for (int s = 0; s < splits; ++s) acc += __ldcg(p.workspace + int64_t(s) * p.m * p.n + at);
-        if (p.out_f32) {
-            static_cast<float *>(p.out)[at] = acc;
-        } else {
-            static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(acc);
-        }
-    }
-}
-
 // Dense v2: grid (ceil(n / 64) * halves, splits). CTA x covers feature tile
 // x / halves and token rows [32 * (x % halves), +32) (halves = 2 for m > 32,
 // so the 33..64 range runs the 32-token tile at three CTAs per SM instead of
@@ -664,7 +634,19 @@ template <int NT_MAX> __device__ void dense_v2(const di_gemm_skinny_params &p) {
                       atomicAdd(p.tickets + blockIdx.x, 1u) == uint32_t(splits - 1);
     if (!__syncthreads_or(mine)) return;
     __threadfence();  // acquire: the other splits' partials are read after the ticket
-    sum_tile_splits(p, row0, t.rows, t.n0, splits);
+    const int feats = min(kTileN, p.n - t.n0);
+    for (int idx = threadIdx.x; idx < t.rows * kTileN; idx += kThreads) {
+        const int tok = idx / kTileN, f = idx % kTileN;
+        if (f >= feats) continue;
+        const int64_t at = int64_t(row0 + tok) * p.n + t.n0 + f;
+        float acc = 0.0f;
+        for (int s = 0; s < splits; ++s) acc += __ldcg(p.workspace + int64_t(s) * p.m * p.n + at);
+        if (p.out_f32) {
+            static_cast<float *>(p.out)[at] = acc;
+        } else {
+            static_cast<__nv_bfloat16 *>(p.out)[at] = __float2bfloat16_rn(acc);
+        }
+    }
     if (threadIdx.x == 0) p.tickets[blockIdx.x] = 0u;  // ready for the next launch
 }
 

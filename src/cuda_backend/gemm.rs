@@ -22,7 +22,7 @@
 //! packed row is K / 2 bytes), sizes that fit the kernels' 32-bit indices,
 //! and 16-byte aligned bases (tensors own whole allocations, so this holds).
 
-use super::params::di_mx_gemm_params;
+use super::params::{di_mx_gemm_params, di_tensor_map};
 use super::scratch::{self, Scratch};
 use super::tma::{Swizzle, encode_u8};
 use super::u32_param;
@@ -139,8 +139,7 @@ pub fn mxfp8_gemm(
         (got, _) => return Err(out_dtype_error(OP, got)),
     };
     fit_i32(OP, "a", a, m)?;
-    fit_i32(OP, "b", b, n)?;
-    fit_i32(OP, "a", a, k)?;
+    let (n32, k32) = (fit_i32(OP, "b", b, n)?, fit_i32(OP, "a", a, k)?);
     let tiles = m.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
     fit_i32(OP, "out", out, tiles)?;
     let stages = k.div_ceil(128);
@@ -186,15 +185,7 @@ pub fn mxfp8_gemm(
     let (asp, _gas) = read_ptr(a_s.cuda()?, dev);
     let (bp, _gb) = read_ptr(b.cuda()?, dev);
     let (bsp, _gbs) = read_ptr(b_s.cuda()?, dev);
-    let b_map = encode_u8(
-        OP,
-        "b",
-        bp,
-        &[k as u64, n as u64],
-        &[k as u64],
-        &[128, u32_param("BLOCK_N", BLOCK_N)?],
-        Swizzle::B128,
-    )?;
+    let b_map = k_major_map(OP, "b", bp, k, n)?;
     let out_dtype = out.dtype();
     let (whole32, splits32, per32) = (
         fit_i32(OP, "out", out, whole)?,
@@ -208,20 +199,11 @@ pub fn mxfp8_gemm(
     for r0 in (0..m).step_by(band) {
         let rows = band.min(m - r0);
         let a0 = ap.wrapping_byte_add(r0 * k);
-        let a_map = encode_u8(
-            OP,
-            "a",
-            a0,
-            &[k as u64, rows as u64],
-            &[k as u64],
-            &[128, u32_param("BLOCK_M", BLOCK_M)?],
-            Swizzle::B128,
-        )?;
+        // A plan with whole tiles has one band, so `whole` ≤ its tiles; a
+        // Pieces plan has none.
         let band_tiles = rows.div_ceil(BLOCK_M) * n.div_ceil(BLOCK_N);
-        // Whole tiles run first (a Pieces plan has none): at most the band's.
-        let whole = whole.min(band_tiles);
         let mut p = di_mx_gemm_params {
-            a_map,
+            a_map: k_major_map(OP, "a", a0, k, rows)?,
             b_map,
             a: a0,
             a_s: asp.wrapping_byte_add(r0 * k.div_ceil(32)),
@@ -232,10 +214,10 @@ pub fn mxfp8_gemm(
             partials: std::ptr::null_mut(),
             tickets: std::ptr::null_mut(),
             m: fit_i32(OP, "a", a, rows)?,
-            n: fit_i32(OP, "b", b, n)?,
-            k: fit_i32(OP, "a", a, k)?,
+            n: n32,
+            k: k32,
             groups: 1,
-            whole_tiles: whole32.min(fit_i32(OP, "a", a, band_tiles)?),
+            whole_tiles: whole32,
             splits: splits32,
             stages_per_piece: per32,
         };
@@ -308,15 +290,7 @@ pub fn mxfp4_grouped_contiguous(
     let (bp, _gb) = read_ptr(b.cuda()?, dev);
     let (bsp, _gbs) = read_ptr(b_s.cuda()?, dev);
     let (offp, _goff) = read_ptr(offsets.cuda()?, dev);
-    let a_map = encode_u8(
-        OP,
-        "a",
-        ap,
-        &[k as u64, t as u64],
-        &[k as u64],
-        &[128, u32_param("BLOCK_M", BLOCK_M)?],
-        Swizzle::B128,
-    )?;
+    let a_map = k_major_map(OP, "a", ap, k, t)?;
     let row_bytes = (k / 2) as u64;
     let b_map = encode_u8(
         OP,
@@ -403,6 +377,28 @@ fn out_dtype_error(op: &'static str, got: DType) -> Error {
 /// Launches a persistent grid of at most one CTA per SM over `tiles` work
 /// units (an upper bound for the grouped kernel, whose surplus CTAs exit at
 /// once).
+/// An e4m3 (or one-byte) matrix of `rows` rows of K bytes as the kernels'
+/// TMA operand: a 2D uint8 map (K, rows), box 128 bytes × 128 rows,
+/// 128-byte swizzle (`BLOCK_M` = `BLOCK_N` = 128).
+const _: () = assert!(BLOCK_M == BLOCK_N);
+fn k_major_map(
+    op: &'static str,
+    name: &'static str,
+    base: *const std::ffi::c_void,
+    k: usize,
+    rows: usize,
+) -> Result<di_tensor_map> {
+    encode_u8(
+        op,
+        name,
+        base,
+        &[k as u64, rows as u64],
+        &[k as u64],
+        &[128, u32_param("BLOCK_M", BLOCK_M)?],
+        Swizzle::B128,
+    )
+}
+
 fn run(
     dev: &CudaDevice,
     kernel: KernelRef,

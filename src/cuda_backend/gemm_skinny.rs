@@ -37,7 +37,7 @@ use super::{launch, read_ptr, resident_ctas, write_ptr};
 use crate::device::{CudaBuffer, CudaDevice};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::kernels::{self, KernelRef};
+use crate::kernels;
 use crate::tensor::Tensor;
 use cudarc::driver::LaunchConfig;
 use std::ffi::c_void;
@@ -336,22 +336,6 @@ fn dense_launch(
         SkinnyVersion::V2 if m > 32 => (32, 2),
         _ => (token_tile(m), 1),
     };
-    let (splits, chunks_per_split) = if whole_k {
-        (1, k.div_ceil(CHUNK_K))
-    } else {
-        split_k(n, k)
-    };
-    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
-    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
-    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
-    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
-    let mut params = dense_params(
-        [ap, asp, bp, bsp],
-        [m, n, k],
-        chunks_per_split,
-        halves,
-        out_f32,
-    )?;
     let kernel = match (version, nt) {
         (SkinnyVersion::V1, 8) => ks::MXFP8_GEMM_SKINNY_N8,
         (SkinnyVersion::V1, 16) => ks::MXFP8_GEMM_SKINNY_N16,
@@ -370,7 +354,34 @@ fn dense_launch(
         }
     };
     let smem = smem_bytes(false, nt, version);
+    let (splits, chunks_per_split) = if whole_k {
+        (1, k.div_ceil(CHUNK_K))
+    } else {
+        split_k(n, k)
+    };
     let tiles = n.div_ceil(TILE_N) * halves;
+
+    let (ap, _ga) = read_ptr(buf(OP, "a", a)?, dev);
+    let (asp, _gas) = read_ptr(buf(OP, "a_s", a_s)?, dev);
+    let (bp, _gb) = read_ptr(buf(OP, "b", b)?, dev);
+    let (bsp, _gbs) = read_ptr(buf(OP, "b_s", b_s)?, dev);
+    let mut params = di_gemm_skinny_params {
+        a: ap,
+        a_scale: asp,
+        b: bp,
+        b_scale: bsp,
+        counts: std::ptr::null(),
+        out: std::ptr::null_mut(),
+        m: i32_param("m", m)?,
+        n: i32_param("n", n)?,
+        k: i32_param("k", k)?,
+        experts: 1,
+        chunks_per_split: i32_param("chunks_per_split", chunks_per_split)?,
+        out_f32: out_f32 as i32,
+        workspace: std::ptr::null_mut(),
+        tickets: std::ptr::null_mut(),
+        token_halves: i32_param("halves", halves)?,
+    };
     let cfg = LaunchConfig {
         grid_dim: (u32_param("tiles", tiles)?, u32_param("splits", splits)?, 1),
         block_dim: (THREADS, 1, 1),
@@ -378,21 +389,28 @@ fn dense_launch(
     };
     dev.allow_dynamic_smem(kernel, smem)?;
     let out_buf = buf_mut(OP, "out", out)?;
-    if version == SkinnyVersion::V2 {
-        let sizes = [splits, m * n, tiles];
-        return launch_self_reduced(dev, kernel, cfg, &mut params, out_buf, sizes);
-    }
     if splits == 1 {
         let (op, _go) = write_ptr(out_buf, dev);
         params.out = op;
         return launch(dev, kernel, cfg, &params);
     }
-    // V1's split K: fp32 partials [splits, M, N] in the stream's cached
-    // workspace (held locked until the launches are queued), summed in
-    // split order by the reduce kernel.
+    // Split K: fp32 partials [splits, M, N] in the stream's cached workspace
+    // (held locked until the launches are queued), summed in split order:
+    // by V2's last CTA of each tile (a ticket a tile), or by V1's reduce
+    // kernel.
     let count = m * n;
     let mut table = scratch::lock();
     let scratch = Scratch::of(&mut table, dev);
+    if version == SkinnyVersion::V2 {
+        let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * count * 4, tiles * 4)?;
+        let (wp, _gw) = write_ptr(ws, dev);
+        let (tp, _gt) = write_ptr(tickets, dev);
+        let (op, _go) = write_ptr(out_buf, dev);
+        params.out = op;
+        params.workspace = wp as *mut f32;
+        params.tickets = tp as *mut u32;
+        return launch(dev, kernel, cfg, &params);
+    }
     let ws = scratch.workspace(dev, splits * count * 4)?;
     {
         let (wp, _gw) = write_ptr(ws, dev);
@@ -850,64 +868,6 @@ pub fn mxfp4_grouped_contiguous_v6(
         out_f32,
         true,
     )
-}
-
-/// The parameters of a dense launch from its operands' device addresses
-/// `[a, a_s, b, b_s]`, `[M, N, K]`, the chunks a split and the token halves;
-/// the output, workspace and tickets are set by the caller.
-fn dense_params(
-    [a, a_scale, b, b_scale]: [*const c_void; 4],
-    [m, n, k]: [usize; 3],
-    chunks_per_split: usize,
-    halves: usize,
-    out_f32: bool,
-) -> Result<di_gemm_skinny_params> {
-    Ok(di_gemm_skinny_params {
-        a,
-        a_scale,
-        b,
-        b_scale,
-        counts: std::ptr::null(),
-        out: std::ptr::null_mut(),
-        m: i32_param("m", m)?,
-        n: i32_param("n", n)?,
-        k: i32_param("k", k)?,
-        experts: 1,
-        chunks_per_split: i32_param("chunks_per_split", chunks_per_split)?,
-        out_f32: out_f32 as i32,
-        workspace: std::ptr::null_mut(),
-        tickets: std::ptr::null_mut(),
-        token_halves: i32_param("halves", halves)?,
-    })
-}
-
-/// Launches a dense kernel that sums its own K splits (V2): with one
-/// split it writes `out` directly; with more, each split's fp32 partials go
-/// to the stream's cached workspace `[splits, count = M · N]` (held locked
-/// until the launch is queued) and the last CTA of each of the `tiles`
-/// output tiles adds them in split order (a ticket a tile, reset by that
-/// CTA).
-fn launch_self_reduced(
-    dev: &CudaDevice,
-    kernel: KernelRef,
-    cfg: LaunchConfig,
-    params: &mut di_gemm_skinny_params,
-    out: &mut CudaBuffer,
-    [splits, count, tiles]: [usize; 3],
-) -> Result<()> {
-    let (op, _go) = write_ptr(out, dev);
-    params.out = op;
-    if splits == 1 {
-        return launch(dev, kernel, cfg, &*params);
-    }
-    let mut table = scratch::lock();
-    let scratch = Scratch::of(&mut table, dev);
-    let (ws, tickets) = scratch.workspace_and_tickets(dev, splits * count * 4, tiles * 4)?;
-    let (wp, _gw) = write_ptr(ws, dev);
-    let (tp, _gt) = write_ptr(tickets, dev);
-    params.workspace = wp as *mut f32;
-    params.tickets = tp as *mut u32;
-    launch(dev, kernel, cfg, &*params)
 }
 
 /// The K split of the dense GEMM: `(splits, chunks_per_split)` in 128-deep

@@ -89,8 +89,6 @@ unsafe impl cudarc::driver::DeviceRepr for params::di_mx_gemm_params {}
 // SAFETY: as above: one `di_tensor_map` (first, 64-byte aligned) and the
 // skinny GEMM struct.
 unsafe impl cudarc::driver::DeviceRepr for params::di_masked_v6_params {}
-// SAFETY: as above: one `di_tensor_map` (first, 64-byte aligned) and the
-// skinny GEMM struct.
 // SAFETY: as above (indexer structs: addresses, integers).
 unsafe impl cudarc::driver::DeviceRepr for params::di_indexer_quant_params {}
 // SAFETY: as above.

@@ -79,48 +79,25 @@ pub fn mxfp8_linear_into(
             GemmImpl::SkinnyWholeK => crate::cuda_backend::gemm_skinny::mxfp8_gemm_skinny_whole_k(
                 &dev, a, a_s, w, w_s, out,
             ),
-            GemmImpl::LargeSkinnySplit => {
-                let (splits, stages_per_piece) = crate::cuda_backend::gemm_skinny::split_k(n, k);
-                crate::cuda_backend::gemm::mxfp8_gemm(
-                    &dev,
-                    a,
-                    a_s,
-                    w,
-                    w_s,
-                    out,
-                    crate::cuda_backend::gemm::DensePlan {
-                        split: crate::cuda_backend::gemm::TileSplit::Pieces {
+            // The large kernel (`Auto` is resolved above): whole tiles for
+            // `Large`, the split plans as their names say.
+            imp => {
+                use crate::cuda_backend::gemm::{DensePlan, TileSplit, mxfp8_gemm};
+                let split = match imp {
+                    GemmImpl::LargeSkinnySplit => {
+                        let (splits, stages_per_piece) =
+                            crate::cuda_backend::gemm_skinny::split_k(n, k);
+                        TileSplit::Pieces {
                             splits,
                             stages_per_piece,
-                        },
-                        chain: false,
-                    },
-                )
+                        }
+                    }
+                    GemmImpl::LargeSplit | GemmImpl::LargeShared => TileSplit::LastWave,
+                    _ => TileSplit::Whole,
+                };
+                let chain = imp == GemmImpl::LargeShared;
+                mxfp8_gemm(&dev, a, a_s, w, w_s, out, DensePlan { split, chain })
             }
-            GemmImpl::LargeSplit | GemmImpl::LargeShared => crate::cuda_backend::gemm::mxfp8_gemm(
-                &dev,
-                a,
-                a_s,
-                w,
-                w_s,
-                out,
-                crate::cuda_backend::gemm::DensePlan {
-                    split: crate::cuda_backend::gemm::TileSplit::LastWave,
-                    chain: imp == GemmImpl::LargeShared,
-                },
-            ),
-            _ => crate::cuda_backend::gemm::mxfp8_gemm(
-                &dev,
-                a,
-                a_s,
-                w,
-                w_s,
-                out,
-                crate::cuda_backend::gemm::DensePlan {
-                    split: crate::cuda_backend::gemm::TileSplit::Whole,
-                    chain: false,
-                },
-            ),
         },
         #[cfg(not(deepinfer_cuda))]
         d @ Device::Cuda(_) => {
